@@ -1,0 +1,178 @@
+//! The [`ResponseFuture`] of [`RateLimit`](super::RateLimit): store check, then the inner call.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::layer::Settings;
+use super::{RateLimitDecision, RateOutcome, Rejection};
+use crate::body::ResponseBody;
+use crate::key::Key;
+use crate::store::StoreFuture;
+
+pin_project! {
+    /// The response future of [`RateLimit`](super::RateLimit).
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S::Future, S, Request<ReqBody>>,
+        settings: Arc<Settings>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    #[project_replace = StateOwned]
+    enum State<F, S, R> {
+        Check {
+            check: StoreFuture<RateOutcome>,
+            service: S,
+            request: R,
+            key: Key,
+            cost: u64,
+            grpc: bool,
+        },
+        Inner {
+            #[pin]
+            future: F,
+            decision: Option<RateLimitDecision>,
+        },
+        Reject {
+            rejection: Rejection,
+            grpc: bool,
+        },
+        Done,
+    }
+}
+
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    pub(super) fn check(
+        check: StoreFuture<RateOutcome>,
+        service: S,
+        request: Request<ReqBody>,
+        settings: Arc<Settings>,
+        key: Key,
+        cost: u64,
+        grpc: bool,
+    ) -> Self {
+        Self {
+            state: State::Check {
+                check,
+                service,
+                request,
+                key,
+                cost,
+                grpc,
+            },
+            settings,
+        }
+    }
+
+    pub(super) fn unchecked(future: S::Future, settings: Arc<Settings>) -> Self {
+        Self {
+            state: State::Inner {
+                future,
+                decision: None,
+            },
+            settings,
+        }
+    }
+
+    pub(super) fn reject(rejection: Rejection, settings: Arc<Settings>, grpc: bool) -> Self {
+        Self {
+            state: State::Reject { rejection, grpc },
+            settings,
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Check { check, .. } => {
+                    let result = ready!(check.as_mut().poll(cx));
+                    let StateOwned::Check {
+                        mut service,
+                        mut request,
+                        key,
+                        cost,
+                        grpc,
+                        ..
+                    } = this.state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("the state was Check");
+                    };
+                    let decision = this.settings.decide(result, key, cost);
+                    if decision.admitted() {
+                        request.extensions_mut().insert(decision.clone());
+                        let future = service.call(request);
+                        this.state.set(State::Inner {
+                            future,
+                            decision: Some(decision),
+                        });
+                    } else {
+                        this.state.set(State::Reject {
+                            rejection: Rejection::Denied(decision),
+                            grpc,
+                        });
+                    }
+                }
+                StateProj::Inner { future, decision } => {
+                    let mut response = ready!(future.poll(cx))?.map(ResponseBody::inner);
+                    if let Some(decision) = decision.take() {
+                        if this.settings.headers {
+                            decision.write_headers(this.settings, response.headers_mut());
+                        }
+                        response.extensions_mut().insert(decision);
+                    }
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Reject { .. } => {
+                    let StateOwned::Reject { rejection, grpc } =
+                        this.state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("the state was Reject");
+                    };
+                    return Poll::Ready(Ok(rejection.into_response(this.settings, grpc)));
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            }
+        }
+    }
+}
+
+impl<S, ReqBody> fmt::Debug for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Check { .. } => "checking",
+            State::Inner { .. } => "calling inner service",
+            State::Reject { .. } => "rejecting",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,243 @@
+//! [`RateLimitLayer`] and its builder.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::HeaderValue;
+use http::request::Parts;
+use tower_layer::Layer;
+
+use super::policy::{Algorithm, Limit, RatePolicy};
+use super::service::RateLimit;
+use super::{MissingKey, OnStoreError, headers};
+use crate::error::ConfigError;
+use crate::key::{Global, KeyExtractor};
+use crate::store::{MemoryStore, Store};
+
+/// The cost of a request, computed from its head.
+pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+
+/// Everything a request needs besides the key extractor; shared by every clone of the service.
+pub(crate) struct Settings {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) policy: Arc<RatePolicy>,
+    pub(crate) cost: Option<CostFn>,
+    pub(crate) on_store_error: OnStoreError,
+    /// The in-process limiter behind [`OnStoreError::LocalFallback`].
+    pub(crate) fallback: Option<(MemoryStore, Arc<RatePolicy>)>,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) headers: bool,
+    pub(crate) policy_header: HeaderValue,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("store", &self.store)
+            .field("policy", &self.policy)
+            .field("on_store_error", &self.on_store_error)
+            .field("missing_key", &self.missing_key)
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Applies [`RateLimit`] to a service: limits kept in a shared [`Store`].
+///
+/// Clones share their configuration; all of a layer's state lives in the store, so every clone —
+/// and every copy of the service on the same store — enforces the same limits.
+///
+/// ```
+/// use tollgate::key::PeerIp;
+/// use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
+/// use tollgate::store::MemoryStore;
+///
+/// let layer = RateLimitLayer::builder(MemoryStore::new())
+///     .limit(Limit::per_second("burst", 10))
+///     .limit(Limit::per_hour("hourly", 1000))
+///     .algorithm(Algorithm::SlidingCounter)
+///     .key(PeerIp::new())
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+pub struct RateLimitLayer<K = Global> {
+    settings: Arc<Settings>,
+    extractor: Arc<K>,
+}
+
+impl<K> Clone for RateLimitLayer<K> {
+    fn clone(&self) -> Self {
+        Self {
+            settings: Arc::clone(&self.settings),
+            extractor: Arc::clone(&self.extractor),
+        }
+    }
+}
+
+impl<K: fmt::Debug> fmt::Debug for RateLimitLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("settings", &self.settings)
+            .field("key", &self.extractor)
+            .finish()
+    }
+}
+
+impl RateLimitLayer {
+    /// Starts a builder on `store` (a [`RedisStore`](crate::store::RedisStore) to share limits
+    /// between copies).
+    pub fn builder(store: impl Store) -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            store: Arc::new(store),
+            limits: Vec::new(),
+            algorithm: Algorithm::default(),
+            prefix: "tollgate".to_owned(),
+            extractor: Global,
+            cost: None,
+            on_store_error: OnStoreError::Allow,
+            missing_key: MissingKey::Reject,
+            headers: true,
+        }
+    }
+}
+
+impl<K> RateLimitLayer<K> {
+    /// The limits this layer checks.
+    pub fn policy(&self) -> &RatePolicy {
+        &self.settings.policy
+    }
+}
+
+impl<S, K> Layer<S> for RateLimitLayer<K> {
+    type Service = RateLimit<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(
+            inner,
+            Arc::clone(&self.settings),
+            Arc::clone(&self.extractor),
+        )
+    }
+}
+
+/// Configures a [`RateLimitLayer`]; made by [`RateLimitLayer::builder`].
+pub struct RateLimitLayerBuilder<K = Global> {
+    store: Arc<dyn Store>,
+    limits: Vec<Limit>,
+    algorithm: Algorithm,
+    prefix: String,
+    extractor: K,
+    cost: Option<CostFn>,
+    on_store_error: OnStoreError,
+    missing_key: MissingKey,
+    headers: bool,
+}
+
+impl<K: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("limits", &self.limits)
+            .field("algorithm", &self.algorithm)
+            .field("prefix", &self.prefix)
+            .field("key", &self.extractor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> RateLimitLayerBuilder<K> {
+    /// Adds a limit. A request is admitted only when every limit has room, and then charged to all.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    /// Adds several limits.
+    pub fn limits(mut self, limits: impl IntoIterator<Item = Limit>) -> Self {
+        self.limits.extend(limits);
+        self
+    }
+
+    /// The algorithm for every limit of this layer (default [`Algorithm::SlidingLog`]).
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The prefix of this layer's store keys (default `tollgate`); keys are
+    /// `<prefix>:rl:{<caller>}:<limit>:<algorithm>`. Two layers with the same prefix and limit
+    /// names share counters.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Who a request counts against (default [`Global`]: everybody shares one bucket).
+    pub fn key<K2: KeyExtractor>(self, extractor: K2) -> RateLimitLayerBuilder<K2> {
+        RateLimitLayerBuilder {
+            store: self.store,
+            limits: self.limits,
+            algorithm: self.algorithm,
+            prefix: self.prefix,
+            extractor,
+            cost: self.cost,
+            on_store_error: self.on_store_error,
+            missing_key: self.missing_key,
+            headers: self.headers,
+        }
+    }
+
+    /// The cost of each request (default 1). A cost of 0 passes without a store call.
+    pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// What to do when the store fails or times out (default [`OnStoreError::Allow`]).
+    pub fn on_store_error(mut self, policy: OnStoreError) -> Self {
+        self.on_store_error = policy;
+        self
+    }
+
+    /// What to do with a request whose key cannot be extracted (default [`MissingKey::Reject`]).
+    pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.missing_key = missing_key;
+        self
+    }
+
+    /// Whether admitted responses carry `RateLimit` and `RateLimit-Policy` (default true;
+    /// rejections always do).
+    pub fn headers_on_success(mut self, enabled: bool) -> Self {
+        self.headers = enabled;
+        self
+    }
+
+    /// Validates the configuration.
+    pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError> {
+        let policy = RatePolicy::new(format!("{}:rl", self.prefix), self.algorithm, self.limits)?;
+        let fallback = match self.on_store_error {
+            OnStoreError::LocalFallback { copies } if copies == 0 => {
+                return Err(ConfigError::new("the local fallback needs copies >= 1"));
+            }
+            OnStoreError::LocalFallback { copies } => {
+                Some((MemoryStore::new(), Arc::new(policy.divided(copies))))
+            }
+            _ => None,
+        };
+        let policy_header = headers::policy(&policy)
+            .map_err(|_| ConfigError::new("limits do not form a valid RateLimit-Policy header"))?;
+        Ok(RateLimitLayer {
+            settings: Arc::new(Settings {
+                store: self.store,
+                policy: Arc::new(policy),
+                cost: self.cost,
+                on_store_error: self.on_store_error,
+                fallback,
+                missing_key: self.missing_key,
+                headers: self.headers,
+                policy_header,
+            }),
+            extractor: Arc::new(self.extractor),
+        })
+    }
+}

@@ -1,0 +1,110 @@
+//! The [`RateLimit`] service.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::layer::Settings;
+use super::{MissingKey, Rejection};
+use crate::body::ResponseBody;
+use crate::grpc;
+use crate::key::{Global, KeyExtractor};
+
+/// Admits a request only while every limit has room for the caller; made by
+/// [`RateLimitLayer`](super::RateLimitLayer).
+///
+/// The decision is one round trip to the store, made in the response future: `poll_ready` only
+/// asks the inner service, so the service never waits for capacity (it rejects instead) and is
+/// cheap to clone.
+pub struct RateLimit<S, K = Global> {
+    inner: S,
+    settings: Arc<Settings>,
+    extractor: Arc<K>,
+}
+
+impl<S, K> RateLimit<S, K> {
+    pub(crate) fn new(inner: S, settings: Arc<Settings>, extractor: Arc<K>) -> Self {
+        Self {
+            inner,
+            settings,
+            extractor,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, K> Clone for RateLimit<S, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            settings: Arc::clone(&self.settings),
+            extractor: Arc::clone(&self.extractor),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K: fmt::Debug> fmt::Debug for RateLimit<S, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("settings", &self.settings)
+            .field("key", &self.extractor)
+            .finish()
+    }
+}
+
+impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    K: KeyExtractor,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let settings = Arc::clone(&self.settings);
+        let (parts, body) = request.into_parts();
+        let grpc = grpc::is_grpc(&parts.headers);
+        let key = self.extractor.extract(&parts);
+        let cost = settings.cost.as_ref().map_or(1, |cost| cost(&parts));
+        let request = Request::from_parts(parts, body);
+
+        let Some(key) = key else {
+            return match settings.missing_key {
+                MissingKey::Reject => ResponseFuture::reject(Rejection::MissingKey, settings, grpc),
+                MissingKey::Allow => ResponseFuture::unchecked(self.inner.call(request), settings),
+            };
+        };
+        if cost == 0 {
+            return ResponseFuture::unchecked(self.inner.call(request), settings);
+        }
+        let check = settings.store.check_rate(&settings.policy, key, cost);
+        // The clone goes on serving; the instance that `poll_ready` readied handles this request.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::check(check, ready, request, settings, key, cost, grpc)
+    }
+}

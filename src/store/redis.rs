@@ -1,0 +1,305 @@
+//! [`RedisStore`]: Redis or Valkey through redis-rs, standalone or Cluster.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
+
+use super::{Store, StoreError, StoreErrorKind, StoreFuture};
+use crate::key::Key;
+use crate::rate_limit::{Algorithm, LimitState, RateOutcome, RatePolicy};
+
+/// A store on Redis or Valkey, shared by every copy of a service.
+///
+/// Cheap to clone: clones share one multiplexed connection that reconnects by itself. Every call
+/// is bounded by the store timeout (default 250 ms) — while Redis is down a call fails with
+/// [`StoreErrorKind::Timeout`] or [`StoreErrorKind::Unavailable`] instead of waiting for
+/// reconnects, and the calling layer applies its failure policy.
+///
+/// Each operation is one Lua script (sent by `EVALSHA`, loaded again after a restart or
+/// `SCRIPT FLUSH`) or one conditional command. Scripts read the time with `TIME`, and every key
+/// one script touches shares a hash tag, so the same scripts run on Redis Cluster.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tollgate::store::RedisStore;
+///
+/// let store = RedisStore::builder("redis://127.0.0.1:6379/")
+///     .timeout(Duration::from_millis(100))
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: Connection,
+    timeout: Duration,
+    scripts: Arc<Scripts>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.conn {
+            Connection::Single(_) => "standalone",
+            Connection::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisStore")
+            .field("kind", &kind)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Either connection kind, so that one code path serves standalone and Cluster.
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+struct Scripts {
+    sliding_log: Script,
+    sliding_counter: Script,
+    gcra: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Self {
+            sliding_log: Script::new(include_str!("scripts/sliding_log.lua")),
+            sliding_counter: Script::new(include_str!("scripts/sliding_counter.lua")),
+            gcra: Script::new(include_str!("scripts/gcra.lua")),
+        }
+    }
+}
+
+/// Configures a [`RedisStore`].
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    urls: Vec<String>,
+    timeout: Duration,
+}
+
+impl RedisStore {
+    /// A builder for a standalone Redis at `url`, e.g. `redis://127.0.0.1:6379/`.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            urls: vec![url.into()],
+            timeout: Duration::from_millis(250),
+        }
+    }
+
+    /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port` each).
+    pub fn cluster_builder<I, S>(nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder {
+            urls: nodes.into_iter().map(Into::into).collect(),
+            timeout: Duration::from_millis(250),
+        }
+    }
+
+    /// A store on a standalone Redis at `url` with default settings. Connects lazily: this fails
+    /// only when the URL is invalid, never because Redis is down.
+    pub fn open(url: impl Into<String>) -> Result<Self, StoreError> {
+        Self::builder(url).build()
+    }
+
+    /// The per-call timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Runs `op` on a connection within the store timeout.
+    fn call<T, F, Fut>(&self, op: F) -> StoreFuture<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Connection, Arc<Scripts>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        let scripts = Arc::clone(&self.scripts);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, op(conn, scripts)).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::timeout()),
+            }
+        })
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The bound on every store call, connecting included (default 250 ms). Keep it well below
+    /// the request timeouts of the service: it is how long a request may wait while Redis is down.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Builds a store on a standalone Redis. Connects lazily, so a Redis that is down now is not
+    /// an error: calls fail (within the timeout) until it is back.
+    pub fn build(self) -> Result<RedisStore, StoreError> {
+        let url = self.urls.first().ok_or_else(|| {
+            StoreError::new(StoreErrorKind::Protocol, "no Redis URL given".to_owned())
+        })?;
+        let client = redis::Client::open(url.as_str()).map_err(config_error)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let manager =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(config_error)?;
+        Ok(RedisStore {
+            conn: Connection::Single(manager),
+            timeout: self.timeout,
+            scripts: Arc::new(Scripts::new()),
+        })
+    }
+
+    /// Connects to a Redis Cluster through the builder's nodes.
+    pub async fn build_cluster(self) -> Result<RedisStore, StoreError> {
+        let client = redis::cluster::ClusterClient::builder(self.urls)
+            .connection_timeout(self.timeout)
+            .response_timeout(self.timeout)
+            .retries(2)
+            .build()
+            .map_err(config_error)?;
+        let conn = tokio::time::timeout(self.timeout * 8, client.get_async_connection())
+            .await
+            .map_err(|_| StoreError::timeout())?
+            .map_err(store_error)?;
+        Ok(RedisStore {
+            conn: Connection::Cluster(conn),
+            timeout: self.timeout,
+            scripts: Arc::new(Scripts::new()),
+        })
+    }
+}
+
+fn config_error(e: RedisError) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, e)
+}
+
+pub(super) fn store_error(e: RedisError) -> StoreError {
+    let kind = if e.is_timeout() {
+        StoreErrorKind::Timeout
+    } else if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+    {
+        StoreErrorKind::Unavailable
+    } else {
+        StoreErrorKind::Protocol
+    };
+    StoreError::new(kind, e)
+}
+
+fn protocol(msg: &str) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, msg.to_owned())
+}
+
+/// Decodes `{admitted, retry_us, remaining_1, reset_us_1, ...}`.
+fn decode_rate(reply: &[i64], limits: usize) -> Result<RateOutcome, StoreError> {
+    if reply.len() != 2 + 2 * limits {
+        return Err(protocol("rate script returned a reply of the wrong length"));
+    }
+    let us = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
+    let limits = reply[2..]
+        .chunks_exact(2)
+        .map(|pair| LimitState {
+            remaining: u64::try_from(pair[0]).unwrap_or(0),
+            reset: us(pair[1]),
+        })
+        .collect();
+    Ok(RateOutcome {
+        admitted: reply[0] == 1,
+        retry_after: us(reply[1]),
+        limits,
+    })
+}
+
+impl Store for RedisStore {
+    fn check_rate(
+        &self,
+        policy: &Arc<RatePolicy>,
+        key: Key,
+        cost: u64,
+    ) -> StoreFuture<RateOutcome> {
+        let policy = Arc::clone(policy);
+        self.call(move |mut conn, scripts| async move {
+            let script = match policy.algorithm() {
+                Algorithm::SlidingLog => &scripts.sliding_log,
+                Algorithm::SlidingCounter => &scripts.sliding_counter,
+                Algorithm::Gcra => &scripts.gcra,
+            };
+            let mut invocation = script.prepare_invoke();
+            for key in policy.store_keys(&key) {
+                invocation.key(key);
+            }
+            invocation.arg(cost);
+            if policy.algorithm() == Algorithm::SlidingLog {
+                invocation.arg(nonce());
+            }
+            for limit in policy.limits() {
+                invocation.arg(limit.quota()).arg(limit.window_us());
+            }
+            let reply: Vec<i64> = invocation
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            decode_rate(&reply, policy.limits().len())
+        })
+    }
+
+    fn ping(&self) -> StoreFuture<()> {
+        self.call(|mut conn, _| async move {
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .map(drop)
+                .map_err(store_error)
+        })
+    }
+}
+
+/// A random member prefix for the sliding log: 64 random bits in hex.
+fn nonce() -> String {
+    format!("{:x}", uuid::Uuid::new_v4().as_u64_pair().0)
+}

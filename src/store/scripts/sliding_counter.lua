@@ -1,0 +1,73 @@
+-- Sliding-window counter: O(1) memory. Per limit one string "<window index>:<current>:<previous>";
+-- the estimate is current + previous * (share of the previous window still inside the sliding one).
+--
+-- KEYS[i]     the counter of limit i (all keys share one hash tag)
+-- ARGV[1]     cost (integer >= 1)
+-- ARGV[2i]    quota of limit i
+-- ARGV[2i+1]  window of limit i, microseconds (a whole number of milliseconds)
+-- Returns     {admitted (0|1), retry_after_us, remaining_1, reset_us_1, ...}
+-- Cost        O(limits); per limit GET, plus SET PX when admitted.
+local t = redis.call('TIME')
+-- milliseconds keep quota * window exact in a double for windows of years
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cost = tonumber(ARGV[1])
+local n = #KEYS
+local state = {}
+local admitted = 1
+local retry = 0
+
+for i = 1, n do
+  local quota = tonumber(ARGV[2 * i])
+  local window = tonumber(ARGV[2 * i + 1]) / 1000
+  local index = math.floor(now / window)
+  local elapsed = now - index * window
+  local cur, prev = 0, 0
+  local raw = redis.call('GET', KEYS[i])
+  if raw then
+    local idx, c, p = string.match(raw, '^(%d+):(%d+):(%d+)$')
+    idx, c, p = tonumber(idx), tonumber(c), tonumber(p)
+    if idx == index then cur, prev = c, p
+    elseif idx == index - 1 then cur, prev = 0, c end
+  end
+  state[i] = {quota, window, index, elapsed, cur, prev}
+  -- scaled by window: used * window = cur * window + prev * (window - elapsed)
+  if (cur + cost) * window + prev * (window - elapsed) > quota * window then
+    admitted = 0
+    local wait
+    local room = quota - cost - cur
+    if cost > quota then
+      wait = window
+    elseif room >= 0 then
+      -- prev * (window - elapsed - x) <= room * window
+      wait = (window - elapsed) - room * window / prev
+    else
+      -- next window: cur becomes the previous one; cur * (window - x) <= (quota - cost) * window
+      wait = (window - elapsed) + window - (quota - cost) * window / cur
+    end
+    if wait > retry then retry = wait end
+  end
+end
+
+local result = {admitted, math.ceil(retry * 1000)}
+for i = 1, n do
+  local quota, window, index, elapsed, cur, prev = unpack(state[i])
+  if admitted == 1 then
+    cur = cur + cost
+    redis.call('SET', KEYS[i], string.format('%.0f:%.0f:%.0f', index, cur, prev),
+      'PX', math.ceil(2 * window - elapsed))
+  end
+  local used = cur + prev * (window - elapsed) / window
+  local whole = math.ceil(used - 1e-9)
+  local remaining = quota - whole
+  if remaining < 0 then remaining = 0 end
+  -- the quota grows when the estimate next drops below a whole unit
+  local reset = window - elapsed
+  if whole == 0 then
+    reset = 0
+  elseif prev > 0 and whole - 1 - cur >= 0 then
+    reset = (window - elapsed) - (whole - 1 - cur) * window / prev
+  end
+  result[#result + 1] = remaining
+  result[#result + 1] = math.ceil(reset * 1000)
+end
+return result
