@@ -1,0 +1,192 @@
+//! Test harness: real `redis-server` processes on free ports, started, killed and restarted by the
+//! tests themselves. Never the shared server on 6379.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod conformance;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+use tollgate::store::RedisStore;
+
+const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start their own \
+redis-server processes; install it first, e.g. `sudo apt-get install redis-server` (Debian/Ubuntu) \
+or `brew install redis` (macOS).";
+
+/// A redis-server process owned by a test; killed on drop.
+pub struct RedisServer {
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a fresh server on a free port and waits until it answers PING.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir for redis-server");
+        let port = free_port();
+        let mut server = Self {
+            port,
+            dir,
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+            Err(e) => panic!("could not start redis-server: {e}"),
+        };
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                panic!(
+                    "redis-server on port {} exited at start: {status}",
+                    self.port
+                );
+            }
+            if let Ok(client) = redis::Client::open(self.url()) {
+                if let Ok(mut conn) = client.get_connection() {
+                    if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
+                        return;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!(
+            "redis-server on port {} did not answer within 10 s",
+            self.port
+        );
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// A store on this server with a short timeout, as the tests want failures fast.
+    pub fn store(&self) -> RedisStore {
+        RedisStore::builder(self.url())
+            .timeout(Duration::from_millis(500))
+            .build()
+            .expect("redis store")
+    }
+
+    /// A plain synchronous connection for inspecting the server.
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection())
+            .expect("connection to test redis-server")
+    }
+
+    /// Kills the server (SIGKILL) and waits until its port is closed.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(self.addr()).is_ok() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts the server again on the same port (empty: it keeps nothing on disk).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .args([sig, &child.id().to_string()])
+                .status();
+        }
+    }
+
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_owned()
+    }
+
+    /// `INFO` field `name` of section `section`, e.g. ("memory", "used_memory").
+    pub fn info_field(&self, section: &str, name: &str) -> Option<String> {
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query(&mut self.conn())
+            .ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")).map(str::to_owned))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // a paused server ignores SIGKILL until continued on some kernels; be sure
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A port that is free now (and, below 55535, leaves room for a cluster bus port).
+pub fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = listener.local_addr().expect("local addr").port();
+        drop(listener);
+        if port <= 55_535 {
+            return port;
+        }
+        // Ephemeral ports are often above 55535; draw from a lower range instead.
+        let candidate: u16 = rand::random_range(20_000..45_000);
+        if TcpListener::bind(("127.0.0.1", candidate)).is_ok()
+            && TcpListener::bind(("127.0.0.1", candidate + 10_000)).is_ok()
+        {
+            return candidate;
+        }
+    }
+}

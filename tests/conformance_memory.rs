@@ -1,0 +1,6 @@
+//! The conformance suite on [`MemoryStore`].
+mod common;
+
+use tollgate::store::MemoryStore;
+
+conformance_suite!((MemoryStore::new(), ()));
