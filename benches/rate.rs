@@ -1,1 +1,2 @@
+//! Benchmarks (being written).
 fn main() {}

@@ -1,4 +1,5 @@
 //! The conformance suite on [`MemoryStore`].
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
 use tollgate::store::MemoryStore;

@@ -1,4 +1,5 @@
 //! The conformance suite on a real redis-server.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
 use common::RedisServer;

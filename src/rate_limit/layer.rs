@@ -216,7 +216,7 @@ impl<K> RateLimitLayerBuilder<K> {
     pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError> {
         let policy = RatePolicy::new(format!("{}:rl", self.prefix), self.algorithm, self.limits)?;
         let fallback = match self.on_store_error {
-            OnStoreError::LocalFallback { copies } if copies == 0 => {
+            OnStoreError::LocalFallback { copies: 0 } => {
                 return Err(ConfigError::new("the local fallback needs copies >= 1"));
             }
             OnStoreError::LocalFallback { copies } => {

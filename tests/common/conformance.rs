@@ -31,6 +31,7 @@ async fn check(store: &impl Store, policy: &Arc<RatePolicy>, key: Key, cost: u64
         .expect("store answers")
 }
 
+/// Expands to one `#[tokio::test]` per conformance behaviour, each on a store from `$make`.
 #[macro_export]
 macro_rules! conformance_suite {
     ($make:expr) => {

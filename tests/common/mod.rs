@@ -1,6 +1,6 @@
 //! Test harness: real `redis-server` processes on free ports, started, killed and restarted by the
 //! tests themselves. Never the shared server on 6379.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod conformance;
 
@@ -64,12 +64,11 @@ impl RedisServer {
                     self.port
                 );
             }
-            if let Ok(client) = redis::Client::open(self.url()) {
-                if let Ok(mut conn) = client.get_connection() {
-                    if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                        return;
-                    }
-                }
+            if let Ok(client) = redis::Client::open(self.url())
+                && let Ok(mut conn) = client.get_connection()
+                && redis::cmd("PING").query::<String>(&mut conn).is_ok()
+            {
+                return;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
