@@ -3,9 +3,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod body;
+pub mod claim;
 pub mod error;
 pub mod grpc;
 pub mod key;
+pub mod lock;
 pub mod rate_limit;
 pub mod store;
 

@@ -3,11 +3,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::future;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use super::{Store, StoreFuture};
+use super::{ClaimOutcome, FENCE_TTL, LockAttempt, Store, StoreFuture, millis};
 use crate::key::Key;
 use crate::rate_limit::{Algorithm, LimitState, RateOutcome, RatePolicy};
 
@@ -66,6 +66,10 @@ enum Value {
     Counter { index: u64, cur: u64, prev: u64 },
     /// A GCRA theoretical arrival time, microseconds.
     Tat(u64),
+    /// A claim's holder or a lock's token.
+    Str(String),
+    /// A fencing counter.
+    Fence(u64),
 }
 
 const SWEEP_EVERY: u32 = 4096;
@@ -362,6 +366,84 @@ impl Store for MemoryStore {
         cost: u64,
     ) -> StoreFuture<RateOutcome> {
         Box::pin(future::ready(Ok(self.check_rate_now(policy, key, cost))))
+    }
+
+    fn claim(
+        &self,
+        key: String,
+        holder: String,
+        ttl: Option<Duration>,
+    ) -> StoreFuture<ClaimOutcome> {
+        let now = self.now_us();
+        let mut map = self.lock();
+        map.sweep_if_due(now);
+        let outcome = match map.live(&key, now) {
+            Some(Value::Str(current)) => ClaimOutcome {
+                won: false,
+                holder: current.clone(),
+            },
+            Some(_) => ClaimOutcome {
+                won: false,
+                holder: String::new(),
+            },
+            None => {
+                let expires_at = ttl.map_or(u64::MAX, |ttl| now + millis(ttl) * 1000);
+                map.put(&key, Value::Str(holder.clone()), expires_at);
+                ClaimOutcome { won: true, holder }
+            }
+        };
+        Box::pin(future::ready(Ok(outcome)))
+    }
+
+    fn lock_acquire(
+        &self,
+        key: String,
+        fence_key: String,
+        token: String,
+        lease: Duration,
+    ) -> StoreFuture<LockAttempt> {
+        let now = self.now_us();
+        let mut map = self.lock();
+        map.sweep_if_due(now);
+        let attempt = if map.live(&key, now).is_some() {
+            let expires_at = map.entries.get(&key).map_or(now, |e| e.expires_at);
+            LockAttempt::Held {
+                lease_left: Duration::from_millis((expires_at - now) / 1000),
+            }
+        } else {
+            map.put(&key, Value::Str(token), now + millis(lease) * 1000);
+            let fence = match map.live(&fence_key, now) {
+                Some(Value::Fence(last)) => *last + 1,
+                _ => now,
+            };
+            map.put(
+                &fence_key,
+                Value::Fence(fence),
+                now + millis(FENCE_TTL) * 1000,
+            );
+            LockAttempt::Acquired { fence }
+        };
+        Box::pin(future::ready(Ok(attempt)))
+    }
+
+    fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+        let now = self.now_us();
+        let mut map = self.lock();
+        let held = matches!(map.live(&key, now), Some(Value::Str(t)) if *t == token);
+        if held && let Some(entry) = map.entries.get_mut(&key) {
+            entry.expires_at = now + millis(lease) * 1000;
+        }
+        Box::pin(future::ready(Ok(held)))
+    }
+
+    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
+        let now = self.now_us();
+        let mut map = self.lock();
+        let held = matches!(map.live(&key, now), Some(Value::Str(t)) if *t == token);
+        if held {
+            map.entries.remove(&key);
+        }
+        Box::pin(future::ready(Ok(held)))
     }
 
     fn ping(&self) -> StoreFuture<()> {

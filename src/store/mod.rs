@@ -12,6 +12,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::key::Key;
 use crate::rate_limit::{RateOutcome, RatePolicy};
@@ -38,9 +39,64 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     fn check_rate(&self, policy: &Arc<RatePolicy>, key: Key, cost: u64)
     -> StoreFuture<RateOutcome>;
 
+    /// Sets `key` to `holder` only if `key` does not exist (SET NX), expiring after `ttl` (`None`:
+    /// never). The loser learns the current holder in the same atomic step.
+    fn claim(
+        &self,
+        key: String,
+        holder: String,
+        ttl: Option<Duration>,
+    ) -> StoreFuture<ClaimOutcome>;
+
+    /// Sets lock `key` to `token` for `lease` if it is free and, only then, draws the next fencing
+    /// token from `fence_key` (same hash slot), which strictly increases per lock name.
+    fn lock_acquire(
+        &self,
+        key: String,
+        fence_key: String,
+        token: String,
+        lease: Duration,
+    ) -> StoreFuture<LockAttempt>;
+
+    /// Resets `key`'s expiry to `lease` from now, only while it holds `token`; `false` when it
+    /// does not (expired, released, or taken over by another owner).
+    fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool>;
+
+    /// Deletes `key` only while it holds `token`; `false` when it does not.
+    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool>;
+
     /// Succeeds when the store answers.
     fn ping(&self) -> StoreFuture<()>;
 }
+
+/// The answer to [`Store::claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimOutcome {
+    /// Whether this caller's write won.
+    pub won: bool,
+    /// The holder stored by the winner (this caller's holder when `won`). Empty in the rare case
+    /// that the winner's claim expired between the two steps of a failed attempt.
+    pub holder: String,
+}
+
+/// The answer to [`Store::lock_acquire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockAttempt {
+    /// The lock is ours; the fencing token of this acquisition.
+    Acquired {
+        /// Strictly greater than every earlier token of the same lock name.
+        fence: u64,
+    },
+    /// Another owner holds the lock for about this long still.
+    Held {
+        /// The other owner's remaining lease.
+        lease_left: Duration,
+    },
+}
+
+/// How long a lock name's fencing counter is kept after its last acquisition. A counter that
+/// expires restarts above every earlier token (see `scripts/lock_acquire.lua`).
+pub(crate) const FENCE_TTL: Duration = Duration::from_secs(30 * 86_400);
 
 impl<T: Store + ?Sized> Store for Arc<T> {
     fn check_rate(
@@ -52,9 +108,41 @@ impl<T: Store + ?Sized> Store for Arc<T> {
         (**self).check_rate(policy, key, cost)
     }
 
+    fn claim(
+        &self,
+        key: String,
+        holder: String,
+        ttl: Option<Duration>,
+    ) -> StoreFuture<ClaimOutcome> {
+        (**self).claim(key, holder, ttl)
+    }
+
+    fn lock_acquire(
+        &self,
+        key: String,
+        fence_key: String,
+        token: String,
+        lease: Duration,
+    ) -> StoreFuture<LockAttempt> {
+        (**self).lock_acquire(key, fence_key, token, lease)
+    }
+
+    fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+        (**self).extend_if_held(key, token, lease)
+    }
+
+    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
+        (**self).delete_if_held(key, token)
+    }
+
     fn ping(&self) -> StoreFuture<()> {
         (**self).ping()
     }
+}
+
+/// Milliseconds for a store command, at least 1 (0 would mean "no expiry" or be rejected).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 /// What went wrong talking to a store.

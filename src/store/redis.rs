@@ -9,7 +9,9 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 
-use super::{Store, StoreError, StoreErrorKind, StoreFuture};
+use super::{
+    ClaimOutcome, FENCE_TTL, LockAttempt, Store, StoreError, StoreErrorKind, StoreFuture, millis,
+};
 use crate::key::Key;
 use crate::rate_limit::{Algorithm, LimitState, RateOutcome, RatePolicy};
 
@@ -93,6 +95,10 @@ struct Scripts {
     sliding_log: Script,
     sliding_counter: Script,
     gcra: Script,
+    claim: Script,
+    lock_acquire: Script,
+    compare_and_pexpire: Script,
+    compare_and_delete: Script,
 }
 
 impl Scripts {
@@ -101,6 +107,10 @@ impl Scripts {
             sliding_log: Script::new(include_str!("scripts/sliding_log.lua")),
             sliding_counter: Script::new(include_str!("scripts/sliding_counter.lua")),
             gcra: Script::new(include_str!("scripts/gcra.lua")),
+            claim: Script::new(include_str!("scripts/claim.lua")),
+            lock_acquire: Script::new(include_str!("scripts/lock_acquire.lua")),
+            compare_and_pexpire: Script::new(include_str!("scripts/compare_and_pexpire.lua")),
+            compare_and_delete: Script::new(include_str!("scripts/compare_and_delete.lua")),
         }
     }
 }
@@ -285,6 +295,85 @@ impl Store for RedisStore {
                 .await
                 .map_err(store_error)?;
             decode_rate(&reply, policy.limits().len())
+        })
+    }
+
+    fn claim(
+        &self,
+        key: String,
+        holder: String,
+        ttl: Option<Duration>,
+    ) -> StoreFuture<ClaimOutcome> {
+        self.call(move |mut conn, scripts| async move {
+            let ttl_ms = ttl.map_or(0, millis);
+            let (won, holder): (i64, Option<String>) = scripts
+                .claim
+                .key(key)
+                .arg(holder)
+                .arg(ttl_ms)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(ClaimOutcome {
+                won: won == 1,
+                holder: holder.unwrap_or_default(),
+            })
+        })
+    }
+
+    fn lock_acquire(
+        &self,
+        key: String,
+        fence_key: String,
+        token: String,
+        lease: Duration,
+    ) -> StoreFuture<LockAttempt> {
+        self.call(move |mut conn, scripts| async move {
+            let (acquired, value): (i64, i64) = scripts
+                .lock_acquire
+                .key(key)
+                .key(fence_key)
+                .arg(token)
+                .arg(millis(lease))
+                .arg(millis(FENCE_TTL))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            let value = u64::try_from(value).unwrap_or(0);
+            Ok(if acquired == 1 {
+                LockAttempt::Acquired { fence: value }
+            } else {
+                LockAttempt::Held {
+                    lease_left: Duration::from_millis(value),
+                }
+            })
+        })
+    }
+
+    fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+        self.call(move |mut conn, scripts| async move {
+            let extended: i64 = scripts
+                .compare_and_pexpire
+                .key(key)
+                .arg(token)
+                .arg(millis(lease))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(extended == 1)
+        })
+    }
+
+    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
+        self.call(move |mut conn, scripts| async move {
+            let deleted: i64 = scripts
+                .compare_and_delete
+                .key(key)
+                .arg(token)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(deleted == 1)
         })
     }
 

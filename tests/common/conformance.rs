@@ -5,9 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tollgate::claim::Claims;
 use tollgate::key::Key;
+use tollgate::lock::{LockError, Locks};
 use tollgate::rate_limit::{Algorithm, Limit, RateOutcome, RatePolicy};
 use tollgate::store::Store;
+
+fn unique(name: &str) -> String {
+    format!("{name}-{}", rand::random::<u64>())
+}
 
 pub const ALGORITHMS: [Algorithm; 3] = [
     Algorithm::SlidingLog,
@@ -46,6 +52,14 @@ macro_rules! conformance_suite {
             gcra_spaces_requests_after_the_burst,
             counter_weights_the_previous_window,
             log_is_exact_across_the_window_boundary,
+            claim_has_exactly_one_winner,
+            claim_expires_only_when_asked,
+            claim_release_is_the_winners_alone,
+            lock_excludes_and_expiry_frees,
+            stale_owner_cannot_extend_or_release,
+            fencing_tokens_strictly_increase,
+            fencing_tokens_increase_under_contention,
+            with_lock_keeps_the_lease_alive,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -76,8 +90,15 @@ pub async fn admits_exactly_the_quota_then_denies(store: &impl Store) {
             let out = check(store, &p, key("a"), 1).await;
             assert!(!out.admitted, "{algorithm}: over the quota");
             assert_eq!(out.limits[0].remaining, 0);
+            // the counter may have to wait out the rest of this fixed window and part of the
+            // next, in which these requests still weigh
+            let longest = if algorithm == Algorithm::SlidingCounter {
+                120
+            } else {
+                60
+            };
             assert!(
-                out.retry_after > Duration::ZERO && out.retry_after <= Duration::from_secs(60),
+                out.retry_after > Duration::ZERO && out.retry_after <= Duration::from_secs(longest),
                 "{algorithm}: retry_after {:?}",
                 out.retry_after
             );
@@ -270,4 +291,229 @@ pub async fn log_is_exact_across_the_window_boundary(store: &impl Store) {
     let out = check(store, &p, key("l"), 2).await;
     assert!(out.admitted, "two slots freed");
     assert!(!check(store, &p, key("l"), 1).await.admitted, "and no more");
+}
+
+pub async fn claim_has_exactly_one_winner(store: &(impl Store + Clone)) {
+    let claims = Claims::new(store.clone());
+    for _ in 0..5 {
+        let coupon = unique("coupon");
+        let attempts = (0..100).map(|i| {
+            let claims = claims.clone();
+            let coupon = coupon.clone();
+            async move {
+                claims
+                    .claim_once_as(&coupon, &format!("order-{i}"), None)
+                    .await
+            }
+        });
+        let results: Vec<_> = futures_util::future::join_all(attempts)
+            .await
+            .into_iter()
+            .map(|r| r.expect("store answers"))
+            .collect();
+        let winners: Vec<_> = results.iter().filter(|c| c.won()).collect();
+        assert_eq!(winners.len(), 1);
+        let holder = winners[0].holder().to_owned();
+        assert!(holder.starts_with("order-"));
+        assert!(
+            results.iter().all(|c| c.holder() == holder),
+            "losers learn the winner"
+        );
+    }
+}
+
+pub async fn claim_expires_only_when_asked(store: &(impl Store + Clone)) {
+    let claims = Claims::new(store.clone());
+    let (brief, forever) = (unique("brief"), unique("forever"));
+    assert!(
+        claims
+            .claim_once(&brief, Duration::from_millis(200))
+            .await
+            .unwrap()
+            .won()
+    );
+    assert!(claims.claim_once(&forever, None).await.unwrap().won());
+    assert!(
+        !claims
+            .claim_once(&brief, Duration::from_millis(200))
+            .await
+            .unwrap()
+            .won()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        claims.claim_once(&brief, None).await.unwrap().won(),
+        "expired"
+    );
+    assert!(
+        !claims.claim_once(&forever, None).await.unwrap().won(),
+        "kept"
+    );
+}
+
+pub async fn claim_release_is_the_winners_alone(store: &(impl Store + Clone)) {
+    let claims = Claims::new(store.clone());
+    let name = unique("job");
+    let won = claims.claim_once(&name, None).await.unwrap();
+    let lost = claims.claim_once(&name, None).await.unwrap();
+    assert!(won.won() && !lost.won());
+    assert!(
+        !claims.release(&lost).await.unwrap(),
+        "a loser cannot release"
+    );
+    assert!(!claims.claim_once(&name, None).await.unwrap().won());
+    assert!(claims.release(&won).await.unwrap());
+    assert!(!claims.release(&won).await.unwrap(), "released once");
+    assert!(
+        claims.claim_once(&name, None).await.unwrap().won(),
+        "free again"
+    );
+}
+
+pub async fn lock_excludes_and_expiry_frees(store: &(impl Store + Clone)) {
+    let locks = Locks::new(store.clone());
+    let name = unique("lock");
+    let guard = locks
+        .try_acquire(&name, Duration::from_millis(300))
+        .await
+        .unwrap();
+    match locks.try_acquire(&name, Duration::from_millis(300)).await {
+        Err(LockError::Busy { lease_left }) => {
+            assert!(
+                lease_left > Duration::from_millis(100) && lease_left <= Duration::from_millis(300)
+            );
+        }
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let next = locks
+        .try_acquire(&name, Duration::from_secs(5))
+        .await
+        .expect("expired lease frees");
+    assert!(next.fencing_token() > guard.fencing_token());
+    next.release().await.unwrap();
+    let again = locks
+        .try_acquire(&name, Duration::from_secs(5))
+        .await
+        .expect("released");
+    again.release().await.unwrap();
+    std::mem::forget(guard);
+}
+
+pub async fn stale_owner_cannot_extend_or_release(store: &(impl Store + Clone)) {
+    // two separately built lock handles, as two copies of a service would have
+    let (a, b) = (Locks::new(store.clone()), Locks::new(store.clone()));
+    let name = unique("race");
+    let stale = a
+        .try_acquire(&name, Duration::from_millis(200))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(260)).await;
+    let current = b
+        .try_acquire(&name, Duration::from_secs(10))
+        .await
+        .expect("A's lease expired");
+    assert!(matches!(stale.extend().await, Err(LockError::Lost)));
+    assert!(matches!(stale.release().await, Err(LockError::Lost)));
+    // B still holds it
+    assert!(matches!(
+        a.try_acquire(&name, Duration::from_secs(1)).await,
+        Err(LockError::Busy { .. })
+    ));
+    current.extend().await.expect("the owner extends");
+    current.release().await.expect("the owner releases");
+}
+
+pub async fn fencing_tokens_strictly_increase(store: &(impl Store + Clone)) {
+    let (a, b) = (Locks::new(store.clone()), Locks::new(store.clone()));
+    let name = unique("fence");
+    let mut last = 0;
+    for i in 0..20 {
+        let locks = if i % 2 == 0 { &a } else { &b };
+        let guard = locks
+            .try_acquire(&name, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(
+            guard.fencing_token() > last,
+            "token {} after {last}",
+            guard.fencing_token()
+        );
+        last = guard.fencing_token();
+        guard.release().await.unwrap();
+    }
+    // another lock name has its own sequence, still valid
+    let other = a
+        .try_acquire(unique("fence"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(other.fencing_token() > 0);
+    other.release().await.unwrap();
+}
+
+pub async fn fencing_tokens_increase_under_contention(store: &(impl Store + Clone)) {
+    let name = unique("contended");
+    let held = std::sync::Arc::new(tokio::sync::Mutex::new(Vec::new()));
+    let workers = (0..8).map(|_| {
+        let locks = Locks::new(store.clone());
+        let name = name.clone();
+        let held = held.clone();
+        tokio::spawn(async move {
+            for _ in 0..5 {
+                let guard = locks
+                    .acquire(&name, Duration::from_secs(5), Duration::from_secs(20))
+                    .await
+                    .expect("acquired within the wait");
+                // recorded while holding the lock: the order of the list is the order of holding
+                held.lock().await.push(guard.fencing_token());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                guard.release().await.expect("still ours");
+            }
+        })
+    });
+    for worker in futures_util::future::join_all(workers).await {
+        worker.unwrap();
+    }
+    let tokens = held.lock().await.clone();
+    assert_eq!(tokens.len(), 40);
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+pub async fn with_lock_keeps_the_lease_alive(store: &(impl Store + Clone)) {
+    let locks = Locks::new(store.clone());
+    let name = unique("long-work");
+    let lease = Duration::from_millis(300);
+    let other = locks.clone();
+    let probe_name = name.clone();
+    let result = locks
+        .with_lock(&name, lease, |lease_handle| async move {
+            // work outlives the lease three times over; the lock must stay ours
+            for _ in 0..6 {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                assert!(matches!(
+                    other.try_acquire(&probe_name, Duration::from_secs(1)).await,
+                    Err(LockError::Busy { .. })
+                ));
+            }
+            assert!(!lease_handle.is_lost());
+            lease_handle.fencing_token()
+        })
+        .await
+        .expect("lease held throughout");
+    assert!(result > 0);
+    // released afterwards
+    let after = locks
+        .try_acquire(&name, lease)
+        .await
+        .expect("released after work");
+    assert!(after.fencing_token() > result);
+    after.release().await.unwrap();
+    // busy while held elsewhere
+    let holder = locks
+        .try_acquire(&name, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let busy = locks.with_lock(&name, lease, |_| async {}).await;
+    assert!(matches!(busy, Err(LockError::Busy { .. })));
+    holder.release().await.unwrap();
 }

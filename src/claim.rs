@@ -1,0 +1,131 @@
+//! "Already done" claims: one conditional write that exactly one caller wins.
+//!
+//! A claim is the preferred tool whenever the question is "has this been done (or started)
+//! already?" — a coupon redeemed, a webhook processed, a welcome mail sent. It is a single
+//! `SET NX` in the shared store: exactly one caller across all copies of the service wins, and
+//! every other caller learns, in the same atomic step, that it lost and who holds the claim.
+//! There is no lock to forget to release and nothing to keep alive.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tollgate::store::StoreError> {
+//! use std::time::Duration;
+//! use tollgate::claim::Claims;
+//! use tollgate::store::MemoryStore;
+//!
+//! let claims = Claims::new(MemoryStore::new());
+//! let first = claims.claim_once_as("coupon:SAVE10", "order-17", None).await?;
+//! let second = claims.claim_once_as("coupon:SAVE10", "order-18", None).await?;
+//! assert!(first.won());
+//! assert!(!second.won());
+//! assert_eq!(second.holder(), "order-17");
+//! // a claim with a lifetime frees itself; None keeps it until released
+//! let temporary = claims.claim_once("welcome-mail:alice", Duration::from_secs(3600)).await?;
+//! assert!(temporary.won());
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::key::Key;
+use crate::store::{Store, StoreError};
+
+/// Makes claims in a shared [`Store`]. Cheap to clone.
+#[derive(Clone)]
+pub struct Claims {
+    store: Arc<dyn Store>,
+    prefix: Arc<str>,
+}
+
+impl fmt::Debug for Claims {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Claims")
+            .field("store", &self.store)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+/// The result of a claim attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    won: bool,
+    holder: String,
+    key: String,
+}
+
+impl Claim {
+    /// Whether this caller won the claim.
+    pub fn won(&self) -> bool {
+        self.won
+    }
+
+    /// The holder stored by the winner: ours when [`won`](Self::won). Empty in the rare case that
+    /// the winner's claim expired between the two halves of a lost attempt.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+}
+
+impl Claims {
+    /// Claims in `store`, under keys `tollgate:claim:{<digest of name>}`.
+    pub fn new(store: impl Store) -> Self {
+        Self {
+            store: Arc::new(store),
+            prefix: Arc::from("tollgate"),
+        }
+    }
+
+    /// The same claims under another key prefix.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Arc::from(prefix.into());
+        self
+    }
+
+    fn key(&self, name: &[u8]) -> String {
+        format!("{}:claim:{{{}}}", self.prefix, Key::new("claim", name))
+    }
+
+    /// Claims `name` with a fresh random holder id; `ttl` of `None` keeps the claim until it is
+    /// [released](Self::release).
+    pub async fn claim_once(
+        &self,
+        name: impl AsRef<[u8]>,
+        ttl: impl Into<Option<Duration>>,
+    ) -> Result<Claim, StoreError> {
+        let holder = uuid::Uuid::new_v4().to_string();
+        self.claim_once_as(name, &holder, ttl).await
+    }
+
+    /// Claims `name` for `holder` (an order id, say), so that losers can tell who won.
+    pub async fn claim_once_as(
+        &self,
+        name: impl AsRef<[u8]>,
+        holder: &str,
+        ttl: impl Into<Option<Duration>>,
+    ) -> Result<Claim, StoreError> {
+        let key = self.key(name.as_ref());
+        let outcome = self
+            .store
+            .claim(key.clone(), holder.to_owned(), ttl.into())
+            .await?;
+        Ok(Claim {
+            won: outcome.won,
+            holder: outcome.holder,
+            key,
+        })
+    }
+
+    /// Gives back a claim that we won (say, the work it guarded failed), so that it can be won
+    /// again. Only the winner's own claim is deleted: `false` when `claim` was lost, or the claim
+    /// expired or was released already.
+    pub async fn release(&self, claim: &Claim) -> Result<bool, StoreError> {
+        if !claim.won {
+            return Ok(false);
+        }
+        self.store
+            .delete_if_held(claim.key.clone(), claim.holder.clone())
+            .await
+    }
+}

@@ -1,0 +1,365 @@
+//! Locks for work that cannot be one conditional write: a key with a lease and a random token,
+//! plus a fencing token.
+//!
+//! - [`Locks::try_acquire`] sets the lock key to a fresh random token (UUID v4) with a lease, if
+//!   it is free; [`Locks::acquire`] retries with jitter for a bounded time.
+//! - [`LockGuard::extend`] and [`LockGuard::release`] act only while the key still holds our
+//!   token (compare-and-pexpire / compare-and-delete in one script): a copy whose lease ran out can
+//!   never extend or release the lock of the copy that took over, and learns that it lost it.
+//! - Every acquisition returns a **fencing token** that strictly increases per lock name. Pass it
+//!   to the protected resource and have it refuse writes with a smaller token than it has seen:
+//!   that closes the gap a lease cannot (a process paused past its lease still believes it holds
+//!   the lock).
+//! - [`Locks::with_lock`] runs work under a lock, extends the lease while the work runs, releases
+//!   it afterwards, and reports a lease lost on the way as [`LockError::Lost`].
+//!
+//! Prefer a [claim](crate::claim) whenever the decision is one write ("has this been done?").
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tollgate::lock::LockError> {
+//! use std::time::Duration;
+//! use tollgate::lock::{LockError, Locks};
+//! use tollgate::store::MemoryStore;
+//!
+//! let locks = Locks::new(MemoryStore::new());
+//! let guard = locks.try_acquire("report:daily", Duration::from_secs(10)).await?;
+//! // a second owner is refused while the first holds the lock
+//! assert!(matches!(locks.try_acquire("report:daily", Duration::from_secs(10)).await, Err(LockError::Busy { .. })));
+//! let first_token = guard.fencing_token();
+//! guard.release().await?;
+//!
+//! let rebuilt = locks
+//!     .with_lock("report:daily", Duration::from_secs(10), |lease| async move { lease.fencing_token() })
+//!     .await?;
+//! assert!(rebuilt > first_token);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::key::Key;
+use crate::store::{LockAttempt, Store, StoreError};
+
+/// Takes locks in a shared [`Store`]. Cheap to clone.
+#[derive(Clone)]
+pub struct Locks {
+    store: Arc<dyn Store>,
+    prefix: Arc<str>,
+}
+
+impl fmt::Debug for Locks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locks")
+            .field("store", &self.store)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+/// Why a lock operation failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LockError {
+    /// Another owner holds the lock.
+    Busy {
+        /// About how long the other owner's lease still runs.
+        lease_left: Duration,
+    },
+    /// Our lease ran out (or the store lost the key) and the lock is no longer ours: another
+    /// owner may have run in between.
+    Lost,
+    /// The store failed or timed out.
+    Store(StoreError),
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Busy { lease_left } => {
+                write!(f, "lock is held by another owner for {lease_left:?}")
+            }
+            Self::Lost => f.write_str("lock lease was lost"),
+            Self::Store(e) => write!(f, "lock store failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for LockError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Store(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<StoreError> for LockError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+impl Locks {
+    /// Locks in `store`, under keys `tollgate:lock:{<digest of name>}`.
+    pub fn new(store: impl Store) -> Self {
+        Self {
+            store: Arc::new(store),
+            prefix: Arc::from("tollgate"),
+        }
+    }
+
+    /// The same locks under another key prefix.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Arc::from(prefix.into());
+        self
+    }
+
+    /// Takes the lock `name` for `lease` if it is free, without waiting.
+    pub async fn try_acquire(
+        &self,
+        name: impl AsRef<[u8]>,
+        lease: Duration,
+    ) -> Result<LockGuard, LockError> {
+        let key = format!(
+            "{}:lock:{{{}}}",
+            self.prefix,
+            Key::new("lock", name.as_ref())
+        );
+        let fence_key = format!("{key}:fence");
+        let token = uuid::Uuid::new_v4().to_string();
+        match self
+            .store
+            .lock_acquire(key.clone(), fence_key, token.clone(), lease)
+            .await?
+        {
+            LockAttempt::Acquired { fence } => Ok(LockGuard {
+                store: Arc::clone(&self.store),
+                key,
+                token,
+                fence,
+                lease,
+                released: false,
+            }),
+            LockAttempt::Held { lease_left } => Err(LockError::Busy { lease_left }),
+        }
+    }
+
+    /// Takes the lock `name` for `lease`, retrying with jittered back-off for up to `wait`;
+    /// [`LockError::Busy`] when it is still held then.
+    pub async fn acquire(
+        &self,
+        name: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard, LockError> {
+        let name = name.as_ref();
+        let deadline = Instant::now() + wait;
+        let mut backoff = Duration::from_millis(5);
+        loop {
+            match self.try_acquire(name, lease).await {
+                Err(LockError::Busy { lease_left }) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(LockError::Busy { lease_left });
+                    }
+                    // Full jitter keeps waiting copies from retrying in step.
+                    let jittered = backoff.mul_f64(rand_unit());
+                    let pause = jittered.min(lease_left).min(deadline - now);
+                    tokio::time::sleep(pause.max(Duration::from_millis(1))).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(250));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs `work` under the lock `name` (taken without waiting: [`LockError::Busy`] if held),
+    /// extending the lease every third of it while `work` runs, then releases the lock.
+    ///
+    /// `work` gets a [`Lease`] with the fencing token and a way to learn that the lease was
+    /// lost. If it was lost at any point — an extension found another owner's token, or the store
+    /// did not confirm an extension for a whole lease — the result is [`LockError::Lost`] and the
+    /// output of `work` is dropped: another owner may have run at the same time, so the caller
+    /// must not treat the work as done under the lock.
+    pub async fn with_lock<F, Fut, T>(
+        &self,
+        name: impl AsRef<[u8]>,
+        lease: Duration,
+        work: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.try_acquire(name, lease).await?;
+        let (lost_tx, lost_rx) = watch::channel(false);
+        let keepalive = tokio::spawn(keep_alive(
+            Arc::clone(&guard.store),
+            guard.key.clone(),
+            guard.token.clone(),
+            lease,
+            lost_tx,
+        ));
+        let output = work(Lease {
+            fence: guard.fence,
+            lost: lost_rx.clone(),
+        })
+        .await;
+        keepalive.abort();
+        let lost_during_work = *lost_rx.borrow();
+        let released = guard.release().await;
+        match (lost_during_work, released) {
+            (true, _) | (false, Err(LockError::Lost)) => Err(LockError::Lost),
+            (false, Err(e)) => Err(e),
+            (false, Ok(())) => Ok(output),
+        }
+    }
+}
+
+/// Extends the lease every third of it until aborted; flags `lost` when the lock is gone or
+/// could not be confirmed for a whole lease.
+async fn keep_alive(
+    store: Arc<dyn Store>,
+    key: String,
+    token: String,
+    lease: Duration,
+    lost: watch::Sender<bool>,
+) {
+    let mut confirmed = Instant::now();
+    loop {
+        tokio::time::sleep(lease / 3).await;
+        let attempt = Instant::now();
+        match store
+            .extend_if_held(key.clone(), token.clone(), lease)
+            .await
+        {
+            Ok(true) => confirmed = attempt,
+            Ok(false) => break,
+            Err(error) => {
+                tracing::warn!(target: "tollgate::lock", %error, "could not extend a lock lease");
+                if attempt.duration_since(confirmed) >= lease {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = lost.send(true);
+}
+
+/// A uniformly random number in [0, 1).
+fn rand_unit() -> f64 {
+    (uuid::Uuid::new_v4().as_u64_pair().0 >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// What [`Locks::with_lock`] hands to its work: the fencing token and the lease's health.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    fence: u64,
+    lost: watch::Receiver<bool>,
+}
+
+impl Lease {
+    /// The fencing token of this acquisition.
+    pub fn fencing_token(&self) -> u64 {
+        self.fence
+    }
+
+    /// Whether the lease has been lost.
+    pub fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Resolves once the lease is lost (never, while it holds): `select!` on it to stop work
+    /// that must not go on without the lock.
+    pub async fn lost(&mut self) {
+        let _ = self.lost.wait_for(|lost| *lost).await;
+        if !*self.lost.borrow() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// A held lock. Release it with [`release`](Self::release); dropping it releases in the
+/// background instead (best effort: it needs a running tokio runtime, and a failure is only
+/// logged — the lease's expiry frees the lock in any case).
+pub struct LockGuard {
+    store: Arc<dyn Store>,
+    key: String,
+    token: String,
+    fence: u64,
+    lease: Duration,
+    released: bool,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.key)
+            .field("fence", &self.fence)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockGuard {
+    /// The fencing token of this acquisition: strictly greater than that of every earlier
+    /// acquisition of the same lock name.
+    pub fn fencing_token(&self) -> u64 {
+        self.fence
+    }
+
+    /// Resets the lease to its full length from now; [`LockError::Lost`] when the lock is no
+    /// longer ours.
+    pub async fn extend(&self) -> Result<(), LockError> {
+        self.extend_by(self.lease).await
+    }
+
+    /// Resets the lease to `lease` from now; [`LockError::Lost`] when the lock is no longer ours.
+    pub async fn extend_by(&self, lease: Duration) -> Result<(), LockError> {
+        let held = self
+            .store
+            .extend_if_held(self.key.clone(), self.token.clone(), lease)
+            .await?;
+        if held { Ok(()) } else { Err(LockError::Lost) }
+    }
+
+    /// Releases the lock; [`LockError::Lost`] when it was no longer ours (the lease ran out,
+    /// perhaps another owner holds it now — which this release leaves untouched).
+    pub async fn release(mut self) -> Result<(), LockError> {
+        self.released = true;
+        let held = self
+            .store
+            .delete_if_held(
+                std::mem::take(&mut self.key),
+                std::mem::take(&mut self.token),
+            )
+            .await?;
+        if held { Ok(()) } else { Err(LockError::Lost) }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let release = self.store.delete_if_held(
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.token),
+        );
+        runtime.spawn(async move {
+            if let Err(error) = release.await {
+                tracing::warn!(target: "tollgate::lock", %error, "background lock release failed; the lease will expire");
+            }
+        });
+    }
+}
