@@ -15,10 +15,10 @@
 //! ```
 //! use tollgate::key::{Header, KeyExtractor, PeerIp};
 //!
-//! let by_api_key_else_ip = Header::new("x-api-key").or(PeerIp::new());
+//! let by_api_key_else_ip = Header::from_static("x-api-key").or(PeerIp::new());
 //! let (parts, ()) = http::Request::get("/").header("x-api-key", "k-1").body(()).unwrap().into_parts();
 //! let key = by_api_key_else_ip.extract(&parts).unwrap();
-//! assert_eq!(key, Header::new("x-api-key").extract(&parts).unwrap());
+//! assert_eq!(key, Header::from_static("x-api-key").extract(&parts).unwrap());
 //! assert_ne!(key, tollgate::key::Key::new("header:x-api-key", b"k-2"));
 //! ```
 
@@ -142,10 +142,20 @@ pub struct Header {
 
 impl Header {
     /// Keys requests by header `name`.
-    pub fn new(name: impl Into<HeaderName>) -> Self {
-        let name = name.into();
+    pub fn new(name: HeaderName) -> Self {
         let domain = format!("header:{name}");
         Self { name, domain }
+    }
+
+    /// Keys requests by the header named by a constant, e.g. `Header::from_static("x-api-key")`.
+    ///
+    /// # Panics
+    ///
+    /// As [`HeaderName::from_static`]: when `name` is not a valid lowercase header name — a
+    /// mistake in the program text, found the first time it runs. Use [`try_new`](Self::try_new)
+    /// for names read at run time.
+    pub fn from_static(name: &'static str) -> Self {
+        Self::new(HeaderName::from_static(name))
     }
 
     /// Parses the header name first; `None` when it is not a valid header name.

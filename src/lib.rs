@@ -1,11 +1,68 @@
 //! Tower middleware for services that run as many copies: rate limits, idempotency keys and locks
-//! kept in a store that every copy sees.
+//! kept in a store that every copy sees — Redis or Valkey, standalone or Cluster.
+//!
+//! # Why
+//!
+//! A service behind a load balancer runs as several copies. A lock, counter or "already done" set
+//! kept in process memory then silently breaks: with three copies a coupon is redeemed three
+//! times and a rate limit lets a client through three times as often. tollgate keeps every such
+//! piece of state in the shared [store](store), changes it only with atomic operations (one Lua
+//! script or one conditional command each, timed by the store's clock), and so makes N copies
+//! behave as one.
+//!
+//! - [`rate_limit`]: sliding-window log (exact), sliding-window counter (O(1) memory) and GCRA;
+//!   several limits per request in one round trip; IETF `RateLimit` headers; gRPC-native
+//!   rejections; an explicit policy for when the store is down.
+//! - [`claim`]: "already done" claims — one `SET NX` that exactly one caller wins.
+//! - [`lock`]: locks with random tokens, leases kept alive while work runs, and fencing tokens.
+//! - [`key`]: who a request counts against — headers, peer IP, trusted-proxy forwarded IP,
+//!   closures — always hashed before it reaches the store.
+//!
+//! The [guide](guide) explains when to use which.
+//!
+//! # With axum
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use axum::{Router, routing::get};
+//! use tollgate::key::{Header, KeyExtractor, PeerIp};
+//! use tollgate::rate_limit::{Limit, RateLimitLayer};
+//! use tollgate::store::MemoryStore; // RedisStore::open("redis://127.0.0.1/") to share limits
+//!
+//! let limits = RateLimitLayer::builder(MemoryStore::new())
+//!     .limit(Limit::per_second("burst", 5))
+//!     .limit(Limit::per_minute("minute", 100))
+//!     .key(Header::from_static("x-api-key").or(PeerIp::new()))
+//!     .build()
+//!     .expect("valid limits");
+//! let app: Router = Router::new()
+//!     .route("/api/hello", get(|| async { "hello" }))
+//!     .layer(limits);
+//!
+//! use tower::ServiceExt;
+//! let request = || http::Request::get("/api/hello").header("x-api-key", "k").body(axum::body::Body::empty()).unwrap();
+//! for _ in 0..5 {
+//!     assert_eq!(app.clone().oneshot(request()).await.unwrap().status(), 200);
+//! }
+//! assert_eq!(app.clone().oneshot(request()).await.unwrap().status(), 429);
+//! # }
+//! ```
+//!
+//! # Feature flags
+//!
+//! - `redis` (default): [`RedisStore`](store::RedisStore), on Redis or Valkey, standalone or
+//!   Cluster, through redis-rs.
+//! - `axum`: the peer-IP extractors also read axum's `ConnectInfo<SocketAddr>`.
+//!
+//! No framework is a default dependency: the layers work on `http::Request` / `http::Response`
+//! and fit axum, tonic and hyper alike.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod body;
 pub mod claim;
 pub mod error;
 pub mod grpc;
+pub mod guide;
 pub mod key;
 pub mod lock;
 pub mod rate_limit;

@@ -36,7 +36,7 @@
 //!
 //! let layer = RateLimitLayer::builder(MemoryStore::new())
 //!     .limit(Limit::per_minute("minute", 2))
-//!     .key(Header::new(http::HeaderName::from_static("x-api-key")))
+//!     .key(Header::from_static("x-api-key"))
 //!     .build()
 //!     .unwrap();
 //! let service = ServiceBuilder::new()
