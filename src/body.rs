@@ -54,6 +54,12 @@ impl<B> ResponseBody<B> {
     }
 }
 
+impl<B> Default for ResponseBody<B> {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
 impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,

@@ -7,8 +7,6 @@
 
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
-use crate::body::ResponseBody;
-
 /// The gRPC status codes tollgate answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -21,6 +19,8 @@ pub enum Code {
     FailedPrecondition = 9,
     /// 10: a concurrent request holds the same idempotency key.
     Aborted = 10,
+    /// 13: the handler failed without a response.
+    Internal = 13,
     /// 14: the store is unavailable.
     Unavailable = 14,
 }
@@ -32,9 +32,10 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
-/// A trailers-only response carrying `code` and `message` (percent-encoded as gRPC requires).
-pub fn trailers_only<B>(code: Code, message: &str) -> Response<ResponseBody<B>> {
-    let mut response = Response::new(ResponseBody::empty());
+/// A trailers-only response carrying `code` and `message` (percent-encoded as gRPC requires),
+/// with an empty (default) body.
+pub fn trailers_only<B: Default>(code: Code, message: &str) -> Response<B> {
+    let mut response = Response::new(B::default());
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert(
@@ -67,7 +68,8 @@ mod tests {
 
     #[test]
     fn encodes_message_and_sets_status() {
-        let res = trailers_only::<()>(Code::ResourceExhausted, "100% über");
+        let res =
+            trailers_only::<crate::body::ResponseBody<()>>(Code::ResourceExhausted, "100% über");
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(res.headers()["grpc-status"], "8");
         assert_eq!(res.headers()["content-type"], "application/grpc");

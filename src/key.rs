@@ -60,20 +60,24 @@ impl Key {
 
     /// Appends the 22-character base64url form to `out`.
     pub(crate) fn write_encoded(&self, out: &mut String) {
-        const ALPHABET: &[u8; 64] =
-            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-        for chunk in self.0.chunks(3) {
-            let b = [
-                chunk[0],
-                chunk.get(1).copied().unwrap_or(0),
-                chunk.get(2).copied().unwrap_or(0),
-            ];
-            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-            let chars = chunk.len() + 1;
-            for i in 0..chars {
-                let idx = (n >> (18 - 6 * i)) & 0x3f;
-                out.push(char::from(ALPHABET[idx as usize]));
-            }
+        write_base64url(&self.0, out);
+    }
+}
+
+/// Unpadded base64url of `bytes`.
+pub(crate) fn encode_base64url(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    write_base64url(bytes, &mut out);
+    out
+}
+
+fn write_base64url(bytes: &[u8], out: &mut String) {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    for chunk in bytes.chunks(3) {
+        let at = |i: usize| u32::from(chunk.get(i).copied().unwrap_or(0));
+        let n = (at(0) << 16) | (at(1) << 8) | at(2);
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 0x3f) as usize]));
         }
     }
 }

@@ -63,6 +63,7 @@ pub mod claim;
 pub mod error;
 pub mod grpc;
 pub mod guide;
+pub mod idempotency;
 pub mod key;
 pub mod lock;
 pub mod rate_limit;

@@ -5,9 +5,10 @@ use std::future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{ClaimOutcome, FENCE_TTL, LockAttempt, Store, StoreFuture, millis};
+use super::{ClaimOutcome, FENCE_TTL, IdemBegin, LockAttempt, Store, StoreFuture, millis};
 use crate::key::Key;
 use crate::rate_limit::{Algorithm, LimitState, RateOutcome, RatePolicy};
 
@@ -70,6 +71,16 @@ enum Value {
     Str(String),
     /// A fencing counter.
     Fence(u64),
+    /// An idempotency record.
+    Idem(IdemRecord),
+}
+
+#[derive(Debug)]
+struct IdemRecord {
+    fingerprint: String,
+    /// The owner's token while running.
+    token: Option<String>,
+    response: Option<Bytes>,
 }
 
 const SWEEP_EVERY: u32 = 4096;
@@ -444,6 +455,82 @@ impl Store for MemoryStore {
             map.entries.remove(&key);
         }
         Box::pin(future::ready(Ok(held)))
+    }
+
+    fn idem_begin(
+        &self,
+        key: String,
+        fingerprint: String,
+        token: String,
+        lease: Duration,
+    ) -> StoreFuture<IdemBegin> {
+        let now = self.now_us();
+        let mut map = self.lock();
+        map.sweep_if_due(now);
+        let expires_at = map.entries.get(&key).map_or(now, |e| e.expires_at);
+        let begin = match map.live(&key, now) {
+            None => {
+                let record = IdemRecord {
+                    fingerprint,
+                    token: Some(token),
+                    response: None,
+                };
+                map.put(&key, Value::Idem(record), now + millis(lease) * 1000);
+                IdemBegin::Claimed
+            }
+            Some(Value::Idem(record)) if record.fingerprint != fingerprint => IdemBegin::Mismatch,
+            Some(Value::Idem(IdemRecord {
+                response: Some(response),
+                ..
+            })) => IdemBegin::Completed(response.clone()),
+            Some(_) => IdemBegin::InFlight {
+                lease_left: Duration::from_millis((expires_at - now) / 1000),
+            },
+        };
+        Box::pin(future::ready(Ok(begin)))
+    }
+
+    fn idem_complete(
+        &self,
+        key: String,
+        token: String,
+        response: Bytes,
+        retention: Duration,
+    ) -> StoreFuture<bool> {
+        let now = self.now_us();
+        let mut map = self.lock();
+        let stored = match map.live(&key, now) {
+            Some(Value::Idem(record)) if record.token.as_deref() == Some(token.as_str()) => {
+                record.token = None;
+                record.response = Some(response);
+                true
+            }
+            _ => false,
+        };
+        if stored && let Some(entry) = map.entries.get_mut(&key) {
+            entry.expires_at = now + millis(retention) * 1000;
+        }
+        Box::pin(future::ready(Ok(stored)))
+    }
+
+    fn idem_release(&self, key: String, token: String) -> StoreFuture<bool> {
+        let now = self.now_us();
+        let mut map = self.lock();
+        let owned = matches!(map.live(&key, now), Some(Value::Idem(r)) if r.token.as_deref() == Some(token.as_str()));
+        if owned {
+            map.entries.remove(&key);
+        }
+        Box::pin(future::ready(Ok(owned)))
+    }
+
+    fn idem_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+        let now = self.now_us();
+        let mut map = self.lock();
+        let owned = matches!(map.live(&key, now), Some(Value::Idem(r)) if r.token.as_deref() == Some(token.as_str()));
+        if owned && let Some(entry) = map.entries.get_mut(&key) {
+            entry.expires_at = now + millis(lease) * 1000;
+        }
+        Box::pin(future::ready(Ok(owned)))
     }
 
     fn ping(&self) -> StoreFuture<()> {

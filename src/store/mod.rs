@@ -14,6 +14,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use crate::key::Key;
 use crate::rate_limit::{RateOutcome, RatePolicy};
 
@@ -65,8 +67,50 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     /// Deletes `key` only while it holds `token`; `false` when it does not.
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool>;
 
+    /// Looks up idempotency record `key` and, when there is none, claims it for a request with
+    /// `fingerprint`, owned by `token`, for `lease` — in one atomic step.
+    fn idem_begin(
+        &self,
+        key: String,
+        fingerprint: String,
+        token: String,
+        lease: Duration,
+    ) -> StoreFuture<IdemBegin>;
+
+    /// Stores the encoded `response` in record `key`, kept for `retention`, only while `token`
+    /// still owns the claim; `false` (and nothing written) otherwise.
+    fn idem_complete(
+        &self,
+        key: String,
+        token: String,
+        response: Bytes,
+        retention: Duration,
+    ) -> StoreFuture<bool>;
+
+    /// Deletes record `key` only while `token` still owns its claim.
+    fn idem_release(&self, key: String, token: String) -> StoreFuture<bool>;
+
+    /// Extends the claim on record `key` to `lease` from now, only while `token` owns it.
+    fn idem_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool>;
+
     /// Succeeds when the store answers.
     fn ping(&self) -> StoreFuture<()>;
+}
+
+/// The answer to [`Store::idem_begin`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdemBegin {
+    /// The key was new: this request owns it now and should run.
+    Claimed,
+    /// Another request with the same key and fingerprint is running.
+    InFlight {
+        /// The running request's remaining lease.
+        lease_left: Duration,
+    },
+    /// The key was used with a different fingerprint.
+    Mismatch,
+    /// The key's request completed; its encoded response.
+    Completed(Bytes),
 }
 
 /// The answer to [`Store::claim`].
@@ -133,6 +177,34 @@ impl<T: Store + ?Sized> Store for Arc<T> {
 
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
         (**self).delete_if_held(key, token)
+    }
+
+    fn idem_begin(
+        &self,
+        key: String,
+        fingerprint: String,
+        token: String,
+        lease: Duration,
+    ) -> StoreFuture<IdemBegin> {
+        (**self).idem_begin(key, fingerprint, token, lease)
+    }
+
+    fn idem_complete(
+        &self,
+        key: String,
+        token: String,
+        response: Bytes,
+        retention: Duration,
+    ) -> StoreFuture<bool> {
+        (**self).idem_complete(key, token, response, retention)
+    }
+
+    fn idem_release(&self, key: String, token: String) -> StoreFuture<bool> {
+        (**self).idem_release(key, token)
+    }
+
+    fn idem_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+        (**self).idem_extend(key, token, lease)
     }
 
     fn ping(&self) -> StoreFuture<()> {

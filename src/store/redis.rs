@@ -5,12 +5,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 
 use super::{
-    ClaimOutcome, FENCE_TTL, LockAttempt, Store, StoreError, StoreErrorKind, StoreFuture, millis,
+    ClaimOutcome, FENCE_TTL, IdemBegin, LockAttempt, Store, StoreError, StoreErrorKind,
+    StoreFuture, millis,
 };
 use crate::key::Key;
 use crate::rate_limit::{Algorithm, LimitState, RateOutcome, RatePolicy};
@@ -99,6 +102,10 @@ struct Scripts {
     lock_acquire: Script,
     compare_and_pexpire: Script,
     compare_and_delete: Script,
+    idem_begin: Script,
+    idem_complete: Script,
+    idem_release: Script,
+    idem_extend: Script,
 }
 
 impl Scripts {
@@ -111,6 +118,10 @@ impl Scripts {
             lock_acquire: Script::new(include_str!("scripts/lock_acquire.lua")),
             compare_and_pexpire: Script::new(include_str!("scripts/compare_and_pexpire.lua")),
             compare_and_delete: Script::new(include_str!("scripts/compare_and_delete.lua")),
+            idem_begin: Script::new(include_str!("scripts/idem_begin.lua")),
+            idem_complete: Script::new(include_str!("scripts/idem_complete.lua")),
+            idem_release: Script::new(include_str!("scripts/idem_release.lua")),
+            idem_extend: Script::new(include_str!("scripts/idem_extend.lua")),
         }
     }
 }
@@ -377,6 +388,75 @@ impl Store for RedisStore {
         })
     }
 
+    fn idem_begin(
+        &self,
+        key: String,
+        fingerprint: String,
+        token: String,
+        lease: Duration,
+    ) -> StoreFuture<IdemBegin> {
+        self.call(move |mut conn, scripts| async move {
+            let reply: Vec<Value> = scripts
+                .idem_begin
+                .key(key)
+                .arg(fingerprint)
+                .arg(token)
+                .arg(millis(lease))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            decode_idem_begin(reply)
+        })
+    }
+
+    fn idem_complete(
+        &self,
+        key: String,
+        token: String,
+        response: Bytes,
+        retention: Duration,
+    ) -> StoreFuture<bool> {
+        self.call(move |mut conn, scripts| async move {
+            let stored: i64 = scripts
+                .idem_complete
+                .key(key)
+                .arg(token)
+                .arg(response.as_ref())
+                .arg(millis(retention))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(stored == 1)
+        })
+    }
+
+    fn idem_release(&self, key: String, token: String) -> StoreFuture<bool> {
+        self.call(move |mut conn, scripts| async move {
+            let released: i64 = scripts
+                .idem_release
+                .key(key)
+                .arg(token)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(released == 1)
+        })
+    }
+
+    fn idem_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+        self.call(move |mut conn, scripts| async move {
+            let extended: i64 = scripts
+                .idem_extend
+                .key(key)
+                .arg(token)
+                .arg(millis(lease))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(extended == 1)
+        })
+    }
+
     fn ping(&self) -> StoreFuture<()> {
         self.call(|mut conn, _| async move {
             redis::cmd("PING")
@@ -385,6 +465,24 @@ impl Store for RedisStore {
                 .map(drop)
                 .map_err(store_error)
         })
+    }
+}
+
+/// Decodes `{0}`, `{1, lease_left_ms}`, `{2}` or `{3, response}`.
+fn decode_idem_begin(reply: Vec<Value>) -> Result<IdemBegin, StoreError> {
+    let mut reply = reply.into_iter();
+    let tag = match reply.next() {
+        Some(Value::Int(tag)) => tag,
+        _ => return Err(protocol("idempotency script returned no tag")),
+    };
+    match (tag, reply.next()) {
+        (0, None) => Ok(IdemBegin::Claimed),
+        (1, Some(Value::Int(ms))) => Ok(IdemBegin::InFlight {
+            lease_left: Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
+        }),
+        (2, None) => Ok(IdemBegin::Mismatch),
+        (3, Some(Value::BulkString(response))) => Ok(IdemBegin::Completed(Bytes::from(response))),
+        _ => Err(protocol("idempotency script returned an unexpected reply")),
     }
 }
 

@@ -1,0 +1,303 @@
+//! [`IdempotencyLayer`] and its builder.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode};
+use tower_layer::Layer;
+
+use super::service::Idempotency;
+use crate::error::ConfigError;
+use crate::key::{Global, KeyExtractor};
+use crate::store::Store;
+
+/// Decides from its status whether a response is stored for replay.
+pub(crate) type StoreWhen = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
+
+/// What a request does when another request with the same key is still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnConcurrent {
+    /// Answer `409 Conflict` with `Retry-After: 1` at once (gRPC: ABORTED).
+    #[default]
+    Reject,
+    /// Wait up to this long for the first request to finish, then replay its response (or run,
+    /// if it failed and released the key); `409` when it is still running then.
+    Wait(Duration),
+}
+
+/// Everything a request needs besides the scope extractor; shared by every clone.
+pub(crate) struct Settings {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) prefix: String,
+    pub(crate) header: HeaderName,
+    pub(crate) required: bool,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) body_limit: usize,
+    pub(crate) response_limit: usize,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) on_concurrent: OnConcurrent,
+    pub(crate) store_when: StoreWhen,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("store", &self.store)
+            .field("prefix", &self.prefix)
+            .field("header", &self.header)
+            .field("required", &self.required)
+            .field("methods", &self.methods)
+            .field("fingerprint_headers", &self.fingerprint_headers)
+            .field("body_limit", &self.body_limit)
+            .field("response_limit", &self.response_limit)
+            .field("lease", &self.lease)
+            .field("retention", &self.retention)
+            .field("on_concurrent", &self.on_concurrent)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Applies [`Idempotency`] to a service: `Idempotency-Key` records kept in a shared [`Store`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::idempotency::IdempotencyLayer;
+/// use tollgate::key::Header;
+/// use tollgate::store::MemoryStore;
+///
+/// let layer = IdempotencyLayer::builder(MemoryStore::new())
+///     .required(true)
+///     .scope(Header::from_static("authorization"))
+///     .retention(Duration::from_secs(24 * 3600))
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+pub struct IdempotencyLayer<K = Global> {
+    settings: Arc<Settings>,
+    scope: Arc<K>,
+}
+
+impl<K> Clone for IdempotencyLayer<K> {
+    fn clone(&self) -> Self {
+        Self {
+            settings: Arc::clone(&self.settings),
+            scope: Arc::clone(&self.scope),
+        }
+    }
+}
+
+impl<K: fmt::Debug> fmt::Debug for IdempotencyLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("settings", &self.settings)
+            .field("scope", &self.scope)
+            .finish()
+    }
+}
+
+impl IdempotencyLayer {
+    /// Starts a builder on `store` (a [`RedisStore`](crate::store::RedisStore) so that every copy
+    /// of the service sees the records).
+    pub fn builder(store: impl Store) -> IdempotencyLayerBuilder {
+        IdempotencyLayerBuilder {
+            store: Arc::new(store),
+            prefix: "tollgate".to_owned(),
+            header: HeaderName::from_static("idempotency-key"),
+            required: false,
+            methods: vec![Method::POST, Method::PATCH],
+            fingerprint_headers: Vec::new(),
+            body_limit: 1 << 20,
+            response_limit: 1 << 20,
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(24 * 3600),
+            on_concurrent: OnConcurrent::Reject,
+            store_when: Arc::new(|status: StatusCode| !status.is_server_error()),
+            scope: Global,
+        }
+    }
+}
+
+impl<S, K> Layer<S> for IdempotencyLayer<K> {
+    type Service = Idempotency<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::new(inner, Arc::clone(&self.settings), Arc::clone(&self.scope))
+    }
+}
+
+/// Configures an [`IdempotencyLayer`]; made by [`IdempotencyLayer::builder`].
+pub struct IdempotencyLayerBuilder<K = Global> {
+    store: Arc<dyn Store>,
+    prefix: String,
+    header: HeaderName,
+    required: bool,
+    methods: Vec<Method>,
+    fingerprint_headers: Vec<HeaderName>,
+    body_limit: usize,
+    response_limit: usize,
+    lease: Duration,
+    retention: Duration,
+    on_concurrent: OnConcurrent,
+    store_when: StoreWhen,
+    scope: K,
+}
+
+impl<K: fmt::Debug> fmt::Debug for IdempotencyLayerBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayerBuilder")
+            .field("header", &self.header)
+            .field("methods", &self.methods)
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> IdempotencyLayerBuilder<K> {
+    /// The header carrying the key (default `Idempotency-Key`; gRPC metadata arrives as the same
+    /// lowercase header).
+    pub fn header(mut self, name: HeaderName) -> Self {
+        self.header = name;
+        self
+    }
+
+    /// Whether covered requests without a key get `400` (default false: they pass through).
+    pub fn required(mut self, required: bool) -> Self {
+        self.required = required;
+        self
+    }
+
+    /// The methods covered (default POST and PATCH); others pass through untouched.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whose keys these are (default [`Global`]: one namespace for all callers). Give the
+    /// authenticated caller — an API key or user header — so that two clients choosing the same
+    /// key never see each other's responses. A request whose scope cannot be extracted shares
+    /// the unscoped namespace.
+    pub fn scope<K2: KeyExtractor>(self, scope: K2) -> IdempotencyLayerBuilder<K2> {
+        IdempotencyLayerBuilder {
+            store: self.store,
+            prefix: self.prefix,
+            header: self.header,
+            required: self.required,
+            methods: self.methods,
+            fingerprint_headers: self.fingerprint_headers,
+            body_limit: self.body_limit,
+            response_limit: self.response_limit,
+            lease: self.lease,
+            retention: self.retention,
+            on_concurrent: self.on_concurrent,
+            store_when: self.store_when,
+            scope,
+        }
+    }
+
+    /// Headers that join method, path + query and body in the request fingerprint (default
+    /// none).
+    pub fn fingerprint_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.fingerprint_headers = headers.into_iter().collect();
+        self
+    }
+
+    /// The largest request body buffered for fingerprinting (default 1 MiB); larger requests get
+    /// `413`.
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// The largest response body stored for replay (default 1 MiB). A larger response still
+    /// reaches its caller in full, but is not stored: the key is released and a retry runs the
+    /// handler again.
+    pub fn response_limit(mut self, bytes: usize) -> Self {
+        self.response_limit = bytes;
+        self
+    }
+
+    /// The lease of an in-flight claim (default 30 s): extended every third of it while the
+    /// handler runs; a copy that dies mid-request frees the key after it.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long completed responses are kept for replay (default 24 h).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// What a duplicate does while the first request runs (default [`OnConcurrent::Reject`]).
+    pub fn on_concurrent(mut self, on_concurrent: OnConcurrent) -> Self {
+        self.on_concurrent = on_concurrent;
+        self
+    }
+
+    /// Which responses are stored for replay, by status (default: all but 5xx). A response that
+    /// is not stored releases the key, so that a retry runs the handler again.
+    pub fn store_when(
+        mut self,
+        predicate: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.store_when = Arc::new(predicate);
+        self
+    }
+
+    /// The prefix of the store keys (default `tollgate`): `<prefix>:idem:{<digest>}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Validates the configuration.
+    pub fn build(self) -> Result<IdempotencyLayer<K>, ConfigError> {
+        if self.lease < Duration::from_millis(10) {
+            return Err(ConfigError::new(
+                "the idempotency lease must be at least 10 ms",
+            ));
+        }
+        if self.retention < Duration::from_millis(1) {
+            return Err(ConfigError::new(
+                "the idempotency retention must be positive",
+            ));
+        }
+        if self.methods.is_empty() {
+            return Err(ConfigError::new("the idempotency layer covers no method"));
+        }
+        if self.prefix.is_empty()
+            || !self
+                .prefix
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+        {
+            return Err(ConfigError::new(format!(
+                "invalid key prefix {:?}: use visible ASCII without braces",
+                self.prefix
+            )));
+        }
+        Ok(IdempotencyLayer {
+            settings: Arc::new(Settings {
+                store: self.store,
+                prefix: self.prefix,
+                header: self.header,
+                required: self.required,
+                methods: self.methods,
+                fingerprint_headers: self.fingerprint_headers,
+                body_limit: self.body_limit,
+                response_limit: self.response_limit,
+                lease: self.lease,
+                retention: self.retention,
+                on_concurrent: self.on_concurrent,
+                store_when: self.store_when,
+            }),
+            scope: Arc::new(self.scope),
+        })
+    }
+}

@@ -1,0 +1,87 @@
+//! `Idempotency-Key` deduplication shared by every copy of a service (IETF
+//! draft-ietf-httpapi-idempotency-key-header, with Stripe's semantics).
+//!
+//! A client that may retry a non-idempotent request — a payment, an order — sends a unique
+//! `Idempotency-Key`. [`IdempotencyLayer`] runs the first request with that key once, across all
+//! copies of the service, stores its response in the shared [`Store`](crate::store::Store), and
+//! replays it to every retry.
+//!
+//! | situation | response |
+//! | --- | --- |
+//! | method not covered (default: POST and PATCH are) | passes through untouched |
+//! | key missing where [required](IdempotencyLayerBuilder::required) | `400` |
+//! | key malformed: empty, over 255 characters, not visible ASCII (bare token and sf-string `"..."` both accepted, naming the same key) | `400` |
+//! | request body over the [limit](IdempotencyLayerBuilder::body_limit) | `413` |
+//! | first request with this key | the handler runs; its response (status, headers, body, trailers) is stored |
+//! | same key and fingerprint, still running | `409` with `Retry-After` (or, with [`OnConcurrent::Wait`], wait and replay) |
+//! | same key, different fingerprint (method, path + query, body, [chosen headers](IdempotencyLayerBuilder::fingerprint_headers)) | `422` |
+//! | same key, completed | the stored response, byte for byte, plus `Idempotent-Replayed: true` |
+//! | handler failed (5xx by [default](IdempotencyLayerBuilder::store_when), an error, a panic) | key released, nothing stored: a retry runs again |
+//! | store unavailable or timing out | `503`, the handler is **not** run (fail closed: never twice) |
+//!
+//! gRPC calls (`content-type: application/grpc*`) get the same decisions as trailers-only
+//! responses: `400` → INVALID_ARGUMENT, `409` → ABORTED, `413` → RESOURCE_EXHAUSTED, `422` →
+//! FAILED_PRECONDITION (the key is bound to another request: a state of the system, not a
+//! malformed argument), `503` → UNAVAILABLE. Replays include the stored trailers (`grpc-status`
+//! and all), so a client cannot tell a replay from the first answer.
+//!
+//! How it holds across copies:
+//! - Keys are scoped by a caller [extractor](IdempotencyLayerBuilder::scope) and hashed with it
+//!   into the store key `<prefix>:idem:{<digest>}`: the raw key never reaches the store.
+//! - Claim, complete, release and extend are each one atomic script that checks the claim's
+//!   random token: a copy whose lease ran out and was taken over cannot overwrite the new owner's
+//!   record. The lease (default 30 s) is extended every third of it while the handler runs, and a
+//!   crashed copy's claim expires after it.
+//! - The handler runs in its own task: if the client disconnects, it still runs to completion
+//!   and its response is stored, so the client's retry gets the replay rather than a second
+//!   execution. The response streams to the first caller as it is produced while being
+//!   captured; responses over the [storage cap](IdempotencyLayerBuilder::response_limit) are
+//!   delivered but not stored (the key is released).
+//! - Cost: a replay is one store round trip; a first execution two (claim, complete), plus one
+//!   lease extension per third of the lease that the handler outlives.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use std::convert::Infallible;
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::{BodyExt, Full};
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tollgate::idempotency::IdempotencyLayer;
+//! use tollgate::store::MemoryStore;
+//!
+//! let runs = Arc::new(AtomicUsize::new(0));
+//! let counter = runs.clone();
+//! let service = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::builder(MemoryStore::new()).build().unwrap())
+//!     .service_fn(move |_req: Request<_>| {
+//!         let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+//!         async move { Ok::<_, Infallible>(Response::new(Full::new(format!("payment {n}").into()))) }
+//!     });
+//!
+//! let pay = || Request::post("/payments").header("idempotency-key", "k-1").body(Full::new("{}".into())).unwrap();
+//! let first = service.clone().oneshot(pay()).await.unwrap();
+//! assert_eq!(first.into_body().collect().await.unwrap().to_bytes(), "payment 1");
+//! let retry = service.clone().oneshot(pay()).await.unwrap();
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! assert_eq!(retry.into_body().collect().await.unwrap().to_bytes(), "payment 1");
+//! assert_eq!(runs.load(Ordering::SeqCst), 1);
+//!
+//! let changed = Request::post("/payments").header("idempotency-key", "k-1").body(Full::new("{\"x\":1}".into())).unwrap();
+//! assert_eq!(service.clone().oneshot(changed).await.unwrap().status(), StatusCode::UNPROCESSABLE_ENTITY);
+//! # }
+//! ```
+
+mod body;
+mod fingerprint;
+mod future;
+mod key_header;
+mod layer;
+mod record;
+mod service;
+
+pub use body::{BoxError, IdempotencyBody};
+pub use future::ResponseFuture;
+pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, OnConcurrent};
+pub use service::{Idempotency, RequestBody};
