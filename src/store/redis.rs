@@ -471,9 +471,8 @@ impl Store for RedisStore {
 /// Decodes `{0}`, `{1, lease_left_ms}`, `{2}` or `{3, response}`.
 fn decode_idem_begin(reply: Vec<Value>) -> Result<IdemBegin, StoreError> {
     let mut reply = reply.into_iter();
-    let tag = match reply.next() {
-        Some(Value::Int(tag)) => tag,
-        _ => return Err(protocol("idempotency script returned no tag")),
+    let Some(Value::Int(tag)) = reply.next() else {
+        return Err(protocol("idempotency script returned no tag"));
     };
     match (tag, reply.next()) {
         (0, None) => Ok(IdemBegin::Claimed),
