@@ -9,7 +9,7 @@ use tollgate::claim::Claims;
 use tollgate::key::Key;
 use tollgate::lock::{LockError, Locks};
 use tollgate::rate_limit::{Algorithm, Limit, RateOutcome, RatePolicy};
-use tollgate::store::Store;
+use tollgate::store::{IdemBegin, Store};
 
 fn unique(name: &str) -> String {
     format!("{name}-{}", rand::random::<u64>())
@@ -60,6 +60,10 @@ macro_rules! conformance_suite {
             fencing_tokens_strictly_increase,
             fencing_tokens_increase_under_contention,
             with_lock_keeps_the_lease_alive,
+            idem_lifecycle,
+            idem_exactly_one_claim_among_concurrent,
+            idem_token_checks_and_takeover,
+            idem_retention_and_release,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -516,4 +520,174 @@ pub async fn with_lock_keeps_the_lease_alive(store: &(impl Store + Clone)) {
     let busy = locks.with_lock(&name, lease, |_| async {}).await;
     assert!(matches!(busy, Err(LockError::Busy { .. })));
     holder.release().await.unwrap();
+}
+
+fn idem_key() -> String {
+    format!("t:idem:{{{}}}", unique("k"))
+}
+
+pub async fn idem_lifecycle(store: &(impl Store + Clone)) {
+    let key = idem_key();
+    let lease = Duration::from_secs(30);
+    let begin = |fp: &str, token: &str| {
+        store.idem_begin(key.clone(), fp.to_owned(), token.to_owned(), lease)
+    };
+    assert_eq!(begin("fp", "a").await.unwrap(), IdemBegin::Claimed);
+    match begin("fp", "b").await.unwrap() {
+        IdemBegin::InFlight { lease_left } => {
+            assert!(
+                lease_left > Duration::from_secs(29) && lease_left <= lease,
+                "{lease_left:?}"
+            );
+        }
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+    assert_eq!(begin("other", "b").await.unwrap(), IdemBegin::Mismatch);
+    let response = bytes::Bytes::from_static(b"\x00binary\xffresponse");
+    assert!(
+        store
+            .idem_complete(
+                key.clone(),
+                "a".into(),
+                response.clone(),
+                Duration::from_secs(60)
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        begin("fp", "c").await.unwrap(),
+        IdemBegin::Completed(response)
+    );
+    assert_eq!(begin("other", "c").await.unwrap(), IdemBegin::Mismatch);
+    // a completed record is no longer anybody's claim
+    assert!(!store.idem_release(key.clone(), "a".into()).await.unwrap());
+    assert!(
+        !store
+            .idem_extend(key.clone(), "a".into(), lease)
+            .await
+            .unwrap()
+    );
+}
+
+pub async fn idem_exactly_one_claim_among_concurrent(store: &(impl Store + Clone)) {
+    let key = idem_key();
+    let attempts = (0..100).map(|i| {
+        store.idem_begin(
+            key.clone(),
+            "fp".into(),
+            format!("t{i}"),
+            Duration::from_secs(30),
+        )
+    });
+    let results = futures_util::future::join_all(attempts).await;
+    let claimed = results
+        .iter()
+        .filter(|r| matches!(r, Ok(IdemBegin::Claimed)))
+        .count();
+    let in_flight = results
+        .iter()
+        .filter(|r| matches!(r, Ok(IdemBegin::InFlight { .. })))
+        .count();
+    assert_eq!((claimed, in_flight), (1, 99));
+}
+
+pub async fn idem_token_checks_and_takeover(store: &(impl Store + Clone)) {
+    let key = idem_key();
+    let begin = |token: &str, lease: Duration| {
+        store.idem_begin(key.clone(), "fp".into(), token.to_owned(), lease)
+    };
+    assert_eq!(
+        begin("stale", Duration::from_millis(200)).await.unwrap(),
+        IdemBegin::Claimed
+    );
+    assert!(
+        !store
+            .idem_extend(key.clone(), "intruder".into(), Duration::from_secs(1))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .idem_release(key.clone(), "intruder".into())
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(260)).await;
+    // the stalled owner's lease ran out: another request takes the key over
+    assert_eq!(
+        begin("fresh", Duration::from_secs(30)).await.unwrap(),
+        IdemBegin::Claimed
+    );
+    let stale = bytes::Bytes::from_static(b"stale");
+    let fresh = bytes::Bytes::from_static(b"fresh");
+    assert!(
+        !store
+            .idem_complete(key.clone(), "stale".into(), stale, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        "stale completion refused"
+    );
+    assert!(
+        !store
+            .idem_extend(key.clone(), "stale".into(), Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .idem_complete(
+                key.clone(),
+                "fresh".into(),
+                fresh.clone(),
+                Duration::from_secs(60)
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        begin("late", Duration::from_secs(30)).await.unwrap(),
+        IdemBegin::Completed(fresh)
+    );
+}
+
+pub async fn idem_retention_and_release(store: &(impl Store + Clone)) {
+    let key = idem_key();
+    let begin = |token: &str| {
+        store.idem_begin(
+            key.clone(),
+            "fp".into(),
+            token.to_owned(),
+            Duration::from_secs(30),
+        )
+    };
+    assert_eq!(begin("a").await.unwrap(), IdemBegin::Claimed);
+    assert!(
+        store
+            .idem_extend(key.clone(), "a".into(), Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    assert!(store.idem_release(key.clone(), "a".into()).await.unwrap());
+    // released: the next request runs
+    assert_eq!(begin("b").await.unwrap(), IdemBegin::Claimed);
+    let done = bytes::Bytes::from_static(b"done");
+    assert!(
+        store
+            .idem_complete(
+                key.clone(),
+                "b".into(),
+                done.clone(),
+                Duration::from_millis(200)
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(begin("c").await.unwrap(), IdemBegin::Completed(done));
+    tokio::time::sleep(Duration::from_millis(260)).await;
+    assert_eq!(
+        begin("d").await.unwrap(),
+        IdemBegin::Claimed,
+        "retention over"
+    );
 }
