@@ -7,6 +7,7 @@ use http::HeaderValue;
 use http::request::Parts;
 use tower_layer::Layer;
 
+use super::deny_cache::DenyCache;
 use super::policy::{Algorithm, Limit, RatePolicy};
 use super::service::RateLimit;
 use super::{MissingKey, OnStoreError, headers};
@@ -28,6 +29,7 @@ pub(crate) struct Settings {
     pub(crate) missing_key: MissingKey,
     pub(crate) headers: bool,
     pub(crate) policy_header: HeaderValue,
+    pub(crate) deny_cache: Option<DenyCache>,
 }
 
 impl fmt::Debug for Settings {
@@ -98,6 +100,7 @@ impl RateLimitLayer {
             on_store_error: OnStoreError::Allow,
             missing_key: MissingKey::Reject,
             headers: true,
+            deny_cache: true,
         }
     }
 }
@@ -132,6 +135,7 @@ pub struct RateLimitLayerBuilder<K = Global> {
     on_store_error: OnStoreError,
     missing_key: MissingKey,
     headers: bool,
+    deny_cache: bool,
 }
 
 impl<K: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<K> {
@@ -184,6 +188,7 @@ impl<K> RateLimitLayerBuilder<K> {
             on_store_error: self.on_store_error,
             missing_key: self.missing_key,
             headers: self.headers,
+            deny_cache: self.deny_cache,
         }
     }
 
@@ -212,6 +217,15 @@ impl<K> RateLimitLayerBuilder<K> {
         self
     }
 
+    /// Whether a copy, once the store has denied a caller until some time, denies that caller's
+    /// requests (of the same or larger cost) locally until then, without a store round trip
+    /// (default true). A flood from one caller then costs about one store call per copy and
+    /// retry period. It caches the store's decision and never admits on its own.
+    pub fn deny_cache(mut self, enabled: bool) -> Self {
+        self.deny_cache = enabled;
+        self
+    }
+
     /// Validates the configuration.
     pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError> {
         let policy = RatePolicy::new(format!("{}:rl", self.prefix), self.algorithm, self.limits)?;
@@ -236,6 +250,7 @@ impl<K> RateLimitLayerBuilder<K> {
                 missing_key: self.missing_key,
                 headers: self.headers,
                 policy_header,
+                deny_cache: self.deny_cache.then(DenyCache::default),
             }),
             extractor: Arc::new(self.extractor),
         })

@@ -19,6 +19,9 @@
 //!   [`RateLimitLayerBuilder::headers_on_success`]).
 //! - **Store down**: as [`OnStoreError`] says — by default the request is allowed and a warning
 //!   logged.
+//! - **Floods**: once the store has denied a caller until some time, this copy denies that
+//!   caller's requests locally until then, without a round trip (a cache of the store's decision
+//!   that can only deny; [`RateLimitLayerBuilder::deny_cache`]).
 //! - **No key** (say, no API key header and no fallback): as [`MissingKey`] says — by default
 //!   `400 Bad Request`.
 //!
@@ -54,11 +57,14 @@
 //! # }
 //! ```
 
+mod deny_cache;
 mod future;
 mod headers;
 mod layer;
 mod policy;
 mod service;
+#[cfg(test)]
+mod tests;
 
 use std::time::Duration;
 
@@ -117,6 +123,9 @@ pub enum DecisionSource {
     StoreUnavailable,
     /// The store failed; the in-process fallback limiter decided.
     LocalFallback,
+    /// The store denied this caller moments ago, until a time not yet reached: denied again
+    /// without a round trip (see [`RateLimitLayerBuilder::deny_cache`]).
+    DenyCache,
 }
 
 /// The rate-limit decision for one request, in the response extensions (and, for admitted
@@ -233,6 +242,12 @@ impl Settings {
             retry_after_ms = decision.retry_after.as_millis() as u64,
             "rate-limit decision"
         );
+        if let Some(cache) = &self.deny_cache
+            && !decision.admitted
+            && decision.source == DecisionSource::Store
+        {
+            cache.remember(&decision);
+        }
         decision
     }
 }

@@ -101,6 +101,13 @@ where
         if cost == 0 {
             return ResponseFuture::unchecked(self.inner.call(request), settings);
         }
+        if let Some(denied) = settings
+            .deny_cache
+            .as_ref()
+            .and_then(|c| c.check(key, cost))
+        {
+            return ResponseFuture::reject(Rejection::Denied(denied), settings, grpc);
+        }
         let check = settings.store.check_rate(&settings.policy, key, cost);
         // The clone goes on serving; the instance that `poll_ready` readied handles this request.
         let clone = self.inner.clone();

@@ -1,0 +1,351 @@
+//! Unit tests of the layer on a `MemoryStore`, with tokio's clock paused.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use tower::{Service, ServiceExt, service_fn};
+
+use super::*;
+use crate::key::Header;
+use crate::store::{MemoryStore, Store, StoreErrorKind, StoreFuture};
+
+/// A store that counts rate checks and can be switched to failing.
+#[derive(Debug, Clone, Default)]
+struct Counting {
+    inner: MemoryStore,
+    checks: Arc<AtomicUsize>,
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Store for Counting {
+    fn check_rate(&self, p: &Arc<RatePolicy>, key: Key, cost: u64) -> StoreFuture<RateOutcome> {
+        self.checks.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(StoreError::new(StoreErrorKind::Unavailable, "down")) });
+        }
+        self.inner.check_rate(p, key, cost)
+    }
+    fn claim(
+        &self,
+        k: String,
+        h: String,
+        t: Option<Duration>,
+    ) -> StoreFuture<crate::store::ClaimOutcome> {
+        self.inner.claim(k, h, t)
+    }
+    fn lock_acquire(
+        &self,
+        k: String,
+        f: String,
+        t: String,
+        l: Duration,
+    ) -> StoreFuture<crate::store::LockAttempt> {
+        self.inner.lock_acquire(k, f, t, l)
+    }
+    fn extend_if_held(&self, k: String, t: String, l: Duration) -> StoreFuture<bool> {
+        self.inner.extend_if_held(k, t, l)
+    }
+    fn delete_if_held(&self, k: String, t: String) -> StoreFuture<bool> {
+        self.inner.delete_if_held(k, t)
+    }
+    fn idem_begin(
+        &self,
+        k: String,
+        f: String,
+        t: String,
+        l: Duration,
+    ) -> StoreFuture<crate::store::IdemBegin> {
+        self.inner.idem_begin(k, f, t, l)
+    }
+    fn idem_complete(
+        &self,
+        k: String,
+        t: String,
+        r: bytes::Bytes,
+        d: Duration,
+    ) -> StoreFuture<bool> {
+        self.inner.idem_complete(k, t, r, d)
+    }
+    fn idem_release(&self, k: String, t: String) -> StoreFuture<bool> {
+        self.inner.idem_release(k, t)
+    }
+    fn idem_extend(&self, k: String, t: String, l: Duration) -> StoreFuture<bool> {
+        self.inner.idem_extend(k, t, l)
+    }
+    fn ping(&self) -> StoreFuture<()> {
+        self.inner.ping()
+    }
+}
+
+fn request(caller: &str) -> Request<()> {
+    Request::get("/")
+        .header("x-caller", caller)
+        .body(())
+        .unwrap()
+}
+
+type Svc = RateLimit<
+    tower::util::ServiceFn<fn(Request<()>) -> std::future::Ready<Result<Response<()>, Infallible>>>,
+    Header,
+>;
+
+fn ok(_: Request<()>) -> std::future::Ready<Result<Response<()>, Infallible>> {
+    std::future::ready(Ok(Response::new(())))
+}
+
+fn service(builder: RateLimitLayerBuilder) -> Svc {
+    let layer = builder
+        .key(Header::from_static("x-caller"))
+        .build()
+        .unwrap();
+    tower_layer::Layer::layer(&layer, service_fn(ok as fn(_) -> _))
+}
+
+async fn status(svc: &mut Svc, caller: &str) -> StatusCode {
+    svc.ready()
+        .await
+        .unwrap()
+        .call(request(caller))
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test(start_paused = true)]
+async fn window_slides_with_the_clock() {
+    let mut svc =
+        service(RateLimitLayer::builder(MemoryStore::new()).limit(Limit::per_second("s", 2)));
+    assert_eq!(status(&mut svc, "a").await, StatusCode::OK);
+    tokio::time::advance(Duration::from_millis(500)).await;
+    assert_eq!(status(&mut svc, "a").await, StatusCode::OK);
+    assert_eq!(status(&mut svc, "a").await, StatusCode::TOO_MANY_REQUESTS);
+    // the first request leaves the window at 1000 ms, the second at 1500 ms
+    tokio::time::advance(Duration::from_millis(501)).await;
+    assert_eq!(status(&mut svc, "a").await, StatusCode::OK);
+    assert_eq!(status(&mut svc, "a").await, StatusCode::TOO_MANY_REQUESTS);
+    tokio::time::advance(Duration::from_millis(500)).await;
+    assert_eq!(status(&mut svc, "a").await, StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn deny_cache_spares_the_store_and_expires_on_time() {
+    let store = Counting::default();
+    let checks = store.checks.clone();
+    let mut svc = service(RateLimitLayer::builder(store).limit(Limit::per_minute("m", 3)));
+    for _ in 0..3 {
+        assert_eq!(status(&mut svc, "flood").await, StatusCode::OK);
+    }
+    for _ in 0..100 {
+        assert_eq!(
+            status(&mut svc, "flood").await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    // three admissions and the one denial that filled the cache
+    assert_eq!(checks.load(Ordering::SeqCst), 4);
+    // other callers still go to the store
+    assert_eq!(status(&mut svc, "other").await, StatusCode::OK);
+    assert_eq!(checks.load(Ordering::SeqCst), 5);
+    // once the denial's time is up, the store decides again
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(status(&mut svc, "flood").await, StatusCode::OK);
+    assert_eq!(checks.load(Ordering::SeqCst), 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cached_denials_carry_honest_headers() {
+    let mut svc =
+        service(RateLimitLayer::builder(MemoryStore::new()).limit(Limit::per_minute("m", 1)));
+    assert_eq!(status(&mut svc, "a").await, StatusCode::OK);
+    let first = svc.ready().await.unwrap().call(request("a")).await.unwrap();
+    assert_eq!(first.headers()["retry-after"], "60");
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let cached = svc.ready().await.unwrap().call(request("a")).await.unwrap();
+    assert_eq!(cached.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(cached.headers()["retry-after"], "40");
+    assert_eq!(cached.headers()["ratelimit"], r#""m";r=0;t=40"#);
+    let decision = cached.extensions().get::<RateLimitDecision>().unwrap();
+    assert_eq!(decision.source(), DecisionSource::DenyCache);
+}
+
+#[tokio::test(start_paused = true)]
+async fn deny_cache_can_be_switched_off() {
+    let store = Counting::default();
+    let checks = store.checks.clone();
+    let mut svc = service(
+        RateLimitLayer::builder(store)
+            .limit(Limit::per_minute("m", 1))
+            .deny_cache(false),
+    );
+    for _ in 0..5 {
+        status(&mut svc, "a").await;
+    }
+    assert_eq!(checks.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failure_policies() {
+    let store = Counting::default();
+    store.down.store(true, Ordering::SeqCst);
+    let build = |policy| {
+        service(
+            RateLimitLayer::builder(store.clone())
+                .limit(Limit::per_minute("m", 4))
+                .on_store_error(policy),
+        )
+    };
+
+    let mut allow = build(OnStoreError::Allow);
+    for _ in 0..10 {
+        let res = allow
+            .ready()
+            .await
+            .unwrap()
+            .call(request("a"))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let decision = res.extensions().get::<RateLimitDecision>().unwrap();
+        assert_eq!(decision.source(), DecisionSource::StoreUnavailable);
+        assert!(res.headers().get("ratelimit").is_none());
+    }
+
+    let mut deny = build(OnStoreError::Deny);
+    let res = deny
+        .ready()
+        .await
+        .unwrap()
+        .call(request("a"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "1");
+
+    let mut fallback = build(OnStoreError::LocalFallback { copies: 2 });
+    let statuses: Vec<_> = futures_util::future::join_all((0..4).map(|_| {
+        let mut svc = fallback.clone();
+        async move {
+            svc.ready()
+                .await
+                .unwrap()
+                .call(request("a"))
+                .await
+                .unwrap()
+                .status()
+        }
+    }))
+    .await;
+    assert_eq!(
+        statuses.iter().filter(|s| **s == StatusCode::OK).count(),
+        2,
+        "4 / 2 copies"
+    );
+    let res = fallback
+        .ready()
+        .await
+        .unwrap()
+        .call(request("a"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        res.extensions()
+            .get::<RateLimitDecision>()
+            .unwrap()
+            .source(),
+        DecisionSource::LocalFallback
+    );
+}
+
+#[tokio::test]
+async fn missing_keys_and_free_requests() {
+    let mut strict =
+        service(RateLimitLayer::builder(MemoryStore::new()).limit(Limit::per_minute("m", 1)));
+    let res = strict
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+
+    let mut lenient = service(
+        RateLimitLayer::builder(MemoryStore::new())
+            .limit(Limit::per_minute("m", 1))
+            .on_missing_key(MissingKey::Allow),
+    );
+    for _ in 0..3 {
+        let res = lenient
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+
+    let mut free = service(
+        RateLimitLayer::builder(MemoryStore::new())
+            .limit(Limit::per_minute("m", 1))
+            .cost(|parts| u64::from(parts.uri.path() != "/free")),
+    );
+    for _ in 0..3 {
+        let req = Request::get("/free")
+            .header("x-caller", "a")
+            .body(())
+            .unwrap();
+        assert_eq!(
+            free.ready()
+                .await
+                .unwrap()
+                .call(req)
+                .await
+                .unwrap()
+                .status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(status(&mut free, "a").await, StatusCode::OK);
+    assert_eq!(status(&mut free, "a").await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[test]
+fn invalid_configurations_are_refused_at_build_time() {
+    let build = |limits: Vec<Limit>| {
+        RateLimitLayer::builder(MemoryStore::new())
+            .limits(limits)
+            .build()
+    };
+    assert!(build(vec![]).is_err());
+    assert!(build(vec![Limit::per_second("zero", 0)]).is_err());
+    assert!(build(vec![Limit::new("w", 1, Duration::ZERO)]).is_err());
+    assert!(build(vec![Limit::per_second("bad name", 1)]).is_err());
+    assert!(build(vec![Limit::per_second("a\"b", 1)]).is_err());
+    assert!(
+        build(vec![
+            Limit::per_second("dup", 1),
+            Limit::per_minute("dup", 5)
+        ])
+        .is_err()
+    );
+    assert!(
+        RateLimitLayer::builder(MemoryStore::new())
+            .limit(Limit::per_second("s", 1))
+            .on_store_error(OnStoreError::LocalFallback { copies: 0 })
+            .build()
+            .is_err()
+    );
+    assert!(
+        RateLimitLayer::builder(MemoryStore::new())
+            .limit(Limit::per_second("s", 1))
+            .prefix("a{b")
+            .build()
+            .is_err()
+    );
+    assert!(build(vec![Limit::per_second("ok", 1)]).is_ok());
+}
