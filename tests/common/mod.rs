@@ -2,6 +2,7 @@
 //! tests themselves. Never the shared server on 6379.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod cluster;
 pub mod conformance;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
