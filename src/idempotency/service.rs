@@ -354,7 +354,6 @@ async fn execute<S, ReqBody, ResBody>(
             }
         }
     }
-    drop(frames_tx);
     drop(keeper);
     match record {
         Some(mut stored) if !failed => {
@@ -363,6 +362,9 @@ async fn execute<S, ReqBody, ResBody>(
         }
         _ => release(&settings, key, token, "the response is not stored").await,
     }
+    // The caller sees the end of the body only now: a client that read its whole response and
+    // retries finds the record complete (a replay), never still in flight.
+    drop(frames_tx);
 }
 
 async fn complete(settings: &Settings, key: String, token: String, record: Bytes) {

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod conformance;
+pub mod proxy;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
