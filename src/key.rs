@@ -296,11 +296,17 @@ impl Cidr {
 
 /// The client address as reported by trusted proxies.
 ///
-/// When the peer is one of the trusted proxies, the `Forwarded` (`for=`) or else the
-/// `X-Forwarded-For` chain is read from the right, skipping trusted proxies, and the first untrusted
-/// address is the client. The left-most entry is never believed just for being first: a client can
-/// write anything there. A peer outside the trusted set is itself the client, so headers sent
-/// directly by clients are ignored. With no peer address known, the request has no key.
+/// When the peer is one of the trusted proxies, the `X-Forwarded-For` chain (or, with
+/// [`use_forwarded_header`](Self::use_forwarded_header), the RFC 7239 `Forwarded` chain's `for=`
+/// values) is read from the right, skipping trusted proxies, and the first untrusted address is
+/// the client. The left-most entry is never believed just for being first: a client can write
+/// anything there. A hop that is not an address (`unknown`, an obfuscated name, junk) ends the
+/// walk: nobody trusted vouches for what lies left of it, so the request is keyed by the last
+/// trusted hop. A peer outside the trusted set is itself the client, so headers sent directly by
+/// clients are ignored. With no peer address known, the request has no key.
+///
+/// Read only the header your proxies write: a proxy that appends to `X-Forwarded-For` passes a
+/// client's own `Forwarded` header on untouched, and the other way round.
 ///
 /// ```
 /// use std::net::SocketAddr;
@@ -323,10 +329,12 @@ impl Cidr {
 #[derive(Debug, Clone)]
 pub struct ForwardedIp {
     trusted: Vec<Cidr>,
+    rfc7239: bool,
 }
 
 impl ForwardedIp {
-    /// Trusts the proxies in `cidrs`; fails on the first one that does not parse.
+    /// Trusts the proxies in `cidrs` and reads `X-Forwarded-For`; fails on the first CIDR that
+    /// does not parse.
     pub fn trusting<I, S>(cidrs: I) -> Result<Self, CidrError>
     where
         I: IntoIterator<Item = S>,
@@ -336,11 +344,39 @@ impl ForwardedIp {
             .into_iter()
             .map(|c| c.as_ref().parse())
             .collect::<Result<_, _>>()?;
-        Ok(Self { trusted })
+        Ok(Self {
+            trusted,
+            rfc7239: false,
+        })
+    }
+
+    /// Reads the RFC 7239 `Forwarded` header instead of `X-Forwarded-For`.
+    pub fn use_forwarded_header(mut self) -> Self {
+        self.rfc7239 = true;
+        self
     }
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
         self.trusted.iter().any(|net| net.contains(ip))
+    }
+
+    /// The hops of the chain, left to right; `None` for a hop that is not an address.
+    fn chain(&self, parts: &Parts) -> Vec<Option<IpAddr>> {
+        let (name, hop): (_, fn(&str) -> Option<IpAddr>) = if self.rfc7239 {
+            (http::header::FORWARDED, forwarded_for)
+        } else {
+            (HeaderName::from_static("x-forwarded-for"), |s: &str| {
+                parse_ip(s.trim())
+            })
+        };
+        parts
+            .headers
+            .get_all(name)
+            .iter()
+            .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+            // a hop that is not text is a hop that is not an address
+            .map(|part| std::str::from_utf8(part).ok().and_then(hop))
+            .collect()
     }
 
     /// The client address of the request, as this extractor determines it.
@@ -349,28 +385,9 @@ impl ForwardedIp {
         if !self.is_trusted(peer) {
             return Some(peer);
         }
-        let forwarded = parts.headers.get_all(http::header::FORWARDED);
-        let chain: Vec<IpAddr> = if forwarded.iter().next().is_some() {
-            forwarded
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .filter_map(forwarded_for)
-                .collect()
-        } else {
-            parts
-                .headers
-                .get_all("x-forwarded-for")
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .map(|s| parse_ip(s.trim()))
-                .collect::<Option<_>>()
-                // An unparseable hop means the chain cannot be trusted beyond the proxy.
-                .unwrap_or_default()
-        };
         let mut client = peer;
-        for hop in chain.into_iter().rev() {
+        for hop in self.chain(parts).into_iter().rev() {
+            let Some(hop) = hop else { break };
             client = hop;
             if !self.is_trusted(hop) {
                 break;
@@ -380,7 +397,8 @@ impl ForwardedIp {
     }
 }
 
-/// The address in one `Forwarded` element's `for=` parameter.
+/// The address in one `Forwarded` element's `for=` parameter; `None` when it has none or it is
+/// `unknown` or an obfuscated name.
 fn forwarded_for(element: &str) -> Option<IpAddr> {
     element.split(';').find_map(|pair| {
         let (name, value) = pair.trim().split_once('=')?;
@@ -516,8 +534,10 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_header_is_preferred_and_parsed() {
-        let x = ForwardedIp::trusting(["10.0.0.0/8"]).unwrap();
+    fn forwarded_header_is_read_when_chosen() {
+        let x = ForwardedIp::trusting(["10.0.0.0/8"])
+            .unwrap()
+            .use_forwarded_header();
         let parts = parts_with(
             &[
                 (
@@ -529,6 +549,15 @@ mod tests {
             Some("10.0.0.1:1"),
         );
         assert_eq!(x.client_ip(&parts), Some(ip("2001:db8::1")));
+        // an unknown hop added by the trusted proxy is never skipped over
+        let hidden = parts_with(
+            &[("forwarded", "for=6.6.6.6, for=unknown")],
+            Some("10.0.0.1:1"),
+        );
+        assert_eq!(x.client_ip(&hidden), Some(ip("10.0.0.1")));
+        // the other header is not read
+        let xff_only = ForwardedIp::trusting(["10.0.0.0/8"]).unwrap();
+        assert_eq!(xff_only.client_ip(&parts), Some(ip("3.3.3.3")));
     }
 
     #[test]

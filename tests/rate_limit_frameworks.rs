@@ -294,22 +294,23 @@ async fn forwarded_ip_behind_a_trusted_proxy_over_tcp() {
 
 /// A hyper server with a limit of 1 per minute keyed by `ForwardedIp` trusting 127.0.0.0/8 (the
 /// test client plays the proxy); `prefix` keeps its buckets apart from other servers'.
-async fn forwarded_server(server: &RedisServer, prefix: &str) -> String {
+async fn forwarded_server(server: &RedisServer, prefix: &str, rfc7239: bool) -> String {
+    let mut key = ForwardedIp::trusting(["127.0.0.0/8"]).unwrap();
+    if rfc7239 {
+        key = key.use_forwarded_header();
+    }
     let layer = RateLimitLayer::builder(server.store())
         .prefix(prefix)
         .limit(Limit::per_minute("minute", 1))
-        .key(ForwardedIp::trusting(["127.0.0.0/8"]).unwrap())
+        .key(key)
         .build()
         .unwrap();
     format!("{}/", hyper_server(layer).await)
 }
 
-/// BUG (src/key.rs, `ForwardedIp::client_ip`, the X-Forwarded-For branch:
-/// `.collect::<Option<_>>().unwrap_or_default()`, and `.filter_map(|v| v.to_str().ok())` before
-/// it): one unparseable entry — or one byte outside visible ASCII — anywhere in the chain
-/// discards the whole chain, and the request is keyed as the trusted proxy itself. Proxies keep
-/// what the client sent and append to it, so a client that prepends junk leaves its own bucket
-/// and spends the proxy's, which every client behind that proxy shares. The right-most untrusted
+/// Junk left of the client's address — an unparseable entry, bytes outside visible ASCII — must
+/// not move the client out of its bucket (into the proxy's, which every client behind that proxy
+/// shares): proxies keep what the client sent and append to it, so the right-most untrusted
 /// address is the client whatever lies to its left.
 #[tokio::test(flavor = "multi_thread")]
 async fn forwarded_ip_ignores_junk_left_of_the_client() {
@@ -327,7 +328,7 @@ async fn forwarded_ip_ignores_junk_left_of_the_client() {
         b"\x80\xff, 203.0.113.7",
     ];
     for (i, chain) in junk.into_iter().enumerate() {
-        let url = forwarded_server(&server, &format!("junk{i}")).await;
+        let url = forwarded_server(&server, &format!("junk{i}"), false).await;
         let (status, _, _) = fetch_raw(&client, &url, &[(xff, b"203.0.113.7")]).await;
         assert_eq!(status, StatusCode::OK);
         let (status, _, _) = fetch_raw(&client, &url, &[(xff, chain)]).await;
@@ -340,7 +341,7 @@ async fn forwarded_ip_ignores_junk_left_of_the_client() {
     }
 
     // Two different clients, each with junk to the left: each has its own bucket.
-    let url = forwarded_server(&server, "two").await;
+    let url = forwarded_server(&server, "two", false).await;
     for chain in [&b"junk, 198.51.100.20"[..], b"junk, 198.51.100.21"] {
         let (status, _, _) = fetch_raw(&client, &url, &[(xff, chain)]).await;
         if status != StatusCode::OK {
@@ -353,11 +354,9 @@ async fn forwarded_ip_ignores_junk_left_of_the_client() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
-/// BUG (src/key.rs, `ForwardedIp::client_ip`, the `Forwarded` branch: `.filter_map(forwarded_for)`):
-/// elements whose `for=` is not an IP address (`unknown` or an obfuscated `_name`, both allowed by
-/// RFC 7239) are dropped, so the walk from the right skips the hop the trusted proxy reported and
-/// believes the element to its left, which the client wrote. The client then picks its bucket at
-/// will; rotating the made-up address escapes the limit entirely.
+/// An element whose `for=` is not an IP address (`unknown` or an obfuscated `_name`, both allowed
+/// by RFC 7239) must end the walk from the right, never be skipped: the element to its left was
+/// written by the client, and believing it would let the client pick its bucket at will.
 #[tokio::test(flavor = "multi_thread")]
 async fn forwarded_header_never_skips_an_unknown_hop() {
     let server = RedisServer::start();
@@ -365,7 +364,7 @@ async fn forwarded_header_never_skips_an_unknown_hop() {
 
     let mut wrong = Vec::new();
     for hidden in ["unknown", "_proxy-hidden"] {
-        let url = forwarded_server(&server, &format!("fwd-{hidden}")).await;
+        let url = forwarded_server(&server, &format!("fwd-{hidden}"), true).await;
         let mut admitted = 0;
         for made_up in ["198.51.100.1", "198.51.100.2", "198.51.100.3"] {
             let chain = format!("for={made_up}, for={hidden}");

@@ -24,8 +24,9 @@ pub(crate) struct Settings {
     pub(crate) policy: Arc<RatePolicy>,
     pub(crate) cost: Option<CostFn>,
     pub(crate) on_store_error: OnStoreError,
-    /// The in-process limiter behind [`OnStoreError::LocalFallback`].
-    pub(crate) fallback: Option<(MemoryStore, Arc<RatePolicy>)>,
+    /// The in-process limiter behind [`OnStoreError::LocalFallback`]: its store, its divided
+    /// quotas, and their `RateLimit-Policy` header.
+    pub(crate) fallback: Option<(MemoryStore, Arc<RatePolicy>, HeaderValue)>,
     pub(crate) missing_key: MissingKey,
     pub(crate) headers: bool,
     pub(crate) policy_header: HeaderValue,
@@ -234,7 +235,11 @@ impl<K> RateLimitLayerBuilder<K> {
                 return Err(ConfigError::new("the local fallback needs copies >= 1"));
             }
             OnStoreError::LocalFallback { copies } => {
-                Some((MemoryStore::new(), Arc::new(policy.divided(copies))))
+                let divided = policy.divided(copies);
+                let header = headers::policy(&divided).map_err(|_| {
+                    ConfigError::new("limits do not form a valid RateLimit-Policy header")
+                })?;
+                Some((MemoryStore::new(), Arc::new(divided), header))
             }
             _ => None,
         };

@@ -177,8 +177,13 @@ impl RateLimitDecision {
             return;
         }
         let states: Vec<LimitState> = self.limits.iter().map(|(_, s)| *s).collect();
-        headers.insert(RATELIMIT_POLICY, settings.policy_header.clone());
-        if let Some(value) = headers::state(&settings.policy, &states) {
+        // the fallback limiter's quotas are its share, and its headers say so
+        let (policy, policy_header) = match (&settings.fallback, self.source) {
+            (Some((_, policy, header)), DecisionSource::LocalFallback) => (policy, header),
+            _ => (&settings.policy, &settings.policy_header),
+        };
+        headers.insert(RATELIMIT_POLICY, policy_header.clone());
+        if let Some(value) = headers::state(policy, &states) {
             headers.insert(RATELIMIT, value);
         }
     }
