@@ -206,7 +206,7 @@ impl Settings {
                     "rate-limit store failed; applying the failure policy"
                 );
                 match (&self.fallback, self.on_store_error) {
-                    (Some((store, policy)), _) => (
+                    (Some((store, policy, _)), _) => (
                         store.check_rate_now(policy, key, cost),
                         DecisionSource::LocalFallback,
                     ),
