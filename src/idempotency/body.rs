@@ -29,7 +29,11 @@ pin_project! {
     enum Kind<B> {
         Inner { #[pin] body: B },
         Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
-        Channel { frames: mpsc::Receiver<Result<Frame<Bytes>, BoxError>> },
+        Channel {
+            frames: mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
+            // the handler body's exact length, when it had one, less what was delivered
+            remaining: Option<u64>,
+        },
     }
 }
 
@@ -49,9 +53,15 @@ impl<B> IdempotencyBody<B> {
         }
     }
 
-    pub(crate) fn channel(frames: mpsc::Receiver<Result<Frame<Bytes>, BoxError>>) -> Self {
+    pub(crate) fn channel(
+        frames: mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
+        exact_len: Option<u64>,
+    ) -> Self {
         Self {
-            kind: Kind::Channel { frames },
+            kind: Kind::Channel {
+                frames,
+                remaining: exact_len,
+            },
         }
     }
 }
@@ -84,7 +94,14 @@ where
                 }
                 Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
             }
-            KindProj::Channel { frames } => frames.poll_recv(cx),
+            KindProj::Channel { frames, remaining } => {
+                let frame = std::task::ready!(frames.poll_recv(cx));
+                if let (Some(Ok(frame)), Some(left)) = (&frame, remaining.as_mut()) {
+                    let len = frame.data_ref().map_or(0, |d| d.len() as u64);
+                    *left = left.saturating_sub(len);
+                }
+                Poll::Ready(frame)
+            }
         }
     }
 
@@ -102,7 +119,9 @@ where
             Kind::Full { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            Kind::Channel { .. } => SizeHint::default(),
+            Kind::Channel { remaining, .. } => {
+                remaining.map_or_else(SizeHint::default, SizeHint::with_exact)
+            }
         }
     }
 }

@@ -15,6 +15,15 @@ use crate::store::Store;
 /// Decides from its status whether a response is stored for replay.
 pub(crate) type StoreWhen = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 
+/// Decides from its `grpc-status` whether a gRPC response is stored for replay.
+pub(crate) type StoreGrpcWhen = Arc<dyn Fn(i32) -> bool + Send + Sync>;
+
+/// The gRPC codes of failures a retry may cure: CANCELLED, UNKNOWN, DEADLINE_EXCEEDED,
+/// RESOURCE_EXHAUSTED, ABORTED, INTERNAL, UNAVAILABLE, DATA_LOSS.
+fn grpc_outcome_is_final(code: i32) -> bool {
+    !matches!(code, 1 | 2 | 4 | 8 | 10 | 13 | 14 | 15)
+}
+
 /// What a request does when another request with the same key is still running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -41,6 +50,7 @@ pub(crate) struct Settings {
     pub(crate) retention: Duration,
     pub(crate) on_concurrent: OnConcurrent,
     pub(crate) store_when: StoreWhen,
+    pub(crate) store_grpc_when: StoreGrpcWhen,
 }
 
 impl fmt::Debug for Settings {
@@ -117,6 +127,7 @@ impl IdempotencyLayer {
             retention: Duration::from_secs(24 * 3600),
             on_concurrent: OnConcurrent::Reject,
             store_when: Arc::new(|status: StatusCode| !status.is_server_error()),
+            store_grpc_when: Arc::new(grpc_outcome_is_final),
             scope: Global,
         }
     }
@@ -144,6 +155,7 @@ pub struct IdempotencyLayerBuilder<K = Global> {
     retention: Duration,
     on_concurrent: OnConcurrent,
     store_when: StoreWhen,
+    store_grpc_when: StoreGrpcWhen,
     scope: K,
 }
 
@@ -195,6 +207,7 @@ impl<K> IdempotencyLayerBuilder<K> {
             retention: self.retention,
             on_concurrent: self.on_concurrent,
             store_when: self.store_when,
+            store_grpc_when: self.store_grpc_when,
             scope,
         }
     }
@@ -250,6 +263,19 @@ impl<K> IdempotencyLayerBuilder<K> {
         self
     }
 
+    /// Which gRPC responses are stored for replay, by their `grpc-status` code (read from the
+    /// trailers, or the headers of a trailers-only response). Default: all but the failures a
+    /// retry may cure — CANCELLED (1), UNKNOWN (2), DEADLINE_EXCEEDED (4), RESOURCE_EXHAUSTED (8),
+    /// ABORTED (10), INTERNAL (13), UNAVAILABLE (14) and DATA_LOSS (15). A gRPC failure arrives
+    /// as HTTP 200, so [`store_when`](Self::store_when) alone cannot see it.
+    pub fn store_grpc_when(
+        mut self,
+        predicate: impl Fn(i32) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.store_grpc_when = Arc::new(predicate);
+        self
+    }
+
     /// The prefix of the store keys (default `tollgate`): `<prefix>:idem:{<digest>}`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -296,6 +322,7 @@ impl<K> IdempotencyLayerBuilder<K> {
                 retention: self.retention,
                 on_concurrent: self.on_concurrent,
                 store_when: self.store_when,
+                store_grpc_when: self.store_grpc_when,
             }),
             scope: Arc::new(self.scope),
         })

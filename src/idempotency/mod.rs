@@ -16,7 +16,7 @@
 //! | same key and fingerprint, still running | `409` with `Retry-After` (or, with [`OnConcurrent::Wait`], wait and replay) |
 //! | same key, different fingerprint (method, path + query, body, [chosen headers](IdempotencyLayerBuilder::fingerprint_headers)) | `422` |
 //! | same key, completed | the stored response, byte for byte, plus `Idempotent-Replayed: true` |
-//! | handler failed (5xx by [default](IdempotencyLayerBuilder::store_when), an error, a panic) | key released, nothing stored: a retry runs again |
+//! | handler failed (5xx by [default](IdempotencyLayerBuilder::store_when), a retryable [gRPC status](IdempotencyLayerBuilder::store_grpc_when), an error, a panic, a broken body) | key released, nothing stored: a retry runs again |
 //! | store unavailable or timing out | `503`, the handler is **not** run (fail closed: never twice) |
 //!
 //! gRPC calls (`content-type: application/grpc*`) get the same decisions as trailers-only
@@ -36,7 +36,11 @@
 //!   and its response is stored, so the client's retry gets the replay rather than a second
 //!   execution. The response streams to the first caller as it is produced while being
 //!   captured; responses over the [storage cap](IdempotencyLayerBuilder::response_limit) are
-//!   delivered but not stored (the key is released).
+//!   delivered but not stored (the key is released). The first caller sees the end of its body
+//!   only once the key is settled, so a client that retries after reading a complete answer
+//!   always gets the replay, and one that retries after a failed answer always runs again.
+//! - A claim attempt that went unanswered (the store timed out, the caller left) is released in
+//!   the background, so that a store hiccup does not block the key for a whole lease.
 //! - Cost: a replay is one store round trip; a first execution two (claim, complete), plus one
 //!   lease extension per third of the lease that the handler outlives.
 //!

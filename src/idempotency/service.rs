@@ -207,6 +207,10 @@ where
         OnConcurrent::Reject => None,
     };
     let mut pause = Duration::from_millis(10);
+    // While a claim attempt is unanswered — it timed out, or the caller went away mid-call — the
+    // store may still have made it: the guard then releases it (token-checked, so harmlessly if
+    // it was not made) instead of leaving the key blocked for a whole lease.
+    let mut unanswered = ClaimGuard::new(&settings, &key, &token);
     loop {
         let begin = settings
             .store
@@ -219,14 +223,23 @@ where
             .await;
         match begin {
             Ok(IdemBegin::Claimed) => break,
-            Ok(IdemBegin::Mismatch) => return Ok(Rejection::Mismatch.into_response(grpc)),
-            Ok(IdemBegin::Completed(record)) => return Ok(replay(&record, grpc)),
+            Ok(IdemBegin::Mismatch) => {
+                unanswered.disarm();
+                return Ok(Rejection::Mismatch.into_response(grpc));
+            }
+            Ok(IdemBegin::Completed(record)) => {
+                unanswered.disarm();
+                return Ok(replay(&record, grpc));
+            }
             Ok(IdemBegin::InFlight { .. }) => match wait_until {
                 Some(until) if Instant::now() < until => {
                     tokio::time::sleep(pause.min(until - Instant::now())).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
-                _ => return Ok(Rejection::InFlight.into_response(grpc)),
+                _ => {
+                    unanswered.disarm();
+                    return Ok(Rejection::InFlight.into_response(grpc));
+                }
             },
             Err(error) => {
                 tracing::warn!(target: "tollgate::idempotency", %error, "idempotency store failed; refusing the request");
@@ -234,6 +247,8 @@ where
             }
         }
     }
+    // the claim is ours: the execution task owns it from here
+    unanswered.disarm();
     let request = Request::from_parts(parts, Either::Left(Full::new(body)));
     let (head_tx, head_rx) = oneshot::channel();
     // Spawned: the handler runs to completion and its response is recorded even when the client
@@ -243,6 +258,36 @@ where
         Ok(answer) => answer,
         // the task ended without a response: the handler panicked (the key was released)
         Err(_) => Ok(Rejection::HandlerFailed.into_response(grpc)),
+    }
+}
+
+/// Releases a claim whose attempt went unanswered, in the background, unless disarmed.
+struct ClaimGuard {
+    pending: Option<(Arc<Settings>, String, String)>,
+}
+
+impl ClaimGuard {
+    fn new(settings: &Arc<Settings>, key: &str, token: &str) -> Self {
+        Self {
+            pending: Some((Arc::clone(settings), key.to_owned(), token.to_owned())),
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.pending = None;
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        let Some((settings, key, token)) = self.pending.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                release(&settings, key, token, "a claim attempt went unanswered").await;
+            });
+        }
     }
 }
 
@@ -316,55 +361,92 @@ async fn execute<S, ReqBody, ResBody>(
         trailers: None,
     });
     let (frames_tx, frames_rx) = mpsc::channel(8);
+    let hint = body.size_hint().exact();
     let _ = head.send(Ok(Response::from_parts(
         parts,
-        IdempotencyBody::channel(frames_rx),
+        IdempotencyBody::channel(frames_rx, hint),
     )));
 
     let mut captured = BytesMut::new();
+    let mut delivered = 0u64;
+    // With a known length the caller's end of body is its last byte, not the end of the stream:
+    // that last frame is held back until the key is settled (below).
+    let mut last_frame = None;
     let mut body = std::pin::pin!(body);
-    let mut failed = false;
-    loop {
-        // converted within the statement: the body's own error type need not be Send
-        let next: Option<Result<_, BoxError>> = body.frame().await.map(|f| f.map_err(Into::into));
-        let Some(frame) = next else { break };
-        match frame {
-            Ok(frame) => {
-                if let Some(stored) = record.as_mut() {
-                    if let Some(data) = frame.data_ref() {
-                        if captured.len() + data.len() > settings.response_limit {
-                            record = None;
-                        } else {
-                            captured.extend_from_slice(data);
-                        }
-                    } else if let Some(trailers) = frame.trailers_ref() {
-                        stored
-                            .trailers
-                            .get_or_insert_with(Default::default)
-                            .extend(trailers.clone());
-                    }
+    let failure: Option<BoxError> = loop {
+        // converted within the statement: the body's own error type need not be Send; a panic
+        // while producing the body counts as a failed response
+        let next: Result<Option<Result<_, BoxError>>, _> = AssertUnwindSafe(body.frame())
+            .catch_unwind()
+            .await
+            .map(|frame| frame.map(|f| f.map_err(Into::into)));
+        let frame = match next {
+            Ok(Some(Ok(frame))) => frame,
+            Ok(None) => break None,
+            Ok(Some(Err(error))) => break Some(error),
+            Err(_) => break Some("the response body panicked".into()),
+        };
+        if let Some(stored) = record.as_mut() {
+            if let Some(data) = frame.data_ref() {
+                if captured.len() + data.len() > settings.response_limit {
+                    record = None;
+                } else {
+                    captured.extend_from_slice(data);
                 }
-                // a caller that went away does not stop the recording
-                let _ = frames_tx.send(Ok(frame)).await;
-            }
-            Err(error) => {
-                failed = true;
-                let _ = frames_tx.send(Err(error)).await;
-                break;
+            } else if let Some(trailers) = frame.trailers_ref() {
+                stored
+                    .trailers
+                    .get_or_insert_with(Default::default)
+                    .extend(trailers.clone());
             }
         }
-    }
+        delivered += frame.data_ref().map_or(0, |d| d.len() as u64);
+        if hint.is_some_and(|len| delivered >= len) && frame.is_data() {
+            last_frame = Some(frame);
+            continue;
+        }
+        // a caller that went away does not stop the recording
+        let _ = frames_tx.send(Ok(frame)).await;
+    };
     drop(keeper);
+    // Record (or release) first, and only then let the caller see the end of the body or its
+    // error: a client that has its whole answer and retries finds the key settled — a replay
+    // after success, a fresh run after a failure — never still in flight.
     match record {
-        Some(mut stored) if !failed => {
+        Some(mut stored) if failure.is_none() && grpc_succeeded(&settings, &stored) => {
             stored.body = captured.freeze();
             complete(&settings, key, token, stored.encode()).await;
         }
         _ => release(&settings, key, token, "the response is not stored").await,
     }
-    // The caller sees the end of the body only now: a client that read its whole response and
-    // retries finds the record complete (a replay), never still in flight.
-    drop(frames_tx);
+    if let Some(frame) = last_frame {
+        let _ = frames_tx.send(Ok(frame)).await;
+    }
+    if let Some(error) = failure {
+        let _ = frames_tx.send(Err(error)).await;
+    }
+}
+
+/// For a gRPC response, whether its `grpc-status` (trailers, or headers of a trailers-only
+/// response) is one that [`store_grpc_when`](super::IdempotencyLayerBuilder::store_grpc_when)
+/// keeps; other responses pass.
+fn grpc_succeeded(settings: &Settings, stored: &StoredResponse) -> bool {
+    let status = stored
+        .trailers
+        .as_ref()
+        .and_then(|t| t.get("grpc-status"))
+        .or_else(|| stored.headers.get("grpc-status"));
+    match status {
+        None => true,
+        Some(value) => {
+            let code = value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<i32>().ok())
+                .unwrap_or(2); // unparseable: UNKNOWN
+            (settings.store_grpc_when)(code)
+        }
+    }
 }
 
 async fn complete(settings: &Settings, key: String, token: String, record: Bytes) {
