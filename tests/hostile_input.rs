@@ -633,41 +633,108 @@ fn addresses_written_in(text: &str) -> HashSet<IpAddr> {
         .collect()
 }
 
-#[test]
-fn forwarded_ip_is_the_peer_or_an_address_in_the_headers() {
-    let extractor = ForwardedIp::trusting(TRUSTED).unwrap();
-    check(256, (forwarding_headers(), peer()), |(headers, peer)| {
-        let parts = forwarded_parts(&headers, &peer);
-        let client = extractor.client_ip(&parts);
-        let Some(peer_ip) = peer.ip() else {
-            prop_assert_eq!(client, None);
-            prop_assert_eq!(extractor.extract(&parts), None);
-            return Ok(());
+/// Which header the trusted proxies write, and so the one the extractor reads.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Xff,
+    Forwarded,
+}
+
+impl Mode {
+    fn extractor(self) -> ForwardedIp {
+        let extractor = ForwardedIp::trusting(TRUSTED).unwrap();
+        match self {
+            Self::Xff => extractor,
+            Self::Forwarded => extractor.use_forwarded_header(),
+        }
+    }
+
+    /// The header this mode reads.
+    fn header(self) -> HeaderName {
+        match self {
+            Self::Xff => XFF,
+            Self::Forwarded => http::header::FORWARDED,
+        }
+    }
+
+    /// The header this mode ignores.
+    fn other(self) -> HeaderName {
+        match self {
+            Self::Xff => http::header::FORWARDED,
+            Self::Forwarded => XFF,
+        }
+    }
+
+    /// One hop naming `ip`, as a proxy writing this header might spell it.
+    fn hop(self, ip: IpAddr, style: u8) -> String {
+        match self {
+            Self::Xff => render_xff(ip, style),
+            Self::Forwarded => render_forwarded(ip, style),
+        }
+    }
+
+    /// A hop that names no address: unknown, obfuscated (RFC 7239 §6) or empty.
+    fn unknown_hop(self, pick: u8) -> &'static str {
+        let hops: &[&'static str] = match self {
+            Self::Xff => &["unknown", "_hidden", "", " ", "not-an-ip", "300.1.1.1"],
+            Self::Forwarded => &[
+                "for=unknown",
+                "for=_hidden",
+                "for=\"_x9\";proto=https",
+                "proto=https;by=10.0.0.1",
+                "",
+                "for=\"[::1\"garbage",
+            ],
         };
-        let client = client.unwrap();
-        if !is_trusted(peer_ip) {
-            prop_assert_eq!(
-                client,
-                peer_ip,
-                "an untrusted peer chose its key with headers"
-            );
-            return Ok(());
-        }
-        if client != peer_ip {
-            let written: HashSet<IpAddr> = headers
-                .iter()
-                .flat_map(|(_, v)| addresses_written_in(&String::from_utf8_lossy(v)))
-                .collect();
-            prop_assert!(
-                written.contains(&client),
-                "{client} is neither the peer {peer_ip} nor written in the headers"
-            );
-        }
-        let key = extractor.extract(&parts).unwrap();
-        let direct = PeerIp::new().extract(&forwarded_parts(&[], &Peer::Ip(client)));
-        prop_assert_eq!(Some(key), direct, "the key is not the client address's key");
-        Ok(())
-    });
+        hops[usize::from(pick) % hops.len()]
+    }
+}
+
+fn mode() -> impl Strategy<Value = Mode> {
+    prop_oneof![Just(Mode::Xff), Just(Mode::Forwarded)]
+}
+
+#[test]
+fn forwarded_ip_is_the_peer_or_an_address_in_the_header_it_reads() {
+    check(
+        256,
+        (forwarding_headers(), peer(), mode()),
+        |(headers, peer, mode)| {
+            let extractor = mode.extractor();
+            let parts = forwarded_parts(&headers, &peer);
+            let client = extractor.client_ip(&parts);
+            let Some(peer_ip) = peer.ip() else {
+                prop_assert_eq!(client, None);
+                prop_assert_eq!(extractor.extract(&parts), None);
+                return Ok(());
+            };
+            let client = client.unwrap();
+            if !is_trusted(peer_ip) {
+                prop_assert_eq!(
+                    client,
+                    peer_ip,
+                    "an untrusted peer chose its key with headers"
+                );
+                return Ok(());
+            }
+            if client != peer_ip {
+                let written: HashSet<IpAddr> = headers
+                    .iter()
+                    .filter(|(name, _)| *name == mode.header())
+                    .flat_map(|(_, v)| addresses_written_in(&String::from_utf8_lossy(v)))
+                    .collect();
+                prop_assert!(
+                    written.contains(&client),
+                    "{client} is neither the peer {peer_ip} nor written in the {} headers",
+                    mode.header()
+                );
+            }
+            let key = extractor.extract(&parts).unwrap();
+            let direct = PeerIp::new().extract(&forwarded_parts(&[], &Peer::Ip(client)));
+            prop_assert_eq!(Some(key), direct, "the key is not the client address's key");
+            Ok(())
+        },
+    );
 }
 
 #[test]
@@ -705,45 +772,42 @@ fn cidr_parse_never_panics_and_contains_matches_a_mask_model() {
     });
 }
 
-/// The chain a trusted proxy tier appends for client `client`: the client, then each inner
-/// proxy that forwarded it (all trusted), in `X-Forwarded-For` form.
-fn honest_xff(client: IpAddr, proxies: &[IpAddr]) -> String {
+/// The hops a trusted proxy tier appends for `client`: the client as the outermost proxy saw
+/// it, then each inner proxy (all trusted).
+fn honest_chain(mode: Mode, client: (IpAddr, u8), proxies: &[(IpAddr, u8)]) -> Vec<String> {
     std::iter::once(client)
         .chain(proxies.iter().copied())
-        .map(|ip| ip.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+        .map(|(ip, style)| mode.hop(ip, style))
+        .collect()
 }
 
 #[test]
-fn client_written_xff_prefix_cannot_change_the_client_address() {
-    // The client sends its own X-Forwarded-For (anything); the trusted proxies append the
-    // client's real address and their own. The right-most untrusted hop is the real client
-    // whatever the client wrote to its left ("the left-most entry is never believed").
-    let extractor = ForwardedIp::trusting(TRUSTED).unwrap();
+fn client_written_prefix_cannot_change_the_client_address() {
+    // The client sends its own chain (anything); the trusted proxies append the client's real
+    // address and their own. The right-most untrusted hop is the real client whatever the
+    // client wrote to its left ("the left-most entry is never believed").
     check(
         256,
         (
+            mode(),
             garbage(),
-            untrusted_ip(),
-            prop::collection::vec(trusted_ip(), 0..3),
+            (untrusted_ip(), any::<u8>()),
+            prop::collection::vec((trusted_ip(), any::<u8>()), 0..3),
             trusted_ip(),
         ),
-        |(client_prefix, client, proxies, peer)| {
-            let honest = honest_xff(client, &proxies);
-            let header = if client_prefix.is_empty() {
-                honest
-            } else {
-                format!("{client_prefix}, {honest}")
-            };
+        |(mode, client_prefix, client, proxies, peer)| {
+            let mut hops = vec![client_prefix];
+            hops.extend(honest_chain(mode, client, &proxies));
+            let header = hops.join(", ");
             let parts = forwarded_parts(
-                &[(XFF, header.clone().into_bytes())],
+                &[(mode.header(), header.clone().into_bytes())],
                 &Peer::Socket(SocketAddr::new(peer, 443)),
             );
             prop_assert_eq!(
-                extractor.client_ip(&parts),
-                Some(canonical(client)),
-                "X-Forwarded-For: {:?} from trusted peer {}",
+                mode.extractor().client_ip(&parts),
+                Some(canonical(client.0)),
+                "{}: {:?} from trusted peer {}",
+                mode.header(),
                 header,
                 peer
             );
@@ -753,29 +817,43 @@ fn client_written_xff_prefix_cannot_change_the_client_address() {
 }
 
 #[test]
-fn client_written_forwarded_header_cannot_override_the_proxies_xff() {
-    // Behind a proxy tier that maintains X-Forwarded-For (nginx, HAProxy, cloud load balancers
-    // by default) and passes other headers through, a `Forwarded` header is whatever the client
-    // wrote: it must not pick the client's key.
-    let extractor = ForwardedIp::trusting(TRUSTED).unwrap();
+fn the_header_the_proxies_do_not_write_is_ignored() {
+    // A proxy that appends to one header passes the other on as the client wrote it (nginx,
+    // HAProxy and cloud load balancers write X-Forwarded-For and leave `Forwarded` alone): the
+    // other header must not pick the client's key, whichever order the two arrive in.
     check(
         128,
-        (any_ip(), any::<u8>(), untrusted_ip(), trusted_ip()),
-        |(spoofed, style, client, peer)| {
-            let forwarded = render_forwarded(spoofed, style);
-            let parts = forwarded_parts(
-                &[
-                    (http::header::FORWARDED, forwarded.clone().into_bytes()),
-                    (XFF, client.to_string().into_bytes()),
-                ],
-                &Peer::Socket(SocketAddr::new(peer, 443)),
+        (
+            mode(),
+            (any_ip(), any::<u8>()),
+            (untrusted_ip(), any::<u8>()),
+            trusted_ip(),
+            any::<bool>(),
+        ),
+        |(mode, (spoofed, spoofed_style), client, peer, spoof_first)| {
+            let other = match mode {
+                Mode::Xff => Mode::Forwarded,
+                Mode::Forwarded => Mode::Xff,
+            };
+            let spoof = (mode.other(), other.hop(spoofed, spoofed_style).into_bytes());
+            let honest = (
+                mode.header(),
+                honest_chain(mode, client, &[]).join(", ").into_bytes(),
             );
+            let headers = if spoof_first {
+                vec![spoof, honest]
+            } else {
+                vec![honest, spoof]
+            };
+            let parts = forwarded_parts(&headers, &Peer::Socket(SocketAddr::new(peer, 443)));
             prop_assert_eq!(
-                extractor.client_ip(&parts),
-                Some(canonical(client)),
-                "client-sent Forwarded: {:?}, proxy-appended X-Forwarded-For: {}",
-                forwarded,
-                client
+                mode.extractor().client_ip(&parts),
+                Some(canonical(client.0)),
+                "headers {:?}",
+                headers
+                    .iter()
+                    .map(|(n, v)| format!("{n}: {}", String::from_utf8_lossy(v)))
+                    .collect::<Vec<_>>()
             );
             Ok(())
         },
@@ -783,38 +861,36 @@ fn client_written_forwarded_header_cannot_override_the_proxies_xff() {
 }
 
 #[test]
-fn forwarded_unknown_hop_does_not_let_the_client_choose() {
-    // RFC 7239 §6: a proxy that does not know or hides the client writes `for=unknown` or an
-    // obfuscated `for=_name`. The element the client wrote to its left is then still the
-    // client's own text and must not become its key.
-    let extractor = ForwardedIp::trusting(TRUSTED).unwrap();
-    let hidden = prop::sample::select(vec![
-        "for=unknown",
-        "for=_hidden",
-        "for=\"_x9\";proto=https",
-    ]);
+fn a_hop_that_is_not_an_address_ends_the_walk() {
+    // A proxy that does not know or hides the client writes `unknown` / `for=unknown` or an
+    // obfuscated name. What lies left of that hop is nobody trusted's word: the request is keyed
+    // by the last trusted hop (or the peer), never by an address the client wrote.
     check(
-        128,
+        256,
         (
-            untrusted_ip(),
+            mode(),
+            (untrusted_ip(), any::<u8>()),
             any::<u8>(),
-            hidden,
-            prop::collection::vec(trusted_ip(), 0..3),
+            prop::collection::vec((trusted_ip(), any::<u8>()), 0..3),
             trusted_ip(),
         ),
-        |(spoofed, style, hidden, proxies, peer)| {
-            let mut elements = vec![render_forwarded(spoofed, style), hidden.to_owned()];
-            elements.extend(proxies.iter().map(|ip| render_forwarded(*ip, 0)));
-            let header = elements.join(", ");
+        |(mode, spoofed, unknown, proxies, peer)| {
+            let mut hops = vec![
+                mode.hop(spoofed.0, spoofed.1),
+                mode.unknown_hop(unknown).to_owned(),
+            ];
+            hops.extend(proxies.iter().map(|&(ip, style)| mode.hop(ip, style)));
+            let header = hops.join(", ");
             let parts = forwarded_parts(
-                &[(http::header::FORWARDED, header.clone().into_bytes())],
+                &[(mode.header(), header.clone().into_bytes())],
                 &Peer::Socket(SocketAddr::new(peer, 443)),
             );
-            let chosen = extractor.client_ip(&parts).unwrap();
-            prop_assert_ne!(
-                chosen,
-                canonical(spoofed),
-                "Forwarded: {:?} from trusted peer {}",
+            let expected = canonical(proxies.first().map_or(peer, |&(ip, _)| ip));
+            prop_assert_eq!(
+                mode.extractor().client_ip(&parts),
+                Some(expected),
+                "{}: {:?} from trusted peer {}",
+                mode.header(),
                 header,
                 peer
             );
