@@ -28,6 +28,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::error::{ConfigError, check_prefix};
 use crate::key::Key;
 use crate::store::{Store, StoreError};
 
@@ -77,10 +78,12 @@ impl Claims {
         }
     }
 
-    /// The same claims under another key prefix.
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = Arc::from(prefix.into());
-        self
+    /// The same claims under another key prefix (visible ASCII without braces).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
+        let prefix = prefix.into();
+        check_prefix(&prefix)?;
+        self.prefix = Arc::from(prefix);
+        Ok(self)
     }
 
     fn key(&self, name: &[u8]) -> String {
@@ -127,5 +130,27 @@ impl Claims {
         self.store
             .delete_if_held(claim.key.clone(), claim.holder.clone())
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn prefixes_that_could_split_a_hash_tag_are_refused() {
+        assert!(Claims::new(MemoryStore::new()).with_prefix("{}").is_err());
+        assert!(Claims::new(MemoryStore::new()).with_prefix("").is_err());
+        assert!(
+            Claims::new(MemoryStore::new())
+                .with_prefix("app:v2")
+                .is_ok()
+        );
+        assert!(
+            crate::lock::Locks::new(MemoryStore::new())
+                .with_prefix("a}")
+                .is_err()
+        );
     }
 }

@@ -20,3 +20,19 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// Checks a store key prefix: visible ASCII without braces, so that it can neither select a
+/// Redis Cluster hash slot nor split a key's hash tag.
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
+    if !prefix.is_empty()
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+    {
+        Ok(())
+    } else {
+        Err(ConfigError::new(format!(
+            "invalid key prefix {prefix:?}: use visible ASCII without braces"
+        )))
+    }
+}

@@ -43,6 +43,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::error::{ConfigError, check_prefix};
 use crate::key::Key;
 use crate::store::{LockAttempt, Store, StoreError};
 
@@ -114,10 +115,12 @@ impl Locks {
         }
     }
 
-    /// The same locks under another key prefix.
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = Arc::from(prefix.into());
-        self
+    /// The same locks under another key prefix (visible ASCII without braces).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
+        let prefix = prefix.into();
+        check_prefix(&prefix)?;
+        self.prefix = Arc::from(prefix);
+        Ok(self)
     }
 
     /// Takes the lock `name` for `lease` if it is free, without waiting.

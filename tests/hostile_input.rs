@@ -1317,8 +1317,8 @@ fn name_bytes() -> impl Strategy<Value = Vec<u8>> {
 fn claims_and_locks_with_arbitrary_names_on_redis() {
     let server = RedisServer::start();
     let store = redis_store(&server);
-    let claims = Claims::new(store.clone()).with_prefix("hostile");
-    let locks = Locks::new(store).with_prefix("hostile");
+    let claims = Claims::new(store.clone()).with_prefix("hostile").unwrap();
+    let locks = Locks::new(store).with_prefix("hostile").unwrap();
     check(96, (name_bytes(), name_bytes()), |(a, b)| {
         prop_assume!(a != b);
         flush(&server);

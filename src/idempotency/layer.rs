@@ -8,7 +8,7 @@ use http::{HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
 use super::service::Idempotency;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, check_prefix};
 use crate::key::{Global, KeyExtractor};
 use crate::store::Store;
 
@@ -297,17 +297,7 @@ impl<K> IdempotencyLayerBuilder<K> {
         if self.methods.is_empty() {
             return Err(ConfigError::new("the idempotency layer covers no method"));
         }
-        if self.prefix.is_empty()
-            || !self
-                .prefix
-                .bytes()
-                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
-        {
-            return Err(ConfigError::new(format!(
-                "invalid key prefix {:?}: use visible ASCII without braces",
-                self.prefix
-            )));
-        }
+        check_prefix(&self.prefix)?;
         Ok(IdempotencyLayer {
             settings: Arc::new(Settings {
                 store: self.store,

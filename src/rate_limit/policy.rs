@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, check_prefix};
 use crate::key::Key;
 
 /// One named quota: at most `quota` cost per `window`.
@@ -135,15 +135,7 @@ impl RatePolicy {
         limits: Vec<Limit>,
     ) -> Result<Self, ConfigError> {
         let namespace = namespace.into();
-        if namespace.is_empty()
-            || !namespace
-                .bytes()
-                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
-        {
-            return Err(ConfigError::new(format!(
-                "invalid key namespace {namespace:?}: use visible ASCII without braces"
-            )));
-        }
+        check_prefix(&namespace)?;
         if limits.is_empty() {
             return Err(ConfigError::new("a rate limit needs at least one limit"));
         }
