@@ -1,0 +1,212 @@
+//! The tollgate example app: a small JSON API whose rate limits hold across every copy of it that
+//! shares one Redis.
+//!
+//! ```text
+//! cargo run --release --example app
+//! REDIS_URL=redis://127.0.0.1:6379/ PORT=4001 cargo run --release --example app
+//! ```
+//!
+//! | variable        | default                     | meaning                                        |
+//! | --------------- | --------------------------- | ---------------------------------------------- |
+//! | `PORT`          | `3000`                      | serve on `127.0.0.1:$PORT` (0: any free port)  |
+//! | `REDIS_URL`     | unset: in-memory store      | the store all copies share                     |
+//! | `APP_LIMITS`    | `burst:5/1s,minute:100/60s` | limits of `/api/*`: `name:count/<seconds>s,…`  |
+//! | `APP_ALGORITHM` | `sliding-log`               | `sliding-log`, `sliding-counter` or `gcra`     |
+//! | `RUST_LOG`      | `info`                      | log filter (`tollgate=debug` shows decisions)  |
+//!
+//! An invalid value exits with status 2 and a message naming the variable; other startup
+//! failures (the port is taken) exit with status 1.
+
+pub mod router;
+
+use std::io::IsTerminal;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tollgate::store::{MemoryStore, Store};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::LevelFilter;
+
+use router::{AppConfig, AppState, EnvError};
+
+/// Exit status for an invalid configuration.
+const EXIT_CONFIG: u8 = 2;
+/// Exit status for any other failure.
+const EXIT_FAILURE: u8 = 1;
+
+/// Why the app stopped: an exit status and a message for stderr.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn config(message: String) -> Self {
+        Self {
+            code: EXIT_CONFIG,
+            message,
+        }
+    }
+
+    fn runtime(message: String) -> Self {
+        Self {
+            code: EXIT_FAILURE,
+            message,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    init_tracing();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+async fn run() -> Result<(), Failure> {
+    let config = AppConfig::from_env().map_err(|e| Failure::config(e.to_string()))?;
+    let store =
+        open_store(config.redis_url.as_deref()).map_err(|e| Failure::config(e.to_string()))?;
+    check_store(store.as_ref(), config.redis_url.as_deref()).await;
+
+    let port = config.port;
+    tracing::info!(
+        limits = %describe_limits(&config),
+        algorithm = %config.algorithm,
+        "rate limit of /api/*"
+    );
+    let state = AppState::new(store, config)
+        .map_err(|e| Failure::config(format!("invalid rate-limit configuration: {e}")))?;
+
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+        .await
+        .map_err(|e| Failure::runtime(format!("cannot listen on 127.0.0.1:{port}: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::runtime(format!("cannot read the listening address: {e}")))?;
+    println!("tollgate example app listening on http://{addr}");
+
+    let app = router::router(state).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| Failure::runtime(format!("server failed: {e}")))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// `fmt` logging to stderr, filtered by `RUST_LOG` (default `info`). An invalid `RUST_LOG` is reported and
+/// replaced by `info` rather than stopping the app.
+fn init_tracing() {
+    let builder = EnvFilter::builder().with_default_directive(LevelFilter::INFO.into());
+    let filter = match builder.from_env() {
+        Ok(filter) => filter,
+        Err(e) => {
+            eprintln!("warning: ignoring invalid RUST_LOG ({e}); logging at info");
+            EnvFilter::new("info")
+        }
+    };
+    // Logs go to stderr; stdout carries only the address line, for scripts to read.
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// The store named by `REDIS_URL`, or a per-process memory store when it is unset.
+fn open_store(redis_url: Option<&str>) -> Result<Arc<dyn Store>, EnvError> {
+    let Some(url) = redis_url else {
+        eprintln!(
+            "warning: REDIS_URL is not set: using an in-memory store, so rate limits hold for \
+             this one process only (copies of the app do not share them). Set e.g. \
+             REDIS_URL=redis://127.0.0.1:6379/ to share them."
+        );
+        return Ok(Arc::new(MemoryStore::new()));
+    };
+    redis_store(url)
+}
+
+#[cfg(feature = "redis")]
+fn redis_store(url: &str) -> Result<Arc<dyn Store>, EnvError> {
+    let safe_url = router::redact_url(url);
+    match tollgate::store::RedisStore::builder(url).build() {
+        Ok(store) => {
+            tracing::info!(url = %safe_url, "rate limits are kept in Redis");
+            Ok(Arc::new(store))
+        }
+        Err(e) => Err(EnvError::new(
+            "REDIS_URL",
+            &safe_url,
+            e.to_string(),
+            router::REDIS_URL_FORMAT,
+        )),
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_store(url: &str) -> Result<Arc<dyn Store>, EnvError> {
+    Err(EnvError::new(
+        "REDIS_URL",
+        &router::redact_url(url),
+        "tollgate was built without its `redis` feature",
+        "REDIS_URL unset, or a build with the `redis` feature",
+    ))
+}
+
+/// Reports at startup whether the store answers. A store that is down is not fatal: requests are
+/// let through (the failure policy is Allow) and `/healthz` answers 503 until it is back.
+async fn check_store(store: &dyn Store, redis_url: Option<&str>) {
+    if let Err(error) = store.ping().await {
+        let url = redis_url.map(router::redact_url).unwrap_or_default();
+        tracing::warn!(
+            %error, %url,
+            "the store does not answer yet: /api/* is not limited and /healthz answers 503 until it does"
+        );
+    }
+}
+
+fn describe_limits(config: &AppConfig) -> String {
+    config
+        .limits
+        .iter()
+        .map(|l| format!("{}:{}/{}s", l.name(), l.quota(), l.window().as_secs()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Resolves on Ctrl-C or, on Unix, SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down");
+}

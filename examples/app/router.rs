@@ -1,0 +1,370 @@
+//! The example app's routes, shared state and configuration.
+//!
+//! Kept apart from `main.rs` so that integration tests can build several copies of the app on one
+//! Redis (`#[path = "../examples/app/router.rs"] pub mod app;` — `pub`, so that
+//! `unreachable_pub` and `dead_code` stay quiet), exactly as several processes would run.
+//!
+//! Routes:
+//!
+//! | route            | what it does                                                        |
+//! | ---------------- | ------------------------------------------------------------------- |
+//! | `GET /healthz`   | `200 {"status":"ok"}` while the store answers `PING`, else `503`    |
+//! | `GET /api/hello` | `200 {"message":"hello",...}`, rate-limited per caller              |
+//!
+//! A caller is the `x-api-key` header when present, otherwise the peer IP address. New groups of
+//! routes get their own `*_routes` function, merged in [`router`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use std::{env, fmt};
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use serde_json::{Value, json};
+use tollgate::ConfigError;
+use tollgate::key::{Header, KeyExtractor, Or, PeerIp};
+use tollgate::rate_limit::{Algorithm, Limit, RateLimitDecision, RateLimitLayer, RatePolicy};
+use tollgate::store::Store;
+
+/// The header that names an API caller.
+pub const API_KEY_HEADER: HeaderName = HeaderName::from_static("x-api-key");
+
+/// The port served when `PORT` is not set.
+pub const DEFAULT_PORT: u16 = 3000;
+
+/// The limits of `/api/*` when `APP_LIMITS` is not set.
+pub const DEFAULT_LIMITS: &str = "burst:5/1s,minute:100/60s";
+
+/// What `PORT` must look like.
+pub const PORT_FORMAT: &str = "a TCP port number from 0 to 65535, e.g. PORT=3000";
+
+/// What `APP_LIMITS` must look like.
+pub const LIMITS_FORMAT: &str = "comma-separated name:count/<seconds>s entries, \
+     e.g. APP_LIMITS=burst:5/1s,minute:100/60s";
+
+/// What `APP_ALGORITHM` must look like.
+pub const ALGORITHM_FORMAT: &str = "one of sliding-log (the default), sliding-counter, gcra";
+
+/// What `REDIS_URL` must look like.
+pub const REDIS_URL_FORMAT: &str = "a Redis URL, e.g. REDIS_URL=redis://127.0.0.1:6379/";
+
+/// The key prefix of the `/api/*` rate limit in the store. Each rate-limited group of routes gets
+/// its own prefix, so that equal limit names in two groups never share counters.
+const API_PREFIX: &str = "tollgate-app:api";
+
+/// How long `/healthz` waits for the store (the store has its own, shorter, timeout too).
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+// ---------------------------------------------------------------------------------------------
+
+/// The app's configuration, read from the environment by [`AppConfig::from_env`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppConfig {
+    /// `PORT`: served on `127.0.0.1:<port>` (0: any free port).
+    pub port: u16,
+    /// `REDIS_URL`: the shared store; `None` means an in-memory store for this process only.
+    pub redis_url: Option<String>,
+    /// `APP_LIMITS`: the limits of `/api/*`, all checked together.
+    pub limits: Vec<Limit>,
+    /// `APP_ALGORITHM`: how the limits count.
+    pub algorithm: Algorithm,
+}
+
+impl AppConfig {
+    /// Reads `PORT`, `REDIS_URL`, `APP_LIMITS` and `APP_ALGORITHM`. A variable that is unset or
+    /// empty takes its default.
+    pub fn from_env() -> Result<Self, EnvError> {
+        Self::from_lookup(|name| match env::var(name) {
+            Ok(value) => Some(value),
+            Err(env::VarError::NotPresent) => None,
+            // Not UTF-8: keep it visible (and invalid) rather than pretend it is unset.
+            Err(env::VarError::NotUnicode(raw)) => Some(raw.to_string_lossy().into_owned()),
+        })
+    }
+
+    /// Like [`AppConfig::from_env`], with the variables read through `lookup`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, EnvError> {
+        let var = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+
+        let port = match var("PORT") {
+            Some(value) => parse_port(&value)
+                .map_err(|problem| EnvError::new("PORT", &value, problem, PORT_FORMAT))?,
+            None => DEFAULT_PORT,
+        };
+        let limits = match var("APP_LIMITS") {
+            Some(value) => parse_limits(&value)
+                .map_err(|problem| EnvError::new("APP_LIMITS", &value, problem, LIMITS_FORMAT))?,
+            None => parse_limits(DEFAULT_LIMITS).map_err(|problem| {
+                EnvError::new("APP_LIMITS", DEFAULT_LIMITS, problem, LIMITS_FORMAT)
+            })?,
+        };
+        let algorithm = match var("APP_ALGORITHM") {
+            Some(value) => parse_algorithm(&value).map_err(|problem| {
+                EnvError::new("APP_ALGORITHM", &value, problem, ALGORITHM_FORMAT)
+            })?,
+            None => Algorithm::default(),
+        };
+        let redis_url = var("REDIS_URL").map(|url| url.trim().to_owned());
+        Ok(Self {
+            port,
+            redis_url,
+            limits,
+            algorithm,
+        })
+    }
+}
+
+/// Parses `PORT`: a number from 0 to 65535.
+pub fn parse_port(value: &str) -> Result<u16, String> {
+    let value = value.trim();
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{value:?} is not a port number"));
+    }
+    value
+        .parse()
+        .map_err(|_| format!("{value} is out of range (0 to 65535)"))
+}
+
+/// Parses `APP_ALGORITHM`: `sliding-log`, `sliding-counter` or `gcra`.
+pub fn parse_algorithm(value: &str) -> Result<Algorithm, String> {
+    let value = value.trim();
+    value
+        .parse()
+        .map_err(|_| format!("unknown algorithm {value:?}"))
+}
+
+/// Parses `APP_LIMITS`: comma-separated `name:count/<seconds>s` entries, e.g.
+/// `burst:5/1s,minute:100/60s`. Names are 1 to 64 ASCII letters, digits, `-`, `_` or `.`, each
+/// used once; counts and windows are whole numbers of at least 1.
+pub fn parse_limits(value: &str) -> Result<Vec<Limit>, String> {
+    let limits = value
+        .split(',')
+        .map(|entry| parse_limit(entry.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
+    // The crate's own validation: names, duplicates, ranges.
+    RatePolicy::new(API_PREFIX, Algorithm::default(), limits.clone()).map_err(|e| e.to_string())?;
+    Ok(limits)
+}
+
+/// Parses one `name:count/<seconds>s` entry.
+fn parse_limit(entry: &str) -> Result<Limit, String> {
+    if entry.is_empty() {
+        return Err("empty entry (two commas in a row, or one at an end)".to_owned());
+    }
+    let shape = || format!("{entry:?} is not name:count/<seconds>s");
+    let (name, rest) = entry.split_once(':').ok_or_else(shape)?;
+    let (count, window) = rest.split_once('/').ok_or_else(shape)?;
+    let seconds = window.strip_suffix('s').ok_or_else(|| {
+        format!("window {window:?} in {entry:?} is not a number of seconds ending in 's'")
+    })?;
+    let count = whole_number(count)
+        .ok_or_else(|| format!("count {count:?} in {entry:?} is not a whole number"))?;
+    let seconds = whole_number(seconds).ok_or_else(|| {
+        format!("window {window:?} in {entry:?} is not a whole number of seconds")
+    })?;
+    if count == 0 {
+        return Err(format!("count in {entry:?} must be at least 1"));
+    }
+    if seconds == 0 {
+        return Err(format!("window in {entry:?} must be at least 1s"));
+    }
+    Ok(Limit::new(name, count, Duration::from_secs(seconds)))
+}
+
+/// ASCII digits only (no sign, no spaces), within `u64`.
+fn whole_number(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// An environment variable with a value the app cannot use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvError {
+    /// The variable, e.g. `APP_LIMITS`.
+    pub var: &'static str,
+    /// Its value (passwords in URLs masked).
+    pub value: String,
+    /// What is wrong with it.
+    pub problem: String,
+    /// What it should look like.
+    pub expected: &'static str,
+}
+
+impl EnvError {
+    /// `var` holds `value`, which is wrong because of `problem`; `expected` says what is right.
+    pub fn new(
+        var: &'static str,
+        value: &str,
+        problem: impl Into<String>,
+        expected: &'static str,
+    ) -> Self {
+        Self {
+            var,
+            value: value.to_owned(),
+            problem: problem.into(),
+            expected,
+        }
+    }
+}
+
+impl fmt::Display for EnvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid {}={:?}: {}\n  expected: {}",
+            self.var, self.value, self.problem, self.expected
+        )
+    }
+}
+
+impl std::error::Error for EnvError {}
+
+/// `url` with the password, if any, replaced by `***`, for logs and error messages.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    let user = match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{user}:***"),
+        // `redis://secret@host` is a password-only URL for Redis.
+        None if !userinfo.is_empty() => "***".to_owned(),
+        None => String::new(),
+    };
+    format!("{scheme}://{user}@{host}{path}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// State and routes
+// ---------------------------------------------------------------------------------------------
+
+/// Who a request to `/api/*` counts against: its `x-api-key`, else its peer IP address.
+pub type CallerKey = Or<Header, PeerIp>;
+
+/// What every handler can reach. Cheap to clone: everything in it is shared.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The store every copy of the app shares (or a per-process one in development).
+    pub store: Arc<dyn Store>,
+    /// The configuration the app was started with.
+    pub config: Arc<AppConfig>,
+    /// The rate limit of `/api/*`.
+    api_limit: RateLimitLayer<CallerKey>,
+}
+
+impl AppState {
+    /// Builds the app's middleware on `store` as `config` says; fails on invalid limits.
+    pub fn new(store: Arc<dyn Store>, config: AppConfig) -> Result<Self, ConfigError> {
+        let api_limit = RateLimitLayer::builder(Arc::clone(&store))
+            .prefix(API_PREFIX)
+            .limits(config.limits.iter().cloned())
+            .algorithm(config.algorithm)
+            .key(Header::new(API_KEY_HEADER).or(PeerIp::new()))
+            .build()?;
+        Ok(Self {
+            store,
+            config: Arc::new(config),
+            api_limit,
+        })
+    }
+}
+
+/// The whole app. Serve it with `into_make_service_with_connect_info::<SocketAddr>()` so that
+/// callers without an API key are keyed by their address.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .merge(health_routes())
+        .merge(api_routes(&state))
+        // Outermost, so that the rate limits below see the peer address.
+        .layer(middleware::from_fn(peer_addr_extension))
+        .with_state(state)
+}
+
+/// Liveness and readiness: not rate-limited.
+fn health_routes() -> Router<AppState> {
+    Router::new().route("/healthz", get(healthz))
+}
+
+/// The public API, rate-limited per caller.
+fn api_routes(state: &AppState) -> Router<AppState> {
+    Router::new()
+        .route("/api/hello", get(hello))
+        // `route_layer`: unknown paths get a plain 404 and cost the caller nothing.
+        .route_layer(state.api_limit.clone())
+}
+
+/// Copies axum's `ConnectInfo<SocketAddr>` into a plain `SocketAddr` request extension, where
+/// tollgate's `PeerIp` finds it without the crate's `axum` feature.
+async fn peer_addr_extension(mut request: Request, next: Next) -> Response {
+    if let Some(ConnectInfo(addr)) = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .copied()
+    {
+        request.extensions_mut().insert(addr);
+    }
+    next.run(request).await
+}
+
+/// `GET /healthz`: 200 while the store answers, 503 when it does not.
+async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    let store = if state.config.redis_url.is_some() {
+        "redis"
+    } else {
+        "memory"
+    };
+    match tokio::time::timeout(HEALTH_TIMEOUT, state.store.ping()).await {
+        Ok(Ok(())) => (
+            StatusCode::OK,
+            Json(json!({ "status": "ok", "store": store })),
+        ),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "health check: the store does not answer");
+            unavailable(store)
+        }
+        Err(_) => {
+            tracing::warn!(timeout = ?HEALTH_TIMEOUT, "health check: the store timed out");
+            unavailable(store)
+        }
+    }
+}
+
+/// The health answer while the store does not answer (details go to the log, not to callers).
+fn unavailable(store: &str) -> (StatusCode, Json<Value>) {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({ "status": "unavailable", "store": store })),
+    )
+}
+
+/// `GET /api/hello`: says hello and who the caller counts as. API keys are never echoed: the
+/// caller's key is shown as the digest tollgate stores.
+async fn hello(
+    headers: HeaderMap,
+    peer: Option<Extension<SocketAddr>>,
+    decision: Option<Extension<RateLimitDecision>>,
+) -> Json<Value> {
+    let key = decision.map(|Extension(d)| d.key().to_string());
+    let by_api_key = headers
+        .get(API_KEY_HEADER)
+        .is_some_and(|value| !value.is_empty());
+    let caller = if by_api_key {
+        json!({ "by": "api-key", "key": key })
+    } else {
+        json!({ "by": "peer-ip", "ip": peer.map(|Extension(addr)| addr.ip().to_string()), "key": key })
+    };
+    Json(json!({ "message": "hello", "caller": caller }))
+}

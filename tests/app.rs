@@ -1,0 +1,716 @@
+//! The example app (`examples/app`) against real redis-server processes: limits shared by two
+//! copies, caller keys, response headers, health, configuration parsing and the binary's exit codes.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+#[path = "../examples/app/router.rs"]
+pub mod app;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use app::{AppConfig, AppState};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use bytes::Bytes;
+use common::RedisServer;
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tollgate::rate_limit::{Algorithm, Limit};
+use tollgate::store::{MemoryStore, Store};
+use tower::ServiceExt;
+
+// ---------------------------------------------------------------------------------------------
+// helpers
+// ---------------------------------------------------------------------------------------------
+
+fn config(limits: &str, algorithm: Algorithm, redis_url: Option<String>) -> AppConfig {
+    AppConfig {
+        port: 0,
+        redis_url,
+        limits: app::parse_limits(limits).unwrap(),
+        algorithm,
+    }
+}
+
+/// One copy of the app with its own connection to `server`, as a separate process would have.
+fn copy_on(server: &RedisServer, limits: &str, algorithm: Algorithm) -> Router {
+    let store: Arc<dyn Store> = Arc::new(server.store());
+    let config = config(limits, algorithm, Some(server.url()));
+    app::router(AppState::new(store, config).unwrap())
+}
+
+/// A caller of the app, as the request names it.
+#[derive(Clone, Copy)]
+enum Caller<'a> {
+    ApiKey(&'a str),
+    /// A connection from this address, as axum's `serve` with connect info reports it.
+    Peer(&'a str),
+    /// An API key on a connection from this address.
+    Both(&'a str, &'a str),
+    Nobody,
+}
+
+fn request(path: &str, caller: Caller<'_>) -> Request<Body> {
+    let mut builder = Request::get(path);
+    if let Caller::ApiKey(key) | Caller::Both(key, _) = caller {
+        builder = builder.header("x-api-key", key);
+    }
+    let mut request = builder.body(Body::empty()).unwrap();
+    if let Caller::Peer(addr) | Caller::Both(_, addr) = caller {
+        let addr: SocketAddr = addr.parse().unwrap();
+        request.extensions_mut().insert(ConnectInfo(addr));
+    }
+    request
+}
+
+async fn call(app: &Router, path: &str, caller: Caller<'_>) -> Response<Body> {
+    app.clone().oneshot(request(path, caller)).await.unwrap()
+}
+
+async fn status(app: &Router, path: &str, caller: Caller<'_>) -> StatusCode {
+    call(app, path, caller).await.status()
+}
+
+async fn json(response: Response<Body>) -> Value {
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&body).unwrap()
+}
+
+fn header<'a>(response: &'a Response<Body>, name: &str) -> &'a str {
+    response
+        .headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header"))
+        .to_str()
+        .unwrap()
+}
+
+/// `"burst";r=0;t=60, "hourly";r=98;t=3600` → `[("burst", 0, 60), ("hourly", 98, 3600)]`.
+fn parse_ratelimit(value: &str) -> Vec<(String, u64, u64)> {
+    value
+        .split(", ")
+        .map(|member| {
+            let mut parts = member.split(';');
+            let name = parts.next().unwrap().trim_matches('"').to_owned();
+            let mut r = None;
+            let mut t = None;
+            for param in parts {
+                let (k, v) = param.split_once('=').unwrap();
+                match k {
+                    "r" => r = Some(v.parse().unwrap()),
+                    "t" => t = Some(v.parse().unwrap()),
+                    other => panic!("unexpected parameter {other} in {value}"),
+                }
+            }
+            (name, r.unwrap(), t.unwrap())
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. two copies on one Redis share one limit, for every algorithm
+// ---------------------------------------------------------------------------------------------
+
+async fn two_copies_admit_exactly_the_limit(algorithm: Algorithm) {
+    let server = RedisServer::start();
+    // A long window: GCRA refills one request every 3 minutes, so the burst is all there is.
+    let copies = [
+        copy_on(&server, "burst:20/3600s", algorithm),
+        copy_on(&server, "burst:20/3600s", algorithm),
+    ];
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..100 {
+        let copy = copies[i % 2].clone();
+        tasks.spawn(async move {
+            let response = copy
+                .oneshot(request("/api/hello", Caller::ApiKey("shared-key")))
+                .await
+                .unwrap();
+            response.status()
+        });
+    }
+    let statuses = tasks.join_all().await;
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    let limited = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!(
+        (ok, limited),
+        (20, 80),
+        "{algorithm}: 100 parallel requests over two copies"
+    );
+    // Both copies see the spent quota.
+    for copy in &copies {
+        assert_eq!(
+            status(copy, "/api/hello", Caller::ApiKey("shared-key")).await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_copies_share_the_limit_sliding_log() {
+    two_copies_admit_exactly_the_limit(Algorithm::SlidingLog).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_copies_share_the_limit_sliding_counter() {
+    two_copies_admit_exactly_the_limit(Algorithm::SlidingCounter).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_copies_share_the_limit_gcra() {
+    two_copies_admit_exactly_the_limit(Algorithm::Gcra).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. who counts as a caller
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn api_keys_are_independent_callers() {
+    let server = RedisServer::start();
+    let app = copy_on(&server, "burst:3/3600s", Algorithm::SlidingLog);
+    for _ in 0..3 {
+        assert_eq!(
+            status(&app, "/api/hello", Caller::ApiKey("alice")).await,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        status(&app, "/api/hello", Caller::ApiKey("alice")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // bob's quota is untouched by alice's
+    for _ in 0..3 {
+        assert_eq!(
+            status(&app, "/api/hello", Caller::ApiKey("bob")).await,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        status(&app, "/api/hello", Caller::ApiKey("bob")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // an API key is its own caller whatever address it comes from
+    assert_eq!(
+        status(&app, "/api/hello", Caller::Both("carol", "10.0.0.1:1000")).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn without_an_api_key_the_peer_ip_is_the_caller() {
+    let server = RedisServer::start();
+    let app = copy_on(&server, "burst:3/3600s", Algorithm::SlidingLog);
+    for port in [1000, 1001, 1002] {
+        let addr = format!("10.0.0.1:{port}");
+        let response = call(&app, "/api/hello", Caller::Peer(&addr)).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = json(response).await;
+        assert_eq!(body["caller"]["by"], "peer-ip");
+        assert_eq!(body["caller"]["ip"], "10.0.0.1");
+    }
+    // another connection (port) from the same address is the same caller
+    assert_eq!(
+        status(&app, "/api/hello", Caller::Peer("10.0.0.1:2000")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // another address is another caller
+    assert_eq!(
+        status(&app, "/api/hello", Caller::Peer("10.0.0.2:1000")).await,
+        StatusCode::OK
+    );
+    // an API key from the exhausted address counts against the key, not the address
+    let response = call(&app, "/api/hello", Caller::Both("dave", "10.0.0.1:3000")).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = json(response).await;
+    assert_eq!(body["caller"]["by"], "api-key");
+    assert!(
+        !body.to_string().contains("dave"),
+        "the API key is echoed: {body}"
+    );
+    // no key and no address: rejected, not a panic or a 500
+    assert_eq!(
+        status(&app, "/api/hello", Caller::Nobody).await,
+        StatusCode::BAD_REQUEST
+    );
+}
+
+/// Served over real TCP the way `main.rs` serves it: the peer address comes from the connection.
+#[tokio::test]
+async fn served_over_tcp_the_connection_address_keys_the_caller() {
+    let server = RedisServer::start();
+    let app = copy_on(&server, "burst:3/3600s", Algorithm::Gcra);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    });
+
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<Bytes>>();
+    let get = |api_key: Option<&str>| {
+        let mut builder = Request::get(format!("http://{addr}/api/hello"));
+        if let Some(key) = api_key {
+            builder = builder.header("x-api-key", key);
+        }
+        client.request(builder.body(http_body_util::Empty::new()).unwrap())
+    };
+    for _ in 0..3 {
+        let response = get(None).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["caller"]["ip"], "127.0.0.1");
+    }
+    assert_eq!(
+        get(None).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(get(Some("erin")).await.unwrap().status(), StatusCode::OK);
+    serving.abort();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. headers and health
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn responses_carry_the_rate_limit_headers() {
+    let server = RedisServer::start();
+    let app = copy_on(
+        &server,
+        "burst:2/60s,hourly:100/3600s",
+        Algorithm::SlidingLog,
+    );
+    let policy = r#""burst";q=2;w=60, "hourly";q=100;w=3600"#;
+    let caller = Caller::ApiKey("frank");
+
+    let first = call(&app, "/api/hello", caller).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(header(&first, "ratelimit-policy"), policy);
+    let state = parse_ratelimit(header(&first, "ratelimit"));
+    assert_eq!(state[0].0, "burst");
+    assert_eq!(state[0].1, 1);
+    assert_eq!(state[1].0, "hourly");
+    assert_eq!(state[1].1, 99);
+    assert!(first.headers().get("retry-after").is_none());
+    let body = json(first).await;
+    assert_eq!(body["message"], "hello");
+    assert_eq!(body["caller"]["by"], "api-key");
+
+    assert_eq!(status(&app, "/api/hello", caller).await, StatusCode::OK);
+
+    let denied = call(&app, "/api/hello", caller).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = header(&denied, "retry-after").parse().unwrap();
+    assert!((1..=60).contains(&retry_after), "Retry-After {retry_after}");
+    assert_eq!(header(&denied, "ratelimit-policy"), policy);
+    let state = parse_ratelimit(header(&denied, "ratelimit"));
+    // burst exhausted; the denied request charged nothing, so hourly shows its real remainder
+    assert_eq!(state[0].0, "burst");
+    assert_eq!(state[0].1, 0);
+    assert!((1..=60).contains(&state[0].2), "burst t={}", state[0].2);
+    assert_eq!(state[1].0, "hourly");
+    assert_eq!(state[1].1, 98);
+    assert!((1..=3600).contains(&state[1].2), "hourly t={}", state[1].2);
+}
+
+#[tokio::test]
+async fn healthz_follows_the_store() {
+    let mut server = RedisServer::start();
+    let app = copy_on(&server, "burst:2/60s", Algorithm::SlidingLog);
+
+    let healthy = call(&app, "/healthz", Caller::Nobody).await;
+    assert_eq!(healthy.status(), StatusCode::OK);
+    let body = json(healthy).await;
+    assert_eq!(body["status"], "ok");
+    assert_eq!(body["store"], "redis");
+
+    server.kill();
+    let down = call(&app, "/healthz", Caller::Nobody).await;
+    assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(json(down).await["status"], "unavailable");
+    // failure policy Allow: the API stays up, unlimited, while the store is down
+    for _ in 0..3 {
+        assert_eq!(
+            status(&app, "/api/hello", Caller::ApiKey("gina")).await,
+            StatusCode::OK
+        );
+    }
+
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = status(&app, "/healthz", Caller::Nobody).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {status} 10 s after restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn memory_store_limits_one_process() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let app =
+        app::router(AppState::new(store, config("burst:1/3600s", Algorithm::Gcra, None)).unwrap());
+    let healthy = call(&app, "/healthz", Caller::Nobody).await;
+    assert_eq!(healthy.status(), StatusCode::OK);
+    assert_eq!(json(healthy).await["store"], "memory");
+    assert_eq!(
+        status(&app, "/api/hello", Caller::ApiKey("h")).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, "/api/hello", Caller::ApiKey("h")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(&app, "/nowhere", Caller::Nobody).await,
+        StatusCode::NOT_FOUND
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. configuration
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn limits_parse_to_exact_limits() {
+    assert_eq!(
+        app::parse_limits("burst:5/1s,minute:100/60s").unwrap(),
+        vec![
+            Limit::new("burst", 5, Duration::from_secs(1)),
+            Limit::new("minute", 100, Duration::from_secs(60)),
+        ]
+    );
+    assert_eq!(
+        app::parse_limits(" a.b-c_1:1/86400s , x:7/3s ").unwrap(),
+        vec![
+            Limit::new("a.b-c_1", 1, Duration::from_secs(86_400)),
+            Limit::new("x", 7, Duration::from_secs(3)),
+        ]
+    );
+    assert_eq!(
+        app::parse_limits(app::DEFAULT_LIMITS).unwrap(),
+        vec![
+            Limit::per_second("burst", 5),
+            Limit::per_minute("minute", 100)
+        ]
+    );
+}
+
+#[test]
+fn invalid_limits_are_errors() {
+    for bad in [
+        "",
+        "bad",
+        "burst",
+        "burst:5",
+        "burst:5/1",
+        "burst:5/1m",
+        "burst:5/s",
+        "burst:/1s",
+        "burst:five/1s",
+        "burst:-5/1s",
+        "burst:+5/1s",
+        "burst:5/1.5s",
+        "burst: 5/1s",
+        "burst:0/1s",
+        "burst:5/0s",
+        ":5/1s",
+        "bu rst:5/1s",
+        "b{x}:5/1s",
+        "burst:5/1s,",
+        "burst:5/1s,,minute:1/60s",
+        "burst:5/1s,burst:10/60s",
+        "burst:99999999999999999999/1s",
+        "burst:1000000000/31536000s",
+    ] {
+        assert!(
+            app::parse_limits(bad).is_err(),
+            "{bad:?} parsed: {:?}",
+            app::parse_limits(bad)
+        );
+    }
+}
+
+#[test]
+fn algorithms_parse_by_name() {
+    assert_eq!(
+        app::parse_algorithm("sliding-log").unwrap(),
+        Algorithm::SlidingLog
+    );
+    assert_eq!(
+        app::parse_algorithm("sliding-counter").unwrap(),
+        Algorithm::SlidingCounter
+    );
+    assert_eq!(app::parse_algorithm("gcra").unwrap(), Algorithm::Gcra);
+    for bad in ["", "fast", "GCRA", "sliding_log", "token-bucket"] {
+        assert!(app::parse_algorithm(bad).is_err(), "{bad:?} parsed");
+    }
+}
+
+#[test]
+fn ports_parse() {
+    assert_eq!(app::parse_port("3999").unwrap(), 3999);
+    assert_eq!(app::parse_port("0").unwrap(), 0);
+    assert_eq!(app::parse_port("65535").unwrap(), 65535);
+    for bad in ["", "65536", "-1", "+80", "http", "80 80", "3000x"] {
+        assert!(app::parse_port(bad).is_err(), "{bad:?} parsed");
+    }
+}
+
+fn lookup<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+    move |name| {
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| (*v).to_owned())
+    }
+}
+
+#[test]
+fn config_defaults_and_overrides() {
+    let defaults = AppConfig::from_lookup(lookup(&[])).unwrap();
+    assert_eq!(
+        defaults,
+        AppConfig {
+            port: 3000,
+            redis_url: None,
+            limits: vec![
+                Limit::per_second("burst", 5),
+                Limit::per_minute("minute", 100)
+            ],
+            algorithm: Algorithm::SlidingLog,
+        }
+    );
+    // empty counts as unset
+    let empty = AppConfig::from_lookup(lookup(&[
+        ("PORT", ""),
+        ("REDIS_URL", " "),
+        ("APP_LIMITS", ""),
+        ("APP_ALGORITHM", ""),
+    ]))
+    .unwrap();
+    assert_eq!(empty, defaults);
+
+    let set = AppConfig::from_lookup(lookup(&[
+        ("PORT", "3999"),
+        ("REDIS_URL", "redis://127.0.0.1:6390/"),
+        ("APP_LIMITS", "burst:10/60s"),
+        ("APP_ALGORITHM", "gcra"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        set,
+        AppConfig {
+            port: 3999,
+            redis_url: Some("redis://127.0.0.1:6390/".to_owned()),
+            limits: vec![Limit::per_minute("burst", 10)],
+            algorithm: Algorithm::Gcra,
+        }
+    );
+}
+
+#[test]
+fn config_errors_name_the_variable_and_the_format() {
+    let cases = [
+        ("PORT", "abc", "TCP port"),
+        ("APP_LIMITS", "bad", "name:count/<seconds>s"),
+        ("APP_ALGORITHM", "fast", "sliding-log"),
+    ];
+    for (var, value, expected) in cases {
+        let err = AppConfig::from_lookup(lookup(&[(var, value)])).unwrap_err();
+        assert_eq!(err.var, var);
+        let message = err.to_string();
+        assert!(message.contains(var), "{message}");
+        assert!(message.contains(value), "{message}");
+        assert!(message.contains(expected), "{message}");
+    }
+}
+
+#[test]
+fn passwords_are_redacted_from_urls() {
+    assert_eq!(
+        app::redact_url("redis://127.0.0.1:6379/"),
+        "redis://127.0.0.1:6379/"
+    );
+    assert_eq!(
+        app::redact_url("redis://user:s3cret@host:6379/0"),
+        "redis://user:***@host:6379/0"
+    );
+    assert_eq!(
+        app::redact_url("redis://:s3cret@host:6379"),
+        "redis://:***@host:6379"
+    );
+    assert_eq!(app::redact_url("redis://s3cret@host"), "redis://***@host");
+    assert_eq!(app::redact_url("not a url"), "not a url");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4b. the real binary
+// ---------------------------------------------------------------------------------------------
+
+/// Builds the example once (`cargo build --example app`) and returns its path.
+fn app_binary() -> &'static PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let output = Command::new(env!("CARGO"))
+            .args(["build", "--example", "app", "--message-format=json"])
+            .arg("--manifest-path")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run cargo build --example app");
+        assert!(output.status.success(), "cargo build --example app failed");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|msg| msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "app")
+            .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
+            .expect("cargo reported no executable for the app example")
+    })
+}
+
+/// The binary with only `vars` set among the variables the app reads.
+fn app_command(vars: &[(&str, &str)]) -> Command {
+    let mut command = Command::new(app_binary());
+    for var in [
+        "PORT",
+        "REDIS_URL",
+        "APP_LIMITS",
+        "APP_ALGORITHM",
+        "RUST_LOG",
+    ] {
+        command.env_remove(var);
+    }
+    command.envs(vars.iter().copied());
+    command.stdin(Stdio::null());
+    command
+}
+
+/// Waits up to `limit` for `child` to exit; kills it and fails otherwise.
+fn wait_with_deadline(mut child: Child, limit: Duration) -> std::process::Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the app did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn the_binary_exits_2_on_bad_configuration() {
+    let cases: [(&str, &str, &str); 5] = [
+        ("APP_LIMITS", "bad", "name:count/<seconds>s"),
+        ("APP_LIMITS", "burst:0/1s", "at least 1"),
+        ("APP_ALGORITHM", "fast", "sliding-log"),
+        ("PORT", "http", "TCP port"),
+        ("REDIS_URL", "definitely not a url", "Redis URL"),
+    ];
+    for (var, value, expected) in cases {
+        let mut vars = vec![(var, value)];
+        if var != "PORT" {
+            // should the check fail, the app at least does not take port 3000
+            vars.push(("PORT", "0"));
+        }
+        let child = app_command(&vars)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let output = wait_with_deadline(child, Duration::from_secs(30));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{var}={value}: {stderr}");
+        assert!(
+            stderr.contains(&format!("error: invalid {var}=")),
+            "{var}={value}: {stderr}"
+        );
+        assert!(stderr.contains(expected), "{var}={value}: {stderr}");
+        assert!(
+            !String::from_utf8_lossy(&output.stdout).contains("listening"),
+            "{var}={value}: served anyway"
+        );
+    }
+}
+
+/// Kills the child on drop, so a failing assertion leaves no server behind.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn the_binary_serves_and_announces_its_address() {
+    let server = RedisServer::start();
+    let mut child = Running(
+        app_command(&[
+            ("PORT", "0"),
+            ("REDIS_URL", &server.url()),
+            ("APP_LIMITS", "burst:2/3600s"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the app printed no address");
+    let url = line
+        .strip_prefix("tollgate example app listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<Bytes>>();
+    let get = |path: &str| {
+        let request = Request::get(format!("{url}{path}"))
+            .header("x-api-key", "ivan")
+            .body(http_body_util::Empty::new())
+            .unwrap();
+        client.request(request)
+    };
+    assert_eq!(get("/healthz").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(get("/api/hello").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(get("/api/hello").await.unwrap().status(), StatusCode::OK);
+    let denied = get("/api/hello").await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(denied.headers().contains_key("retry-after"));
+}
