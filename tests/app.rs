@@ -37,6 +37,8 @@ fn config(limits: &str, algorithm: Algorithm, redis_url: Option<String>) -> AppC
         redis_url,
         limits: app::parse_limits(limits).unwrap(),
         algorithm,
+        redis_cluster_urls: Vec::new(),
+        payment_delay: app::DEFAULT_PAYMENT_DELAY,
     }
 }
 
@@ -501,6 +503,8 @@ fn config_defaults_and_overrides() {
                 Limit::per_minute("minute", 100)
             ],
             algorithm: Algorithm::SlidingLog,
+            redis_cluster_urls: Vec::new(),
+            payment_delay: app::DEFAULT_PAYMENT_DELAY,
         }
     );
     // empty counts as unset
@@ -527,6 +531,8 @@ fn config_defaults_and_overrides() {
             redis_url: Some("redis://127.0.0.1:6390/".to_owned()),
             limits: vec![Limit::per_minute("burst", 10)],
             algorithm: Algorithm::Gcra,
+            redis_cluster_urls: Vec::new(),
+            payment_delay: app::DEFAULT_PAYMENT_DELAY,
         }
     );
 }

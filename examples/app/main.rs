@@ -10,6 +10,8 @@
 //! | --------------- | --------------------------- | ---------------------------------------------- |
 //! | `PORT`          | `3000`                      | serve on `127.0.0.1:$PORT` (0: any free port)  |
 //! | `REDIS_URL`     | unset: in-memory store      | the store all copies share                     |
+//! | `REDIS_CLUSTER_URLS` | unset                  | or: comma-separated node URLs of a Redis Cluster |
+//! | `APP_PAYMENT_DELAY_MS` | `100`                | how long `POST /payments` works                 |
 //! | `APP_LIMITS`    | `burst:5/1s,minute:100/60s` | limits of `/api/*`: `name:count/<seconds>s,…`  |
 //! | `APP_ALGORITHM` | `sliding-log`               | `sliding-log`, `sliding-counter` or `gcra`     |
 //! | `RUST_LOG`      | `info`                      | log filter (`tollgate=debug` shows decisions)  |
@@ -72,8 +74,11 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Failure> {
     let config = AppConfig::from_env().map_err(|e| Failure::config(e.to_string()))?;
-    let store =
-        open_store(config.redis_url.as_deref()).map_err(|e| Failure::config(e.to_string()))?;
+    let store = if config.redis_cluster_urls.is_empty() {
+        open_store(config.redis_url.as_deref()).map_err(|e| Failure::config(e.to_string()))?
+    } else {
+        cluster_store(&config.redis_cluster_urls).await?
+    };
     check_store(store.as_ref(), config.redis_url.as_deref()).await;
 
     let port = config.port;
@@ -159,6 +164,44 @@ fn redis_store(url: &str) -> Result<Arc<dyn Store>, EnvError> {
         "tollgate was built without its `redis` feature",
         "REDIS_URL unset, or a build with the `redis` feature",
     ))
+}
+
+/// A store on the Redis Cluster reached through `urls` (`REDIS_CLUSTER_URLS`). Unlike a
+/// standalone Redis, a cluster must answer at startup: its slot map is read then.
+#[cfg(feature = "redis")]
+async fn cluster_store(urls: &[String]) -> Result<Arc<dyn Store>, Failure> {
+    use tollgate::store::{RedisStore, StoreErrorKind};
+    let safe: Vec<String> = urls.iter().map(|u| router::redact_url(u)).collect();
+    match RedisStore::cluster_builder(urls.iter().cloned())
+        .build_cluster()
+        .await
+    {
+        Ok(store) => {
+            tracing::info!(nodes = %safe.join(","), "state is kept in a Redis Cluster");
+            Ok(Arc::new(store))
+        }
+        Err(e) if e.kind() == StoreErrorKind::Protocol => Err(Failure::config(
+            EnvError::new(
+                "REDIS_CLUSTER_URLS",
+                &safe.join(","),
+                e.to_string(),
+                "comma-separated Redis URLs of cluster nodes, e.g. redis://127.0.0.1:7000/,redis://127.0.0.1:7001/",
+            )
+            .to_string(),
+        )),
+        Err(e) => Err(Failure::runtime(format!(
+            "cannot reach the Redis Cluster at {}: {e}",
+            safe.join(",")
+        ))),
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+async fn cluster_store(urls: &[String]) -> Result<Arc<dyn Store>, Failure> {
+    Err(Failure::config(format!(
+        "REDIS_CLUSTER_URLS={} needs tollgate's `redis` feature",
+        urls.join(",")
+    )))
 }
 
 /// Reports at startup whether the store answers. A store that is down is not fatal: requests are

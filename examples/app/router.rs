@@ -10,6 +10,9 @@
 //! | ---------------- | ------------------------------------------------------------------- |
 //! | `GET /healthz`   | `200 {"status":"ok"}` while the store answers `PING`, else `503`    |
 //! | `GET /api/hello` | `200 {"message":"hello",...}`, rate-limited per caller              |
+//! | `POST /coupons/{code}/redeem` | `200` for exactly one redemption across all copies, `409` for every other, `503` when the store does not answer |
+//! | `POST /reports/{name}/rebuild` | rebuilds under a lock: `200` with the fencing token, `409` while another copy holds it |
+//! | `POST /payments` | `201 {"id",...}` once per `Idempotency-Key` across all copies; retries replay it |
 //!
 //! A caller is the `x-api-key` header when present, otherwise the peer IP address. New groups of
 //! routes get their own `*_routes` function, merged in [`router`].
@@ -19,15 +22,19 @@ use std::sync::Arc;
 use std::time::Duration;
 use std::{env, fmt};
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::{Value, json};
 use tollgate::ConfigError;
+use tollgate::claim::Claims;
+use tollgate::idempotency::IdempotencyLayer;
 use tollgate::key::{Header, KeyExtractor, Or, PeerIp};
+use tollgate::lock::{LockError, Locks};
 use tollgate::rate_limit::{Algorithm, Limit, RateLimitDecision, RateLimitLayer, RatePolicy};
 use tollgate::store::Store;
 
@@ -57,6 +64,15 @@ pub const REDIS_URL_FORMAT: &str = "a Redis URL, e.g. REDIS_URL=redis://127.0.0.
 /// its own prefix, so that equal limit names in two groups never share counters.
 const API_PREFIX: &str = "tollgate-app:api";
 
+/// How long `POST /payments` works by default.
+pub const DEFAULT_PAYMENT_DELAY: Duration = Duration::from_millis(100);
+
+/// How long `POST /reports/{name}/rebuild` works.
+pub const REPORT_WORK: Duration = Duration::from_millis(300);
+
+/// The lease of a report lock; kept alive while the rebuild runs.
+const REPORT_LEASE: Duration = Duration::from_secs(10);
+
 /// How long `/healthz` waits for the store (the store has its own, shorter, timeout too).
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -75,6 +91,10 @@ pub struct AppConfig {
     pub limits: Vec<Limit>,
     /// `APP_ALGORITHM`: how the limits count.
     pub algorithm: Algorithm,
+    /// `REDIS_CLUSTER_URLS`: the nodes of a Redis Cluster, the alternative to `REDIS_URL`.
+    pub redis_cluster_urls: Vec<String>,
+    /// `APP_PAYMENT_DELAY_MS`: how long `POST /payments` works before it answers.
+    pub payment_delay: Duration,
 }
 
 impl AppConfig {
@@ -112,11 +132,42 @@ impl AppConfig {
             None => Algorithm::default(),
         };
         let redis_url = var("REDIS_URL").map(|url| url.trim().to_owned());
+        let redis_cluster_urls: Vec<String> = var("REDIS_CLUSTER_URLS")
+            .map(|urls| {
+                urls.split(',')
+                    .map(|u| u.trim().to_owned())
+                    .filter(|u| !u.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if redis_url.is_some() && !redis_cluster_urls.is_empty() {
+            return Err(EnvError::new(
+                "REDIS_CLUSTER_URLS",
+                &redis_cluster_urls.join(","),
+                "REDIS_URL is set as well",
+                "either REDIS_URL or REDIS_CLUSTER_URLS, not both",
+            ));
+        }
+        let payment_delay = match var("APP_PAYMENT_DELAY_MS") {
+            Some(value) => whole_number(value.trim())
+                .map(Duration::from_millis)
+                .ok_or_else(|| {
+                    EnvError::new(
+                        "APP_PAYMENT_DELAY_MS",
+                        &value,
+                        "not a whole number of milliseconds",
+                        "milliseconds, e.g. APP_PAYMENT_DELAY_MS=100",
+                    )
+                })?,
+            None => DEFAULT_PAYMENT_DELAY,
+        };
         Ok(Self {
             port,
             redis_url,
             limits,
             algorithm,
+            redis_cluster_urls,
+            payment_delay,
         })
     }
 }
@@ -263,6 +314,12 @@ pub struct AppState {
     pub config: Arc<AppConfig>,
     /// The rate limit of `/api/*`.
     api_limit: RateLimitLayer<CallerKey>,
+    /// "Already done" claims: redeemed coupons.
+    pub claims: Claims,
+    /// Locks: report rebuilds.
+    pub locks: Locks,
+    /// Idempotency of `POST /payments`, scoped by API key.
+    payments: IdempotencyLayer<Header>,
 }
 
 impl AppState {
@@ -274,10 +331,18 @@ impl AppState {
             .algorithm(config.algorithm)
             .key(Header::new(API_KEY_HEADER).or(PeerIp::new()))
             .build()?;
+        let payments = IdempotencyLayer::builder(Arc::clone(&store))
+            .prefix("tollgate-app")
+            .required(true)
+            .scope(Header::new(API_KEY_HEADER))
+            .build()?;
         Ok(Self {
+            claims: Claims::new(Arc::clone(&store)).with_prefix("tollgate-app")?,
+            locks: Locks::new(Arc::clone(&store)).with_prefix("tollgate-app")?,
             store,
             config: Arc::new(config),
             api_limit,
+            payments,
         })
     }
 }
@@ -288,6 +353,9 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(health_routes())
         .merge(api_routes(&state))
+        .merge(coupon_routes())
+        .merge(report_routes())
+        .merge(payment_routes(&state))
         // Outermost, so that the rate limits below see the peer address.
         .layer(middleware::from_fn(peer_addr_extension))
         .with_state(state)
@@ -306,6 +374,123 @@ fn api_routes(state: &AppState) -> Router<AppState> {
         .route_layer(state.api_limit.clone())
 }
 
+/// Coupons: one redemption each, across all copies — a claim, one conditional write.
+fn coupon_routes() -> Router<AppState> {
+    Router::new().route("/coupons/{code}/redeem", post(redeem_coupon))
+}
+
+/// Reports: one rebuild at a time across all copies — a lock with a fencing token.
+fn report_routes() -> Router<AppState> {
+    Router::new().route("/reports/{name}/rebuild", post(rebuild_report))
+}
+
+/// Payments: each `Idempotency-Key` runs once across all copies; retries get the replay.
+fn payment_routes(state: &AppState) -> Router<AppState> {
+    Router::new()
+        .route("/payments", post(create_payment))
+        .route_layer(state.payments.clone())
+}
+
+/// `POST /coupons/{code}/redeem`: exactly one `200` per coupon across every copy of the app. The
+/// store unreachable → `503`: a redemption is never reported that was not recorded.
+async fn redeem_coupon(
+    State(state): State<AppState>,
+    Path(code): Path<String>,
+) -> (StatusCode, Json<Value>) {
+    let redemption = uuid::Uuid::new_v4().to_string();
+    match state
+        .claims
+        .claim_once_as(format!("coupon:{code}"), &redemption, None)
+        .await
+    {
+        Ok(claim) if claim.won() => (
+            StatusCode::OK,
+            Json(json!({ "coupon": code, "status": "redeemed", "redemption": redemption })),
+        ),
+        Ok(_) => (
+            StatusCode::CONFLICT,
+            Json(json!({ "coupon": code, "status": "already_redeemed" })),
+        ),
+        Err(error) => {
+            tracing::warn!(%error, "coupon store unavailable");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({ "coupon": code, "status": "unavailable" })),
+            )
+        }
+    }
+}
+
+/// `POST /reports/{name}/rebuild`: the rebuild runs under a lock whose lease is kept alive while
+/// it works; the fencing token is what the report's storage would check.
+async fn rebuild_report(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> (StatusCode, Json<Value>) {
+    let rebuilt = state
+        .locks
+        .with_lock(format!("report:{name}"), REPORT_LEASE, |lease| async move {
+            tokio::time::sleep(REPORT_WORK).await;
+            lease.fencing_token()
+        })
+        .await;
+    match rebuilt {
+        Ok(token) => (
+            StatusCode::OK,
+            Json(json!({ "report": name, "status": "rebuilt", "fencing_token": token })),
+        ),
+        Err(LockError::Busy { lease_left }) => (
+            StatusCode::CONFLICT,
+            Json(json!({
+                "report": name,
+                "status": "busy",
+                "retry_after_ms": lease_left.as_millis() as u64,
+            })),
+        ),
+        Err(LockError::Lost) => (
+            StatusCode::CONFLICT,
+            Json(json!({ "report": name, "status": "lease_lost" })),
+        ),
+        Err(error) => {
+            tracing::warn!(%error, "lock store unavailable");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({ "report": name, "status": "unavailable" })),
+            )
+        }
+    }
+}
+
+/// The body of `POST /payments`.
+#[derive(Debug, serde::Deserialize)]
+struct PaymentRequest {
+    amount: i64,
+    currency: String,
+}
+
+/// `POST /payments`: works for `APP_PAYMENT_DELAY_MS`, then answers `201` with a fresh payment
+/// id. Behind the idempotency layer: runs once per key across all copies.
+async fn create_payment(State(state): State<AppState>, body: Bytes) -> (StatusCode, Json<Value>) {
+    let payment: PaymentRequest = match serde_json::from_slice(&body) {
+        Ok(payment) => payment,
+        Err(error) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({ "error": format!("invalid payment: {error}") })),
+            );
+        }
+    };
+    tokio::time::sleep(state.config.payment_delay).await;
+    (
+        StatusCode::CREATED,
+        Json(json!({
+            "id": uuid::Uuid::new_v4().to_string(),
+            "amount": payment.amount,
+            "currency": payment.currency,
+        })),
+    )
+}
+
 /// Copies axum's `ConnectInfo<SocketAddr>` into a plain `SocketAddr` request extension, where
 /// tollgate's `PeerIp` finds it without the crate's `axum` feature.
 async fn peer_addr_extension(mut request: Request, next: Next) -> Response {
@@ -321,7 +506,7 @@ async fn peer_addr_extension(mut request: Request, next: Next) -> Response {
 
 /// `GET /healthz`: 200 while the store answers, 503 when it does not.
 async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    let store = if state.config.redis_url.is_some() {
+    let store = if state.config.redis_url.is_some() || !state.config.redis_cluster_urls.is_empty() {
         "redis"
     } else {
         "memory"
