@@ -362,16 +362,21 @@ async fn execute<S, ReqBody, ResBody>(
     });
     let (frames_tx, frames_rx) = mpsc::channel(8);
     let hint = body.size_hint().exact();
-    let _ = head.send(Ok(Response::from_parts(
-        parts,
-        IdempotencyBody::channel(frames_rx, hint),
-    )));
+    let response = Response::from_parts(parts, IdempotencyBody::channel(frames_rx, hint));
+    // A response whose head is all of it (an empty body: a gRPC trailers-only status, a bodiless
+    // 5xx) is settled before the head goes out, like the last frame of any other response.
+    let mut unsent_head = None;
+    if body.is_end_stream() {
+        unsent_head = Some((head, response));
+    } else {
+        let _ = head.send(Ok(response));
+    }
 
     let mut captured = BytesMut::new();
     let mut delivered = 0u64;
     // With a known length the caller's end of body is its last byte, not the end of the stream:
     // that last frame is held back until the key is settled (below).
-    let mut last_frame = None;
+    let mut held = Vec::new();
     let mut body = std::pin::pin!(body);
     let failure: Option<BoxError> = loop {
         // converted within the statement: the body's own error type need not be Send; a panic
@@ -401,8 +406,9 @@ async fn execute<S, ReqBody, ResBody>(
             }
         }
         delivered += frame.data_ref().map_or(0, |d| d.len() as u64);
-        if hint.is_some_and(|len| delivered >= len) && frame.is_data() {
-            last_frame = Some(frame);
+        // Trailers are the end of a response too (a gRPC client is done when they arrive).
+        if frame.is_trailers() || (hint.is_some_and(|len| delivered >= len) && frame.is_data()) {
+            held.push(frame);
             continue;
         }
         // a caller that went away does not stop the recording
@@ -419,7 +425,10 @@ async fn execute<S, ReqBody, ResBody>(
         }
         _ => release(&settings, key, token, "the response is not stored").await,
     }
-    if let Some(frame) = last_frame {
+    if let Some((head, response)) = unsent_head {
+        let _ = head.send(Ok(response));
+    }
+    for frame in held {
         let _ = frames_tx.send(Ok(frame)).await;
     }
     if let Some(error) = failure {
