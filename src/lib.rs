@@ -13,6 +13,8 @@
 //! - [`rate_limit`]: sliding-window log (exact), sliding-window counter (O(1) memory) and GCRA;
 //!   several limits per request in one round trip; IETF `RateLimit` headers; gRPC-native
 //!   rejections; an explicit policy for when the store is down.
+//! - [`idempotency`]: `Idempotency-Key` deduplication — replay, 409 in flight, 422 on a changed
+//!   request — with Stripe / IETF-draft semantics.
 //! - [`claim`]: "already done" claims — one `SET NX` that exactly one caller wins.
 //! - [`lock`]: locks with random tokens, leases kept alive while work runs, and fencing tokens.
 //! - [`key`]: who a request counts against — headers, peer IP, trusted-proxy forwarded IP,
@@ -45,6 +47,86 @@
 //!     assert_eq!(app.clone().oneshot(request()).await.unwrap().status(), 200);
 //! }
 //! assert_eq!(app.clone().oneshot(request()).await.unwrap().status(), 429);
+//! # }
+//! ```
+//!
+//! # With tonic
+//!
+//! The same layers go into `tonic::transport::Server::builder().layer(..)`: gRPC metadata arrives
+//! as HTTP/2 headers, and rejections are trailers-only responses, so a client sees
+//! `Code::ResourceExhausted` over the limit and a replayed reply with its trailers.
+//!
+//! ```no_run
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! use tollgate::idempotency::IdempotencyLayer;
+//! use tollgate::key::Header;
+//! use tollgate::rate_limit::{Limit, RateLimitLayer};
+//! use tollgate::store::RedisStore;
+//!
+//! let store = RedisStore::open("redis://127.0.0.1:6379/")?;
+//! let rate_limit = RateLimitLayer::builder(store.clone())
+//!     .limit(Limit::per_minute("minute", 100))
+//!     .key(Header::from_static("x-api-key")) // the `x-api-key` metadata entry
+//!     .build()?;
+//! let idempotency = IdempotencyLayer::builder(store)
+//!     .scope(Header::from_static("x-api-key"))
+//!     .build()?;
+//! let routes = tonic::service::Routes::default(); // add your services here
+//! tonic::transport::Server::builder()
+//!     .layer(rate_limit)
+//!     .layer(idempotency)
+//!     .add_routes(routes)
+//!     .serve("127.0.0.1:50051".parse()?)
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # With hyper
+//!
+//! ```no_run
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::convert::Infallible;
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::Full;
+//! use hyper::body::Incoming;
+//! use hyper_util::rt::{TokioExecutor, TokioIo};
+//! use hyper_util::server::conn::auto;
+//! use hyper_util::service::TowerToHyperService;
+//! use tollgate::idempotency::{IdempotencyLayer, RequestBody};
+//! use tollgate::key::{Header, KeyExtractor, PeerIp};
+//! use tollgate::rate_limit::{Limit, RateLimitLayer};
+//! use tollgate::store::RedisStore;
+//! use tower::ServiceBuilder;
+//!
+//! async fn handle(_req: Request<RequestBody<Incoming>>) -> Result<Response<Full<Bytes>>, Infallible> {
+//!     Ok(Response::new(Full::new(Bytes::from_static(b"hello"))))
+//! }
+//!
+//! let store = RedisStore::open("redis://127.0.0.1:6379/")?;
+//! let rate_limit = RateLimitLayer::builder(store.clone())
+//!     .limit(Limit::per_minute("minute", 100))
+//!     .key(Header::from_static("x-api-key").or(PeerIp::new()))
+//!     .build()?;
+//! let idempotency = IdempotencyLayer::builder(store).build()?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3001").await?;
+//! loop {
+//!     let (stream, peer) = listener.accept().await?;
+//!     let service = ServiceBuilder::new()
+//!         .map_request(move |mut req: Request<Incoming>| {
+//!             req.extensions_mut().insert(peer); // for PeerIp
+//!             req
+//!         })
+//!         .layer(rate_limit.clone())
+//!         .layer(idempotency.clone())
+//!         .service_fn(handle);
+//!     tokio::spawn(async move {
+//!         let io = TokioIo::new(stream);
+//!         let _ = auto::Builder::new(TokioExecutor::new())
+//!             .serve_connection(io, TowerToHyperService::new(service))
+//!             .await;
+//!     });
+//! }
 //! # }
 //! ```
 //!
