@@ -6,7 +6,7 @@
 //! A service behind a load balancer runs as several copies. A lock, counter or "already done" set
 //! kept in process memory then silently breaks: with three copies a coupon is redeemed three
 //! times and a rate limit lets a client through three times as often. tollgate keeps every such
-//! piece of state in the shared [store](store), changes it only with atomic operations (one Lua
+//! piece of state in the shared [store], changes it only with atomic operations (one Lua
 //! script or one conditional command each, timed by the store's clock), and so makes N copies
 //! behave as one.
 //!
@@ -20,7 +20,7 @@
 //! - [`key`]: who a request counts against — headers, peer IP, trusted-proxy forwarded IP,
 //!   closures — always hashed before it reaches the store.
 //!
-//! The [guide](guide) explains when to use which.
+//! The [guide] explains when to use which.
 //!
 //! # With axum
 //!
