@@ -6,6 +6,8 @@ mod common;
 
 #[path = "../examples/app/router.rs"]
 pub mod app;
+#[path = "../examples/shared/env.rs"]
+pub mod env;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,6 +6,8 @@
 mod common;
 #[path = "../examples/grpc/config.rs"]
 pub mod config;
+#[path = "../examples/shared/env.rs"]
+pub mod env;
 #[path = "../examples/hyper/server.rs"]
 pub mod server;
 

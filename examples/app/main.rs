@@ -19,63 +19,37 @@
 //! An invalid value exits with status 2 and a message naming the variable; other startup
 //! failures (the port is taken) exit with status 1.
 
+#[path = "../shared/env.rs"]
+pub mod env;
 pub mod router;
 
 use std::io::IsTerminal;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
-use tollgate::store::{MemoryStore, Store};
+use tollgate::store::Store;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::LevelFilter;
 
-use router::{AppConfig, AppState, EnvError};
+use env::{EnvError, Failure};
+use router::{AppConfig, AppState};
 
-/// Exit status for an invalid configuration.
-const EXIT_CONFIG: u8 = 2;
-/// Exit status for any other failure.
-const EXIT_FAILURE: u8 = 1;
-
-/// Why the app stopped: an exit status and a message for stderr.
-struct Failure {
-    code: u8,
-    message: String,
-}
-
-impl Failure {
-    fn config(message: String) -> Self {
-        Self {
-            code: EXIT_CONFIG,
-            message,
-        }
-    }
-
-    fn runtime(message: String) -> Self {
-        Self {
-            code: EXIT_FAILURE,
-            message,
-        }
-    }
-}
+/// What the app warns of when `REDIS_URL` is not set.
+const MEMORY_STORE_WARNING: &str = "REDIS_URL is not set: using an in-memory store, so rate \
+     limits hold for this one process only (copies of the app do not share them). Set e.g. \
+     REDIS_URL=redis://127.0.0.1:6379/ to share them.";
 
 #[tokio::main]
 async fn main() -> ExitCode {
     init_tracing();
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => {
-            eprintln!("error: {}", failure.message);
-            ExitCode::from(failure.code)
-        }
-    }
+    env::exit(run().await)
 }
 
 async fn run() -> Result<(), Failure> {
-    let config = AppConfig::from_env().map_err(|e| Failure::config(e.to_string()))?;
+    let config = AppConfig::from_env()?;
     let store = if config.redis_cluster_urls.is_empty() {
-        open_store(config.redis_url.as_deref()).map_err(|e| Failure::config(e.to_string()))?
+        open_store(config.redis_url.as_deref())?
     } else {
         cluster_store(&config.redis_cluster_urls).await?
     };
@@ -83,19 +57,14 @@ async fn run() -> Result<(), Failure> {
 
     let port = config.port;
     tracing::info!(
-        limits = %describe_limits(&config),
+        limits = %env::describe_limits(&config.limits),
         algorithm = %config.algorithm,
         "rate limit of /api/*"
     );
     let state = AppState::new(store, config)
         .map_err(|e| Failure::config(format!("invalid rate-limit configuration: {e}")))?;
 
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
-        .await
-        .map_err(|e| Failure::runtime(format!("cannot listen on 127.0.0.1:{port}: {e}")))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| Failure::runtime(format!("cannot read the listening address: {e}")))?;
+    let (listener, addr) = env::listen(port).await?;
     println!("tollgate example app listening on http://{addr}");
 
     let app = router::router(state).into_make_service_with_connect_info::<SocketAddr>();
@@ -128,42 +97,11 @@ fn init_tracing() {
 
 /// The store named by `REDIS_URL`, or a per-process memory store when it is unset.
 fn open_store(redis_url: Option<&str>) -> Result<Arc<dyn Store>, EnvError> {
-    let Some(url) = redis_url else {
-        eprintln!(
-            "warning: REDIS_URL is not set: using an in-memory store, so rate limits hold for \
-             this one process only (copies of the app do not share them). Set e.g. \
-             REDIS_URL=redis://127.0.0.1:6379/ to share them."
-        );
-        return Ok(Arc::new(MemoryStore::new()));
-    };
-    redis_store(url)
-}
-
-#[cfg(feature = "redis")]
-fn redis_store(url: &str) -> Result<Arc<dyn Store>, EnvError> {
-    let safe_url = router::redact_url(url);
-    match tollgate::store::RedisStore::builder(url).build() {
-        Ok(store) => {
-            tracing::info!(url = %safe_url, "rate limits are kept in Redis");
-            Ok(Arc::new(store))
-        }
-        Err(e) => Err(EnvError::new(
-            "REDIS_URL",
-            &safe_url,
-            e.to_string(),
-            router::REDIS_URL_FORMAT,
-        )),
+    let store = env::open_store(redis_url, MEMORY_STORE_WARNING)?;
+    if let Some(url) = redis_url {
+        tracing::info!(url = %env::redact_url(url), "rate limits are kept in Redis");
     }
-}
-
-#[cfg(not(feature = "redis"))]
-fn redis_store(url: &str) -> Result<Arc<dyn Store>, EnvError> {
-    Err(EnvError::new(
-        "REDIS_URL",
-        &router::redact_url(url),
-        "tollgate was built without its `redis` feature",
-        "REDIS_URL unset, or a build with the `redis` feature",
-    ))
+    Ok(store)
 }
 
 /// A store on the Redis Cluster reached through `urls` (`REDIS_CLUSTER_URLS`). Unlike a
@@ -171,7 +109,7 @@ fn redis_store(url: &str) -> Result<Arc<dyn Store>, EnvError> {
 #[cfg(feature = "redis")]
 async fn cluster_store(urls: &[String]) -> Result<Arc<dyn Store>, Failure> {
     use tollgate::store::{RedisStore, StoreErrorKind};
-    let safe: Vec<String> = urls.iter().map(|u| router::redact_url(u)).collect();
+    let safe: Vec<String> = urls.iter().map(|u| env::redact_url(u)).collect();
     match RedisStore::cluster_builder(urls.iter().cloned())
         .build_cluster()
         .await
@@ -208,21 +146,12 @@ async fn cluster_store(urls: &[String]) -> Result<Arc<dyn Store>, Failure> {
 /// let through (the failure policy is Allow) and `/healthz` answers 503 until it is back.
 async fn check_store(store: &dyn Store, redis_url: Option<&str>) {
     if let Err(error) = store.ping().await {
-        let url = redis_url.map(router::redact_url).unwrap_or_default();
+        let url = redis_url.map(env::redact_url).unwrap_or_default();
         tracing::warn!(
             %error, %url,
             "the store does not answer yet: /api/* is not limited and /healthz answers 503 until it does"
         );
     }
-}
-
-fn describe_limits(config: &AppConfig) -> String {
-    config
-        .limits
-        .iter()
-        .map(|l| format!("{}:{}/{}s", l.name(), l.quota(), l.window().as_secs()))
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// Resolves on Ctrl-C or, on Unix, SIGTERM.

@@ -2,7 +2,9 @@
 //!
 //! Kept apart from `main.rs` so that integration tests can build several copies of the app on one
 //! Redis (`#[path = "../examples/app/router.rs"] pub mod app;` — `pub`, so that
-//! `unreachable_pub` and `dead_code` stay quiet), exactly as several processes would run.
+//! `unreachable_pub` and `dead_code` stay quiet), exactly as several processes would run. The
+//! configuration is read with the examples' shared `crate::env` (`examples/shared/env.rs`), which
+//! an including crate declares at its root: `#[path = "../examples/shared/env.rs"] pub mod env;`.
 //!
 //! Routes:
 //!
@@ -20,7 +22,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use std::{env, fmt};
 
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Request, State};
@@ -35,8 +36,13 @@ use tollgate::claim::Claims;
 use tollgate::idempotency::IdempotencyLayer;
 use tollgate::key::{Header, KeyExtractor, Or, PeerIp};
 use tollgate::lock::{LockError, Locks};
-use tollgate::rate_limit::{Algorithm, Limit, RateLimitDecision, RateLimitLayer, RatePolicy};
+use tollgate::rate_limit::{Algorithm, Limit, RateLimitDecision, RateLimitLayer};
 use tollgate::store::Store;
+
+use crate::env::{EnvError, Vars, process_var, whole_number};
+
+/// The shared parsers of the app's variables, here too so that tests reach them as `app::…`.
+pub use crate::env::{DEFAULT_LIMITS, parse_algorithm, parse_limits, parse_port, redact_url};
 
 /// The header that names an API caller.
 pub const API_KEY_HEADER: HeaderName = HeaderName::from_static("x-api-key");
@@ -44,21 +50,8 @@ pub const API_KEY_HEADER: HeaderName = HeaderName::from_static("x-api-key");
 /// The port served when `PORT` is not set.
 pub const DEFAULT_PORT: u16 = 3000;
 
-/// The limits of `/api/*` when `APP_LIMITS` is not set.
-pub const DEFAULT_LIMITS: &str = "burst:5/1s,minute:100/60s";
-
 /// What `PORT` must look like.
 pub const PORT_FORMAT: &str = "a TCP port number from 0 to 65535, e.g. PORT=3000";
-
-/// What `APP_LIMITS` must look like.
-pub const LIMITS_FORMAT: &str = "comma-separated name:count/<seconds>s entries, \
-     e.g. APP_LIMITS=burst:5/1s,minute:100/60s";
-
-/// What `APP_ALGORITHM` must look like.
-pub const ALGORITHM_FORMAT: &str = "one of sliding-log (the default), sliding-counter, gcra";
-
-/// What `REDIS_URL` must look like.
-pub const REDIS_URL_FORMAT: &str = "a Redis URL, e.g. REDIS_URL=redis://127.0.0.1:6379/";
 
 /// The key prefix of the `/api/*` rate limit in the store. Each rate-limited group of routes gets
 /// its own prefix, so that equal limit names in two groups never share counters.
@@ -101,38 +94,18 @@ impl AppConfig {
     /// Reads `PORT`, `REDIS_URL`, `APP_LIMITS` and `APP_ALGORITHM`. A variable that is unset or
     /// empty takes its default.
     pub fn from_env() -> Result<Self, EnvError> {
-        Self::from_lookup(|name| match env::var(name) {
-            Ok(value) => Some(value),
-            Err(env::VarError::NotPresent) => None,
-            // Not UTF-8: keep it visible (and invalid) rather than pretend it is unset.
-            Err(env::VarError::NotUnicode(raw)) => Some(raw.to_string_lossy().into_owned()),
-        })
+        Self::from_lookup(process_var)
     }
 
     /// Like [`AppConfig::from_env`], with the variables read through `lookup`.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, EnvError> {
-        let var = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-
-        let port = match var("PORT") {
-            Some(value) => parse_port(&value)
-                .map_err(|problem| EnvError::new("PORT", &value, problem, PORT_FORMAT))?,
-            None => DEFAULT_PORT,
-        };
-        let limits = match var("APP_LIMITS") {
-            Some(value) => parse_limits(&value)
-                .map_err(|problem| EnvError::new("APP_LIMITS", &value, problem, LIMITS_FORMAT))?,
-            None => parse_limits(DEFAULT_LIMITS).map_err(|problem| {
-                EnvError::new("APP_LIMITS", DEFAULT_LIMITS, problem, LIMITS_FORMAT)
-            })?,
-        };
-        let algorithm = match var("APP_ALGORITHM") {
-            Some(value) => parse_algorithm(&value).map_err(|problem| {
-                EnvError::new("APP_ALGORITHM", &value, problem, ALGORITHM_FORMAT)
-            })?,
-            None => Algorithm::default(),
-        };
-        let redis_url = var("REDIS_URL").map(|url| url.trim().to_owned());
-        let redis_cluster_urls: Vec<String> = var("REDIS_CLUSTER_URLS")
+        let vars = Vars::new(lookup);
+        let port = vars.port(DEFAULT_PORT, PORT_FORMAT)?;
+        let limits = vars.limits()?;
+        let algorithm = vars.algorithm()?;
+        let redis_url = vars.redis_url();
+        let redis_cluster_urls: Vec<String> = vars
+            .get("REDIS_CLUSTER_URLS")
             .map(|urls| {
                 urls.split(',')
                     .map(|u| u.trim().to_owned())
@@ -148,7 +121,7 @@ impl AppConfig {
                 "either REDIS_URL or REDIS_CLUSTER_URLS, not both",
             ));
         }
-        let payment_delay = match var("APP_PAYMENT_DELAY_MS") {
+        let payment_delay = match vars.get("APP_PAYMENT_DELAY_MS") {
             Some(value) => whole_number(value.trim())
                 .map(Duration::from_millis)
                 .ok_or_else(|| {
@@ -170,132 +143,6 @@ impl AppConfig {
             payment_delay,
         })
     }
-}
-
-/// Parses `PORT`: a number from 0 to 65535.
-pub fn parse_port(value: &str) -> Result<u16, String> {
-    let value = value.trim();
-    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("{value:?} is not a port number"));
-    }
-    value
-        .parse()
-        .map_err(|_| format!("{value} is out of range (0 to 65535)"))
-}
-
-/// Parses `APP_ALGORITHM`: `sliding-log`, `sliding-counter` or `gcra`.
-pub fn parse_algorithm(value: &str) -> Result<Algorithm, String> {
-    let value = value.trim();
-    value
-        .parse()
-        .map_err(|_| format!("unknown algorithm {value:?}"))
-}
-
-/// Parses `APP_LIMITS`: comma-separated `name:count/<seconds>s` entries, e.g.
-/// `burst:5/1s,minute:100/60s`. Names are 1 to 64 ASCII letters, digits, `-`, `_` or `.`, each
-/// used once; counts and windows are whole numbers of at least 1.
-pub fn parse_limits(value: &str) -> Result<Vec<Limit>, String> {
-    let limits = value
-        .split(',')
-        .map(|entry| parse_limit(entry.trim()))
-        .collect::<Result<Vec<_>, _>>()?;
-    // The crate's own validation: names, duplicates, ranges.
-    RatePolicy::new(API_PREFIX, Algorithm::default(), limits.clone()).map_err(|e| e.to_string())?;
-    Ok(limits)
-}
-
-/// Parses one `name:count/<seconds>s` entry.
-fn parse_limit(entry: &str) -> Result<Limit, String> {
-    if entry.is_empty() {
-        return Err("empty entry (two commas in a row, or one at an end)".to_owned());
-    }
-    let shape = || format!("{entry:?} is not name:count/<seconds>s");
-    let (name, rest) = entry.split_once(':').ok_or_else(shape)?;
-    let (count, window) = rest.split_once('/').ok_or_else(shape)?;
-    let seconds = window.strip_suffix('s').ok_or_else(|| {
-        format!("window {window:?} in {entry:?} is not a number of seconds ending in 's'")
-    })?;
-    let count = whole_number(count)
-        .ok_or_else(|| format!("count {count:?} in {entry:?} is not a whole number"))?;
-    let seconds = whole_number(seconds).ok_or_else(|| {
-        format!("window {window:?} in {entry:?} is not a whole number of seconds")
-    })?;
-    if count == 0 {
-        return Err(format!("count in {entry:?} must be at least 1"));
-    }
-    if seconds == 0 {
-        return Err(format!("window in {entry:?} must be at least 1s"));
-    }
-    Ok(Limit::new(name, count, Duration::from_secs(seconds)))
-}
-
-/// ASCII digits only (no sign, no spaces), within `u64`.
-fn whole_number(s: &str) -> Option<u64> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
-}
-
-/// An environment variable with a value the app cannot use.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EnvError {
-    /// The variable, e.g. `APP_LIMITS`.
-    pub var: &'static str,
-    /// Its value (passwords in URLs masked).
-    pub value: String,
-    /// What is wrong with it.
-    pub problem: String,
-    /// What it should look like.
-    pub expected: &'static str,
-}
-
-impl EnvError {
-    /// `var` holds `value`, which is wrong because of `problem`; `expected` says what is right.
-    pub fn new(
-        var: &'static str,
-        value: &str,
-        problem: impl Into<String>,
-        expected: &'static str,
-    ) -> Self {
-        Self {
-            var,
-            value: value.to_owned(),
-            problem: problem.into(),
-            expected,
-        }
-    }
-}
-
-impl fmt::Display for EnvError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid {}={:?}: {}\n  expected: {}",
-            self.var, self.value, self.problem, self.expected
-        )
-    }
-}
-
-impl std::error::Error for EnvError {}
-
-/// `url` with the password, if any, replaced by `***`, for logs and error messages.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    let user = match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{user}:***"),
-        // `redis://secret@host` is a password-only URL for Redis.
-        None if !userinfo.is_empty() => "***".to_owned(),
-        None => String::new(),
-    };
-    format!("{scheme}://{user}@{host}{path}")
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -30,14 +30,14 @@
 
 pub mod client;
 pub mod config;
+#[path = "../shared/env.rs"]
+pub mod env;
 pub mod server;
 
-use std::net::Ipv4Addr;
 use std::process::ExitCode;
 
-use tokio::net::TcpListener;
-
 use config::Config;
+use env::Failure;
 use server::{HelloGreeter, Layers};
 
 /// The port served when `PORT` is not set.
@@ -49,33 +49,30 @@ async fn main() -> ExitCode {
     let result = match args.next().as_deref() {
         None => run().await,
         Some("call") => call(args).await,
-        Some(other) => Err((2, format!("unknown command {other:?}\n{}", client::USAGE))),
+        Some(other) => Err(Failure::config(format!(
+            "unknown command {other:?}\n{}",
+            client::USAGE
+        ))),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err((code, message)) => {
-            eprintln!("error: {message}");
-            ExitCode::from(code)
-        }
-    }
+    env::exit(result)
 }
 
 /// Runs the client: `call [--url URL] [--name NAME] [--count N] [--api-key KEY]
 /// [--idempotency-key KEY]`.
-async fn call(args: impl Iterator<Item = String>) -> Result<(), (u8, String)> {
+async fn call(args: impl Iterator<Item = String>) -> Result<(), Failure> {
     let port = match std::env::var("PORT") {
         Ok(port) if !port.trim().is_empty() => port.trim().to_owned(),
         _ => DEFAULT_PORT.to_string(),
     };
     let args = client::CallArgs::parse(args, format!("http://127.0.0.1:{port}"))
-        .map_err(|e| (2, format!("{e}\n{}", client::USAGE)))?;
-    client::call(args).await.map_err(|e| (1, e))
+        .map_err(|e| Failure::config(format!("{e}\n{}", client::USAGE)))?;
+    client::call(args).await.map_err(Failure::runtime)
 }
 
 /// Runs the server; on failure, the exit status (2: configuration, 1: other) and a message.
-async fn run() -> Result<(), (u8, String)> {
-    let config = Config::from_env(DEFAULT_PORT).map_err(|e| (2, e.to_string()))?;
-    let store = config.open_store().map_err(|e| (2, e.to_string()))?;
+async fn run() -> Result<(), Failure> {
+    let config = Config::from_env(DEFAULT_PORT)?;
+    let store = config.open_store()?;
     if let Err(error) = store.ping().await {
         eprintln!(
             "warning: the store does not answer yet ({error}): calls are not rate-limited, and \
@@ -83,30 +80,17 @@ async fn run() -> Result<(), (u8, String)> {
         );
     }
     let layers = Layers::new(store, config.limits.clone())
-        .map_err(|e| (2, format!("invalid configuration: {e}")))?;
+        .map_err(|e| Failure::config(format!("invalid configuration: {e}")))?;
 
-    let port = config.port;
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
-        .await
-        .map_err(|e| (1, format!("cannot listen on 127.0.0.1:{port}: {e}")))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| (1, format!("cannot read the listening address: {e}")))?;
+    let (listener, addr) = env::listen(config.port).await?;
     println!(
         "tollgate gRPC example (helloworld.Greeter) listening on http://{addr}; limits {} per \
          x-api-key (else per IP)",
         config.describe_limits()
     );
-    server::serve(listener, HelloGreeter, layers, shutdown_signal())
+    server::serve(listener, HelloGreeter, layers, env::ctrl_c())
         .await
-        .map_err(|e| (1, format!("server failed: {e}")))?;
+        .map_err(|e| Failure::runtime(format!("server failed: {e}")))?;
     eprintln!("stopped");
     Ok(())
-}
-
-/// Resolves on Ctrl-C (or when Ctrl-C cannot be listened for, never).
-async fn shutdown_signal() {
-    if tokio::signal::ctrl_c().await.is_err() {
-        std::future::pending::<()>().await;
-    }
 }

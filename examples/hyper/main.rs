@@ -24,14 +24,14 @@
 
 #[path = "../grpc/config.rs"]
 pub mod config;
+#[path = "../shared/env.rs"]
+pub mod env;
 pub mod server;
 
-use std::net::Ipv4Addr;
 use std::process::ExitCode;
 
-use tokio::net::TcpListener;
-
 use config::Config;
+use env::Failure;
 use server::Layers;
 
 /// The port served when `PORT` is not set.
@@ -39,19 +39,13 @@ const DEFAULT_PORT: u16 = 3001;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err((code, message)) => {
-            eprintln!("error: {message}");
-            ExitCode::from(code)
-        }
-    }
+    env::exit(run().await)
 }
 
 /// Runs the server; on failure, the exit status (2: configuration, 1: other) and a message.
-async fn run() -> Result<(), (u8, String)> {
-    let config = Config::from_env(DEFAULT_PORT).map_err(|e| (2, e.to_string()))?;
-    let store = config.open_store().map_err(|e| (2, e.to_string()))?;
+async fn run() -> Result<(), Failure> {
+    let config = Config::from_env(DEFAULT_PORT)?;
+    let store = config.open_store()?;
     if let Err(error) = store.ping().await {
         eprintln!(
             "warning: the store does not answer yet ({error}): requests are not rate-limited, \
@@ -59,27 +53,14 @@ async fn run() -> Result<(), (u8, String)> {
         );
     }
     let layers = Layers::new(store, config.limits.clone())
-        .map_err(|e| (2, format!("invalid configuration: {e}")))?;
+        .map_err(|e| Failure::config(format!("invalid configuration: {e}")))?;
 
-    let port = config.port;
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
-        .await
-        .map_err(|e| (1, format!("cannot listen on 127.0.0.1:{port}: {e}")))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| (1, format!("cannot read the listening address: {e}")))?;
+    let (listener, addr) = env::listen(config.port).await?;
     println!(
         "tollgate hyper example listening on http://{addr}; limits {} per x-api-key (else per IP)",
         config.describe_limits()
     );
-    server::serve(listener, layers, shutdown_signal()).await;
+    server::serve(listener, layers, env::ctrl_c()).await;
     eprintln!("stopped");
     Ok(())
-}
-
-/// Resolves on Ctrl-C (or when Ctrl-C cannot be listened for, never).
-async fn shutdown_signal() {
-    if tokio::signal::ctrl_c().await.is_err() {
-        std::future::pending::<()>().await;
-    }
 }

@@ -1,0 +1,354 @@
+//! What the `app`, `grpc` and `hyper` examples share: reading `PORT`, `REDIS_URL`, `APP_LIMITS`
+//! and `APP_ALGORITHM`, the [`EnvError`] that names a bad variable, opening the store, and the
+//! startup steps around them (listening, exit statuses).
+//!
+//! Each example includes this file at its crate root, `#[path = "../shared/env.rs"] pub mod
+//! env;`, and so must every test that includes a module of an example that reads its
+//! configuration (`examples/app/router.rs`, `examples/grpc/config.rs`): `#[path =
+//! "../examples/shared/env.rs"] pub mod env;` — `pub`, so that `unreachable_pub` and `dead_code`
+//! stay quiet. This directory has no `main.rs`, so it is no example of its own.
+//!
+//! A variable that is unset or empty takes its default; an invalid one is an [`EnvError`] naming
+//! it, and the examples then exit with status 2.
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tollgate::rate_limit::{Algorithm, Limit, RatePolicy};
+use tollgate::store::{MemoryStore, Store};
+
+/// The limits when `APP_LIMITS` is not set.
+pub const DEFAULT_LIMITS: &str = "burst:5/1s,minute:100/60s";
+
+/// What `APP_LIMITS` must look like.
+pub const LIMITS_FORMAT: &str =
+    "comma-separated name:count/<seconds>s entries, e.g. APP_LIMITS=burst:5/1s,minute:100/60s";
+
+/// What `APP_ALGORITHM` must look like.
+pub const ALGORITHM_FORMAT: &str = "one of sliding-log (the default), sliding-counter, gcra";
+
+/// What `REDIS_URL` must look like.
+pub const REDIS_URL_FORMAT: &str = "a Redis URL, e.g. REDIS_URL=redis://127.0.0.1:6379/";
+
+/// Exit status for an invalid configuration (or command line).
+pub const EXIT_CONFIG: u8 = 2;
+
+/// Exit status for any other failure.
+pub const EXIT_FAILURE: u8 = 1;
+
+// ---------------------------------------------------------------------------------------------
+// Reading variables
+// ---------------------------------------------------------------------------------------------
+
+/// The variable `name` of this process's environment, for [`Vars::new`]; `None` when unset.
+pub fn process_var(name: &str) -> Option<String> {
+    match std::env::var(name) {
+        Ok(value) => Some(value),
+        Err(std::env::VarError::NotPresent) => None,
+        // Not UTF-8: keep it visible (and invalid) rather than pretend it is unset.
+        Err(std::env::VarError::NotUnicode(raw)) => Some(raw.to_string_lossy().into_owned()),
+    }
+}
+
+/// The variables of one configuration, read through a lookup ([`process_var`], or a table in
+/// tests). A variable that is unset, empty or only white space reads as unset, so that it takes
+/// its default.
+pub struct Vars<L>(L);
+
+impl<L: Fn(&str) -> Option<String>> Vars<L> {
+    /// Variables read through `lookup`, which answers `None` for a variable that is unset.
+    pub fn new(lookup: L) -> Self {
+        Self(lookup)
+    }
+
+    /// The value of `name`; `None` when it is unset, empty or only white space.
+    pub fn get(&self, name: &str) -> Option<String> {
+        (self.0)(name).filter(|v| !v.trim().is_empty())
+    }
+
+    /// `PORT`, else `default`; `format` says what `PORT` must look like.
+    pub fn port(&self, default: u16, format: &'static str) -> Result<u16, EnvError> {
+        match self.get("PORT") {
+            Some(value) => {
+                parse_port(&value).map_err(|problem| EnvError::new("PORT", &value, problem, format))
+            }
+            None => Ok(default),
+        }
+    }
+
+    /// `APP_LIMITS`, else [`DEFAULT_LIMITS`].
+    pub fn limits(&self) -> Result<Vec<Limit>, EnvError> {
+        let value = self
+            .get("APP_LIMITS")
+            .unwrap_or_else(|| DEFAULT_LIMITS.to_owned());
+        parse_limits(&value)
+            .map_err(|problem| EnvError::new("APP_LIMITS", &value, problem, LIMITS_FORMAT))
+    }
+
+    /// `APP_ALGORITHM`, else the default algorithm (`sliding-log`).
+    pub fn algorithm(&self) -> Result<Algorithm, EnvError> {
+        match self.get("APP_ALGORITHM") {
+            Some(value) => parse_algorithm(&value).map_err(|problem| {
+                EnvError::new("APP_ALGORITHM", &value, problem, ALGORITHM_FORMAT)
+            }),
+            None => Ok(Algorithm::default()),
+        }
+    }
+
+    /// `REDIS_URL`, trimmed; `None` means an in-memory store for this process only.
+    pub fn redis_url(&self) -> Option<String> {
+        self.get("REDIS_URL").map(|url| url.trim().to_owned())
+    }
+}
+
+impl<L> fmt::Debug for Vars<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Vars").finish_non_exhaustive()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parsing values
+// ---------------------------------------------------------------------------------------------
+
+/// Parses `PORT`: a number from 0 to 65535.
+pub fn parse_port(value: &str) -> Result<u16, String> {
+    let value = value.trim();
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{value:?} is not a port number"));
+    }
+    value
+        .parse()
+        .map_err(|_| format!("{value} is out of range (0 to 65535)"))
+}
+
+/// Parses `APP_ALGORITHM`: `sliding-log`, `sliding-counter` or `gcra`.
+pub fn parse_algorithm(value: &str) -> Result<Algorithm, String> {
+    let value = value.trim();
+    value
+        .parse()
+        .map_err(|_| format!("unknown algorithm {value:?}"))
+}
+
+/// Parses `APP_LIMITS`: comma-separated `name:count/<seconds>s` entries, e.g.
+/// `burst:5/1s,minute:100/60s`. Names are 1 to 64 ASCII letters, digits, `-`, `_` or `.`, each
+/// used once; counts and windows are whole numbers of at least 1.
+pub fn parse_limits(value: &str) -> Result<Vec<Limit>, String> {
+    let limits = value
+        .split(',')
+        .map(|entry| parse_limit(entry.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
+    // The crate's own validation: names, duplicates, ranges. The namespace is only checked, and
+    // any valid one gives the same answer.
+    RatePolicy::new("check", Algorithm::default(), limits.clone()).map_err(|e| e.to_string())?;
+    Ok(limits)
+}
+
+/// Parses one `name:count/<seconds>s` entry.
+fn parse_limit(entry: &str) -> Result<Limit, String> {
+    if entry.is_empty() {
+        return Err("empty entry (two commas in a row, or one at an end)".to_owned());
+    }
+    let shape = || format!("{entry:?} is not name:count/<seconds>s");
+    let (name, rest) = entry.split_once(':').ok_or_else(shape)?;
+    let (count, window) = rest.split_once('/').ok_or_else(shape)?;
+    let seconds = window.strip_suffix('s').ok_or_else(|| {
+        format!("window {window:?} in {entry:?} is not a number of seconds ending in 's'")
+    })?;
+    let count = whole_number(count)
+        .ok_or_else(|| format!("count {count:?} in {entry:?} is not a whole number"))?;
+    let seconds = whole_number(seconds).ok_or_else(|| {
+        format!("window {window:?} in {entry:?} is not a whole number of seconds")
+    })?;
+    if count == 0 {
+        return Err(format!("count in {entry:?} must be at least 1"));
+    }
+    if seconds == 0 {
+        return Err(format!("window in {entry:?} must be at least 1s"));
+    }
+    Ok(Limit::new(name, count, Duration::from_secs(seconds)))
+}
+
+/// ASCII digits only (no sign, no spaces), within `u64`.
+pub fn whole_number(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// `limits` as `name:count/<seconds>s,…`, for startup messages.
+pub fn describe_limits(limits: &[Limit]) -> String {
+    limits
+        .iter()
+        .map(|l| format!("{}:{}/{}s", l.name(), l.quota(), l.window().as_secs()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `url` with the password, if any, replaced by `***`, for logs and error messages.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    let user = match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{user}:***"),
+        // `redis://secret@host` is a password-only URL for Redis.
+        None if !userinfo.is_empty() => "***".to_owned(),
+        None => String::new(),
+    };
+    format!("{scheme}://{user}@{host}{path}")
+}
+
+/// An environment variable with a value the example cannot use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvError {
+    /// The variable, e.g. `APP_LIMITS`.
+    pub var: &'static str,
+    /// Its value (passwords in URLs masked).
+    pub value: String,
+    /// What is wrong with it.
+    pub problem: String,
+    /// What it should look like.
+    pub expected: &'static str,
+}
+
+impl EnvError {
+    /// `var` holds `value`, which is wrong because of `problem`; `expected` says what is right.
+    pub fn new(
+        var: &'static str,
+        value: &str,
+        problem: impl Into<String>,
+        expected: &'static str,
+    ) -> Self {
+        Self {
+            var,
+            value: value.to_owned(),
+            problem: problem.into(),
+            expected,
+        }
+    }
+}
+
+impl fmt::Display for EnvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid {}={:?}: {}\n  expected: {}",
+            self.var, self.value, self.problem, self.expected
+        )
+    }
+}
+
+impl std::error::Error for EnvError {}
+
+// ---------------------------------------------------------------------------------------------
+// Startup
+// ---------------------------------------------------------------------------------------------
+
+/// The store named by `redis_url` (`REDIS_URL`) or, when it is unset, a memory store that holds
+/// for this one process only, with `memory_warning` on stderr after `warning: `.
+pub fn open_store(
+    redis_url: Option<&str>,
+    memory_warning: &str,
+) -> Result<Arc<dyn Store>, EnvError> {
+    let Some(url) = redis_url else {
+        eprintln!("warning: {memory_warning}");
+        return Ok(Arc::new(MemoryStore::new()));
+    };
+    redis_store(url)
+}
+
+#[cfg(feature = "redis")]
+fn redis_store(url: &str) -> Result<Arc<dyn Store>, EnvError> {
+    match tollgate::store::RedisStore::builder(url).build() {
+        Ok(store) => Ok(Arc::new(store)),
+        Err(e) => Err(EnvError::new(
+            "REDIS_URL",
+            &redact_url(url),
+            e.to_string(),
+            REDIS_URL_FORMAT,
+        )),
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_store(url: &str) -> Result<Arc<dyn Store>, EnvError> {
+    Err(EnvError::new(
+        "REDIS_URL",
+        &redact_url(url),
+        "tollgate was built without its `redis` feature",
+        "REDIS_URL unset, or a build with the `redis` feature",
+    ))
+}
+
+/// Why an example stopped: its exit status and a message for stderr.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The exit status: [`EXIT_CONFIG`] or [`EXIT_FAILURE`].
+    pub code: u8,
+    /// What went wrong, printed after `error: `.
+    pub message: String,
+}
+
+impl Failure {
+    /// An invalid configuration or command line: exit status [`EXIT_CONFIG`].
+    pub fn config(message: impl Into<String>) -> Self {
+        Self {
+            code: EXIT_CONFIG,
+            message: message.into(),
+        }
+    }
+
+    /// Any other failure (the port is taken, the server failed): exit status [`EXIT_FAILURE`].
+    pub fn runtime(message: impl Into<String>) -> Self {
+        Self {
+            code: EXIT_FAILURE,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<EnvError> for Failure {
+    fn from(error: EnvError) -> Self {
+        Self::config(error.to_string())
+    }
+}
+
+/// The exit status of `result`; a failure's message goes to stderr first.
+pub fn exit(result: Result<(), Failure>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// A listener on `127.0.0.1:port` (0: any free port) and the address it got.
+pub async fn listen(port: u16) -> Result<(TcpListener, SocketAddr), Failure> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+        .await
+        .map_err(|e| Failure::runtime(format!("cannot listen on 127.0.0.1:{port}: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::runtime(format!("cannot read the listening address: {e}")))?;
+    Ok((listener, addr))
+}
+
+/// Resolves on Ctrl-C (or when Ctrl-C cannot be listened for, never).
+pub async fn ctrl_c() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
