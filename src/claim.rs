@@ -62,8 +62,7 @@ impl Claim {
         self.won
     }
 
-    /// The holder stored by the winner: ours when [`won`](Self::won). Empty in the rare case that
-    /// the winner's claim expired between the two halves of a lost attempt.
+    /// The holder stored by the winner: ours when [`won`](Self::won).
     pub fn holder(&self) -> &str {
         &self.holder
     }

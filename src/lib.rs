@@ -150,6 +150,7 @@ pub mod key;
 pub mod lock;
 pub mod rate_limit;
 pub mod store;
+mod task;
 
 pub use error::ConfigError;
 pub use rate_limit::{Limit, RateLimitLayer};

@@ -46,6 +46,7 @@ use tokio::time::Instant;
 use crate::error::{ConfigError, check_prefix};
 use crate::key::Key;
 use crate::store::{LockAttempt, Store, StoreError};
+use crate::task::AbortOnDrop;
 
 /// Takes locks in a shared [`Store`]. Cheap to clone.
 #[derive(Clone)]
@@ -162,7 +163,7 @@ impl Locks {
         wait: Duration,
     ) -> Result<LockGuard, LockError> {
         let name = name.as_ref();
-        let deadline = Instant::now() + wait;
+        let deadline = Instant::now() + wait.min(Duration::from_secs(86_400));
         let mut backoff = Duration::from_millis(5);
         loop {
             match self.try_acquire(name, lease).await {
@@ -202,19 +203,21 @@ impl Locks {
     {
         let guard = self.try_acquire(name, lease).await?;
         let (lost_tx, lost_rx) = watch::channel(false);
-        let keepalive = tokio::spawn(keep_alive(
+        // stopped with this future, however it ends: a cancelled or panicking caller must not
+        // leave a task behind that keeps the lock alive
+        let keepalive = AbortOnDrop(tokio::spawn(keep_alive(
             Arc::clone(&guard.store),
             guard.key.clone(),
             guard.token.clone(),
             lease,
             lost_tx,
-        ));
+        )));
         let output = work(Lease {
             fence: guard.fence,
             lost: lost_rx.clone(),
         })
         .await;
-        keepalive.abort();
+        drop(keepalive);
         let lost_during_work = *lost_rx.borrow();
         let released = guard.release().await;
         match (lost_during_work, released) {
@@ -235,20 +238,27 @@ async fn keep_alive(
     lost: watch::Sender<bool>,
 ) {
     let mut confirmed = Instant::now();
+    let period = (lease / 3).max(Duration::from_millis(1));
+    let mut pause = period;
     loop {
-        tokio::time::sleep(lease / 3).await;
+        tokio::time::sleep(pause).await;
         let attempt = Instant::now();
         match store
             .extend_if_held(key.clone(), token.clone(), lease)
             .await
         {
-            Ok(true) => confirmed = attempt,
+            Ok(true) => {
+                confirmed = attempt;
+                pause = period;
+            }
             Ok(false) => break,
             Err(error) => {
                 tracing::warn!(target: "tollgate::lock", %error, "could not extend a lock lease");
                 if attempt.duration_since(confirmed) >= lease {
                     break;
                 }
+                // try again soon: the lease runs out a whole lease after the last confirmation
+                pause = (lease / 10).clamp(Duration::from_millis(1), Duration::from_secs(1));
             }
         }
     }

@@ -191,8 +191,9 @@ impl<K> IdempotencyLayerBuilder<K> {
 
     /// Whose keys these are (default [`Global`]: one namespace for all callers). Give the
     /// authenticated caller — an API key or user header — so that two clients choosing the same
-    /// key never see each other's responses. A request whose scope cannot be extracted shares
-    /// the unscoped namespace.
+    /// key never see each other's responses: in one shared namespace, a client that reuses
+    /// another's key with the same request is replayed the other's response, headers and all.
+    /// A request whose scope cannot be extracted shares the unscoped namespace.
     pub fn scope<K2: KeyExtractor>(self, scope: K2) -> IdempotencyLayerBuilder<K2> {
         IdempotencyLayerBuilder {
             store: self.store,

@@ -41,6 +41,9 @@
 //!   always gets the replay, and one that retries after a failed answer always runs again.
 //! - A claim attempt that went unanswered (the store timed out, the caller left) is released in
 //!   the background, so that a store hiccup does not block the key for a whole lease.
+//! - The request body is buffered (up to the limit) before anything else happens: apply the layer
+//!   to unary calls, not to client-streaming or bidirectional gRPC methods, whose request stream
+//!   does not end before the response begins.
 //! - Cost: a replay is one store round trip; a first execution two (claim, complete), plus one
 //!   lease extension per third of the lease that the handler outlives.
 //!

@@ -25,6 +25,7 @@ use super::record::StoredResponse;
 use crate::grpc::{self, Code};
 use crate::key::{Global, Key, KeyExtractor};
 use crate::store::IdemBegin;
+use crate::task::AbortOnDrop;
 
 /// The request body the inner service receives: the buffered body of a keyed request, or the
 /// original body of a request the layer passes through.
@@ -203,7 +204,10 @@ where
     let fingerprint = fingerprint(&parts, &settings.fingerprint_headers, &body);
     let token = uuid::Uuid::new_v4().to_string();
     let wait_until = match settings.on_concurrent {
-        OnConcurrent::Wait(wait) => Some(Instant::now() + wait),
+        // a wait too long to add to the clock is as good as waiting for ever: cap at a day
+        OnConcurrent::Wait(wait) => {
+            Instant::now().checked_add(wait.min(Duration::from_secs(86_400)))
+        }
         OnConcurrent::Reject => None,
     };
     let mut pause = Duration::from_millis(10);
@@ -306,15 +310,6 @@ fn replay<B>(record: &[u8], grpc: bool) -> Response<IdempotencyBody<B>> {
     response
 }
 
-/// Aborts the lease keeper when the execution ends, however it ends.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Runs the handler, streams its response to the caller while capturing it, then stores it (or
 /// releases the key).
 async fn execute<S, ReqBody, ResBody>(
@@ -366,7 +361,7 @@ async fn execute<S, ReqBody, ResBody>(
     // A response whose head is all of it (an empty body: a gRPC trailers-only status, a bodiless
     // 5xx) is settled before the head goes out, like the last frame of any other response.
     let mut unsent_head = None;
-    if body.is_end_stream() {
+    if body.is_end_stream() || hint == Some(0) {
         unsent_head = Some((head, response));
     } else {
         let _ = head.send(Ok(response));
@@ -486,23 +481,27 @@ async fn release(settings: &Settings, key: String, token: String, why: &str) {
     }
 }
 
-/// Extends the claim every third of the lease while the handler runs.
+/// Extends the claim every third of the lease while the handler runs; after a failed extension
+/// it tries again soon, as the lease runs out a whole lease after the last confirmation.
 async fn keep_lease(settings: Arc<Settings>, key: String, token: String) {
     let period = settings.lease / 3;
+    let mut pause = period;
     loop {
-        tokio::time::sleep(period).await;
+        tokio::time::sleep(pause).await;
         match settings
             .store
             .idem_extend(key.clone(), token.clone(), settings.lease)
             .await
         {
-            Ok(true) => {}
+            Ok(true) => pause = period,
             Ok(false) => {
                 tracing::warn!(target: "tollgate::idempotency", "lost the claim on an idempotency key while its handler ran");
                 return;
             }
             Err(error) => {
                 tracing::warn!(target: "tollgate::idempotency", %error, "could not extend an idempotency lease");
+                pause =
+                    (settings.lease / 10).clamp(Duration::from_millis(1), Duration::from_secs(1));
             }
         }
     }

@@ -20,7 +20,15 @@ const CAPACITY: usize = 10_000;
 
 #[derive(Debug, Default)]
 pub(crate) struct DenyCache {
-    entries: Mutex<HashMap<Key, Denial>>,
+    entries: Mutex<Entries>,
+}
+
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<Key, Denial>,
+    /// When a full cache was last swept: a flood of distinct callers must not make every denial
+    /// scan the whole cache.
+    swept: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -34,21 +42,31 @@ struct Denial {
 impl DenyCache {
     /// Remembers a denial by the store.
     pub(crate) fn remember(&self, decision: &RateLimitDecision) {
+        let now = Instant::now();
+        let Some(until) = now.checked_add(decision.retry_after) else {
+            return;
+        };
         if decision.retry_after.is_zero() {
             return;
         }
-        let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.len() >= CAPACITY {
-            entries.retain(|_, denial| denial.until > now);
-            if entries.len() >= CAPACITY {
+        if entries.map.len() >= CAPACITY {
+            if entries
+                .swept
+                .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1))
+            {
+                return;
+            }
+            entries.swept = Some(now);
+            entries.map.retain(|_, denial| denial.until > now);
+            if entries.map.len() >= CAPACITY {
                 return;
             }
         }
-        entries.insert(
+        entries.map.insert(
             decision.key,
             Denial {
-                until: now + decision.retry_after,
+                until,
                 at: now,
                 cost: decision.cost,
                 decision: decision.clone(),
@@ -60,9 +78,9 @@ impl DenyCache {
     pub(crate) fn check(&self, key: Key, cost: u64) -> Option<RateLimitDecision> {
         let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let denial = entries.get(&key)?;
+        let denial = entries.map.get(&key)?;
         if denial.until <= now {
-            entries.remove(&key);
+            entries.map.remove(&key);
             return None;
         }
         if cost < denial.cost {

@@ -31,6 +31,38 @@ pub(crate) struct Settings {
     pub(crate) headers: bool,
     pub(crate) policy_header: HeaderValue,
     pub(crate) deny_cache: Option<DenyCache>,
+    /// Store failures are logged at warn at most once a second (the rest at debug): an outage
+    /// under load must not flood the log.
+    pub(crate) last_warning: OncePerSecond,
+}
+
+/// Lets one event through per second.
+#[derive(Debug)]
+pub(crate) struct OncePerSecond {
+    start: std::time::Instant,
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl OncePerSecond {
+    fn new() -> Self {
+        Self {
+            start: std::time::Instant::now(),
+            last: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a second has passed since the last event let through.
+    pub(crate) fn ready(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        // +1: the first call is let through at once
+        let now = self.start.elapsed().as_secs() + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        now > last
+            && self
+                .last
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
 }
 
 impl fmt::Debug for Settings {
@@ -256,6 +288,7 @@ impl<K> RateLimitLayerBuilder<K> {
                 headers: self.headers,
                 policy_header,
                 deny_cache: self.deny_cache.then(DenyCache::default),
+                last_warning: OncePerSecond::new(),
             }),
             extractor: Arc::new(self.extractor),
         })

@@ -25,6 +25,11 @@
 //! - **No key** (say, no API key header and no fallback): as [`MissingKey`] says — by default
 //!   `400 Bad Request`.
 //!
+//! A key the client chooses is a key the client can change: keyed by an API-key header that is
+//! not checked first, a client sends a fresh made-up key with every request and gets a fresh
+//! bucket each time. Put the layer after authentication, or stack a per-IP limit in front of a
+//! per-key one.
+//!
 //! Every response carries a [`RateLimitDecision`] in its extensions (admitted requests carry it in
 //! their request extensions too), and each decision is a `tracing` event with target
 //! `tollgate::rate_limit`.
@@ -72,7 +77,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 
 pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
-pub use policy::{Algorithm, Limit, LimitState, RateOutcome, RatePolicy};
+pub use policy::{Algorithm, Limit, LimitState, MAX_LOG_QUOTA, RateOutcome, RatePolicy};
 pub use service::RateLimit;
 
 use crate::body::ResponseBody;
@@ -200,11 +205,19 @@ impl Settings {
         let (outcome, source) = match result {
             Ok(outcome) => (outcome, DecisionSource::Store),
             Err(error) => {
-                tracing::warn!(
-                    target: "tollgate::rate_limit",
-                    %error, %key, policy = ?self.on_store_error,
-                    "rate-limit store failed; applying the failure policy"
-                );
+                if self.last_warning.ready() {
+                    tracing::warn!(
+                        target: "tollgate::rate_limit",
+                        %error, %key, policy = ?self.on_store_error,
+                        "rate-limit store failed; applying the failure policy (logged at most once a second)"
+                    );
+                } else {
+                    tracing::debug!(
+                        target: "tollgate::rate_limit",
+                        %error, %key, policy = ?self.on_store_error,
+                        "rate-limit store failed; applying the failure policy"
+                    );
+                }
                 match (&self.fallback, self.on_store_error) {
                     (Some((store, policy, _)), _) => (
                         store.check_rate_now(policy, key, cost),

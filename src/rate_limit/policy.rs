@@ -62,12 +62,16 @@ impl Limit {
     }
 }
 
+/// The largest quota of a [`Algorithm::SlidingLog`] limit.
+pub const MAX_LOG_QUOTA: u64 = 100_000;
+
 /// How a limit counts. Every algorithm is checked atomically in the store with the store's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Algorithm {
     /// Exact: a log of admitted cost per caller; no interval of length `window` ever admits more
-    /// than `quota`. Memory grows with the quota (one entry per unit of cost in the window).
+    /// than `quota`. Memory grows with the quota (one entry per unit of cost in the window), so
+    /// the quota is at most [`MAX_LOG_QUOTA`].
     #[default]
     SlidingLog,
     /// Two fixed windows weighted by their overlap with the sliding one: O(1) memory, an estimate
@@ -162,6 +166,22 @@ impl RatePolicy {
             if limit.window() < Duration::from_millis(1) {
                 return Err(ConfigError::new(format!(
                     "limit {name:?} has a window under one millisecond"
+                )));
+            }
+            // The log keeps an entry per unit of cost: a quota beyond this is a memory and
+            // latency hazard in Redis (one request could add that many members).
+            if algorithm == Algorithm::SlidingLog && limit.quota() > MAX_LOG_QUOTA {
+                return Err(ConfigError::new(format!(
+                    "limit {name:?}: the sliding log keeps an entry per unit, so its quota is at most {MAX_LOG_QUOTA}; use the sliding counter or GCRA"
+                )));
+            }
+            // GCRA counts in 1/quota microseconds: quota * window (µs) must stay exact in a
+            // double, as must quota * window (ms) for the counter.
+            if algorithm == Algorithm::Gcra
+                && u128::from(limit.quota()) * limit.window().as_micros() >= 1 << 52
+            {
+                return Err(ConfigError::new(format!(
+                    "limit {name:?} is out of range for GCRA: quota x window in microseconds must stay below 2^52"
                 )));
             }
             // Scripts compute quota * window in doubles: keep that exact.

@@ -65,8 +65,8 @@ enum Value {
     Log(VecDeque<u64>),
     /// A sliding counter: window index, current and previous window's cost.
     Counter { index: u64, cur: u64, prev: u64 },
-    /// A GCRA theoretical arrival time, microseconds.
-    Tat(u64),
+    /// A GCRA theoretical arrival time: whole microseconds plus `rem` / quota of one.
+    Tat { tat: u64, rem: u64 },
     /// A claim's holder or a lock's token.
     Str(String),
     /// A fencing counter.
@@ -168,6 +168,11 @@ impl Map {
     }
 }
 
+/// `now` plus `d` in microseconds, as the store counts expiry: whole milliseconds, at least one.
+fn expiry(now: u64, d: Duration) -> u64 {
+    now.saturating_add(millis(d).saturating_mul(1000))
+}
+
 fn ceil_us(x: f64) -> u64 {
     if x > 0.0 { x.ceil() as u64 } else { 0 }
 }
@@ -209,7 +214,7 @@ fn sliding_log(
             log.pop_front();
         }
         let count = log.len() as u64;
-        if count + cost > limit.quota() {
+        if count.saturating_add(cost) > limit.quota() {
             admitted = false;
             let wait = if cost <= limit.quota() {
                 let idx = (count + cost - limit.quota() - 1) as usize;
@@ -225,7 +230,8 @@ fn sliding_log(
     for ((key, limit), mut log) in keys.iter().zip(&policy.limits).zip(logs) {
         let window = limit.window_us();
         if admitted {
-            log.extend(std::iter::repeat_n(now, cost as usize));
+            // admitted: count + cost <= quota, so cost is small
+            log.extend(std::iter::repeat_n(now, usize::try_from(cost).unwrap_or(0)));
         }
         let reset = log.front().map_or(0, |&oldest| oldest + window - now);
         limits.push(state(limit.quota().saturating_sub(log.len() as u64), reset));
@@ -313,60 +319,58 @@ fn sliding_counter(
     outcome(admitted, ceil_us(retry * 1000.0), limits)
 }
 
-/// Mirrors `scripts/gcra.lua`.
-fn gcra(
-    map: &mut Map,
-    now_us: u64,
-    keys: &[String],
-    policy: &RatePolicy,
-    cost: u64,
-) -> RateOutcome {
-    const EPS: f64 = 1.0;
-    let now = now_us as f64;
-    let costf = cost as f64;
-    let mut tats = Vec::with_capacity(keys.len());
+/// Mirrors `scripts/gcra.lua`: offsets from now in 1/quota microseconds, exact in integers.
+fn gcra(map: &mut Map, now: u64, keys: &[String], policy: &RatePolicy, cost: u64) -> RateOutcome {
+    let mut states = Vec::with_capacity(keys.len());
     let mut admitted = true;
-    let mut retry = 0f64;
+    let mut retry = 0u64;
     for (key, limit) in keys.iter().zip(&policy.limits) {
-        let window = limit.window_us() as f64;
-        let interval = window / limit.quota() as f64;
-        let stored = match map.live(key, now_us) {
-            Some(&mut Value::Tat(tat)) => tat as f64,
-            _ => 0.0,
+        let (quota, window) = (u128::from(limit.quota()), u128::from(limit.window_us()));
+        let (tat, rem) = match map.live(key, now) {
+            Some(&mut Value::Tat { tat, rem }) if tat >= now => (tat, rem),
+            _ => (now, 0),
         };
-        let tat = stored.max(now);
-        let new_tat = tat + costf * interval;
-        if new_tat - now > window + EPS {
+        states.push((tat, rem));
+        if cost > limit.quota() {
             admitted = false;
-            let wait = if cost > limit.quota() {
-                window
-            } else {
-                new_tat - window - now
-            };
-            retry = retry.max(wait);
+            retry = retry.max(limit.window_us());
+            continue;
         }
-        tats.push(tat);
+        let ahead = u128::from(tat - now) * quota + u128::from(rem) + u128::from(cost) * window;
+        if ahead > window * quota {
+            admitted = false;
+            let wait = (ahead - window * quota).div_ceil(quota);
+            retry = retry.max(u64::try_from(wait).unwrap_or(u64::MAX));
+        }
     }
     let mut limits = Vec::with_capacity(keys.len());
-    for ((key, limit), mut tat) in keys.iter().zip(&policy.limits).zip(tats) {
-        let quota = limit.quota() as f64;
-        let interval = limit.window_us() as f64 / quota;
+    for ((key, limit), (mut tat, mut rem)) in keys.iter().zip(&policy.limits).zip(states) {
+        let (quota, window) = (u128::from(limit.quota()), u128::from(limit.window_us()));
         if admitted {
-            tat += costf * interval;
-            let ttl_ms = ((tat - now) / 1000.0).ceil() as u64 + 1;
-            map.put(key, Value::Tat(tat.floor() as u64), now_us + ttl_ms * 1000);
+            let units = u128::from(rem) + u128::from(cost) * window;
+            tat += u64::try_from(units / quota).unwrap_or(u64::MAX / 2);
+            rem = u64::try_from(units % quota).unwrap_or(0);
+            let ttl_ms = (tat - now).div_ceil(1000) + 1;
+            map.put(
+                key,
+                Value::Tat { tat, rem },
+                now.saturating_add(ttl_ms * 1000),
+            );
         }
-        let used = (tat - now) / interval;
-        let whole = (used - 1e-6).ceil();
-        let remaining = (quota - whole).max(0.0);
-        let reset = if whole > 0.0 {
-            (tat - now) - (whole - 1.0) * interval
+        let ahead = u128::from(tat - now) * quota + u128::from(rem);
+        let used = ahead.div_ceil(window);
+        let remaining = quota.saturating_sub(used);
+        let reset = if used > 0 {
+            (ahead - (used - 1) * window).div_ceil(quota)
         } else {
-            0.0
+            0
         };
-        limits.push(state(remaining as u64, ceil_us(reset)));
+        limits.push(state(
+            u64::try_from(remaining).unwrap_or(0),
+            u64::try_from(reset).unwrap_or(u64::MAX),
+        ));
     }
-    outcome(admitted, ceil_us(retry), limits)
+    outcome(admitted, retry, limits)
 }
 
 impl Store for MemoryStore {
@@ -398,7 +402,7 @@ impl Store for MemoryStore {
                 holder: String::new(),
             },
             None => {
-                let expires_at = ttl.map_or(u64::MAX, |ttl| now + millis(ttl) * 1000);
+                let expires_at = ttl.map_or(u64::MAX, |ttl| expiry(now, ttl));
                 map.put(&key, Value::Str(holder.clone()), expires_at);
                 ClaimOutcome { won: true, holder }
             }
@@ -422,16 +426,12 @@ impl Store for MemoryStore {
                 lease_left: Duration::from_millis((expires_at - now) / 1000),
             }
         } else {
-            map.put(&key, Value::Str(token), now + millis(lease) * 1000);
+            map.put(&key, Value::Str(token), expiry(now, lease));
             let fence = match map.live(&fence_key, now) {
                 Some(Value::Fence(last)) => *last + 1,
                 _ => now,
             };
-            map.put(
-                &fence_key,
-                Value::Fence(fence),
-                now + millis(FENCE_TTL) * 1000,
-            );
+            map.put(&fence_key, Value::Fence(fence), expiry(now, FENCE_TTL));
             LockAttempt::Acquired { fence }
         };
         Box::pin(future::ready(Ok(attempt)))
@@ -442,7 +442,7 @@ impl Store for MemoryStore {
         let mut map = self.lock();
         let held = matches!(map.live(&key, now), Some(Value::Str(t)) if *t == token);
         if held && let Some(entry) = map.entries.get_mut(&key) {
-            entry.expires_at = now + millis(lease) * 1000;
+            entry.expires_at = expiry(now, lease);
         }
         Box::pin(future::ready(Ok(held)))
     }
@@ -475,7 +475,7 @@ impl Store for MemoryStore {
                     token: Some(token),
                     response: None,
                 };
-                map.put(&key, Value::Idem(record), now + millis(lease) * 1000);
+                map.put(&key, Value::Idem(record), expiry(now, lease));
                 IdemBegin::Claimed
             }
             Some(Value::Idem(record)) if record.fingerprint != fingerprint => IdemBegin::Mismatch,
@@ -508,7 +508,7 @@ impl Store for MemoryStore {
             _ => false,
         };
         if stored && let Some(entry) = map.entries.get_mut(&key) {
-            entry.expires_at = now + millis(retention) * 1000;
+            entry.expires_at = expiry(now, retention);
         }
         Box::pin(future::ready(Ok(stored)))
     }
@@ -528,12 +528,72 @@ impl Store for MemoryStore {
         let mut map = self.lock();
         let owned = matches!(map.live(&key, now), Some(Value::Idem(r)) if r.token.as_deref() == Some(token.as_str()));
         if owned && let Some(entry) = map.entries.get_mut(&key) {
-            entry.expires_at = now + millis(lease) * 1000;
+            entry.expires_at = expiry(now, lease);
         }
         Box::pin(future::ready(Ok(owned)))
     }
 
     fn ping(&self) -> StoreFuture<()> {
         Box::pin(future::ready(Ok(())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rate_limit::Limit;
+
+    /// With the clock frozen, a burst admits exactly the quota, also when the emission interval
+    /// is not a whole number of microseconds (or under one).
+    #[tokio::test(start_paused = true)]
+    async fn gcra_bursts_are_exact_with_fractional_intervals() {
+        let store = MemoryStore::new();
+        for quota in [3, 7, 3_000, 30_001, 300_007] {
+            let policy = RatePolicy::new(
+                "t:rl",
+                Algorithm::Gcra,
+                vec![Limit::new(
+                    format!("q{quota}"),
+                    quota,
+                    std::time::Duration::from_secs(1),
+                )],
+            )
+            .unwrap();
+            let key = Key::new("t", b"burst");
+            let mut admitted = 0u64;
+            for _ in 0..quota + quota / 100 + 5 {
+                admitted += u64::from(store.check_rate_now(&policy, key, 1).admitted);
+            }
+            assert_eq!(admitted, quota, "quota {quota}");
+            // and a cost that fits the quota exactly, on a fresh key
+            let fresh = Key::new("t", b"whole");
+            assert!(store.check_rate_now(&policy, fresh, quota).admitted);
+            assert!(!store.check_rate_now(&policy, fresh, 1).admitted);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn huge_costs_and_durations_neither_panic_nor_wrap() {
+        let store = MemoryStore::new();
+        for algorithm in [
+            Algorithm::SlidingLog,
+            Algorithm::SlidingCounter,
+            Algorithm::Gcra,
+        ] {
+            let policy =
+                RatePolicy::new("t:rl", algorithm, vec![Limit::per_second("s", 5)]).unwrap();
+            let out = store.check_rate_now(&policy, Key::new("t", b"k"), u64::MAX);
+            assert!(!out.admitted, "{algorithm}");
+        }
+        let won = store
+            .claim("c".into(), "a".into(), Some(std::time::Duration::MAX))
+            .await
+            .unwrap();
+        assert!(won.won);
+        let lost = store.claim("c".into(), "b".into(), None).await.unwrap();
+        assert!(
+            !lost.won,
+            "a claim for Duration::MAX is kept, not expired at once"
+        );
     }
 }

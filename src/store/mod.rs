@@ -118,8 +118,8 @@ pub enum IdemBegin {
 pub struct ClaimOutcome {
     /// Whether this caller's write won.
     pub won: bool,
-    /// The holder stored by the winner (this caller's holder when `won`). Empty in the rare case
-    /// that the winner's claim expired between the two steps of a failed attempt.
+    /// The holder stored by the winner (this caller's holder when `won`), read in the same
+    /// atomic step as the failed write.
     pub holder: String,
 }
 

@@ -131,6 +131,7 @@ impl Scripts {
 pub struct RedisStoreBuilder {
     urls: Vec<String>,
     timeout: Duration,
+    cluster: bool,
 }
 
 impl RedisStore {
@@ -139,6 +140,7 @@ impl RedisStore {
         RedisStoreBuilder {
             urls: vec![url.into()],
             timeout: Duration::from_millis(250),
+            cluster: false,
         }
     }
 
@@ -151,6 +153,7 @@ impl RedisStore {
         RedisStoreBuilder {
             urls: nodes.into_iter().map(Into::into).collect(),
             timeout: Duration::from_millis(250),
+            cluster: true,
         }
     }
 
@@ -192,9 +195,17 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Builds a store on a standalone Redis. Connects lazily, so a Redis that is down now is not
-    /// an error: calls fail (within the timeout) until it is back.
+    /// Builds a store on a standalone Redis (made by [`RedisStore::builder`]). Connects lazily, so
+    /// a Redis that is down now is not an error: calls fail (within the timeout) until it is
+    /// back. A cluster builder is refused: it connects with
+    /// [`build_cluster`](Self::build_cluster).
     pub fn build(self) -> Result<RedisStore, StoreError> {
+        if self.cluster {
+            return Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                "a cluster builder connects with build_cluster()".to_owned(),
+            ));
+        }
         let url = self.urls.first().ok_or_else(|| {
             StoreError::new(StoreErrorKind::Protocol, "no Redis URL given".to_owned())
         })?;
@@ -213,7 +224,8 @@ impl RedisStoreBuilder {
         })
     }
 
-    /// Connects to a Redis Cluster through the builder's nodes.
+    /// Connects to a Redis Cluster through the builder's nodes (made by
+    /// [`RedisStore::cluster_builder`]); the cluster must answer now, as its slot map is read.
     pub async fn build_cluster(self) -> Result<RedisStore, StoreError> {
         let client = redis::cluster::ClusterClient::builder(self.urls)
             .connection_timeout(self.timeout)

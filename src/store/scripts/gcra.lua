@@ -1,58 +1,79 @@
--- GCRA (generic cell rate algorithm): O(1) memory, smooth. Per limit one string: the theoretical
--- arrival time (TAT), microseconds of store time. Emission interval T = window / quota; a request
--- of cost c is admitted when max(TAT, now) + c*T - now <= window (a fresh caller may spend quota).
+-- GCRA (generic cell rate algorithm): O(1) memory, smooth. Emission interval T = window / quota;
+-- a request of cost c is admitted when max(TAT, now) + c*T - now <= window (a fresh caller may
+-- spend the whole quota at once). Kept exact in integers: per limit one string "<tat>:<rem>", the
+-- theoretical arrival time in whole microseconds of store time plus rem/quota of a microsecond.
+-- Offsets from now are counted in 1/quota microseconds, where T is exactly `window` units.
 --
 -- KEYS[i]     the TAT of limit i (all keys share one hash tag)
 -- ARGV[1]     cost (integer >= 1)
 -- ARGV[2i]    quota of limit i
--- ARGV[2i+1]  window of limit i, microseconds
+-- ARGV[2i+1]  window of limit i, microseconds (quota * window < 2^52: exact in a double)
 -- Returns     {admitted (0|1), retry_after_us, remaining_1, reset_us_1, ...}
 -- Cost        O(limits); per limit GET, plus SET PX when admitted.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local cost = tonumber(ARGV[1])
 local n = #KEYS
-local tats = {}
+local tats, rems = {}, {}
 local admitted = 1
 local retry = 0
--- tolerance for the rounding of a fractional emission interval
-local eps = 1
+
+-- ceil(a / b) for integers 0 <= a, 0 < b below 2^53, exact whatever the rounding of a / b
+local function ceil_div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 end
+  if q * b < a then q = q + 1 end
+  return q
+end
 
 for i = 1, n do
   local quota = tonumber(ARGV[2 * i])
   local window = tonumber(ARGV[2 * i + 1])
-  local interval = window / quota
-  local tat = tonumber(redis.call('GET', KEYS[i]) or 0)
-  if tat < now then tat = now end
-  tats[i] = tat
-  local new_tat = tat + cost * interval
-  if new_tat - now > window + eps then
+  local tat, rem = now, 0
+  local raw = redis.call('GET', KEYS[i])
+  if raw then
+    local sep = string.find(raw, ':', 1, true)
+    local stored = tonumber(string.sub(raw, 1, sep - 1))
+    if stored >= now then
+      tat, rem = stored, tonumber(string.sub(raw, sep + 1))
+    end
+  end
+  tats[i], rems[i] = tat, rem
+  if cost > quota then
     admitted = 0
-    local wait = new_tat - window - now
-    if cost > quota then wait = window end
-    if wait > retry then retry = wait end
+    if window > retry then retry = window end
+  else
+    local ahead = (tat - now) * quota + rem + cost * window
+    if ahead > window * quota then
+      admitted = 0
+      local wait = ceil_div(ahead - window * quota, quota)
+      if wait > retry then retry = wait end
+    end
   end
 end
 
-local result = {admitted, math.ceil(retry)}
+local result = {admitted, retry}
 for i = 1, n do
   local quota = tonumber(ARGV[2 * i])
   local window = tonumber(ARGV[2 * i + 1])
-  local interval = window / quota
-  local tat = tats[i]
+  local tat, rem = tats[i], rems[i]
   if admitted == 1 then
-    tat = tat + cost * interval
-    -- stored rounded down, so rounding never denies what exact arithmetic admits
-    redis.call('SET', KEYS[i], string.format('%.0f', math.floor(tat)),
+    local units = rem + cost * window
+    local whole = math.floor(units / quota)
+    if whole * quota > units then whole = whole - 1 end
+    tat = tat + whole
+    rem = units - whole * quota
+    redis.call('SET', KEYS[i], string.format('%.0f', tat) .. ':' .. rem,
       'PX', math.ceil((tat - now) / 1000) + 1)
   end
-  local used = (tat - now) / interval
-  local whole = math.ceil(used - 1e-6)
-  local remaining = quota - whole
+  local ahead = (tat - now) * quota + rem
+  local used = ceil_div(ahead, window)
+  local remaining = quota - used
   if remaining < 0 then remaining = 0 end
   local reset = 0
-  if whole > 0 then reset = (tat - now) - (whole - 1) * interval end
+  -- the next unit frees when the offset drops to (used - 1) emission intervals
+  if used > 0 then reset = ceil_div(ahead - (used - 1) * window, quota) end
   result[#result + 1] = remaining
-  result[#result + 1] = math.ceil(reset)
+  result[#result + 1] = reset
 end
 return result
