@@ -287,11 +287,20 @@ async fn info_field(admin: &mut MultiplexedConnection, section: &str, name: &str
         .unwrap_or_default()
 }
 
+/// `used_memory` without what the connections hold (query and output buffers), which varies
+/// with how busy they just were: what the keys take.
 async fn used_memory(admin: &mut MultiplexedConnection) -> i64 {
-    info_field(admin, "memory", "used_memory")
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(admin)
         .await
-        .parse()
-        .expect("used_memory")
+        .expect("INFO memory");
+    let field = |name: &str| -> i64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.parse().ok())
+            .unwrap_or(0)
+    };
+    field("used_memory") - field("mem_clients_normal")
 }
 
 /// (calls, µs per call) of `EVALSHA` since the last `CONFIG RESETSTAT`.
@@ -775,8 +784,8 @@ async fn memory(
     let in_flight = settings.in_flight;
     let _ = writeln!(
         out,
-        "\n### Redis memory per caller\n\n`used_memory` delta / callers, limit {QUOTA} per {} s; \
-         keys `{NAMESPACE}:{{<22 chars>}}:{LIMIT_NAME}:<algorithm>`.\n",
+        "\n### Redis memory per caller\n\n`used_memory` (less `mem_clients_normal`) delta / callers, \
+         limit {QUOTA} per {} s; keys `{NAMESPACE}:{{<22 chars>}}:{LIMIT_NAME}:<algorithm>`.\n",
         WINDOW.as_secs()
     );
     let _ = writeln!(
