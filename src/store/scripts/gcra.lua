@@ -32,11 +32,9 @@ for i = 1, n do
   local tat, rem = now, 0
   local raw = redis.call('GET', KEYS[i])
   if raw then
-    local sep = string.find(raw, ':', 1, true)
-    local stored = tonumber(string.sub(raw, 1, sep - 1))
-    if stored >= now then
-      tat, rem = stored, tonumber(string.sub(raw, sep + 1))
-    end
+    local stored, r = string.match(raw, '^(%d+):(%d+)$')
+    stored = tonumber(stored)
+    if stored >= now then tat, rem = stored, tonumber(r) end
   end
   tats[i], rems[i] = tat, rem
   if cost > quota then
@@ -63,8 +61,8 @@ for i = 1, n do
     if whole * quota > units then whole = whole - 1 end
     tat = tat + whole
     rem = units - whole * quota
-    redis.call('SET', KEYS[i], string.format('%.0f', tat) .. ':' .. rem,
-      'PX', math.ceil((tat - now) / 1000) + 1)
+    redis.call('SET', KEYS[i], string.format('%d:%d', tat, rem),
+      'PX', string.format('%d', math.ceil((tat - now) / 1000) + 1))
   end
   local ahead = (tat - now) * quota + rem
   local used = ceil_div(ahead, window)

@@ -6,7 +6,7 @@
 -- ARGV[2i]    quota of limit i
 -- ARGV[2i+1]  window of limit i, microseconds (a whole number of milliseconds)
 -- Returns     {admitted (0|1), retry_after_us, remaining_1, reset_us_1, ...}
--- Cost        O(limits); per limit GET, plus SET PX when admitted.
+-- Cost        O(limits); per limit GET, plus SET when admitted (KEEPTTL within a window).
 local t = redis.call('TIME')
 -- milliseconds keep quota * window exact in a double for windows of years
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -21,15 +21,15 @@ for i = 1, n do
   local window = tonumber(ARGV[2 * i + 1]) / 1000
   local index = math.floor(now / window)
   local elapsed = now - index * window
-  local cur, prev = 0, 0
+  local cur, prev, same = 0, 0, false
   local raw = redis.call('GET', KEYS[i])
   if raw then
     local idx, c, p = string.match(raw, '^(%d+):(%d+):(%d+)$')
-    idx, c, p = tonumber(idx), tonumber(c), tonumber(p)
-    if idx == index then cur, prev = c, p
-    elseif idx == index - 1 then cur, prev = 0, c end
+    idx = tonumber(idx)
+    if idx == index then cur, prev, same = tonumber(c), tonumber(p), true
+    elseif idx == index - 1 then prev = tonumber(c) end
   end
-  state[i] = {quota, window, index, elapsed, cur, prev}
+  state[i] = {quota, window, index, elapsed, cur, prev, same}
   -- scaled by window: used * window = cur * window + prev * (window - elapsed)
   if (cur + cost) * window + prev * (window - elapsed) > quota * window then
     admitted = 0
@@ -50,11 +50,16 @@ end
 
 local result = {admitted, math.ceil(retry * 1000)}
 for i = 1, n do
-  local quota, window, index, elapsed, cur, prev = unpack(state[i])
+  local quota, window, index, elapsed, cur, prev, same = unpack(state[i])
   if admitted == 1 then
     cur = cur + cost
-    redis.call('SET', KEYS[i], string.format('%.0f:%.0f:%.0f', index, cur, prev),
-      'PX', math.ceil(2 * window - elapsed))
+    local value = string.format('%d:%d:%d', index, cur, prev)
+    if same then
+      -- the same window: its expiry (the end of the next window) stands
+      redis.call('SET', KEYS[i], value, 'KEEPTTL')
+    else
+      redis.call('SET', KEYS[i], value, 'PX', string.format('%d', math.ceil(2 * window - elapsed)))
+    end
   end
   local used = cur + prev * (window - elapsed) / window
   local whole = math.ceil(used - 1e-9)
