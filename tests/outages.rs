@@ -106,7 +106,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_load_and_restarted() {
     let mut server = RedisServer::start();
-    let svc = rate_limited(store(server.url()), OnStoreError::Allow, 1_000_000);
+    let svc = rate_limited(store(server.url()), OnStoreError::Allow, 100_000);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let workers: Vec<_> = (0..8)
         .map(|w| {
@@ -189,7 +189,7 @@ async fn each_policy_holds_while_redis_is_down() {
 async fn connections_cut_and_healed() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.addr()).await;
-    let svc = rate_limited(store(proxy.url()), OnStoreError::Deny, 1_000_000);
+    let svc = rate_limited(store(proxy.url()), OnStoreError::Deny, 100_000);
     assert_eq!(timed(&svc, "a").await.0, StatusCode::OK);
     proxy.cut();
     for _ in 0..5 {
@@ -211,7 +211,7 @@ async fn connections_cut_and_healed() {
 async fn slow_redis_never_holds_a_request_past_the_timeout() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.addr()).await;
-    let svc = rate_limited(store(proxy.url()), OnStoreError::Allow, 1_000_000);
+    let svc = rate_limited(store(proxy.url()), OnStoreError::Allow, 100_000);
     assert_eq!(timed(&svc, "a").await.1, Some(DecisionSource::Store));
     proxy.delay(Duration::from_secs(2));
     for _ in 0..3 {
@@ -342,6 +342,11 @@ async fn a_flood_costs_a_handful_of_store_calls() {
             )
         })
         .collect();
+    // load the script first: concurrent first calls would each meet NOSCRIPT and retry
+    for svc in &copies {
+        let res = svc.clone().oneshot(get("warm-up")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
     redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query::<()>(&mut server.conn())
