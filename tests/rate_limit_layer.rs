@@ -909,7 +909,7 @@ async fn decisions_are_in_the_extensions() {
     assert_eq!(d.key(), expected_key);
     assert_eq!(d.cost(), 1);
     assert_eq!(d.retry_after(), Duration::ZERO);
-    let names: Vec<&str> = d.limits().iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = d.limits().iter().map(|(n, _)| *n).collect();
     assert_eq!(names, ["s", "m"]);
     assert_eq!(d.limits()[0].1.remaining, 1);
     assert_eq!(d.limits()[1].1.remaining, 9);

@@ -91,7 +91,7 @@ impl DenyCache {
         decision.cost = cost;
         decision.source = super::DecisionSource::DenyCache;
         decision.retry_after = (denial.until - now).max(Duration::from_millis(1));
-        for (_, state) in &mut decision.limits {
+        for state in &mut decision.states {
             state.reset = state.reset.saturating_sub(elapsed);
         }
         Some(decision)

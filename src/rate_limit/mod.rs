@@ -71,6 +71,7 @@ mod service;
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
@@ -142,7 +143,10 @@ pub struct RateLimitDecision {
     key: Key,
     cost: u64,
     retry_after: Duration,
-    limits: Vec<(String, LimitState)>,
+    /// The limits that decided (the fallback's shares for a fallback decision).
+    policy: Arc<RatePolicy>,
+    /// Per limit of `policy`; empty when the store did not answer.
+    states: Vec<LimitState>,
 }
 
 impl RateLimitDecision {
@@ -173,22 +177,26 @@ impl RateLimitDecision {
 
     /// Each limit's name and state after the decision, in configuration order; empty when the
     /// store did not answer.
-    pub fn limits(&self) -> &[(String, LimitState)] {
-        &self.limits
+    pub fn limits(&self) -> Vec<(&str, LimitState)> {
+        self.policy
+            .limits()
+            .iter()
+            .map(Limit::name)
+            .zip(self.states.iter().copied())
+            .collect()
     }
 
     fn write_headers(&self, settings: &Settings, headers: &mut HeaderMap) {
-        if self.limits.is_empty() {
+        if self.states.is_empty() {
             return;
         }
-        let states: Vec<LimitState> = self.limits.iter().map(|(_, s)| *s).collect();
         // the fallback limiter's quotas are its share, and its headers say so
-        let (policy, policy_header) = match (&settings.fallback, self.source) {
-            (Some((_, policy, header)), DecisionSource::LocalFallback) => (policy, header),
-            _ => (&settings.policy, &settings.policy_header),
+        let policy_header = match (&settings.fallback, self.source) {
+            (Some((_, _, header)), DecisionSource::LocalFallback) => header,
+            _ => &settings.policy_header,
         };
         headers.insert(RATELIMIT_POLICY, policy_header.clone());
-        if let Some(value) = headers::state(policy, &states) {
+        if let Some(value) = headers::state(&self.policy, &self.states) {
             headers.insert(RATELIMIT, value);
         }
     }
@@ -239,20 +247,18 @@ impl Settings {
                 }
             }
         };
-        let limits = self
-            .policy
-            .limits()
-            .iter()
-            .zip(outcome.limits)
-            .map(|(limit, state)| (limit.name().to_owned(), state))
-            .collect();
+        let policy = match (&self.fallback, source) {
+            (Some((_, divided, _)), DecisionSource::LocalFallback) => Arc::clone(divided),
+            _ => Arc::clone(&self.policy),
+        };
         let decision = RateLimitDecision {
             admitted: outcome.admitted,
             source,
             key,
             cost,
             retry_after: outcome.retry_after,
-            limits,
+            policy,
+            states: outcome.limits,
         };
         tracing::debug!(
             target: "tollgate::rate_limit",
