@@ -39,6 +39,8 @@
 //!   delivered but not stored (the key is released). The first caller sees the end of its body
 //!   only once the key is settled, so a client that retries after reading a complete answer
 //!   always gets the replay, and one that retries after a failed answer always runs again.
+//!   The first caller's body is forwarded with backpressure: a caller that stops reading holds
+//!   the handler's task (and the key's lease) until it reads on or goes away.
 //! - A claim attempt that went unanswered (the store timed out, the caller left) is released in
 //!   the background, so that a store hiccup does not block the key for a whole lease.
 //! - The request body is buffered (up to the limit) before anything else happens: apply the layer
