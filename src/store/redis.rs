@@ -168,6 +168,29 @@ impl RedisStore {
         self.timeout
     }
 
+    /// Runs one of the token-checked scripts (`KEYS[1]` the key, `ARGV[1]` the token, `ARGV[2]`
+    /// the lease in milliseconds when given), which answer 1 when the key held the token.
+    fn token_checked(
+        &self,
+        script: fn(&Scripts) -> &Script,
+        key: String,
+        token: String,
+        lease: Option<Duration>,
+    ) -> StoreFuture<bool> {
+        self.call(move |mut conn, scripts| async move {
+            let mut invocation = script(&scripts).key(key);
+            invocation.arg(token);
+            if let Some(lease) = lease {
+                invocation.arg(millis(lease));
+            }
+            let held: i64 = invocation
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(held == 1)
+        })
+    }
+
     /// Runs `op` on a connection within the store timeout.
     fn call<T, F, Fut>(&self, op: F) -> StoreFuture<T>
     where
@@ -374,30 +397,11 @@ impl Store for RedisStore {
     }
 
     fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        self.call(move |mut conn, scripts| async move {
-            let extended: i64 = scripts
-                .compare_and_pexpire
-                .key(key)
-                .arg(token)
-                .arg(millis(lease))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
-            Ok(extended == 1)
-        })
+        self.token_checked(|s| &s.compare_and_pexpire, key, token, Some(lease))
     }
 
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.call(move |mut conn, scripts| async move {
-            let deleted: i64 = scripts
-                .compare_and_delete
-                .key(key)
-                .arg(token)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
-            Ok(deleted == 1)
-        })
+        self.token_checked(|s| &s.compare_and_delete, key, token, None)
     }
 
     fn idem_begin(
@@ -443,30 +447,11 @@ impl Store for RedisStore {
     }
 
     fn idem_release(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.call(move |mut conn, scripts| async move {
-            let released: i64 = scripts
-                .idem_release
-                .key(key)
-                .arg(token)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
-            Ok(released == 1)
-        })
+        self.token_checked(|s| &s.idem_release, key, token, None)
     }
 
     fn idem_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        self.call(move |mut conn, scripts| async move {
-            let extended: i64 = scripts
-                .idem_extend
-                .key(key)
-                .arg(token)
-                .arg(millis(lease))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
-            Ok(extended == 1)
-        })
+        self.token_checked(|s| &s.idem_extend, key, token, Some(lease))
     }
 
     fn ping(&self) -> StoreFuture<()> {
