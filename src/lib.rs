@@ -140,6 +140,9 @@
 //! and fit axum, tonic and hyper alike.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[macro_use]
+mod macros;
+
 pub mod body;
 pub mod claim;
 pub mod error;
