@@ -115,19 +115,21 @@ impl IdempotencyLayer {
     /// of the service sees the records).
     pub fn builder(store: impl Store) -> IdempotencyLayerBuilder {
         IdempotencyLayerBuilder {
-            store: Arc::new(store),
-            prefix: "tollgate".to_owned(),
-            header: HeaderName::from_static("idempotency-key"),
-            required: false,
-            methods: vec![Method::POST, Method::PATCH],
-            fingerprint_headers: Vec::new(),
-            body_limit: 1 << 20,
-            response_limit: 1 << 20,
-            lease: Duration::from_secs(30),
-            retention: Duration::from_secs(24 * 3600),
-            on_concurrent: OnConcurrent::Reject,
-            store_when: Arc::new(|status: StatusCode| !status.is_server_error()),
-            store_grpc_when: Arc::new(grpc_outcome_is_final),
+            settings: Settings {
+                store: Arc::new(store),
+                prefix: "tollgate".to_owned(),
+                header: HeaderName::from_static("idempotency-key"),
+                required: false,
+                methods: vec![Method::POST, Method::PATCH],
+                fingerprint_headers: Vec::new(),
+                body_limit: 1 << 20,
+                response_limit: 1 << 20,
+                lease: Duration::from_secs(30),
+                retention: Duration::from_secs(24 * 3600),
+                on_concurrent: OnConcurrent::Reject,
+                store_when: Arc::new(|status: StatusCode| !status.is_server_error()),
+                store_grpc_when: Arc::new(grpc_outcome_is_final),
+            },
             scope: Global,
         }
     }
@@ -143,29 +145,16 @@ impl<S, K> Layer<S> for IdempotencyLayer<K> {
 
 /// Configures an [`IdempotencyLayer`]; made by [`IdempotencyLayer::builder`].
 pub struct IdempotencyLayerBuilder<K = Global> {
-    store: Arc<dyn Store>,
-    prefix: String,
-    header: HeaderName,
-    required: bool,
-    methods: Vec<Method>,
-    fingerprint_headers: Vec<HeaderName>,
-    body_limit: usize,
-    response_limit: usize,
-    lease: Duration,
-    retention: Duration,
-    on_concurrent: OnConcurrent,
-    store_when: StoreWhen,
-    store_grpc_when: StoreGrpcWhen,
+    settings: Settings,
     scope: K,
 }
 
 impl<K: fmt::Debug> fmt::Debug for IdempotencyLayerBuilder<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayerBuilder")
-            .field("header", &self.header)
-            .field("methods", &self.methods)
+            .field("settings", &self.settings)
             .field("scope", &self.scope)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
@@ -173,19 +162,19 @@ impl<K> IdempotencyLayerBuilder<K> {
     /// The header carrying the key (default `Idempotency-Key`; gRPC metadata arrives as the same
     /// lowercase header).
     pub fn header(mut self, name: HeaderName) -> Self {
-        self.header = name;
+        self.settings.header = name;
         self
     }
 
     /// Whether covered requests without a key get `400` (default false: they pass through).
     pub fn required(mut self, required: bool) -> Self {
-        self.required = required;
+        self.settings.required = required;
         self
     }
 
     /// The methods covered (default POST and PATCH); others pass through untouched.
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.methods = methods.into_iter().collect();
+        self.settings.methods = methods.into_iter().collect();
         self
     }
 
@@ -196,19 +185,7 @@ impl<K> IdempotencyLayerBuilder<K> {
     /// A request whose scope cannot be extracted shares the unscoped namespace.
     pub fn scope<K2: KeyExtractor>(self, scope: K2) -> IdempotencyLayerBuilder<K2> {
         IdempotencyLayerBuilder {
-            store: self.store,
-            prefix: self.prefix,
-            header: self.header,
-            required: self.required,
-            methods: self.methods,
-            fingerprint_headers: self.fingerprint_headers,
-            body_limit: self.body_limit,
-            response_limit: self.response_limit,
-            lease: self.lease,
-            retention: self.retention,
-            on_concurrent: self.on_concurrent,
-            store_when: self.store_when,
-            store_grpc_when: self.store_grpc_when,
+            settings: self.settings,
             scope,
         }
     }
@@ -216,14 +193,14 @@ impl<K> IdempotencyLayerBuilder<K> {
     /// Headers that join method, path + query and body in the request fingerprint (default
     /// none).
     pub fn fingerprint_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.fingerprint_headers = headers.into_iter().collect();
+        self.settings.fingerprint_headers = headers.into_iter().collect();
         self
     }
 
     /// The largest request body buffered for fingerprinting (default 1 MiB); larger requests get
     /// `413`.
     pub fn body_limit(mut self, bytes: usize) -> Self {
-        self.body_limit = bytes;
+        self.settings.body_limit = bytes;
         self
     }
 
@@ -231,26 +208,26 @@ impl<K> IdempotencyLayerBuilder<K> {
     /// reaches its caller in full, but is not stored: the key is released and a retry runs the
     /// handler again.
     pub fn response_limit(mut self, bytes: usize) -> Self {
-        self.response_limit = bytes;
+        self.settings.response_limit = bytes;
         self
     }
 
     /// The lease of an in-flight claim (default 30 s): extended every third of it while the
     /// handler runs; a copy that dies mid-request frees the key after it.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+        self.settings.lease = lease;
         self
     }
 
     /// How long completed responses are kept for replay (default 24 h).
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
+        self.settings.retention = retention;
         self
     }
 
     /// What a duplicate does while the first request runs (default [`OnConcurrent::Reject`]).
     pub fn on_concurrent(mut self, on_concurrent: OnConcurrent) -> Self {
-        self.on_concurrent = on_concurrent;
+        self.settings.on_concurrent = on_concurrent;
         self
     }
 
@@ -260,7 +237,7 @@ impl<K> IdempotencyLayerBuilder<K> {
         mut self,
         predicate: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
     ) -> Self {
-        self.store_when = Arc::new(predicate);
+        self.settings.store_when = Arc::new(predicate);
         self
     }
 
@@ -273,48 +250,35 @@ impl<K> IdempotencyLayerBuilder<K> {
         mut self,
         predicate: impl Fn(i32) -> bool + Send + Sync + 'static,
     ) -> Self {
-        self.store_grpc_when = Arc::new(predicate);
+        self.settings.store_grpc_when = Arc::new(predicate);
         self
     }
 
     /// The prefix of the store keys (default `tollgate`): `<prefix>:idem:{<digest>}`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
+        self.settings.prefix = prefix.into();
         self
     }
 
     /// Validates the configuration.
     pub fn build(self) -> Result<IdempotencyLayer<K>, ConfigError> {
-        if self.lease < Duration::from_millis(10) {
+        let settings = self.settings;
+        if settings.lease < Duration::from_millis(10) {
             return Err(ConfigError::new(
                 "the idempotency lease must be at least 10 ms",
             ));
         }
-        if self.retention < Duration::from_millis(1) {
+        if settings.retention < Duration::from_millis(1) {
             return Err(ConfigError::new(
                 "the idempotency retention must be positive",
             ));
         }
-        if self.methods.is_empty() {
+        if settings.methods.is_empty() {
             return Err(ConfigError::new("the idempotency layer covers no method"));
         }
-        check_prefix(&self.prefix)?;
+        check_prefix(&settings.prefix)?;
         Ok(IdempotencyLayer {
-            settings: Arc::new(Settings {
-                store: self.store,
-                prefix: self.prefix,
-                header: self.header,
-                required: self.required,
-                methods: self.methods,
-                fingerprint_headers: self.fingerprint_headers,
-                body_limit: self.body_limit,
-                response_limit: self.response_limit,
-                lease: self.lease,
-                retention: self.retention,
-                on_concurrent: self.on_concurrent,
-                store_when: self.store_when,
-                store_grpc_when: self.store_grpc_when,
-            }),
+            settings: Arc::new(settings),
             scope: Arc::new(self.scope),
         })
     }
