@@ -124,16 +124,18 @@ impl RateLimitLayer {
     /// between copies).
     pub fn builder(store: impl Store) -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {
-            store: Arc::new(store),
-            limits: Vec::new(),
-            algorithm: Algorithm::default(),
-            prefix: "tollgate".to_owned(),
+            draft: Draft {
+                store: Arc::new(store),
+                limits: Vec::new(),
+                algorithm: Algorithm::default(),
+                prefix: "tollgate".to_owned(),
+                cost: None,
+                on_store_error: OnStoreError::Allow,
+                missing_key: MissingKey::Reject,
+                headers: true,
+                deny_cache: true,
+            },
             extractor: Global,
-            cost: None,
-            on_store_error: OnStoreError::Allow,
-            missing_key: MissingKey::Reject,
-            headers: true,
-            deny_cache: true,
         }
     }
 }
@@ -159,11 +161,16 @@ impl<S, K> Layer<S> for RateLimitLayer<K> {
 
 /// Configures a [`RateLimitLayer`]; made by [`RateLimitLayer::builder`].
 pub struct RateLimitLayerBuilder<K = Global> {
+    draft: Draft,
+    extractor: K,
+}
+
+/// Everything a builder collects but the key extractor.
+struct Draft {
     store: Arc<dyn Store>,
     limits: Vec<Limit>,
     algorithm: Algorithm,
     prefix: String,
-    extractor: K,
     cost: Option<CostFn>,
     on_store_error: OnStoreError,
     missing_key: MissingKey,
@@ -174,9 +181,9 @@ pub struct RateLimitLayerBuilder<K = Global> {
 impl<K: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayerBuilder")
-            .field("limits", &self.limits)
-            .field("algorithm", &self.algorithm)
-            .field("prefix", &self.prefix)
+            .field("limits", &self.draft.limits)
+            .field("algorithm", &self.draft.algorithm)
+            .field("prefix", &self.draft.prefix)
             .field("key", &self.extractor)
             .finish_non_exhaustive()
     }
@@ -185,19 +192,19 @@ impl<K: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<K> {
 impl<K> RateLimitLayerBuilder<K> {
     /// Adds a limit. A request is admitted only when every limit has room, and then charged to all.
     pub fn limit(mut self, limit: Limit) -> Self {
-        self.limits.push(limit);
+        self.draft.limits.push(limit);
         self
     }
 
     /// Adds several limits.
     pub fn limits(mut self, limits: impl IntoIterator<Item = Limit>) -> Self {
-        self.limits.extend(limits);
+        self.draft.limits.extend(limits);
         self
     }
 
     /// The algorithm for every limit of this layer (default [`Algorithm::SlidingLog`]).
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
-        self.algorithm = algorithm;
+        self.draft.algorithm = algorithm;
         self
     }
 
@@ -205,48 +212,40 @@ impl<K> RateLimitLayerBuilder<K> {
     /// `<prefix>:rl:{<caller>}:<limit>:<algorithm>`. Two layers with the same prefix and limit
     /// names share counters.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
+        self.draft.prefix = prefix.into();
         self
     }
 
     /// Who a request counts against (default [`Global`]: everybody shares one bucket).
     pub fn key<K2: KeyExtractor>(self, extractor: K2) -> RateLimitLayerBuilder<K2> {
         RateLimitLayerBuilder {
-            store: self.store,
-            limits: self.limits,
-            algorithm: self.algorithm,
-            prefix: self.prefix,
+            draft: self.draft,
             extractor,
-            cost: self.cost,
-            on_store_error: self.on_store_error,
-            missing_key: self.missing_key,
-            headers: self.headers,
-            deny_cache: self.deny_cache,
         }
     }
 
     /// The cost of each request (default 1). A cost of 0 passes without a store call.
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
-        self.cost = Some(Arc::new(cost));
+        self.draft.cost = Some(Arc::new(cost));
         self
     }
 
     /// What to do when the store fails or times out (default [`OnStoreError::Allow`]).
     pub fn on_store_error(mut self, policy: OnStoreError) -> Self {
-        self.on_store_error = policy;
+        self.draft.on_store_error = policy;
         self
     }
 
     /// What to do with a request whose key cannot be extracted (default [`MissingKey::Reject`]).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.missing_key = missing_key;
+        self.draft.missing_key = missing_key;
         self
     }
 
     /// Whether admitted responses carry `RateLimit` and `RateLimit-Policy` (default true;
     /// rejections always do).
     pub fn headers_on_success(mut self, enabled: bool) -> Self {
-        self.headers = enabled;
+        self.draft.headers = enabled;
         self
     }
 
@@ -255,14 +254,19 @@ impl<K> RateLimitLayerBuilder<K> {
     /// (default true). A flood from one caller then costs about one store call per copy and
     /// retry period. It caches the store's decision and never admits on its own.
     pub fn deny_cache(mut self, enabled: bool) -> Self {
-        self.deny_cache = enabled;
+        self.draft.deny_cache = enabled;
         self
     }
 
     /// Validates the configuration.
     pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError> {
-        let policy = RatePolicy::new(format!("{}:rl", self.prefix), self.algorithm, self.limits)?;
-        let fallback = match self.on_store_error {
+        let draft = self.draft;
+        let policy = RatePolicy::new(
+            format!("{}:rl", draft.prefix),
+            draft.algorithm,
+            draft.limits,
+        )?;
+        let fallback = match draft.on_store_error {
             OnStoreError::LocalFallback { copies: 0 } => {
                 return Err(ConfigError::new("the local fallback needs copies >= 1"));
             }
@@ -279,15 +283,15 @@ impl<K> RateLimitLayerBuilder<K> {
             .map_err(|_| ConfigError::new("limits do not form a valid RateLimit-Policy header"))?;
         Ok(RateLimitLayer {
             settings: Arc::new(Settings {
-                store: self.store,
+                store: draft.store,
                 policy: Arc::new(policy),
-                cost: self.cost,
-                on_store_error: self.on_store_error,
+                cost: draft.cost,
+                on_store_error: draft.on_store_error,
                 fallback,
-                missing_key: self.missing_key,
-                headers: self.headers,
+                missing_key: draft.missing_key,
+                headers: draft.headers,
                 policy_header,
-                deny_cache: self.deny_cache.then(DenyCache::default),
+                deny_cache: draft.deny_cache.then(DenyCache::default),
                 last_warning: OncePerSecond::new(),
             }),
             extractor: Arc::new(self.extractor),
