@@ -32,8 +32,8 @@ use redis::Script;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use tempfile::TempDir;
 use tollgate::key::Key;
-use tollgate::rate_limit::{Algorithm, Limit, RatePolicy};
-use tollgate::store::{MemoryStore, RedisStore, Store};
+use tollgate::rate::{Algorithm, Limit, RatePolicy};
+use tollgate::store::{MemoryStore, RateStore, RedisStore};
 
 /// The hand-written baseline: the smallest sliding log a service would write by hand. No headers
 /// information, one limit, a member per request made unique by a client-side nonce.

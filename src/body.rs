@@ -1,15 +1,51 @@
-//! The response body of every layer: the inner service's body, or one of ours.
+//! Response bodies: the rate-limit layer's [`ResponseBody`], and the complete body that every
+//! layer's own responses (rejections, replays) are made of.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+/// A complete body made by tollgate: its data (if any), then its trailers (if any).
+#[derive(Debug, Default)]
+pub(crate) struct Complete {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Complete {
+    /// `data` followed by `trailers`.
+    pub(crate) fn new(data: impl Into<Bytes>, trailers: Option<HeaderMap>) -> Self {
+        let data = data.into();
+        Self {
+            data: (!data.is_empty()).then_some(data),
+            trailers,
+        }
+    }
+
+    /// The next frame; `None` once both data and trailers went out.
+    pub(crate) fn next_frame(&mut self) -> Option<Frame<Bytes>> {
+        match self.data.take() {
+            Some(data) => Some(Frame::data(data)),
+            None => self.trailers.take().map(Frame::trailers),
+        }
+    }
+
+    pub(crate) fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+
+    pub(crate) fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
+
 pin_project! {
-    /// A response body that is either the inner service's body or a complete body made by
-    /// tollgate (a rejection, or a replayed response).
+    /// The response body of the rate-limit layer: the inner service's body, or a complete body
+    /// made by tollgate (a rejection). Its error is the inner body's, unboxed.
     #[project = ResponseBodyProj]
     #[derive(Debug)]
     pub struct ResponseBody<B> {
@@ -23,40 +59,30 @@ pin_project! {
     #[derive(Debug)]
     enum Kind<B> {
         Inner { #[pin] body: B },
-        Full { data: Option<Bytes>, trailers: Option<http::HeaderMap> },
+        Complete { body: Complete },
     }
 }
 
 impl<B> ResponseBody<B> {
     /// Wraps the inner service's body.
-    pub fn inner(body: B) -> Self {
+    pub(crate) fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
         }
     }
+}
 
-    /// A complete body of `data`.
-    pub fn full(data: impl Into<Bytes>) -> Self {
-        Self::full_with_trailers(data.into(), None)
-    }
-
-    /// An empty body.
-    pub fn empty() -> Self {
-        Self::full_with_trailers(Bytes::new(), None)
-    }
-
-    /// A complete body of `data` followed by `trailers`.
-    pub fn full_with_trailers(data: Bytes, trailers: Option<http::HeaderMap>) -> Self {
-        let data = (!data.is_empty()).then_some(data);
+impl<B> From<Complete> for ResponseBody<B> {
+    fn from(body: Complete) -> Self {
         Self {
-            kind: Kind::Full { data, trailers },
+            kind: Kind::Complete { body },
         }
     }
 }
 
 impl<B> Default for ResponseBody<B> {
     fn default() -> Self {
-        Self::empty()
+        Complete::default().into()
     }
 }
 
@@ -73,28 +99,21 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project().kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx),
-            KindProj::Full { data, trailers } => {
-                if let Some(data) = data.take() {
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
-            }
+            KindProj::Complete { body } => Poll::Ready(body.next_frame().map(Ok)),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
-            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
+            Kind::Complete { body } => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Full { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
+            Kind::Complete { body } => body.size_hint(),
         }
     }
 }

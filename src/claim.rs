@@ -28,14 +28,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::{ConfigError, check_prefix};
-use crate::key::Key;
-use crate::store::{Store, StoreError};
+use crate::error::ConfigError;
+use crate::keys::{self, check_prefix};
+use crate::store::{LockStore, StoreError};
 
-/// Makes claims in a shared [`Store`]. Cheap to clone.
+/// Makes claims in a shared [`LockStore`]. Cheap to clone.
 #[derive(Clone)]
 pub struct Claims {
-    store: Arc<dyn Store>,
+    store: Arc<dyn LockStore>,
     prefix: Arc<str>,
 }
 
@@ -70,7 +70,7 @@ impl Claim {
 
 impl Claims {
     /// Claims in `store`, under keys `tollgate:claim:{<digest of name>}`.
-    pub fn new(store: impl Store) -> Self {
+    pub fn new(store: impl LockStore) -> Self {
         Self {
             store: Arc::new(store),
             prefix: Arc::from("tollgate"),
@@ -83,10 +83,6 @@ impl Claims {
         check_prefix(&prefix)?;
         self.prefix = Arc::from(prefix);
         Ok(self)
-    }
-
-    fn key(&self, name: &[u8]) -> String {
-        format!("{}:claim:{{{}}}", self.prefix, Key::new("claim", name))
     }
 
     /// Claims `name` with a fresh random holder id; `ttl` of `None` keeps the claim until it is
@@ -107,7 +103,7 @@ impl Claims {
         holder: &str,
         ttl: impl Into<Option<Duration>>,
     ) -> Result<Claim, StoreError> {
-        let key = self.key(name.as_ref());
+        let key = keys::claim(&self.prefix, name.as_ref());
         let outcome = self
             .store
             .claim(key.clone(), holder.to_owned(), ttl.into())

@@ -1,38 +1,52 @@
-//! Configuration errors, reported when a layer is built rather than at request time.
+//! Configuration errors, reported when a layer or store is built rather than at request time.
 
 use std::fmt;
 
-/// A layer's configuration is invalid: a zero quota or window, a bad limit name, an unparseable
-/// CIDR, and so on.
+/// A configuration is invalid: a zero quota or window, a bad limit name, a key prefix that could
+/// split a hash tag, an unparseable store URL, and so on. [`kind`](Self::kind) says which part;
+/// the message names the value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError(String);
+pub struct ConfigError {
+    kind: ConfigErrorKind,
+    message: String,
+}
+
+/// What part of a configuration a [`ConfigError`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigErrorKind {
+    /// A store key prefix: it must be visible ASCII without braces.
+    Prefix,
+    /// A rate limit: its name, quota or window, or the set of limits.
+    Limit,
+    /// A failure policy, such as a local fallback for zero copies.
+    FailurePolicy,
+    /// A duration out of range, such as an idempotency lease or retention.
+    Duration,
+    /// The methods an idempotency layer covers.
+    Methods,
+    /// How to reach the store: a URL that does not parse, or none at all.
+    Store,
+}
 
 impl ConfigError {
-    pub(crate) fn new(msg: impl Into<String>) -> Self {
-        Self(msg.into())
+    pub(crate) fn new(kind: ConfigErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// What part of the configuration is wrong.
+    pub fn kind(&self) -> ConfigErrorKind {
+        self.kind
     }
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
 impl std::error::Error for ConfigError {}
-
-/// Checks a store key prefix: visible ASCII without braces, so that it can neither select a
-/// Redis Cluster hash slot nor split a key's hash tag.
-pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
-    if !prefix.is_empty()
-        && prefix
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
-    {
-        Ok(())
-    } else {
-        Err(ConfigError::new(format!(
-            "invalid key prefix {prefix:?}: use visible ASCII without braces"
-        )))
-    }
-}

@@ -7,10 +7,11 @@
 
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
+use crate::body::Complete;
+
 /// The gRPC status codes tollgate answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Code {
+pub(crate) enum Code {
     /// 3: the request is malformed (a bad idempotency key, no rate-limit key).
     InvalidArgument = 3,
     /// 8: over a rate limit.
@@ -26,16 +27,16 @@ pub enum Code {
 }
 
 /// Whether `headers` belong to a gRPC call.
-pub fn is_grpc(headers: &HeaderMap) -> bool {
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// A trailers-only response carrying `code` and `message` (percent-encoded as gRPC requires),
-/// with an empty (default) body.
-pub fn trailers_only<B: Default>(code: Code, message: &str) -> Response<B> {
-    let mut response = Response::new(B::default());
+/// with an empty body.
+pub(crate) fn trailers_only(code: Code, message: &str) -> Response<Complete> {
+    let mut response = Response::new(Complete::default());
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert(
@@ -68,8 +69,7 @@ mod tests {
 
     #[test]
     fn encodes_message_and_sets_status() {
-        let res =
-            trailers_only::<crate::body::ResponseBody<()>>(Code::ResourceExhausted, "100% über");
+        let res = trailers_only(Code::ResourceExhausted, "100% über");
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(res.headers()["grpc-status"], "8");
         assert_eq!(res.headers()["content-type"], "application/grpc");

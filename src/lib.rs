@@ -143,17 +143,30 @@
 #[macro_use]
 mod macros;
 
-pub mod body;
-pub mod claim;
+// core vocabulary
 pub mod error;
-pub mod grpc;
-pub mod guide;
-pub mod idempotency;
 pub mod key;
-pub mod lock;
-pub mod rate_limit;
+mod keys;
+pub mod rate;
+// where state lives
 pub mod store;
+// built on the store
+pub mod claim;
+mod lease;
+pub mod lock;
 mod task;
+// HTTP glue
+pub mod body;
+mod grpc;
+mod rejection;
+// the layers
+pub mod idempotency;
+pub mod rate_limit;
+// docs
+pub mod guide;
 
-pub use error::ConfigError;
+pub use error::{ConfigError, ConfigErrorKind};
 pub use rate_limit::{Limit, RateLimitLayer};
+
+/// A boxed error, as body errors and error sources are passed on.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

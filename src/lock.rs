@@ -43,15 +43,16 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::error::{ConfigError, check_prefix};
-use crate::key::Key;
-use crate::store::{LockAttempt, Store, StoreError};
+use crate::error::ConfigError;
+use crate::keys::{self, check_prefix};
+use crate::lease::{self, Owner};
+use crate::store::{LockAttempt, LockStore, StoreError};
 use crate::task::AbortOnDrop;
 
-/// Takes locks in a shared [`Store`]. Cheap to clone.
+/// Takes locks in a shared [`LockStore`]. Cheap to clone.
 #[derive(Clone)]
 pub struct Locks {
-    store: Arc<dyn Store>,
+    store: Arc<dyn LockStore>,
     prefix: Arc<str>,
 }
 
@@ -109,7 +110,7 @@ impl From<StoreError> for LockError {
 
 impl Locks {
     /// Locks in `store`, under keys `tollgate:lock:{<digest of name>}`.
-    pub fn new(store: impl Store) -> Self {
+    pub fn new(store: impl LockStore) -> Self {
         Self {
             store: Arc::new(store),
             prefix: Arc::from("tollgate"),
@@ -130,12 +131,7 @@ impl Locks {
         name: impl AsRef<[u8]>,
         lease: Duration,
     ) -> Result<LockGuard, LockError> {
-        let key = format!(
-            "{}:lock:{{{}}}",
-            self.prefix,
-            Key::new("lock", name.as_ref())
-        );
-        let fence_key = format!("{key}:fence");
+        let (key, fence_key) = keys::lock(&self.prefix, name.as_ref());
         let token = uuid::Uuid::new_v4().to_string();
         match self
             .store
@@ -228,40 +224,19 @@ impl Locks {
     }
 }
 
-/// Extends the lease every third of it until aborted; flags `lost` when the lock is gone or
-/// could not be confirmed for a whole lease.
+/// Keeps the lock's lease alive until aborted; flags `lost` when the lock is gone or could not be
+/// confirmed for a whole lease.
 async fn keep_alive(
-    store: Arc<dyn Store>,
+    store: Arc<dyn LockStore>,
     key: String,
     token: String,
     lease: Duration,
     lost: watch::Sender<bool>,
 ) {
-    let mut confirmed = Instant::now();
-    let period = (lease / 3).max(Duration::from_millis(1));
-    let mut pause = period;
-    loop {
-        tokio::time::sleep(pause).await;
-        let attempt = Instant::now();
-        match store
-            .extend_if_held(key.clone(), token.clone(), lease)
-            .await
-        {
-            Ok(true) => {
-                confirmed = attempt;
-                pause = period;
-            }
-            Ok(false) => break,
-            Err(error) => {
-                tracing::warn!(target: "tollgate::lock", %error, "could not extend a lock lease");
-                if attempt.duration_since(confirmed) >= lease {
-                    break;
-                }
-                // try again soon: the lease runs out a whole lease after the last confirmation
-                pause = (lease / 10).clamp(Duration::from_millis(1), Duration::from_secs(1));
-            }
-        }
-    }
+    lease::keep_alive(Owner::Lock, lease, || {
+        store.extend_if_held(key.clone(), token.clone(), lease)
+    })
+    .await;
     let _ = lost.send(true);
 }
 
@@ -302,7 +277,7 @@ impl Lease {
 /// background instead (best effort: it needs a running tokio runtime, and a failure is only
 /// logged — the lease's expiry frees the lock in any case).
 pub struct LockGuard {
-    store: Arc<dyn Store>,
+    store: Arc<dyn LockStore>,
     key: String,
     token: String,
     fence: u64,
@@ -330,11 +305,12 @@ impl LockGuard {
     /// Resets the lease to its full length from now; [`LockError::Lost`] when the lock is no
     /// longer ours.
     pub async fn extend(&self) -> Result<(), LockError> {
-        self.extend_by(self.lease).await
+        self.reset_lease(self.lease).await
     }
 
-    /// Resets the lease to `lease` from now; [`LockError::Lost`] when the lock is no longer ours.
-    pub async fn extend_by(&self, lease: Duration) -> Result<(), LockError> {
+    /// Resets the lease to `lease` from now — shorter or longer than the one it was taken with,
+    /// replacing whatever was left of it; [`LockError::Lost`] when the lock is no longer ours.
+    pub async fn reset_lease(&self, lease: Duration) -> Result<(), LockError> {
         let held = self
             .store
             .extend_if_held(self.key.clone(), self.token.clone(), lease)
@@ -362,17 +338,12 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let release = self.store.delete_if_held(
+        let (key, token) = (
             std::mem::take(&mut self.key),
             std::mem::take(&mut self.token),
         );
-        runtime.spawn(async move {
-            if let Err(error) = release.await {
-                tracing::warn!(target: "tollgate::lock", %error, "background lock release failed; the lease will expire");
-            }
+        lease::release_in_background(Owner::Lock, "the guard was dropped", || {
+            self.store.delete_if_held(key, token)
         });
     }
 }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use common::cluster::RedisCluster;
 use tollgate::key::Key;
-use tollgate::rate_limit::{Algorithm, Limit, RatePolicy};
-use tollgate::store::Store;
+use tollgate::rate::{Algorithm, Limit, RatePolicy};
+use tollgate::store::RateStore;
 
 conformance_suite!((RedisCluster::shared().store().await, ()));
 

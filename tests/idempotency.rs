@@ -28,11 +28,9 @@ use tower::{Layer, ServiceExt};
 
 use common::RedisServer;
 use tollgate::idempotency::{IdempotencyBody, IdempotencyLayer, OnConcurrent, RequestBody};
-use tollgate::key::Key;
 use tollgate::key::{Header, KeyExtractor};
-use tollgate::rate_limit::{RateOutcome, RatePolicy};
 use tollgate::store::{
-    ClaimOutcome, IdemBegin, LockAttempt, MemoryStore, RedisStore, Store, StoreFuture,
+    IdempotencyBegin, IdempotencyStore, MemoryStore, RedisStore, Store, StoreFuture,
 };
 
 /// A failure of an inner service or of its response body. (A concrete type: `BoxError` in
@@ -1257,81 +1255,42 @@ struct SlowWrites(RedisStore);
 
 const SLOW_WRITE: Duration = Duration::from_millis(50);
 
-impl Store for SlowWrites {
-    fn check_rate(
-        &self,
-        policy: &Arc<RatePolicy>,
-        key: Key,
-        cost: u64,
-    ) -> StoreFuture<RateOutcome> {
-        self.0.check_rate(policy, key, cost)
-    }
-
-    fn claim(
-        &self,
-        key: String,
-        holder: String,
-        ttl: Option<Duration>,
-    ) -> StoreFuture<ClaimOutcome> {
-        self.0.claim(key, holder, ttl)
-    }
-
-    fn lock_acquire(
-        &self,
-        key: String,
-        fence_key: String,
-        token: String,
-        lease: Duration,
-    ) -> StoreFuture<LockAttempt> {
-        self.0.lock_acquire(key, fence_key, token, lease)
-    }
-
-    fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        self.0.extend_if_held(key, token, lease)
-    }
-
-    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.0.delete_if_held(key, token)
-    }
-
-    fn idem_begin(
+/// Only the idempotency capability: the layer asks for nothing else.
+impl IdempotencyStore for SlowWrites {
+    fn idempotency_begin(
         &self,
         key: String,
         fingerprint: String,
         token: String,
         lease: Duration,
-    ) -> StoreFuture<IdemBegin> {
-        self.0.idem_begin(key, fingerprint, token, lease)
+    ) -> StoreFuture<IdempotencyBegin> {
+        self.0.idempotency_begin(key, fingerprint, token, lease)
     }
 
-    fn idem_complete(
+    fn idempotency_complete(
         &self,
         key: String,
         token: String,
         response: Bytes,
         retention: Duration,
     ) -> StoreFuture<bool> {
-        let write = self.0.idem_complete(key, token, response, retention);
+        let write = self.0.idempotency_complete(key, token, response, retention);
         Box::pin(async move {
             tokio::time::sleep(SLOW_WRITE).await;
             write.await
         })
     }
 
-    fn idem_release(&self, key: String, token: String) -> StoreFuture<bool> {
-        let write = self.0.idem_release(key, token);
+    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
+        let write = self.0.idempotency_release(key, token);
         Box::pin(async move {
             tokio::time::sleep(SLOW_WRITE).await;
             write.await
         })
     }
 
-    fn idem_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        self.0.idem_extend(key, token, lease)
-    }
-
-    fn ping(&self) -> StoreFuture<()> {
-        self.0.ping()
+    fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+        self.0.idempotency_extend(key, token, lease)
     }
 }
 
@@ -1523,22 +1482,22 @@ async fn lease_takeover(store: impl Store) {
     let key = format!("t:idem:{{{}}}", unique("takeover"));
     let fp = "fingerprint-1".to_owned();
     let begin = |token: &str, lease_ms: u64| {
-        store.idem_begin(
+        store.idempotency_begin(
             key.clone(),
             fp.clone(),
             token.to_owned(),
             Duration::from_millis(lease_ms),
         )
     };
-    assert_eq!(begin("A", 300).await.unwrap(), IdemBegin::Claimed);
+    assert_eq!(begin("A", 300).await.unwrap(), IdempotencyBegin::Claimed);
     match begin("X", 30_000).await.unwrap() {
-        IdemBegin::InFlight { lease_left } => {
+        IdempotencyBegin::InFlight { lease_left } => {
             assert!(lease_left > Duration::ZERO && lease_left <= Duration::from_millis(300));
         }
         other => panic!("expected InFlight, got {other:?}"),
     }
     let other_fp = store
-        .idem_begin(
+        .idempotency_begin(
             key.clone(),
             "fingerprint-2".into(),
             "Y".into(),
@@ -1546,77 +1505,92 @@ async fn lease_takeover(store: impl Store) {
         )
         .await
         .unwrap();
-    assert_eq!(other_fp, IdemBegin::Mismatch);
+    assert_eq!(other_fp, IdempotencyBegin::Mismatch);
     let lease = Duration::from_millis(300);
     assert!(
         !store
-            .idem_extend(key.clone(), "B".into(), lease)
+            .idempotency_extend(key.clone(), "B".into(), lease)
             .await
             .unwrap()
     );
-    assert!(!store.idem_release(key.clone(), "B".into()).await.unwrap());
     assert!(
         !store
-            .idem_complete(key.clone(), "B".into(), Bytes::from_static(b"x"), lease)
+            .idempotency_release(key.clone(), "B".into())
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .idempotency_complete(key.clone(), "B".into(), Bytes::from_static(b"x"), lease)
             .await
             .unwrap()
     );
     assert!(matches!(
         begin("X", 30_000).await.unwrap(),
-        IdemBegin::InFlight { .. }
+        IdempotencyBegin::InFlight { .. }
     ));
 
     // A "crashes": its lease runs out, B takes the key over.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(
         !store
-            .idem_extend(key.clone(), "A".into(), lease)
+            .idempotency_extend(key.clone(), "A".into(), lease)
             .await
             .unwrap()
     );
-    assert_eq!(begin("B", 30_000).await.unwrap(), IdemBegin::Claimed);
+    assert_eq!(begin("B", 30_000).await.unwrap(), IdempotencyBegin::Claimed);
     let retention = Duration::from_secs(60);
     let a_bytes = Bytes::from_static(b"A's late response");
     let b_bytes = Bytes::from_static(b"B's response \x00\xff");
     assert!(
         !store
-            .idem_complete(key.clone(), "A".into(), a_bytes, retention)
+            .idempotency_complete(key.clone(), "A".into(), a_bytes, retention)
             .await
             .unwrap(),
         "the stale owner cannot complete"
     );
     assert!(
         !store
-            .idem_extend(key.clone(), "A".into(), lease)
+            .idempotency_extend(key.clone(), "A".into(), lease)
             .await
             .unwrap()
     );
-    assert!(!store.idem_release(key.clone(), "A".into()).await.unwrap());
+    assert!(
+        !store
+            .idempotency_release(key.clone(), "A".into())
+            .await
+            .unwrap()
+    );
     assert!(matches!(
         begin("C", 30_000).await.unwrap(),
-        IdemBegin::InFlight { .. }
+        IdempotencyBegin::InFlight { .. }
     ));
     assert!(
         store
-            .idem_complete(key.clone(), "B".into(), b_bytes.clone(), retention)
+            .idempotency_complete(key.clone(), "B".into(), b_bytes.clone(), retention)
             .await
             .unwrap()
     );
     assert_eq!(
         begin("C", 30_000).await.unwrap(),
-        IdemBegin::Completed(b_bytes.clone())
+        IdempotencyBegin::Completed(b_bytes.clone())
     );
     // A completed record belongs to no one: no release, extension or second completion.
-    assert!(!store.idem_release(key.clone(), "B".into()).await.unwrap());
     assert!(
         !store
-            .idem_extend(key.clone(), "B".into(), lease)
+            .idempotency_release(key.clone(), "B".into())
             .await
             .unwrap()
     );
     assert!(
         !store
-            .idem_complete(
+            .idempotency_extend(key.clone(), "B".into(), lease)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .idempotency_complete(
                 key.clone(),
                 "B".into(),
                 Bytes::from_static(b"again"),
@@ -1627,13 +1601,13 @@ async fn lease_takeover(store: impl Store) {
     );
     assert_eq!(
         begin("D", 30_000).await.unwrap(),
-        IdemBegin::Completed(b_bytes)
+        IdempotencyBegin::Completed(b_bytes)
     );
     let mismatch = store
-        .idem_begin(key.clone(), "fingerprint-2".into(), "E".into(), lease)
+        .idempotency_begin(key.clone(), "fingerprint-2".into(), "E".into(), lease)
         .await
         .unwrap();
-    assert_eq!(mismatch, IdemBegin::Mismatch);
+    assert_eq!(mismatch, IdempotencyBegin::Mismatch);
 }
 
 #[tokio::test(flavor = "multi_thread")]

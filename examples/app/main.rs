@@ -111,7 +111,7 @@ async fn cluster_store(urls: &[String]) -> Result<Arc<dyn Store>, Failure> {
     use tollgate::store::{RedisStore, StoreErrorKind};
     let safe: Vec<String> = urls.iter().map(|u| env::redact_url(u)).collect();
     match RedisStore::cluster_builder(urls.iter().cloned())
-        .build_cluster()
+        .connect()
         .await
     {
         Ok(store) => {

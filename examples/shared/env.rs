@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tollgate::rate_limit::{Algorithm, Limit, RatePolicy};
+use tollgate::rate::{Algorithm, Limit, RatePolicy};
 use tollgate::store::{MemoryStore, Store};
 
 /// The limits when `APP_LIMITS` is not set.

@@ -4,13 +4,12 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::sync::mpsc;
 
-/// A boxed error, as body errors are passed on.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::BoxError;
+use crate::body::Complete;
 
 pin_project! {
     /// The inner service's body (passed through), a complete body (a rejection or a replay), or
@@ -28,7 +27,7 @@ pin_project! {
     #[derive(Debug)]
     enum Kind<B> {
         Inner { #[pin] body: B },
-        Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
+        Complete { body: Complete },
         Channel {
             frames: mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
             // the handler body's exact length, when it had one, less what was delivered
@@ -41,15 +40,6 @@ impl<B> IdempotencyBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
-        }
-    }
-
-    pub(crate) fn full(data: Bytes, trailers: Option<HeaderMap>) -> Self {
-        Self {
-            kind: Kind::Full {
-                data: (!data.is_empty()).then_some(data),
-                trailers,
-            },
         }
     }
 
@@ -66,9 +56,17 @@ impl<B> IdempotencyBody<B> {
     }
 }
 
+impl<B> From<Complete> for IdempotencyBody<B> {
+    fn from(body: Complete) -> Self {
+        Self {
+            kind: Kind::Complete { body },
+        }
+    }
+}
+
 impl<B> Default for IdempotencyBody<B> {
     fn default() -> Self {
-        Self::full(Bytes::new(), None)
+        Complete::default().into()
     }
 }
 
@@ -88,12 +86,7 @@ where
             KindProj::Inner { body } => body
                 .poll_frame(cx)
                 .map(|f| f.map(|f| f.map_err(Into::into))),
-            KindProj::Full { data, trailers } => {
-                if let Some(data) = data.take() {
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
-            }
+            KindProj::Complete { body } => Poll::Ready(body.next_frame().map(Ok)),
             KindProj::Channel { frames, remaining } => {
                 let frame = std::task::ready!(frames.poll_recv(cx));
                 if let (Some(Ok(frame)), Some(left)) = (&frame, remaining.as_mut()) {
@@ -108,7 +101,7 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
-            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
+            Kind::Complete { body } => body.is_end_stream(),
             Kind::Channel { .. } => false,
         }
     }
@@ -116,9 +109,7 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Full { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
+            Kind::Complete { body } => body.size_hint(),
             Kind::Channel { remaining, .. } => {
                 remaining.map_or_else(SizeHint::default, SizeHint::with_exact)
             }

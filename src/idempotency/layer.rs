@@ -8,9 +8,10 @@ use http::{HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
 use super::service::Idempotency;
-use crate::error::{ConfigError, check_prefix};
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::{Global, KeyExtractor};
-use crate::store::Store;
+use crate::keys::check_prefix;
+use crate::store::IdempotencyStore;
 
 /// Decides from its status whether a response is stored for replay.
 pub(crate) type StoreWhen = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
@@ -38,7 +39,7 @@ pub enum OnConcurrent {
 
 /// Everything a request needs besides the scope extractor; shared by every clone.
 pub(crate) struct Settings {
-    pub(crate) store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn IdempotencyStore>,
     pub(crate) prefix: String,
     pub(crate) header: HeaderName,
     pub(crate) required: bool,
@@ -71,7 +72,8 @@ impl fmt::Debug for Settings {
     }
 }
 
-/// Applies [`Idempotency`] to a service: `Idempotency-Key` records kept in a shared [`Store`].
+/// Applies [`Idempotency`] to a service: `Idempotency-Key` records kept in a shared
+/// [`IdempotencyStore`].
 ///
 /// ```
 /// use std::time::Duration;
@@ -113,7 +115,7 @@ impl<K: fmt::Debug> fmt::Debug for IdempotencyLayer<K> {
 impl IdempotencyLayer {
     /// Starts a builder on `store` (a [`RedisStore`](crate::store::RedisStore) so that every copy
     /// of the service sees the records).
-    pub fn builder(store: impl Store) -> IdempotencyLayerBuilder {
+    pub fn builder(store: impl IdempotencyStore) -> IdempotencyLayerBuilder {
         IdempotencyLayerBuilder {
             settings: Settings {
                 store: Arc::new(store),
@@ -265,16 +267,21 @@ impl<K> IdempotencyLayerBuilder<K> {
         let settings = self.settings;
         if settings.lease < Duration::from_millis(10) {
             return Err(ConfigError::new(
+                ConfigErrorKind::Duration,
                 "the idempotency lease must be at least 10 ms",
             ));
         }
         if settings.retention < Duration::from_millis(1) {
             return Err(ConfigError::new(
+                ConfigErrorKind::Duration,
                 "the idempotency retention must be positive",
             ));
         }
         if settings.methods.is_empty() {
-            return Err(ConfigError::new("the idempotency layer covers no method"));
+            return Err(ConfigError::new(
+                ConfigErrorKind::Methods,
+                "the idempotency layer covers no method",
+            ));
         }
         check_prefix(&settings.prefix)?;
         Ok(IdempotencyLayer {

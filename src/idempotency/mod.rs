@@ -83,14 +83,17 @@
 //! ```
 
 mod body;
+mod execute;
 mod fingerprint;
+mod flow;
 mod future;
 mod key_header;
 mod layer;
 mod record;
+mod rejection;
 mod service;
 
-pub use body::{BoxError, IdempotencyBody};
+pub use body::IdempotencyBody;
 pub use future::ResponseFuture;
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, OnConcurrent};
 pub use service::{Idempotency, RequestBody};

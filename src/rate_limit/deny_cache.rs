@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::RateLimitDecision;
+use super::decision::{DecisionSource, RateLimitDecision};
 use crate::key::Key;
 
 /// Entries beyond this are not cached (expired ones are dropped first): a flood of distinct
@@ -89,7 +89,7 @@ impl DenyCache {
         let elapsed = now - denial.at;
         let mut decision = denial.decision.clone();
         decision.cost = cost;
-        decision.source = super::DecisionSource::DenyCache;
+        decision.source = DecisionSource::DenyCache;
         decision.retry_after = (denial.until - now).max(Duration::from_millis(1));
         for state in &mut decision.states {
             state.reset = state.reset.saturating_sub(elapsed);

@@ -10,10 +10,12 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::layer::Settings;
-use super::{RateLimitDecision, RateOutcome, Rejection};
+use super::decision::RateLimitDecision;
+use super::rejection::Rejection;
+use super::settings::Settings;
 use crate::body::ResponseBody;
 use crate::key::Key;
+use crate::rate::RateOutcome;
 use crate::store::StoreFuture;
 
 pin_project! {

@@ -4,9 +4,13 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 
-use super::policy::{LimitState, RatePolicy};
+use crate::error::{ConfigError, ConfigErrorKind};
+use crate::rate::{LimitState, RatePolicy};
+
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
@@ -19,7 +23,7 @@ pub(crate) fn retry_after(d: Duration) -> HeaderValue {
 }
 
 /// `"burst";q=10;w=1, "hourly";q=1000;w=3600`, one member per limit in configuration order.
-pub(crate) fn policy(policy: &RatePolicy) -> Result<HeaderValue, http::header::InvalidHeaderValue> {
+pub(crate) fn policy(policy: &RatePolicy) -> Result<HeaderValue, ConfigError> {
     let mut out = String::new();
     for (i, limit) in policy.limits().iter().enumerate() {
         if i > 0 {
@@ -34,7 +38,12 @@ pub(crate) fn policy(policy: &RatePolicy) -> Result<HeaderValue, http::header::I
             ceil_secs(limit.window())
         );
     }
-    HeaderValue::from_str(&out)
+    HeaderValue::from_str(&out).map_err(|_| {
+        ConfigError::new(
+            ConfigErrorKind::Limit,
+            "limits do not form a valid RateLimit-Policy header",
+        )
+    })
 }
 
 /// `"burst";r=0;t=1, "hourly";r=990;t=3412`: quota left and seconds until it grows again.
@@ -58,7 +67,7 @@ pub(crate) fn state(policy: &RatePolicy, states: &[LimitState]) -> Option<Header
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate_limit::{Algorithm, Limit};
+    use crate::rate::{Algorithm, Limit};
 
     #[test]
     fn retry_after_rounds_up_and_is_at_least_one() {

@@ -3,81 +3,21 @@
 use std::fmt;
 use std::sync::Arc;
 
-use http::HeaderValue;
 use http::request::Parts;
 use tower_layer::Layer;
 
 use super::deny_cache::DenyCache;
-use super::policy::{Algorithm, Limit, RatePolicy};
+use super::fallback::Fallback;
+use super::headers;
 use super::service::RateLimit;
-use super::{MissingKey, OnStoreError, headers};
-use crate::error::ConfigError;
+use super::settings::{CostFn, MissingKey, OnStoreError, OncePerSecond, Settings};
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::{Global, KeyExtractor};
-use crate::store::{MemoryStore, Store};
+use crate::keys;
+use crate::rate::{Algorithm, Limit, RatePolicy};
+use crate::store::RateStore;
 
-/// The cost of a request, computed from its head.
-pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
-
-/// Everything a request needs besides the key extractor; shared by every clone of the service.
-pub(crate) struct Settings {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) policy: Arc<RatePolicy>,
-    pub(crate) cost: Option<CostFn>,
-    pub(crate) on_store_error: OnStoreError,
-    /// The in-process limiter behind [`OnStoreError::LocalFallback`]: its store, its divided
-    /// quotas, and their `RateLimit-Policy` header.
-    pub(crate) fallback: Option<(MemoryStore, Arc<RatePolicy>, HeaderValue)>,
-    pub(crate) missing_key: MissingKey,
-    pub(crate) headers: bool,
-    pub(crate) policy_header: HeaderValue,
-    pub(crate) deny_cache: Option<DenyCache>,
-    /// Store failures are logged at warn at most once a second (the rest at debug): an outage
-    /// under load must not flood the log.
-    pub(crate) last_warning: OncePerSecond,
-}
-
-/// Lets one event through per second.
-#[derive(Debug)]
-pub(crate) struct OncePerSecond {
-    start: std::time::Instant,
-    last: std::sync::atomic::AtomicU64,
-}
-
-impl OncePerSecond {
-    fn new() -> Self {
-        Self {
-            start: std::time::Instant::now(),
-            last: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    /// Whether a second has passed since the last event let through.
-    pub(crate) fn ready(&self) -> bool {
-        use std::sync::atomic::Ordering;
-        // +1: the first call is let through at once
-        let now = self.start.elapsed().as_secs() + 1;
-        let last = self.last.load(Ordering::Relaxed);
-        now > last
-            && self
-                .last
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-    }
-}
-
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("store", &self.store)
-            .field("policy", &self.policy)
-            .field("on_store_error", &self.on_store_error)
-            .field("missing_key", &self.missing_key)
-            .field("headers", &self.headers)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Applies [`RateLimit`] to a service: limits kept in a shared [`Store`].
+/// Applies [`RateLimit`] to a service: limits kept in a shared [`RateStore`].
 ///
 /// Clones share their configuration; all of a layer's state lives in the store, so every clone —
 /// and every copy of the service on the same store — enforces the same limits.
@@ -122,7 +62,7 @@ impl<K: fmt::Debug> fmt::Debug for RateLimitLayer<K> {
 impl RateLimitLayer {
     /// Starts a builder on `store` (a [`RedisStore`](crate::store::RedisStore) to share limits
     /// between copies).
-    pub fn builder(store: impl Store) -> RateLimitLayerBuilder {
+    pub fn builder(store: impl RateStore) -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {
             draft: Draft {
                 store: Arc::new(store),
@@ -167,7 +107,7 @@ pub struct RateLimitLayerBuilder<K = Global> {
 
 /// Everything a builder collects but the key extractor.
 struct Draft {
-    store: Arc<dyn Store>,
+    store: Arc<dyn RateStore>,
     limits: Vec<Limit>,
     algorithm: Algorithm,
     prefix: String,
@@ -262,25 +202,21 @@ impl<K> RateLimitLayerBuilder<K> {
     pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError> {
         let draft = self.draft;
         let policy = RatePolicy::new(
-            format!("{}:rl", draft.prefix),
+            keys::rate_namespace(&draft.prefix),
             draft.algorithm,
             draft.limits,
         )?;
         let fallback = match draft.on_store_error {
             OnStoreError::LocalFallback { copies: 0 } => {
-                return Err(ConfigError::new("the local fallback needs copies >= 1"));
+                return Err(ConfigError::new(
+                    ConfigErrorKind::FailurePolicy,
+                    "the local fallback needs copies >= 1",
+                ));
             }
-            OnStoreError::LocalFallback { copies } => {
-                let divided = policy.divided(copies);
-                let header = headers::policy(&divided).map_err(|_| {
-                    ConfigError::new("limits do not form a valid RateLimit-Policy header")
-                })?;
-                Some((MemoryStore::new(), Arc::new(divided), header))
-            }
+            OnStoreError::LocalFallback { copies } => Some(Fallback::new(&policy, copies)?),
             _ => None,
         };
-        let policy_header = headers::policy(&policy)
-            .map_err(|_| ConfigError::new("limits do not form a valid RateLimit-Policy header"))?;
+        let policy_header = headers::policy(&policy)?;
         Ok(RateLimitLayer {
             settings: Arc::new(Settings {
                 store: draft.store,

@@ -2,7 +2,7 @@
 //!
 //! [`RateLimitLayer`] checks each request against one or more [`Limit`]s for a caller named by a
 //! [`KeyExtractor`](crate::key::KeyExtractor). The check is one atomic script in the
-//! [`Store`](crate::store::Store), with the store's clock: several copies of the service on one
+//! [`RateStore`](crate::store::RateStore), with the store's clock: several copies of the service on one
 //! Redis admit together exactly what one copy would.
 //!
 //! - **All or nothing**: a request is admitted only when every limit has room for its cost; then
@@ -61,273 +61,37 @@
 //! assert_eq!(third.headers()["ratelimit-policy"], r#""minute";q=2;w=60"#);
 //! # }
 //! ```
+//!
+//! # Beside `tower::limit::RateLimitLayer`
+//!
+//! tower's `RateLimitLayer` is a different tool: it counts in one service instance's memory and,
+//! when the rate is used up, makes `poll_ready` wait until it refills. tollgate's layer
+//!
+//! - **rejects at once** (429 with `Retry-After`, or a gRPC status) instead of holding the request
+//!   back: `poll_ready` only asks the inner service, so a burst never queues up behind a limit;
+//! - is **shared**: the counters live in the store, so every clone of the service and every copy
+//!   of the process counts against the same limit, per caller key;
+//! - is **`Clone`**, as axum and tonic require of a layer's service, without a `Buffer` in front.
+//!
+//! Use tower's to smooth what one instance sends to a fragile dependency; use this one to
+//! enforce what callers may ask of the service as a whole.
 
+mod decision;
 mod deny_cache;
+mod fallback;
 mod future;
 mod headers;
 mod layer;
-mod policy;
+mod rejection;
 mod service;
+mod settings;
 #[cfg(test)]
 mod tests;
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
-
+pub use decision::{DecisionSource, RateLimitDecision};
 pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
-pub use policy::{Algorithm, Limit, LimitState, MAX_LOG_QUOTA, RateOutcome, RatePolicy};
 pub use service::RateLimit;
+pub use settings::{MissingKey, OnStoreError};
 
-use crate::body::ResponseBody;
-use crate::grpc;
-use crate::key::Key;
-use crate::store::StoreError;
-use layer::Settings;
-
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-
-/// What a rate-limit layer does when its store fails or does not answer in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum OnStoreError {
-    /// Let the request through, log a warning, and mark the decision
-    /// [`DecisionSource::StoreUnavailable`]. Availability over strictness: the default.
-    #[default]
-    Allow,
-    /// Answer `503 Service Unavailable` with `Retry-After: 1` (gRPC: UNAVAILABLE).
-    Deny,
-    /// Limit in process while the store is out of reach, each quota divided by `copies` — the
-    /// number of copies expected to share the load — so that together they stay near the limit.
-    LocalFallback {
-        /// How many copies of the service share the traffic (at least 1).
-        copies: u32,
-    },
-}
-
-/// What a rate-limit layer does with a request whose key cannot be extracted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Answer `400 Bad Request` with a short body naming the problem (gRPC: INVALID_ARGUMENT).
-    #[default]
-    Reject,
-    /// Let the request through unlimited.
-    Allow,
-}
-
-/// Where a [`RateLimitDecision`] came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DecisionSource {
-    /// The shared store decided.
-    Store,
-    /// The store failed; [`OnStoreError::Allow`] or [`OnStoreError::Deny`] decided.
-    StoreUnavailable,
-    /// The store failed; the in-process fallback limiter decided.
-    LocalFallback,
-    /// The store denied this caller moments ago, until a time not yet reached: denied again
-    /// without a round trip (see [`RateLimitLayerBuilder::deny_cache`]).
-    DenyCache,
-}
-
-/// The rate-limit decision for one request, in the response extensions (and, for admitted
-/// requests, the request extensions).
-#[derive(Debug, Clone)]
-pub struct RateLimitDecision {
-    admitted: bool,
-    source: DecisionSource,
-    key: Key,
-    cost: u64,
-    retry_after: Duration,
-    /// The limits that decided (the fallback's shares for a fallback decision).
-    policy: Arc<RatePolicy>,
-    /// Per limit of `policy`; empty when the store did not answer.
-    states: Vec<LimitState>,
-}
-
-impl RateLimitDecision {
-    /// Whether the request was let through.
-    pub fn admitted(&self) -> bool {
-        self.admitted
-    }
-
-    /// Who decided.
-    pub fn source(&self) -> DecisionSource {
-        self.source
-    }
-
-    /// The caller's key.
-    pub fn key(&self) -> Key {
-        self.key
-    }
-
-    /// The request's cost.
-    pub fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    /// For a denied request, the time until it could be admitted.
-    pub fn retry_after(&self) -> Duration {
-        self.retry_after
-    }
-
-    /// Each limit's name and state after the decision, in configuration order; empty when the
-    /// store did not answer.
-    pub fn limits(&self) -> Vec<(&str, LimitState)> {
-        self.policy
-            .limits()
-            .iter()
-            .map(Limit::name)
-            .zip(self.states.iter().copied())
-            .collect()
-    }
-
-    fn write_headers(&self, settings: &Settings, headers: &mut HeaderMap) {
-        if self.states.is_empty() {
-            return;
-        }
-        // the fallback limiter's quotas are its share, and its headers say so
-        let policy_header = match (&settings.fallback, self.source) {
-            (Some((_, _, header)), DecisionSource::LocalFallback) => header,
-            _ => &settings.policy_header,
-        };
-        headers.insert(RATELIMIT_POLICY, policy_header.clone());
-        if let Some(value) = headers::state(&self.policy, &self.states) {
-            headers.insert(RATELIMIT, value);
-        }
-    }
-}
-
-impl Settings {
-    /// Turns the store's answer, or its failure, into a decision, as the failure policy says.
-    fn decide(
-        &self,
-        result: Result<RateOutcome, StoreError>,
-        key: Key,
-        cost: u64,
-    ) -> RateLimitDecision {
-        let (outcome, source) = match result {
-            Ok(outcome) => (outcome, DecisionSource::Store),
-            Err(error) => {
-                if self.last_warning.ready() {
-                    tracing::warn!(
-                        target: "tollgate::rate_limit",
-                        %error, %key, policy = ?self.on_store_error,
-                        "rate-limit store failed; applying the failure policy (logged at most once a second)"
-                    );
-                } else {
-                    tracing::debug!(
-                        target: "tollgate::rate_limit",
-                        %error, %key, policy = ?self.on_store_error,
-                        "rate-limit store failed; applying the failure policy"
-                    );
-                }
-                match (&self.fallback, self.on_store_error) {
-                    (Some((store, policy, _)), _) => (
-                        store.check_rate_now(policy, key, cost),
-                        DecisionSource::LocalFallback,
-                    ),
-                    (None, policy) => {
-                        let admitted = policy != OnStoreError::Deny;
-                        let outcome = RateOutcome {
-                            admitted,
-                            retry_after: if admitted {
-                                Duration::ZERO
-                            } else {
-                                Duration::from_secs(1)
-                            },
-                            limits: Vec::new(),
-                        };
-                        (outcome, DecisionSource::StoreUnavailable)
-                    }
-                }
-            }
-        };
-        let policy = match (&self.fallback, source) {
-            (Some((_, divided, _)), DecisionSource::LocalFallback) => Arc::clone(divided),
-            _ => Arc::clone(&self.policy),
-        };
-        let decision = RateLimitDecision {
-            admitted: outcome.admitted,
-            source,
-            key,
-            cost,
-            retry_after: outcome.retry_after,
-            policy,
-            states: outcome.limits,
-        };
-        tracing::debug!(
-            target: "tollgate::rate_limit",
-            %key, cost, admitted = decision.admitted, source = ?decision.source,
-            retry_after_ms = decision.retry_after.as_millis() as u64,
-            "rate-limit decision"
-        );
-        if let Some(cache) = &self.deny_cache
-            && !decision.admitted
-            && decision.source == DecisionSource::Store
-        {
-            cache.remember(&decision);
-        }
-        decision
-    }
-}
-
-/// A response the layer gives instead of calling the inner service.
-#[derive(Debug)]
-enum Rejection {
-    Denied(RateLimitDecision),
-    MissingKey,
-}
-
-impl Rejection {
-    fn into_response<B>(self, settings: &Settings, grpc: bool) -> Response<ResponseBody<B>> {
-        match self {
-            Self::MissingKey if grpc => grpc::trailers_only(
-                grpc::Code::InvalidArgument,
-                "the request carries no rate-limit key",
-            ),
-            Self::MissingKey => plain(
-                StatusCode::BAD_REQUEST,
-                "the request carries no rate-limit key\n",
-            ),
-            Self::Denied(decision) => {
-                let unavailable = decision.source == DecisionSource::StoreUnavailable;
-                let mut response = match (grpc, unavailable) {
-                    (true, false) => {
-                        grpc::trailers_only(grpc::Code::ResourceExhausted, "rate limit exceeded")
-                    }
-                    (true, true) => {
-                        grpc::trailers_only(grpc::Code::Unavailable, "rate-limit store unavailable")
-                    }
-                    (false, false) => plain(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n"),
-                    (false, true) => plain(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "rate-limit store unavailable\n",
-                    ),
-                };
-                let headers = response.headers_mut();
-                headers.insert(
-                    header::RETRY_AFTER,
-                    headers::retry_after(decision.retry_after),
-                );
-                decision.write_headers(settings, headers);
-                response.extensions_mut().insert(decision);
-                response
-            }
-        }
-    }
-}
-
-fn plain<B>(status: StatusCode, body: &'static str) -> Response<ResponseBody<B>> {
-    let mut response = Response::new(ResponseBody::full(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
-}
+pub use crate::rate::{Algorithm, Limit, LimitState, MAX_LOG_QUOTA};

@@ -8,8 +8,8 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::layer::Settings;
-use super::{MissingKey, Rejection};
+use super::rejection::Rejection;
+use super::settings::{MissingKey, Settings};
 use crate::body::ResponseBody;
 use crate::grpc;
 use crate::key::{Global, KeyExtractor};

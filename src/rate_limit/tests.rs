@@ -10,7 +10,9 @@ use tower::{Service, ServiceExt, service_fn};
 
 use super::*;
 use crate::key::Header;
-use crate::store::{MemoryStore, Store, StoreErrorKind, StoreFuture};
+use crate::key::Key;
+use crate::rate::{RateOutcome, RatePolicy};
+use crate::store::{MemoryStore, RateStore, StoreError, StoreErrorKind, StoreFuture};
 
 /// A store that counts rate checks and can be switched to failing.
 #[derive(Debug, Clone, Default)]
@@ -20,63 +22,14 @@ struct Counting {
     down: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl Store for Counting {
+/// Serves rate checks only: the layer asks for nothing else.
+impl RateStore for Counting {
     fn check_rate(&self, p: &Arc<RatePolicy>, key: Key, cost: u64) -> StoreFuture<RateOutcome> {
         self.checks.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             return Box::pin(async { Err(StoreError::new(StoreErrorKind::Unavailable, "down")) });
         }
         self.inner.check_rate(p, key, cost)
-    }
-    fn claim(
-        &self,
-        k: String,
-        h: String,
-        t: Option<Duration>,
-    ) -> StoreFuture<crate::store::ClaimOutcome> {
-        self.inner.claim(k, h, t)
-    }
-    fn lock_acquire(
-        &self,
-        k: String,
-        f: String,
-        t: String,
-        l: Duration,
-    ) -> StoreFuture<crate::store::LockAttempt> {
-        self.inner.lock_acquire(k, f, t, l)
-    }
-    fn extend_if_held(&self, k: String, t: String, l: Duration) -> StoreFuture<bool> {
-        self.inner.extend_if_held(k, t, l)
-    }
-    fn delete_if_held(&self, k: String, t: String) -> StoreFuture<bool> {
-        self.inner.delete_if_held(k, t)
-    }
-    fn idem_begin(
-        &self,
-        k: String,
-        f: String,
-        t: String,
-        l: Duration,
-    ) -> StoreFuture<crate::store::IdemBegin> {
-        self.inner.idem_begin(k, f, t, l)
-    }
-    fn idem_complete(
-        &self,
-        k: String,
-        t: String,
-        r: bytes::Bytes,
-        d: Duration,
-    ) -> StoreFuture<bool> {
-        self.inner.idem_complete(k, t, r, d)
-    }
-    fn idem_release(&self, k: String, t: String) -> StoreFuture<bool> {
-        self.inner.idem_release(k, t)
-    }
-    fn idem_extend(&self, k: String, t: String, l: Duration) -> StoreFuture<bool> {
-        self.inner.idem_extend(k, t, l)
-    }
-    fn ping(&self) -> StoreFuture<()> {
-        self.inner.ping()
     }
 }
 

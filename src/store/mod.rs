@@ -1,8 +1,20 @@
-//! Where shared state lives: the [`Store`] trait of atomic operations, and its backends.
+//! Where shared state lives: the store capabilities, and the backends that provide them.
 //!
 //! Every operation is one round trip and atomic on the server: one Lua script or one conditional
 //! command, never a read-modify-write across round trips. Time comes from the store (`TIME` inside
 //! the scripts), so clock skew between copies of a service cannot change a decision.
+//!
+//! The operations come in three capabilities, one trait each, so that a backend or a wrapper
+//! implements what it serves and a layer asks only for what it uses:
+//!
+//! | trait | operations | used by |
+//! | --- | --- | --- |
+//! | [`RateStore`] | [`check_rate`](RateStore::check_rate) | rate limits |
+//! | [`LockStore`] | claims, lock acquisition, token-checked extend and delete | claims and locks |
+//! | [`IdempotencyStore`] | begin, complete, release and extend a record | idempotency keys |
+//!
+//! [`Store`] is all three plus a health check: what [`RedisStore`] and [`MemoryStore`] provide,
+//! and what `Arc<dyn Store>` shares between layers.
 //!
 //! - [`RedisStore`] (feature `redis`): Redis or Valkey, shared by every copy of the service.
 //! - [`MemoryStore`]: the same semantics inside one process — for tests, docs and a single copy.
@@ -17,30 +29,38 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::key::Key;
-use crate::rate_limit::{RateOutcome, RatePolicy};
+use crate::rate::{RateOutcome, RatePolicy};
 
+mod error;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 
+pub use error::{StoreError, StoreErrorKind};
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
-pub use redis::{RedisStore, RedisStoreBuilder};
+pub use redis::{RedisClusterBuilder, RedisStore, RedisStoreBuilder};
 
-/// The future a [`Store`] operation returns: owned, `Send`, and bounded by the store's timeout.
+/// The future a store operation returns: owned, `Send`, and bounded by the store's timeout.
 pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
 
-/// The atomic operations every backend provides.
+/// Rate checks: the capability a rate-limit layer needs.
 ///
 /// Implementations must finish every future within their own timeout (a store that is down must
-/// not hang a request) and must make each operation atomic with respect to every other caller of
-/// the same backend, in any process.
-pub trait Store: fmt::Debug + Send + Sync + 'static {
+/// not hang a request) and make each check atomic with respect to every other caller of the same
+/// backend, in any process.
+pub trait RateStore: fmt::Debug + Send + Sync + 'static {
     /// Checks `cost` against every limit of `policy` for caller `key` and, only if all have room,
-    /// charges all of them — in one atomic step.
+    /// charges all of them — in one atomic step. The keys are
+    /// [`RatePolicy::store_keys`].
     fn check_rate(&self, policy: &Arc<RatePolicy>, key: Key, cost: u64)
     -> StoreFuture<RateOutcome>;
+}
 
+/// Conditional writes with a holder: the capability claims and locks need.
+///
+/// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`].
+pub trait LockStore: fmt::Debug + Send + Sync + 'static {
     /// Sets `key` to `holder` only if `key` does not exist (SET NX), expiring after `ttl` (`None`:
     /// never). The loser learns the current holder in the same atomic step.
     fn claim(
@@ -66,20 +86,27 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
 
     /// Deletes `key` only while it holds `token`; `false` when it does not.
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool>;
+}
 
+/// Idempotency records claimed with a token and a lease: the capability the idempotency layer
+/// needs.
+///
+/// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`]; all but
+/// [`idempotency_begin`](Self::idempotency_begin) act only while `token` owns the record.
+pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
     /// Looks up idempotency record `key` and, when there is none, claims it for a request with
     /// `fingerprint`, owned by `token`, for `lease` — in one atomic step.
-    fn idem_begin(
+    fn idempotency_begin(
         &self,
         key: String,
         fingerprint: String,
         token: String,
         lease: Duration,
-    ) -> StoreFuture<IdemBegin>;
+    ) -> StoreFuture<IdempotencyBegin>;
 
     /// Stores the encoded `response` in record `key`, kept for `retention`, only while `token`
     /// still owns the claim; `false` (and nothing written) otherwise.
-    fn idem_complete(
+    fn idempotency_complete(
         &self,
         key: String,
         token: String,
@@ -88,18 +115,21 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     ) -> StoreFuture<bool>;
 
     /// Deletes record `key` only while `token` still owns its claim.
-    fn idem_release(&self, key: String, token: String) -> StoreFuture<bool>;
+    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool>;
 
     /// Extends the claim on record `key` to `lease` from now, only while `token` owns it.
-    fn idem_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool>;
+    fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool>;
+}
 
+/// Every capability, plus a health check: a store that can back every layer of this crate.
+pub trait Store: RateStore + LockStore + IdempotencyStore {
     /// Succeeds when the store answers.
     fn ping(&self) -> StoreFuture<()>;
 }
 
-/// The answer to [`Store::idem_begin`].
+/// The answer to [`IdempotencyStore::idempotency_begin`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IdemBegin {
+pub enum IdempotencyBegin {
     /// The key was new: this request owns it now and should run.
     Claimed,
     /// Another request with the same key and fingerprint is running.
@@ -113,7 +143,7 @@ pub enum IdemBegin {
     Completed(Bytes),
 }
 
-/// The answer to [`Store::claim`].
+/// The answer to [`LockStore::claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimOutcome {
     /// Whether this caller's write won.
@@ -123,7 +153,7 @@ pub struct ClaimOutcome {
     pub holder: String,
 }
 
-/// The answer to [`Store::lock_acquire`].
+/// The answer to [`LockStore::lock_acquire`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LockAttempt {
     /// The lock is ours; the fencing token of this acquisition.
@@ -142,7 +172,12 @@ pub enum LockAttempt {
 /// expires restarts above every earlier token (see `scripts/lock_acquire.lua`).
 pub(crate) const FENCE_TTL: Duration = Duration::from_secs(30 * 86_400);
 
-impl<T: Store + ?Sized> Store for Arc<T> {
+/// Milliseconds for a store command, at least 1 (0 would mean "no expiry" or be rejected).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl<T: RateStore + ?Sized> RateStore for Arc<T> {
     fn check_rate(
         &self,
         policy: &Arc<RatePolicy>,
@@ -151,7 +186,9 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     ) -> StoreFuture<RateOutcome> {
         (**self).check_rate(policy, key, cost)
     }
+}
 
+impl<T: LockStore + ?Sized> LockStore for Arc<T> {
     fn claim(
         &self,
         key: String,
@@ -178,108 +215,40 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
         (**self).delete_if_held(key, token)
     }
+}
 
-    fn idem_begin(
+impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
+    fn idempotency_begin(
         &self,
         key: String,
         fingerprint: String,
         token: String,
         lease: Duration,
-    ) -> StoreFuture<IdemBegin> {
-        (**self).idem_begin(key, fingerprint, token, lease)
+    ) -> StoreFuture<IdempotencyBegin> {
+        (**self).idempotency_begin(key, fingerprint, token, lease)
     }
 
-    fn idem_complete(
+    fn idempotency_complete(
         &self,
         key: String,
         token: String,
         response: Bytes,
         retention: Duration,
     ) -> StoreFuture<bool> {
-        (**self).idem_complete(key, token, response, retention)
+        (**self).idempotency_complete(key, token, response, retention)
     }
 
-    fn idem_release(&self, key: String, token: String) -> StoreFuture<bool> {
-        (**self).idem_release(key, token)
+    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
+        (**self).idempotency_release(key, token)
     }
 
-    fn idem_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        (**self).idem_extend(key, token, lease)
+    fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+        (**self).idempotency_extend(key, token, lease)
     }
+}
 
+impl<T: Store + ?Sized> Store for Arc<T> {
     fn ping(&self) -> StoreFuture<()> {
         (**self).ping()
-    }
-}
-
-/// Milliseconds for a store command, at least 1 (0 would mean "no expiry" or be rejected).
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
-/// What went wrong talking to a store.
-#[derive(Debug)]
-pub struct StoreError {
-    kind: StoreErrorKind,
-    source: Option<Box<dyn std::error::Error + Send + Sync>>,
-}
-
-/// The kind of a [`StoreError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreErrorKind {
-    /// No answer within the store's timeout.
-    Timeout,
-    /// The store could not be reached, or the connection broke.
-    Unavailable,
-    /// The store answered with an error or with something this crate does not understand.
-    Protocol,
-}
-
-impl StoreError {
-    /// A new error of `kind`, caused by `source`.
-    pub fn new(
-        kind: StoreErrorKind,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
-        Self {
-            kind,
-            source: Some(source.into()),
-        }
-    }
-
-    /// A timeout.
-    pub fn timeout() -> Self {
-        Self {
-            kind: StoreErrorKind::Timeout,
-            source: None,
-        }
-    }
-
-    /// The kind of failure.
-    pub fn kind(&self) -> StoreErrorKind {
-        self.kind
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = match self.kind {
-            StoreErrorKind::Timeout => "store timed out",
-            StoreErrorKind::Unavailable => "store unavailable",
-            StoreErrorKind::Protocol => "store protocol error",
-        };
-        match &self.source {
-            Some(source) => write!(f, "{what}: {source}"),
-            None => f.write_str(what),
-        }
-    }
-}
-
-impl std::error::Error for StoreError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }

@@ -12,11 +12,13 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 
 use super::{
-    ClaimOutcome, FENCE_TTL, IdemBegin, LockAttempt, Store, StoreError, StoreErrorKind,
-    StoreFuture, millis,
+    ClaimOutcome, FENCE_TTL, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RateStore,
+    Store, StoreError, StoreErrorKind, StoreFuture, millis,
 };
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::Key;
-use crate::rate_limit::{Algorithm, LimitState, RateOutcome, RatePolicy};
+use crate::keys;
+use crate::rate::{Algorithm, LimitState, RateOutcome, RatePolicy};
 
 /// A store on Redis or Valkey, shared by every copy of a service.
 ///
@@ -126,41 +128,59 @@ impl Scripts {
     }
 }
 
-/// Configures a [`RedisStore`].
+/// Configures a [`RedisStore`] on a standalone Redis; made by [`RedisStore::builder`].
 #[derive(Debug, Clone)]
 pub struct RedisStoreBuilder {
-    urls: Vec<String>,
+    url: String,
     timeout: Duration,
-    cluster: bool,
 }
+
+/// Configures a [`RedisStore`] on a Redis Cluster; made by [`RedisStore::cluster_builder`].
+///
+/// A cluster store connects when it is built, as it reads the slot map:
+/// [`connect`](Self::connect) is async and needs the cluster to answer.
+#[derive(Debug, Clone)]
+pub struct RedisClusterBuilder {
+    nodes: Vec<String>,
+    timeout: Duration,
+}
+
+/// The default bound on every store call.
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
 impl RedisStore {
     /// A builder for a standalone Redis at `url`, e.g. `redis://127.0.0.1:6379/`.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
-            urls: vec![url.into()],
-            timeout: Duration::from_millis(250),
-            cluster: false,
+            url: url.into(),
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 
     /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port` each).
-    pub fn cluster_builder<I, S>(nodes: I) -> RedisStoreBuilder
+    pub fn cluster_builder<I, S>(nodes: I) -> RedisClusterBuilder
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        RedisStoreBuilder {
-            urls: nodes.into_iter().map(Into::into).collect(),
-            timeout: Duration::from_millis(250),
-            cluster: true,
+        RedisClusterBuilder {
+            nodes: nodes.into_iter().map(Into::into).collect(),
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 
     /// A store on a standalone Redis at `url` with default settings. Connects lazily: this fails
     /// only when the URL is invalid, never because Redis is down.
-    pub fn open(url: impl Into<String>) -> Result<Self, StoreError> {
+    pub fn open(url: impl Into<String>) -> Result<Self, ConfigError> {
         Self::builder(url).build()
+    }
+
+    fn new(conn: Connection, timeout: Duration) -> Self {
+        Self {
+            conn,
+            timeout,
+            scripts: Arc::new(Scripts::new()),
+        }
     }
 
     /// The per-call timeout.
@@ -218,58 +238,47 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Builds a store on a standalone Redis (made by [`RedisStore::builder`]). Connects lazily, so
-    /// a Redis that is down now is not an error: calls fail (within the timeout) until it is
-    /// back. A cluster builder is refused: it connects with
-    /// [`build_cluster`](Self::build_cluster).
-    pub fn build(self) -> Result<RedisStore, StoreError> {
-        if self.cluster {
-            return Err(StoreError::new(
-                StoreErrorKind::Protocol,
-                "a cluster builder connects with build_cluster()".to_owned(),
-            ));
-        }
-        let url = self.urls.first().ok_or_else(|| {
-            StoreError::new(StoreErrorKind::Protocol, "no Redis URL given".to_owned())
-        })?;
-        let client = redis::Client::open(url.as_str()).map_err(config_error)?;
+    /// Builds the store. Connects lazily, so a Redis that is down now is not an error: calls fail
+    /// (within the timeout) until it is back. [`ConfigError`] when the URL does not parse.
+    pub fn build(self) -> Result<RedisStore, ConfigError> {
+        // the URL is not repeated: it may carry a password
+        let invalid = |e: RedisError| {
+            ConfigError::new(ConfigErrorKind::Store, format!("invalid Redis URL: {e}"))
+        };
+        let client = redis::Client::open(self.url.as_str()).map_err(invalid)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
-        let manager =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(config_error)?;
-        Ok(RedisStore {
-            conn: Connection::Single(manager),
-            timeout: self.timeout,
-            scripts: Arc::new(Scripts::new()),
-        })
+        let manager = ConnectionManager::new_lazy_with_config(client, config).map_err(invalid)?;
+        Ok(RedisStore::new(Connection::Single(manager), self.timeout))
+    }
+}
+
+impl RedisClusterBuilder {
+    /// The bound on every store call (default 250 ms); connecting may take up to eight times as
+    /// long.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
-    /// Connects to a Redis Cluster through the builder's nodes (made by
-    /// [`RedisStore::cluster_builder`]); the cluster must answer now, as its slot map is read.
-    pub async fn build_cluster(self) -> Result<RedisStore, StoreError> {
-        let client = redis::cluster::ClusterClient::builder(self.urls)
+    /// Connects to the cluster through the builder's nodes and reads its slot map; the cluster
+    /// must answer now. A node URL that does not parse is a [`StoreErrorKind::Config`] error.
+    pub async fn connect(self) -> Result<RedisStore, StoreError> {
+        let client = redis::cluster::ClusterClient::builder(self.nodes)
             .connection_timeout(self.timeout)
             .response_timeout(self.timeout)
             .retries(2)
             .build()
-            .map_err(config_error)?;
+            .map_err(|e| StoreError::new(StoreErrorKind::Config, e))?;
         let conn = tokio::time::timeout(self.timeout * 8, client.get_async_connection())
             .await
             .map_err(|_| StoreError::timeout())?
             .map_err(store_error)?;
-        Ok(RedisStore {
-            conn: Connection::Cluster(conn),
-            timeout: self.timeout,
-            scripts: Arc::new(Scripts::new()),
-        })
+        Ok(RedisStore::new(Connection::Cluster(conn), self.timeout))
     }
-}
-
-fn config_error(e: RedisError) -> StoreError {
-    StoreError::new(StoreErrorKind::Protocol, e)
 }
 
 pub(super) fn store_error(e: RedisError) -> StoreError {
@@ -311,7 +320,7 @@ fn decode_rate(reply: &[i64], limits: usize) -> Result<RateOutcome, StoreError> 
     })
 }
 
-impl Store for RedisStore {
+impl RateStore for RedisStore {
     fn check_rate(
         &self,
         policy: &Arc<RatePolicy>,
@@ -326,7 +335,7 @@ impl Store for RedisStore {
                 Algorithm::Gcra => &scripts.gcra,
             };
             let mut invocation = script.prepare_invoke();
-            for key in policy.store_keys(&key) {
+            for key in keys::rate(&policy, &key) {
                 invocation.key(key);
             }
             invocation.arg(cost);
@@ -343,7 +352,9 @@ impl Store for RedisStore {
             decode_rate(&reply, policy.limits().len())
         })
     }
+}
 
+impl LockStore for RedisStore {
     fn claim(
         &self,
         key: String,
@@ -403,14 +414,16 @@ impl Store for RedisStore {
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
         self.token_checked(|s| &s.compare_and_delete, key, token, None)
     }
+}
 
-    fn idem_begin(
+impl IdempotencyStore for RedisStore {
+    fn idempotency_begin(
         &self,
         key: String,
         fingerprint: String,
         token: String,
         lease: Duration,
-    ) -> StoreFuture<IdemBegin> {
+    ) -> StoreFuture<IdempotencyBegin> {
         self.call(move |mut conn, scripts| async move {
             let reply: Vec<Value> = scripts
                 .idem_begin
@@ -425,7 +438,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn idem_complete(
+    fn idempotency_complete(
         &self,
         key: String,
         token: String,
@@ -446,14 +459,16 @@ impl Store for RedisStore {
         })
     }
 
-    fn idem_release(&self, key: String, token: String) -> StoreFuture<bool> {
+    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
         self.token_checked(|s| &s.idem_release, key, token, None)
     }
 
-    fn idem_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+    fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
         self.token_checked(|s| &s.idem_extend, key, token, Some(lease))
     }
+}
 
+impl Store for RedisStore {
     fn ping(&self) -> StoreFuture<()> {
         self.call(|mut conn, _| async move {
             redis::cmd("PING")
@@ -466,18 +481,20 @@ impl Store for RedisStore {
 }
 
 /// Decodes `{0}`, `{1, lease_left_ms}`, `{2}` or `{3, response}`.
-fn decode_idem_begin(reply: Vec<Value>) -> Result<IdemBegin, StoreError> {
+fn decode_idem_begin(reply: Vec<Value>) -> Result<IdempotencyBegin, StoreError> {
     let mut reply = reply.into_iter();
     let Some(Value::Int(tag)) = reply.next() else {
         return Err(protocol("idempotency script returned no tag"));
     };
     match (tag, reply.next()) {
-        (0, None) => Ok(IdemBegin::Claimed),
-        (1, Some(Value::Int(ms))) => Ok(IdemBegin::InFlight {
+        (0, None) => Ok(IdempotencyBegin::Claimed),
+        (1, Some(Value::Int(ms))) => Ok(IdempotencyBegin::InFlight {
             lease_left: Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
         }),
-        (2, None) => Ok(IdemBegin::Mismatch),
-        (3, Some(Value::BulkString(response))) => Ok(IdemBegin::Completed(Bytes::from(response))),
+        (2, None) => Ok(IdempotencyBegin::Mismatch),
+        (3, Some(Value::BulkString(response))) => {
+            Ok(IdempotencyBegin::Completed(Bytes::from(response)))
+        }
         _ => Err(protocol("idempotency script returned an unexpected reply")),
     }
 }

@@ -83,7 +83,7 @@ impl RedisCluster {
     pub async fn store(&self) -> RedisStore {
         RedisStore::cluster_builder(self.urls())
             .timeout(Duration::from_millis(1000))
-            .build_cluster()
+            .connect()
             .await
             .expect("cluster store")
     }

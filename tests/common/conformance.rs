@@ -8,8 +8,8 @@ use std::time::Duration;
 use tollgate::claim::Claims;
 use tollgate::key::Key;
 use tollgate::lock::{LockError, Locks};
-use tollgate::rate_limit::{Algorithm, Limit, RateOutcome, RatePolicy};
-use tollgate::store::{IdemBegin, Store};
+use tollgate::rate::{Algorithm, Limit, RateOutcome, RatePolicy};
+use tollgate::store::{IdempotencyBegin, Store};
 
 fn unique(name: &str) -> String {
     format!("{name}-{}", rand::random::<u64>())
@@ -530,11 +530,11 @@ pub async fn idem_lifecycle(store: &(impl Store + Clone)) {
     let key = idem_key();
     let lease = Duration::from_secs(30);
     let begin = |fp: &str, token: &str| {
-        store.idem_begin(key.clone(), fp.to_owned(), token.to_owned(), lease)
+        store.idempotency_begin(key.clone(), fp.to_owned(), token.to_owned(), lease)
     };
-    assert_eq!(begin("fp", "a").await.unwrap(), IdemBegin::Claimed);
+    assert_eq!(begin("fp", "a").await.unwrap(), IdempotencyBegin::Claimed);
     match begin("fp", "b").await.unwrap() {
-        IdemBegin::InFlight { lease_left } => {
+        IdempotencyBegin::InFlight { lease_left } => {
             assert!(
                 lease_left > Duration::from_secs(29) && lease_left <= lease,
                 "{lease_left:?}"
@@ -542,11 +542,14 @@ pub async fn idem_lifecycle(store: &(impl Store + Clone)) {
         }
         other => panic!("expected InFlight, got {other:?}"),
     }
-    assert_eq!(begin("other", "b").await.unwrap(), IdemBegin::Mismatch);
+    assert_eq!(
+        begin("other", "b").await.unwrap(),
+        IdempotencyBegin::Mismatch
+    );
     let response = bytes::Bytes::from_static(b"\x00binary\xffresponse");
     assert!(
         store
-            .idem_complete(
+            .idempotency_complete(
                 key.clone(),
                 "a".into(),
                 response.clone(),
@@ -557,14 +560,22 @@ pub async fn idem_lifecycle(store: &(impl Store + Clone)) {
     );
     assert_eq!(
         begin("fp", "c").await.unwrap(),
-        IdemBegin::Completed(response)
+        IdempotencyBegin::Completed(response)
     );
-    assert_eq!(begin("other", "c").await.unwrap(), IdemBegin::Mismatch);
+    assert_eq!(
+        begin("other", "c").await.unwrap(),
+        IdempotencyBegin::Mismatch
+    );
     // a completed record is no longer anybody's claim
-    assert!(!store.idem_release(key.clone(), "a".into()).await.unwrap());
     assert!(
         !store
-            .idem_extend(key.clone(), "a".into(), lease)
+            .idempotency_release(key.clone(), "a".into())
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .idempotency_extend(key.clone(), "a".into(), lease)
             .await
             .unwrap()
     );
@@ -573,7 +584,7 @@ pub async fn idem_lifecycle(store: &(impl Store + Clone)) {
 pub async fn idem_exactly_one_claim_among_concurrent(store: &(impl Store + Clone)) {
     let key = idem_key();
     let attempts = (0..100).map(|i| {
-        store.idem_begin(
+        store.idempotency_begin(
             key.clone(),
             "fp".into(),
             format!("t{i}"),
@@ -583,11 +594,11 @@ pub async fn idem_exactly_one_claim_among_concurrent(store: &(impl Store + Clone
     let results = futures_util::future::join_all(attempts).await;
     let claimed = results
         .iter()
-        .filter(|r| matches!(r, Ok(IdemBegin::Claimed)))
+        .filter(|r| matches!(r, Ok(IdempotencyBegin::Claimed)))
         .count();
     let in_flight = results
         .iter()
-        .filter(|r| matches!(r, Ok(IdemBegin::InFlight { .. })))
+        .filter(|r| matches!(r, Ok(IdempotencyBegin::InFlight { .. })))
         .count();
     assert_eq!((claimed, in_flight), (1, 99));
 }
@@ -595,21 +606,21 @@ pub async fn idem_exactly_one_claim_among_concurrent(store: &(impl Store + Clone
 pub async fn idem_token_checks_and_takeover(store: &(impl Store + Clone)) {
     let key = idem_key();
     let begin = |token: &str, lease: Duration| {
-        store.idem_begin(key.clone(), "fp".into(), token.to_owned(), lease)
+        store.idempotency_begin(key.clone(), "fp".into(), token.to_owned(), lease)
     };
     assert_eq!(
         begin("stale", Duration::from_millis(200)).await.unwrap(),
-        IdemBegin::Claimed
+        IdempotencyBegin::Claimed
     );
     assert!(
         !store
-            .idem_extend(key.clone(), "intruder".into(), Duration::from_secs(1))
+            .idempotency_extend(key.clone(), "intruder".into(), Duration::from_secs(1))
             .await
             .unwrap()
     );
     assert!(
         !store
-            .idem_release(key.clone(), "intruder".into())
+            .idempotency_release(key.clone(), "intruder".into())
             .await
             .unwrap()
     );
@@ -617,26 +628,26 @@ pub async fn idem_token_checks_and_takeover(store: &(impl Store + Clone)) {
     // the stalled owner's lease ran out: another request takes the key over
     assert_eq!(
         begin("fresh", Duration::from_secs(30)).await.unwrap(),
-        IdemBegin::Claimed
+        IdempotencyBegin::Claimed
     );
     let stale = bytes::Bytes::from_static(b"stale");
     let fresh = bytes::Bytes::from_static(b"fresh");
     assert!(
         !store
-            .idem_complete(key.clone(), "stale".into(), stale, Duration::from_secs(60))
+            .idempotency_complete(key.clone(), "stale".into(), stale, Duration::from_secs(60))
             .await
             .unwrap(),
         "stale completion refused"
     );
     assert!(
         !store
-            .idem_extend(key.clone(), "stale".into(), Duration::from_secs(30))
+            .idempotency_extend(key.clone(), "stale".into(), Duration::from_secs(30))
             .await
             .unwrap()
     );
     assert!(
         store
-            .idem_complete(
+            .idempotency_complete(
                 key.clone(),
                 "fresh".into(),
                 fresh.clone(),
@@ -647,34 +658,39 @@ pub async fn idem_token_checks_and_takeover(store: &(impl Store + Clone)) {
     );
     assert_eq!(
         begin("late", Duration::from_secs(30)).await.unwrap(),
-        IdemBegin::Completed(fresh)
+        IdempotencyBegin::Completed(fresh)
     );
 }
 
 pub async fn idem_retention_and_release(store: &(impl Store + Clone)) {
     let key = idem_key();
     let begin = |token: &str| {
-        store.idem_begin(
+        store.idempotency_begin(
             key.clone(),
             "fp".into(),
             token.to_owned(),
             Duration::from_secs(30),
         )
     };
-    assert_eq!(begin("a").await.unwrap(), IdemBegin::Claimed);
+    assert_eq!(begin("a").await.unwrap(), IdempotencyBegin::Claimed);
     assert!(
         store
-            .idem_extend(key.clone(), "a".into(), Duration::from_secs(30))
+            .idempotency_extend(key.clone(), "a".into(), Duration::from_secs(30))
             .await
             .unwrap()
     );
-    assert!(store.idem_release(key.clone(), "a".into()).await.unwrap());
+    assert!(
+        store
+            .idempotency_release(key.clone(), "a".into())
+            .await
+            .unwrap()
+    );
     // released: the next request runs
-    assert_eq!(begin("b").await.unwrap(), IdemBegin::Claimed);
+    assert_eq!(begin("b").await.unwrap(), IdempotencyBegin::Claimed);
     let done = bytes::Bytes::from_static(b"done");
     assert!(
         store
-            .idem_complete(
+            .idempotency_complete(
                 key.clone(),
                 "b".into(),
                 done.clone(),
@@ -683,11 +699,11 @@ pub async fn idem_retention_and_release(store: &(impl Store + Clone)) {
             .await
             .unwrap()
     );
-    assert_eq!(begin("c").await.unwrap(), IdemBegin::Completed(done));
+    assert_eq!(begin("c").await.unwrap(), IdempotencyBegin::Completed(done));
     tokio::time::sleep(Duration::from_millis(260)).await;
     assert_eq!(
         begin("d").await.unwrap(),
-        IdemBegin::Claimed,
+        IdempotencyBegin::Claimed,
         "retention over"
     );
 }

@@ -3,8 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::error::{ConfigError, check_prefix};
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::Key;
+use crate::keys::{self, check_prefix};
 
 /// One named quota: at most `quota` cost per `window`.
 ///
@@ -120,13 +121,12 @@ impl std::str::FromStr for Algorithm {
 
 /// A validated set of limits checked together, all-or-nothing, under one algorithm.
 ///
-/// Built by [`RateLimitLayer`](super::RateLimitLayer)'s builder; a [`Store`](crate::store::Store)
-/// implementation reads it.
+/// A rate-limit layer builds one from its configuration; a store reads it to decide.
 #[derive(Debug, Clone)]
 pub struct RatePolicy {
-    pub(crate) namespace: String,
-    pub(crate) algorithm: Algorithm,
-    pub(crate) limits: Vec<Limit>,
+    namespace: String,
+    algorithm: Algorithm,
+    limits: Vec<Limit>,
 }
 
 impl RatePolicy {
@@ -141,55 +141,14 @@ impl RatePolicy {
         let namespace = namespace.into();
         check_prefix(&namespace)?;
         if limits.is_empty() {
-            return Err(ConfigError::new("a rate limit needs at least one limit"));
+            return Err(limit_error("a rate limit needs at least one limit"));
         }
         for (i, limit) in limits.iter().enumerate() {
-            let name = limit.name();
-            if name.is_empty()
-                || name.len() > 64
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-            {
-                return Err(ConfigError::new(format!(
-                    "invalid limit name {name:?}: use 1 to 64 ASCII letters, digits, '-', '_' or '.'"
-                )));
+            if limits[..i].iter().any(|l| l.name() == limit.name()) {
+                let name = limit.name();
+                return Err(limit_error(format!("limit name {name:?} is used twice")));
             }
-            if limits[..i].iter().any(|l| l.name() == name) {
-                return Err(ConfigError::new(format!(
-                    "limit name {name:?} is used twice"
-                )));
-            }
-            if limit.quota() == 0 {
-                return Err(ConfigError::new(format!("limit {name:?} has a zero quota")));
-            }
-            if limit.window() < Duration::from_millis(1) {
-                return Err(ConfigError::new(format!(
-                    "limit {name:?} has a window under one millisecond"
-                )));
-            }
-            // The log keeps an entry per unit of cost: a quota beyond this is a memory and
-            // latency hazard in Redis (one request could add that many members).
-            if algorithm == Algorithm::SlidingLog && limit.quota() > MAX_LOG_QUOTA {
-                return Err(ConfigError::new(format!(
-                    "limit {name:?}: the sliding log keeps an entry per unit, so its quota is at most {MAX_LOG_QUOTA}; use the sliding counter or GCRA"
-                )));
-            }
-            // GCRA counts in 1/quota microseconds: quota * window (µs) must stay exact in a
-            // double, as must quota * window (ms) for the counter.
-            if algorithm == Algorithm::Gcra
-                && u128::from(limit.quota()) * limit.window().as_micros() >= 1 << 52
-            {
-                return Err(ConfigError::new(format!(
-                    "limit {name:?} is out of range for GCRA: quota x window in microseconds must stay below 2^52"
-                )));
-            }
-            // Scripts compute quota * window in doubles: keep that exact.
-            if limit.window() > Duration::from_secs(366 * 86_400)
-                || u128::from(limit.quota()) * limit.window().as_millis() >= 1 << 52
-            {
-                return Err(ConfigError::new(format!("limit {name:?} is out of range")));
-            }
+            check_limit(limit, algorithm)?;
         }
         Ok(Self {
             namespace,
@@ -227,41 +186,56 @@ impl RatePolicy {
     /// All of one caller's keys share the hash tag `{<key>}`, so one script may touch them on
     /// Redis Cluster.
     pub fn store_keys(&self, key: &Key) -> Vec<String> {
-        self.limits
-            .iter()
-            .map(|limit| {
-                let mut s = String::with_capacity(self.namespace.len() + limit.name.len() + 34);
-                s.push_str(&self.namespace);
-                s.push_str(":{");
-                key.write_encoded(&mut s);
-                s.push_str("}:");
-                s.push_str(&limit.name);
-                s.push(':');
-                s.push_str(self.algorithm.tag());
-                s
-            })
-            .collect()
+        keys::rate(self, key)
     }
 }
 
-/// One limit's state after a decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LimitState {
-    /// Quota left after this decision (an admitted request is charged first; a denied one charges
-    /// nothing).
-    pub remaining: u64,
-    /// Time until this limit's quota grows again; zero when nothing is in use.
-    pub reset: Duration,
+fn limit_error(message: impl Into<String>) -> ConfigError {
+    ConfigError::new(ConfigErrorKind::Limit, message)
 }
 
-/// A store's answer to a rate check.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RateOutcome {
-    /// Whether every limit had room; only then was the cost charged, to all of them.
-    pub admitted: bool,
-    /// For a denied request, the time until it could be admitted (zero when admitted). A cost
-    /// larger than some limit's quota can never be admitted; the wait is then that window.
-    pub retry_after: Duration,
-    /// Per limit, in configuration order.
-    pub limits: Vec<LimitState>,
+/// Checks one limit's name, quota and window, and that the algorithm counts it exactly.
+fn check_limit(limit: &Limit, algorithm: Algorithm) -> Result<(), ConfigError> {
+    let name = limit.name();
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return Err(limit_error(format!(
+            "invalid limit name {name:?}: use 1 to 64 ASCII letters, digits, '-', '_' or '.'"
+        )));
+    }
+    if limit.quota() == 0 {
+        return Err(limit_error(format!("limit {name:?} has a zero quota")));
+    }
+    if limit.window() < Duration::from_millis(1) {
+        return Err(limit_error(format!(
+            "limit {name:?} has a window under one millisecond"
+        )));
+    }
+    // The log keeps an entry per unit of cost: a quota beyond this is a memory and latency hazard
+    // in Redis (one request could add that many members).
+    if algorithm == Algorithm::SlidingLog && limit.quota() > MAX_LOG_QUOTA {
+        return Err(limit_error(format!(
+            "limit {name:?}: the sliding log keeps an entry per unit, so its quota is at most {MAX_LOG_QUOTA}; use the sliding counter or GCRA"
+        )));
+    }
+    // GCRA counts in 1/quota microseconds: quota * window (µs) must stay exact in a double, as
+    // must quota * window (ms) for the counter.
+    if algorithm == Algorithm::Gcra
+        && u128::from(limit.quota()) * limit.window().as_micros() >= 1 << 52
+    {
+        return Err(limit_error(format!(
+            "limit {name:?} is out of range for GCRA: quota x window in microseconds must stay below 2^52"
+        )));
+    }
+    // Scripts compute quota * window in doubles: keep that exact.
+    if limit.window() > Duration::from_secs(366 * 86_400)
+        || u128::from(limit.quota()) * limit.window().as_millis() >= 1 << 52
+    {
+        return Err(limit_error(format!("limit {name:?} is out of range")));
+    }
+    Ok(())
 }

@@ -1,0 +1,214 @@
+//! The flow of one keyed request: buffer and fingerprint it, claim its key, replay or refuse, or
+//! hand it to its execution (`execute`) and await the head of its response.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderValue, Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::body::IdempotencyBody;
+use super::execute::{Answer, execute};
+use super::fingerprint::fingerprint;
+use super::layer::{OnConcurrent, Settings};
+use super::record::StoredResponse;
+use super::rejection::Rejection;
+use super::service::RequestBody;
+use crate::BoxError;
+use crate::body::Complete;
+use crate::lease::{self, Owner};
+use crate::store::IdempotencyBegin;
+
+/// One keyed request: buffer and fingerprint it, then claim, replay or refuse.
+pub(super) async fn handle<S, ReqBody, ResBody>(
+    settings: Arc<Settings>,
+    service: S,
+    parts: Parts,
+    body: ReqBody,
+    key: String,
+    grpc: bool,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let body = match buffer_body(body, settings.body_limit).await {
+        Ok(body) => body,
+        Err(rejection) => return Ok(rejection.into_response(grpc)),
+    };
+    let fingerprint = fingerprint(&parts, &settings.fingerprint_headers, &body);
+    let token = uuid::Uuid::new_v4().to_string();
+    if let Err(refused) = claim(&settings, &key, &fingerprint, &token, grpc).await {
+        return Ok(refused);
+    }
+    let request = Request::from_parts(parts, Either::Left(Full::new(body)));
+    spawn_execution(settings, service, request, key, token, grpc).await
+}
+
+/// The whole request body, if it is readable and within `limit`.
+async fn buffer_body<B>(body: B, limit: usize) -> Result<Bytes, Rejection>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(Rejection::TooLarge)
+        }
+        Err(_) => Err(Rejection::UnreadableBody),
+    }
+}
+
+/// Claims the key for this request (waiting while another holds it, if so configured); the
+/// error is the answer instead: a mismatch, a replay, a conflict or an unavailable store.
+async fn claim<B>(
+    settings: &Arc<Settings>,
+    key: &str,
+    fingerprint: &str,
+    token: &str,
+    grpc: bool,
+) -> Result<(), Response<IdempotencyBody<B>>> {
+    let wait_until = wait_deadline(settings.on_concurrent);
+    let mut pause = Duration::from_millis(10);
+    // While a claim attempt is unanswered — it timed out, or the caller went away mid-call — the
+    // store may still have made it: the guard then releases it (token-checked, so harmlessly if
+    // it was not made) instead of leaving the key blocked for a whole lease.
+    let mut unanswered = ClaimGuard::new(settings, key, token);
+    loop {
+        let begin = settings
+            .store
+            .idempotency_begin(
+                key.to_owned(),
+                fingerprint.to_owned(),
+                token.to_owned(),
+                settings.lease,
+            )
+            .await;
+        match begin {
+            Ok(IdempotencyBegin::Claimed) => break,
+            Ok(IdempotencyBegin::Mismatch) => {
+                unanswered.disarm();
+                return Err(Rejection::Mismatch.into_response(grpc));
+            }
+            Ok(IdempotencyBegin::Completed(record)) => {
+                unanswered.disarm();
+                return Err(replay(&record, grpc));
+            }
+            Ok(IdempotencyBegin::InFlight { .. }) => match wait_until {
+                Some(until) if Instant::now() < until => {
+                    tokio::time::sleep(pause.min(until - Instant::now())).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                _ => {
+                    unanswered.disarm();
+                    return Err(Rejection::InFlight.into_response(grpc));
+                }
+            },
+            Err(error) => {
+                tracing::warn!(target: "tollgate::idempotency", %error, "idempotency store failed; refusing the request");
+                return Err(Rejection::StoreUnavailable.into_response(grpc));
+            }
+        }
+    }
+    // the claim is ours: the execution task owns it from here
+    unanswered.disarm();
+    Ok(())
+}
+
+/// Until when a request waits for another one holding its key, if it waits at all.
+fn wait_deadline(on_concurrent: OnConcurrent) -> Option<Instant> {
+    match on_concurrent {
+        // a wait too long to add to the clock is as good as waiting for ever: cap at a day
+        OnConcurrent::Wait(wait) => {
+            Instant::now().checked_add(wait.min(Duration::from_secs(86_400)))
+        }
+        OnConcurrent::Reject => None,
+    }
+}
+
+/// Runs the claimed request in a task of its own and awaits the head of its response.
+async fn spawn_execution<S, ReqBody, ResBody>(
+    settings: Arc<Settings>,
+    service: S,
+    request: Request<RequestBody<ReqBody>>,
+    key: String,
+    token: String,
+    grpc: bool,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let (head_tx, head_rx) = oneshot::channel();
+    // Spawned: the handler runs to completion and its response is recorded even when the client
+    // goes away, so that the client's retry gets the replay instead of a second execution.
+    tokio::spawn(execute(settings, service, request, key, token, head_tx));
+    match head_rx.await {
+        Ok(answer) => answer,
+        // the task ended without a response: the handler panicked (the key was released)
+        Err(_) => Ok(Rejection::HandlerFailed.into_response(grpc)),
+    }
+}
+
+/// Releases a claim whose attempt went unanswered, in the background, unless disarmed.
+struct ClaimGuard {
+    pending: Option<(Arc<Settings>, String, String)>,
+}
+
+impl ClaimGuard {
+    fn new(settings: &Arc<Settings>, key: &str, token: &str) -> Self {
+        Self {
+            pending: Some((Arc::clone(settings), key.to_owned(), token.to_owned())),
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.pending = None;
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        let Some((settings, key, token)) = self.pending.take() else {
+            return;
+        };
+        lease::release_in_background(
+            Owner::Idempotency,
+            "a claim attempt went unanswered",
+            || settings.store.idempotency_release(key, token),
+        );
+    }
+}
+
+/// A completed response, replayed byte for byte plus `Idempotent-Replayed: true`.
+fn replay<B>(record: &[u8], grpc: bool) -> Response<IdempotencyBody<B>> {
+    let Some(stored) = StoredResponse::decode(record) else {
+        tracing::error!(target: "tollgate::idempotency", "a stored response could not be decoded");
+        return Rejection::StoreUnavailable.into_response(grpc);
+    };
+    let body = Complete::new(stored.body, stored.trailers);
+    let mut response = Response::new(IdempotencyBody::from(body));
+    *response.status_mut() = stored.status;
+    *response.headers_mut() = stored.headers;
+    response
+        .headers_mut()
+        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    response
+}

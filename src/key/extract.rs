@@ -1,0 +1,103 @@
+//! [`KeyExtractor`] and the extractors that read a request's head: [`Global`], [`Header`],
+//! closures, and [`Or`].
+
+use std::str::FromStr;
+
+use http::HeaderName;
+use http::request::Parts;
+
+use super::Key;
+
+/// Names the caller a request counts against.
+///
+/// Returns `None` when the request carries no such identity (a missing header, no peer address);
+/// the layer then answers as its missing-key setting says. Implemented for every
+/// `Fn(&Parts) -> Option<T>` with `T: AsRef<[u8]>` (the closure's domain is `"fn"`).
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key of this request, if it has one.
+    fn extract(&self, parts: &Parts) -> Option<Key>;
+
+    /// Uses `self`, or `other` where `self` finds nothing.
+    fn or<O: KeyExtractor>(self, other: O) -> Or<Self, O>
+    where
+        Self: Sized,
+    {
+        Or {
+            first: self,
+            second: other,
+        }
+    }
+}
+
+impl<F, T> KeyExtractor for F
+where
+    F: Fn(&Parts) -> Option<T> + Send + Sync + 'static,
+    T: AsRef<[u8]>,
+{
+    fn extract(&self, parts: &Parts) -> Option<Key> {
+        self(parts).map(|value| Key::new("fn", value.as_ref()))
+    }
+}
+
+/// One bucket shared by every request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Global;
+
+impl KeyExtractor for Global {
+    fn extract(&self, _parts: &Parts) -> Option<Key> {
+        Some(Key::new("global", b""))
+    }
+}
+
+/// The value of a request header, e.g. `x-api-key`. A header that is absent or empty yields no key.
+#[derive(Debug, Clone)]
+pub struct Header {
+    name: HeaderName,
+    domain: String,
+}
+
+impl Header {
+    /// Keys requests by header `name`.
+    pub fn new(name: HeaderName) -> Self {
+        let domain = format!("header:{name}");
+        Self { name, domain }
+    }
+
+    /// Keys requests by the header named by a constant, e.g. `Header::from_static("x-api-key")`.
+    ///
+    /// # Panics
+    ///
+    /// As [`HeaderName::from_static`]: when `name` is not a valid lowercase header name — a
+    /// mistake in the program text, found the first time it runs. Use [`try_new`](Self::try_new)
+    /// for names read at run time.
+    pub fn from_static(name: &'static str) -> Self {
+        Self::new(HeaderName::from_static(name))
+    }
+
+    /// Parses the header name first; `None` when it is not a valid header name.
+    pub fn try_new(name: &str) -> Option<Self> {
+        HeaderName::from_str(name).ok().map(Self::new)
+    }
+}
+
+impl KeyExtractor for Header {
+    fn extract(&self, parts: &Parts) -> Option<Key> {
+        let value = parts.headers.get(&self.name)?.as_bytes();
+        (!value.is_empty()).then(|| Key::new(&self.domain, value))
+    }
+}
+
+/// Tries one extractor, then another: made by [`KeyExtractor::or`].
+#[derive(Debug, Clone)]
+pub struct Or<A, B> {
+    first: A,
+    second: B,
+}
+
+impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
+    fn extract(&self, parts: &Parts) -> Option<Key> {
+        self.first
+            .extract(parts)
+            .or_else(|| self.second.extract(parts))
+    }
+}

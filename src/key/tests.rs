@@ -1,0 +1,133 @@
+//! Unit tests of the key extractors.
+
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+
+use http::HeaderName;
+use http::request::Parts;
+
+use super::*;
+
+fn parts_with(headers: &[(&str, &str)], peer: Option<&str>) -> Parts {
+    let mut builder = http::Request::get("/");
+    for (k, v) in headers {
+        builder = builder.header(*k, *v);
+    }
+    let mut req = builder.body(()).unwrap();
+    if let Some(peer) = peer {
+        req.extensions_mut()
+            .insert(SocketAddr::from_str(peer).unwrap());
+    }
+    req.into_parts().0
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn encoding_is_22_url_safe_chars() {
+    let key = Key::new("x", b"{}*\n");
+    let s = key.to_string();
+    assert_eq!(s.len(), 22);
+    assert!(
+        s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    );
+}
+
+#[test]
+fn domains_separate_equal_values() {
+    assert_ne!(Key::new("ip", b"1"), Key::new("header:x", b"1"));
+    assert_ne!(Key::new("ab", b"c"), Key::new("a", b"bc"));
+}
+
+#[test]
+fn header_extractor_ignores_absent_and_empty() {
+    let h = Header::new(HeaderName::from_static("x-api-key"));
+    assert!(h.extract(&parts_with(&[], None)).is_none());
+    assert!(h.extract(&parts_with(&[("x-api-key", "")], None)).is_none());
+    assert_eq!(
+        h.extract(&parts_with(&[("x-api-key", "a")], None)),
+        Some(Key::new("header:x-api-key", b"a"))
+    );
+}
+
+#[test]
+fn cidr_contains() {
+    let net: Cidr = "10.0.0.0/8".parse().unwrap();
+    assert!(net.contains(ip("10.255.0.1")));
+    assert!(net.contains(ip("::ffff:10.1.2.3")));
+    assert!(!net.contains(ip("11.0.0.1")));
+    let all: Cidr = "0.0.0.0/0".parse().unwrap();
+    assert!(all.contains(ip("8.8.8.8")));
+    let v6: Cidr = "fd00::/8".parse().unwrap();
+    assert!(v6.contains(ip("fd12::1")));
+    assert!(!v6.contains(ip("fe80::1")));
+    assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+    assert!("nonsense".parse::<Cidr>().is_err());
+}
+
+#[test]
+fn forwarded_ip_takes_rightmost_untrusted() {
+    let x = ForwardedIp::trusting(["10.0.0.0/8"]).unwrap();
+    let from_proxy = |xff: &str| parts_with(&[("x-forwarded-for", xff)], Some("10.0.0.1:1"));
+    assert_eq!(
+        x.client_ip(&from_proxy("1.1.1.1, 2.2.2.2")),
+        Some(ip("2.2.2.2"))
+    );
+    assert_eq!(
+        x.client_ip(&from_proxy("1.1.1.1, 2.2.2.2, 10.0.0.9")),
+        Some(ip("2.2.2.2"))
+    );
+    // every hop trusted: the left-most is as far as the chain goes
+    assert_eq!(
+        x.client_ip(&from_proxy("10.0.0.3, 10.0.0.9")),
+        Some(ip("10.0.0.3"))
+    );
+    // garbage in the chain: only the proxy itself is known
+    assert_eq!(
+        x.client_ip(&from_proxy("1.1.1.1, junk")),
+        Some(ip("10.0.0.1"))
+    );
+    // a client that is not a trusted proxy cannot choose its key with the header
+    let direct = parts_with(&[("x-forwarded-for", "9.9.9.9")], Some("5.5.5.5:1"));
+    assert_eq!(x.client_ip(&direct), Some(ip("5.5.5.5")));
+    assert_eq!(x.client_ip(&parts_with(&[], None)), None);
+}
+
+#[test]
+fn forwarded_header_is_read_when_chosen() {
+    let x = ForwardedIp::trusting(["10.0.0.0/8"])
+        .unwrap()
+        .use_forwarded_header();
+    let parts = parts_with(
+        &[
+            (
+                "forwarded",
+                "for=1.1.1.1;proto=https, for=\"[2001:db8::1]:443\"",
+            ),
+            ("x-forwarded-for", "3.3.3.3"),
+        ],
+        Some("10.0.0.1:1"),
+    );
+    assert_eq!(x.client_ip(&parts), Some(ip("2001:db8::1")));
+    // an unknown hop added by the trusted proxy is never skipped over
+    let hidden = parts_with(
+        &[("forwarded", "for=6.6.6.6, for=unknown")],
+        Some("10.0.0.1:1"),
+    );
+    assert_eq!(x.client_ip(&hidden), Some(ip("10.0.0.1")));
+    // the other header is not read
+    let xff_only = ForwardedIp::trusting(["10.0.0.0/8"]).unwrap();
+    assert_eq!(xff_only.client_ip(&parts), Some(ip("3.3.3.3")));
+}
+
+#[test]
+fn closures_are_extractors() {
+    let by_path = |p: &Parts| Some(p.uri.path().to_owned());
+    assert_eq!(
+        by_path.extract(&parts_with(&[], None)),
+        Some(Key::new("fn", b"/"))
+    );
+}

@@ -1,0 +1,145 @@
+//! The store-key layout: every key tollgate reads or writes is built here, and nowhere else.
+//!
+//! A key is `<prefix>:<kind>:{<digest>}` plus, for rate limits, `:<limit>:<algorithm>`. The
+//! digest (a [`Key`], 22 characters of base64url) stands for whatever the user supplied — a
+//! caller, a claim or lock name, an idempotency key — so user input never reaches the store raw.
+//! It is wrapped in braces, the Redis Cluster hash tag: all keys one operation touches (a caller's
+//! limits, a lock and its fencing counter) land in one slot, and prefixes may not contain braces
+//! ([`check_prefix`]) so that nothing else can select the slot.
+//!
+//! | kind | key |
+//! | --- | --- |
+//! | rate limit | `<prefix>:rl:{<caller>}:<limit>:<log\|ctr\|gcra>` |
+//! | claim | `<prefix>:claim:{<digest of name>}` |
+//! | lock, fencing counter | `<prefix>:lock:{<digest of name>}`, the same plus `:fence` |
+//! | idempotency record | `<prefix>:idem:{<digest of scope and key>}` |
+
+use crate::error::{ConfigError, ConfigErrorKind};
+use crate::key::Key;
+use crate::rate::RatePolicy;
+
+/// Checks a store key prefix: visible ASCII without braces, so that it can neither select a
+/// Redis Cluster hash slot nor split a key's hash tag.
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
+    if !prefix.is_empty()
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+    {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            ConfigErrorKind::Prefix,
+            format!("invalid key prefix {prefix:?}: use visible ASCII without braces"),
+        ))
+    }
+}
+
+/// `<head>:{<key>}`, with room for `extra` more bytes.
+fn tagged(head: &str, key: &Key, extra: usize) -> String {
+    let mut out = String::with_capacity(head.len() + 25 + extra);
+    out.push_str(head);
+    out.push_str(":{");
+    key.write_encoded(&mut out);
+    out.push('}');
+    out
+}
+
+/// The namespace of a rate-limit layer's keys: `<prefix>:rl`.
+pub(crate) fn rate_namespace(prefix: &str) -> String {
+    format!("{prefix}:rl")
+}
+
+/// The key of each limit of `policy` for caller `key`:
+/// `<namespace>:{<key>}:<limit>:<algorithm>`.
+pub(crate) fn rate(policy: &RatePolicy, key: &Key) -> Vec<String> {
+    let tag = policy.algorithm().tag();
+    policy
+        .limits()
+        .iter()
+        .map(|limit| {
+            let mut out = tagged(policy.namespace(), key, limit.name().len() + tag.len() + 2);
+            out.push(':');
+            out.push_str(limit.name());
+            out.push(':');
+            out.push_str(tag);
+            out
+        })
+        .collect()
+}
+
+/// The key of claim `name`: `<prefix>:claim:{<digest>}`.
+pub(crate) fn claim(prefix: &str, name: &[u8]) -> String {
+    tagged(&format!("{prefix}:claim"), &Key::new("claim", name), 0)
+}
+
+/// The key of lock `name` and of its fencing counter, in the same slot.
+pub(crate) fn lock(prefix: &str, name: &[u8]) -> (String, String) {
+    let key = tagged(&format!("{prefix}:lock"), &Key::new("lock", name), 6);
+    let fence = format!("{key}:fence");
+    (key, fence)
+}
+
+/// The key of the idempotency record for `idempotency_key` within `scope` (`None`: the unscoped
+/// namespace): `<prefix>:idem:{<digest>}`. Scope and key are hashed together, unambiguously.
+pub(crate) fn idempotency_record(
+    prefix: &str,
+    scope: Option<Key>,
+    idempotency_key: &str,
+) -> String {
+    let mut material = Vec::with_capacity(17 + idempotency_key.len());
+    match scope {
+        Some(scope) => {
+            material.push(1);
+            material.extend_from_slice(scope.as_bytes());
+        }
+        None => material.push(0),
+    }
+    material.extend_from_slice(idempotency_key.as_bytes());
+    tagged(&format!("{prefix}:idem"), &Key::new("idem", &material), 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rate::{Algorithm, Limit};
+
+    #[test]
+    fn every_kind_of_key_has_one_hash_tag_after_its_prefix() {
+        let caller = Key::new("test", b"alice");
+        let policy = RatePolicy::new(
+            rate_namespace("app"),
+            Algorithm::Gcra,
+            vec![Limit::per_second("s", 1), Limit::per_hour("h", 9)],
+        )
+        .unwrap();
+        let rates = rate(&policy, &caller);
+        assert_eq!(rates[0], format!("app:rl:{{{caller}}}:s:gcra"));
+        assert_eq!(rates[1], format!("app:rl:{{{caller}}}:h:gcra"));
+        let (lock, fence) = lock("app", b"report");
+        assert_eq!(fence, format!("{lock}:fence"));
+        for key in [
+            claim("app", b"c"),
+            lock,
+            idempotency_record("app", None, "k"),
+        ] {
+            assert_eq!(key.matches('{').count(), 1, "{key}");
+            assert!(key.starts_with("app:") && key.ends_with('}'), "{key}");
+        }
+        assert_ne!(
+            idempotency_record("app", None, "k"),
+            idempotency_record("app", Some(caller), "k")
+        );
+    }
+
+    #[test]
+    fn prefixes_that_could_split_a_hash_tag_are_refused() {
+        for bad in ["", "{}", "a}", "a{", "a b", "é"] {
+            assert_eq!(
+                check_prefix(bad).unwrap_err().kind(),
+                ConfigErrorKind::Prefix
+            );
+        }
+        assert!(check_prefix("app:v2").is_ok());
+    }
+}

@@ -1,0 +1,109 @@
+//! Leases held in the store — a lock, an idempotency claim — kept alive while their work runs,
+//! and given back in the background when their owner goes away.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::store::{StoreError, StoreFuture};
+
+/// Whose lease it is: the log target and wording of its warnings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owner {
+    /// A lock of [`Locks`](crate::lock::Locks).
+    Lock,
+    /// The claim on an idempotency key while its handler runs.
+    Idempotency,
+}
+
+impl Owner {
+    fn extension_failed(self, error: &StoreError) {
+        match self {
+            Self::Lock => {
+                tracing::warn!(target: "tollgate::lock", %error, "could not extend a lock lease");
+            }
+            Self::Idempotency => tracing::warn!(
+                target: "tollgate::idempotency",
+                %error, "could not extend an idempotency lease"
+            ),
+        }
+    }
+
+    fn lost(self) {
+        match self {
+            Self::Lock => tracing::debug!(target: "tollgate::lock", "a lock lease was lost"),
+            Self::Idempotency => tracing::warn!(
+                target: "tollgate::idempotency",
+                "lost the claim on an idempotency key while its handler ran"
+            ),
+        }
+    }
+
+    /// Logs a release that failed; the lease's expiry frees the key in any case.
+    pub(crate) fn release_failed(self, error: &StoreError, why: &str) {
+        match self {
+            Self::Lock => tracing::warn!(
+                target: "tollgate::lock",
+                %error, why, "could not release a lock; the lease will expire"
+            ),
+            Self::Idempotency => tracing::warn!(
+                target: "tollgate::idempotency",
+                %error, why,
+                "could not release an idempotency key; it frees itself when its lease ends"
+            ),
+        }
+    }
+}
+
+/// Extends a lease every third of it with `extend` (which answers whether the lease is still
+/// ours); after a failed extension it tries again soon, since the lease runs out a whole lease
+/// after the last confirmation. Returns once the lease is lost: the store said it is no longer
+/// ours, or no extension was confirmed for a whole lease. Abort it to stop keeping the lease.
+pub(crate) async fn keep_alive<F>(owner: Owner, lease: Duration, mut extend: F)
+where
+    F: FnMut() -> StoreFuture<bool>,
+{
+    let mut confirmed = Instant::now();
+    let period = (lease / 3).max(Duration::from_millis(1));
+    let mut pause = period;
+    loop {
+        tokio::time::sleep(pause).await;
+        let attempt = Instant::now();
+        match extend().await {
+            Ok(true) => {
+                confirmed = attempt;
+                pause = period;
+            }
+            Ok(false) => break,
+            Err(error) => {
+                owner.extension_failed(&error);
+                if attempt.duration_since(confirmed) >= lease {
+                    break;
+                }
+                pause = (lease / 10).clamp(Duration::from_millis(1), Duration::from_secs(1));
+            }
+        }
+    }
+    owner.lost();
+}
+
+/// Gives a lease back in the background: spawns `release` (a token-checked delete, harmless when
+/// the lease is no longer ours) on the current tokio runtime. Outside a runtime nothing is sent
+/// and the lease's expiry frees the key.
+pub(crate) fn release_in_background<F>(owner: Owner, why: &'static str, release: F)
+where
+    F: FnOnce() -> StoreFuture<bool>,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let release = release();
+    runtime.spawn(log_release(owner, why, release));
+}
+
+/// Awaits a release and logs its failure.
+pub(crate) async fn log_release(owner: Owner, why: &'static str, release: StoreFuture<bool>) {
+    if let Err(error) = release.await {
+        owner.release_failed(&error, why);
+    }
+}

@@ -1,0 +1,221 @@
+//! The three algorithms in process, as plain functions over a caller's state: the same decisions
+//! as the Redis scripts (`src/store/scripts/*.lua`), for `MemoryStore` and the local fallback.
+//!
+//! Time is store time in microseconds. Each function gets one [`Slot`] per limit of the policy —
+//! the live state and its expiry, or an empty slot — and leaves in it what the store would keep.
+
+use std::collections::VecDeque;
+
+use super::{LimitState, RateOutcome, RatePolicy};
+
+/// One caller's state for one limit.
+#[derive(Debug)]
+pub(crate) enum State {
+    /// Scores of a sliding log, ascending.
+    Log(VecDeque<u64>),
+    /// A sliding counter: window index, current and previous window's cost.
+    Counter { index: u64, cur: u64, prev: u64 },
+    /// A GCRA theoretical arrival time: whole microseconds plus `rem` / quota of one.
+    Tat { tat: u64, rem: u64 },
+}
+
+/// A limit's state as kept between decisions: `None` when there is none (or it expired).
+#[derive(Debug, Default)]
+pub(crate) struct Slot {
+    pub(crate) state: Option<State>,
+    /// Store time in microseconds after which the state is gone.
+    pub(crate) expires_at: u64,
+}
+
+/// Decides `cost` against every limit of `policy` at store time `now`, all or nothing; `slots`
+/// holds one slot per limit, in order.
+pub(crate) fn check(policy: &RatePolicy, slots: &mut [Slot], now: u64, cost: u64) -> RateOutcome {
+    match policy.algorithm() {
+        super::Algorithm::SlidingLog => sliding_log(policy, slots, now, cost),
+        super::Algorithm::SlidingCounter => sliding_counter(policy, slots, now, cost),
+        super::Algorithm::Gcra => gcra(policy, slots, now, cost),
+    }
+}
+
+fn ceil_us(x: f64) -> u64 {
+    if x > 0.0 { x.ceil() as u64 } else { 0 }
+}
+
+fn outcome(admitted: bool, retry_us: u64, limits: Vec<LimitState>) -> RateOutcome {
+    RateOutcome {
+        admitted,
+        retry_after: std::time::Duration::from_micros(retry_us),
+        limits,
+    }
+}
+
+fn state(remaining: u64, reset_us: u64) -> LimitState {
+    LimitState {
+        remaining,
+        reset: std::time::Duration::from_micros(reset_us),
+    }
+}
+
+/// Mirrors `scripts/sliding_log.lua`.
+fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, cost: u64) -> RateOutcome {
+    let mut logs: Vec<VecDeque<u64>> = Vec::with_capacity(slots.len());
+    let mut admitted = true;
+    let mut retry = 0u64;
+    for (slot, limit) in slots.iter_mut().zip(policy.limits()) {
+        let window = limit.window_us();
+        let mut log = match slot.state.take() {
+            Some(State::Log(log)) => log,
+            _ => VecDeque::new(),
+        };
+        let horizon = now.saturating_sub(window);
+        while log.front().is_some_and(|&s| s <= horizon) {
+            log.pop_front();
+        }
+        let count = log.len() as u64;
+        if count.saturating_add(cost) > limit.quota() {
+            admitted = false;
+            let wait = if cost <= limit.quota() {
+                let idx = (count + cost - limit.quota() - 1) as usize;
+                log[idx] + window - now
+            } else {
+                window
+            };
+            retry = retry.max(wait);
+        }
+        logs.push(log);
+    }
+    let mut limits = Vec::with_capacity(slots.len());
+    for ((slot, limit), mut log) in slots.iter_mut().zip(policy.limits()).zip(logs) {
+        let window = limit.window_us();
+        if admitted {
+            // admitted: count + cost <= quota, so cost is small
+            log.extend(std::iter::repeat_n(now, usize::try_from(cost).unwrap_or(0)));
+            slot.expires_at = now + window.div_ceil(1000) * 1000;
+        }
+        let reset = log.front().map_or(0, |&oldest| oldest + window - now);
+        limits.push(state(limit.quota().saturating_sub(log.len() as u64), reset));
+        // an empty log is deleted; a denied request keeps the trimmed log and its expiry
+        slot.state = (!log.is_empty()).then_some(State::Log(log));
+    }
+    outcome(admitted, retry, limits)
+}
+
+/// Mirrors `scripts/sliding_counter.lua` (milliseconds of store time).
+fn sliding_counter(policy: &RatePolicy, slots: &mut [Slot], now_us: u64, cost: u64) -> RateOutcome {
+    let now = (now_us / 1000) as f64;
+    let costf = cost as f64;
+    let mut states = Vec::with_capacity(slots.len());
+    let mut admitted = true;
+    let mut retry = 0f64;
+    for (slot, limit) in slots.iter().zip(policy.limits()) {
+        let quota = limit.quota() as f64;
+        let window = limit.window_us() as f64 / 1000.0;
+        let index = (now / window).floor();
+        let elapsed = now - index * window;
+        let (cur, prev) = match slot.state {
+            Some(State::Counter {
+                index: i,
+                cur,
+                prev,
+            }) if i as f64 == index => (cur as f64, prev as f64),
+            Some(State::Counter { index: i, cur, .. }) if i as f64 == index - 1.0 => {
+                (0.0, cur as f64)
+            }
+            _ => (0.0, 0.0),
+        };
+        if (cur + costf) * window + prev * (window - elapsed) > quota * window {
+            admitted = false;
+            let room = quota - costf - cur;
+            let wait = if costf > quota {
+                window
+            } else if room >= 0.0 {
+                (window - elapsed) - room * window / prev
+            } else {
+                (window - elapsed) + window - (quota - costf) * window / cur
+            };
+            retry = retry.max(wait);
+        }
+        states.push((quota, window, index, elapsed, cur, prev));
+    }
+    let mut limits = Vec::with_capacity(slots.len());
+    for (slot, (quota, window, index, elapsed, mut cur, prev)) in slots.iter_mut().zip(states) {
+        if admitted {
+            cur += costf;
+            let ttl_ms = (2.0 * window - elapsed).ceil();
+            slot.state = Some(State::Counter {
+                index: index as u64,
+                cur: cur as u64,
+                prev: prev as u64,
+            });
+            slot.expires_at = now_us - now_us % 1000 + ttl_ms as u64 * 1000;
+        }
+        limits.push(counter_state(quota, window, elapsed, cur, prev));
+    }
+    outcome(admitted, ceil_us(retry * 1000.0), limits)
+}
+
+/// A sliding counter's remainder and reset, window and elapsed time in milliseconds.
+fn counter_state(quota: f64, window: f64, elapsed: f64, cur: f64, prev: f64) -> LimitState {
+    let used = cur + prev * (window - elapsed) / window;
+    let whole = (used - 1e-9).ceil();
+    let remaining = (quota - whole).max(0.0);
+    let reset = if whole <= 0.0 {
+        0.0
+    } else if prev > 0.0 && whole - 1.0 - cur >= 0.0 {
+        (window - elapsed) - (whole - 1.0 - cur) * window / prev
+    } else {
+        window - elapsed
+    };
+    state(remaining as u64, ceil_us(reset * 1000.0))
+}
+
+/// Mirrors `scripts/gcra.lua`: offsets from now in 1/quota microseconds, exact in integers.
+fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, cost: u64) -> RateOutcome {
+    let mut states = Vec::with_capacity(slots.len());
+    let mut admitted = true;
+    let mut retry = 0u64;
+    for (slot, limit) in slots.iter().zip(policy.limits()) {
+        let (quota, window) = (u128::from(limit.quota()), u128::from(limit.window_us()));
+        let (tat, rem) = match slot.state {
+            Some(State::Tat { tat, rem }) if tat >= now => (tat, rem),
+            _ => (now, 0),
+        };
+        states.push((tat, rem));
+        if cost > limit.quota() {
+            admitted = false;
+            retry = retry.max(limit.window_us());
+            continue;
+        }
+        let ahead = u128::from(tat - now) * quota + u128::from(rem) + u128::from(cost) * window;
+        if ahead > window * quota {
+            admitted = false;
+            let wait = (ahead - window * quota).div_ceil(quota);
+            retry = retry.max(u64::try_from(wait).unwrap_or(u64::MAX));
+        }
+    }
+    let mut limits = Vec::with_capacity(slots.len());
+    for ((slot, limit), (mut tat, mut rem)) in slots.iter_mut().zip(policy.limits()).zip(states) {
+        let (quota, window) = (u128::from(limit.quota()), u128::from(limit.window_us()));
+        if admitted {
+            let units = u128::from(rem) + u128::from(cost) * window;
+            tat += u64::try_from(units / quota).unwrap_or(u64::MAX / 2);
+            rem = u64::try_from(units % quota).unwrap_or(0);
+            let ttl_ms = (tat - now).div_ceil(1000) + 1;
+            slot.state = Some(State::Tat { tat, rem });
+            slot.expires_at = now.saturating_add(ttl_ms * 1000);
+        }
+        let ahead = u128::from(tat - now) * quota + u128::from(rem);
+        let used = ahead.div_ceil(window);
+        let remaining = quota.saturating_sub(used);
+        let reset = if used > 0 {
+            (ahead - (used - 1) * window).div_ceil(quota)
+        } else {
+            0
+        };
+        limits.push(state(
+            u64::try_from(remaining).unwrap_or(0),
+            u64::try_from(reset).unwrap_or(u64::MAX),
+        ));
+    }
+    outcome(admitted, retry, limits)
+}

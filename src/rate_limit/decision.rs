@@ -1,0 +1,171 @@
+//! [`RateLimitDecision`]: what the layer decided for a request, and how a store's answer — or
+//! its failure — becomes one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderMap;
+
+use super::headers::{self, RATELIMIT, RATELIMIT_POLICY};
+use super::settings::{OnStoreError, Settings};
+use crate::key::Key;
+use crate::rate::{Limit, LimitState, RateOutcome, RatePolicy};
+use crate::store::StoreError;
+
+/// Where a [`RateLimitDecision`] came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecisionSource {
+    /// The shared store decided.
+    Store,
+    /// The store failed; [`OnStoreError::Allow`] or [`OnStoreError::Deny`] decided.
+    StoreUnavailable,
+    /// The store failed; the in-process fallback limiter decided.
+    LocalFallback,
+    /// The store denied this caller moments ago, until a time not yet reached: denied again
+    /// without a round trip (see [`RateLimitLayerBuilder::deny_cache`](super::RateLimitLayerBuilder::deny_cache)).
+    DenyCache,
+}
+
+/// The rate-limit decision for one request, in the response extensions (and, for admitted
+/// requests, the request extensions).
+#[derive(Debug, Clone)]
+pub struct RateLimitDecision {
+    pub(crate) admitted: bool,
+    pub(crate) source: DecisionSource,
+    pub(crate) key: Key,
+    pub(crate) cost: u64,
+    pub(crate) retry_after: Duration,
+    /// The limits that decided (the fallback's shares for a fallback decision).
+    policy: Arc<RatePolicy>,
+    /// Per limit of `policy`; empty when the store did not answer.
+    pub(crate) states: Vec<LimitState>,
+}
+
+impl RateLimitDecision {
+    /// Whether the request was let through.
+    pub fn admitted(&self) -> bool {
+        self.admitted
+    }
+
+    /// Who decided.
+    pub fn source(&self) -> DecisionSource {
+        self.source
+    }
+
+    /// The caller's key.
+    pub fn key(&self) -> Key {
+        self.key
+    }
+
+    /// The request's cost.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// For a denied request, the time until it could be admitted.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// Each limit's name and state after the decision, in configuration order; empty when the
+    /// store did not answer.
+    pub fn limits(&self) -> Vec<(&str, LimitState)> {
+        self.policy
+            .limits()
+            .iter()
+            .map(Limit::name)
+            .zip(self.states.iter().copied())
+            .collect()
+    }
+
+    pub(crate) fn write_headers(&self, settings: &Settings, headers: &mut HeaderMap) {
+        if self.states.is_empty() {
+            return;
+        }
+        // the fallback limiter's quotas are its share, and its headers say so
+        let policy_header = match (&settings.fallback, self.source) {
+            (Some(fallback), DecisionSource::LocalFallback) => fallback.policy_header(),
+            _ => &settings.policy_header,
+        };
+        headers.insert(RATELIMIT_POLICY, policy_header.clone());
+        if let Some(value) = headers::state(&self.policy, &self.states) {
+            headers.insert(RATELIMIT, value);
+        }
+    }
+}
+
+impl Settings {
+    /// Turns the store's answer, or its failure, into a decision, as the failure policy says.
+    pub(crate) fn decide(
+        &self,
+        result: Result<RateOutcome, StoreError>,
+        key: Key,
+        cost: u64,
+    ) -> RateLimitDecision {
+        let (outcome, source, policy) = match result {
+            Ok(outcome) => (outcome, DecisionSource::Store, &self.policy),
+            Err(error) => self.on_store_failure(&error, key, cost),
+        };
+        let decision = RateLimitDecision {
+            admitted: outcome.admitted,
+            source,
+            key,
+            cost,
+            retry_after: outcome.retry_after,
+            policy: Arc::clone(policy),
+            states: outcome.limits,
+        };
+        tracing::debug!(
+            target: "tollgate::rate_limit",
+            %key, cost, admitted = decision.admitted, source = ?decision.source,
+            retry_after_ms = decision.retry_after.as_millis() as u64,
+            "rate-limit decision"
+        );
+        if let Some(cache) = &self.deny_cache
+            && !decision.admitted
+            && decision.source == DecisionSource::Store
+        {
+            cache.remember(&decision);
+        }
+        decision
+    }
+
+    /// The outcome the failure policy gives when the store failed, who gave it, and the limits
+    /// it stands for (the fallback's shares for a fallback decision).
+    fn on_store_failure(
+        &self,
+        error: &StoreError,
+        key: Key,
+        cost: u64,
+    ) -> (RateOutcome, DecisionSource, &Arc<RatePolicy>) {
+        if self.last_warning.ready() {
+            tracing::warn!(
+                target: "tollgate::rate_limit",
+                %error, %key, policy = ?self.on_store_error,
+                "rate-limit store failed; applying the failure policy (logged at most once a second)"
+            );
+        } else {
+            tracing::debug!(
+                target: "tollgate::rate_limit",
+                %error, %key, policy = ?self.on_store_error,
+                "rate-limit store failed; applying the failure policy"
+            );
+        }
+        if let Some(fallback) = &self.fallback {
+            let outcome = fallback.check(key, cost);
+            return (outcome, DecisionSource::LocalFallback, fallback.policy());
+        }
+        let admitted = self.on_store_error != OnStoreError::Deny;
+        let outcome = RateOutcome {
+            admitted,
+            retry_after: if admitted {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(1)
+            },
+            limits: Vec::new(),
+        };
+        (outcome, DecisionSource::StoreUnavailable, &self.policy)
+    }
+}

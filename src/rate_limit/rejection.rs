@@ -1,0 +1,62 @@
+//! The responses the rate-limit layer gives instead of calling the inner service.
+
+use http::{Response, StatusCode, header};
+
+use super::decision::{DecisionSource, RateLimitDecision};
+use super::headers;
+use super::settings::Settings;
+use crate::body::ResponseBody;
+use crate::grpc::Code;
+use crate::rejection;
+
+/// A response the layer gives instead of calling the inner service.
+#[derive(Debug)]
+pub(crate) enum Rejection {
+    Denied(RateLimitDecision),
+    MissingKey,
+}
+
+const MISSING_KEY: rejection::Rejection = rejection::Rejection {
+    status: StatusCode::BAD_REQUEST,
+    code: Code::InvalidArgument,
+    message: "the request carries no rate-limit key",
+};
+
+const DENIED: rejection::Rejection = rejection::Rejection {
+    status: StatusCode::TOO_MANY_REQUESTS,
+    code: Code::ResourceExhausted,
+    message: "rate limit exceeded",
+};
+
+const STORE_UNAVAILABLE: rejection::Rejection = rejection::Rejection {
+    status: StatusCode::SERVICE_UNAVAILABLE,
+    code: Code::Unavailable,
+    message: "rate-limit store unavailable",
+};
+
+impl Rejection {
+    pub(crate) fn into_response<B>(
+        self,
+        settings: &Settings,
+        grpc: bool,
+    ) -> Response<ResponseBody<B>> {
+        let decision = match self {
+            Self::MissingKey => return MISSING_KEY.into_response(grpc).map(Into::into),
+            Self::Denied(decision) => decision,
+        };
+        let rejection = if decision.source == DecisionSource::StoreUnavailable {
+            STORE_UNAVAILABLE
+        } else {
+            DENIED
+        };
+        let mut response = rejection.into_response(grpc).map(ResponseBody::from);
+        let headers = response.headers_mut();
+        headers.insert(
+            header::RETRY_AFTER,
+            headers::retry_after(decision.retry_after),
+        );
+        decision.write_headers(settings, headers);
+        response.extensions_mut().insert(decision);
+        response
+    }
+}

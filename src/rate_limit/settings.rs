@@ -1,0 +1,103 @@
+//! What a layer is configured with: its [`Settings`], and the policies for a failing store and a
+//! missing key.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::HeaderValue;
+use http::request::Parts;
+
+use super::deny_cache::DenyCache;
+use super::fallback::Fallback;
+use crate::rate::RatePolicy;
+use crate::store::RateStore;
+
+/// What a rate-limit layer does when its store fails or does not answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnStoreError {
+    /// Let the request through, log a warning, and mark the decision
+    /// [`DecisionSource::StoreUnavailable`](super::DecisionSource::StoreUnavailable). Availability over strictness: the default.
+    #[default]
+    Allow,
+    /// Answer `503 Service Unavailable` with `Retry-After: 1` (gRPC: UNAVAILABLE).
+    Deny,
+    /// Limit in process while the store is out of reach, each quota divided by `copies` — the
+    /// number of copies expected to share the load — so that together they stay near the limit.
+    LocalFallback {
+        /// How many copies of the service share the traffic (at least 1).
+        copies: u32,
+    },
+}
+
+/// What a rate-limit layer does with a request whose key cannot be extracted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Answer `400 Bad Request` with a short body naming the problem (gRPC: INVALID_ARGUMENT).
+    #[default]
+    Reject,
+    /// Let the request through unlimited.
+    Allow,
+}
+
+/// The cost of a request, computed from its head.
+pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+
+/// Everything a request needs besides the key extractor; shared by every clone of the service.
+pub(crate) struct Settings {
+    pub(crate) store: Arc<dyn RateStore>,
+    pub(crate) policy: Arc<RatePolicy>,
+    pub(crate) cost: Option<CostFn>,
+    pub(crate) on_store_error: OnStoreError,
+    /// The in-process limiter behind [`OnStoreError::LocalFallback`].
+    pub(crate) fallback: Option<Fallback>,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) headers: bool,
+    pub(crate) policy_header: HeaderValue,
+    pub(crate) deny_cache: Option<DenyCache>,
+    /// Store failures are logged at warn at most once a second (the rest at debug): an outage
+    /// under load must not flood the log.
+    pub(crate) last_warning: OncePerSecond,
+}
+
+/// Lets one event through per second.
+#[derive(Debug)]
+pub(crate) struct OncePerSecond {
+    start: std::time::Instant,
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl OncePerSecond {
+    pub(crate) fn new() -> Self {
+        Self {
+            start: std::time::Instant::now(),
+            last: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a second has passed since the last event let through.
+    pub(crate) fn ready(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        // +1: the first call is let through at once
+        let now = self.start.elapsed().as_secs() + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        now > last
+            && self
+                .last
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("store", &self.store)
+            .field("policy", &self.policy)
+            .field("on_store_error", &self.on_store_error)
+            .field("missing_key", &self.missing_key)
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
+    }
+}

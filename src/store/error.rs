@@ -1,0 +1,72 @@
+//! [`StoreError`]: what went wrong talking to a store.
+
+use std::fmt;
+
+use crate::BoxError;
+
+/// What went wrong talking to a store.
+#[derive(Debug)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    source: Option<BoxError>,
+}
+
+/// The kind of a [`StoreError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// No answer within the store's timeout.
+    Timeout,
+    /// The store could not be reached, or the connection broke.
+    Unavailable,
+    /// The store answered with an error or with something this crate does not understand.
+    Protocol,
+    /// The store cannot be reached as configured: a node URL of a cluster does not parse.
+    Config,
+}
+
+impl StoreError {
+    /// A new error of `kind`, caused by `source`.
+    pub fn new(kind: StoreErrorKind, source: impl Into<BoxError>) -> Self {
+        Self {
+            kind,
+            source: Some(source.into()),
+        }
+    }
+
+    /// A timeout.
+    pub fn timeout() -> Self {
+        Self {
+            kind: StoreErrorKind::Timeout,
+            source: None,
+        }
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            StoreErrorKind::Timeout => "store timed out",
+            StoreErrorKind::Unavailable => "store unavailable",
+            StoreErrorKind::Protocol => "store protocol error",
+            StoreErrorKind::Config => "store configuration invalid",
+        };
+        match &self.source {
+            Some(source) => write!(f, "{what}: {source}"),
+            None => f.write_str(what),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
