@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::keys::{self, check_prefix};
+use crate::keys;
 use crate::store::{LockStore, StoreError};
 
 /// Makes claims in a shared [`LockStore`]. Cheap to clone.
@@ -73,15 +73,13 @@ impl Claims {
     pub fn new(store: impl LockStore) -> Self {
         Self {
             store: Arc::new(store),
-            prefix: Arc::from("tollgate"),
+            prefix: Arc::from(keys::DEFAULT_PREFIX),
         }
     }
 
     /// The same claims under another key prefix (visible ASCII without braces).
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
-        let prefix = prefix.into();
-        check_prefix(&prefix)?;
-        self.prefix = Arc::from(prefix);
+        self.prefix = keys::shared_prefix(prefix)?;
         Ok(self)
     }
 

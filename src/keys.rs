@@ -14,9 +14,21 @@
 //! | lock, fencing counter | `<prefix>:lock:{<digest of name>}`, the same plus `:fence` |
 //! | idempotency record | `<prefix>:idem:{<digest of scope and key>}` |
 
+use std::sync::Arc;
+
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::Key;
 use crate::rate::RatePolicy;
+
+/// The prefix of every key unless configured otherwise.
+pub(crate) const DEFAULT_PREFIX: &str = "tollgate";
+
+/// A checked key prefix (see [`check_prefix`]), ready to share.
+pub(crate) fn shared_prefix(prefix: impl Into<String>) -> Result<Arc<str>, ConfigError> {
+    let prefix = prefix.into();
+    check_prefix(&prefix)?;
+    Ok(Arc::from(prefix))
+}
 
 /// Checks a store key prefix: visible ASCII without braces, so that it can neither select a
 /// Redis Cluster hash slot nor split a key's hash tag.

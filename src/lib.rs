@@ -130,6 +130,32 @@
 //! # }
 //! ```
 //!
+//! # Architecture
+//!
+//! Five layers, each using only the ones before it — a store knows no middleware, and a
+//! backend or a feature lands in one of them:
+//!
+//! 1. **Core vocabulary.** [`ConfigError`] and the [`store::StoreError`] kinds; the caller digest
+//!    [`key::Key`]; what a rate limit is and answers ([`rate`]: [`rate::RatePolicy`],
+//!    [`rate::RateOutcome`], and the three algorithms in process for `MemoryStore` and the local
+//!    fallback); and the store-key layout — every key, with its Cluster hash tag, is built in one
+//!    private module, which also checks prefixes.
+//! 2. **[`store`].** The atomic operations, as three capability traits —
+//!    [`RateStore`](store::RateStore), [`LockStore`](store::LockStore) and
+//!    [`IdempotencyStore`](store::IdempotencyStore) — and [`Store`](store::Store), all three plus
+//!    a health check. A backend implements what it serves; [`RedisStore`](store::RedisStore)
+//!    (Lua scripts in `src/store/scripts/`) and [`MemoryStore`](store::MemoryStore) implement all
+//!    of them and pass one conformance suite.
+//! 3. **[`claim`] and [`lock`].** Claims and locks over a [`LockStore`](store::LockStore), and the
+//!    lease keeper and background release that locks and idempotency claims share.
+//! 4. **HTTP glue.** The [`key`] extractors (headers, peer IP, trusted-proxy forwarded IP,
+//!    closures), the [`body`] types, gRPC trailers-only responses, and the one builder of
+//!    rejections (plain text for HTTP, a gRPC status for gRPC calls).
+//! 5. **The layers.** [`rate_limit`] and [`idempotency`], each a tower-http style module: the
+//!    story and re-exports in `mod.rs`; the layer and builder, the service, its response future
+//!    and body, its settings, decisions and rejections in files of their own. Each asks only for
+//!    the store capability it uses.
+//!
 //! # Feature flags
 //!
 //! - `redis` (default): [`RedisStore`](store::RedisStore), on Redis or Valkey, standalone or

@@ -44,7 +44,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::ConfigError;
-use crate::keys::{self, check_prefix};
+use crate::keys;
 use crate::lease::{self, Owner};
 use crate::store::{LockAttempt, LockStore, StoreError};
 use crate::task::AbortOnDrop;
@@ -113,15 +113,13 @@ impl Locks {
     pub fn new(store: impl LockStore) -> Self {
         Self {
             store: Arc::new(store),
-            prefix: Arc::from("tollgate"),
+            prefix: Arc::from(keys::DEFAULT_PREFIX),
         }
     }
 
     /// The same locks under another key prefix (visible ASCII without braces).
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
-        let prefix = prefix.into();
-        check_prefix(&prefix)?;
-        self.prefix = Arc::from(prefix);
+        self.prefix = keys::shared_prefix(prefix)?;
         Ok(self)
     }
 

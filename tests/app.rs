@@ -250,7 +250,8 @@ async fn without_an_api_key_the_peer_ip_is_the_caller() {
     );
 }
 
-/// Served over real TCP the way `main.rs` serves it: the peer address comes from the connection.
+/// Served over real TCP the way `examples/app/main.rs` serves it: the peer address comes from the
+/// connection.
 #[tokio::test]
 async fn served_over_tcp_the_connection_address_keys_the_caller() {
     let server = RedisServer::start();

@@ -1,9 +1,10 @@
 //! Integration tests of the idempotency layer ([`IdempotencyLayer`]) against real `redis-server`
-//! processes: one test (or more) per row of the DESIGN.md idempotency table — pass-through,
-//! missing and malformed keys, body limits, exactly-once execution across two separately built
-//! copies, waiting duplicates, fingerprints, failures that release the key, byte-for-byte replays
-//! with trailers (gRPC included), streaming, client disconnects, leases and takeover, a killed,
-//! restarted and frozen store, scopes, retention and the keys written, and axum.
+//! processes: one test (or more) per row of the table in the `tollgate::idempotency` docs —
+//! pass-through, missing and malformed keys, body limits, exactly-once execution across two
+//! separately built copies, waiting duplicates, fingerprints, failures that release the key,
+//! byte-for-byte replays with trailers (gRPC included), streaming, client disconnects, leases and
+//! takeover, a killed, restarted and frozen store, scopes, retention and the keys written, and
+//! axum.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

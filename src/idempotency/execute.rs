@@ -16,7 +16,7 @@ use tower_service::Service;
 use super::body::IdempotencyBody;
 use super::layer::Settings;
 use super::record::StoredResponse;
-use super::service::RequestBody;
+use super::service::{Handler, HttpBody, RequestBody};
 use crate::BoxError;
 use crate::lease::{self, Owner};
 use crate::task::AbortOnDrop;
@@ -40,11 +40,8 @@ pub(super) async fn execute<S, ReqBody, ResBody>(
     token: String,
     head: oneshot::Sender<Answer<ResBody, S::Error>>,
 ) where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    S: Handler<ReqBody, ResBody>,
+    ResBody: HttpBody,
 {
     let keeper = AbortOnDrop(tokio::spawn(keep_lease(
         Arc::clone(&settings),

@@ -11,7 +11,6 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tower_service::Service;
 
 use super::body::IdempotencyBody;
 use super::execute::{Answer, execute};
@@ -19,7 +18,7 @@ use super::fingerprint::fingerprint;
 use super::layer::{OnConcurrent, Settings};
 use super::record::StoredResponse;
 use super::rejection::Rejection;
-use super::service::RequestBody;
+use super::service::{Handler, HttpBody, RequestBody};
 use crate::BoxError;
 use crate::body::Complete;
 use crate::lease::{self, Owner};
@@ -35,13 +34,9 @@ pub(super) async fn handle<S, ReqBody, ResBody>(
     grpc: bool,
 ) -> Answer<ResBody, S::Error>
 where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ReqBody: Body<Data = Bytes> + Send + 'static,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    S: Handler<ReqBody, ResBody>,
+    ReqBody: HttpBody,
+    ResBody: HttpBody,
 {
     let body = match buffer_body(body, settings.body_limit).await {
         Ok(body) => body,
@@ -148,13 +143,9 @@ async fn spawn_execution<S, ReqBody, ResBody>(
     grpc: bool,
 ) -> Answer<ResBody, S::Error>
 where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ReqBody: Body<Data = Bytes> + Send + 'static,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    S: Handler<ReqBody, ResBody>,
+    ReqBody: HttpBody,
+    ResBody: HttpBody,
 {
     let (head_tx, head_rx) = oneshot::channel();
     // Spawned: the handler runs to completion and its response is recorded even when the client

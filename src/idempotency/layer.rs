@@ -10,7 +10,7 @@ use tower_layer::Layer;
 use super::service::Idempotency;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::{Global, KeyExtractor};
-use crate::keys::check_prefix;
+use crate::keys::{self, check_prefix};
 use crate::store::IdempotencyStore;
 
 /// Decides from its status whether a response is stored for replay.
@@ -119,7 +119,7 @@ impl IdempotencyLayer {
         IdempotencyLayerBuilder {
             settings: Settings {
                 store: Arc::new(store),
-                prefix: "tollgate".to_owned(),
+                prefix: keys::DEFAULT_PREFIX.to_owned(),
                 header: HeaderName::from_static("idempotency-key"),
                 required: false,
                 methods: vec![Method::POST, Method::PATCH],

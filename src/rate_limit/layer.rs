@@ -68,7 +68,7 @@ impl RateLimitLayer {
                 store: Arc::new(store),
                 limits: Vec::new(),
                 algorithm: Algorithm::default(),
-                prefix: "tollgate".to_owned(),
+                prefix: keys::DEFAULT_PREFIX.to_owned(),
                 cost: None,
                 on_store_error: OnStoreError::Allow,
                 missing_key: MissingKey::Reject,
