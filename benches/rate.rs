@@ -32,7 +32,7 @@ use redis::Script;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use tempfile::TempDir;
 use tollgate::key::Key;
-use tollgate::rate::{Algorithm, Limit, RatePolicy};
+use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
 use tollgate::store::{MemoryStore, RateStore, RedisStore};
 
 /// The hand-written baseline: the smallest sliding log a service would write by hand. No headers
@@ -157,7 +157,7 @@ impl Target {
             Self::Ours { store, policy } => {
                 let key = Key::new("bench", &caller.to_le_bytes());
                 let outcome = store
-                    .check_rate(policy, key, 1)
+                    .check_rate(policy, RateCheck::new(key, 1))
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok(outcome.admitted)
@@ -165,7 +165,7 @@ impl Target {
             Self::Memory { store, policy } => {
                 let key = Key::new("bench", &caller.to_le_bytes());
                 let outcome = store
-                    .check_rate(policy, key, 1)
+                    .check_rate(policy, RateCheck::new(key, 1))
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok(outcome.admitted)

@@ -13,6 +13,7 @@
 //! | claim | `<prefix>:claim:{<digest of name>}` |
 //! | lock, fencing counter | `<prefix>:lock:{<digest of name>}`, the same plus `:fence` |
 //! | idempotency record | `<prefix>:idem:{<digest of scope and key>}` |
+//! | release marker of a claim, lock or record | its key plus `:released` |
 
 use std::sync::Arc;
 
@@ -92,6 +93,13 @@ pub(crate) fn lock(prefix: &str, name: &[u8]) -> (String, String) {
     (key, fence)
 }
 
+/// The release marker of a lock, claim or idempotency record `key`: `<key>:released`, in the
+/// same slot. It names the release call that deleted the key, so that the same call re-sent
+/// still answers "released".
+pub(crate) fn release_marker(key: &str) -> String {
+    format!("{key}:released")
+}
+
 /// The key of the idempotency record for `idempotency_key` within `scope` (`None`: the unscoped
 /// namespace): `<prefix>:idem:{<digest>}`. Scope and key are hashed together, unambiguously.
 pub(crate) fn idempotency_record(
@@ -130,6 +138,7 @@ mod tests {
         assert_eq!(rates[1], format!("app:rl:{{{caller}}}:h:gcra"));
         let (lock, fence) = lock("app", b"report");
         assert_eq!(fence, format!("{lock}:fence"));
+        assert_eq!(release_marker(&lock), format!("{lock}:released"));
         for key in [
             claim("app", b"c"),
             lock,

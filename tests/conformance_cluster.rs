@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use common::cluster::RedisCluster;
 use tollgate::key::Key;
-use tollgate::rate::{Algorithm, Limit, RatePolicy};
+use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
 use tollgate::store::RateStore;
 
 conformance_suite!((RedisCluster::shared().store().await, ()));
@@ -27,7 +27,13 @@ async fn callers_spread_over_all_masters() {
     for caller in 0..300u32 {
         let key = Key::new("test", &caller.to_be_bytes());
         // two limits, one script: both keys share the caller's hash tag, so no CROSSSLOT
-        assert!(store.check_rate(&policy, key, 1).await.unwrap().admitted);
+        assert!(
+            store
+                .check_rate(&policy, RateCheck::new(key, 1))
+                .await
+                .unwrap()
+                .admitted
+        );
     }
     let added = cluster.key_counts(&format!("{ns}:*"));
     assert_eq!(added.iter().sum::<usize>(), 600, "{added:?}");

@@ -6,17 +6,32 @@
 
 use std::collections::VecDeque;
 
-use super::{LimitState, RateOutcome, RatePolicy};
+use super::{LimitState, RateCheck, RateOutcome, RatePolicy};
 
-/// One caller's state for one limit.
+/// One caller's state for one limit, with the attempt that last charged it.
 #[derive(Debug)]
 pub(crate) enum State {
-    /// Scores of a sliding log, ascending.
-    Log(VecDeque<u64>),
+    /// A sliding log: per unit of admitted cost its score and attempt, ascending by score.
+    Log(VecDeque<(u64, u64)>),
     /// A sliding counter: window index, current and previous window's cost.
-    Counter { index: u64, cur: u64, prev: u64 },
+    Counter {
+        index: u64,
+        cur: u64,
+        prev: u64,
+        attempt: u64,
+    },
     /// A GCRA theoretical arrival time: whole microseconds plus `rem` / quota of one.
-    Tat { tat: u64, rem: u64 },
+    Tat { tat: u64, rem: u64, attempt: u64 },
+}
+
+impl State {
+    /// Whether `attempt` charged this state: a second run of it is admitted without a charge.
+    fn charged_by(&self, attempt: u64) -> bool {
+        match self {
+            Self::Log(log) => log.iter().any(|&(_, a)| a == attempt),
+            Self::Counter { attempt: a, .. } | Self::Tat { attempt: a, .. } => *a == attempt,
+        }
+    }
 }
 
 /// A limit's state as kept between decisions: `None` when there is none (or it expired).
@@ -27,14 +42,37 @@ pub(crate) struct Slot {
     pub(crate) expires_at: u64,
 }
 
-/// Decides `cost` against every limit of `policy` at store time `now`, all or nothing; `slots`
-/// holds one slot per limit, in order.
-pub(crate) fn check(policy: &RatePolicy, slots: &mut [Slot], now: u64, cost: u64) -> RateOutcome {
+/// Decides `check` against every limit of `policy` at store time `now`, all or nothing; `slots`
+/// holds one slot per limit, in order. An attempt that already charged the first limit is
+/// admitted again without a charge, as the scripts do.
+pub(crate) fn check(
+    policy: &RatePolicy,
+    slots: &mut [Slot],
+    now: u64,
+    check: RateCheck,
+) -> RateOutcome {
+    let attempt = Attempt {
+        cost: check.cost(),
+        id: check.attempt(),
+        replay: slots
+            .first()
+            .and_then(|slot| slot.state.as_ref())
+            .is_some_and(|state| state.charged_by(check.attempt())),
+    };
     match policy.algorithm() {
-        super::Algorithm::SlidingLog => sliding_log(policy, slots, now, cost),
-        super::Algorithm::SlidingCounter => sliding_counter(policy, slots, now, cost),
-        super::Algorithm::Gcra => gcra(policy, slots, now, cost),
+        super::Algorithm::SlidingLog => sliding_log(policy, slots, now, attempt),
+        super::Algorithm::SlidingCounter => sliding_counter(policy, slots, now, attempt),
+        super::Algorithm::Gcra => gcra(policy, slots, now, attempt),
     }
+}
+
+/// The attempt being decided.
+#[derive(Debug, Clone, Copy)]
+struct Attempt {
+    cost: u64,
+    id: u64,
+    /// A second run: admitted, nothing charged.
+    replay: bool,
 }
 
 fn ceil_us(x: f64) -> u64 {
@@ -57,8 +95,9 @@ fn state(remaining: u64, reset_us: u64) -> LimitState {
 }
 
 /// Mirrors `scripts/sliding_log.lua`.
-fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, cost: u64) -> RateOutcome {
-    let mut logs: Vec<VecDeque<u64>> = Vec::with_capacity(slots.len());
+fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> RateOutcome {
+    let cost = attempt.cost;
+    let mut logs: Vec<VecDeque<(u64, u64)>> = Vec::with_capacity(slots.len());
     let mut admitted = true;
     let mut retry = 0u64;
     for (slot, limit) in slots.iter_mut().zip(policy.limits()) {
@@ -68,15 +107,15 @@ fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, cost: u64) -> 
             _ => VecDeque::new(),
         };
         let horizon = now.saturating_sub(window);
-        while log.front().is_some_and(|&s| s <= horizon) {
+        while log.front().is_some_and(|&(s, _)| s <= horizon) {
             log.pop_front();
         }
         let count = log.len() as u64;
-        if count.saturating_add(cost) > limit.quota() {
+        if !attempt.replay && count.saturating_add(cost) > limit.quota() {
             admitted = false;
             let wait = if cost <= limit.quota() {
                 let idx = (count + cost - limit.quota() - 1) as usize;
-                log[idx] + window - now
+                log[idx].0 + window - now
             } else {
                 window
             };
@@ -87,12 +126,16 @@ fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, cost: u64) -> 
     let mut limits = Vec::with_capacity(slots.len());
     for ((slot, limit), mut log) in slots.iter_mut().zip(policy.limits()).zip(logs) {
         let window = limit.window_us();
-        if admitted {
+        if admitted && !attempt.replay {
             // admitted: count + cost <= quota, so cost is small
-            log.extend(std::iter::repeat_n(now, usize::try_from(cost).unwrap_or(0)));
+            let entry = (now, attempt.id);
+            log.extend(std::iter::repeat_n(
+                entry,
+                usize::try_from(cost).unwrap_or(0),
+            ));
             slot.expires_at = now + window.div_ceil(1000) * 1000;
         }
-        let reset = log.front().map_or(0, |&oldest| oldest + window - now);
+        let reset = log.front().map_or(0, |&(oldest, _)| oldest + window - now);
         limits.push(state(limit.quota().saturating_sub(log.len() as u64), reset));
         // an empty log is deleted; a denied request keeps the trimmed log and its expiry
         slot.state = (!log.is_empty()).then_some(State::Log(log));
@@ -101,7 +144,13 @@ fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, cost: u64) -> 
 }
 
 /// Mirrors `scripts/sliding_counter.lua` (milliseconds of store time).
-fn sliding_counter(policy: &RatePolicy, slots: &mut [Slot], now_us: u64, cost: u64) -> RateOutcome {
+fn sliding_counter(
+    policy: &RatePolicy,
+    slots: &mut [Slot],
+    now_us: u64,
+    attempt: Attempt,
+) -> RateOutcome {
+    let cost = attempt.cost;
     let now = (now_us / 1000) as f64;
     let costf = cost as f64;
     let mut states = Vec::with_capacity(slots.len());
@@ -117,13 +166,14 @@ fn sliding_counter(policy: &RatePolicy, slots: &mut [Slot], now_us: u64, cost: u
                 index: i,
                 cur,
                 prev,
+                ..
             }) if i as f64 == index => (cur as f64, prev as f64),
             Some(State::Counter { index: i, cur, .. }) if i as f64 == index - 1.0 => {
                 (0.0, cur as f64)
             }
             _ => (0.0, 0.0),
         };
-        if (cur + costf) * window + prev * (window - elapsed) > quota * window {
+        if !attempt.replay && (cur + costf) * window + prev * (window - elapsed) > quota * window {
             admitted = false;
             let room = quota - costf - cur;
             let wait = if costf > quota {
@@ -139,13 +189,14 @@ fn sliding_counter(policy: &RatePolicy, slots: &mut [Slot], now_us: u64, cost: u
     }
     let mut limits = Vec::with_capacity(slots.len());
     for (slot, (quota, window, index, elapsed, mut cur, prev)) in slots.iter_mut().zip(states) {
-        if admitted {
+        if admitted && !attempt.replay {
             cur += costf;
             let ttl_ms = (2.0 * window - elapsed).ceil();
             slot.state = Some(State::Counter {
                 index: index as u64,
                 cur: cur as u64,
                 prev: prev as u64,
+                attempt: attempt.id,
             });
             slot.expires_at = now_us - now_us % 1000 + ttl_ms as u64 * 1000;
         }
@@ -170,17 +221,21 @@ fn counter_state(quota: f64, window: f64, elapsed: f64, cur: f64, prev: f64) -> 
 }
 
 /// Mirrors `scripts/gcra.lua`: offsets from now in 1/quota microseconds, exact in integers.
-fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, cost: u64) -> RateOutcome {
+fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> RateOutcome {
+    let cost = attempt.cost;
     let mut states = Vec::with_capacity(slots.len());
     let mut admitted = true;
     let mut retry = 0u64;
     for (slot, limit) in slots.iter().zip(policy.limits()) {
         let (quota, window) = (u128::from(limit.quota()), u128::from(limit.window_us()));
         let (tat, rem) = match slot.state {
-            Some(State::Tat { tat, rem }) if tat >= now => (tat, rem),
+            Some(State::Tat { tat, rem, .. }) if tat >= now => (tat, rem),
             _ => (now, 0),
         };
         states.push((tat, rem));
+        if attempt.replay {
+            continue;
+        }
         if cost > limit.quota() {
             admitted = false;
             retry = retry.max(limit.window_us());
@@ -196,12 +251,16 @@ fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, cost: u64) -> RateOut
     let mut limits = Vec::with_capacity(slots.len());
     for ((slot, limit), (mut tat, mut rem)) in slots.iter_mut().zip(policy.limits()).zip(states) {
         let (quota, window) = (u128::from(limit.quota()), u128::from(limit.window_us()));
-        if admitted {
+        if admitted && !attempt.replay {
             let units = u128::from(rem) + u128::from(cost) * window;
             tat += u64::try_from(units / quota).unwrap_or(u64::MAX / 2);
             rem = u64::try_from(units % quota).unwrap_or(0);
             let ttl_ms = (tat - now).div_ceil(1000) + 1;
-            slot.state = Some(State::Tat { tat, rem });
+            slot.state = Some(State::Tat {
+                tat,
+                rem,
+                attempt: attempt.id,
+            });
             slot.expires_at = now.saturating_add(ttl_ms * 1000);
         }
         let ahead = u128::from(tat - now) * quota + u128::from(rem);

@@ -7,8 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use super::algorithms::{self, Slot};
-use super::{RateOutcome, RatePolicy};
-use crate::key::Key;
+use super::{RateCheck, RateOutcome, RatePolicy};
 use crate::keys;
 
 /// A store clock in one process: the wall clock when it was made plus tokio's monotonic clock
@@ -62,15 +61,15 @@ impl LocalRates {
         }
     }
 
-    /// Checks `cost` against every limit of `policy` for `key` and, only if all have room,
-    /// charges all of them — in one step under the table's lock.
-    pub(crate) fn check(&self, policy: &RatePolicy, key: Key, cost: u64) -> RateOutcome {
+    /// Checks the cost of `check` against every limit of `policy` for its caller and, only if
+    /// all have room, charges all of them — in one step under the table's lock.
+    pub(crate) fn check(&self, policy: &RatePolicy, check: RateCheck) -> RateOutcome {
         let now = self.clock.now_us();
-        let keys = keys::rate(policy, &key);
+        let keys = keys::rate(policy, &check.key());
         let mut table = self.lock();
         table.sweep_if_due(now);
         let mut slots: Vec<Slot> = keys.iter().map(|k| table.take_live(k, now)).collect();
-        let outcome = algorithms::check(policy, &mut slots, now, cost);
+        let outcome = algorithms::check(policy, &mut slots, now, check);
         for (key, slot) in keys.into_iter().zip(slots) {
             if slot.state.is_some() {
                 table.slots.insert(key, slot);
@@ -114,6 +113,7 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::Key;
     use crate::rate::{Algorithm, Limit};
 
     /// With the clock frozen, a burst admits exactly the quota, also when the emission interval
@@ -135,13 +135,13 @@ mod tests {
             let key = Key::new("t", b"burst");
             let mut admitted = 0u64;
             for _ in 0..quota + quota / 100 + 5 {
-                admitted += u64::from(rates.check(&policy, key, 1).admitted);
+                admitted += u64::from(rates.check(&policy, RateCheck::new(key, 1)).admitted);
             }
             assert_eq!(admitted, quota, "quota {quota}");
             // and a cost that fits the quota exactly, on a fresh key
             let fresh = Key::new("t", b"whole");
-            assert!(rates.check(&policy, fresh, quota).admitted);
-            assert!(!rates.check(&policy, fresh, 1).admitted);
+            assert!(rates.check(&policy, RateCheck::new(fresh, quota)).admitted);
+            assert!(!rates.check(&policy, RateCheck::new(fresh, 1)).admitted);
         }
     }
 
@@ -155,7 +155,7 @@ mod tests {
         ] {
             let policy =
                 RatePolicy::new("t:rl", algorithm, vec![Limit::per_second("s", 5)]).unwrap();
-            let out = rates.check(&policy, Key::new("t", b"k"), u64::MAX);
+            let out = rates.check(&policy, RateCheck::new(Key::new("t", b"k"), u64::MAX));
             assert!(!out.admitted, "{algorithm}");
         }
     }

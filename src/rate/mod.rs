@@ -2,8 +2,9 @@
 //! ([`Limit`], [`Algorithm`], the validated [`RatePolicy`]) and what a check answers
 //! ([`RateOutcome`], one [`LimitState`] per limit).
 //!
-//! A store decides a [`RatePolicy`] for a caller's [`Key`](crate::key::Key) and a cost, in one
-//! atomic step on its own clock; the layer turns the [`RateOutcome`] into a response. The three
+//! A store decides a [`RatePolicy`] for a [`RateCheck`] — a caller's [`Key`](crate::key::Key), a
+//! cost and an attempt id — in one atomic step on its own clock; the layer turns the
+//! [`RateOutcome`] into a response. The three
 //! algorithms also exist here in process, for `MemoryStore` and for a layer's local fallback,
 //! with exactly the semantics of the Redis scripts.
 //!
@@ -18,10 +19,12 @@
 //! ```
 
 mod algorithms;
+mod check;
 mod local;
 mod outcome;
 mod policy;
 
+pub use check::RateCheck;
 pub(crate) use local::{Clock, LocalRates};
 pub use outcome::{LimitState, RateOutcome};
 pub use policy::{Algorithm, Limit, MAX_LOG_QUOTA, RatePolicy};

@@ -9,7 +9,7 @@ use http::HeaderMap;
 use super::headers::{self, RATELIMIT, RATELIMIT_POLICY};
 use super::settings::{OnStoreError, Settings};
 use crate::key::Key;
-use crate::rate::{Limit, LimitState, RateOutcome, RatePolicy};
+use crate::rate::{Limit, LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::StoreError;
 
 /// Where a [`RateLimitDecision`] came from.
@@ -100,12 +100,12 @@ impl Settings {
     pub(crate) fn decide(
         &self,
         result: Result<RateOutcome, StoreError>,
-        key: Key,
-        cost: u64,
+        check: RateCheck,
     ) -> RateLimitDecision {
+        let (key, cost) = (check.key(), check.cost());
         let (outcome, source, policy) = match result {
             Ok(outcome) => (outcome, DecisionSource::Store, &self.policy),
-            Err(error) => self.on_store_failure(&error, key, cost),
+            Err(error) => self.on_store_failure(&error, check),
         };
         let decision = RateLimitDecision {
             admitted: outcome.admitted,
@@ -136,9 +136,9 @@ impl Settings {
     fn on_store_failure(
         &self,
         error: &StoreError,
-        key: Key,
-        cost: u64,
+        check: RateCheck,
     ) -> (RateOutcome, DecisionSource, &Arc<RatePolicy>) {
+        let key = check.key();
         if self.last_warning.ready() {
             tracing::warn!(
                 target: "tollgate::rate_limit",
@@ -153,7 +153,7 @@ impl Settings {
             );
         }
         if let Some(fallback) = &self.fallback {
-            let outcome = fallback.check(key, cost);
+            let outcome = fallback.check(check);
             return (outcome, DecisionSource::LocalFallback, fallback.policy());
         }
         let admitted = self.on_store_error != OnStoreError::Deny;

@@ -6,8 +6,7 @@ use http::HeaderValue;
 
 use super::headers;
 use crate::error::ConfigError;
-use crate::key::Key;
-use crate::rate::{Clock, LocalRates, RateOutcome, RatePolicy};
+use crate::rate::{Clock, LocalRates, RateCheck, RateOutcome, RatePolicy};
 
 /// Limits in process while the store is out of reach: the layer's limits, each quota divided by
 /// the number of copies, decided by the same algorithms as the store's.
@@ -31,9 +30,9 @@ impl Fallback {
         })
     }
 
-    /// Decides `cost` for `key` against the divided quotas.
-    pub(crate) fn check(&self, key: Key, cost: u64) -> RateOutcome {
-        self.rates.check(&self.policy, key, cost)
+    /// Decides `check` against the divided quotas.
+    pub(crate) fn check(&self, check: RateCheck) -> RateOutcome {
+        self.rates.check(&self.policy, check)
     }
 
     pub(crate) fn policy(&self) -> &Arc<RatePolicy> {

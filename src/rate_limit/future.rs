@@ -14,8 +14,7 @@ use super::decision::RateLimitDecision;
 use super::rejection::Rejection;
 use super::settings::Settings;
 use crate::body::ResponseBody;
-use crate::key::Key;
-use crate::rate::RateOutcome;
+use crate::rate::{RateCheck, RateOutcome};
 use crate::store::StoreFuture;
 
 pin_project! {
@@ -35,11 +34,10 @@ pin_project! {
     #[project_replace = StateOwned]
     enum State<F, S, R> {
         Check {
-            check: StoreFuture<RateOutcome>,
+            pending: StoreFuture<RateOutcome>,
             service: S,
             request: R,
-            key: Key,
-            cost: u64,
+            check: RateCheck,
             grpc: bool,
         },
         Inner {
@@ -60,21 +58,19 @@ where
     S: Service<Request<ReqBody>>,
 {
     pub(super) fn check(
-        check: StoreFuture<RateOutcome>,
+        pending: StoreFuture<RateOutcome>,
         service: S,
         request: Request<ReqBody>,
         settings: Arc<Settings>,
-        key: Key,
-        cost: u64,
+        check: RateCheck,
         grpc: bool,
     ) -> Self {
         Self {
             state: State::Check {
-                check,
+                pending,
                 service,
                 request,
-                key,
-                cost,
+                check,
                 grpc,
             },
             settings,
@@ -109,20 +105,19 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Check { check, .. } => {
-                    let result = ready!(check.as_mut().poll(cx));
+                StateProj::Check { pending, .. } => {
+                    let result = ready!(pending.as_mut().poll(cx));
                     let StateOwned::Check {
                         mut service,
                         mut request,
-                        key,
-                        cost,
+                        check,
                         grpc,
                         ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("the state was Check");
                     };
-                    let decision = this.settings.decide(result, key, cost);
+                    let decision = this.settings.decide(result, check);
                     if decision.admitted() {
                         request.extensions_mut().insert(decision.clone());
                         let future = service.call(request);

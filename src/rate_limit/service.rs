@@ -13,6 +13,7 @@ use super::settings::{MissingKey, Settings};
 use crate::body::ResponseBody;
 use crate::grpc;
 use crate::key::{Global, KeyExtractor};
+use crate::rate::RateCheck;
 
 /// Admits a request only while every limit has room for the caller; made by
 /// [`RateLimitLayer`](super::RateLimitLayer).
@@ -95,10 +96,11 @@ where
         {
             return ResponseFuture::reject(Rejection::Denied(denied), settings, grpc);
         }
-        let check = settings.store.check_rate(&settings.policy, key, cost);
+        let check = RateCheck::new(key, cost);
+        let pending = settings.store.check_rate(&settings.policy, check);
         // The clone goes on serving; the instance that `poll_ready` readied handles this request.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::check(check, ready, request, settings, key, cost, grpc)
+        ResponseFuture::check(pending, ready, request, settings, check, grpc)
     }
 }

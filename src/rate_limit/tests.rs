@@ -10,8 +10,7 @@ use tower::{Service, ServiceExt, service_fn};
 
 use super::*;
 use crate::key::Header;
-use crate::key::Key;
-use crate::rate::{RateOutcome, RatePolicy};
+use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 use crate::store::{MemoryStore, RateStore, StoreError, StoreErrorKind, StoreFuture};
 
 /// A store that counts rate checks and can be switched to failing.
@@ -24,12 +23,12 @@ struct Counting {
 
 /// Serves rate checks only: the layer asks for nothing else.
 impl RateStore for Counting {
-    fn check_rate(&self, p: &Arc<RatePolicy>, key: Key, cost: u64) -> StoreFuture<RateOutcome> {
+    fn check_rate(&self, p: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
         self.checks.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             return Box::pin(async { Err(StoreError::new(StoreErrorKind::Unavailable, "down")) });
         }
-        self.inner.check_rate(p, key, cost)
+        self.inner.check_rate(p, check)
     }
 }
 

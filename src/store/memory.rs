@@ -8,11 +8,10 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{
-    ClaimOutcome, FENCE_TTL, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RateStore,
-    Store, StoreFuture, millis,
+    ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RateStore, Store,
+    StoreFuture, fence_ttl, millis,
 };
-use crate::key::Key;
-use crate::rate::{Clock, LocalRates, RateOutcome, RatePolicy};
+use crate::rate::{Clock, LocalRates, RateCheck, RateOutcome, RatePolicy};
 
 /// A store inside one process, with the same semantics as `RedisStore`.
 ///
@@ -25,15 +24,18 @@ use crate::rate::{Clock, LocalRates, RateOutcome, RatePolicy};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use std::sync::Arc;
 /// use tollgate::key::Key;
-/// use tollgate::rate::{Algorithm, Limit, RatePolicy};
+/// use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
 /// use tollgate::store::{MemoryStore, RateStore};
 ///
 /// let store = MemoryStore::new();
 /// let policy = Arc::new(RatePolicy::new("demo", Algorithm::SlidingLog, vec![Limit::per_second("s", 2)]).unwrap());
-/// let key = Key::new("user", b"alice");
-/// assert!(store.check_rate(&policy, key, 1).await.unwrap().admitted);
-/// assert!(store.check_rate(&policy, key, 1).await.unwrap().admitted);
-/// assert!(!store.check_rate(&policy, key, 1).await.unwrap().admitted);
+/// let alice = Key::new("user", b"alice");
+/// let first = RateCheck::new(alice, 1);
+/// assert!(store.check_rate(&policy, first).await.unwrap().admitted);
+/// // the same attempt again (a retry after a lost reply) is not charged twice
+/// assert_eq!(store.check_rate(&policy, first).await.unwrap().limits[0].remaining, 1);
+/// assert!(store.check_rate(&policy, RateCheck::new(alice, 1)).await.unwrap().admitted);
+/// assert!(!store.check_rate(&policy, RateCheck::new(alice, 1)).await.unwrap().admitted);
 /// # }
 /// ```
 #[derive(Debug, Clone)]
@@ -75,8 +77,9 @@ enum Value {
 #[derive(Debug)]
 struct IdemRecord {
     fingerprint: String,
-    /// The owner's token while running.
-    token: Option<String>,
+    /// The owner's token, kept once done (so that a second completion is recognised).
+    token: String,
+    /// The response, once done.
     response: Option<Bytes>,
 }
 
@@ -86,16 +89,17 @@ impl Value {
         matches!(self, Self::Str(t) if t == token)
     }
 
-    /// Whether this is an idempotency record whose claim `token` owns.
+    /// Whether this is an idempotency record whose running claim `token` owns.
     fn owned_by(&self, token: &str) -> bool {
-        matches!(self, Self::Idem(r) if r.token.as_deref() == Some(token))
+        matches!(self, Self::Idem(r) if r.token == token && r.response.is_none())
     }
 }
 
 /// What a token-checked operation does to an entry its token matches.
 #[derive(Debug, Clone, Copy)]
 enum OnMatch {
-    Delete,
+    /// Delete it.
+    Release,
     Expire(Duration),
 }
 
@@ -147,7 +151,8 @@ impl MemoryStore {
         self.inner.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Applies `on_match` to `key` only if `matches` its live value; whether it did.
+    /// Applies `on_match` to `key` only if `matches` its live value; whether it did. (Nothing
+    /// here is ever re-sent, so a release needs no marker.)
     fn token_checked(
         &self,
         key: &str,
@@ -159,14 +164,10 @@ impl MemoryStore {
         let held = map.live(key, now).is_some_and(|v| matches(v));
         if held {
             match on_match {
-                OnMatch::Delete => {
+                OnMatch::Release => {
                     map.entries.remove(key);
                 }
-                OnMatch::Expire(lease) => {
-                    if let Some(entry) = map.entries.get_mut(key) {
-                        entry.expires_at = expiry(now, lease);
-                    }
-                }
+                OnMatch::Expire(lease) => map.expire(key, expiry(now, lease)),
             }
         }
         ready(held)
@@ -195,6 +196,12 @@ impl Map {
         Duration::from_millis(expires_at.saturating_sub(now) / 1000)
     }
 
+    fn expire(&mut self, key: &str, expires_at: u64) {
+        if let Some(entry) = self.entries.get_mut(key) {
+            entry.expires_at = expires_at;
+        }
+    }
+
     fn put(&mut self, key: &str, value: Value, expires_at: u64) {
         self.entries
             .insert(key.to_owned(), Entry { value, expires_at });
@@ -211,13 +218,8 @@ fn ready<T: Send + 'static>(value: T) -> StoreFuture<T> {
 }
 
 impl RateStore for MemoryStore {
-    fn check_rate(
-        &self,
-        policy: &Arc<RatePolicy>,
-        key: Key,
-        cost: u64,
-    ) -> StoreFuture<RateOutcome> {
-        ready(self.inner.rates.check(policy, key, cost))
+    fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
+        ready(self.inner.rates.check(policy, check))
     }
 }
 
@@ -233,7 +235,7 @@ impl LockStore for MemoryStore {
         map.sweep_if_due(now);
         let outcome = match map.live(&key, now) {
             Some(Value::Str(current)) => ClaimOutcome {
-                won: false,
+                won: *current == holder,
                 holder: current.clone(),
             },
             Some(_) => ClaimOutcome {
@@ -259,18 +261,28 @@ impl LockStore for MemoryStore {
         let now = self.now_us();
         let mut map = self.lock();
         map.sweep_if_due(now);
-        let attempt = if map.live(&key, now).is_some() {
-            LockAttempt::Held {
-                lease_left: map.left(&key, now),
+        let fence_expiry = expiry(now, fence_ttl(lease));
+        let drawn = match map.live(&fence_key, now) {
+            Some(Value::Fence(last)) => Some(*last),
+            _ => None,
+        };
+        let attempt = match map.live(&key, now) {
+            // the same attempt again: acquired already, with the fence it drew
+            Some(v) if v.held_by(&token) && drawn.is_some() => {
+                let fence = drawn.unwrap_or(now);
+                map.expire(&key, expiry(now, lease));
+                LockAttempt::Acquired { fence }
             }
-        } else {
-            map.put(&key, Value::Str(token), expiry(now, lease));
-            let fence = match map.live(&fence_key, now) {
-                Some(Value::Fence(last)) => *last + 1,
-                _ => now,
-            };
-            map.put(&fence_key, Value::Fence(fence), expiry(now, FENCE_TTL));
-            LockAttempt::Acquired { fence }
+            Some(v) if !v.held_by(&token) => LockAttempt::Held {
+                lease_left: map.left(&key, now),
+            },
+            _ => {
+                map.put(&key, Value::Str(token), expiry(now, lease));
+                // above both the last token and the store time: a stale counter cannot repeat one
+                let fence = drawn.map_or(now, |last| now.max(last.saturating_add(1)));
+                map.put(&fence_key, Value::Fence(fence), fence_expiry);
+                LockAttempt::Acquired { fence }
+            }
         };
         ready(attempt)
     }
@@ -280,7 +292,7 @@ impl LockStore for MemoryStore {
     }
 
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.token_checked(&key, |v| v.held_by(&token), OnMatch::Delete)
+        self.token_checked(&key, |v| v.held_by(&token), OnMatch::Release)
     }
 }
 
@@ -300,7 +312,7 @@ impl IdempotencyStore for MemoryStore {
             None => {
                 let record = IdemRecord {
                     fingerprint,
-                    token: Some(token),
+                    token,
                     response: None,
                 };
                 map.put(&key, Value::Idem(record), expiry(now, lease));
@@ -313,6 +325,11 @@ impl IdempotencyStore for MemoryStore {
                 response: Some(response),
                 ..
             })) => IdempotencyBegin::Completed(response.clone()),
+            // the same attempt again: claimed already
+            Some(v) if v.owned_by(&token) => {
+                map.expire(&key, expiry(now, lease));
+                IdempotencyBegin::Claimed
+            }
             Some(_) => IdempotencyBegin::InFlight { lease_left },
         };
         ready(begin)
@@ -333,17 +350,20 @@ impl IdempotencyStore for MemoryStore {
         let Value::Idem(record) = &mut entry.value else {
             return ready(false);
         };
-        if record.token.as_deref() != Some(token.as_str()) {
+        if record.token != token {
             return ready(false);
         }
-        record.token = None;
+        if let Some(stored) = &record.response {
+            // a second run of the same completion stored this very response
+            return ready(*stored == response);
+        }
         record.response = Some(response);
         entry.expires_at = expiry(now, retention);
         ready(true)
     }
 
     fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.token_checked(&key, |v| v.owned_by(&token), OnMatch::Delete)
+        self.token_checked(&key, |v| v.owned_by(&token), OnMatch::Release)
     }
 
     fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {

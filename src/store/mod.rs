@@ -28,8 +28,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::key::Key;
-use crate::rate::{RateOutcome, RatePolicy};
+use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 
 mod error;
 mod memory;
@@ -50,11 +49,11 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 /// not hang a request) and make each check atomic with respect to every other caller of the same
 /// backend, in any process.
 pub trait RateStore: fmt::Debug + Send + Sync + 'static {
-    /// Checks `cost` against every limit of `policy` for caller `key` and, only if all have room,
-    /// charges all of them — in one atomic step. The keys are
-    /// [`RatePolicy::store_keys`].
-    fn check_rate(&self, policy: &Arc<RatePolicy>, key: Key, cost: u64)
-    -> StoreFuture<RateOutcome>;
+    /// Checks the cost of `check` against every limit of `policy` for its caller and, only if all
+    /// have room, charges all of them — in one atomic step. The keys are
+    /// [`RatePolicy::store_keys`]. Safe to run twice: the same attempt again is charged once and
+    /// admitted again (see [`RateCheck`]).
+    fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome>;
 }
 
 /// Conditional writes with a holder: the capability claims and locks need.
@@ -62,7 +61,8 @@ pub trait RateStore: fmt::Debug + Send + Sync + 'static {
 /// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`].
 pub trait LockStore: fmt::Debug + Send + Sync + 'static {
     /// Sets `key` to `holder` only if `key` does not exist (SET NX), expiring after `ttl` (`None`:
-    /// never). The loser learns the current holder in the same atomic step.
+    /// never). The loser learns the current holder in the same atomic step. A key that `holder`
+    /// holds already counts as won: the same attempt run twice wins twice.
     fn claim(
         &self,
         key: String,
@@ -71,7 +71,10 @@ pub trait LockStore: fmt::Debug + Send + Sync + 'static {
     ) -> StoreFuture<ClaimOutcome>;
 
     /// Sets lock `key` to `token` for `lease` if it is free and, only then, draws the next fencing
-    /// token from `fence_key` (same hash slot), which strictly increases per lock name.
+    /// token from `fence_key` (same hash slot): above both the counter's last value and the store
+    /// time in microseconds, so it strictly increases per lock name even across a counter lost
+    /// or restored stale. The same attempt again (a lock that holds `token` already) is acquired
+    /// again with the same fencing token and a fresh lease.
     fn lock_acquire(
         &self,
         key: String,
@@ -84,7 +87,8 @@ pub trait LockStore: fmt::Debug + Send + Sync + 'static {
     /// does not (expired, released, or taken over by another owner).
     fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool>;
 
-    /// Deletes `key` only while it holds `token`; `false` when it does not.
+    /// Deletes `key` only while it holds `token`; `false` when it does not. A call re-sent after
+    /// a lost reply answers as its first run did.
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool>;
 }
 
@@ -95,7 +99,8 @@ pub trait LockStore: fmt::Debug + Send + Sync + 'static {
 /// [`idempotency_begin`](Self::idempotency_begin) act only while `token` owns the record.
 pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
     /// Looks up idempotency record `key` and, when there is none, claims it for a request with
-    /// `fingerprint`, owned by `token`, for `lease` — in one atomic step.
+    /// `fingerprint`, owned by `token`, for `lease` — in one atomic step. A record that `token`
+    /// claimed and still runs is claimed again (its lease reset).
     fn idempotency_begin(
         &self,
         key: String,
@@ -105,7 +110,8 @@ pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
     ) -> StoreFuture<IdempotencyBegin>;
 
     /// Stores the encoded `response` in record `key`, kept for `retention`, only while `token`
-    /// still owns the claim; `false` (and nothing written) otherwise.
+    /// still owns the claim; `false` (and nothing written) otherwise. A record that `token`
+    /// completed with this very `response` already answers `true` again, unchanged.
     fn idempotency_complete(
         &self,
         key: String,
@@ -114,10 +120,12 @@ pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
         retention: Duration,
     ) -> StoreFuture<bool>;
 
-    /// Deletes record `key` only while `token` still owns its claim.
+    /// Deletes record `key` only while `token` still owns its claim and it is not completed. A
+    /// call re-sent after a lost reply answers as its first run did.
     fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool>;
 
-    /// Extends the claim on record `key` to `lease` from now, only while `token` owns it.
+    /// Extends the claim on record `key` to `lease` from now, only while `token` owns it and it
+    /// is not completed.
     fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool>;
 }
 
@@ -172,19 +180,30 @@ pub enum LockAttempt {
 /// expires restarts above every earlier token (see `scripts/lock_acquire.lua`).
 pub(crate) const FENCE_TTL: Duration = Duration::from_secs(30 * 86_400);
 
-/// Milliseconds for a store command, at least 1 (0 would mean "no expiry" or be rejected).
+/// How long a release marker outlives the release it records: longer than any re-sent command
+/// or background retry of that release.
+pub(crate) const RELEASE_MARKER_TTL: Duration = Duration::from_secs(60);
+
+/// The longest expiry a store sets, about 285,000 years: every duration is clamped to it, in
+/// every backend alike. Redis refuses expiries near `i64::MAX` milliseconds, and `2^53` stays
+/// exact in the scripts' doubles.
+pub const MAX_EXPIRY: Duration = Duration::from_millis(1 << 53);
+
+/// Milliseconds for a store command: at least 1 (0 would mean "no expiry" or be refused), at most
+/// [`MAX_EXPIRY`].
 pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+    let max = 1u64 << 53;
+    u64::try_from(d.as_millis()).unwrap_or(max).clamp(1, max)
+}
+
+/// The lifetime of a fencing counter for a lock taken for `lease`: it outlives the lock.
+pub(crate) fn fence_ttl(lease: Duration) -> Duration {
+    FENCE_TTL.max(lease.saturating_mul(2))
 }
 
 impl<T: RateStore + ?Sized> RateStore for Arc<T> {
-    fn check_rate(
-        &self,
-        policy: &Arc<RatePolicy>,
-        key: Key,
-        cost: u64,
-    ) -> StoreFuture<RateOutcome> {
-        (**self).check_rate(policy, key, cost)
+    fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
+        (**self).check_rate(policy, check)
     }
 }
 

@@ -12,13 +12,12 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 
 use super::{
-    ClaimOutcome, FENCE_TTL, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RateStore,
-    Store, StoreError, StoreErrorKind, StoreFuture, millis,
+    ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RELEASE_MARKER_TTL,
+    RateStore, Store, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
 };
 use crate::error::{ConfigError, ConfigErrorKind};
-use crate::key::Key;
 use crate::keys;
-use crate::rate::{Algorithm, LimitState, RateOutcome, RatePolicy};
+use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 
 /// A store on Redis or Valkey, shared by every copy of a service.
 ///
@@ -145,6 +144,13 @@ pub struct RedisClusterBuilder {
     timeout: Duration,
 }
 
+/// What a token-checked script does to a key that holds the token.
+#[derive(Debug, Clone, Copy)]
+enum TokenOp {
+    Extend(Duration),
+    Release,
+}
+
 /// The default bound on every store call.
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
@@ -188,21 +194,28 @@ impl RedisStore {
         self.timeout
     }
 
-    /// Runs one of the token-checked scripts (`KEYS[1]` the key, `ARGV[1]` the token, `ARGV[2]`
-    /// the lease in milliseconds when given), which answer 1 when the key held the token.
+    /// Runs one of the token-checked scripts, which answer 1 when the key held the token. They
+    /// take `KEYS[1]` the key and `ARGV[1]` the token; an extension takes `ARGV[2]` the lease in
+    /// milliseconds, a release `KEYS[2]` the key's release marker, `ARGV[2]` its lifetime and
+    /// `ARGV[3]` a random id of this call — so that the call re-sent answers as it did.
     fn token_checked(
         &self,
         script: fn(&Scripts) -> &Script,
         key: String,
         token: String,
-        lease: Option<Duration>,
+        op: TokenOp,
     ) -> StoreFuture<bool> {
         self.call(move |mut conn, scripts| async move {
-            let mut invocation = script(&scripts).key(key);
-            invocation.arg(token);
-            if let Some(lease) = lease {
-                invocation.arg(millis(lease));
-            }
+            let mut invocation = script(&scripts).prepare_invoke();
+            match op {
+                TokenOp::Extend(lease) => invocation.key(key).arg(token).arg(millis(lease)),
+                TokenOp::Release => invocation
+                    .key(key.as_str())
+                    .key(keys::release_marker(&key))
+                    .arg(token)
+                    .arg(millis(RELEASE_MARKER_TTL))
+                    .arg(format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0)),
+            };
             let held: i64 = invocation
                 .invoke_async(&mut conn)
                 .await
@@ -321,12 +334,7 @@ fn decode_rate(reply: &[i64], limits: usize) -> Result<RateOutcome, StoreError> 
 }
 
 impl RateStore for RedisStore {
-    fn check_rate(
-        &self,
-        policy: &Arc<RatePolicy>,
-        key: Key,
-        cost: u64,
-    ) -> StoreFuture<RateOutcome> {
+    fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
         let policy = Arc::clone(policy);
         self.call(move |mut conn, scripts| async move {
             let script = match policy.algorithm() {
@@ -335,13 +343,10 @@ impl RateStore for RedisStore {
                 Algorithm::Gcra => &scripts.gcra,
             };
             let mut invocation = script.prepare_invoke();
-            for key in keys::rate(&policy, &key) {
+            for key in keys::rate(&policy, &check.key()) {
                 invocation.key(key);
             }
-            invocation.arg(cost);
-            if policy.algorithm() == Algorithm::SlidingLog {
-                invocation.arg(nonce());
-            }
+            invocation.arg(check.cost()).arg(check.attempt_hex());
             for limit in policy.limits() {
                 invocation.arg(limit.quota()).arg(limit.window_us());
             }
@@ -392,7 +397,7 @@ impl LockStore for RedisStore {
                 .key(fence_key)
                 .arg(token)
                 .arg(millis(lease))
-                .arg(millis(FENCE_TTL))
+                .arg(millis(fence_ttl(lease)))
                 .invoke_async(&mut conn)
                 .await
                 .map_err(store_error)?;
@@ -408,11 +413,16 @@ impl LockStore for RedisStore {
     }
 
     fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        self.token_checked(|s| &s.compare_and_pexpire, key, token, Some(lease))
+        self.token_checked(
+            |s| &s.compare_and_pexpire,
+            key,
+            token,
+            TokenOp::Extend(lease),
+        )
     }
 
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.token_checked(|s| &s.compare_and_delete, key, token, None)
+        self.token_checked(|s| &s.compare_and_delete, key, token, TokenOp::Release)
     }
 }
 
@@ -460,11 +470,11 @@ impl IdempotencyStore for RedisStore {
     }
 
     fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.token_checked(|s| &s.idem_release, key, token, None)
+        self.token_checked(|s| &s.idem_release, key, token, TokenOp::Release)
     }
 
     fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        self.token_checked(|s| &s.idem_extend, key, token, Some(lease))
+        self.token_checked(|s| &s.idem_extend, key, token, TokenOp::Extend(lease))
     }
 }
 
@@ -497,9 +507,4 @@ fn decode_idem_begin(reply: Vec<Value>) -> Result<IdempotencyBegin, StoreError> 
         }
         _ => Err(protocol("idempotency script returned an unexpected reply")),
     }
-}
-
-/// A random member prefix for the sliding log: 64 random bits in hex.
-fn nonce() -> String {
-    format!("{:x}", uuid::Uuid::new_v4().as_u64_pair().0)
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use tollgate::claim::Claims;
 use tollgate::key::Key;
 use tollgate::lock::{LockError, Locks};
-use tollgate::rate::{Algorithm, Limit, RateOutcome, RatePolicy};
-use tollgate::store::{IdempotencyBegin, Store};
+use tollgate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
+use tollgate::store::{IdempotencyBegin, LockAttempt, Store};
 
 fn unique(name: &str) -> String {
     format!("{name}-{}", rand::random::<u64>())
@@ -31,8 +31,12 @@ pub fn key(name: &str) -> Key {
 }
 
 async fn check(store: &impl Store, policy: &Arc<RatePolicy>, key: Key, cost: u64) -> RateOutcome {
+    run(store, policy, RateCheck::new(key, cost)).await
+}
+
+async fn run(store: &impl Store, policy: &Arc<RatePolicy>, check: RateCheck) -> RateOutcome {
     store
-        .check_rate(policy, key, cost)
+        .check_rate(policy, check)
         .await
         .expect("store answers")
 }
@@ -64,6 +68,13 @@ macro_rules! conformance_suite {
             idem_exactly_one_claim_among_concurrent,
             idem_token_checks_and_takeover,
             idem_retention_and_release,
+            rate_checks_run_twice_are_charged_once,
+            claims_run_twice_win_twice,
+            lock_acquisitions_run_twice_keep_their_fence,
+            fencing_tokens_pass_a_stale_counter_and_the_store_clock,
+            a_release_frees_the_key_once,
+            idempotency_operations_run_twice_answer_alike,
+            huge_durations_are_clamped_alike,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -224,7 +235,7 @@ pub async fn window_slides_and_retry_after_is_honest(store: &impl Store) {
 pub async fn concurrent_callers_get_exactly_the_quota(store: &impl Store) {
     for algorithm in ALGORITHMS {
         let p = policy(algorithm, vec![Limit::per_minute("m", 50)]);
-        let checks = (0..300).map(|_| store.check_rate(&p, key("hot"), 1));
+        let checks = (0..300).map(|_| store.check_rate(&p, RateCheck::new(key("hot"), 1)));
         let results = futures_util::future::join_all(checks).await;
         let admitted = results
             .into_iter()
@@ -706,4 +717,292 @@ pub async fn idem_retention_and_release(store: &(impl Store + Clone)) {
         IdempotencyBegin::Claimed,
         "retention over"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// the same attempt run twice (a command re-sent after a dropped connection, a lost reply): the
+// second run answers as the first did and changes nothing more
+// ---------------------------------------------------------------------------------------------
+
+/// Keys of one hash slot for the raw lock operations: `(lock, fence)`.
+fn raw_lock_keys() -> (String, String) {
+    let lock = format!("t:lock:{{{}}}", unique("raw"));
+    let fence = format!("{lock}:fence");
+    (lock, fence)
+}
+
+pub async fn rate_checks_run_twice_are_charged_once(store: &impl Store) {
+    for algorithm in ALGORITHMS {
+        let p = policy(
+            algorithm,
+            vec![Limit::per_minute("m", 4), Limit::per_hour("h", 10)],
+        );
+        for cost in [1, 2] {
+            let caller = key(&unique("twice"));
+            let attempt = RateCheck::new(caller, cost);
+            let first = run(store, &p, attempt).await;
+            let second = run(store, &p, attempt).await;
+            assert!(first.admitted && second.admitted, "{algorithm} cost {cost}");
+            let remaining = |o: &RateOutcome| [o.limits[0].remaining, o.limits[1].remaining];
+            assert_eq!(
+                remaining(&first),
+                [4 - cost, 10 - cost],
+                "{algorithm} cost {cost}"
+            );
+            assert_eq!(
+                remaining(&second),
+                remaining(&first),
+                "{algorithm} cost {cost}: the second run charged again"
+            );
+            let next = check(store, &p, caller, cost).await;
+            assert_eq!(
+                remaining(&next),
+                [4 - 2 * cost, 10 - 2 * cost],
+                "{algorithm} cost {cost}: a new attempt is charged"
+            );
+        }
+        // an attempt admitted with the last of the quota is admitted again, not denied
+        let caller = key(&unique("last"));
+        let p = policy(algorithm, vec![Limit::per_minute("m", 2)]);
+        check(store, &p, caller, 1).await;
+        let last = RateCheck::new(caller, 1);
+        assert!(run(store, &p, last).await.admitted, "{algorithm}");
+        let again = run(store, &p, last).await;
+        assert!(
+            again.admitted,
+            "{algorithm}: the second run of an admitted attempt"
+        );
+        assert_eq!(again.limits[0].remaining, 0, "{algorithm}");
+        assert!(!check(store, &p, caller, 1).await.admitted, "{algorithm}");
+    }
+}
+
+pub async fn claims_run_twice_win_twice(store: &(impl Store + Clone)) {
+    let claims = Claims::new(store.clone());
+    let name = unique("coupon");
+    let first = claims.claim_once_as(&name, "order-17", None).await.unwrap();
+    let second = claims.claim_once_as(&name, "order-17", None).await.unwrap();
+    assert!(first.won() && second.won(), "the same holder wins again");
+    assert_eq!(second.holder(), "order-17");
+    let other = claims.claim_once_as(&name, "order-18", None).await.unwrap();
+    assert!(!other.won());
+    assert_eq!(other.holder(), "order-17");
+}
+
+pub async fn lock_acquisitions_run_twice_keep_their_fence(store: &(impl Store + Clone)) {
+    let (lock, fence) = raw_lock_keys();
+    let lease = Duration::from_secs(5);
+    let acquire = |token: &str, lease| {
+        store.lock_acquire(lock.clone(), fence.clone(), token.to_owned(), lease)
+    };
+    let LockAttempt::Acquired { fence: first } = acquire("a", lease).await.unwrap() else {
+        panic!("a free lock is acquired");
+    };
+    // the second run of the same attempt: acquired, the same token, a fresh (here longer) lease
+    let again = acquire("a", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(again, LockAttempt::Acquired { fence: first });
+    match acquire("b", lease).await.unwrap() {
+        LockAttempt::Held { lease_left } => {
+            assert!(
+                lease_left > Duration::from_secs(50),
+                "lease reset: {lease_left:?}"
+            );
+        }
+        other => panic!("another owner is refused: {other:?}"),
+    }
+    assert!(
+        store
+            .delete_if_held(lock.clone(), "a".into())
+            .await
+            .unwrap()
+    );
+    let LockAttempt::Acquired { fence: next } = acquire("b", lease).await.unwrap() else {
+        panic!("a released lock is acquired");
+    };
+    assert!(next > first, "{next} after {first}");
+}
+
+pub async fn fencing_tokens_pass_a_stale_counter_and_the_store_clock(store: &(impl Store + Clone)) {
+    let now_us = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+    };
+    let (lock, fence) = raw_lock_keys();
+    let lease = Duration::from_secs(5);
+    let before = now_us();
+    // a counter restored stale from an old snapshot: far below the tokens already handed out
+    let stale = store.claim(fence.clone(), "41".into(), None).await.unwrap();
+    assert!(stale.won);
+    let LockAttempt::Acquired { fence: token } = store
+        .lock_acquire(lock.clone(), fence.clone(), "a".into(), lease)
+        .await
+        .unwrap()
+    else {
+        panic!("a free lock is acquired");
+    };
+    // the store and this test share one machine's clock
+    assert!(
+        token >= before - 1_000_000,
+        "token {token} is below the store time {before} µs: a stale counter repeats tokens"
+    );
+    assert!(
+        store
+            .delete_if_held(lock.clone(), "a".into())
+            .await
+            .unwrap()
+    );
+    let LockAttempt::Acquired { fence: next } = store
+        .lock_acquire(lock, fence, "b".into(), lease)
+        .await
+        .unwrap()
+    else {
+        panic!("a released lock is acquired");
+    };
+    assert!(next > token, "{next} after {token}");
+}
+
+pub async fn a_release_frees_the_key_once(store: &(impl Store + Clone)) {
+    let (lock, fence) = raw_lock_keys();
+    let acquired = store
+        .lock_acquire(lock.clone(), fence, "a".into(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(matches!(acquired, LockAttempt::Acquired { .. }));
+    assert!(
+        !store
+            .delete_if_held(lock.clone(), "b".into())
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .delete_if_held(lock.clone(), "a".into())
+            .await
+            .unwrap()
+    );
+    // another call (not the same call re-sent: `tests/scripts.rs` runs those) finds it gone
+    assert!(
+        !store
+            .delete_if_held(lock.clone(), "a".into())
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .extend_if_held(lock.clone(), "a".into(), Duration::from_secs(5))
+            .await
+            .unwrap(),
+        "a released lock is not extended"
+    );
+    let claims = Claims::new(store.clone());
+    let name = unique("released");
+    let won = claims.claim_once(&name, None).await.unwrap();
+    assert!(claims.release(&won).await.unwrap());
+    assert!(claims.claim_once(&name, None).await.unwrap().won());
+}
+
+pub async fn idempotency_operations_run_twice_answer_alike(store: &(impl Store + Clone)) {
+    let key = idem_key();
+    let lease = Duration::from_secs(30);
+    let retention = Duration::from_secs(60);
+    let begin =
+        |token: &str| store.idempotency_begin(key.clone(), "fp".into(), token.to_owned(), lease);
+    assert_eq!(begin("a").await.unwrap(), IdempotencyBegin::Claimed);
+    assert_eq!(
+        begin("a").await.unwrap(),
+        IdempotencyBegin::Claimed,
+        "the second run of a claim claims again, not 409 to its own request"
+    );
+    assert!(matches!(
+        begin("b").await.unwrap(),
+        IdempotencyBegin::InFlight { .. }
+    ));
+    let record = bytes::Bytes::from_static(b"record");
+    for run in ["first", "second"] {
+        assert!(
+            store
+                .idempotency_complete(key.clone(), "a".into(), record.clone(), retention)
+                .await
+                .unwrap(),
+            "{run} run of the completion"
+        );
+    }
+    assert_eq!(
+        begin("b").await.unwrap(),
+        IdempotencyBegin::Completed(record.clone())
+    );
+    // a completed record is neither released nor cut short by its owner's token
+    assert!(
+        !store
+            .idempotency_release(key.clone(), "a".into())
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .idempotency_extend(key.clone(), "a".into(), Duration::from_millis(50))
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(
+        begin("c").await.unwrap(),
+        IdempotencyBegin::Completed(record)
+    );
+    // a release frees the key
+    let other = idem_key();
+    let claim = store
+        .idempotency_begin(other.clone(), "fp".into(), "d".into(), lease)
+        .await
+        .unwrap();
+    assert_eq!(claim, IdempotencyBegin::Claimed);
+    assert!(
+        store
+            .idempotency_release(other.clone(), "d".into())
+            .await
+            .unwrap()
+    );
+    let after = store
+        .idempotency_begin(other, "fp".into(), "e".into(), lease)
+        .await
+        .unwrap();
+    assert_eq!(after, IdempotencyBegin::Claimed, "the released key is free");
+}
+
+pub async fn huge_durations_are_clamped_alike(store: &(impl Store + Clone)) {
+    let forever = Duration::MAX;
+    let claims = Claims::new(store.clone());
+    let name = unique("forever");
+    assert!(claims.claim_once(&name, forever).await.unwrap().won());
+    assert!(!claims.claim_once(&name, forever).await.unwrap().won());
+    let locks = Locks::new(store.clone());
+    let guard = locks.try_acquire(unique("forever"), forever).await.unwrap();
+    guard.extend().await.unwrap();
+    guard.release().await.unwrap();
+    let key = idem_key();
+    let claimed = store
+        .idempotency_begin(key.clone(), "fp".into(), "a".into(), forever)
+        .await
+        .unwrap();
+    assert_eq!(claimed, IdempotencyBegin::Claimed);
+    assert!(
+        store
+            .idempotency_extend(key.clone(), "a".into(), forever)
+            .await
+            .unwrap()
+    );
+    let record = bytes::Bytes::from_static(b"kept");
+    assert!(
+        store
+            .idempotency_complete(key.clone(), "a".into(), record.clone(), forever)
+            .await
+            .unwrap()
+    );
+    let replay = store
+        .idempotency_begin(key, "fp".into(), "b".into(), forever)
+        .await
+        .unwrap();
+    assert_eq!(replay, IdempotencyBegin::Completed(record), "written whole");
 }

@@ -1,5 +1,7 @@
 -- Extend: reset the key's lease only while it still holds the caller's token.
 --
+-- Safe to run twice: a second run resets the lease again, from a moment later.
+--
 -- KEYS[1]  a lock
 -- ARGV[1]  the caller's token
 -- ARGV[2]  the new lease in milliseconds, from now

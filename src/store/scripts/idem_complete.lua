@@ -4,11 +4,21 @@
 -- ARGV[1]  the owner token
 -- ARGV[2]  the encoded response
 -- ARGV[3]  retention of the completed record in milliseconds
--- Returns  1 when stored; 0 when the claim is no longer this owner's (its lease ran out, and it
---          expired or another request took it over): nothing is written then
--- Cost     O(1): HGET, then HSET, HDEL, PEXPIRE.
-if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 's', 'done', 'r', ARGV[2])
-redis.call('HDEL', KEYS[1], 't')
+-- Returns  1 when stored (now, or by an earlier run of this completion); 0 when the claim is no
+--          longer this owner's (its lease ran out, and it expired or another request took it
+--          over), or the record is done with another response: nothing is written then
+-- Cost     O(1): HMGET, then PEXPIRE and HSET (a second run: HGET of the response instead).
+--
+-- Safe to run twice: the token stays in the completed record, so a second run of the same
+-- completion (the same response) answers "stored" without writing. The expiry is set before the fields, so that a
+-- refused expiry leaves the record as it was.
+local rec = redis.call('HMGET', KEYS[1], 's', 't')
+if rec[2] ~= ARGV[1] then return 0 end
+if rec[1] == 'done' then
+  -- a second run of this completion stored this very response; another one is refused
+  if redis.call('HGET', KEYS[1], 'r') == ARGV[2] then return 1 end
+  return 0
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('HSET', KEYS[1], 's', 'done', 'r', ARGV[2])
 return 1

@@ -4,25 +4,32 @@
 -- KEYS[2]  the fencing counter of this lock name (same hash tag)
 -- ARGV[1]  the owner's random token
 -- ARGV[2]  lease in milliseconds
--- ARGV[3]  lifetime of the fencing counter in milliseconds (refreshed on every acquisition)
+-- ARGV[3]  lifetime of the fencing counter in milliseconds (refreshed on every acquisition;
+--          longer than any lease)
 -- Returns  {1, fencing_token} when acquired; {0, lease_left_ms} when another owner holds it
--- Cost     O(1): SET NX PX, GET, SET on success (plus TIME for a new counter); PTTL on failure.
+-- Cost     O(1): TIME, GET; then SET PX, GET, SET to acquire, or PTTL when held.
 --
--- The fencing token strictly increases on every acquisition of one lock name: the counter plus
--- one, or — when the counter is new, expired or lost with the store — the store time in
--- microseconds. Every token is at most the store time of its acquisition (scripts run one at a
--- time, each for over a microsecond), so a restarted counter still starts above all earlier
--- tokens, as long as the store's clock does not go back.
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+-- Fencing tokens never repeat: each is above both the counter's last value and the store time in
+-- microseconds, so a counter that expired, or came back stale from a restored or promoted store,
+-- still hands out tokens above every earlier one — as long as the store's clock does not go back.
+--
+-- Safe to run twice: a lock that already holds this owner's token (the same attempt re-sent) is
+-- acquired again with the same fencing token and a fresh lease.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  local drawn = redis.call('GET', KEYS[2])
+  if drawn then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(drawn)}
+  end
+elseif holder then
   return {0, redis.call('PTTL', KEYS[1])}
 end
-local last = redis.call('GET', KEYS[2])
-local fence
-if last then
-  fence = tonumber(last) + 1
-else
-  local t = redis.call('TIME')
-  fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local fence = now
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if last >= fence then fence = last + 1 end
 redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
 return {1, fence}

@@ -1,10 +1,15 @@
--- Sliding-window counter: O(1) memory. Per limit one string "<window index>:<current>:<previous>";
--- the estimate is current + previous * (share of the previous window still inside the sliding one).
+-- Sliding-window counter: O(1) memory. Per limit one string
+-- "<window index>:<current>:<previous>:<attempt>"; the estimate is current + previous * (share of
+-- the previous window still inside the sliding one).
+--
+-- Safe to run twice: when the first limit was last charged by this very attempt (a re-sent
+-- command), the attempt is admitted again without a second charge.
 --
 -- KEYS[i]     the counter of limit i (all keys share one hash tag)
 -- ARGV[1]     cost (integer >= 1)
--- ARGV[2i]    quota of limit i
--- ARGV[2i+1]  window of limit i, microseconds (a whole number of milliseconds)
+-- ARGV[2]     the attempt id (16 hex digits)
+-- ARGV[1+2i]  quota of limit i
+-- ARGV[2+2i]  window of limit i, microseconds (a whole number of milliseconds)
 -- Returns     {admitted (0|1), retry_after_us, remaining_1, reset_us_1, ...}
 -- Cost        O(limits); per limit GET, plus SET when admitted (KEEPTTL within a window).
 local t = redis.call('TIME')
@@ -12,26 +17,31 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cost = tonumber(ARGV[1])
 local n = #KEYS
+local attempt = ARGV[2]
 local state = {}
 local admitted = 1
 local retry = 0
+local replay = false
 
 for i = 1, n do
-  local quota = tonumber(ARGV[2 * i])
-  local window = tonumber(ARGV[2 * i + 1]) / 1000
+  local quota = tonumber(ARGV[1 + 2 * i])
+  local window = tonumber(ARGV[2 + 2 * i]) / 1000
   local index = math.floor(now / window)
   local elapsed = now - index * window
   local cur, prev, same = 0, 0, false
   local raw = redis.call('GET', KEYS[i])
   if raw then
-    local idx, c, p = string.match(raw, '^(%d+):(%d+):(%d+)$')
+    local idx, c, p, by = string.match(raw, '^(%d+):(%d+):(%d+):?(%x*)$')
     idx = tonumber(idx)
     if idx == index then cur, prev, same = tonumber(c), tonumber(p), true
     elseif idx == index - 1 then prev = tonumber(c) end
+    if i == 1 and by == attempt then replay = true end
   end
   state[i] = {quota, window, index, elapsed, cur, prev, same}
   -- scaled by window: used * window = cur * window + prev * (window - elapsed)
-  if (cur + cost) * window + prev * (window - elapsed) > quota * window then
+  if replay then
+    -- charged by the first run of this attempt: nothing to decide
+  elseif (cur + cost) * window + prev * (window - elapsed) > quota * window then
     admitted = 0
     local wait
     local room = quota - cost - cur
@@ -48,12 +58,13 @@ for i = 1, n do
   end
 end
 
+if replay then admitted, retry = 1, 0 end
 local result = {admitted, math.ceil(retry * 1000)}
 for i = 1, n do
   local quota, window, index, elapsed, cur, prev, same = unpack(state[i])
-  if admitted == 1 then
+  if admitted == 1 and not replay then
     cur = cur + cost
-    local value = string.format('%d:%d:%d', index, cur, prev)
+    local value = string.format('%d:%d:%d:%s', index, cur, prev, attempt)
     if same then
       -- the same window: its expiry (the end of the next window) stands
       redis.call('SET', KEYS[i], value, 'KEEPTTL')

@@ -3,7 +3,7 @@
 --
 -- KEYS[i]     the log of limit i (all keys share one hash tag)
 -- ARGV[1]     cost (integer >= 1)
--- ARGV[2]     a random nonce, unique per request (members are the nonce, or nonce..":"..n)
+-- ARGV[2]     the attempt id, unique per request (members are the id, or id..":"..n)
 -- ARGV[1+2i]  quota of limit i
 -- ARGV[2+2i]  window of limit i, microseconds
 -- Returns     {admitted (0|1), retry_after_us, remaining_1, reset_us_1, remaining_2, reset_us_2, ...}
@@ -11,6 +11,8 @@
 --             tells whether anything left the window (only then it trims, and reads the new
 --             oldest) and gives the reset; ZCARD only for a non-empty log; ZADD and PEXPIRE when
 --             admitted. A new caller costs TIME, ZRANGE, ZADD, PEXPIRE. Denials write nothing.
+-- Safe to run twice: when the first log already holds this attempt's first member (a re-sent
+-- command), the attempt is admitted again without a second charge (one ZSCORE per decision).
 -- Numbers passed to redis.call are formatted by hand: Redis would print 16-digit microsecond
 -- scores with 14 significant digits.
 local t = redis.call('TIME')
@@ -20,6 +22,9 @@ local n = #KEYS
 local counts, oldests = {}, {}
 local admitted = 1
 local retry = 0
+local first_member = ARGV[2]
+if cost > 1 then first_member = ARGV[2] .. ':1' end
+local replay = redis.call('ZSCORE', KEYS[1], first_member) ~= false
 
 for i = 1, n do
   local key = KEYS[i]
@@ -38,7 +43,7 @@ for i = 1, n do
     if oldest then count = redis.call('ZCARD', key) end
   end
   counts[i], oldests[i] = count, oldest
-  if count + cost > quota then
+  if not replay and count + cost > quota then
     admitted = 0
     local wait = window
     if cost <= quota then
@@ -55,6 +60,7 @@ for i = 1, n do
   end
 end
 
+if replay then admitted, retry = 1, 0 end
 local result = {admitted, retry}
 local score = string.format('%d', now)
 for i = 1, n do
@@ -64,7 +70,7 @@ for i = 1, n do
   local count, oldest = counts[i], oldests[i]
   local reset = 0
   if oldest then reset = oldest + window - now end
-  if admitted == 1 then
+  if admitted == 1 and not replay then
     if cost == 1 then
       redis.call('ZADD', key, score, ARGV[2])
     else

@@ -1,0 +1,250 @@
+//! Every Lua script run twice with the same arguments against a real redis-server, as happens
+//! when a command is re-sent after a dropped connection or its reply is lost: the second run
+//! answers as the first did and changes nothing more.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::RedisServer;
+use redis::{Connection, Script, Value};
+
+fn script(name: &str) -> Script {
+    let source = match name {
+        "claim" => include_str!("../src/store/scripts/claim.lua"),
+        "lock_acquire" => include_str!("../src/store/scripts/lock_acquire.lua"),
+        "compare_and_delete" => include_str!("../src/store/scripts/compare_and_delete.lua"),
+        "compare_and_pexpire" => include_str!("../src/store/scripts/compare_and_pexpire.lua"),
+        "idem_begin" => include_str!("../src/store/scripts/idem_begin.lua"),
+        "idem_complete" => include_str!("../src/store/scripts/idem_complete.lua"),
+        "idem_extend" => include_str!("../src/store/scripts/idem_extend.lua"),
+        "idem_release" => include_str!("../src/store/scripts/idem_release.lua"),
+        "sliding_log" => include_str!("../src/store/scripts/sliding_log.lua"),
+        "sliding_counter" => include_str!("../src/store/scripts/sliding_counter.lua"),
+        "gcra" => include_str!("../src/store/scripts/gcra.lua"),
+        other => panic!("no script {other}"),
+    };
+    Script::new(source)
+}
+
+/// Runs `name` with `keys` and `args`.
+fn run(conn: &mut Connection, name: &str, keys: &[&str], args: &[&str]) -> Value {
+    let script = script(name);
+    let mut invocation = script.prepare_invoke();
+    for key in keys {
+        invocation.key(*key);
+    }
+    for arg in args {
+        invocation.arg(*arg);
+    }
+    invocation.invoke(conn).unwrap()
+}
+
+/// Runs `name` twice with the same `keys` and `args`; asserts both answers are alike and returns
+/// the answer.
+fn twice(conn: &mut Connection, name: &str, keys: &[&str], args: &[&str]) -> Value {
+    let first = run(conn, name, keys, args);
+    let second = run(conn, name, keys, args);
+    assert_eq!(second, first, "{name}: the second run answers otherwise");
+    first
+}
+
+fn get(conn: &mut Connection, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query(conn).unwrap()
+}
+
+fn hash(conn: &mut Connection, key: &str) -> Vec<(String, Vec<u8>)> {
+    let mut fields: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL").arg(key).query(conn).unwrap();
+    fields.sort();
+    fields
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(n) => *n,
+        other => panic!("not an integer: {other:?}"),
+    }
+}
+
+fn items(v: Value) -> Vec<Value> {
+    match v {
+        Value::Array(items) => items,
+        other => panic!("not an array: {other:?}"),
+    }
+}
+
+#[test]
+fn a_claim_run_twice_is_won_twice() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let won = twice(&mut conn, "claim", &["c:{1}"], &["holder-a", "0"]);
+    assert_eq!(int(&items(won)[0]), 1);
+    assert_eq!(get(&mut conn, "c:{1}").as_deref(), Some("holder-a"));
+    let lost = items(run(&mut conn, "claim", &["c:{1}"], &["holder-b", "0"]));
+    assert_eq!(int(&lost[0]), 0, "another holder loses");
+}
+
+#[test]
+fn a_lock_acquisition_run_twice_keeps_its_fencing_token() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let keys = ["l:{1}", "l:{1}:fence"];
+    let acquired = items(twice(
+        &mut conn,
+        "lock_acquire",
+        &keys,
+        &["t", "5000", "60000"],
+    ));
+    assert_eq!(int(&acquired[0]), 1);
+    let fence = int(&acquired[1]);
+    assert_eq!(get(&mut conn, keys[1]), Some(fence.to_string()));
+    assert_eq!(get(&mut conn, keys[0]).as_deref(), Some("t"));
+    let held = items(run(
+        &mut conn,
+        "lock_acquire",
+        &keys,
+        &["u", "5000", "60000"],
+    ));
+    assert_eq!(int(&held[0]), 0, "another owner is refused");
+}
+
+#[test]
+fn a_release_run_twice_is_released_twice() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let keys = ["l:{1}", "l:{1}:released"];
+    let _: () = redis::cmd("SET")
+        .arg(keys[0])
+        .arg("t")
+        .query(&mut conn)
+        .unwrap();
+    let released = twice(
+        &mut conn,
+        "compare_and_delete",
+        &keys,
+        &["t", "60000", "call-1"],
+    );
+    assert_eq!(int(&released), 1);
+    assert_eq!(get(&mut conn, keys[0]), None);
+    let other_call = run(
+        &mut conn,
+        "compare_and_delete",
+        &keys,
+        &["t", "60000", "call-2"],
+    );
+    assert_eq!(int(&other_call), 0, "another call finds the lock gone");
+}
+
+#[test]
+fn an_extension_run_twice_is_extended_twice() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let _: () = redis::cmd("SET")
+        .arg("l:{1}")
+        .arg("t")
+        .query(&mut conn)
+        .unwrap();
+    let extended = twice(&mut conn, "compare_and_pexpire", &["l:{1}"], &["t", "5000"]);
+    assert_eq!(int(&extended), 1);
+}
+
+#[test]
+fn idempotency_scripts_run_twice_answer_alike() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let record = "i:{1}";
+    let claimed = twice(&mut conn, "idem_begin", &[record], &["fp", "t", "30000"]);
+    assert_eq!(
+        items(claimed),
+        vec![Value::Int(0)],
+        "claimed, not in flight"
+    );
+    let running = hash(&mut conn, record);
+    assert_eq!(
+        int(&twice(&mut conn, "idem_extend", &[record], &["t", "30000"])),
+        1
+    );
+    assert_eq!(hash(&mut conn, record), running);
+    let stored = twice(
+        &mut conn,
+        "idem_complete",
+        &[record],
+        &["t", "response", "60000"],
+    );
+    assert_eq!(int(&stored), 1, "stored, not lost");
+    let done = hash(&mut conn, record);
+    assert!(
+        done.contains(&("s".to_owned(), b"done".to_vec())),
+        "{done:?}"
+    );
+    assert!(
+        done.contains(&("r".to_owned(), b"response".to_vec())),
+        "{done:?}"
+    );
+    // the owner's token can neither extend nor release a completed record
+    assert_eq!(
+        int(&run(&mut conn, "idem_extend", &[record], &["t", "1"])),
+        0
+    );
+    let keys = [record, "i:{1}:released"];
+    assert_eq!(
+        int(&run(&mut conn, "idem_release", &keys, &["t", "60000", "c"])),
+        0
+    );
+    assert_eq!(hash(&mut conn, record), done);
+
+    let other = ["i:{2}", "i:{2}:released"];
+    run(&mut conn, "idem_begin", &other[..1], &["fp", "t", "30000"]);
+    let released = twice(&mut conn, "idem_release", &other, &["t", "60000", "call-1"]);
+    assert_eq!(int(&released), 1, "released, both times");
+    assert!(hash(&mut conn, other[0]).is_empty());
+}
+
+/// The state a rate script leaves in `key`: the string, or the log's members and scores.
+fn rate_state(conn: &mut Connection, script: &str, key: &str) -> Vec<String> {
+    if script == "sliding_log" {
+        redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(conn)
+            .unwrap()
+    } else {
+        get(conn, key).into_iter().collect()
+    }
+}
+
+#[test]
+fn rate_checks_run_twice_are_charged_once() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    for name in ["sliding_log", "sliding_counter", "gcra"] {
+        for cost in ["1", "2"] {
+            let keys = [
+                &format!("r:{{{name}{cost}}}:a")[..],
+                &format!("r:{{{name}{cost}}}:b"),
+            ];
+            // two limits: 5 per minute, 9 per hour
+            let args = [cost, "00000000000000a1", "5", "60000000", "9", "3600000000"];
+            let first = items(run(&mut conn, name, &keys, &args));
+            let state = [
+                rate_state(&mut conn, name, keys[0]),
+                rate_state(&mut conn, name, keys[1]),
+            ];
+            let second = items(run(&mut conn, name, &keys, &args));
+            assert_eq!(int(&first[0]), 1, "{name} cost {cost}: admitted");
+            assert_eq!(int(&second[0]), 1, "{name} cost {cost}: admitted again");
+            // remaining of each limit, as the first run left it
+            assert_eq!(
+                [int(&second[2]), int(&second[4])],
+                [int(&first[2]), int(&first[4])],
+                "{name} cost {cost}: the second run charged again"
+            );
+            let after = [
+                rate_state(&mut conn, name, keys[0]),
+                rate_state(&mut conn, name, keys[1]),
+            ];
+            assert_eq!(after, state, "{name} cost {cost}: the second run wrote");
+        }
+    }
+}
