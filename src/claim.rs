@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 use crate::keys;
+use crate::lease::{Owner, UndoUnanswered};
 use crate::store::{LockStore, StoreError};
 
 /// Makes claims in a shared [`LockStore`]. Cheap to clone.
@@ -85,16 +86,37 @@ impl Claims {
 
     /// Claims `name` with a fresh random holder id; `ttl` of `None` keeps the claim until it is
     /// [released](Self::release).
+    ///
+    /// On an error nothing is held for long: the store may have made the claim although its
+    /// answer was lost (a timeout, a dropped connection), so the attempt is undone in the
+    /// background, token-checked, once the store answers again. The name can then be claimed
+    /// anew — by this caller's retry or by another. (To learn instead whether a lost attempt
+    /// won, claim with a holder id of your own: see [`claim_once_as`](Self::claim_once_as).)
     pub async fn claim_once(
         &self,
         name: impl AsRef<[u8]>,
         ttl: impl Into<Option<Duration>>,
     ) -> Result<Claim, StoreError> {
         let holder = uuid::Uuid::new_v4().to_string();
-        self.claim_once_as(name, &holder, ttl).await
+        let key = keys::claim(&self.prefix, name.as_ref());
+        let mut unanswered = {
+            let (store, key, holder) = (Arc::clone(&self.store), key.clone(), holder.clone());
+            UndoUnanswered::new(Owner::Claim, "a claim attempt went unanswered", move || {
+                store.delete_if_held(key.clone(), holder.clone())
+            })
+        };
+        let claim = self.claim_key(key, holder, ttl.into()).await?;
+        unanswered.disarm();
+        Ok(claim)
     }
 
     /// Claims `name` for `holder` (an order id, say), so that losers can tell who won.
+    ///
+    /// The same holder claiming again wins again: so after an error — the store may have made
+    /// the claim although its answer was lost — retry with the same holder to learn the
+    /// outcome. Nothing is undone in the background here (it could undo that retry's win): a
+    /// claim made by a lost attempt stays with `holder` until its `ttl` or a
+    /// [release](Self::release).
     pub async fn claim_once_as(
         &self,
         name: impl AsRef<[u8]>,
@@ -102,10 +124,16 @@ impl Claims {
         ttl: impl Into<Option<Duration>>,
     ) -> Result<Claim, StoreError> {
         let key = keys::claim(&self.prefix, name.as_ref());
-        let outcome = self
-            .store
-            .claim(key.clone(), holder.to_owned(), ttl.into())
-            .await?;
+        self.claim_key(key, holder.to_owned(), ttl.into()).await
+    }
+
+    async fn claim_key(
+        &self,
+        key: String,
+        holder: String,
+        ttl: Option<Duration>,
+    ) -> Result<Claim, StoreError> {
+        let outcome = self.store.claim(key.clone(), holder, ttl).await?;
         Ok(Claim {
             won: outcome.won,
             holder: outcome.holder,

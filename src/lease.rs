@@ -12,6 +12,8 @@ use crate::store::{StoreError, StoreFuture};
 pub(crate) enum Owner {
     /// A lock of [`Locks`](crate::lock::Locks).
     Lock,
+    /// A claim of [`Claims`](crate::claim::Claims).
+    Claim,
     /// The claim on an idempotency key while its handler runs.
     Idempotency,
 }
@@ -19,7 +21,7 @@ pub(crate) enum Owner {
 impl Owner {
     fn extension_failed(self, error: &StoreError) {
         match self {
-            Self::Lock => {
+            Self::Lock | Self::Claim => {
                 tracing::warn!(target: "tollgate::lock", %error, "could not extend a lock lease");
             }
             Self::Idempotency => tracing::warn!(
@@ -31,7 +33,9 @@ impl Owner {
 
     fn lost(self) {
         match self {
-            Self::Lock => tracing::debug!(target: "tollgate::lock", "a lock lease was lost"),
+            Self::Lock | Self::Claim => {
+                tracing::debug!(target: "tollgate::lock", "a lock lease was lost");
+            }
             Self::Idempotency => tracing::warn!(
                 target: "tollgate::idempotency",
                 "lost the claim on an idempotency key while its handler ran"
@@ -45,6 +49,10 @@ impl Owner {
             Self::Lock => tracing::warn!(
                 target: "tollgate::lock",
                 %error, why, "could not release a lock; the lease will expire"
+            ),
+            Self::Claim => tracing::warn!(
+                target: "tollgate::claim",
+                %error, why, "could not undo an unanswered claim attempt"
             ),
             Self::Idempotency => tracing::warn!(
                 target: "tollgate::idempotency",
@@ -87,23 +95,85 @@ where
     owner.lost();
 }
 
+/// How long a background release keeps trying to reach the store.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Gives a lease back in the background: spawns `release` (a token-checked delete, harmless when
-/// the lease is no longer ours) on the current tokio runtime. Outside a runtime nothing is sent
-/// and the lease's expiry frees the key.
-pub(crate) fn release_in_background<F>(owner: Owner, why: &'static str, release: F)
+/// the lease is no longer ours, or was never taken) on the current tokio runtime, and runs it
+/// again with back-off until the store answers, for up to half a minute — so that an attempt
+/// whose answer was lost does not hold its key for a whole lease. Outside a runtime nothing is
+/// sent and the lease's expiry frees the key.
+pub(crate) fn release_in_background<F>(owner: Owner, why: &'static str, mut release: F)
 where
-    F: FnOnce() -> StoreFuture<bool>,
+    F: FnMut() -> StoreFuture<bool> + Send + 'static,
 {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let release = release();
-    runtime.spawn(log_release(owner, why, release));
+    runtime.spawn(async move {
+        let deadline = Instant::now() + RELEASE_PATIENCE;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match release().await {
+                Ok(_) => return,
+                Err(error) if Instant::now() + pause >= deadline => {
+                    owner.release_failed(&error, why);
+                    return;
+                }
+                Err(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    });
 }
 
 /// Awaits a release and logs its failure.
 pub(crate) async fn log_release(owner: Owner, why: &'static str, release: StoreFuture<bool>) {
     if let Err(error) = release.await {
         owner.release_failed(&error, why);
+    }
+}
+
+/// Undoes an attempt in the background unless [disarmed](Self::disarm): an attempt that got no
+/// answer — an error, a timeout, a caller that went away mid-call — may still have been made by
+/// the store, and its token-checked undo is harmless if it was not.
+pub(crate) struct UndoUnanswered<F>
+where
+    F: FnMut() -> StoreFuture<bool> + Send + 'static,
+{
+    undo: Option<F>,
+    owner: Owner,
+    why: &'static str,
+}
+
+impl<F> UndoUnanswered<F>
+where
+    F: FnMut() -> StoreFuture<bool> + Send + 'static,
+{
+    /// Arms `undo`, to be run should the attempt go unanswered.
+    pub(crate) fn new(owner: Owner, why: &'static str, undo: F) -> Self {
+        Self {
+            undo: Some(undo),
+            owner,
+            why,
+        }
+    }
+
+    /// The attempt was answered: nothing to undo.
+    pub(crate) fn disarm(&mut self) {
+        self.undo = None;
+    }
+}
+
+impl<F> Drop for UndoUnanswered<F>
+where
+    F: FnMut() -> StoreFuture<bool> + Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(undo) = self.undo.take() {
+            release_in_background(self.owner, self.why, undo);
+        }
     }
 }

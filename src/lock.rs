@@ -12,6 +12,20 @@
 //!   the lock).
 //! - [`Locks::with_lock`] runs work under a lock, extends the lease while the work runs, releases
 //!   it afterwards, and reports a lease lost on the way as [`LockError::Lost`].
+//! - An acquisition whose answer was lost (an error, a timeout, a caller gone mid-call) may
+//!   still have taken the lock: it is given back in the background, token-checked, once the store
+//!   answers, so that a failed attempt does not hold the lock for its lease.
+//!
+//! # Fencing, not the lock, protects the resource
+//!
+//! A lease-based lock can be held by two owners at once in their own minds: one paused (a GC, a
+//! swapped-out VM, a slow network) past its lease goes on writing after another took over. No
+//! lock can prevent that; the resource can, by refusing a write whose fencing token is below the
+//! highest it has seen. tollgate's tokens never repeat: each is above both the lock name's last
+//! token and the store's clock in microseconds, so a counter that expired, or came back stale
+//! from a restored snapshot or a promoted replica, still hands out tokens above every earlier
+//! one. What this needs: a store clock that does not go back (NTP slews rather than steps on a
+//! well-run host; a replica promoted onto a host whose clock is behind breaks it).
 //!
 //! Prefer a [claim](crate::claim) whenever the decision is one write ("has this been done?").
 //!
@@ -45,7 +59,7 @@ use tokio::time::Instant;
 
 use crate::error::ConfigError;
 use crate::keys;
-use crate::lease::{self, Owner};
+use crate::lease::{self, Owner, UndoUnanswered};
 use crate::store::{LockAttempt, LockStore, StoreError};
 use crate::task::AbortOnDrop;
 
@@ -131,11 +145,20 @@ impl Locks {
     ) -> Result<LockGuard, LockError> {
         let (key, fence_key) = keys::lock(&self.prefix, name.as_ref());
         let token = uuid::Uuid::new_v4().to_string();
-        match self
+        // An attempt without an answer (an error, a timeout, a caller gone mid-call) may have
+        // taken the lock: it is given back in the background, token-checked.
+        let mut unanswered = {
+            let (store, key, token) = (Arc::clone(&self.store), key.clone(), token.clone());
+            UndoUnanswered::new(Owner::Lock, "a lock attempt went unanswered", move || {
+                store.delete_if_held(key.clone(), token.clone())
+            })
+        };
+        let attempt = self
             .store
             .lock_acquire(key.clone(), fence_key, token.clone(), lease)
-            .await?
-        {
+            .await?;
+        unanswered.disarm();
+        match attempt {
             LockAttempt::Acquired { fence } => Ok(LockGuard {
                 store: Arc::clone(&self.store),
                 key,
@@ -340,8 +363,9 @@ impl Drop for LockGuard {
             std::mem::take(&mut self.key),
             std::mem::take(&mut self.token),
         );
-        lease::release_in_background(Owner::Lock, "the guard was dropped", || {
-            self.store.delete_if_held(key, token)
+        let store = Arc::clone(&self.store);
+        lease::release_in_background(Owner::Lock, "the guard was dropped", move || {
+            store.delete_if_held(key.clone(), token.clone())
         });
     }
 }

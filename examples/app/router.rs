@@ -239,20 +239,21 @@ fn payment_routes(state: &AppState) -> Router<AppState> {
 }
 
 /// `POST /coupons/{code}/redeem`: exactly one `200` per coupon across every copy of the app. The
-/// store unreachable → `503`: a redemption is never reported that was not recorded.
+/// store unreachable or late → `503`: a redemption is never reported that was not recorded, and
+/// an attempt whose answer was lost is undone once the store answers, so that the coupon is not
+/// consumed by nobody.
 async fn redeem_coupon(
     State(state): State<AppState>,
     Path(code): Path<String>,
 ) -> (StatusCode, Json<Value>) {
-    let redemption = uuid::Uuid::new_v4().to_string();
     match state
         .claims
-        .claim_once_as(format!("coupon:{code}"), &redemption, None)
+        .claim_once(format!("coupon:{code}"), None)
         .await
     {
         Ok(claim) if claim.won() => (
             StatusCode::OK,
-            Json(json!({ "coupon": code, "status": "redeemed", "redemption": redemption })),
+            Json(json!({ "coupon": code, "status": "redeemed", "redemption": claim.holder() })),
         ),
         Ok(_) => (
             StatusCode::CONFLICT,

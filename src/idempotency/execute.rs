@@ -4,6 +4,7 @@
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
@@ -11,11 +12,13 @@ use http::{Request, Response, response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::IdempotencyBody;
 use super::layer::Settings;
 use super::record::StoredResponse;
+use super::rejection::Rejection;
 use super::service::{Handler, HttpBody, RequestBody};
 use crate::BoxError;
 use crate::lease::{self, Owner};
@@ -38,6 +41,7 @@ pub(super) async fn execute<S, ReqBody, ResBody>(
     request: Request<RequestBody<ReqBody>>,
     key: String,
     token: String,
+    grpc: bool,
     head: oneshot::Sender<Answer<ResBody, S::Error>>,
 ) where
     S: Handler<ReqBody, ResBody>,
@@ -74,17 +78,16 @@ pub(super) async fn execute<S, ReqBody, ResBody>(
     }
     let mut body = std::pin::pin!(body);
     let failure = forward(body.as_mut(), &mut capture, &frames_tx).await;
-    drop(keeper);
-    settle(
+    let confirmed = record(
         &settings,
         key,
         token,
-        capture,
-        failure,
-        unsent_head,
-        &frames_tx,
+        &mut capture,
+        failure.is_some(),
+        keeper,
     )
     .await;
+    settle(capture, failure, unsent_head, &frames_tx, confirmed, grpc).await;
 }
 
 /// Calls the handler and awaits its response; a panic in either is caught and returned.
@@ -194,25 +197,56 @@ where
     }
 }
 
-/// Stores the response (or releases the key), then gives the caller what was held back.
-async fn settle<B, E>(
+/// Stores the response, or releases the key when it is not to be stored; whether the caller may
+/// take the response for what it is — `false` only when the store did not confirm a record.
+/// The lease is kept alive (by `keeper`) until the record is confirmed or given up.
+async fn record(
     settings: &Settings,
     key: String,
     token: String,
+    capture: &mut Capture,
+    failed: bool,
+    keeper: AbortOnDrop,
+) -> bool {
+    match capture.record.take() {
+        Some(mut stored) if !failed && grpc_succeeded(settings, &stored) => {
+            stored.body = std::mem::take(&mut capture.captured).freeze();
+            let confirmed = complete(settings, key, token, stored.encode()).await;
+            drop(keeper);
+            confirmed
+        }
+        _ => {
+            drop(keeper);
+            release(settings, key, token, "the response is not stored").await;
+            true
+        }
+    }
+}
+
+/// Gives the caller what was held back — once the key is settled. Record first, and only then
+/// let the caller see the end of the body or its error: a client that has its whole answer and
+/// retries finds the key settled — a replay after success, a fresh run after a failure — never
+/// still in flight. A response whose record was not confirmed is never completed: an unsent head
+/// becomes `503`, a started body ends with an error.
+async fn settle<B, E>(
     capture: Capture,
     failure: Option<BoxError>,
     unsent_head: UnsentHead<B, E>,
     frames: &Frames,
+    confirmed: bool,
+    grpc: bool,
 ) {
-    // Record (or release) first, and only then let the caller see the end of the body or its
-    // error: a client that has its whole answer and retries finds the key settled — a replay
-    // after success, a fresh run after a failure — never still in flight.
-    match capture.record {
-        Some(mut stored) if failure.is_none() && grpc_succeeded(settings, &stored) => {
-            stored.body = capture.captured.freeze();
-            complete(settings, key, token, stored.encode()).await;
+    if !confirmed {
+        match unsent_head {
+            Some((head, _)) => {
+                let _ = head.send(Ok(Rejection::Unrecorded.into_response(grpc)));
+            }
+            None => {
+                let error: BoxError = UNRECORDED.into();
+                let _ = frames.send(Err(error)).await;
+            }
         }
-        _ => release(settings, key, token, "the response is not stored").await,
+        return;
     }
     if let Some((head, response)) = unsent_head {
         let _ = head.send(Ok(response));
@@ -224,6 +258,10 @@ async fn settle<B, E>(
         let _ = frames.send(Err(error)).await;
     }
 }
+
+/// The error a started body ends with when its record was not confirmed.
+const UNRECORDED: &str =
+    "the response could not be recorded; retry with the same Idempotency-Key to learn the outcome";
 
 /// For a gRPC response, whether its `grpc-status` (trailers, or headers of a trailers-only
 /// response) is one that [`store_grpc_when`](super::IdempotencyLayerBuilder::store_grpc_when)
@@ -247,20 +285,41 @@ fn grpc_succeeded(settings: &Settings, stored: &StoredResponse) -> bool {
     }
 }
 
-async fn complete(settings: &Settings, key: String, token: String, record: Bytes) {
-    match settings
-        .store
-        .idempotency_complete(key.clone(), token.clone(), record, settings.retention)
-        .await
-    {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(
-            target: "tollgate::idempotency",
-            "the lease of this request ran out and another request took the key over; its response was not stored"
-        ),
-        Err(error) => {
-            tracing::warn!(target: "tollgate::idempotency", %error, "could not store a response");
-            release(settings, key, token, "storing the response failed").await;
+/// Stores the encoded response, retrying (token-checked, so harmlessly) for up to a lease while
+/// the store fails; whether the store confirmed it. An unconfirmed record leaves the key claimed:
+/// a retry gets `409` until the lease ends — then it runs again, or replays the record if it was
+/// stored after all.
+async fn complete(settings: &Settings, key: String, token: String, record: Bytes) -> bool {
+    let deadline = Instant::now() + settings.lease;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let attempt = settings.store.idempotency_complete(
+            key.clone(),
+            token.clone(),
+            record.clone(),
+            settings.retention,
+        );
+        match attempt.await {
+            Ok(true) => return true,
+            Ok(false) => {
+                tracing::warn!(
+                    target: "tollgate::idempotency",
+                    "the lease of this request ran out and another request took the key over; its response was not stored"
+                );
+                return false;
+            }
+            Err(error) if Instant::now() + pause >= deadline => {
+                tracing::warn!(
+                    target: "tollgate::idempotency",
+                    %error, "could not store a response within the lease; the caller is told so"
+                );
+                return false;
+            }
+            Err(error) => {
+                tracing::debug!(target: "tollgate::idempotency", %error, "storing a response failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
         }
     }
 }

@@ -21,7 +21,7 @@ use super::rejection::Rejection;
 use super::service::{Handler, HttpBody, RequestBody};
 use crate::BoxError;
 use crate::body::Complete;
-use crate::lease::{self, Owner};
+use crate::lease::{Owner, UndoUnanswered};
 use crate::store::IdempotencyBegin;
 
 /// One keyed request: buffer and fingerprint it, then claim, replay or refuse.
@@ -80,7 +80,18 @@ async fn claim<B>(
     // While a claim attempt is unanswered — it timed out, or the caller went away mid-call — the
     // store may still have made it: the guard then releases it (token-checked, so harmlessly if
     // it was not made) instead of leaving the key blocked for a whole lease.
-    let mut unanswered = ClaimGuard::new(settings, key, token);
+    let mut unanswered = {
+        let (settings, key, token) = (Arc::clone(settings), key.to_owned(), token.to_owned());
+        UndoUnanswered::new(
+            Owner::Idempotency,
+            "a claim attempt went unanswered",
+            move || {
+                settings
+                    .store
+                    .idempotency_release(key.clone(), token.clone())
+            },
+        )
+    };
     loop {
         let begin = settings
             .store
@@ -150,41 +161,13 @@ where
     let (head_tx, head_rx) = oneshot::channel();
     // Spawned: the handler runs to completion and its response is recorded even when the client
     // goes away, so that the client's retry gets the replay instead of a second execution.
-    tokio::spawn(execute(settings, service, request, key, token, head_tx));
+    tokio::spawn(execute(
+        settings, service, request, key, token, grpc, head_tx,
+    ));
     match head_rx.await {
         Ok(answer) => answer,
         // the task ended without a response: the handler panicked (the key was released)
         Err(_) => Ok(Rejection::HandlerFailed.into_response(grpc)),
-    }
-}
-
-/// Releases a claim whose attempt went unanswered, in the background, unless disarmed.
-struct ClaimGuard {
-    pending: Option<(Arc<Settings>, String, String)>,
-}
-
-impl ClaimGuard {
-    fn new(settings: &Arc<Settings>, key: &str, token: &str) -> Self {
-        Self {
-            pending: Some((Arc::clone(settings), key.to_owned(), token.to_owned())),
-        }
-    }
-
-    fn disarm(&mut self) {
-        self.pending = None;
-    }
-}
-
-impl Drop for ClaimGuard {
-    fn drop(&mut self) {
-        let Some((settings, key, token)) = self.pending.take() else {
-            return;
-        };
-        lease::release_in_background(
-            Owner::Idempotency,
-            "a claim attempt went unanswered",
-            || settings.store.idempotency_release(key, token),
-        );
     }
 }
 

@@ -18,6 +18,21 @@
 //! | same key, completed | the stored response, byte for byte, plus `Idempotent-Replayed: true` |
 //! | handler failed (5xx by [default](IdempotencyLayerBuilder::store_when), a retryable [gRPC status](IdempotencyLayerBuilder::store_grpc_when), an error, a panic, a broken body) | key released, nothing stored: a retry runs again |
 //! | store unavailable or timing out | `503`, the handler is **not** run (fail closed: never twice) |
+//! | the handler answered, but the store did not confirm its record within the lease (it failed, timed out, or the lease was taken over) | never a complete success: an unsent head becomes `503` with `Retry-After`, a started body ends with an error; the key is **not** released, so retries get `409` while the lease runs |
+//!
+//! The rule these rows hold: **a client that was told success only ever sees that one execution
+//! again.** "Told success" means a complete answer — the whole body, or the trailers of a gRPC
+//! call — and the layer hands it over only once the store has confirmed the record; a retry then
+//! gets the replay. Its limits:
+//! - A client that got no complete answer (a `503`, a broken body) may see the request run again
+//!   when it retries after the lease: the record was never confirmed, and the claim expired. If
+//!   the record was stored after all (its confirmation was what got lost), the retry gets the
+//!   replay.
+//! - The record lives in the store: a store that loses it (a restart without persistence, a
+//!   failover to a replica that had not received it, eviction) forgets the request, and a retry
+//!   after that runs again.
+//! - A response over the [storage cap](IdempotencyLayerBuilder::response_limit) is delivered
+//!   without a record; a retry runs again.
 //!
 //! gRPC calls (`content-type: application/grpc*`) get the same decisions as trailers-only
 //! responses: `400` → INVALID_ARGUMENT, `409` → ABORTED, `413` → RESOURCE_EXHAUSTED, `422` →
@@ -42,7 +57,10 @@
 //!   The first caller's body is forwarded with backpressure: a caller that stops reading holds
 //!   the handler's task (and the key's lease) until it reads on or goes away.
 //! - A claim attempt that went unanswered (the store timed out, the caller left) is released in
-//!   the background, so that a store hiccup does not block the key for a whole lease.
+//!   the background once the store answers, so that a store hiccup does not block the key for a
+//!   whole lease. Every script is safe to run twice: a claim, completion or release re-sent
+//!   after a lost reply answers as its first run did.
+//! - Completion is retried, token-checked, while the store fails, for up to a lease.
 //! - The request body is buffered (up to the limit) before anything else happens: apply the layer
 //!   to unary calls, not to client-streaming or bidirectional gRPC methods, whose request stream
 //!   does not end before the response begins.

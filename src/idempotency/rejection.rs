@@ -18,6 +18,9 @@ pub(super) enum Rejection {
     Mismatch,
     StoreUnavailable,
     HandlerFailed,
+    /// The handler answered, but its response could not be recorded (the store did not confirm
+    /// it within the lease): the caller must not take it for a success.
+    Unrecorded,
 }
 
 impl Rejection {
@@ -53,6 +56,11 @@ impl Rejection {
                 Code::Unavailable,
                 "idempotency store unavailable; the request was not processed",
             ),
+            Self::Unrecorded => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Code::Unavailable,
+                "the response could not be recorded; retry with the same Idempotency-Key to learn the outcome",
+            ),
             Self::HandlerFailed => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 Code::Internal,
@@ -65,7 +73,10 @@ impl Rejection {
             message,
         };
         let mut response = rejection.into_response(grpc).map(IdempotencyBody::from);
-        if matches!(self, Self::InFlight | Self::StoreUnavailable) {
+        if matches!(
+            self,
+            Self::InFlight | Self::StoreUnavailable | Self::Unrecorded
+        ) {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

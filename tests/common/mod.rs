@@ -23,26 +23,48 @@ pub struct RedisServer {
     port: u16,
     dir: TempDir,
     child: Option<Child>,
+    /// Whether the server keeps an append-only file ([`start_with_aof`](Self::start_with_aof)).
+    aof: bool,
 }
 
 impl RedisServer {
-    /// Starts a fresh server on a free port and waits until it answers PING.
+    /// Starts a fresh server on a free port and waits until it answers PING. It keeps nothing on
+    /// disk: a [`restart`](Self::restart) brings it back empty.
     pub fn start() -> Self {
+        Self::start_as(false)
+    }
+
+    /// Like [`start`](Self::start), with an append-only file in the server's own temp dir
+    /// (`--appendonly yes --appendfsync always`: every write is on disk before it is answered),
+    /// so that [`kill`](Self::kill) (SIGKILL) and [`restart`](Self::restart), which keep the dir,
+    /// the port and this option, bring back every write that was answered.
+    pub fn start_with_aof() -> Self {
+        Self::start_as(true)
+    }
+
+    fn start_as(aof: bool) -> Self {
         let dir = tempfile::tempdir().expect("temp dir for redis-server");
         let port = free_port();
         let mut server = Self {
             port,
             dir,
             child: None,
+            aof,
         };
         server.spawn();
         server
     }
 
     fn spawn(&mut self) {
+        let persistence: &[&str] = if self.aof {
+            &["--appendonly", "yes", "--appendfsync", "always"]
+        } else {
+            &["--appendonly", "no"]
+        };
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--bind", "127.0.0.1", "--save", ""])
+            .args(persistence)
             .arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())
@@ -119,7 +141,8 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same port (empty: it keeps nothing on disk).
+    /// Starts the server again on the same port and dir: empty after [`start`](Self::start), with
+    /// its data back (read from the append-only file) after [`start_with_aof`](Self::start_with_aof).
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();

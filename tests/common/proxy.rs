@@ -1,5 +1,6 @@
 //! A TCP proxy in front of a redis-server that the tests control: cut every connection (and
-//! refuse new ones), heal, or delay every byte.
+//! refuse new ones), heal, delay every byte or only the server's replies, or silence the open
+//! connections (a black hole: they stay open and carry nothing).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,14 +8,32 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 pub struct Proxy {
     addr: SocketAddr,
     cut: Arc<AtomicBool>,
+    /// Added to every chunk, both directions ([`delay`](Self::delay)).
     delay_ms: Arc<AtomicU64>,
-    generation: watch::Sender<u64>,
+    /// Added to every chunk from the server to the client ([`delay_replies`](Self::delay_replies)).
+    reply_delay_ms: Arc<AtomicU64>,
+    /// Bumped by [`cut`](Self::cut): every open connection is dropped.
+    kills: watch::Sender<u64>,
+    /// The generation of the connections accepted now; [`silence`](Self::silence) starts a new one.
+    generation: Arc<AtomicU64>,
+    /// Connections of a generation below this one carry nothing (0: none is silenced).
+    silenced_below: watch::Sender<u64>,
+}
+
+/// What a connection's pumps read from the proxy's controls.
+#[derive(Clone)]
+struct Controls {
+    delays: Vec<Arc<AtomicU64>>,
+    generation: u64,
+    silenced_below: watch::Receiver<u64>,
 }
 
 impl Proxy {
@@ -24,12 +43,18 @@ impl Proxy {
         let addr = listener.local_addr().expect("proxy addr");
         let cut = Arc::new(AtomicBool::new(false));
         let delay_ms = Arc::new(AtomicU64::new(0));
-        let (generation, _) = watch::channel(0u64);
+        let reply_delay_ms = Arc::new(AtomicU64::new(0));
+        let (kills, _) = watch::channel(0u64);
+        let generation = Arc::new(AtomicU64::new(0));
+        let (silenced_below, _) = watch::channel(0u64);
         let proxy = Self {
             addr,
             cut: cut.clone(),
             delay_ms: delay_ms.clone(),
+            reply_delay_ms: reply_delay_ms.clone(),
+            kills: kills.clone(),
             generation: generation.clone(),
+            silenced_below: silenced_below.clone(),
         };
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -37,17 +62,27 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
+                // the generation the connection was opened in, before anything can silence it
+                let opened_in = generation.load(Ordering::SeqCst);
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
-                let mut killed = generation.subscribe();
-                let delay = delay_ms.clone();
+                let mut killed = kills.subscribe();
+                let requests = Controls {
+                    delays: vec![delay_ms.clone()],
+                    generation: opened_in,
+                    silenced_below: silenced_below.subscribe(),
+                };
+                let replies = Controls {
+                    delays: vec![delay_ms.clone(), reply_delay_ms.clone()],
+                    ..requests.clone()
+                };
                 tokio::spawn(async move {
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     tokio::select! {
-                        _ = pump(cr, sw, delay.clone()) => {}
-                        _ = pump(sr, cw, delay) => {}
+                        _ = pump(cr, sw, requests) => {}
+                        _ = pump(sr, cw, replies) => {}
                         _ = killed.changed() => {}
                     }
                 });
@@ -60,40 +95,101 @@ impl Proxy {
         format!("redis://{}/", self.addr)
     }
 
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// Drops every open connection and refuses new ones until [`heal`](Self::heal).
     pub fn cut(&self) {
         self.cut.store(true, Ordering::SeqCst);
-        self.generation.send_modify(|g| *g += 1);
+        self.kills.send_modify(|g| *g += 1);
     }
 
     pub fn heal(&self) {
         self.cut.store(false, Ordering::SeqCst);
     }
 
-    /// Delays every chunk in both directions by `delay`.
+    /// Delays every chunk in both directions by `delay` (replies also by
+    /// [`delay_replies`](Self::delay_replies)). A chunk is delayed from when the proxy read it,
+    /// and chunks keep their order.
     pub fn delay(&self, delay: Duration) {
         self.delay_ms
             .store(delay.as_millis() as u64, Ordering::SeqCst);
     }
+
+    /// Delays only what the server sends (its replies) by `delay`: a command reaches Redis at once
+    /// and runs, and its reply arrives `delay` late. A reply is delayed from when the proxy read
+    /// it, so replies in a row are each `delay` late, not late by the sum; `Duration::ZERO` ends
+    /// it for replies read from then on (those already read keep their delay).
+    pub fn delay_replies(&self, delay: Duration) {
+        self.reply_delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Black-holes every connection open now: in both directions it stops forwarding, but stays
+    /// open (no FIN, no RST), as a connection to a crashed VM or through an expired NAT entry
+    /// does. Its client can still write (the proxy's socket buffers fill up) and hears nothing.
+    /// Connections accepted after this call work normally. Until [`unsilence`](Self::unsilence),
+    /// nothing is discarded: the bytes are held.
+    pub fn silence(&self) {
+        // connections of generations up to `opened` go dark; new ones get `opened + 1`
+        let opened = self.generation.fetch_add(1, Ordering::SeqCst);
+        self.silenced_below.send_replace(opened + 1);
+    }
+
+    /// Lets every silenced connection flow again. Nothing was discarded: the bytes held while it
+    /// was silent are delivered first, in order, as TCP would deliver them once a partition heals.
+    pub fn unsilence(&self) {
+        self.silenced_below.send_replace(0);
+    }
 }
 
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay_ms: Arc<AtomicU64>,
-) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        let delay = delay_ms.load(Ordering::SeqCst);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
+/// Forwards `from` to `to`: each chunk as read, after the sum of `controls.delays` (counted from
+/// when it was read), and only while the connection is not silenced. Returns when `from` ends
+/// (after what was read is delivered) or `to` fails.
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, controls: Controls) {
+    let Controls {
+        delays,
+        generation,
+        mut silenced_below,
+    } = controls;
+    // bounded: a writer held back (delayed, silenced) holds the reader back too
+    let (chunks, mut due_chunks) = mpsc::channel::<(Instant, Vec<u8>)>(64);
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let delay: u64 = delays.iter().map(|d| d.load(Ordering::SeqCst)).sum();
+            let due = Instant::now() + Duration::from_millis(delay);
+            if chunks.send((due, buf[..n].to_vec())).await.is_err() {
+                return;
+            }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
+    };
+    let writer = async move {
+        while let Some((due, chunk)) = due_chunks.recv().await {
+            tokio::time::sleep_until(due).await;
+            // the accept loop keeps a sender, so this fails only once the runtime goes
+            if silenced_below
+                .wait_for(|below| generation >= *below)
+                .await
+                .is_err()
+            {
+                return;
+            }
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
         }
+    };
+    tokio::pin!(writer);
+    tokio::select! {
+        () = &mut writer => return,
+        () = reader => {}
     }
+    // `from` ended: deliver what was read, then end
+    writer.await;
 }

@@ -7,15 +7,19 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
+use redis::{RedisError, Script, Value};
+
+mod builder;
+mod connection;
+
+pub use builder::{RedisClusterBuilder, RedisStoreBuilder};
+use connection::{Connection, Link};
 
 use super::{
     ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RELEASE_MARKER_TTL,
     RateStore, Store, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
 };
-use crate::error::{ConfigError, ConfigErrorKind};
+use crate::error::ConfigError;
 use crate::keys;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 
@@ -42,56 +46,17 @@ use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: Connection,
+    link: Arc<Link>,
     timeout: Duration,
     scripts: Arc<Scripts>,
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.conn {
-            Connection::Single(_) => "standalone",
-            Connection::Cluster(_) => "cluster",
-        };
         f.debug_struct("RedisStore")
-            .field("kind", &kind)
+            .field("kind", &self.link.kind())
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
-    }
-}
-
-/// Either connection kind, so that one code path serves standalone and Cluster.
-#[derive(Clone)]
-enum Connection {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Connection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Self::Single(c) => c.req_packed_command(cmd),
-            Self::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Self::Single(c) => c.get_db(),
-            Self::Cluster(c) => c.get_db(),
-        }
     }
 }
 
@@ -112,36 +77,19 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         Self {
-            sliding_log: Script::new(include_str!("scripts/sliding_log.lua")),
-            sliding_counter: Script::new(include_str!("scripts/sliding_counter.lua")),
-            gcra: Script::new(include_str!("scripts/gcra.lua")),
-            claim: Script::new(include_str!("scripts/claim.lua")),
-            lock_acquire: Script::new(include_str!("scripts/lock_acquire.lua")),
-            compare_and_pexpire: Script::new(include_str!("scripts/compare_and_pexpire.lua")),
-            compare_and_delete: Script::new(include_str!("scripts/compare_and_delete.lua")),
-            idem_begin: Script::new(include_str!("scripts/idem_begin.lua")),
-            idem_complete: Script::new(include_str!("scripts/idem_complete.lua")),
-            idem_release: Script::new(include_str!("scripts/idem_release.lua")),
-            idem_extend: Script::new(include_str!("scripts/idem_extend.lua")),
+            sliding_log: Script::new(include_str!("../scripts/sliding_log.lua")),
+            sliding_counter: Script::new(include_str!("../scripts/sliding_counter.lua")),
+            gcra: Script::new(include_str!("../scripts/gcra.lua")),
+            claim: Script::new(include_str!("../scripts/claim.lua")),
+            lock_acquire: Script::new(include_str!("../scripts/lock_acquire.lua")),
+            compare_and_pexpire: Script::new(include_str!("../scripts/compare_and_pexpire.lua")),
+            compare_and_delete: Script::new(include_str!("../scripts/compare_and_delete.lua")),
+            idem_begin: Script::new(include_str!("../scripts/idem_begin.lua")),
+            idem_complete: Script::new(include_str!("../scripts/idem_complete.lua")),
+            idem_release: Script::new(include_str!("../scripts/idem_release.lua")),
+            idem_extend: Script::new(include_str!("../scripts/idem_extend.lua")),
         }
     }
-}
-
-/// Configures a [`RedisStore`] on a standalone Redis; made by [`RedisStore::builder`].
-#[derive(Debug, Clone)]
-pub struct RedisStoreBuilder {
-    url: String,
-    timeout: Duration,
-}
-
-/// Configures a [`RedisStore`] on a Redis Cluster; made by [`RedisStore::cluster_builder`].
-///
-/// A cluster store connects when it is built, as it reads the slot map:
-/// [`connect`](Self::connect) is async and needs the cluster to answer.
-#[derive(Debug, Clone)]
-pub struct RedisClusterBuilder {
-    nodes: Vec<String>,
-    timeout: Duration,
 }
 
 /// What a token-checked script does to a key that holds the token.
@@ -151,16 +99,10 @@ enum TokenOp {
     Release,
 }
 
-/// The default bound on every store call.
-const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
-
 impl RedisStore {
     /// A builder for a standalone Redis at `url`, e.g. `redis://127.0.0.1:6379/`.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            url: url.into(),
-            timeout: DEFAULT_TIMEOUT,
-        }
+        RedisStoreBuilder::new(url.into())
     }
 
     /// A builder for a Redis Cluster reached through any of `nodes` (`redis://host:port` each).
@@ -169,10 +111,7 @@ impl RedisStore {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        RedisClusterBuilder {
-            nodes: nodes.into_iter().map(Into::into).collect(),
-            timeout: DEFAULT_TIMEOUT,
-        }
+        RedisClusterBuilder::new(nodes.into_iter().map(Into::into).collect())
     }
 
     /// A store on a standalone Redis at `url` with default settings. Connects lazily: this fails
@@ -181,9 +120,9 @@ impl RedisStore {
         Self::builder(url).build()
     }
 
-    fn new(conn: Connection, timeout: Duration) -> Self {
+    fn new(link: Link, timeout: Duration) -> Self {
         Self {
-            conn,
+            link: Arc::new(link),
             timeout,
             scripts: Arc::new(Scripts::new()),
         }
@@ -224,73 +163,31 @@ impl RedisStore {
         })
     }
 
-    /// Runs `op` on a connection within the store timeout.
+    /// Runs `op` on a connection within the store timeout, and tells the connection's watch
+    /// whether a reply came.
     fn call<T, F, Fut>(&self, op: F) -> StoreFuture<T>
     where
         T: Send + 'static,
         F: FnOnce(Connection, Arc<Scripts>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
     {
-        let conn = self.conn.clone();
+        let link = Arc::clone(&self.link);
+        let conn = link.get();
         let scripts = Arc::clone(&self.scripts);
         let timeout = self.timeout;
         Box::pin(async move {
-            match tokio::time::timeout(timeout, op(conn, scripts)).await {
+            let result = match tokio::time::timeout(timeout, op(conn, scripts)).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::timeout()),
+            };
+            match &result {
+                Err(e) if e.kind() == StoreErrorKind::Timeout => link.timed_out(),
+                // refused or dropped: redis-rs reconnects by itself
+                Err(e) if e.kind() == StoreErrorKind::Unavailable => {}
+                _ => link.answered(),
             }
+            result
         })
-    }
-}
-
-impl RedisStoreBuilder {
-    /// The bound on every store call, connecting included (default 250 ms). Keep it well below
-    /// the request timeouts of the service: it is how long a request may wait while Redis is down.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Builds the store. Connects lazily, so a Redis that is down now is not an error: calls fail
-    /// (within the timeout) until it is back. [`ConfigError`] when the URL does not parse.
-    pub fn build(self) -> Result<RedisStore, ConfigError> {
-        // the URL is not repeated: it may carry a password
-        let invalid = |e: RedisError| {
-            ConfigError::new(ConfigErrorKind::Store, format!("invalid Redis URL: {e}"))
-        };
-        let client = redis::Client::open(self.url.as_str()).map_err(invalid)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let manager = ConnectionManager::new_lazy_with_config(client, config).map_err(invalid)?;
-        Ok(RedisStore::new(Connection::Single(manager), self.timeout))
-    }
-}
-
-impl RedisClusterBuilder {
-    /// The bound on every store call (default 250 ms); connecting may take up to eight times as
-    /// long.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Connects to the cluster through the builder's nodes and reads its slot map; the cluster
-    /// must answer now. A node URL that does not parse is a [`StoreErrorKind::Config`] error.
-    pub async fn connect(self) -> Result<RedisStore, StoreError> {
-        let client = redis::cluster::ClusterClient::builder(self.nodes)
-            .connection_timeout(self.timeout)
-            .response_timeout(self.timeout)
-            .retries(2)
-            .build()
-            .map_err(|e| StoreError::new(StoreErrorKind::Config, e))?;
-        let conn = tokio::time::timeout(self.timeout * 8, client.get_async_connection())
-            .await
-            .map_err(|_| StoreError::timeout())?
-            .map_err(store_error)?;
-        Ok(RedisStore::new(Connection::Cluster(conn), self.timeout))
     }
 }
 

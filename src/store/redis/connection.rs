@@ -1,0 +1,217 @@
+//! The connection a [`RedisStore`](super::RedisStore) talks through, and its replacement when it
+//! stops answering.
+//!
+//! A connection can go dark without closing: the peer's host crashed, a path or a NAT entry
+//! died, packets are dropped and no reset ever comes. redis-rs then waits on it for as long as
+//! TCP takes to give up — minutes — while every call times out. So the store watches its calls:
+//! once they have only timed out, with no reply at all, for a second and a few calls in a row,
+//! it opens a new connection and lets the old one go. Replacements back off (one per second at
+//! first, then at most one per 16 s) while nothing answers, and a reply resets the watch.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+use tokio::time::Instant;
+
+/// Either connection kind, so that one code path serves standalone and Cluster.
+#[derive(Clone)]
+pub(super) enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// How to open the connection again.
+pub(super) enum Opener {
+    Single {
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+    },
+    Cluster {
+        client: ClusterClient,
+        timeout: Duration,
+    },
+}
+
+impl Opener {
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Self::Single { .. } => "standalone",
+            Self::Cluster { .. } => "cluster",
+        }
+    }
+}
+
+/// Calls that must time out in a row, for at least [`DARK_FOR`], before the connection is
+/// replaced.
+const DARK_CALLS: u32 = 3;
+/// How long calls must have timed out without any reply before the connection is replaced.
+const DARK_FOR: Duration = Duration::from_secs(1);
+/// The first pause between replacements while nothing answers, and the longest.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(16);
+
+/// The store's connection, replaced when it goes dark.
+pub(super) struct Link {
+    current: RwLock<Connection>,
+    opener: Opener,
+    epoch: Instant,
+    /// Calls timed out since the last reply.
+    timeouts: AtomicU32,
+    /// When the first of them timed out, in milliseconds since `epoch`.
+    dark_since: AtomicU64,
+    /// No replacement before this, in milliseconds since `epoch`.
+    next_replacement: AtomicU64,
+    /// The pause after the next replacement, in milliseconds.
+    backoff: AtomicU64,
+    /// A cluster connection is being opened in the background.
+    opening: AtomicBool,
+}
+
+impl Link {
+    pub(super) fn new(conn: Connection, opener: Opener) -> Self {
+        Self {
+            current: RwLock::new(conn),
+            opener,
+            epoch: Instant::now(),
+            timeouts: AtomicU32::new(0),
+            dark_since: AtomicU64::new(0),
+            next_replacement: AtomicU64::new(0),
+            backoff: AtomicU64::new(as_ms(FIRST_BACKOFF)),
+            opening: AtomicBool::new(false),
+        }
+    }
+
+    pub(super) fn kind(&self) -> &'static str {
+        self.opener.kind()
+    }
+
+    /// The connection to send the next call on.
+    pub(super) fn get(&self) -> Connection {
+        // a panic while holding the lock cannot leave a half-written connection behind
+        match self.current.read() {
+            Ok(conn) => conn.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// A call got a reply (of any kind): the connection is alive.
+    pub(super) fn answered(&self) {
+        if self.timeouts.load(Ordering::Relaxed) != 0 {
+            self.timeouts.store(0, Ordering::Relaxed);
+            self.backoff.store(as_ms(FIRST_BACKOFF), Ordering::Relaxed);
+        }
+    }
+
+    /// A call timed out without a reply; replaces the connection once it looks dark.
+    pub(super) fn timed_out(self: &Arc<Self>) {
+        let now = self.now_ms();
+        if self.timeouts.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.dark_since.store(now, Ordering::Relaxed);
+            return;
+        }
+        let dark_for = now.saturating_sub(self.dark_since.load(Ordering::Relaxed));
+        let due = self.next_replacement.load(Ordering::Relaxed);
+        if self.timeouts.load(Ordering::Relaxed) < DARK_CALLS
+            || dark_for < as_ms(DARK_FOR)
+            || now < due
+        {
+            return;
+        }
+        let backoff = self.backoff.load(Ordering::Relaxed);
+        // one caller replaces; the others see the new deadline
+        if self
+            .next_replacement
+            .compare_exchange(due, now + backoff, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        let doubled = (backoff * 2).min(as_ms(MAX_BACKOFF));
+        self.backoff.store(doubled, Ordering::Relaxed);
+        self.replace();
+    }
+
+    /// Opens a new connection in place of the current one.
+    fn replace(self: &Arc<Self>) {
+        tracing::warn!(
+            target: "tollgate::store",
+            "the Redis connection stopped answering; opening a new one"
+        );
+        match &self.opener {
+            Opener::Single { client, config } => {
+                match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
+                    Ok(manager) => self.set(Connection::Single(manager)),
+                    Err(error) => tracing::warn!(
+                        target: "tollgate::store", %error, "could not open a new Redis connection"
+                    ),
+                }
+            }
+            Opener::Cluster { client, timeout } => {
+                if self.opening.swap(true, Ordering::Relaxed) {
+                    return;
+                }
+                let (link, client, timeout) = (Arc::clone(self), client.clone(), *timeout);
+                tokio::spawn(async move {
+                    match tokio::time::timeout(timeout * 8, client.get_async_connection()).await {
+                        Ok(Ok(conn)) => link.set(Connection::Cluster(conn)),
+                        Ok(Err(error)) => tracing::warn!(
+                            target: "tollgate::store", %error, "could not open a new cluster connection"
+                        ),
+                        Err(_) => tracing::warn!(
+                            target: "tollgate::store", "opening a new cluster connection timed out"
+                        ),
+                    }
+                    link.opening.store(false, Ordering::Relaxed);
+                });
+            }
+        }
+    }
+
+    fn set(&self, conn: Connection) {
+        match self.current.write() {
+            Ok(mut current) => *current = conn,
+            Err(poisoned) => *poisoned.into_inner() = conn,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        as_ms(self.epoch.elapsed())
+    }
+}
+
+fn as_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,535 @@
+//! Ambiguous store answers, as users of the example app (`examples/app`) meet them: a write that
+//! ran but whose reply came too late, a store that died while a handler ran, a connection that
+//! went dark without closing. In each, what a client was told must match what the store keeps:
+//! a coupon is redeemed exactly once, a payment reported as done is replayed and never run again,
+//! and a dead connection is replaced rather than waited on forever.
+//!
+//! The app runs in-process (as in `tests/app.rs`) on real redis-server processes, its store
+//! reaching Redis through the test's [`Proxy`].
+//!
+//! No cluster variant of the silenced-connection test: a proxy cannot sit in front of a node of
+//! the cluster of `tests/common/cluster.rs`. A cluster client reads the slot map (`CLUSTER
+//! SLOTS`/`CLUSTER SHARDS`) from whichever node it reaches first and then connects to the
+//! addresses the nodes announce, which are their own `127.0.0.1:<port>`: a proxy in front of the
+//! seed node carries only that first read, the connections that matter bypass it, and
+//! `silence()` would silence nothing that the store uses. Putting proxies in the path would take
+//! nodes started with `--cluster-announce-port <proxy port>` and `--cluster-announce-bus-port
+//! <own port + 10000>`, with each proxy started before its node — a change to the cluster harness
+//! (which starts one shared cluster without such options), not something a test can add.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+#[path = "../examples/app/router.rs"]
+pub mod app;
+#[path = "../examples/shared/env.rs"]
+pub mod env;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use app::{AppConfig, AppState};
+use axum::Router;
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use common::RedisServer;
+use common::proxy::Proxy;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tollgate::rate_limit::Algorithm;
+use tollgate::store::{RedisStore, Store};
+use tower::ServiceExt;
+
+/// The store timeout of every copy of the app in these tests.
+const STORE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// How long any one request may take before the test gives up on it (no test hangs).
+const REQUEST_BOUND: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------------
+// helpers
+// ---------------------------------------------------------------------------------------------
+
+fn config(payment_delay: Duration) -> AppConfig {
+    AppConfig {
+        port: 0,
+        redis_url: None,
+        limits: app::parse_limits("burst:1000/1s").unwrap(),
+        algorithm: Algorithm::SlidingLog,
+        redis_cluster_urls: Vec::new(),
+        payment_delay,
+    }
+}
+
+/// One copy of the app with a store of its own (its own connection), reaching Redis through
+/// `proxy`.
+fn copy_through(proxy: &Proxy, payment_delay: Duration) -> Router {
+    let store = RedisStore::builder(proxy.url())
+        .timeout(STORE_TIMEOUT)
+        .build()
+        .unwrap();
+    let store: Arc<dyn Store> = Arc::new(store);
+    app::router(AppState::new(store, config(payment_delay)).unwrap())
+}
+
+/// What a client got: the head, the body as far as it came, and how the body ended.
+#[derive(Debug, Clone)]
+struct Answer {
+    status: StatusCode,
+    replayed: bool,
+    body: Bytes,
+    /// `None`: the body ended normally; else why it did not.
+    body_error: Option<String>,
+}
+
+impl Answer {
+    /// The payment id in the body, complete or not.
+    fn id(&self) -> Option<String> {
+        let json: Value = serde_json::from_slice(&self.body).ok()?;
+        json["id"].as_str().map(str::to_owned)
+    }
+
+    /// The payment id of a complete success: a `201` whose body ended normally.
+    fn success_id(&self) -> Option<String> {
+        if self.status == StatusCode::CREATED && self.body_error.is_none() {
+            self.id()
+        } else {
+            None
+        }
+    }
+}
+
+impl fmt::Display for Answer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.status.as_u16())?;
+        if self.replayed {
+            write!(f, " (replayed)")?;
+        }
+        write!(f, " {}", String::from_utf8_lossy(&self.body))?;
+        if let Some(error) = &self.body_error {
+            write!(f, " [body failed: {error}]")?;
+        }
+        Ok(())
+    }
+}
+
+/// Sends `request` to `app` and reads the whole answer, frame by frame, so that a body that
+/// fails keeps what came before its error. Panics when no head comes within [`REQUEST_BOUND`].
+async fn send(app: Router, request: Request<Body>) -> Answer {
+    let what = format!("{} {}", request.method(), request.uri());
+    let response = tokio::time::timeout(REQUEST_BOUND, app.oneshot(request))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no response within {REQUEST_BOUND:?}"))
+        .unwrap();
+    let status = response.status();
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    let mut body = response.into_body();
+    let mut data = BytesMut::new();
+    let read = async {
+        loop {
+            match body.frame().await {
+                None => return None,
+                Some(Ok(frame)) => {
+                    if let Some(chunk) = frame.data_ref() {
+                        data.extend_from_slice(chunk);
+                    }
+                }
+                Some(Err(error)) => return Some(error.to_string()),
+            }
+        }
+    };
+    let body_error = tokio::time::timeout(REQUEST_BOUND, read)
+        .await
+        .unwrap_or_else(|_| Some(format!("the body did not end within {REQUEST_BOUND:?}")));
+    Answer {
+        status,
+        replayed,
+        body: data.freeze(),
+        body_error,
+    }
+}
+
+fn redeem(code: &str) -> Request<Body> {
+    Request::post(format!("/coupons/{code}/redeem"))
+        .body(Body::empty())
+        .unwrap()
+}
+
+const PAYMENT: &str = r#"{"amount": 1999, "currency": "EUR"}"#;
+
+fn pay(key: &str) -> Request<Body> {
+    Request::post("/payments")
+        .header("content-type", "application/json")
+        .header("x-api-key", "merchant-1")
+        .header("idempotency-key", key)
+        .body(Body::from(PAYMENT))
+        .unwrap()
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", rand::random::<u32>())
+}
+
+/// Everything `server` runs from now on, as `MONITOR` reports it (one line per command,
+/// commands that scripts call included), gathered in the background.
+async fn monitor(server: &RedisServer) -> Arc<Mutex<String>> {
+    let mut conn = TcpStream::connect(server.addr()).await.unwrap();
+    conn.write_all(b"MONITOR\r\n").await.unwrap();
+    let seen = Arc::new(Mutex::new(String::new()));
+    let sink = seen.clone();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n @ 1..) = conn.read(&mut buf).await {
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    // the `+OK`: from here on, every command is seen
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !seen.lock().unwrap().starts_with("+OK") {
+        assert!(Instant::now() < deadline, "MONITOR did not start");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    seen
+}
+
+/// A raw RESP `PING` on `conn`: whether `+PONG` came back within `wait`.
+async fn pings(conn: &mut TcpStream, wait: Duration) -> bool {
+    if conn.write_all(b"PING\r\n").await.is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 7];
+    matches!(
+        tokio::time::timeout(wait, conn.read_exact(&mut buf)).await,
+        Ok(Ok(_)) if &buf == b"+PONG\r\n"
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// a) a claim that ran, answered too late
+// ---------------------------------------------------------------------------------------------
+
+/// The store ran the redemption's claim, but its reply came after the store timeout: the client
+/// was told `503`, so that claim must not keep the coupon. Once the store answers, the claim is
+/// undone in the background, a retry redeems the coupon, and from then on every redemption (on
+/// either copy) is `409`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_answered_coupon_redeems_exactly_once() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let copies = [
+        copy_through(&proxy, app::DEFAULT_PAYMENT_DELAY),
+        copy_through(&proxy, app::DEFAULT_PAYMENT_DELAY),
+    ];
+    // Warm up: each copy connects and the claim script is loaded, so that the delayed
+    // redemption below is one command that reaches Redis at once (a connection handshake or a
+    // NOSCRIPT round trip under the delay would time out before the claim is even sent).
+    for (i, copy) in copies.iter().enumerate() {
+        let warm = send(copy.clone(), redeem(&unique(&format!("warm-{i}")))).await;
+        assert_eq!(
+            warm.status,
+            StatusCode::OK,
+            "setup: warming copy {i} up: {warm}"
+        );
+    }
+    let commands = monitor(&server).await;
+    let mark = commands.lock().unwrap().len();
+
+    let code = unique("C");
+    let mut log: Vec<(String, StatusCode)> = Vec::new();
+    proxy.delay_replies(Duration::from_millis(400));
+    let started = Instant::now();
+    let first = send(copies[0].clone(), redeem(&code)).await;
+    let took = started.elapsed();
+    log.push(("first (replies 400 ms late)".to_owned(), first.status));
+    assert_eq!(
+        first.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the store's reply came 400 ms late with a {STORE_TIMEOUT:?} timeout, yet the \
+         redemption was answered {first} after {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "the 503 took {took:?}: the store timeout is {STORE_TIMEOUT:?}"
+    );
+    // The claim did reach Redis and run: this is the ambiguous case, not a request never sent.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !commands.lock().unwrap()[mark..].contains(":claim:") {
+        assert!(
+            Instant::now() < deadline,
+            "setup: the timed-out redemption never reached Redis (MONITOR saw no claim \
+             command), so this test would prove nothing: {:?}",
+            &commands.lock().unwrap()[mark..]
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.delay_replies(Duration::ZERO);
+
+    // Retry, as the client told 503 would, until the coupon is redeemed.
+    let retrying = Instant::now();
+    let mut attempt = 0;
+    let won_after = loop {
+        let copy = &copies[attempt % 2];
+        let answer = send(copy.clone(), redeem(&code)).await;
+        log.push((
+            format!("retry {attempt} (copy {})", attempt % 2),
+            answer.status,
+        ));
+        attempt += 1;
+        if answer.status == StatusCode::OK {
+            break retrying.elapsed();
+        }
+        assert!(
+            retrying.elapsed() < Duration::from_secs(5),
+            "coupon {code} was never redeemed: for 5 s after the store answered again no retry \
+             succeeded. 409s mean the claim written by the first redemption (whose client was \
+             told it had failed, 503) was never undone, so the coupon is used up by a redemption \
+             nobody got. Answers: {log:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("coupon redeemed {won_after:?} after the store answered again");
+
+    // A late undo of the first claim must not undo the retry's: wait past it, then every
+    // further redemption, on either copy, is a conflict.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..10 {
+        let answer = send(copies[i % 2].clone(), redeem(&code)).await;
+        log.push((format!("after the win {i} (copy {})", i % 2), answer.status));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let wins = log.iter().filter(|(_, s)| *s == StatusCode::OK).count();
+    if let Some(first_win) = log.iter().position(|(_, s)| *s == StatusCode::OK)
+        && let Some(again) = log[first_win + 1..]
+            .iter()
+            .find(|(_, s)| *s == StatusCode::OK)
+    {
+        panic!(
+            "coupon {code} was redeemed twice: after {:?} came another 200 ({}). Answers: {log:?}",
+            log[first_win].0, again.0
+        );
+    }
+    assert_eq!(
+        wins, 1,
+        "coupon {code}: {wins} redemptions succeeded: {log:?}"
+    );
+    let after: Vec<_> = log
+        .iter()
+        .skip_while(|(_, s)| *s != StatusCode::OK)
+        .skip(1)
+        .filter(|(_, s)| *s != StatusCode::CONFLICT)
+        .collect();
+    assert!(
+        after.is_empty(),
+        "coupon {code}: once redeemed, every redemption must be 409, got {after:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// b) the store died while the handler ran
+// ---------------------------------------------------------------------------------------------
+
+/// Redis (with an fsync-always AOF, so the claim survives) is killed while the payment handler
+/// runs and restarted a second later. Whatever the first caller was told, a client that was told
+/// success only ever sees that one execution again; a client that was not may see a second run,
+/// but never two payments that were both delivered as complete successes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_whose_store_died_mid_handler_is_never_a_success_without_its_record() {
+    let mut server = RedisServer::start_with_aof();
+    let proxy = Proxy::start(server.addr()).await;
+    let app = copy_through(&proxy, Duration::from_millis(600));
+    // Warm up: connected, scripts loaded, so the claim below is immediate.
+    let warm = send(app.clone(), pay(&unique("warm"))).await;
+    assert!(
+        warm.success_id().is_some(),
+        "setup: a payment with Redis up: {warm}"
+    );
+
+    let key = unique("order");
+    let first = tokio::spawn(send(app.clone(), pay(&key)));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    tokio::task::block_in_place(|| server.kill());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::task::block_in_place(|| server.restart());
+    let restarted = Instant::now();
+    let first = first.await.expect("the first payment request panicked");
+    let claim_back = redis::cmd("KEYS")
+        .arg("tollgate-app:idem:*")
+        .query::<Vec<String>>(&mut server.conn())
+        .map(|keys| keys.len());
+    println!("first answer: {first}; idempotency keys in Redis after the restart: {claim_back:?}");
+
+    // Retry with the same key until the key is settled one way or the other.
+    let mut retries: Vec<Answer> = Vec::new();
+    let settled = loop {
+        let answer = send(app.clone(), pay(&key)).await;
+        retries.push(answer.clone());
+        if answer.status != StatusCode::CONFLICT && answer.status != StatusCode::SERVICE_UNAVAILABLE
+        {
+            break answer;
+        }
+        if restarted.elapsed() >= Duration::from_secs(10) {
+            let told = match first.success_id() {
+                Some(paid) => format!(
+                    "the first caller was told payment {paid} succeeded (a complete 201), yet its \
+                     response was never recorded: a success without its record"
+                ),
+                None => format!("the first caller got no complete success ({first})"),
+            };
+            panic!(
+                "{told}; for 10 s after Redis came back every retry of key {key} was 409 or 503 \
+                 (last: {answer}): the key stays in flight although its handler finished long \
+                 ago, so the claim the store brought back was neither completed nor released."
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // And a few more: the key's answer does not change any more.
+    let mut later = Vec::new();
+    for _ in 0..3 {
+        let answer = send(app.clone(), pay(&key)).await;
+        retries.push(answer.clone());
+        later.push(answer);
+    }
+    let history = || {
+        let retries: Vec<String> = retries.iter().map(ToString::to_string).collect();
+        format!("first: {first}; retries: {retries:#?}")
+    };
+
+    let ids: BTreeSet<String> = std::iter::once(&first)
+        .chain(&retries)
+        .filter_map(Answer::id)
+        .collect();
+    let successes: BTreeSet<String> = std::iter::once(&first)
+        .chain(&retries)
+        .filter_map(Answer::success_id)
+        .collect();
+    match first.success_id() {
+        Some(paid) => {
+            // The client was told success: every retry is the replay of that one payment.
+            assert!(
+                settled.success_id().as_deref() == Some(paid.as_str()) && settled.replayed,
+                "the first caller got a complete 201 for payment {paid}, so a retry must replay \
+                 it (201, idempotent-replayed: true, the same id), but it got {settled}: a \
+                 success was reported that the store never recorded. {}",
+                history()
+            );
+            for answer in &later {
+                assert!(
+                    answer.success_id().as_deref() == Some(paid.as_str()) && answer.replayed,
+                    "payment {paid} was reported done, yet a later retry got {answer}. {}",
+                    history()
+                );
+            }
+            assert_eq!(
+                ids.len(),
+                1,
+                "the first caller was told payment {paid} succeeded, yet the handler ran again: \
+                 payment ids seen {ids:?}. {}",
+                history()
+            );
+        }
+        None => {
+            // Not a complete success: the retry may run the payment again or replay it.
+            let Some(done) = settled.success_id() else {
+                panic!(
+                    "the first answer was not a complete success, and the retry that settled \
+                     key {key} was not one either: {settled}. {}",
+                    history()
+                );
+            };
+            for answer in &later {
+                assert!(
+                    answer.success_id().as_deref() == Some(done.as_str()) && answer.replayed,
+                    "key {key} settled as payment {done}, yet a later retry got {answer}. {}",
+                    history()
+                );
+            }
+            assert!(
+                ids.len() <= 2,
+                "the payment handler ran more than twice for one key: ids {ids:?}. {}",
+                history()
+            );
+        }
+    }
+    assert_eq!(
+        successes.len(),
+        1,
+        "key {key}: two different payments were each delivered as a complete success: \
+         {successes:?}. {}",
+        history()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// c) a connection that went dark
+// ---------------------------------------------------------------------------------------------
+
+/// The store's connection goes dark (stays open, carries nothing), while new connections to the
+/// same Redis work: within 5 s the store notices and redemptions succeed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silenced_store_connection_is_replaced_within_five_seconds() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let app = copy_through(&proxy, app::DEFAULT_PAYMENT_DELAY);
+    // Phase 1: the store's connection is open and works.
+    let warm = send(app.clone(), redeem(&unique("warm"))).await;
+    assert_eq!(warm.status, StatusCode::OK, "setup: warming up: {warm}");
+    // a witness connection of our own, opened before the silence like the store's
+    let mut witness = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert!(
+        pings(&mut witness, Duration::from_secs(2)).await,
+        "setup: PING through the proxy"
+    );
+
+    // Phase 2: silence, then redeem fresh coupons until one succeeds.
+    proxy.silence();
+    let silenced = Instant::now();
+    // The harness does what it says (checked alongside): the old connection is dark.
+    let witness =
+        tokio::spawn(async move { pings(&mut witness, Duration::from_millis(500)).await });
+    let mut answers: Vec<(Duration, StatusCode)> = Vec::new();
+    let recovered = loop {
+        let answer = send(app.clone(), redeem(&unique("fresh"))).await;
+        answers.push((silenced.elapsed(), answer.status));
+        if answer.status == StatusCode::OK {
+            break Some(silenced.elapsed());
+        }
+        assert_eq!(
+            answer.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "a fresh coupon while the store's connection is dark: {answer}"
+        );
+        if silenced.elapsed() >= Duration::from_secs(5) {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        !witness.await.unwrap(),
+        "setup: a connection opened before silence() still answered PING"
+    );
+    let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert!(
+        pings(&mut fresh, Duration::from_secs(2)).await,
+        "setup: a connection opened after silence() did not answer PING"
+    );
+    let Some(recovered) = recovered else {
+        panic!(
+            "5 s after the store's connection went dark (open, silent) no redemption had \
+             succeeded, although new connections to Redis work: the store keeps sending on the \
+             dead connection instead of replacing it. Answers (time since the silence, status): \
+             {answers:?}"
+        );
+    };
+    println!("a redemption succeeded again {recovered:?} after the connection went dark");
+}
