@@ -7,15 +7,9 @@
 //! The app runs in-process (as in `tests/app.rs`) on real redis-server processes, its store
 //! reaching Redis through the test's [`Proxy`].
 //!
-//! No cluster variant of the silenced-connection test: a proxy cannot sit in front of a node of
-//! the cluster of `tests/common/cluster.rs`. A cluster client reads the slot map (`CLUSTER
-//! SLOTS`/`CLUSTER SHARDS`) from whichever node it reaches first and then connects to the
-//! addresses the nodes announce, which are their own `127.0.0.1:<port>`: a proxy in front of the
-//! seed node carries only that first read, the connections that matter bypass it, and
-//! `silence()` would silence nothing that the store uses. Putting proxies in the path would take
-//! nodes started with `--cluster-announce-port <proxy port>` and `--cluster-announce-bus-port
-//! <own port + 10000>`, with each proxy started before its node — a change to the cluster harness
-//! (which starts one shared cluster without such options), not something a test can add.
+//! The silenced-connection test has a Cluster variant: its nodes announce the ports of proxies
+//! in front of them (`--cluster-announce-port`), so that every connection the cluster client
+//! opens, to any node, runs through a proxy the test can silence.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -532,4 +526,64 @@ async fn a_silenced_store_connection_is_replaced_within_five_seconds() {
         );
     };
     println!("a redemption succeeded again {recovered:?} after the connection went dark");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silenced_cluster_connection_is_replaced_within_five_seconds() {
+    let ports = common::cluster::RedisCluster::free_ports();
+    let mut proxies = Vec::new();
+    for &port in &ports {
+        proxies.push(Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await);
+    }
+    let announce: Vec<u16> = proxies.iter().map(|p| p.addr().port()).collect();
+    let _cluster = tokio::task::spawn_blocking(move || {
+        common::cluster::RedisCluster::start_announcing(&ports, Some(&announce))
+    })
+    .await
+    .unwrap();
+    let store = RedisStore::cluster_builder(proxies.iter().map(Proxy::url))
+        .timeout(STORE_TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    let claims = tollgate::claim::Claims::new(store);
+    // names over every master, so that each node's connection is in use
+    for i in 0..30 {
+        let name = format!("warm-{i}-{}", unique("c"));
+        assert!(
+            claims.claim_once(&name, None).await.unwrap().won(),
+            "setup: warming up"
+        );
+    }
+
+    for proxy in &proxies {
+        proxy.silence();
+    }
+    let silenced = Instant::now();
+    let mut errors = Vec::new();
+    let recovered = loop {
+        match claims.claim_once(unique("fresh"), None).await {
+            Ok(claim) => {
+                assert!(claim.won(), "a fresh name is won");
+                break Some(silenced.elapsed());
+            }
+            Err(error) => errors.push((silenced.elapsed(), error.kind())),
+        }
+        if silenced.elapsed() >= Duration::from_secs(5) {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let Some(recovered) = recovered else {
+        panic!(
+            "5 s after every cluster connection went dark (open, silent) no claim had succeeded, \
+             although new connections work: the store keeps the dead cluster connection. \
+             Errors (time since the silence, kind): {errors:?}"
+        );
+    };
+    assert!(
+        !errors.is_empty(),
+        "setup: the silence did not reach the store's connections"
+    );
+    println!("a claim succeeded again {recovered:?} after the cluster connections went dark");
 }

@@ -23,7 +23,11 @@ impl RedisCluster {
     }
 
     fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir for the cluster");
+        Self::start_announcing(&Self::free_ports(), None)
+    }
+
+    /// Three distinct free ports for the nodes of a cluster.
+    pub fn free_ports() -> Vec<u16> {
         let mut ports = Vec::new();
         while ports.len() < 3 {
             let port = super::free_port();
@@ -31,8 +35,17 @@ impl RedisCluster {
                 ports.push(port);
             }
         }
-        for &port in &ports {
-            spawn_node(port, &dir);
+        ports
+    }
+
+    /// A cluster of its own on `ports` whose nodes tell clients to reach them at `announce`
+    /// (one port each, e.g. of a proxy in front of the node) instead of their own port; the
+    /// cluster bus stays direct.
+    pub fn start_announcing(ports: &[u16], announce: Option<&[u16]>) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir for the cluster");
+        let ports = ports.to_vec();
+        for (i, &port) in ports.iter().enumerate() {
+            spawn_node(port, announce.map(|a| a[i]), &dir);
         }
         for &port in &ports {
             wait_for_ping(port);
@@ -103,15 +116,22 @@ impl RedisCluster {
     }
 }
 
-fn spawn_node(port: u16, dir: &TempDir) {
+fn spawn_node(port: u16, announce: Option<u16>, dir: &TempDir) {
     let conf = dir.path().join(format!("nodes-{port}.conf"));
     let node_dir = dir.path().join(format!("node-{port}"));
     std::fs::create_dir_all(&node_dir).expect("node dir");
     // The shell keeps watch: when the test process is gone, the node goes too.
     let script = r#"redis-server "$@" & node=$!; while kill -0 "$WATCH" 2>/dev/null && kill -0 "$node" 2>/dev/null; do sleep 0.5; done; kill -9 "$node" 2>/dev/null"#;
-    let spawned = Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .args(["-c", script, "sh"])
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"]);
+    if let Some(announce) = announce {
+        command
+            .args(["--cluster-announce-port", &announce.to_string()])
+            .args(["--cluster-announce-bus-port", &(port + 10_000).to_string()]);
+    }
+    let spawned = command
         .args(["--save", "", "--appendonly", "no"])
         .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
         .arg("--cluster-config-file")
