@@ -38,7 +38,7 @@ mod redis;
 pub use error::{StoreError, StoreErrorKind};
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
-pub use redis::{RedisClusterBuilder, RedisStore, RedisStoreBuilder};
+pub use redis::{RedisClusterBuilder, RedisSentinelBuilder, RedisStore, RedisStoreBuilder};
 
 /// The future a store operation returns: owned, `Send`, and bounded by the store's timeout.
 pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;

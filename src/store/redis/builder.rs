@@ -1,11 +1,11 @@
-//! [`RedisStoreBuilder`] and [`RedisClusterBuilder`].
+//! [`RedisStoreBuilder`], [`RedisClusterBuilder`] and [`RedisSentinelBuilder`].
 
 use std::time::Duration;
 
 use redis::RedisError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::connection::{Connection, Link, Opener};
+use super::connection::{Connection, Link, Opener, ask_sentinels, open_single};
 use super::{RedisStore, store_error};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::{StoreError, StoreErrorKind};
@@ -15,6 +15,7 @@ use crate::store::{StoreError, StoreErrorKind};
 pub struct RedisStoreBuilder {
     url: String,
     timeout: Duration,
+    wait_replicas: u32,
 }
 
 /// Configures a [`RedisStore`] on a Redis Cluster; made by [`RedisStore::cluster_builder`].
@@ -25,6 +26,22 @@ pub struct RedisStoreBuilder {
 pub struct RedisClusterBuilder {
     nodes: Vec<String>,
     timeout: Duration,
+    wait_replicas: u32,
+}
+
+/// Configures a [`RedisStore`] on a Redis behind Sentinel; made by
+/// [`RedisStore::sentinel_builder`].
+///
+/// The store asks the sentinels for the primary when it connects, and again whenever the primary
+/// stops answering — a refused or dropped connection, a `READONLY` error from a primary demoted
+/// to a replica, timeouts — and moves to the one they name. Calls in between fail within the
+/// store timeout, and the calling layer applies its failure policy.
+#[derive(Debug, Clone)]
+pub struct RedisSentinelBuilder {
+    sentinels: Vec<String>,
+    master: String,
+    timeout: Duration,
+    wait_replicas: u32,
 }
 
 /// The default bound on every store call.
@@ -35,6 +52,7 @@ impl RedisStoreBuilder {
         Self {
             url,
             timeout: DEFAULT_TIMEOUT,
+            wait_replicas: 0,
         }
     }
 
@@ -42,6 +60,16 @@ impl RedisStoreBuilder {
     /// the request timeouts of the service: it is how long a request may wait while Redis is down.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Durable writes (default 0: off): claims, lock acquisitions and extensions, and
+    /// idempotency claims and records succeed only once `replicas` replicas acknowledged them
+    /// (`WAIT`) within the store timeout; otherwise the call fails with a store error, and the
+    /// caller undoes what it can and reports no success. Rate checks never wait. These writes
+    /// use a connection of their own, so that a `WAIT` never holds up rate decisions.
+    pub fn wait_replicas(mut self, replicas: u32) -> Self {
+        self.wait_replicas = replicas;
         self
     }
 
@@ -53,16 +81,23 @@ impl RedisStoreBuilder {
             ConfigError::new(ConfigErrorKind::Store, format!("invalid Redis URL: {e}"))
         };
         let client = redis::Client::open(self.url.as_str()).map_err(invalid)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-            .map_err(invalid)?;
-        let opener = Opener::Single { client, config };
-        let link = Link::new(Connection::Single(manager), opener);
-        Ok(RedisStore::new(link, self.timeout))
+        let config = manager_config(self.timeout);
+        let open = || {
+            ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                .map(|manager| {
+                    let opener = Opener::Single {
+                        client: client.clone(),
+                        config: config.clone(),
+                    };
+                    Link::new(Connection::Single(manager), opener)
+                })
+                .map_err(invalid)
+        };
+        let durable = match self.wait_replicas {
+            0 => None,
+            replicas => Some((replicas, open()?)),
+        };
+        Ok(RedisStore::new(open()?, durable, self.timeout))
     }
 }
 
@@ -71,6 +106,7 @@ impl RedisClusterBuilder {
         Self {
             nodes,
             timeout: DEFAULT_TIMEOUT,
+            wait_replicas: 0,
         }
     }
 
@@ -78,6 +114,16 @@ impl RedisClusterBuilder {
     /// long.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Durable writes (default 0: off): claims, lock acquisitions and extensions, and
+    /// idempotency claims and records succeed only once `replicas` replicas acknowledged them
+    /// (`WAIT`) within the store timeout; otherwise the call fails with a store error, and the
+    /// caller undoes what it can and reports no success. Rate checks never wait. These writes
+    /// use a connection of their own, so that a `WAIT` never holds up rate decisions.
+    pub fn wait_replicas(mut self, replicas: u32) -> Self {
+        self.wait_replicas = replicas;
         self
     }
 
@@ -90,15 +136,96 @@ impl RedisClusterBuilder {
             .retries(2)
             .build()
             .map_err(|e| StoreError::new(StoreErrorKind::Config, e))?;
-        let conn = tokio::time::timeout(self.timeout * 8, client.get_async_connection())
-            .await
-            .map_err(|_| StoreError::timeout())?
-            .map_err(store_error)?;
-        let opener = Opener::Cluster {
-            client,
+        let open = || async {
+            let conn = tokio::time::timeout(self.timeout * 8, client.get_async_connection())
+                .await
+                .map_err(|_| StoreError::timeout())?
+                .map_err(store_error)?;
+            let opener = Opener::Cluster {
+                client: client.clone(),
+                timeout: self.timeout,
+            };
+            Ok::<_, StoreError>(Link::new(Connection::Cluster(conn), opener))
+        };
+        let durable = match self.wait_replicas {
+            0 => None,
+            replicas => Some((replicas, open().await?)),
+        };
+        Ok(RedisStore::new(open().await?, durable, self.timeout))
+    }
+}
+
+impl RedisSentinelBuilder {
+    pub(super) fn new(sentinels: Vec<String>, master: String) -> Self {
+        Self {
+            sentinels,
+            master,
+            timeout: DEFAULT_TIMEOUT,
+            wait_replicas: 0,
+        }
+    }
+
+    /// The bound on every store call (default 250 ms); asking the sentinels may take that long
+    /// per sentinel.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Durable writes (default 0: off): claims, lock acquisitions and extensions, and
+    /// idempotency claims and records succeed only once `replicas` replicas acknowledged them
+    /// (`WAIT`) within the store timeout; otherwise the call fails with a store error, and the
+    /// caller undoes what it can and reports no success. Rate checks never wait. These writes
+    /// use a connection of their own, so that a `WAIT` never holds up rate decisions.
+    pub fn wait_replicas(mut self, replicas: u32) -> Self {
+        self.wait_replicas = replicas;
+        self
+    }
+
+    /// Asks the sentinels for the primary and connects to it; a sentinel must answer now. A
+    /// sentinel URL that does not parse is a [`StoreErrorKind::Config`] error.
+    pub async fn connect(self) -> Result<RedisStore, StoreError> {
+        let sentinels = self
+            .sentinels
+            .iter()
+            .map(|url| redis::Client::open(url.as_str()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StoreError::new(StoreErrorKind::Config, e))?;
+        if sentinels.is_empty() {
+            return Err(StoreError::new(StoreErrorKind::Config, "no sentinel given"));
+        }
+        let Some(primary) = ask_sentinels(&sentinels, &self.master, self.timeout).await else {
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("no sentinel named a primary for {:?}", self.master),
+            ));
+        };
+        let config = manager_config(self.timeout);
+        let opener = Opener::Sentinel {
+            sentinels: sentinels.into(),
+            master: self.master.into(),
+            config: config.clone(),
             timeout: self.timeout,
         };
-        let link = Link::new(Connection::Cluster(conn), opener);
-        Ok(RedisStore::new(link, self.timeout))
+        let open = || {
+            open_single(&primary, config.clone())
+                .map(|conn| Link::to(conn, opener.clone(), primary.clone()))
+                .map_err(store_error)
+        };
+        let durable = match self.wait_replicas {
+            0 => None,
+            replicas => Some((replicas, open()?)),
+        };
+        Ok(RedisStore::new(open()?, durable, self.timeout))
     }
+}
+
+/// How every connection manager of a store is configured: bounded by the store timeout, few
+/// retries (the store's own timeout and failure policy take over from there).
+fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
 }

@@ -54,6 +54,7 @@ impl ConnectionLike for Connection {
 }
 
 /// How to open the connection again.
+#[derive(Clone)]
 pub(super) enum Opener {
     Single {
         client: redis::Client,
@@ -63,6 +64,13 @@ pub(super) enum Opener {
         client: ClusterClient,
         timeout: Duration,
     },
+    /// The primary that the sentinels name for `master`.
+    Sentinel {
+        sentinels: Arc<[redis::Client]>,
+        master: Arc<str>,
+        config: ConnectionManagerConfig,
+        timeout: Duration,
+    },
 }
 
 impl Opener {
@@ -70,8 +78,33 @@ impl Opener {
         match self {
             Self::Single { .. } => "standalone",
             Self::Cluster { .. } => "cluster",
+            Self::Sentinel { .. } => "sentinel",
         }
     }
+}
+
+/// The address of the primary that the first sentinel to answer names for `master`.
+pub(super) async fn ask_sentinels(
+    sentinels: &[redis::Client],
+    master: &str,
+    timeout: Duration,
+) -> Option<String> {
+    for sentinel in sentinels {
+        let asked = tokio::time::timeout(timeout, async {
+            let mut conn = sentinel.get_multiplexed_async_connection().await.ok()?;
+            let named: Option<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(master)
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            named.map(|(host, port)| format!("redis://{host}:{port}/"))
+        });
+        if let Ok(Some(primary)) = asked.await {
+            return Some(primary);
+        }
+    }
+    None
 }
 
 /// Calls that must time out in a row, for at least [`DARK_FOR`], before the connection is
@@ -96,12 +129,21 @@ pub(super) struct Link {
     next_replacement: AtomicU64,
     /// The pause after the next replacement, in milliseconds.
     backoff: AtomicU64,
-    /// A cluster connection is being opened in the background.
+    /// A connection is being opened in the background.
     opening: AtomicBool,
+    /// Behind sentinels: the primary the connection goes to, and when they were last asked (in
+    /// milliseconds since `epoch`).
+    primary: RwLock<String>,
+    asked: AtomicU64,
 }
 
 impl Link {
     pub(super) fn new(conn: Connection, opener: Opener) -> Self {
+        Self::to(conn, opener, String::new())
+    }
+
+    /// A link behind sentinels, on `primary` now.
+    pub(super) fn to(conn: Connection, opener: Opener, primary: String) -> Self {
         Self {
             current: RwLock::new(conn),
             opener,
@@ -111,6 +153,8 @@ impl Link {
             next_replacement: AtomicU64::new(0),
             backoff: AtomicU64::new(as_ms(FIRST_BACKOFF)),
             opening: AtomicBool::new(false),
+            primary: RwLock::new(primary),
+            asked: AtomicU64::new(0),
         }
     }
 
@@ -135,8 +179,19 @@ impl Link {
         }
     }
 
+    /// A call found the store unreachable: refused, dropped, or a primary turned replica
+    /// (`READONLY`). Behind sentinels, asks them again (at most every 200 ms) and moves to the
+    /// primary they name; elsewhere redis-rs reconnects by itself.
+    pub(super) fn unreachable(self: &Arc<Self>) {
+        if matches!(self.opener, Opener::Sentinel { .. }) {
+            self.follow(false);
+        }
+    }
+
     /// A call timed out without a reply; replaces the connection once it looks dark.
     pub(super) fn timed_out(self: &Arc<Self>) {
+        // a primary that died without a reset answers with silence
+        self.unreachable();
         let now = self.now_ms();
         if self.timeouts.fetch_add(1, Ordering::Relaxed) == 0 {
             self.dark_since.store(now, Ordering::Relaxed);
@@ -179,6 +234,7 @@ impl Link {
                     ),
                 }
             }
+            Opener::Sentinel { .. } => self.follow(true),
             Opener::Cluster { client, timeout } => {
                 if self.opening.swap(true, Ordering::Relaxed) {
                     return;
@@ -200,6 +256,63 @@ impl Link {
         }
     }
 
+    /// Asks the sentinels for the primary in the background and moves there: when it is not the
+    /// one the connection goes to, or always when `reopen`.
+    fn follow(self: &Arc<Self>, reopen: bool) {
+        let Opener::Sentinel {
+            sentinels,
+            master,
+            config,
+            timeout,
+        } = &self.opener
+        else {
+            return;
+        };
+        let now = self.now_ms();
+        let asked = self.asked.load(Ordering::Relaxed);
+        if (!reopen && now < asked + 200) || self.opening.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        self.asked.store(now, Ordering::Relaxed);
+        let (link, sentinels, master) =
+            (Arc::clone(self), Arc::clone(sentinels), Arc::clone(master));
+        let (config, timeout) = (config.clone(), *timeout);
+        tokio::spawn(async move {
+            if let Some(primary) = ask_sentinels(&sentinels, &master, timeout).await {
+                let moved = link.primary().as_str() != primary;
+                if moved || reopen {
+                    match open_single(&primary, config) {
+                        Ok(conn) => {
+                            if moved {
+                                tracing::warn!(target: "tollgate::store", %primary, "the sentinels name a new primary; moving to it");
+                            }
+                            link.set(conn);
+                            link.set_primary(primary);
+                        }
+                        Err(error) => tracing::warn!(
+                            target: "tollgate::store", %error, "could not open a connection to the primary"
+                        ),
+                    }
+                }
+            }
+            link.opening.store(false, Ordering::Relaxed);
+        });
+    }
+
+    fn primary(&self) -> String {
+        match self.primary.read() {
+            Ok(primary) => primary.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn set_primary(&self, primary: String) {
+        match self.primary.write() {
+            Ok(mut current) => *current = primary,
+            Err(poisoned) => *poisoned.into_inner() = primary,
+        }
+    }
+
     fn set(&self, conn: Connection) {
         match self.current.write() {
             Ok(mut current) => *current = conn,
@@ -214,4 +327,13 @@ impl Link {
 
 fn as_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A lazy connection manager to the standalone server (or primary) at `url`.
+pub(super) fn open_single(
+    url: &str,
+    config: ConnectionManagerConfig,
+) -> Result<Connection, redis::RedisError> {
+    let client = redis::Client::open(url)?;
+    ConnectionManager::new_lazy_with_config(client, config).map(Connection::Single)
 }

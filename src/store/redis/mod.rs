@@ -11,9 +11,11 @@ use redis::{RedisError, Script, Value};
 
 mod builder;
 mod connection;
+mod script_call;
 
-pub use builder::{RedisClusterBuilder, RedisStoreBuilder};
+pub use builder::{RedisClusterBuilder, RedisSentinelBuilder, RedisStoreBuilder};
 use connection::{Connection, Link};
+use script_call::ScriptCall;
 
 use super::{
     ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RELEASE_MARKER_TTL,
@@ -47,8 +49,20 @@ use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 #[derive(Clone)]
 pub struct RedisStore {
     link: Arc<Link>,
+    /// With durable writes: the replicas that must acknowledge, and the connection of their own.
+    durable: Option<Durable>,
     timeout: Duration,
     scripts: Arc<Scripts>,
+}
+
+/// Durable writes: claims, lock acquisitions and extensions, idempotency claims and records
+/// succeed only once `replicas` replicas acknowledged them. `WAIT` blocks the connection it is
+/// sent on until then, so these writes go through a connection of their own: rate checks on the
+/// store's connection never queue behind it.
+#[derive(Clone)]
+struct Durable {
+    replicas: u32,
+    link: Arc<Link>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -60,34 +74,57 @@ impl fmt::Debug for RedisStore {
     }
 }
 
+/// A Lua script and its source: calls send its hash (`EVALSHA`), durable writes its source.
+struct Lua {
+    script: Script,
+    source: &'static str,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Self {
+        Self {
+            script: Script::new(source),
+            source,
+        }
+    }
+}
+
+impl std::ops::Deref for Lua {
+    type Target = Script;
+
+    fn deref(&self) -> &Script {
+        &self.script
+    }
+}
+
 struct Scripts {
-    sliding_log: Script,
-    sliding_counter: Script,
-    gcra: Script,
-    claim: Script,
-    lock_acquire: Script,
-    compare_and_pexpire: Script,
-    compare_and_delete: Script,
-    idem_begin: Script,
-    idem_complete: Script,
-    idem_release: Script,
-    idem_extend: Script,
+    sliding_log: Lua,
+    sliding_counter: Lua,
+    gcra: Lua,
+    claim: Lua,
+    lock_acquire: Lua,
+    compare_and_pexpire: Lua,
+    compare_and_delete: Lua,
+    idem_begin: Lua,
+    idem_complete: Lua,
+    idem_release: Lua,
+    idem_extend: Lua,
 }
 
 impl Scripts {
     fn new() -> Self {
         Self {
-            sliding_log: Script::new(include_str!("../scripts/sliding_log.lua")),
-            sliding_counter: Script::new(include_str!("../scripts/sliding_counter.lua")),
-            gcra: Script::new(include_str!("../scripts/gcra.lua")),
-            claim: Script::new(include_str!("../scripts/claim.lua")),
-            lock_acquire: Script::new(include_str!("../scripts/lock_acquire.lua")),
-            compare_and_pexpire: Script::new(include_str!("../scripts/compare_and_pexpire.lua")),
-            compare_and_delete: Script::new(include_str!("../scripts/compare_and_delete.lua")),
-            idem_begin: Script::new(include_str!("../scripts/idem_begin.lua")),
-            idem_complete: Script::new(include_str!("../scripts/idem_complete.lua")),
-            idem_release: Script::new(include_str!("../scripts/idem_release.lua")),
-            idem_extend: Script::new(include_str!("../scripts/idem_extend.lua")),
+            sliding_log: Lua::new(include_str!("../scripts/sliding_log.lua")),
+            sliding_counter: Lua::new(include_str!("../scripts/sliding_counter.lua")),
+            gcra: Lua::new(include_str!("../scripts/gcra.lua")),
+            claim: Lua::new(include_str!("../scripts/claim.lua")),
+            lock_acquire: Lua::new(include_str!("../scripts/lock_acquire.lua")),
+            compare_and_pexpire: Lua::new(include_str!("../scripts/compare_and_pexpire.lua")),
+            compare_and_delete: Lua::new(include_str!("../scripts/compare_and_delete.lua")),
+            idem_begin: Lua::new(include_str!("../scripts/idem_begin.lua")),
+            idem_complete: Lua::new(include_str!("../scripts/idem_complete.lua")),
+            idem_release: Lua::new(include_str!("../scripts/idem_release.lua")),
+            idem_extend: Lua::new(include_str!("../scripts/idem_extend.lua")),
         }
     }
 }
@@ -114,18 +151,82 @@ impl RedisStore {
         RedisClusterBuilder::new(nodes.into_iter().map(Into::into).collect())
     }
 
+    /// A builder for a Redis behind Sentinel: the sentinels at `sentinels` (`redis://host:port/`
+    /// each) name the primary of `master`, and the store follows it through failovers.
+    pub fn sentinel_builder<I, S>(sentinels: I, master: impl Into<String>) -> RedisSentinelBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisSentinelBuilder::new(
+            sentinels.into_iter().map(Into::into).collect(),
+            master.into(),
+        )
+    }
+
     /// A store on a standalone Redis at `url` with default settings. Connects lazily: this fails
     /// only when the URL is invalid, never because Redis is down.
     pub fn open(url: impl Into<String>) -> Result<Self, ConfigError> {
         Self::builder(url).build()
     }
 
-    fn new(link: Link, timeout: Duration) -> Self {
+    fn new(link: Link, durable: Option<(u32, Link)>, timeout: Duration) -> Self {
         Self {
             link: Arc::new(link),
+            durable: durable.map(|(replicas, link)| Durable {
+                replicas,
+                link: Arc::new(link),
+            }),
             timeout,
             scripts: Arc::new(Scripts::new()),
         }
+    }
+
+    /// How many replicas must acknowledge a claim, lock or idempotency write (0: none).
+    pub fn wait_replicas(&self) -> u32 {
+        self.durable.as_ref().map_or(0, |d| d.replicas)
+    }
+
+    /// Runs a write script — a claim, a lock acquisition or extension, an idempotency claim or
+    /// record. With durable writes it goes through their connection followed by `WAIT`, and
+    /// when it wrote (`made`) but too few replicas acknowledged within the store timeout, the
+    /// answer is a store failure: the caller undoes what it can, and reports no success.
+    fn write<T, R>(
+        &self,
+        script: fn(&Scripts) -> &Lua,
+        call: ScriptCall,
+        made: fn(&R) -> bool,
+        decode: fn(R) -> Result<T, StoreError>,
+    ) -> StoreFuture<T>
+    where
+        T: Send + 'static,
+        R: redis::FromRedisValue + Send + 'static,
+    {
+        let Some(durable) = self.durable.clone() else {
+            return self.call(move |mut conn, scripts| async move {
+                let reply: R = call
+                    .invoke(script(&scripts), &mut conn)
+                    .await
+                    .map_err(store_error)?;
+                decode(reply)
+            });
+        };
+        // leave room within the store timeout for the reply itself
+        let wait_ms = (millis(self.timeout) * 3 / 4).max(1);
+        let replicas = durable.replicas;
+        self.call_on(&durable.link, move |mut conn, scripts| async move {
+            let (reply, acked): (R, u32) = call
+                .invoke_and_wait(script(&scripts).source, &mut conn, replicas, wait_ms)
+                .await
+                .map_err(store_error)?;
+            if made(&reply) && acked < replicas {
+                return Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    format!("the write reached {acked} of {replicas} replicas within {wait_ms} ms"),
+                ));
+            }
+            decode(reply)
+        })
     }
 
     /// The per-call timeout.
@@ -163,15 +264,25 @@ impl RedisStore {
         })
     }
 
-    /// Runs `op` on a connection within the store timeout, and tells the connection's watch
-    /// whether a reply came.
+    /// Runs `op` on the store's connection within the store timeout.
     fn call<T, F, Fut>(&self, op: F) -> StoreFuture<T>
     where
         T: Send + 'static,
         F: FnOnce(Connection, Arc<Scripts>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
     {
-        let link = Arc::clone(&self.link);
+        self.call_on(&self.link, op)
+    }
+
+    /// Runs `op` on `link`'s connection within the store timeout, and tells the link's watch
+    /// whether a reply came.
+    fn call_on<T, F, Fut>(&self, link: &Arc<Link>, op: F) -> StoreFuture<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Connection, Arc<Scripts>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let link = Arc::clone(link);
         let conn = link.get();
         let scripts = Arc::clone(&self.scripts);
         let timeout = self.timeout;
@@ -182,8 +293,7 @@ impl RedisStore {
             };
             match &result {
                 Err(e) if e.kind() == StoreErrorKind::Timeout => link.timed_out(),
-                // refused or dropped: redis-rs reconnects by itself
-                Err(e) if e.kind() == StoreErrorKind::Unavailable => {}
+                Err(e) if e.kind() == StoreErrorKind::Unavailable => link.unreachable(),
                 _ => link.answered(),
             }
             result
@@ -198,6 +308,8 @@ pub(super) fn store_error(e: RedisError) -> StoreError {
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_cluster_error()
+        // a primary demoted to a replica: the write did not happen, the store is elsewhere now
+        || e.to_string().contains("READONLY")
     {
         StoreErrorKind::Unavailable
     } else {
@@ -234,7 +346,7 @@ impl RateStore for RedisStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
         let policy = Arc::clone(policy);
         self.call(move |mut conn, scripts| async move {
-            let script = match policy.algorithm() {
+            let script: &Script = match policy.algorithm() {
                 Algorithm::SlidingLog => &scripts.sliding_log,
                 Algorithm::SlidingCounter => &scripts.sliding_counter,
                 Algorithm::Gcra => &scripts.gcra,
@@ -263,21 +375,21 @@ impl LockStore for RedisStore {
         holder: String,
         ttl: Option<Duration>,
     ) -> StoreFuture<ClaimOutcome> {
-        self.call(move |mut conn, scripts| async move {
-            let ttl_ms = ttl.map_or(0, millis);
-            let (won, holder): (i64, Option<String>) = scripts
-                .claim
-                .key(key)
-                .arg(holder)
-                .arg(ttl_ms)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
-            Ok(ClaimOutcome {
-                won: won == 1,
-                holder: holder.unwrap_or_default(),
-            })
-        })
+        let call = ScriptCall::default()
+            .key(key)
+            .arg(holder)
+            .arg(ttl.map_or(0, millis));
+        self.write(
+            |s| &s.claim,
+            call,
+            |(won, _): &(i64, Option<String>)| *won == 1,
+            |(won, holder)| {
+                Ok(ClaimOutcome {
+                    won: won == 1,
+                    holder: holder.unwrap_or_default(),
+                })
+            },
+        )
     }
 
     fn lock_acquire(
@@ -287,34 +399,36 @@ impl LockStore for RedisStore {
         token: String,
         lease: Duration,
     ) -> StoreFuture<LockAttempt> {
-        self.call(move |mut conn, scripts| async move {
-            let (acquired, value): (i64, i64) = scripts
-                .lock_acquire
-                .key(key)
-                .key(fence_key)
-                .arg(token)
-                .arg(millis(lease))
-                .arg(millis(fence_ttl(lease)))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
-            let value = u64::try_from(value).unwrap_or(0);
-            Ok(if acquired == 1 {
-                LockAttempt::Acquired { fence: value }
-            } else {
-                LockAttempt::Held {
-                    lease_left: Duration::from_millis(value),
-                }
-            })
-        })
+        let call = ScriptCall::default()
+            .key(key)
+            .key(fence_key)
+            .arg(token)
+            .arg(millis(lease))
+            .arg(millis(fence_ttl(lease)));
+        self.write(
+            |s| &s.lock_acquire,
+            call,
+            |(acquired, _): &(i64, i64)| *acquired == 1,
+            |(acquired, value)| {
+                let value = u64::try_from(value).unwrap_or(0);
+                Ok(if acquired == 1 {
+                    LockAttempt::Acquired { fence: value }
+                } else {
+                    LockAttempt::Held {
+                        lease_left: Duration::from_millis(value),
+                    }
+                })
+            },
+        )
     }
 
     fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        self.token_checked(
+        let call = ScriptCall::default().key(key).arg(token).arg(millis(lease));
+        self.write(
             |s| &s.compare_and_pexpire,
-            key,
-            token,
-            TokenOp::Extend(lease),
+            call,
+            |held: &i64| *held == 1,
+            |held| Ok(held == 1),
         )
     }
 
@@ -331,18 +445,17 @@ impl IdempotencyStore for RedisStore {
         token: String,
         lease: Duration,
     ) -> StoreFuture<IdempotencyBegin> {
-        self.call(move |mut conn, scripts| async move {
-            let reply: Vec<Value> = scripts
-                .idem_begin
-                .key(key)
-                .arg(fingerprint)
-                .arg(token)
-                .arg(millis(lease))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
-            decode_idem_begin(reply)
-        })
+        let call = ScriptCall::default()
+            .key(key)
+            .arg(fingerprint)
+            .arg(token)
+            .arg(millis(lease));
+        self.write(
+            |s| &s.idem_begin,
+            call,
+            |reply: &Vec<Value>| reply.first() == Some(&Value::Int(0)),
+            decode_idem_begin,
+        )
     }
 
     fn idempotency_complete(
@@ -352,18 +465,17 @@ impl IdempotencyStore for RedisStore {
         response: Bytes,
         retention: Duration,
     ) -> StoreFuture<bool> {
-        self.call(move |mut conn, scripts| async move {
-            let stored: i64 = scripts
-                .idem_complete
-                .key(key)
-                .arg(token)
-                .arg(response.as_ref())
-                .arg(millis(retention))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
-            Ok(stored == 1)
-        })
+        let call = ScriptCall::default()
+            .key(key)
+            .arg(token)
+            .arg(response.as_ref())
+            .arg(millis(retention));
+        self.write(
+            |s| &s.idem_complete,
+            call,
+            |stored: &i64| *stored == 1,
+            |stored| Ok(stored == 1),
+        )
     }
 
     fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {

@@ -1,0 +1,218 @@
+//! Durable writes (`wait_replicas`) on real redis-server processes: a primary with a replica
+//! acknowledges claims, locks and idempotency records; a primary whose replica is gone refuses
+//! them — and undoes what it wrote — while rate checks on the same store go on unhindered.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::RedisServer;
+use tollgate::claim::Claims;
+use tollgate::key::Key;
+use tollgate::lock::{LockError, Locks};
+use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
+use tollgate::store::{IdempotencyBegin, IdempotencyStore, RateStore, RedisStore, StoreErrorKind};
+
+/// A replica of `primary`, killed on drop (with its directory).
+struct Replica {
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Replica {
+    fn of(primary: &RedisServer) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = common::free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--replicaof", "127.0.0.1", &primary.port().to_string()])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH (sudo apt-get install redis-server)");
+        let replica = Self { child, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if primary
+                .info_field("replication", "connected_slaves")
+                .as_deref()
+                == Some("1")
+                && primary
+                    .info_field("replication", "slave0")
+                    .is_some_and(|s| s.contains("state=online"))
+            {
+                return replica;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the replica did not come online within 10 s");
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn durable(server: &RedisServer) -> RedisStore {
+    RedisStore::builder(server.url())
+        .timeout(Duration::from_millis(300))
+        .wait_replicas(1)
+        .build()
+        .unwrap()
+}
+
+fn unique(name: &str) -> String {
+    format!("{name}-{:016x}", rand::random::<u64>())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_succeed() {
+    let server = RedisServer::start();
+    let _replica = Replica::of(&server);
+    let store = durable(&server);
+    assert_eq!(store.wait_replicas(), 1);
+    let claims = Claims::new(store.clone());
+    let name = unique("coupon");
+    assert!(claims.claim_once(&name, None).await.unwrap().won());
+    assert!(!claims.claim_once(&name, None).await.unwrap().won());
+    let locks = Locks::new(store.clone());
+    let guard = locks
+        .try_acquire(unique("lock"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    guard.extend().await.unwrap();
+    guard.release().await.unwrap();
+    let key = unique("idem");
+    let begin = store
+        .idempotency_begin(key.clone(), "fp".into(), "t".into(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(begin, IdempotencyBegin::Claimed);
+    let record = bytes::Bytes::from_static(b"record");
+    assert!(
+        store
+            .idempotency_complete(key, "t".into(), record, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacknowledged_writes_fail_closed_and_are_undone() {
+    let server = RedisServer::start();
+    let store = durable(&server); // no replica: nothing can acknowledge
+    let claims = Claims::new(store.clone());
+    let name = unique("coupon");
+    let error = claims.claim_once(&name, None).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    let locks = Locks::new(store.clone());
+    let lock = unique("lock");
+    assert!(matches!(
+        locks.try_acquire(&lock, Duration::from_secs(60)).await,
+        Err(LockError::Store(_))
+    ));
+    let key = unique("idem");
+    assert!(
+        store
+            .idempotency_begin(
+                key.clone(),
+                "fp".into(),
+                "t".into(),
+                Duration::from_secs(60)
+            )
+            .await
+            .is_err()
+    );
+    // what was written but never acknowledged is undone: a plain store sees nothing held
+    let plain = server.store();
+    let start = Instant::now();
+    loop {
+        let claim_free = Claims::new(plain.clone())
+            .claim_once(&name, None)
+            .await
+            .unwrap()
+            .won();
+        let lock_free = Locks::new(plain.clone())
+            .try_acquire(&lock, Duration::from_secs(1))
+            .await
+            .is_ok();
+        if claim_free && lock_free {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "3 s after refused writes the claim (free: {claim_free}) or lock (free: {lock_free}) is still held"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_write_does_not_hold_up_rate_checks() {
+    let server = RedisServer::start();
+    let store = durable(&server); // no replica: every WAIT runs to its timeout
+    let policy = Arc::new(
+        RatePolicy::new("t:rl", Algorithm::Gcra, vec![Limit::per_second("s", 1000)]).unwrap(),
+    );
+    let check = || store.check_rate(&policy, RateCheck::new(Key::new("t", b"k"), 1));
+    check().await.unwrap(); // the scripts are loaded
+    let claims = Claims::new(store.clone());
+    let waiting = tokio::spawn({
+        let claims = claims.clone();
+        async move { claims.claim_once(unique("slow"), None).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut decided = 0;
+    for _ in 0..20 {
+        assert!(check().await.unwrap().admitted);
+        decided += 1;
+    }
+    assert!(
+        !waiting.is_finished(),
+        "setup: the WAIT returned before {decided} rate checks were decided"
+    );
+    assert!(waiting.await.unwrap().is_err(), "no replica acknowledged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_without_replicas_writes_are_refused_and_undone() {
+    let cluster = common::cluster::RedisCluster::shared();
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .timeout(Duration::from_millis(300))
+        .wait_replicas(1)
+        .connect()
+        .await
+        .unwrap();
+    let plain = cluster.store().await;
+    for i in 0..6 {
+        // names over every master
+        let name = unique(&format!("coupon-{i}"));
+        let error = Claims::new(store.clone())
+            .claim_once(&name, None)
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+        let start = Instant::now();
+        while !Claims::new(plain.clone())
+            .claim_once(&name, None)
+            .await
+            .unwrap()
+            .won()
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(3),
+                "the refused claim was not undone"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
