@@ -40,6 +40,9 @@ fn config(limits: &str, algorithm: Algorithm, redis_url: Option<String>) -> AppC
         limits: app::parse_limits(limits).unwrap(),
         algorithm,
         redis_cluster_urls: Vec::new(),
+        redis_sentinels: Vec::new(),
+        redis_sentinel_master: None,
+        wait_replicas: 0,
         payment_delay: app::DEFAULT_PAYMENT_DELAY,
     }
 }
@@ -507,6 +510,9 @@ fn config_defaults_and_overrides() {
             ],
             algorithm: Algorithm::SlidingLog,
             redis_cluster_urls: Vec::new(),
+            redis_sentinels: Vec::new(),
+            redis_sentinel_master: None,
+            wait_replicas: 0,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
         }
     );
@@ -535,6 +541,9 @@ fn config_defaults_and_overrides() {
             limits: vec![Limit::per_minute("burst", 10)],
             algorithm: Algorithm::Gcra,
             redis_cluster_urls: Vec::new(),
+            redis_sentinels: Vec::new(),
+            redis_sentinel_master: None,
+            wait_replicas: 0,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
         }
     );
@@ -555,6 +564,36 @@ fn config_errors_name_the_variable_and_the_format() {
         assert!(message.contains(value), "{message}");
         assert!(message.contains(expected), "{message}");
     }
+}
+
+#[test]
+fn sentinels_and_durable_writes_are_read_from_the_environment() {
+    let sentinels = "redis://127.0.0.1:26379/, redis://127.0.0.1:26380/";
+    let config = AppConfig::from_lookup(lookup(&[
+        ("REDIS_SENTINELS", sentinels),
+        ("REDIS_SENTINEL_MASTER", "mymaster"),
+        ("REDIS_WAIT_REPLICAS", "1"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        config.redis_sentinels,
+        ["redis://127.0.0.1:26379/", "redis://127.0.0.1:26380/"]
+    );
+    assert_eq!(config.redis_sentinel_master.as_deref(), Some("mymaster"));
+    assert_eq!(config.wait_replicas, 1);
+    assert_eq!(config.store_kind(), "redis-sentinel");
+    let without_master = AppConfig::from_lookup(lookup(&[("REDIS_SENTINELS", sentinels)]));
+    assert_eq!(without_master.unwrap_err().var, "REDIS_SENTINEL_MASTER");
+    let two_stores = AppConfig::from_lookup(lookup(&[
+        ("REDIS_URL", "redis://127.0.0.1:6379/"),
+        ("REDIS_SENTINELS", sentinels),
+        ("REDIS_SENTINEL_MASTER", "mymaster"),
+    ]));
+    assert_eq!(two_stores.unwrap_err().var, "REDIS_SENTINELS");
+    let bad_wait = AppConfig::from_lookup(lookup(&[("REDIS_WAIT_REPLICAS", "one")]));
+    assert_eq!(bad_wait.unwrap_err().var, "REDIS_WAIT_REPLICAS");
+    let cluster = AppConfig::from_lookup(lookup(&[("REDIS_CLUSTER_URLS", "redis://a:7000/")]));
+    assert_eq!(cluster.unwrap().store_kind(), "redis-cluster");
 }
 
 #[test]

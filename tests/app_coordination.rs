@@ -30,6 +30,9 @@ fn config(payment_delay: Duration) -> AppConfig {
         limits: app::parse_limits("burst:1000/1s").unwrap(),
         algorithm: Algorithm::SlidingLog,
         redis_cluster_urls: Vec::new(),
+        redis_sentinels: Vec::new(),
+        redis_sentinel_master: None,
+        wait_replicas: 0,
         payment_delay,
     }
 }

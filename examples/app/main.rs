@@ -11,6 +11,9 @@
 //! | `PORT`          | `3000`                      | serve on `127.0.0.1:$PORT` (0: any free port)  |
 //! | `REDIS_URL`     | unset: in-memory store      | the store all copies share                     |
 //! | `REDIS_CLUSTER_URLS` | unset                  | or: comma-separated node URLs of a Redis Cluster |
+//! | `REDIS_SENTINELS` | unset                     | or: comma-separated `redis://host:port/` of the sentinels |
+//! | `REDIS_SENTINEL_MASTER` | unset               | the master name they monitor (with `REDIS_SENTINELS`) |
+//! | `REDIS_WAIT_REPLICAS` | `0`                   | replicas that must acknowledge every claim, lock and payment record |
 //! | `APP_PAYMENT_DELAY_MS` | `100`                | how long `POST /payments` works                 |
 //! | `APP_LIMITS`    | `burst:5/1s,minute:100/60s` | limits of `/api/*`: `name:count/<seconds>s,…`  |
 //! | `APP_ALGORITHM` | `sliding-log`               | `sliding-log`, `sliding-counter` or `gcra`     |
@@ -48,10 +51,12 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Failure> {
     let config = AppConfig::from_env()?;
-    let store = if config.redis_cluster_urls.is_empty() {
-        open_store(config.redis_url.as_deref())?
+    let store = if !config.redis_sentinels.is_empty() {
+        sentinel_store(&config).await?
+    } else if !config.redis_cluster_urls.is_empty() {
+        cluster_store(&config.redis_cluster_urls, config.wait_replicas).await?
     } else {
-        cluster_store(&config.redis_cluster_urls).await?
+        open_store(config.redis_url.as_deref(), config.wait_replicas)?
     };
     check_store(store.as_ref(), config.redis_url.as_deref()).await;
 
@@ -96,21 +101,70 @@ fn init_tracing() {
 }
 
 /// The store named by `REDIS_URL`, or a per-process memory store when it is unset.
-fn open_store(redis_url: Option<&str>) -> Result<Arc<dyn Store>, EnvError> {
-    let store = env::open_store(redis_url, MEMORY_STORE_WARNING)?;
-    if let Some(url) = redis_url {
-        tracing::info!(url = %env::redact_url(url), "rate limits are kept in Redis");
-    }
+fn open_store(redis_url: Option<&str>, wait_replicas: u32) -> Result<Arc<dyn Store>, EnvError> {
+    let Some(url) = redis_url else {
+        return env::open_store(None, MEMORY_STORE_WARNING);
+    };
+    let store = env::redis_store(url, wait_replicas)?;
+    tracing::info!(url = %env::redact_url(url), wait_replicas, "state is kept in Redis");
     Ok(store)
+}
+
+/// A store on the primary that the sentinels (`REDIS_SENTINELS`) name for
+/// `REDIS_SENTINEL_MASTER`, following it through failovers. A sentinel must answer at startup.
+#[cfg(feature = "redis")]
+async fn sentinel_store(config: &AppConfig) -> Result<Arc<dyn Store>, Failure> {
+    use tollgate::store::{RedisStore, StoreErrorKind};
+    let master = config.redis_sentinel_master.clone().unwrap_or_default();
+    let safe: Vec<String> = config
+        .redis_sentinels
+        .iter()
+        .map(|u| env::redact_url(u))
+        .collect();
+    match RedisStore::sentinel_builder(config.redis_sentinels.iter().cloned(), master.as_str())
+        .wait_replicas(config.wait_replicas)
+        .connect()
+        .await
+    {
+        Ok(store) => {
+            tracing::info!(
+                sentinels = %safe.join(","), %master, wait_replicas = config.wait_replicas,
+                "state is kept in Redis behind Sentinel"
+            );
+            Ok(Arc::new(store))
+        }
+        Err(e) if e.kind() == StoreErrorKind::Config => Err(Failure::config(
+            EnvError::new(
+                "REDIS_SENTINELS",
+                &safe.join(","),
+                e.to_string(),
+                "comma-separated sentinel URLs, e.g. redis://127.0.0.1:26379/,redis://127.0.0.1:26380/",
+            )
+            .to_string(),
+        )),
+        Err(e) => Err(Failure::runtime(format!(
+            "no sentinel at {} named the primary of {master:?}: {e}",
+            safe.join(",")
+        ))),
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+async fn sentinel_store(config: &AppConfig) -> Result<Arc<dyn Store>, Failure> {
+    Err(Failure::config(format!(
+        "REDIS_SENTINELS={} needs tollgate's `redis` feature",
+        config.redis_sentinels.join(",")
+    )))
 }
 
 /// A store on the Redis Cluster reached through `urls` (`REDIS_CLUSTER_URLS`). Unlike a
 /// standalone Redis, a cluster must answer at startup: its slot map is read then.
 #[cfg(feature = "redis")]
-async fn cluster_store(urls: &[String]) -> Result<Arc<dyn Store>, Failure> {
+async fn cluster_store(urls: &[String], wait_replicas: u32) -> Result<Arc<dyn Store>, Failure> {
     use tollgate::store::{RedisStore, StoreErrorKind};
     let safe: Vec<String> = urls.iter().map(|u| env::redact_url(u)).collect();
     match RedisStore::cluster_builder(urls.iter().cloned())
+        .wait_replicas(wait_replicas)
         .connect()
         .await
     {
@@ -118,7 +172,7 @@ async fn cluster_store(urls: &[String]) -> Result<Arc<dyn Store>, Failure> {
             tracing::info!(nodes = %safe.join(","), "state is kept in a Redis Cluster");
             Ok(Arc::new(store))
         }
-        Err(e) if e.kind() == StoreErrorKind::Protocol => Err(Failure::config(
+        Err(e) if e.kind() == StoreErrorKind::Config => Err(Failure::config(
             EnvError::new(
                 "REDIS_CLUSTER_URLS",
                 &safe.join(","),
@@ -135,7 +189,7 @@ async fn cluster_store(urls: &[String]) -> Result<Arc<dyn Store>, Failure> {
 }
 
 #[cfg(not(feature = "redis"))]
-async fn cluster_store(urls: &[String]) -> Result<Arc<dyn Store>, Failure> {
+async fn cluster_store(urls: &[String], _wait_replicas: u32) -> Result<Arc<dyn Store>, Failure> {
     Err(Failure::config(format!(
         "REDIS_CLUSTER_URLS={} needs tollgate's `redis` feature",
         urls.join(",")

@@ -86,11 +86,31 @@ pub struct AppConfig {
     pub algorithm: Algorithm,
     /// `REDIS_CLUSTER_URLS`: the nodes of a Redis Cluster, the alternative to `REDIS_URL`.
     pub redis_cluster_urls: Vec<String>,
+    /// `REDIS_SENTINELS`: the sentinels of a Redis behind Sentinel, the third alternative.
+    pub redis_sentinels: Vec<String>,
+    /// `REDIS_SENTINEL_MASTER`: the master name the sentinels monitor.
+    pub redis_sentinel_master: Option<String>,
+    /// `REDIS_WAIT_REPLICAS`: how many replicas must acknowledge every claim, lock and payment
+    /// record before it counts (0: none).
+    pub wait_replicas: u32,
     /// `APP_PAYMENT_DELAY_MS`: how long `POST /payments` works before it answers.
     pub payment_delay: Duration,
 }
 
 impl AppConfig {
+    /// The kind of store configured: `memory`, `redis`, `redis-cluster` or `redis-sentinel`.
+    pub fn store_kind(&self) -> &'static str {
+        if !self.redis_sentinels.is_empty() {
+            "redis-sentinel"
+        } else if !self.redis_cluster_urls.is_empty() {
+            "redis-cluster"
+        } else if self.redis_url.is_some() {
+            "redis"
+        } else {
+            "memory"
+        }
+    }
+
     /// Reads `PORT`, `REDIS_URL`, `APP_LIMITS` and `APP_ALGORITHM`. A variable that is unset or
     /// empty takes its default.
     pub fn from_env() -> Result<Self, EnvError> {
@@ -104,23 +124,46 @@ impl AppConfig {
         let limits = vars.limits()?;
         let algorithm = vars.algorithm()?;
         let redis_url = vars.redis_url();
-        let redis_cluster_urls: Vec<String> = vars
-            .get("REDIS_CLUSTER_URLS")
-            .map(|urls| {
-                urls.split(',')
-                    .map(|u| u.trim().to_owned())
-                    .filter(|u| !u.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
-        if redis_url.is_some() && !redis_cluster_urls.is_empty() {
+        let redis_cluster_urls = vars.list("REDIS_CLUSTER_URLS");
+        let redis_sentinels = vars.list("REDIS_SENTINELS");
+        let redis_sentinel_master = vars
+            .get("REDIS_SENTINEL_MASTER")
+            .map(|m| m.trim().to_owned());
+        let stores = [
+            ("REDIS_URL", redis_url.is_some()),
+            ("REDIS_CLUSTER_URLS", !redis_cluster_urls.is_empty()),
+            ("REDIS_SENTINELS", !redis_sentinels.is_empty()),
+        ];
+        let mut set = stores.iter().filter(|(_, set)| *set).map(|(var, _)| *var);
+        if let (Some(first), Some(second)) = (set.next(), set.next()) {
             return Err(EnvError::new(
-                "REDIS_CLUSTER_URLS",
-                &redis_cluster_urls.join(","),
-                "REDIS_URL is set as well",
-                "either REDIS_URL or REDIS_CLUSTER_URLS, not both",
+                second,
+                "(set)",
+                format!("{first} is set as well"),
+                "one of REDIS_URL, REDIS_CLUSTER_URLS or REDIS_SENTINELS, not several",
             ));
         }
+        if !redis_sentinels.is_empty() && redis_sentinel_master.is_none() {
+            return Err(EnvError::new(
+                "REDIS_SENTINEL_MASTER",
+                "",
+                "REDIS_SENTINELS is set, but not the master name",
+                "the name the sentinels monitor, e.g. REDIS_SENTINEL_MASTER=mymaster",
+            ));
+        }
+        let wait_replicas = match vars.get("REDIS_WAIT_REPLICAS") {
+            Some(value) => whole_number(value.trim())
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    EnvError::new(
+                        "REDIS_WAIT_REPLICAS",
+                        &value,
+                        "not a whole number of replicas",
+                        "a number of replicas, e.g. REDIS_WAIT_REPLICAS=1",
+                    )
+                })?,
+            None => 0,
+        };
         let payment_delay = match vars.get("APP_PAYMENT_DELAY_MS") {
             Some(value) => whole_number(value.trim())
                 .map(Duration::from_millis)
@@ -140,6 +183,9 @@ impl AppConfig {
             limits,
             algorithm,
             redis_cluster_urls,
+            redis_sentinels,
+            redis_sentinel_master,
+            wait_replicas,
             payment_delay,
         })
     }
@@ -354,11 +400,7 @@ async fn peer_addr_extension(mut request: Request, next: Next) -> Response {
 
 /// `GET /healthz`: 200 while the store answers, 503 when it does not.
 async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    let store = if state.config.redis_url.is_some() || !state.config.redis_cluster_urls.is_empty() {
-        "redis"
-    } else {
-        "memory"
-    };
+    let store = state.config.store_kind();
     match tokio::time::timeout(HEALTH_TIMEOUT, state.store.ping()).await {
         Ok(Ok(())) => (
             StatusCode::OK,

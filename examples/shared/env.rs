@@ -99,6 +99,18 @@ impl<L: Fn(&str) -> Option<String>> Vars<L> {
         }
     }
 
+    /// `name` as a comma-separated list, entries trimmed, empty ones dropped; empty when unset.
+    pub fn list(&self, name: &str) -> Vec<String> {
+        self.get(name)
+            .map(|list| {
+                list.split(',')
+                    .map(|entry| entry.trim().to_owned())
+                    .filter(|entry| !entry.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// `REDIS_URL`, trimmed; `None` means an in-memory store for this process only.
     pub fn redis_url(&self) -> Option<String> {
         self.get("REDIS_URL").map(|url| url.trim().to_owned())
@@ -265,12 +277,15 @@ pub fn open_store(
         eprintln!("warning: {memory_warning}");
         return Ok(Arc::new(MemoryStore::new()));
     };
-    redis_store(url)
+    redis_store(url, 0)
 }
 
+/// A store on the standalone Redis at `url`, whose claims, locks and records `wait_replicas`
+/// replicas must acknowledge.
 #[cfg(feature = "redis")]
-fn redis_store(url: &str) -> Result<Arc<dyn Store>, EnvError> {
-    match tollgate::store::RedisStore::builder(url).build() {
+pub fn redis_store(url: &str, wait_replicas: u32) -> Result<Arc<dyn Store>, EnvError> {
+    let builder = tollgate::store::RedisStore::builder(url).wait_replicas(wait_replicas);
+    match builder.build() {
         Ok(store) => Ok(Arc::new(store)),
         Err(e) => Err(EnvError::new(
             "REDIS_URL",
@@ -282,7 +297,7 @@ fn redis_store(url: &str) -> Result<Arc<dyn Store>, EnvError> {
 }
 
 #[cfg(not(feature = "redis"))]
-fn redis_store(url: &str) -> Result<Arc<dyn Store>, EnvError> {
+pub fn redis_store(url: &str, _wait_replicas: u32) -> Result<Arc<dyn Store>, EnvError> {
     Err(EnvError::new(
         "REDIS_URL",
         &redact_url(url),
