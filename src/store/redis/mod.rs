@@ -36,14 +36,27 @@ use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 /// `SCRIPT FLUSH`) or one conditional command. Scripts read the time with `TIME`, and every key
 /// one script touches shares a hash tag, so the same scripts run on Redis Cluster.
 ///
+/// Three ways to reach Redis: [`builder`](Self::builder) (standalone),
+/// [`cluster_builder`](Self::cluster_builder) (Cluster) and
+/// [`sentinel_builder`](Self::sentinel_builder) (a primary behind Sentinel, followed through
+/// failovers). Each can ask for durable writes with `wait_replicas(n)`: claims, locks and
+/// idempotency records then count only once `n` replicas acknowledged them.
+///
 /// ```no_run
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use tollgate::store::RedisStore;
 ///
 /// let store = RedisStore::builder("redis://127.0.0.1:6379/")
 ///     .timeout(Duration::from_millis(100))
 ///     .build()?;
+/// let behind_sentinel = RedisStore::sentinel_builder(
+///     ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"],
+///     "mymaster",
+/// )
+/// .wait_replicas(1)
+/// .connect()
+/// .await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
