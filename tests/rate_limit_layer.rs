@@ -1018,3 +1018,36 @@ async fn deny_cache_answers_repeat_denials_without_the_store() {
     }
     assert_eq!(evalsha_calls(&server), 4);
 }
+
+/// An IPv6 client holds a whole /64: 30 requests from 30 of its addresses, relayed by a trusted
+/// proxy, count as one caller and admit exactly the limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn thirty_addresses_of_one_ipv6_64_share_one_bucket() {
+    let server = RedisServer::start();
+    let layer = RateLimitLayer::builder(store(&server, Duration::from_millis(500)))
+        .prefix(format!("v6{}", rand::random::<u32>()))
+        .limit(Limit::per_minute("m", 5))
+        .key(tollgate::key::ForwardedIp::trusting(["10.0.0.0/8"]).unwrap())
+        .build()
+        .unwrap();
+    let calls = Calls::default();
+    let svc = stack(layer, &calls);
+    let mut admitted = 0;
+    for i in 0..30u16 {
+        let client = format!("2001:db8:7:42:{i:x}:{:x}::1", i * 7 + 1);
+        let mut req = Request::get("/")
+            .header("x-forwarded-for", format!("{client}, 10.0.0.9"))
+            .body(String::new())
+            .unwrap();
+        req.extensions_mut()
+            .insert("10.0.0.1:4000".parse::<std::net::SocketAddr>().unwrap());
+        if send(&svc, req).await.status == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 5,
+        "a rotating IPv6 client got more than one bucket"
+    );
+    assert_eq!(calls.get(), 5);
+}

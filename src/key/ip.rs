@@ -9,21 +9,96 @@ use http::request::Parts;
 
 use super::{Key, KeyExtractor};
 
-/// The address of the connection's peer.
+/// How addresses are grouped into callers: one key per network of these prefix lengths.
+///
+/// A client usually holds a whole IPv6 /64 and can send every request from another address in
+/// it; keyed per address it would get a fresh bucket each time. So IPv6 addresses count by their
+/// /64 and IPv4 addresses by themselves (/32) unless configured otherwise; an IPv4-mapped IPv6
+/// address counts as the IPv4 address it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Networks {
+    v4: u8,
+    v6: u8,
+}
+
+impl Default for Networks {
+    fn default() -> Self {
+        Self { v4: 32, v6: 64 }
+    }
+}
+
+impl Networks {
+    /// The key of `ip`'s network: its address masked to the prefix, and the prefix, hashed.
+    fn key(self, ip: IpAddr) -> Key {
+        let mut material = [0u8; 18];
+        let len = match canonical(ip) {
+            IpAddr::V4(v4) => {
+                let masked = mask(u128::from(u32::from(v4)), self.v4, 32) as u32;
+                material[..2].copy_from_slice(&[4, self.v4]);
+                material[2..6].copy_from_slice(&masked.to_be_bytes());
+                6
+            }
+            IpAddr::V6(v6) => {
+                let masked = mask(u128::from(v6), self.v6, 128);
+                material[..2].copy_from_slice(&[6, self.v6]);
+                material[2..].copy_from_slice(&masked.to_be_bytes());
+                18
+            }
+        };
+        Key::new("ip", &material[..len])
+    }
+}
+
+/// `bits` with all but the `prefix` leading ones of `width` cleared.
+fn mask(bits: u128, prefix: u8, width: u8) -> u128 {
+    match prefix.min(width) {
+        0 => 0,
+        p => bits >> (width - p) << (width - p),
+    }
+}
+
+/// The address of the connection's peer, by network (IPv6 /64 and IPv4 /32 by default: see
+/// [`ipv6_prefix`](Self::ipv6_prefix)).
 ///
 /// Read from the request extensions: a [`SocketAddr`] or [`IpAddr`] that the server inserted (hyper
 /// users do this in their `service_fn`), or, with the `axum` feature, axum's
 /// `ConnectInfo<SocketAddr>` (serve with `into_make_service_with_connect_info::<SocketAddr>()`).
 /// Behind a proxy this is the proxy's address: use [`ForwardedIp`] there.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use tollgate::key::{KeyExtractor, PeerIp};
+///
+/// let from = |addr: &str| {
+///     let mut req = http::Request::get("/").body(()).unwrap();
+///     req.extensions_mut().insert(addr.parse::<SocketAddr>().unwrap());
+///     PeerIp::new().extract(&req.into_parts().0)
+/// };
+/// // one /64, one caller, whatever address of it a request comes from
+/// assert_eq!(from("[2001:db8:0:1::1]:443"), from("[2001:db8:0:1:ffff::2]:443"));
+/// assert_ne!(from("[2001:db8:0:1::1]:443"), from("[2001:db8:0:2::1]:443"));
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerIp {
-    _priv: (),
+    networks: Networks,
 }
 
 impl PeerIp {
-    /// The peer-address extractor.
+    /// The peer-address extractor: IPv6 by /64, IPv4 by /32.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Counts IPv6 peers by networks of `bits` leading bits (default 64; at most 128).
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.networks.v6 = bits.min(128);
+        self
+    }
+
+    /// Counts IPv4 peers by networks of `bits` leading bits (default 32; at most 32).
+    pub fn ipv4_prefix(mut self, bits: u8) -> Self {
+        self.networks.v4 = bits.min(32);
+        self
     }
 }
 
@@ -50,16 +125,9 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-fn ip_key(ip: IpAddr) -> Key {
-    match ip {
-        IpAddr::V4(v4) => Key::new("ip", &v4.octets()),
-        IpAddr::V6(v6) => Key::new("ip", &v6.octets()),
-    }
-}
-
 impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts) -> Option<Key> {
-        peer_ip(parts).map(ip_key)
+        peer_ip(parts).map(|ip| self.networks.key(ip))
     }
 }
 
@@ -137,7 +205,9 @@ impl Cidr {
 /// anything there. A hop that is not an address (`unknown`, an obfuscated name, junk) ends the
 /// walk: nobody trusted vouches for what lies left of it, so the request is keyed by the last
 /// trusted hop. A peer outside the trusted set is itself the client, so headers sent directly by
-/// clients are ignored. With no peer address known, the request has no key.
+/// clients are ignored. With no peer address known, the request has no key. At most
+/// [`max_hops`](Self::max_hops) hops (default 20) are walked: a longer chain of trusted hops
+/// ends at the last one walked. The client is keyed by network, as [`PeerIp`] keys peers.
 ///
 /// Read only the header your proxies write: a proxy that appends to `X-Forwarded-For` passes a
 /// client's own `Forwarded` header on untouched, and the other way round.
@@ -164,6 +234,8 @@ impl Cidr {
 pub struct ForwardedIp {
     trusted: Vec<Cidr>,
     rfc7239: bool,
+    networks: Networks,
+    max_hops: usize,
 }
 
 impl ForwardedIp {
@@ -181,6 +253,8 @@ impl ForwardedIp {
         Ok(Self {
             trusted,
             rfc7239: false,
+            networks: Networks::default(),
+            max_hops: 20,
         })
     }
 
@@ -190,12 +264,35 @@ impl ForwardedIp {
         self
     }
 
+    /// Walks at most `hops` hops of the chain from the right (default 20): a chain that an
+    /// attacker pads with thousands of entries costs no more than that.
+    pub fn max_hops(mut self, hops: usize) -> Self {
+        self.max_hops = hops;
+        self
+    }
+
+    /// Counts IPv6 clients by networks of `bits` leading bits (default 64; at most 128).
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.networks.v6 = bits.min(128);
+        self
+    }
+
+    /// Counts IPv4 clients by networks of `bits` leading bits (default 32; at most 32).
+    pub fn ipv4_prefix(mut self, bits: u8) -> Self {
+        self.networks.v4 = bits.min(32);
+        self
+    }
+
     fn is_trusted(&self, ip: IpAddr) -> bool {
         self.trusted.iter().any(|net| net.contains(ip))
     }
 
-    /// The hops of the chain, left to right; `None` for a hop that is not an address.
-    fn chain(&self, parts: &Parts) -> Vec<Option<IpAddr>> {
+    /// The hops of the chain from the right, at most [`max_hops`](Self::max_hops) of them;
+    /// `None` for a hop that is not an address.
+    fn hops_from_the_right<'a>(
+        &self,
+        parts: &'a Parts,
+    ) -> impl Iterator<Item = Option<IpAddr>> + 'a {
         let (name, hop): (_, fn(&str) -> Option<IpAddr>) = if self.rfc7239 {
             (http::header::FORWARDED, forwarded_for)
         } else {
@@ -203,14 +300,15 @@ impl ForwardedIp {
                 parse_ip(s.trim())
             })
         };
-        parts
-            .headers
-            .get_all(name)
-            .iter()
-            .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        // a header repeated is one list, in order: the last value holds the right-most hops
+        let values: Vec<_> = parts.headers.get_all(name).iter().collect();
+        values
+            .into_iter()
+            .rev()
+            .flat_map(|value| value.as_bytes().rsplit(|&b| b == b','))
             // a hop that is not text is a hop that is not an address
-            .map(|part| std::str::from_utf8(part).ok().and_then(hop))
-            .collect()
+            .map(move |part| std::str::from_utf8(part).ok().and_then(hop))
+            .take(self.max_hops)
     }
 
     /// The client address of the request, as this extractor determines it.
@@ -220,7 +318,7 @@ impl ForwardedIp {
             return Some(peer);
         }
         let mut client = peer;
-        for hop in self.chain(parts).into_iter().rev() {
+        for hop in self.hops_from_the_right(parts) {
             let Some(hop) = hop else { break };
             client = hop;
             if !self.is_trusted(hop) {
@@ -256,6 +354,6 @@ fn parse_ip(s: &str) -> Option<IpAddr> {
 
 impl KeyExtractor for ForwardedIp {
     fn extract(&self, parts: &Parts) -> Option<Key> {
-        self.client_ip(parts).map(ip_key)
+        self.client_ip(parts).map(|ip| self.networks.key(ip))
     }
 }

@@ -131,3 +131,66 @@ fn closures_are_extractors() {
         Some(Key::new("fn", b"/"))
     );
 }
+
+#[test]
+fn ipv6_callers_count_by_network_and_ipv4_by_address() {
+    let peer = |ip: &str| parts_with(&[], Some(ip));
+    let by64 = PeerIp::new();
+    assert_eq!(
+        by64.extract(&peer("[2001:db8:1:2::1]:1")),
+        by64.extract(&peer("[2001:db8:1:2:abcd::9]:1"))
+    );
+    assert_ne!(
+        by64.extract(&peer("[2001:db8:1:2::1]:1")),
+        by64.extract(&peer("[2001:db8:1:3::1]:1"))
+    );
+    let by128 = PeerIp::new().ipv6_prefix(128);
+    assert_ne!(
+        by128.extract(&peer("[2001:db8:1:2::1]:1")),
+        by128.extract(&peer("[2001:db8:1:2::2]:1"))
+    );
+    // a /64 key is not the /128 key of the network's first address
+    assert_ne!(
+        by64.extract(&peer("[2001:db8:1:2::]:1")),
+        by128.extract(&peer("[2001:db8:1:2::]:1"))
+    );
+    assert_ne!(
+        by64.extract(&peer("1.2.3.4:1")),
+        by64.extract(&peer("1.2.3.5:1"))
+    );
+    assert_eq!(
+        PeerIp::new().ipv4_prefix(24).extract(&peer("1.2.3.4:1")),
+        PeerIp::new().ipv4_prefix(24).extract(&peer("1.2.3.200:1"))
+    );
+    // IPv4-mapped IPv6 stays IPv4
+    assert_eq!(
+        by64.extract(&peer("[::ffff:1.2.3.4]:1")),
+        by64.extract(&peer("1.2.3.4:1"))
+    );
+    assert_ne!(
+        by64.extract(&peer("[::ffff:1.2.3.4]:1")),
+        by64.extract(&peer("[::ffff:1.2.3.5]:1"))
+    );
+}
+
+#[test]
+fn forwarded_chains_are_walked_for_at_most_max_hops() {
+    let x = ForwardedIp::trusting(["10.0.0.0/8"]).unwrap().max_hops(3);
+    let from_proxy = |xff: &str| parts_with(&[("x-forwarded-for", xff)], Some("10.0.0.1:1"));
+    assert_eq!(
+        x.client_ip(&from_proxy("1.1.1.1, 10.0.0.4, 10.0.0.3")),
+        Some(ip("1.1.1.1"))
+    );
+    // a fourth hop is not read: the walk ends at the third, trusted, hop
+    assert_eq!(
+        x.client_ip(&from_proxy("1.1.1.1, 10.0.0.5, 10.0.0.4, 10.0.0.3")),
+        Some(ip("10.0.0.5"))
+    );
+    // the default walks 20 hops of a padded chain, not 10,000
+    let padded = format!("9.9.9.9{}", ", 10.0.0.7".repeat(10_000));
+    let default = ForwardedIp::trusting(["10.0.0.0/8"]).unwrap();
+    assert_eq!(
+        default.client_ip(&from_proxy(&padded)),
+        Some(ip("10.0.0.7"))
+    );
+}
