@@ -1,5 +1,5 @@
 //! [`KeyExtractor`] and the extractors that read a request's head: [`Global`], [`Header`],
-//! closures, and [`Or`].
+//! functions ([`from_fn`]), and [`Or`].
 
 use std::str::FromStr;
 
@@ -11,8 +11,8 @@ use super::Key;
 /// Names the caller a request counts against.
 ///
 /// Returns `None` when the request carries no such identity (a missing header, no peer address);
-/// the layer then answers as its missing-key setting says. Implemented for every
-/// `Fn(&Parts) -> Option<T>` with `T: AsRef<[u8]>` (the closure's domain is `"fn"`).
+/// the layer then answers as its missing-key setting says. Any function of the request head is
+/// one through [`from_fn`], under a domain of its own.
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The key of this request, if it has one.
     fn extract(&self, parts: &Parts) -> Option<Key>;
@@ -29,13 +29,53 @@ pub trait KeyExtractor: Send + Sync + 'static {
     }
 }
 
-impl<F, T> KeyExtractor for F
+/// A function of the request head as an extractor, its values hashed within `domain`: two
+/// functions with different domains never share a bucket, even when they return the same value
+/// for different callers (say, a tenant id and a user id, chained with [`KeyExtractor::or`]).
+///
+/// ```
+/// use tollgate::key::{KeyExtractor, from_fn};
+///
+/// let tenant = from_fn("tenant", |p: &http::request::Parts| p.headers.get("x-tenant").map(|v| v.as_bytes().to_vec()));
+/// let user = from_fn("user", |p: &http::request::Parts| p.headers.get("x-user").map(|v| v.as_bytes().to_vec()));
+/// let head = |name, value| http::Request::get("/").header(name, value).body(()).unwrap().into_parts().0;
+/// let by_tenant = tenant.or(user);
+/// // tenant "42" and user "42" are two callers
+/// assert_ne!(by_tenant.extract(&head("x-tenant", "42")), by_tenant.extract(&head("x-user", "42")));
+/// ```
+pub fn from_fn<F, T>(domain: impl Into<String>, f: F) -> FromFn<F>
+where
+    F: Fn(&Parts) -> Option<T> + Send + Sync + 'static,
+    T: AsRef<[u8]>,
+{
+    FromFn {
+        domain: format!("fn:{}", domain.into()),
+        f,
+    }
+}
+
+/// A function of the request head under a domain of its own; made by [`from_fn`].
+#[derive(Clone)]
+pub struct FromFn<F> {
+    domain: String,
+    f: F,
+}
+
+impl<F> std::fmt::Debug for FromFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FromFn")
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, T> KeyExtractor for FromFn<F>
 where
     F: Fn(&Parts) -> Option<T> + Send + Sync + 'static,
     T: AsRef<[u8]>,
 {
     fn extract(&self, parts: &Parts) -> Option<Key> {
-        self(parts).map(|value| Key::new("fn", value.as_ref()))
+        (self.f)(parts).map(|value| Key::new(&self.domain, value.as_ref()))
     }
 }
 

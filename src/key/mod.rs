@@ -2,9 +2,9 @@
 //!
 //! A [`KeyExtractor`] looks at a request's head and names the caller: one bucket for everybody
 //! ([`Global`]), a header such as an API key ([`Header`]), the peer address ([`PeerIp`]), or the
-//! client address reported by trusted proxies ([`ForwardedIp`]). Any closure
-//! `Fn(&http::request::Parts) -> Option<impl AsRef<[u8]>>` is an extractor too, and
-//! [`KeyExtractor::or`] chains two.
+//! client address reported by trusted proxies ([`ForwardedIp`]). Any function
+//! `Fn(&http::request::Parts) -> Option<impl AsRef<[u8]>>` is one too, under a domain of its own
+//! ([`from_fn`]), and [`KeyExtractor::or`] chains two.
 //!
 //! What an extractor returns is never stored as it came: [`Key`] is a 128-bit SHA-256 digest of the
 //! extractor's domain and the value. So `{`, `}`, `*`, newlines or 4 KB header values cannot escape
@@ -30,5 +30,5 @@ mod tests;
 
 pub use digest::Key;
 pub(crate) use digest::encode_base64url;
-pub use extract::{Global, Header, KeyExtractor, Or};
+pub use extract::{FromFn, Global, Header, KeyExtractor, Or, from_fn};
 pub use ip::{Cidr, CidrError, ForwardedIp, PeerIp, peer_ip};

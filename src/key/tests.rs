@@ -125,11 +125,12 @@ fn forwarded_header_is_read_when_chosen() {
 
 #[test]
 fn closures_are_extractors() {
-    let by_path = |p: &Parts| Some(p.uri.path().to_owned());
-    assert_eq!(
-        by_path.extract(&parts_with(&[], None)),
-        Some(Key::new("fn", b"/"))
-    );
+    let by_path = from_fn("path", |p: &Parts| Some(p.uri.path().to_owned()));
+    let by_method = from_fn("method", |p: &Parts| Some(p.uri.path().to_owned()));
+    let parts = parts_with(&[], None);
+    assert_eq!(by_path.extract(&parts), Some(Key::new("fn:path", b"/")));
+    // two functions returning the same value are two domains
+    assert_ne!(by_path.extract(&parts), by_method.extract(&parts));
 }
 
 #[test]
