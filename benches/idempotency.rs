@@ -77,7 +77,12 @@ async fn main() {
         .unwrap();
     let plain = ServiceBuilder::new().service_fn(handler);
     let layered = ServiceBuilder::new()
-        .layer(IdempotencyLayer::builder(store.clone()).build().unwrap())
+        .layer(
+            IdempotencyLayer::builder(store.clone())
+                .unscoped()
+                .build()
+                .unwrap(),
+        )
         .service_fn(handler);
 
     // warm up connections and scripts
@@ -99,6 +104,7 @@ async fn main() {
     let slow = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::builder(store.clone())
+                .unscoped()
                 .lease(Duration::from_millis(300))
                 .build()
                 .unwrap(),

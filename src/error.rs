@@ -25,6 +25,8 @@ pub enum ConfigErrorKind {
     Duration,
     /// The methods an idempotency layer covers.
     Methods,
+    /// An idempotency layer whose scope was not chosen.
+    Scope,
     /// How to reach the store: a URL that does not parse, or none at all.
     Store,
 }

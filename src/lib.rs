@@ -108,7 +108,7 @@
 //!     .limit(Limit::per_minute("minute", 100))
 //!     .key(Header::from_static("x-api-key").or(PeerIp::new()))
 //!     .build()?;
-//! let idempotency = IdempotencyLayer::builder(store).build()?;
+//! let idempotency = IdempotencyLayer::builder(store).unscoped().build()?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3001").await?;
 //! loop {
 //!     let (stream, peer) = listener.accept().await?;

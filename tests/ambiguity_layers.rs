@@ -160,6 +160,7 @@ type Svc = tower::util::BoxCloneService<
 /// and answers `201` with `body` (none when empty); counts its runs.
 fn payments(store: RedisStore, body: &'static str, runs: Arc<AtomicUsize>) -> Svc {
     let layer = IdempotencyLayer::builder(store)
+        .unscoped()
         .lease(Duration::from_secs(1))
         .build()
         .unwrap();

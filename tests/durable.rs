@@ -64,10 +64,22 @@ impl Drop for Replica {
 
 fn durable(server: &RedisServer) -> RedisStore {
     RedisStore::builder(server.url())
-        .timeout(Duration::from_millis(300))
+        .timeout(Duration::from_secs(1))
         .wait_replicas(1)
         .build()
         .unwrap()
+}
+
+/// A write nobody acknowledged: refused (too few replicas within the wait), or — on a busy
+/// machine — not answered within the store timeout; a failure either way, never a success.
+fn assert_refused(error: &tollgate::store::StoreError) {
+    assert!(
+        matches!(
+            error.kind(),
+            StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+        ),
+        "{error}"
+    );
 }
 
 fn unique(name: &str) -> String {
@@ -113,7 +125,7 @@ async fn unacknowledged_writes_fail_closed_and_are_undone() {
     let claims = Claims::new(store.clone());
     let name = unique("coupon");
     let error = claims.claim_once(&name, None).await.unwrap_err();
-    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    assert_refused(&error);
     let locks = Locks::new(store.clone());
     let lock = unique("lock");
     assert!(matches!(
@@ -187,7 +199,7 @@ async fn a_waiting_write_does_not_hold_up_rate_checks() {
 async fn on_a_cluster_without_replicas_writes_are_refused_and_undone() {
     let cluster = common::cluster::RedisCluster::shared();
     let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(Duration::from_millis(300))
+        .timeout(Duration::from_secs(1))
         .wait_replicas(1)
         .connect()
         .await

@@ -319,7 +319,10 @@ async fn one_layer_value_serves_axum_tonic_and_hyper() {
         .key(Header::from_static("x-api-key"))
         .build()
         .unwrap();
-    let idempotency = IdempotencyLayer::builder(redis.store()).build().unwrap();
+    let idempotency = IdempotencyLayer::builder(redis.store())
+        .unscoped()
+        .build()
+        .unwrap();
 
     // axum: the last `.layer()` is the outermost
     let router = Router::new()

@@ -972,6 +972,7 @@ fn idempotency_service(
     Error = Infallible,
 > + Clone {
     let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .unscoped()
         .on_concurrent(OnConcurrent::Wait(Duration::from_secs(5)))
         .body_limit(body_limit)
         .build()
@@ -1206,6 +1207,7 @@ fn bodies_over_the_limit_get_413_exactly_and_are_not_buffered() {
         runtime().block_on(async {
             let handler = Handler::new(StatusCode::CREATED);
             let layer = IdempotencyLayer::builder(MemoryStore::new())
+                .unscoped()
                 .body_limit(limit)
                 .build()
                 .unwrap();
@@ -1246,6 +1248,7 @@ fn a_64_mib_body_is_refused_after_reading_about_the_limit() {
         runtime().block_on(async {
             let handler = Handler::new(StatusCode::CREATED);
             let layer = IdempotencyLayer::builder(MemoryStore::new())
+                .unscoped()
                 .body_limit(limit)
                 .build()
                 .unwrap();

@@ -309,21 +309,31 @@ fn header_list(headers: &HeaderMap) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-/// Asserts that `replay` is `first` byte for byte, plus `Idempotent-Replayed: true`.
+/// Asserts that `replay` is `first` byte for byte, plus `Idempotent-Replayed: true` — but for
+/// `Set-Cookie`, which is never stored and so never replayed.
 fn assert_replay_of(replay: &Answer, first: &Answer) {
     assert!(!first.replayed(), "the first answer is not marked replayed");
     assert!(replay.replayed(), "a replay is marked replayed");
     assert_eq!(replay.status, first.status);
     let mut headers = replay.headers.clone();
     headers.remove(REPLAYED);
-    assert_eq!(header_list(&headers), header_list(&first.headers));
+    assert!(
+        !headers.contains_key(http::header::SET_COOKIE),
+        "a replay carries Set-Cookie"
+    );
+    let mut expected = first.headers.clone();
+    expected.remove(http::header::SET_COOKIE);
+    assert_eq!(header_list(&headers), header_list(&expected));
     assert_eq!(replay.body, first.body);
     assert_eq!(replay.trailers, first.trailers);
 }
 
 /// The default layer on a store of `server`.
 fn default_layer(server: &RedisServer) -> IdempotencyLayer {
-    IdempotencyLayer::builder(server.store()).build().unwrap()
+    IdempotencyLayer::builder(server.store())
+        .unscoped()
+        .build()
+        .unwrap()
 }
 
 /// Every key on the test server with its PTTL.
@@ -400,6 +410,7 @@ async fn uncovered_methods_and_keyless_requests_pass_through_untouched() {
 
     // Required: a covered request without a key is refused with a reason; others still pass.
     let required = IdempotencyLayer::builder(server.store())
+        .unscoped()
         .required(true)
         .build()
         .unwrap();
@@ -504,6 +515,7 @@ async fn bodies_over_the_limit_get_413_without_running_the_handler() {
     let server = RedisServer::start();
     let calls = Calls::default();
     let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
         .body_limit(16)
         .build()
         .unwrap();
@@ -641,7 +653,9 @@ async fn fifty_parallel_duplicates_across_two_copies_execute_once() {
     for svc in &copies {
         let replay = send(svc, keyed("coupon-1", "{\"amount\":100}")).await;
         assert_replay_of(&replay, &first);
-        assert_eq!(replay.headers.get_all(header::SET_COOKIE).iter().count(), 2);
+        // the first caller's session cookies are never handed to whoever replays
+        assert_eq!(first.headers.get_all(header::SET_COOKIE).iter().count(), 2);
+        assert_eq!(replay.headers.get_all(header::SET_COOKIE).iter().count(), 0);
         assert_eq!(replay.headers["x-bin"].as_bytes(), b"\x80\xff");
     }
     assert_eq!(calls.get(), 1);
@@ -653,6 +667,7 @@ async fn waiting_duplicates_get_the_first_response_and_no_409() {
     let calls = Calls::default();
     let build = || {
         IdempotencyLayer::builder(server.store())
+            .unscoped()
             .on_concurrent(OnConcurrent::Wait(Duration::from_secs(2)))
             .build()
             .unwrap()
@@ -718,6 +733,7 @@ async fn waiting_duplicates_get_the_first_response_and_no_409() {
     // Wait is bounded: a handler slower than the wait still gets 409.
     let slow = Calls::default();
     let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
         .on_concurrent(OnConcurrent::Wait(Duration::from_millis(200)))
         .build()
         .unwrap();
@@ -812,6 +828,7 @@ async fn a_key_reused_for_another_request_gets_422() {
 
     // Chosen headers join the fingerprint.
     let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
         .fingerprint_headers([header::CONTENT_TYPE])
         .build()
         .unwrap();
@@ -977,6 +994,7 @@ async fn store_when_decides_which_statuses_are_stored() {
     // Only successes stored: the 400 is not, and the retry runs again.
     let calls = Calls::default();
     let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
         .store_when(|s| s.is_success())
         .build()
         .unwrap();
@@ -1216,6 +1234,7 @@ async fn responses_over_the_storage_cap_are_delivered_but_not_stored() {
     let server = RedisServer::start();
     let calls = Calls::default();
     let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
         .response_limit(16)
         .build()
         .unwrap();
@@ -1305,6 +1324,7 @@ async fn a_retry_right_after_the_answer_is_a_replay() {
     let server = RedisServer::start();
     let calls = Calls::default();
     let layer = IdempotencyLayer::builder(SlowWrites(server.store()))
+        .unscoped()
         .build()
         .unwrap();
     // The request body says what to answer: a small body, 512 KiB, or a 500.
@@ -1350,6 +1370,7 @@ async fn a_retry_right_after_a_broken_body_runs_again() {
     let server = RedisServer::start();
     let calls = Calls::default();
     let layer = IdempotencyLayer::builder(SlowWrites(server.store()))
+        .unscoped()
         .build()
         .unwrap();
     let svc = stack(
@@ -1454,6 +1475,7 @@ async fn the_lease_is_kept_alive_while_the_handler_runs() {
     let server = RedisServer::start();
     let calls = Calls::default();
     let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
         .lease(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -1785,6 +1807,7 @@ async fn records_expire_after_the_retention_and_keys_are_hashed() {
     let server = RedisServer::start();
     let calls = Calls::default();
     let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
         .retention(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -1976,7 +1999,10 @@ mod axum_app {
     async fn axum_router_layer_and_route_layer() {
         let server = RedisServer::start();
         let calls = Calls::default();
-        let layer = IdempotencyLayer::builder(server.store()).build().unwrap();
+        let layer = IdempotencyLayer::builder(server.store())
+            .unscoped()
+            .build()
+            .unwrap();
 
         let router = Router::new()
             .route("/orders", post(create))
@@ -1993,6 +2019,7 @@ mod axum_app {
         exercise(&router, &calls, "route-layer").await;
         // route_layer leaves unmatched routes alone: a 404, not a 400 for the missing key
         let required = IdempotencyLayer::builder(server.store())
+            .unscoped()
             .required(true)
             .build()
             .unwrap();
@@ -2019,7 +2046,10 @@ mod axum_app {
 
         let server = RedisServer::start();
         let calls = Calls::default();
-        let layer = IdempotencyLayer::builder(server.store()).build().unwrap();
+        let layer = IdempotencyLayer::builder(server.store())
+            .unscoped()
+            .build()
+            .unwrap();
         let router = Router::new()
             .route("/orders", post(create))
             .with_state(calls.clone())
@@ -2055,4 +2085,76 @@ mod axum_app {
         assert_eq!(replay.2, first.2);
         assert_eq!(calls.get(), 1);
     }
+}
+
+/// The scope is a choice: a layer without `.scope(..)` or `.unscoped()` does not build.
+#[test]
+fn the_scope_must_be_chosen() {
+    let error = IdempotencyLayer::builder(MemoryStore::new())
+        .build()
+        .unwrap_err();
+    assert_eq!(error.kind(), tollgate::ConfigErrorKind::Scope);
+    assert!(error.to_string().contains(".unscoped()"), "{error}");
+    assert!(
+        IdempotencyLayer::builder(MemoryStore::new())
+            .unscoped()
+            .build()
+            .is_ok()
+    );
+}
+
+/// Headers named sensitive are never stored, so a replay never carries them.
+#[tokio::test(flavor = "multi_thread")]
+async fn sensitive_headers_are_never_replayed() {
+    let server = RedisServer::start();
+    let calls = Calls::default();
+    let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
+        .unstored_headers([HeaderName::from_static("x-run")])
+        .build()
+        .unwrap();
+    let svc = stack(&layer, order(&calls, Duration::ZERO));
+    let first = send(&svc, keyed("sensitive", "{}")).await;
+    assert!(first.headers.contains_key("x-run"));
+    let replay = send(&svc, keyed("sensitive", "{}")).await;
+    assert!(replay.replayed());
+    assert!(
+        !replay.headers.contains_key("x-run"),
+        "a sensitive header was replayed"
+    );
+    assert!(!replay.headers.contains_key(header::SET_COOKIE));
+    assert_eq!(replay.headers["x-bin"].as_bytes(), b"\x80\xff");
+    assert_eq!(calls.get(), 1);
+}
+
+/// A `store_when` that panics is a failed handler: 500, the key released, a retry runs again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panicking_store_when_releases_the_key() {
+    let server = RedisServer::start();
+    let calls = Calls::default();
+    let panicked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let once = Arc::clone(&panicked);
+    let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
+        .store_when(move |_status| {
+            if !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                panic!("a predicate that panics");
+            }
+            true
+        })
+        .build()
+        .unwrap();
+    let svc = stack(&layer, order(&calls, Duration::ZERO));
+    let first = send(&svc, keyed("predicate", "{}")).await;
+    assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(panicked.load(std::sync::atomic::Ordering::SeqCst));
+    let retry = send(&svc, keyed("predicate", "{}")).await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "the key was released: the retry runs"
+    );
+    assert!(!retry.replayed());
+    assert_eq!(calls.get(), 2);
+    assert_replay_of(&send(&svc, keyed("predicate", "{}")).await, &retry);
 }

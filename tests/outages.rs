@@ -234,6 +234,7 @@ async fn idempotency_fails_closed_and_never_runs_twice() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::builder(store(server.url()))
+                .unscoped()
                 .required(true)
                 .build()
                 .unwrap(),

@@ -65,7 +65,11 @@ pub(super) async fn execute<S, ReqBody, ResBody>(
         }
     };
     let (parts, body) = response.into_parts();
-    let mut capture = Capture::new(&settings, &parts, &body);
+    let Some(mut capture) = Capture::new(&settings, &parts, &body) else {
+        release(&settings, key, token, "store_when panicked").await;
+        let _ = head.send(Ok(Rejection::HandlerFailed.into_response(grpc)));
+        return;
+    };
     let (frames_tx, frames_rx) = mpsc::channel(8);
     let response = Response::from_parts(parts, IdempotencyBody::channel(frames_rx, capture.hint));
     // A response whose head is all of it (an empty body: a gRPC trailers-only status, a bodiless
@@ -121,11 +125,14 @@ struct Capture {
 }
 
 impl Capture {
-    fn new<B: Body>(settings: &Settings, parts: &response::Parts, body: &B) -> Self {
-        Self {
-            record: (settings.store_when)(parts.status).then(|| StoredResponse {
+    /// A capture of the response with head `parts`; `None` when `store_when` panicked.
+    fn new<B: Body>(settings: &Settings, parts: &response::Parts, body: &B) -> Option<Self> {
+        let store_when = AssertUnwindSafe(|| (settings.store_when)(parts.status));
+        let stored = std::panic::catch_unwind(store_when).ok()?;
+        Some(Self {
+            record: stored.then(|| StoredResponse {
                 status: parts.status,
-                headers: parts.headers.clone(),
+                headers: stored_headers(&parts.headers, &settings.unstored_headers),
                 body: Bytes::new(),
                 trailers: None,
             }),
@@ -134,7 +141,7 @@ impl Capture {
             hint: body.size_hint().exact(),
             delivered: 0,
             held: Vec::new(),
-        }
+        })
     }
 
     /// Records `frame`, and gives it back if the caller may have it now rather than once the key
@@ -280,9 +287,21 @@ fn grpc_succeeded(settings: &Settings, stored: &StoredResponse) -> bool {
                 .ok()
                 .and_then(|v| v.trim().parse::<i32>().ok())
                 .unwrap_or(2); // unparseable: UNKNOWN
-            (settings.store_grpc_when)(code)
+            // a panicking predicate keeps the response out of the store, like a failure
+            std::panic::catch_unwind(AssertUnwindSafe(|| (settings.store_grpc_when)(code)))
+                .unwrap_or(false)
         }
     }
+}
+
+/// The headers of a response as stored for replay: all but `unstored` (`Set-Cookie` and the
+/// configured sensitive ones), which would hand one caller's session to another.
+fn stored_headers(headers: &http::HeaderMap, unstored: &[http::HeaderName]) -> http::HeaderMap {
+    let mut kept = headers.clone();
+    for name in unstored {
+        kept.remove(name);
+    }
+    kept
 }
 
 /// Stores the encoded response, retrying (token-checked, so harmlessly) for up to a lease while

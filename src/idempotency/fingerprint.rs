@@ -6,9 +6,9 @@ use sha2::{Digest, Sha256};
 
 use crate::key::encode_base64url;
 
-/// SHA-256 over the method, path and query, the chosen headers (name and every value, in order)
-/// and the body, each length-prefixed so that no two requests' fields run together; 43 characters
-/// of base64url.
+/// SHA-256 over the method, path and query, the chosen headers (name, the number of values, and
+/// every value, in order) and the body, each length-prefixed so that no two requests' fields run
+/// together — nor one header's values into the next header; 43 characters of base64url.
 pub(crate) fn fingerprint(parts: &Parts, headers: &[HeaderName], body: &[u8]) -> String {
     let mut hasher = Sha256::new();
     let mut field = |bytes: &[u8]| {
@@ -25,7 +25,9 @@ pub(crate) fn fingerprint(parts: &Parts, headers: &[HeaderName], body: &[u8]) ->
     );
     for name in headers {
         field(name.as_str().as_bytes());
-        for value in parts.headers.get_all(name) {
+        let values = parts.headers.get_all(name);
+        field(&(values.iter().count() as u64).to_be_bytes());
+        for value in values {
             field(value.as_bytes());
         }
     }
@@ -65,6 +67,19 @@ mod tests {
         assert_ne!(
             base,
             fingerprint(&parts("POST", "/a?x=1", &[]), none, b"{ }")
+        );
+        // a value of one header cannot pass for the name of the next: the count is encoded
+        let two = [
+            HeaderName::from_static("content-type"),
+            HeaderName::from_static("x-tenant"),
+        ];
+        assert_ne!(
+            fingerprint(
+                &parts("POST", "/a", &[("content-type", "x-tenant")]),
+                &two,
+                b""
+            ),
+            fingerprint(&parts("POST", "/a", &[("x-tenant", "x-tenant")]), &two, b"")
         );
         let ct = [HeaderName::from_static("content-type")];
         assert_ne!(

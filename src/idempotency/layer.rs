@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, Method, StatusCode};
+use http::{HeaderName, Method, StatusCode, header};
 use tower_layer::Layer;
 
 use super::service::Idempotency;
@@ -45,6 +45,8 @@ pub(crate) struct Settings {
     pub(crate) required: bool,
     pub(crate) methods: Vec<Method>,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
+    /// Response headers never stored, so never replayed: `Set-Cookie` and the configured ones.
+    pub(crate) unstored_headers: Vec<HeaderName>,
     pub(crate) body_limit: usize,
     pub(crate) response_limit: usize,
     pub(crate) lease: Duration,
@@ -124,6 +126,7 @@ impl IdempotencyLayer {
                 required: false,
                 methods: vec![Method::POST, Method::PATCH],
                 fingerprint_headers: Vec::new(),
+                unstored_headers: vec![header::SET_COOKIE],
                 body_limit: 1 << 20,
                 response_limit: 1 << 20,
                 lease: Duration::from_secs(30),
@@ -133,6 +136,7 @@ impl IdempotencyLayer {
                 store_grpc_when: Arc::new(grpc_outcome_is_final),
             },
             scope: Global,
+            scope_chosen: false,
         }
     }
 }
@@ -149,6 +153,8 @@ impl<S, K> Layer<S> for IdempotencyLayer<K> {
 pub struct IdempotencyLayerBuilder<K = Global> {
     settings: Settings,
     scope: K,
+    /// Whether [`scope`](Self::scope) or [`unscoped`](Self::unscoped) was called: one must be.
+    scope_chosen: bool,
 }
 
 impl<K: fmt::Debug> fmt::Debug for IdempotencyLayerBuilder<K> {
@@ -180,15 +186,27 @@ impl<K> IdempotencyLayerBuilder<K> {
         self
     }
 
-    /// Whose keys these are (default [`Global`]: one namespace for all callers). Give the
-    /// authenticated caller — an API key or user header — so that two clients choosing the same
-    /// key never see each other's responses: in one shared namespace, a client that reuses
-    /// another's key with the same request is replayed the other's response, headers and all.
-    /// A request whose scope cannot be extracted shares the unscoped namespace.
+    /// Whose keys these are: the authenticated caller — an API key or user header — so that two
+    /// clients choosing the same key never see each other's responses. In one shared namespace,
+    /// a client that reuses (or guesses) another's key with the same request is replayed the
+    /// other's response. A request whose scope cannot be extracted shares the unscoped
+    /// namespace. The scope must be chosen, by this or [`unscoped`](Self::unscoped): the layer
+    /// does not build without.
     pub fn scope<K2: KeyExtractor>(self, scope: K2) -> IdempotencyLayerBuilder<K2> {
         IdempotencyLayerBuilder {
             settings: self.settings,
             scope,
+            scope_chosen: true,
+        }
+    }
+
+    /// One namespace of keys for every caller, chosen on purpose: right when keys are unguessable
+    /// (random UUIDs that clients never share) or when a single client calls the service.
+    pub fn unscoped(self) -> IdempotencyLayerBuilder<Global> {
+        IdempotencyLayerBuilder {
+            settings: self.settings,
+            scope: Global,
+            scope_chosen: true,
         }
     }
 
@@ -196,6 +214,15 @@ impl<K> IdempotencyLayerBuilder<K> {
     /// none).
     pub fn fingerprint_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         self.settings.fingerprint_headers = headers.into_iter().collect();
+        self
+    }
+
+    /// Response headers never stored for replay (and so never replayed), besides `Set-Cookie`,
+    /// which is never stored: say `authorization-info` or a per-caller token. A replay may reach
+    /// another client than the first — one that guessed the key within the same scope.
+    pub fn unstored_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.settings.unstored_headers =
+            std::iter::once(header::SET_COOKIE).chain(headers).collect();
         self
     }
 
@@ -264,6 +291,12 @@ impl<K> IdempotencyLayerBuilder<K> {
 
     /// Validates the configuration.
     pub fn build(self) -> Result<IdempotencyLayer<K>, ConfigError> {
+        if !self.scope_chosen {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Scope,
+                "choose whose idempotency keys these are: .scope(extractor), or .unscoped() for one namespace of all callers",
+            ));
+        }
         let settings = self.settings;
         if settings.lease < Duration::from_millis(10) {
             return Err(ConfigError::new(

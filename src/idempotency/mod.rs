@@ -12,7 +12,7 @@
 //! | key missing where [required](IdempotencyLayerBuilder::required) | `400` |
 //! | key malformed: empty, over 255 characters, not visible ASCII (bare token and sf-string `"..."` both accepted, naming the same key) | `400` |
 //! | request body over the [limit](IdempotencyLayerBuilder::body_limit) | `413` |
-//! | first request with this key | the handler runs; its response (status, headers, body, trailers) is stored |
+//! | first request with this key | the handler runs; its response (status, headers but `Set-Cookie` and the [sensitive ones](IdempotencyLayerBuilder::unstored_headers), body, trailers) is stored |
 //! | same key and fingerprint, still running | `409` with `Retry-After` (or, with [`OnConcurrent::Wait`], wait and replay) |
 //! | same key, different fingerprint (method, path + query, body, [chosen headers](IdempotencyLayerBuilder::fingerprint_headers)) | `422` |
 //! | same key, completed | the stored response, byte for byte, plus `Idempotent-Replayed: true` |
@@ -41,7 +41,10 @@
 //! and all), so a client cannot tell a replay from the first answer.
 //!
 //! How it holds across copies:
-//! - Keys are scoped by a caller [extractor](IdempotencyLayerBuilder::scope) and hashed with it
+//! - Keys are scoped by a caller [extractor](IdempotencyLayerBuilder::scope) — a choice the
+//!   builder requires, or an explicit [`unscoped`](IdempotencyLayerBuilder::unscoped) — so that a
+//!   client guessing another's key (`order-123`) runs its own request instead of being replayed
+//!   someone else's response; keys are hashed with the scope
 //!   into the store key `<prefix>:idem:{<digest>}`: the raw key never reaches the store.
 //! - Claim, complete, release and extend are each one atomic script that checks the claim's
 //!   random token: a copy whose lease ran out and was taken over cannot overwrite the new owner's
@@ -81,7 +84,7 @@
 //! let runs = Arc::new(AtomicUsize::new(0));
 //! let counter = runs.clone();
 //! let service = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::builder(MemoryStore::new()).build().unwrap())
+//!     .layer(IdempotencyLayer::builder(MemoryStore::new()).unscoped().build().unwrap())
 //!     .service_fn(move |_req: Request<_>| {
 //!         let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
 //!         async move { Ok::<_, Infallible>(Response::new(Full::new(format!("payment {n}").into()))) }
