@@ -88,9 +88,11 @@ impl RateLimitDecision {
             (Some(fallback), DecisionSource::LocalFallback) => fallback.policy_header(),
             _ => &settings.policy_header,
         };
-        headers.insert(RATELIMIT_POLICY, policy_header.clone());
+        // appended, not inserted: a layer stacked outside another (per IP around per key) adds its
+        // members to the inner one's (RFC 9651 lists may span several field lines)
+        headers.append(RATELIMIT_POLICY, policy_header.clone());
         if let Some(value) = headers::state(&self.policy, &self.states) {
-            headers.insert(RATELIMIT, value);
+            headers.append(RATELIMIT, value);
         }
     }
 }
@@ -168,4 +170,39 @@ impl Settings {
         };
         (outcome, DecisionSource::StoreUnavailable, &self.policy)
     }
+}
+
+/// Every rate-limit decision made for a request, innermost layer first, in the response (and
+/// request) extensions beside the outermost one's [`RateLimitDecision`]: with stacked layers
+/// (per IP around per key) each decision stays readable.
+#[derive(Debug, Clone, Default)]
+pub struct RateLimitDecisions(Vec<RateLimitDecision>);
+
+impl RateLimitDecisions {
+    /// The decisions, innermost layer first.
+    pub fn iter(&self) -> impl Iterator<Item = &RateLimitDecision> {
+        self.0.iter()
+    }
+
+    /// How many layers decided.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no layer decided.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Puts `decision` into `extensions`: as the [`RateLimitDecision`] (replacing an inner layer's)
+/// and added to the [`RateLimitDecisions`] of every layer.
+pub(crate) fn record(extensions: &mut http::Extensions, decision: RateLimitDecision) {
+    match extensions.get_mut::<RateLimitDecisions>() {
+        Some(all) => all.0.push(decision.clone()),
+        None => {
+            extensions.insert(RateLimitDecisions(vec![decision.clone()]));
+        }
+    }
+    extensions.insert(decision);
 }

@@ -10,7 +10,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::decision::RateLimitDecision;
+use super::decision::{self, RateLimitDecision};
 use super::rejection::Rejection;
 use super::settings::Settings;
 use crate::body::ResponseBody;
@@ -119,7 +119,7 @@ where
                     };
                     let decision = this.settings.decide(result, check);
                     if decision.admitted() {
-                        request.extensions_mut().insert(decision.clone());
+                        decision::record(request.extensions_mut(), decision.clone());
                         let future = service.call(request);
                         this.state.set(State::Inner {
                             future,
@@ -138,7 +138,7 @@ where
                         if this.settings.headers {
                             decision.write_headers(this.settings, response.headers_mut());
                         }
-                        response.extensions_mut().insert(decision);
+                        decision::record(response.extensions_mut(), decision);
                     }
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(response));

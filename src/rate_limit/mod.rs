@@ -88,7 +88,7 @@ mod settings;
 #[cfg(test)]
 mod tests;
 
-pub use decision::{DecisionSource, RateLimitDecision};
+pub use decision::{DecisionSource, RateLimitDecision, RateLimitDecisions};
 pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use service::RateLimit;

@@ -2,7 +2,7 @@
 
 use http::{Response, StatusCode, header};
 
-use super::decision::{DecisionSource, RateLimitDecision};
+use super::decision::{self, DecisionSource, RateLimitDecision};
 use super::headers;
 use super::settings::Settings;
 use crate::body::ResponseBody;
@@ -56,7 +56,7 @@ impl Rejection {
             headers::retry_after(decision.retry_after),
         );
         decision.write_headers(settings, headers);
-        response.extensions_mut().insert(decision);
+        decision::record(response.extensions_mut(), decision);
         response
     }
 }

@@ -301,3 +301,47 @@ fn invalid_configurations_are_refused_at_build_time() {
     );
     assert!(build(vec![Limit::per_second("ok", 1)]).is_ok());
 }
+
+/// A layer stacked outside another (per caller around per path) adds its `RateLimit` members
+/// to the inner one's and keeps its decision beside the inner one's.
+#[tokio::test(start_paused = true)]
+async fn stacked_layers_append_their_members_and_decisions() {
+    let store = MemoryStore::new();
+    let inner = RateLimitLayer::builder(store.clone())
+        .prefix("inner")
+        .limit(Limit::per_minute("per-path", 5))
+        .build()
+        .unwrap();
+    let outer = RateLimitLayer::builder(store)
+        .prefix("outer")
+        .limit(Limit::per_minute("per-caller", 3))
+        .key(Header::from_static("x-caller"))
+        .build()
+        .unwrap();
+    let svc = tower::ServiceBuilder::new()
+        .layer(outer)
+        .layer(inner)
+        .service(service_fn(ok as fn(_) -> _));
+    let response = svc.oneshot(request("a")).await.unwrap();
+    let lines = |name: &str| -> Vec<String> {
+        response
+            .headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        lines("ratelimit-policy"),
+        [r#""per-path";q=5;w=60"#, r#""per-caller";q=3;w=60"#]
+    );
+    assert_eq!(
+        lines("ratelimit"),
+        [r#""per-path";r=4;t=60"#, r#""per-caller";r=2;t=60"#]
+    );
+    let all = response.extensions().get::<RateLimitDecisions>().unwrap();
+    let names: Vec<_> = all.iter().map(|d| d.limits()[0].0.to_owned()).collect();
+    assert_eq!(names, ["per-path", "per-caller"]);
+    let outermost = response.extensions().get::<RateLimitDecision>().unwrap();
+    assert_eq!(outermost.limits()[0].0, "per-caller");
+}
