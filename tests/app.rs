@@ -43,6 +43,8 @@ fn config(limits: &str, algorithm: Algorithm, redis_url: Option<String>) -> AppC
         redis_sentinels: Vec::new(),
         redis_sentinel_master: None,
         wait_replicas: 0,
+        trusted_proxies: Vec::new(),
+        on_store_error: tollgate::rate_limit::OnStoreError::Allow,
         payment_delay: app::DEFAULT_PAYMENT_DELAY,
     }
 }
@@ -513,6 +515,8 @@ fn config_defaults_and_overrides() {
             redis_sentinels: Vec::new(),
             redis_sentinel_master: None,
             wait_replicas: 0,
+            trusted_proxies: Vec::new(),
+            on_store_error: tollgate::rate_limit::OnStoreError::Allow,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
         }
     );
@@ -544,6 +548,8 @@ fn config_defaults_and_overrides() {
             redis_sentinels: Vec::new(),
             redis_sentinel_master: None,
             wait_replicas: 0,
+            trusted_proxies: Vec::new(),
+            on_store_error: tollgate::rate_limit::OnStoreError::Allow,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
         }
     );
@@ -594,6 +600,62 @@ fn sentinels_and_durable_writes_are_read_from_the_environment() {
     assert_eq!(bad_wait.unwrap_err().var, "REDIS_WAIT_REPLICAS");
     let cluster = AppConfig::from_lookup(lookup(&[("REDIS_CLUSTER_URLS", "redis://a:7000/")]));
     assert_eq!(cluster.unwrap().store_kind(), "redis-cluster");
+}
+
+#[test]
+fn trusted_proxies_and_the_failure_policy_are_read_from_the_environment() {
+    let config = AppConfig::from_lookup(lookup(&[
+        ("APP_TRUSTED_PROXIES", "10.0.0.0/8, fd00::/8"),
+        ("APP_ON_STORE_ERROR", "fallback:2"),
+    ]))
+    .unwrap();
+    assert_eq!(config.trusted_proxies.len(), 2);
+    assert_eq!(
+        config.on_store_error,
+        tollgate::rate_limit::OnStoreError::LocalFallback { copies: 2 }
+    );
+    for (var, value) in [
+        ("APP_TRUSTED_PROXIES", "10.0.0.0/33"),
+        ("APP_TRUSTED_PROXIES", "not-a-cidr"),
+        ("APP_ON_STORE_ERROR", "fallback:0"),
+        ("APP_ON_STORE_ERROR", "sometimes"),
+    ] {
+        let error = AppConfig::from_lookup(lookup(&[(var, value)])).unwrap_err();
+        assert_eq!(error.var, var, "{value}");
+        assert!(error.to_string().contains(value), "{error}");
+    }
+    let deny = AppConfig::from_lookup(lookup(&[("APP_ON_STORE_ERROR", "deny")])).unwrap();
+    assert_eq!(
+        deny.on_store_error,
+        tollgate::rate_limit::OnStoreError::Deny
+    );
+}
+
+/// Behind a trusted proxy, callers without an API key count by the network the proxy names:
+/// 30 addresses of one IPv6 /64 are one caller.
+#[tokio::test]
+async fn behind_trusted_proxies_an_ipv6_64_is_one_caller() {
+    let server = RedisServer::start();
+    let store: Arc<dyn Store> = Arc::new(server.store());
+    let mut config = config("minute:5/60s", Algorithm::SlidingLog, Some(server.url()));
+    config.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+    let app = app::router(AppState::new(store, config).unwrap());
+    let mut admitted = 0;
+    for i in 1..=30u16 {
+        let mut req = Request::get("/api/hello")
+            .header("x-forwarded-for", format!("2001:db8:5:6:{i:x}::{i:x}"))
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut()
+            .insert(ConnectInfo("10.0.0.2:4000".parse::<SocketAddr>().unwrap()));
+        if app.clone().oneshot(req).await.unwrap().status() == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 5,
+        "a rotating IPv6 client got more than one bucket"
+    );
 }
 
 #[test]

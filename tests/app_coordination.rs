@@ -33,6 +33,8 @@ fn config(payment_delay: Duration) -> AppConfig {
         redis_sentinels: Vec::new(),
         redis_sentinel_master: None,
         wait_replicas: 0,
+        trusted_proxies: Vec::new(),
+        on_store_error: tollgate::rate_limit::OnStoreError::Allow,
         payment_delay,
     }
 }

@@ -14,6 +14,8 @@
 //! | `REDIS_SENTINELS` | unset                     | or: comma-separated `redis://host:port/` of the sentinels |
 //! | `REDIS_SENTINEL_MASTER` | unset               | the master name they monitor (with `REDIS_SENTINELS`) |
 //! | `REDIS_WAIT_REPLICAS` | `0`                   | replicas that must acknowledge every claim, lock and payment record |
+//! | `APP_TRUSTED_PROXIES` | unset: none trusted   | CIDRs of proxies whose `X-Forwarded-For` names the client |
+//! | `APP_ON_STORE_ERROR` | `allow`                | `/api/*` while the store is down: `allow`, `deny` or `fallback:N` (N copies) |
 //! | `APP_PAYMENT_DELAY_MS` | `100`                | how long `POST /payments` works                 |
 //! | `APP_LIMITS`    | `burst:5/1s,minute:100/60s` | limits of `/api/*`: `name:count/<seconds>s,…`  |
 //! | `APP_ALGORITHM` | `sliding-log`               | `sliding-log`, `sliding-counter` or `gcra`     |

@@ -34,9 +34,9 @@ use serde_json::{Value, json};
 use tollgate::ConfigError;
 use tollgate::claim::Claims;
 use tollgate::idempotency::IdempotencyLayer;
-use tollgate::key::{Header, KeyExtractor, Or, PeerIp};
+use tollgate::key::{Cidr, ForwardedIp, Header, KeyExtractor, Or};
 use tollgate::lock::{LockError, Locks};
-use tollgate::rate_limit::{Algorithm, Limit, RateLimitDecision, RateLimitLayer};
+use tollgate::rate_limit::{Algorithm, Limit, OnStoreError, RateLimitDecision, RateLimitLayer};
 use tollgate::store::Store;
 
 use crate::env::{EnvError, Vars, process_var, whole_number};
@@ -93,11 +93,46 @@ pub struct AppConfig {
     /// `REDIS_WAIT_REPLICAS`: how many replicas must acknowledge every claim, lock and payment
     /// record before it counts (0: none).
     pub wait_replicas: u32,
+    /// `APP_TRUSTED_PROXIES`: the proxies whose `X-Forwarded-For` names the client (none: the
+    /// peer is the client).
+    pub trusted_proxies: Vec<Cidr>,
+    /// `APP_ON_STORE_ERROR`: what `/api/*` does while the store is down.
+    pub on_store_error: OnStoreError,
     /// `APP_PAYMENT_DELAY_MS`: how long `POST /payments` works before it answers.
     pub payment_delay: Duration,
 }
 
+/// What `APP_TRUSTED_PROXIES` must look like.
+const TRUSTED_PROXIES_FORMAT: &str = "comma-separated CIDRs of the proxies in front of the app, e.g. APP_TRUSTED_PROXIES=10.0.0.0/8,fd00::/8";
+
+/// What `APP_ON_STORE_ERROR` must look like.
+const ON_STORE_ERROR_FORMAT: &str =
+    "allow (the default), deny, or fallback:N with N the number of copies, e.g. fallback:2";
+
+/// Parses `APP_ON_STORE_ERROR`: `allow`, `deny` or `fallback:N` (N >= 1 copies).
+pub fn parse_on_store_error(value: &str) -> Result<OnStoreError, String> {
+    match value.trim() {
+        "allow" => Ok(OnStoreError::Allow),
+        "deny" => Ok(OnStoreError::Deny),
+        other => {
+            let copies = other
+                .strip_prefix("fallback:")
+                .ok_or_else(|| format!("unknown policy {other:?}"))?;
+            match whole_number(copies).and_then(|n| u32::try_from(n).ok()) {
+                Some(copies) if copies >= 1 => Ok(OnStoreError::LocalFallback { copies }),
+                _ => Err(format!("{copies:?} is not a number of copies (1 or more)")),
+            }
+        }
+    }
+}
+
 impl AppConfig {
+    /// Who a request without an API key counts against: its peer's network or, from a trusted
+    /// proxy, the client's it names.
+    pub fn client_ip(&self) -> ForwardedIp {
+        ForwardedIp::new(self.trusted_proxies.iter().copied())
+    }
+
     /// The kind of store configured: `memory`, `redis`, `redis-cluster` or `redis-sentinel`.
     pub fn store_kind(&self) -> &'static str {
         if !self.redis_sentinels.is_empty() {
@@ -151,6 +186,26 @@ impl AppConfig {
                 "the name the sentinels monitor, e.g. REDIS_SENTINEL_MASTER=mymaster",
             ));
         }
+        let trusted_proxies = vars
+            .list("APP_TRUSTED_PROXIES")
+            .iter()
+            .map(|cidr| cidr.parse::<Cidr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| {
+                let value = vars.get("APP_TRUSTED_PROXIES").unwrap_or_default();
+                EnvError::new(
+                    "APP_TRUSTED_PROXIES",
+                    &value,
+                    e.to_string(),
+                    TRUSTED_PROXIES_FORMAT,
+                )
+            })?;
+        let on_store_error = match vars.get("APP_ON_STORE_ERROR") {
+            Some(value) => parse_on_store_error(&value).map_err(|problem| {
+                EnvError::new("APP_ON_STORE_ERROR", &value, problem, ON_STORE_ERROR_FORMAT)
+            })?,
+            None => OnStoreError::Allow,
+        };
         let wait_replicas = match vars.get("REDIS_WAIT_REPLICAS") {
             Some(value) => whole_number(value.trim())
                 .and_then(|n| u32::try_from(n).ok())
@@ -186,6 +241,8 @@ impl AppConfig {
             redis_sentinels,
             redis_sentinel_master,
             wait_replicas,
+            trusted_proxies,
+            on_store_error,
             payment_delay,
         })
     }
@@ -195,8 +252,9 @@ impl AppConfig {
 // State and routes
 // ---------------------------------------------------------------------------------------------
 
-/// Who a request to `/api/*` counts against: its `x-api-key`, else its peer IP address.
-pub type CallerKey = Or<Header, PeerIp>;
+/// Who a request to `/api/*` counts against: its `x-api-key`, else its client's network — the
+/// peer, or the client that the trusted proxies (`APP_TRUSTED_PROXIES`; none by default) name.
+pub type CallerKey = Or<Header, ForwardedIp>;
 
 /// What every handler can reach. Cheap to clone: everything in it is shared.
 #[derive(Debug, Clone)]
@@ -222,7 +280,8 @@ impl AppState {
             .prefix(API_PREFIX)
             .limits(config.limits.iter().cloned())
             .algorithm(config.algorithm)
-            .key(Header::new(API_KEY_HEADER).or(PeerIp::new()))
+            .key(Header::new(API_KEY_HEADER).or(config.client_ip()))
+            .on_store_error(config.on_store_error)
             .build()?;
         let payments = IdempotencyLayer::builder(Arc::clone(&store))
             .prefix("tollgate-app")

@@ -246,16 +246,22 @@ impl ForwardedIp {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let trusted = cidrs
+        let trusted: Vec<Cidr> = cidrs
             .into_iter()
             .map(|c| c.as_ref().parse())
             .collect::<Result<_, _>>()?;
-        Ok(Self {
-            trusted,
+        Ok(Self::new(trusted))
+    }
+
+    /// Trusts the proxies in the networks `trusted` (none: every peer is the client itself) and
+    /// reads `X-Forwarded-For`.
+    pub fn new(trusted: impl IntoIterator<Item = Cidr>) -> Self {
+        Self {
+            trusted: trusted.into_iter().collect(),
             rfc7239: false,
             networks: Networks::default(),
             max_hops: 20,
-        })
+        }
     }
 
     /// Reads the RFC 7239 `Forwarded` header instead of `X-Forwarded-For`.
