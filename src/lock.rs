@@ -341,16 +341,22 @@ impl LockGuard {
 
     /// Releases the lock; [`LockError::Lost`] when it was no longer ours (the lease ran out,
     /// perhaps another owner holds it now — which this release leaves untouched).
+    ///
+    /// Safe to cancel: until the store has answered, the guard still owns the lock, and a
+    /// release cancelled (or failed) midway is finished in the background, as a dropped guard's
+    /// is.
     pub async fn release(mut self) -> Result<(), LockError> {
-        self.released = true;
-        let held = self
+        let answer = self
             .store
-            .delete_if_held(
-                std::mem::take(&mut self.key),
-                std::mem::take(&mut self.token),
-            )
-            .await?;
-        if held { Ok(()) } else { Err(LockError::Lost) }
+            .delete_if_held(self.key.clone(), self.token.clone())
+            .await;
+        // only an answer settles it; on an error the drop below releases in the background
+        self.released = answer.is_ok();
+        if answer? {
+            Ok(())
+        } else {
+            Err(LockError::Lost)
+        }
     }
 }
 
@@ -367,5 +373,74 @@ impl Drop for LockGuard {
         lease::release_in_background(Owner::Lock, "the guard was dropped", move || {
             store.delete_if_held(key.clone(), token.clone())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::store::{ClaimOutcome, MemoryStore, StoreFuture};
+
+    /// A memory store whose first release never answers (a call stuck in a dead connection).
+    #[derive(Debug, Clone, Default)]
+    struct FirstReleaseHangs {
+        inner: MemoryStore,
+        hung: Arc<AtomicBool>,
+    }
+
+    impl LockStore for FirstReleaseHangs {
+        fn claim(&self, k: String, h: String, t: Option<Duration>) -> StoreFuture<ClaimOutcome> {
+            self.inner.claim(k, h, t)
+        }
+        fn lock_acquire(
+            &self,
+            k: String,
+            f: String,
+            t: String,
+            l: Duration,
+        ) -> StoreFuture<LockAttempt> {
+            self.inner.lock_acquire(k, f, t, l)
+        }
+        fn extend_if_held(&self, k: String, t: String, l: Duration) -> StoreFuture<bool> {
+            self.inner.extend_if_held(k, t, l)
+        }
+        fn delete_if_held(&self, k: String, t: String) -> StoreFuture<bool> {
+            if self.hung.swap(true, Ordering::SeqCst) {
+                self.inner.delete_if_held(k, t)
+            } else {
+                Box::pin(std::future::pending())
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_release_still_frees_the_lock() {
+        let store = FirstReleaseHangs::default();
+        let locks = Locks::new(store.clone());
+        let guard = locks
+            .try_acquire("job", Duration::from_secs(60))
+            .await
+            .unwrap();
+        let cancelled = tokio::time::timeout(Duration::from_millis(20), guard.release()).await;
+        assert!(cancelled.is_err(), "the release was cut short");
+        // the background release runs on this runtime
+        let mut freed = false;
+        for _ in 0..50 {
+            if locks
+                .try_acquire("job", Duration::from_secs(60))
+                .await
+                .is_ok()
+            {
+                freed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            freed,
+            "a cancelled release left the lock held for its lease"
+        );
     }
 }

@@ -126,7 +126,8 @@ fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attem
     let mut limits = Vec::with_capacity(slots.len());
     for ((slot, limit), mut log) in slots.iter_mut().zip(policy.limits()).zip(logs) {
         let window = limit.window_us();
-        if admitted && !attempt.replay {
+        // a cost of 0 only looks: nothing is written
+        if admitted && !attempt.replay && cost > 0 {
             // admitted: count + cost <= quota, so cost is small
             let entry = (now, attempt.id);
             log.extend(std::iter::repeat_n(
@@ -189,7 +190,7 @@ fn sliding_counter(
     }
     let mut limits = Vec::with_capacity(slots.len());
     for (slot, (quota, window, index, elapsed, mut cur, prev)) in slots.iter_mut().zip(states) {
-        if admitted && !attempt.replay {
+        if admitted && !attempt.replay && cost > 0 {
             cur += costf;
             let ttl_ms = (2.0 * window - elapsed).ceil();
             slot.state = Some(State::Counter {
@@ -210,12 +211,14 @@ fn counter_state(quota: f64, window: f64, elapsed: f64, cur: f64, prev: f64) -> 
     let used = cur + prev * (window - elapsed) / window;
     let whole = (used - 1e-9).ceil();
     let remaining = (quota - whole).max(0.0);
+    // as the script: within this window while the previous one's share can fall far enough,
+    // else in the next one, as this window's cost fades — the same wait as a denial's
     let reset = if whole <= 0.0 {
         0.0
     } else if prev > 0.0 && whole - 1.0 - cur >= 0.0 {
         (window - elapsed) - (whole - 1.0 - cur) * window / prev
     } else {
-        window - elapsed
+        (window - elapsed) + window - (whole - 1.0) * window / cur
     };
     state(remaining as u64, ceil_us(reset * 1000.0))
 }
@@ -251,7 +254,7 @@ fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> 
     let mut limits = Vec::with_capacity(slots.len());
     for ((slot, limit), (mut tat, mut rem)) in slots.iter_mut().zip(policy.limits()).zip(states) {
         let (quota, window) = (u128::from(limit.quota()), u128::from(limit.window_us()));
-        if admitted && !attempt.replay {
+        if admitted && !attempt.replay && cost > 0 {
             let units = u128::from(rem) + u128::from(cost) * window;
             tat += u64::try_from(units / quota).unwrap_or(u64::MAX / 2);
             rem = u64::try_from(units % quota).unwrap_or(0);

@@ -75,6 +75,8 @@ macro_rules! conformance_suite {
             a_release_frees_the_key_once,
             idempotency_operations_run_twice_answer_alike,
             huge_durations_are_clamped_alike,
+            counter_reset_is_the_retry_after_at_a_window_start,
+            cost_zero_looks_without_charging,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -130,8 +132,14 @@ pub async fn remaining_counts_down_and_resets_are_sane(store: &impl Store) {
         let first = check(store, &p, key("r"), 1).await;
         assert_eq!(first.limits[0].remaining, 9, "{algorithm}");
         let reset = first.limits[0].reset;
+        // the counter's unit weighs in the next window too, fading until its end
+        let longest = if algorithm == Algorithm::SlidingCounter {
+            Duration::from_secs(20)
+        } else {
+            Duration::from_secs(10)
+        };
         assert!(
-            reset > Duration::ZERO && reset <= Duration::from_secs(10),
+            reset > Duration::ZERO && reset <= longest,
             "{algorithm}: reset {reset:?}"
         );
         if algorithm == Algorithm::SlidingLog {
@@ -1005,4 +1013,49 @@ pub async fn huge_durations_are_clamped_alike(store: &(impl Store + Clone)) {
         .await
         .unwrap();
     assert_eq!(replay, IdempotencyBegin::Completed(record), "written whole");
+}
+
+pub async fn counter_reset_is_the_retry_after_at_a_window_start(store: &impl Store) {
+    // 10 per 60 s, all 10 spent at once: the quota grows again when the first unit of this
+    // window's weight has faded from the next one — the same moment a denial names (at a
+    // window's start, t=66 and Retry-After: 66, where t used to say 60)
+    let p = policy(
+        Algorithm::SlidingCounter,
+        vec![Limit::new("m", 10, Duration::from_secs(60))],
+    );
+    let caller = key(&unique("edge"));
+    let spent = check(store, &p, caller, 10).await;
+    assert!(spent.admitted);
+    let denied = check(store, &p, caller, 1).await;
+    assert!(!denied.admitted);
+    let (reset, retry) = (denied.limits[0].reset, denied.retry_after);
+    let apart = reset.abs_diff(retry);
+    assert!(
+        apart <= Duration::from_millis(2),
+        "t says {reset:?} but Retry-After says {retry:?}"
+    );
+}
+
+pub async fn cost_zero_looks_without_charging(store: &impl Store) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![Limit::per_minute("m", 5)]);
+        let caller = key(&unique("peek"));
+        let fresh = check(store, &p, caller, 0).await;
+        assert!(fresh.admitted, "{algorithm}");
+        assert_eq!(fresh.limits[0].remaining, 5, "{algorithm}");
+        assert_eq!(
+            fresh.limits[0].reset,
+            Duration::ZERO,
+            "{algorithm}: nothing in use"
+        );
+        check(store, &p, caller, 1).await;
+        let look = check(store, &p, caller, 0).await;
+        assert_eq!(look.limits[0].remaining, 4, "{algorithm}");
+        assert!(look.limits[0].reset > Duration::ZERO, "{algorithm}");
+        let next = check(store, &p, caller, 1).await;
+        assert_eq!(
+            next.limits[0].remaining, 3,
+            "{algorithm}: a look charges nothing"
+        );
+    }
 }

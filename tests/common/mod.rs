@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod conformance;
 pub mod proxy;
+pub mod sentinel;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -17,6 +18,21 @@ use tollgate::store::RedisStore;
 const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start their own \
 redis-server processes; install it first, e.g. `sudo apt-get install redis-server` (Debian/Ubuntu) \
 or `brew install redis` (macOS).";
+
+/// Panics with the install hint when `redis-server` is not on PATH: for harnesses that start it
+/// through a shell, where a missing binary would only show as a server that never answers.
+pub fn require_redis_server() {
+    let version = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    match version {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+        Err(e) => panic!("could not run redis-server: {e}"),
+    }
+}
 
 /// A redis-server process owned by a test; killed on drop.
 pub struct RedisServer {

@@ -68,6 +68,12 @@ pub struct RedisStore {
     scripts: Arc<Scripts>,
 }
 
+/// The token-checked release that undoes a durable write nobody acknowledged.
+struct Undo {
+    script: fn(&Scripts) -> &Lua,
+    call: ScriptCall,
+}
+
 /// Durable writes: claims, lock acquisitions and extensions, idempotency claims and records
 /// succeed only once `replicas` replicas acknowledged them. `WAIT` blocks the connection it is
 /// sent on until then, so these writes go through a connection of their own: rate checks on the
@@ -210,6 +216,7 @@ impl RedisStore {
         call: ScriptCall,
         made: fn(&R) -> bool,
         decode: fn(R) -> Result<T, StoreError>,
+        undo: Option<Undo>,
     ) -> StoreFuture<T>
     where
         T: Send + 'static,
@@ -233,6 +240,15 @@ impl RedisStore {
                 .await
                 .map_err(store_error)?;
             if made(&reply) && acked < replicas {
+                // undone before the failure is told, on the same connection: nobody may meet
+                // a refused claim or lock as if it held
+                if let Some(undo) = undo {
+                    let undone: Result<i64, _> =
+                        undo.call.invoke((undo.script)(&scripts), &mut conn).await;
+                    if let Err(error) = undone {
+                        tracing::warn!(target: "tollgate::store", %error, "could not undo an unacknowledged write");
+                    }
+                }
                 return Err(StoreError::new(
                     StoreErrorKind::Unavailable,
                     format!("the write reached {acked} of {replicas} replicas within {wait_ms} ms"),
@@ -240,6 +256,17 @@ impl RedisStore {
             }
             decode(reply)
         })
+    }
+
+    /// The token-checked release that undoes a write of `key` by `token`.
+    fn release_of(key: &str, token: &str, script: fn(&Scripts) -> &Lua) -> Undo {
+        let call = ScriptCall::default()
+            .key(key)
+            .key(keys::release_marker(key))
+            .arg(token)
+            .arg(millis(RELEASE_MARKER_TTL))
+            .arg(format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0));
+        Undo { script, call }
     }
 
     /// The per-call timeout.
@@ -388,6 +415,7 @@ impl LockStore for RedisStore {
         holder: String,
         ttl: Option<Duration>,
     ) -> StoreFuture<ClaimOutcome> {
+        let undo = Self::release_of(&key, &holder, |s| &s.compare_and_delete);
         let call = ScriptCall::default()
             .key(key)
             .arg(holder)
@@ -402,6 +430,7 @@ impl LockStore for RedisStore {
                     holder: holder.unwrap_or_default(),
                 })
             },
+            Some(undo),
         )
     }
 
@@ -412,6 +441,7 @@ impl LockStore for RedisStore {
         token: String,
         lease: Duration,
     ) -> StoreFuture<LockAttempt> {
+        let undo = Self::release_of(&key, &token, |s| &s.compare_and_delete);
         let call = ScriptCall::default()
             .key(key)
             .key(fence_key)
@@ -432,6 +462,7 @@ impl LockStore for RedisStore {
                     }
                 })
             },
+            Some(undo),
         )
     }
 
@@ -442,6 +473,7 @@ impl LockStore for RedisStore {
             call,
             |held: &i64| *held == 1,
             |held| Ok(held == 1),
+            None,
         )
     }
 
@@ -458,6 +490,7 @@ impl IdempotencyStore for RedisStore {
         token: String,
         lease: Duration,
     ) -> StoreFuture<IdempotencyBegin> {
+        let undo = Self::release_of(&key, &token, |s| &s.idem_release);
         let call = ScriptCall::default()
             .key(key)
             .arg(fingerprint)
@@ -468,6 +501,7 @@ impl IdempotencyStore for RedisStore {
             call,
             |reply: &Vec<Value>| reply.first() == Some(&Value::Int(0)),
             decode_idem_begin,
+            Some(undo),
         )
     }
 
@@ -488,6 +522,7 @@ impl IdempotencyStore for RedisStore {
             call,
             |stored: &i64| *stored == 1,
             |stored| Ok(stored == 1),
+            None,
         )
     }
 

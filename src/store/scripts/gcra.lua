@@ -66,7 +66,8 @@ for i = 1, n do
   local quota = tonumber(ARGV[1 + 2 * i])
   local window = tonumber(ARGV[2 + 2 * i])
   local tat, rem = tats[i], rems[i]
-  if admitted == 1 and not replay then
+  -- a cost of 0 only looks: nothing is written
+  if admitted == 1 and not replay and cost > 0 then
     local units = rem + cost * window
     local whole = math.floor(units / quota)
     if whole * quota > units then whole = whole - 1 end

@@ -62,7 +62,8 @@ if replay then admitted, retry = 1, 0 end
 local result = {admitted, math.ceil(retry * 1000)}
 for i = 1, n do
   local quota, window, index, elapsed, cur, prev, same = unpack(state[i])
-  if admitted == 1 and not replay then
+  -- a cost of 0 only looks: nothing is written
+  if admitted == 1 and not replay and cost > 0 then
     cur = cur + cost
     local value = string.format('%d:%d:%d:%s', index, cur, prev, attempt)
     if same then
@@ -76,12 +77,14 @@ for i = 1, n do
   local whole = math.ceil(used - 1e-9)
   local remaining = quota - whole
   if remaining < 0 then remaining = 0 end
-  -- the quota grows when the estimate next drops below a whole unit
-  local reset = window - elapsed
-  if whole == 0 then
-    reset = 0
-  elseif prev > 0 and whole - 1 - cur >= 0 then
+  -- the quota grows when the estimate next drops below a whole unit: within this window while
+  -- the previous one's share can fall that far, else in the next, as this window's cost becomes
+  -- the previous one's and fades (no later requests assumed): the same wait as a denial's
+  local reset = 0
+  if whole > 0 and prev > 0 and whole - 1 - cur >= 0 then
     reset = (window - elapsed) - (whole - 1 - cur) * window / prev
+  elseif whole > 0 then
+    reset = (window - elapsed) + window - (whole - 1) * window / cur
   end
   result[#result + 1] = remaining
   result[#result + 1] = math.ceil(reset * 1000)

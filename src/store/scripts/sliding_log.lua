@@ -70,7 +70,8 @@ for i = 1, n do
   local count, oldest = counts[i], oldests[i]
   local reset = 0
   if oldest then reset = oldest + window - now end
-  if admitted == 1 and not replay then
+  -- a cost of 0 only looks: nothing is written
+  if admitted == 1 and not replay and cost > 0 then
     if cost == 1 then
       redis.call('ZADD', key, score, ARGV[2])
     else
