@@ -2158,3 +2158,98 @@ async fn a_panicking_store_when_releases_the_key() {
     assert_eq!(calls.get(), 2);
     assert_replay_of(&send(&svc, keyed("predicate", "{}")).await, &retry);
 }
+
+/// A request body that arrives as the test sends it: a slow upload.
+struct Upload(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for Upload {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
+    }
+}
+
+/// A keyed `POST /orders` whose body the returned sender delivers, chunk by chunk.
+fn uploading(key: &str) -> (Request<ReqBody>, mpsc::Sender<Bytes>) {
+    let (tx, rx) = mpsc::channel(4);
+    let body = http_body_util::BodyExt::boxed_unsync(Upload(rx));
+    let req = Request::post("/orders")
+        .header("idempotency-key", key)
+        .body(body)
+        .unwrap();
+    (req, tx)
+}
+
+/// The inner service's concurrency permit is taken for the call, not while a slow client
+/// uploads its body: behind a limit of one, a second request is served meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_upload_holds_no_permit_of_the_inner_service() {
+    let server = RedisServer::start();
+    let calls = Calls::default();
+    let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
+        .build()
+        .unwrap();
+    let limited = tower::ServiceBuilder::new()
+        .layer(layer)
+        .concurrency_limit(1)
+        .service_fn(order(&calls, Duration::ZERO));
+    let svc: Svc = BoxCloneService::new(limited);
+    let (slow, upload) = uploading(&unique("slow"));
+    let slow = tokio::spawn(send(&svc, slow));
+    upload
+        .send(Bytes::from_static(b"{\"part\":"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let fast = tokio::time::timeout(
+        Duration::from_secs(5),
+        send(&svc, keyed(&unique("fast"), "{}")),
+    )
+    .await
+    .expect("a second request waited for the slow upload's permit");
+    assert_eq!(fast.status, StatusCode::CREATED);
+    upload.send(Bytes::from_static(b"1}")).await.unwrap();
+    drop(upload);
+    assert_eq!(slow.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(calls.get(), 2);
+}
+
+/// Bodies buffered across requests share one budget: past it, a request gets 503 and
+/// Retry-After, and is served once the budget frees.
+#[tokio::test(flavor = "multi_thread")]
+async fn buffered_bodies_share_one_budget() {
+    let server = RedisServer::start();
+    let calls = Calls::default();
+    let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
+        .max_buffered(10)
+        .build()
+        .unwrap();
+    let svc = stack(&layer, order(&calls, Duration::ZERO));
+    let (slow, upload) = uploading(&unique("holding"));
+    let slow = tokio::spawn(send(&svc, slow));
+    upload.send(Bytes::from_static(b"{\"a\":12")).await.unwrap(); // 7 bytes held
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let key = unique("refused");
+    let refused = send(&svc, keyed(&key, "{\"b\":1}")).await; // 7 more: over 10
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.headers["retry-after"], "1");
+    upload.send(Bytes::from_static(b"}")).await.unwrap();
+    drop(upload);
+    assert_eq!(slow.await.unwrap().status, StatusCode::CREATED);
+    let served = send(&svc, keyed(&key, "{\"b\":1}")).await;
+    assert_eq!(
+        served.status,
+        StatusCode::CREATED,
+        "the budget was given back"
+    );
+    assert_eq!(calls.get(), 2);
+}

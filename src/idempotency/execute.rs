@@ -52,6 +52,11 @@ pub(super) async fn execute<S, ReqBody, ResBody>(
         key.clone(),
         token.clone(),
     )));
+    if let Err(error) = std::future::poll_fn(|cx| service.poll_ready(cx)).await {
+        release(&settings, key, token, "the service was not ready").await;
+        let _ = head.send(Err(error));
+        return;
+    }
     let response = match call_handler(&mut service, request).await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 
 use super::body::IdempotencyBody;
@@ -38,8 +38,8 @@ where
     ReqBody: HttpBody,
     ResBody: HttpBody,
 {
-    let body = match buffer_body(body, settings.body_limit).await {
-        Ok(body) => body,
+    let (body, buffered) = match buffer_body(body, settings.body_limit, &settings.buffered).await {
+        Ok(buffered) => buffered,
         Err(rejection) => return Ok(rejection.into_response(grpc)),
     };
     let fingerprint = fingerprint(&parts, &settings.fingerprint_headers, &body);
@@ -48,22 +48,47 @@ where
         return Ok(refused);
     }
     let request = Request::from_parts(parts, Either::Left(Full::new(body)));
-    spawn_execution(settings, service, request, key, token, grpc).await
+    // the body's share of the buffer budget goes with it, until its execution ends
+    spawn_execution(settings, service, request, key, token, grpc, buffered).await
 }
 
-/// The whole request body, if it is readable and within `limit`.
-async fn buffer_body<B>(body: B, limit: usize) -> Result<Bytes, Rejection>
+/// The whole request body, if it is readable and within `limit`, and its share of the layer's
+/// budget of buffered bytes: when the bodies buffered across all requests would pass it, the
+/// request is refused (`503`) rather than held in memory.
+async fn buffer_body<B>(
+    body: B,
+    limit: usize,
+    budget: &Arc<Semaphore>,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Rejection>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(Rejection::TooLarge)
+    let mut body = std::pin::pin!(Limited::new(body, limit));
+    let mut buffered = BytesMut::new();
+    let mut share: Option<OwnedSemaphorePermit> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+                return Err(Rejection::TooLarge);
+            }
+            Err(_) => return Err(Rejection::UnreadableBody),
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // request trailers are not part of the fingerprint
+        };
+        let bytes = u32::try_from(data.len()).map_err(|_| Rejection::TooLarge)?;
+        let more = Arc::clone(budget)
+            .try_acquire_many_owned(bytes)
+            .map_err(|_| Rejection::Busy)?;
+        match share.as_mut() {
+            Some(share) => share.merge(more),
+            None => share = Some(more),
         }
-        Err(_) => Err(Rejection::UnreadableBody),
+        buffered.extend_from_slice(&data);
     }
+    Ok((buffered.freeze(), share))
 }
 
 /// Claims the key for this request (waiting while another holds it, if so configured); the
@@ -152,6 +177,7 @@ async fn spawn_execution<S, ReqBody, ResBody>(
     key: String,
     token: String,
     grpc: bool,
+    buffered: Option<OwnedSemaphorePermit>,
 ) -> Answer<ResBody, S::Error>
 where
     S: Handler<ReqBody, ResBody>,
@@ -161,9 +187,11 @@ where
     let (head_tx, head_rx) = oneshot::channel();
     // Spawned: the handler runs to completion and its response is recorded even when the client
     // goes away, so that the client's retry gets the replay instead of a second execution.
-    tokio::spawn(execute(
-        settings, service, request, key, token, grpc, head_tx,
-    ));
+    tokio::spawn(async move {
+        execute(settings, service, request, key, token, grpc, head_tx).await;
+        // the body's share of the buffer budget is given back once its execution ends
+        drop(buffered);
+    });
     match head_rx.await {
         Ok(answer) => answer,
         // the task ended without a response: the handler panicked (the key was released)

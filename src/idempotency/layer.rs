@@ -25,6 +25,9 @@ fn grpc_outcome_is_final(code: i32) -> bool {
     !matches!(code, 1 | 2 | 4 | 8 | 10 | 13 | 14 | 15)
 }
 
+/// The bytes of request bodies the layer buffers across all requests at once, by default.
+const DEFAULT_BUFFER_BUDGET: usize = 64 << 20;
+
 /// What a request does when another request with the same key is still running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -48,6 +51,8 @@ pub(crate) struct Settings {
     /// Response headers never stored, so never replayed: `Set-Cookie` and the configured ones.
     pub(crate) unstored_headers: Vec<HeaderName>,
     pub(crate) body_limit: usize,
+    /// The bytes of request bodies buffered across all requests at once.
+    pub(crate) buffered: Arc<tokio::sync::Semaphore>,
     pub(crate) response_limit: usize,
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
@@ -128,6 +133,7 @@ impl IdempotencyLayer {
                 fingerprint_headers: Vec::new(),
                 unstored_headers: vec![header::SET_COOKIE],
                 body_limit: 1 << 20,
+                buffered: Arc::new(tokio::sync::Semaphore::new(DEFAULT_BUFFER_BUDGET)),
                 response_limit: 1 << 20,
                 lease: Duration::from_secs(30),
                 retention: Duration::from_secs(24 * 3600),
@@ -230,6 +236,15 @@ impl<K> IdempotencyLayerBuilder<K> {
     /// `413`.
     pub fn body_limit(mut self, bytes: usize) -> Self {
         self.settings.body_limit = bytes;
+        self
+    }
+
+    /// The most bytes of request bodies buffered across all requests at once (default 64 MiB):
+    /// a request whose body would pass it gets `503` with `Retry-After: 1`, so that slow or
+    /// many uploads cannot exhaust memory. Clones of the layer share the budget.
+    pub fn max_buffered(mut self, bytes: usize) -> Self {
+        let bytes = bytes.min(tokio::sync::Semaphore::MAX_PERMITS);
+        self.settings.buffered = Arc::new(tokio::sync::Semaphore::new(bytes));
         self
     }
 

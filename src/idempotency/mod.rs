@@ -12,6 +12,7 @@
 //! | key missing where [required](IdempotencyLayerBuilder::required) | `400` |
 //! | key malformed: empty, over 255 characters, not visible ASCII (bare token and sf-string `"..."` both accepted, naming the same key) | `400` |
 //! | request body over the [limit](IdempotencyLayerBuilder::body_limit) | `413` |
+//! | the bodies buffered across all requests would pass the [budget](IdempotencyLayerBuilder::max_buffered) | `503` with `Retry-After` |
 //! | first request with this key | the handler runs; its response (status, headers but `Set-Cookie` and the [sensitive ones](IdempotencyLayerBuilder::unstored_headers), body, trailers) is stored |
 //! | same key and fingerprint, still running | `409` with `Retry-After` (or, with [`OnConcurrent::Wait`], wait and replay) |
 //! | same key, different fingerprint (method, path + query, body, [chosen headers](IdempotencyLayerBuilder::fingerprint_headers)) | `422` |

@@ -17,6 +17,8 @@ pub(super) enum Rejection {
     InFlight,
     Mismatch,
     StoreUnavailable,
+    /// The bodies buffered across all requests reached the layer's budget.
+    Busy,
     HandlerFailed,
     /// The handler answered, but its response could not be recorded (the store did not confirm
     /// it within the lease): the caller must not take it for a success.
@@ -56,6 +58,11 @@ impl Rejection {
                 Code::Unavailable,
                 "idempotency store unavailable; the request was not processed",
             ),
+            Self::Busy => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Code::Unavailable,
+                "too many request bodies are being buffered; retry later",
+            ),
             Self::Unrecorded => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 Code::Unavailable,
@@ -75,7 +82,7 @@ impl Rejection {
         let mut response = rejection.into_response(grpc).map(IdempotencyBody::from);
         if matches!(
             self,
-            Self::InFlight | Self::StoreUnavailable | Self::Unrecorded
+            Self::InFlight | Self::StoreUnavailable | Self::Busy | Self::Unrecorded
         ) {
             response
                 .headers_mut()

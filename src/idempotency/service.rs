@@ -152,12 +152,13 @@ where
             self.scope.extract(&parts),
             &idempotency_key,
         );
-        // The clone goes on serving; the instance that `poll_ready` readied handles this request.
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
+        // A clone that is readied only once the body is buffered and the key claimed, in the
+        // execution: a concurrency permit (or buffer slot) of the inner service is not held while
+        // a slow client uploads. The instance `poll_ready` readied stays ready for the next call.
+        let service = self.inner.clone();
         ResponseFuture::flow(Box::pin(handle(
             Arc::clone(settings),
-            ready,
+            service,
             parts,
             body,
             record_key,
