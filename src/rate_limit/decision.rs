@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderMap;
+use tokio::time::Instant;
 
 use super::headers::{self, RATELIMIT, RATELIMIT_POLICY};
 use super::settings::{OnStoreError, Settings};
@@ -98,11 +99,13 @@ impl RateLimitDecision {
 }
 
 impl Settings {
-    /// Turns the store's answer, or its failure, into a decision, as the failure policy says.
+    /// Turns the store's answer, or its failure, into a decision, as the failure policy says;
+    /// `sent_at` is when the check went to the store.
     pub(crate) fn decide(
         &self,
         result: Result<RateOutcome, StoreError>,
         check: RateCheck,
+        sent_at: Instant,
     ) -> RateLimitDecision {
         let (key, cost) = (check.key(), check.cost());
         let (outcome, source, policy) = match result {
@@ -128,7 +131,7 @@ impl Settings {
             && !decision.admitted
             && decision.source == DecisionSource::Store
         {
-            cache.remember(&decision);
+            cache.remember(&decision, sent_at);
         }
         decision
     }

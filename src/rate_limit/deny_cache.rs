@@ -4,9 +4,16 @@
 //! It caches a store decision, never counts: every algorithm needs at least as long to make room
 //! for a larger cost, and other requests only use room up, so a cached denial is one the store
 //! would give as well. It cannot admit anything.
+//!
+//! T is counted from when the check was sent, not from when the reply came: the store decided
+//! somewhere in between, so a slow reply must not stretch the denial beyond the store's.
+//!
+//! Callers are spread over [`SHARDS`] maps by a hash of their key, each behind its own lock, so
+//! that requests of different callers seldom wait for one another.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -15,59 +22,67 @@ use super::decision::{DecisionSource, RateLimitDecision};
 use crate::key::Key;
 
 /// Entries beyond this are not cached (expired ones are dropped first): a flood of distinct
-/// callers cannot grow the cache without bound.
+/// callers cannot grow the cache without bound. Each shard holds its share, `CAPACITY / SHARDS`.
 const CAPACITY: usize = 10_000;
 
-#[derive(Debug, Default)]
+const SHARDS: usize = 16;
+
+#[derive(Debug)]
 pub(crate) struct DenyCache {
-    entries: Mutex<Entries>,
+    shards: Box<[Mutex<Entries>]>,
+    /// Picks a caller's shard; keyed at random, so that nobody can aim callers at one shard.
+    hasher: RandomState,
 }
 
 #[derive(Debug, Default)]
 struct Entries {
     map: HashMap<Key, Denial>,
-    /// When a full cache was last swept: a flood of distinct callers must not make every denial
-    /// scan the whole cache.
+    /// When this full shard was last swept: a flood of distinct callers must not make every
+    /// denial scan the whole shard.
     swept: Option<Instant>,
 }
 
 #[derive(Debug)]
 struct Denial {
     until: Instant,
+    /// When the check that was denied was sent.
     at: Instant,
     cost: u64,
     decision: RateLimitDecision,
 }
 
+impl Default for DenyCache {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+}
+
 impl DenyCache {
-    /// Remembers a denial by the store.
-    pub(crate) fn remember(&self, decision: &RateLimitDecision) {
+    /// Remembers a denial by the store for a check sent at `sent_at`.
+    pub(crate) fn remember(&self, decision: &RateLimitDecision, sent_at: Instant) {
         let now = Instant::now();
-        let Some(until) = now.checked_add(decision.retry_after) else {
-            return;
-        };
         if decision.retry_after.is_zero() {
             return;
         }
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.map.len() >= CAPACITY {
-            if entries
-                .swept
-                .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1))
-            {
-                return;
-            }
-            entries.swept = Some(now);
-            entries.map.retain(|_, denial| denial.until > now);
-            if entries.map.len() >= CAPACITY {
-                return;
-            }
+        let Some(until) = sent_at.checked_add(decision.retry_after) else {
+            return;
+        };
+        if until <= now {
+            // the denial ran out while the reply was on its way
+            return;
+        }
+        let mut entries = self.lock(decision.key);
+        if entries.map.len() >= CAPACITY / SHARDS && !entries.make_room(now) {
+            return;
         }
         entries.map.insert(
             decision.key,
             Denial {
                 until,
-                at: now,
+                at: sent_at,
                 cost: decision.cost,
                 decision: decision.clone(),
             },
@@ -77,7 +92,7 @@ impl DenyCache {
     /// A denial for `key` at `cost` still in force, with its waits shortened by the time passed.
     pub(crate) fn check(&self, key: Key, cost: u64) -> Option<RateLimitDecision> {
         let now = Instant::now();
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut entries = self.lock(key);
         let denial = entries.map.get(&key)?;
         if denial.until <= now {
             entries.map.remove(&key);
@@ -95,5 +110,122 @@ impl DenyCache {
             state.reset = state.reset.saturating_sub(elapsed);
         }
         Some(decision)
+    }
+
+    fn lock(&self, key: Key) -> MutexGuard<'_, Entries> {
+        let at = self.hasher.hash_one(key) as usize % SHARDS;
+        // Every update is one insert or remove: a panic cannot leave a poisoned shard
+        // inconsistent.
+        self.shards[at]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Entries {
+    /// Drops the expired denials of this full shard, at most once a second; whether that made
+    /// room.
+    fn make_room(&mut self, now: Instant) -> bool {
+        if self
+            .swept
+            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1))
+        {
+            return false;
+        }
+        self.swept = Some(now);
+        self.map.retain(|_, denial| denial.until > now);
+        self.map.len() < CAPACITY / SHARDS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http::{Request, Response, StatusCode};
+    use tower::{Service, ServiceExt, service_fn};
+
+    use crate::key::Header;
+    use crate::rate::{LimitState, RateCheck, RateOutcome, RatePolicy};
+    use crate::rate_limit::{DecisionSource, Limit, RateLimitDecision, RateLimitLayer};
+    use crate::store::{RateStore, StoreFuture};
+
+    /// A store that denies every check for a second, replying 200 ms after it was asked.
+    #[derive(Debug, Clone, Default)]
+    struct SlowDenial {
+        checks: Arc<AtomicUsize>,
+    }
+
+    const LATENCY: std::time::Duration = std::time::Duration::from_millis(200);
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+    impl RateStore for SlowDenial {
+        fn check_rate(&self, _: &Arc<RatePolicy>, _: RateCheck) -> StoreFuture<RateOutcome> {
+            self.checks.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async {
+                tokio::time::sleep(LATENCY).await;
+                Ok(RateOutcome {
+                    admitted: false,
+                    retry_after: WAIT,
+                    limits: vec![LimitState {
+                        remaining: 0,
+                        reset: WAIT,
+                    }],
+                })
+            })
+        }
+    }
+
+    async fn decision<S>(svc: &mut S) -> RateLimitDecision
+    where
+        S: Service<Request<()>, Response = Response<crate::body::ResponseBody<()>>>,
+        S::Error: std::fmt::Debug,
+    {
+        let request = Request::get("/").header("x-caller", "a").body(()).unwrap();
+        let response = svc.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        response
+            .extensions()
+            .get::<RateLimitDecision>()
+            .cloned()
+            .unwrap()
+    }
+
+    /// The store denied for 1 s at some moment between sending and the reply: the cached
+    /// denial ends 1 s after sending, not 1 s after the reply 200 ms later.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reply_does_not_stretch_the_cached_denial() {
+        let store = SlowDenial::default();
+        let checks = Arc::clone(&store.checks);
+        let layer = RateLimitLayer::builder(store)
+            .limit(Limit::per_second("s", 1))
+            .key(Header::from_static("x-caller"))
+            .build()
+            .unwrap();
+        let ok = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) };
+        let mut svc = tower_layer::Layer::layer(&layer, service_fn(ok));
+        let sent = tokio::time::Instant::now();
+        assert_eq!(decision(&mut svc).await.source(), DecisionSource::Store);
+        assert_eq!(sent.elapsed(), LATENCY);
+        // 900 ms after sending: still denied locally, for the 100 ms left
+        tokio::time::advance(std::time::Duration::from_millis(700)).await;
+        let cached = decision(&mut svc).await;
+        assert_eq!(cached.source(), DecisionSource::DenyCache);
+        assert_eq!(cached.retry_after(), std::time::Duration::from_millis(100));
+        assert_eq!(
+            cached.limits()[0].1.reset,
+            std::time::Duration::from_millis(100)
+        );
+        assert_eq!(checks.load(Ordering::SeqCst), 1);
+        // 1 s and 1 ms after sending the denial is over: the store is asked again
+        tokio::time::advance(std::time::Duration::from_millis(101)).await;
+        assert_eq!(
+            decision(&mut svc).await.source(),
+            DecisionSource::Store,
+            "the cached denial outlived the store's"
+        );
+        assert_eq!(checks.load(Ordering::SeqCst), 2);
     }
 }

@@ -8,6 +8,7 @@ use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::decision::{self, RateLimitDecision};
@@ -38,6 +39,8 @@ pin_project! {
             service: S,
             request: R,
             check: RateCheck,
+            // when the check went to the store: a cached denial counts from then
+            sent_at: Instant,
             grpc: bool,
         },
         Inner {
@@ -71,6 +74,7 @@ where
                 service,
                 request,
                 check,
+                sent_at: Instant::now(),
                 grpc,
             },
             settings,
@@ -111,13 +115,14 @@ where
                         mut service,
                         mut request,
                         check,
+                        sent_at,
                         grpc,
                         ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("the state was Check");
                     };
-                    let decision = this.settings.decide(result, check);
+                    let decision = this.settings.decide(result, check, sent_at);
                     if decision.admitted() {
                         decision::record(request.extensions_mut(), decision.clone());
                         let future = service.call(request);

@@ -7,7 +7,7 @@ use http::request::Parts;
 use tower_layer::Layer;
 
 use super::deny_cache::DenyCache;
-use super::fallback::Fallback;
+use super::fallback::{self, Fallback};
 use super::headers;
 use super::service::RateLimit;
 use super::settings::{CostFn, MissingKey, OnStoreError, OncePerSecond, Settings};
@@ -74,6 +74,8 @@ impl RateLimitLayer {
                 missing_key: MissingKey::Reject,
                 headers: true,
                 deny_cache: true,
+                fallback_capacity: fallback::DEFAULT_CAPACITY,
+                fallback_admits_when_full: false,
             },
             extractor: Global,
         }
@@ -116,6 +118,8 @@ struct Draft {
     missing_key: MissingKey,
     headers: bool,
     deny_cache: bool,
+    fallback_capacity: usize,
+    fallback_admits_when_full: bool,
 }
 
 impl<K: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<K> {
@@ -198,6 +202,30 @@ impl<K> RateLimitLayerBuilder<K> {
         self
     }
 
+    /// How many callers the [`OnStoreError::LocalFallback`] limiter holds at most (default
+    /// 65,536; at least 1, or [`build`](Self::build) fails). A caller is one key with all its
+    /// limits; callers whose limits have all expired do not count. While this many callers are
+    /// live, a new caller is denied, or admitted if
+    /// [`fallback_admits_when_full`](Self::fallback_admits_when_full) says so; a caller already
+    /// held keeps its count — none is ever evicted to make room, which would hand it a fresh
+    /// quota. Memory grows with it: a few hundred bytes per caller.
+    pub fn fallback_capacity(mut self, callers: usize) -> Self {
+        self.draft.fallback_capacity = callers;
+        self
+    }
+
+    /// What a full [`OnStoreError::LocalFallback`] limiter (see
+    /// [`fallback_capacity`](Self::fallback_capacity)) does with a new caller: deny it (`false`,
+    /// the default) or admit it without counting it (`true`). Either way the decision has source
+    /// [`DecisionSource::LocalFallback`](super::DecisionSource::LocalFallback) and no limit
+    /// states ([`RateLimitDecision::limits`](super::RateLimitDecision::limits) is empty, and the
+    /// response carries neither `RateLimit` nor `RateLimit-Policy`); a denial waits 1 s (`429`,
+    /// `Retry-After: 1`). A warning is logged, at most once a second.
+    pub fn fallback_admits_when_full(mut self, admit: bool) -> Self {
+        self.draft.fallback_admits_when_full = admit;
+        self
+    }
+
     /// Validates the configuration.
     pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError> {
         let draft = self.draft;
@@ -213,7 +241,12 @@ impl<K> RateLimitLayerBuilder<K> {
                     "the local fallback needs copies >= 1",
                 ));
             }
-            OnStoreError::LocalFallback { copies } => Some(Fallback::new(&policy, copies)?),
+            OnStoreError::LocalFallback { copies } => Some(Fallback::new(
+                &policy,
+                copies,
+                draft.fallback_capacity,
+                draft.fallback_admits_when_full,
+            )?),
             _ => None,
         };
         let policy_header = headers::policy(&policy)?;

@@ -1,24 +1,37 @@
 //! [`MemoryStore`]: the store semantics inside one process.
+//!
+//! Its claims, locks, fencing counters and idempotency records are kept as the rate state is
+//! (see `rate::local`): in [`SHARDS`] maps, each behind its own lock, each indexed by expiry so
+//! that an operation removes exactly the keys that have expired (amortised O(log n) per key ever
+//! stored, never a scan of the live ones), and bounded by one count over all shards.
+//!
+//! A key's shard is picked by its hash tag — the text between the first `{` and the next `}`, or
+//! the whole key when there is none — as Redis Cluster picks a slot: a lock and its fencing
+//! counter (`<key>` and `<key>:fence`) share a shard, so acquiring a lock takes one shard lock.
+//! An operation on two keys of different shards locks both, in shard order, so that two such
+//! operations cannot deadlock.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use super::{
     ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RateStore, Store,
-    StoreFuture, fence_ttl, millis,
+    StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
 };
-use crate::rate::{Clock, LocalRates, RateCheck, RateOutcome, RatePolicy};
+use crate::rate::{Clock, LimitState, LocalRates, RateCheck, RateOutcome, RatePolicy};
 
 /// A store inside one process, with the same semantics as `RedisStore`.
 ///
 /// It serves tests, documentation and a service that runs as a single copy. Limits, claims and
 /// locks held here are **not** seen by other processes: run several copies on a `MemoryStore`
 /// each and every copy admits the full limit. Time is tokio's clock, so `tokio::time::pause` and
-/// `advance` move its windows in tests. Expired entries are swept as the store is used.
+/// `advance` move its windows in tests. Expired entries are removed as the store is used.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -38,6 +51,45 @@ use crate::rate::{Clock, LocalRates, RateCheck, RateOutcome, RatePolicy};
 /// assert!(!store.check_rate(&policy, RateCheck::new(alice, 1)).await.unwrap().admitted);
 /// # }
 /// ```
+///
+/// # Bounded
+///
+/// A store holds at most `capacity` rate-limit callers (a caller is one [`Key`](crate::key::Key)
+/// under one policy namespace, with all its limits) and, apart from them, at most `capacity`
+/// claim, lock, fencing-counter and idempotency keys: [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY)
+/// unless chosen with [`with_capacity`](Self::with_capacity). Expired entries never count. A full
+/// store never evicts anything live — that would hand a caller a fresh quota, or free a held
+/// lock — so what is new is refused:
+///
+/// - a rate check of a caller not held is denied with a `retry_after` of 1 s, each limit at
+///   `remaining: 0` and `reset` 1 s; callers already held are decided as always (and a check
+///   that keeps nothing, such as a look at cost 0, is answered as usual);
+/// - a claim, lock or idempotency record under a key not held fails with a [`StoreError`] of
+///   kind [`Protocol`](StoreErrorKind::Protocol), as Redis refuses writes beyond `maxmemory`
+///   under its `noeviction` policy.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use tollgate::key::Key;
+/// use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
+/// use tollgate::store::{MemoryStore, RateStore};
+///
+/// let store = MemoryStore::with_capacity(1);
+/// let policy = Arc::new(RatePolicy::new("demo", Algorithm::Gcra, vec![Limit::per_minute("m", 5)]).unwrap());
+/// let check = |name: &str| RateCheck::new(Key::new("user", name.as_bytes()), 1);
+/// assert!(store.check_rate(&policy, check("alice")).await.unwrap().admitted);
+/// let bob = store.check_rate(&policy, check("bob")).await.unwrap();
+/// assert!(!bob.admitted);
+/// assert_eq!(bob.retry_after, Duration::from_secs(1));
+/// // alice keeps her count: 3 left after this one
+/// assert_eq!(store.check_rate(&policy, check("alice")).await.unwrap().limits[0].remaining, 3);
+/// # }
+/// ```
+///
+/// State is split into shards, each behind its own lock, so that operations on different callers
+/// and keys seldom wait for each other; the capacity counts over all shards together.
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -47,14 +99,38 @@ pub struct MemoryStore {
 struct Inner {
     clock: Clock,
     rates: LocalRates,
-    map: Mutex<Map>,
+    entries: Entries,
 }
 
-/// Claims, locks, fencing counters and idempotency records.
+/// The number of shards of the claims, locks and records (the rate state has its own).
+const SHARDS: usize = 32;
+
+/// Claims, locks, fencing counters and idempotency records, sharded by hash tag.
+#[derive(Debug)]
+struct Entries {
+    shards: Box<[Shard]>,
+    /// Picks a key's shard; keyed at random, so that nobody can aim keys at one shard.
+    hasher: RandomState,
+    capacity: usize,
+    /// Keys held over all shards, the expired ones not removed yet included.
+    held: AtomicUsize,
+}
+
+// One shard per cache line: threads locking neighbouring shards do not slow each other down.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Shard {
+    map: Mutex<Map>,
+    /// At most the earliest expiry in the map (`u64::MAX` when empty), readable without the
+    /// lock: a full store skips the shards where nothing has expired.
+    next_expiry: AtomicU64,
+}
+
 #[derive(Debug, Default)]
 struct Map {
-    entries: HashMap<String, Entry>,
-    ops_since_sweep: u32,
+    entries: HashMap<Arc<str>, Entry>,
+    /// Every key by expiry, earliest first.
+    by_expiry: BTreeSet<(u64, Arc<str>)>,
 }
 
 #[derive(Debug)]
@@ -103,7 +179,9 @@ enum OnMatch {
     Expire(Duration),
 }
 
-const SWEEP_EVERY: u32 = 4096;
+/// No room for a new key: the store holds its capacity of live keys.
+#[derive(Debug)]
+struct Full;
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -112,28 +190,34 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// The capacity of [`MemoryStore::new`]: a million rate-limit callers and, apart, a million
+    /// claim, lock and idempotency keys — a few hundred megabytes when all are held, far more
+    /// than a test or a single small service needs, and still a bound.
+    pub const DEFAULT_CAPACITY: usize = 1_000_000;
+
+    /// An empty store of [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY).
     pub fn new() -> Self {
+        Self::with_capacity(Self::DEFAULT_CAPACITY)
+    }
+
+    /// An empty store that holds at most `capacity` live rate-limit callers and at most
+    /// `capacity` live claim, lock and idempotency keys (see [Bounded](Self#bounded) for what a
+    /// full store answers). A capacity of 0 holds nothing: every new caller is denied.
+    pub fn with_capacity(capacity: usize) -> Self {
         let clock = Clock::new();
         Self {
             inner: Arc::new(Inner {
                 clock,
-                rates: LocalRates::new(clock),
-                map: Mutex::new(Map::default()),
+                rates: LocalRates::new(clock, capacity),
+                entries: Entries::new(capacity),
             }),
         }
     }
 
-    /// The number of live entries (for tests of expiry).
+    /// The number of live entries: rate-limit callers plus claim, lock, fencing-counter and
+    /// idempotency keys (for tests of expiry and capacity).
     pub fn len(&self) -> usize {
-        let now = self.now_us();
-        let others = self
-            .lock()
-            .entries
-            .values()
-            .filter(|e| e.expires_at > now)
-            .count();
-        others + self.inner.rates.len()
+        self.inner.rates.len() + self.inner.entries.live(self.now_us())
     }
 
     /// Whether the store holds no live entry.
@@ -145,66 +229,310 @@ impl MemoryStore {
         self.inner.clock.now_us()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Map> {
-        // A panic while holding the lock cannot leave an entry half-written (every update is a
-        // single assignment), so a poisoned map is still consistent.
-        self.inner.map.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Applies `on_match` to `key` only if `matches` its live value; whether it did. (Nothing
     /// here is ever re-sent, so a release needs no marker.)
     fn token_checked(
         &self,
         key: &str,
-        matches: impl FnOnce(&Value) -> bool,
+        matches: impl Fn(&Value) -> bool,
         on_match: OnMatch,
     ) -> StoreFuture<bool> {
         let now = self.now_us();
-        let mut map = self.lock();
-        let held = map.live(key, now).is_some_and(|v| matches(v));
-        if held {
-            match on_match {
-                OnMatch::Release => {
-                    map.entries.remove(key);
+        done(self.inner.entries.run(key, None, now, |held| {
+            let matched = held.live(key, now).is_some_and(|v| matches(v));
+            if matched {
+                match on_match {
+                    OnMatch::Release => held.remove(key),
+                    OnMatch::Expire(lease) => held.set_expiry(key, expiry(now, lease)),
                 }
-                OnMatch::Expire(lease) => map.expire(key, expiry(now, lease)),
             }
-        }
-        ready(held)
+            Ok(matched)
+        }))
     }
 }
 
-impl Map {
-    fn sweep_if_due(&mut self, now: u64) {
-        self.ops_since_sweep += 1;
-        if self.ops_since_sweep >= SWEEP_EVERY {
-            self.ops_since_sweep = 0;
-            self.entries.retain(|_, e| e.expires_at > now);
+impl Entries {
+    fn new(capacity: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            hasher: RandomState::new(),
+            capacity,
+            held: AtomicUsize::new(0),
         }
     }
 
+    /// Runs `op` on the shards of `key` and `other`, locked, once their expired keys are gone.
+    /// When `op` finds no room for a new key, the expired keys of every shard are removed and
+    /// `op` runs once more — so it must change nothing before it fails with [`Full`]; no room
+    /// then is an error.
+    fn run<T>(
+        &self,
+        key: &str,
+        other: Option<&str>,
+        now: u64,
+        mut op: impl FnMut(&mut Locked<'_>) -> Result<T, Full>,
+    ) -> Result<T, StoreError> {
+        if let Ok(done) = self.attempt(key, other, now, &mut op) {
+            return Ok(done);
+        }
+        // with this operation's locks released: holding them while taking others could deadlock
+        self.remove_expired_everywhere(now);
+        self.attempt(key, other, now, &mut op).map_err(|Full| {
+            StoreError::new(
+                StoreErrorKind::Protocol,
+                format!(
+                    "MemoryStore full: {} live keys held, a new key is refused (see MemoryStore::with_capacity)",
+                    self.capacity
+                ),
+            )
+        })
+    }
+
+    fn attempt<T>(
+        &self,
+        key: &str,
+        other: Option<&str>,
+        now: u64,
+        op: &mut impl FnMut(&mut Locked<'_>) -> Result<T, Full>,
+    ) -> Result<T, Full> {
+        let mut locked = self.lock(key, other);
+        locked.remove_expired(now);
+        op(&mut locked)
+    }
+
+    /// Locks the shards of `key` and `other`, in ascending order.
+    fn lock(&self, key: &str, other: Option<&str>) -> Locked<'_> {
+        let a = self.index(key);
+        let (low, high) = match other.map(|k| self.index(k)) {
+            Some(b) if b < a => (b, Some(a)),
+            Some(b) if b > a => (a, Some(b)),
+            _ => (a, None),
+        };
+        Locked {
+            entries: self,
+            first: self.hold(low),
+            second: high.map(|i| self.hold(i)),
+            reserved: 0,
+        }
+    }
+
+    fn hold(&self, index: usize) -> Held<'_> {
+        let shard = &self.shards[index];
+        // A panic while holding the lock cannot leave an entry half-written (every update is a
+        // single assignment, its index entry beside it), so a poisoned map is still consistent.
+        let map = shard.map.lock().unwrap_or_else(PoisonError::into_inner);
+        Held { index, shard, map }
+    }
+
+    fn index(&self, key: &str) -> usize {
+        self.hasher.hash_one(hash_tag(key)) as usize % SHARDS
+    }
+
+    fn remove_expired_everywhere(&self, now: u64) {
+        for index in 0..SHARDS {
+            if self.shards[index].next_expiry.load(Ordering::Relaxed) <= now {
+                self.lock_index(index).remove_expired(now);
+            }
+        }
+    }
+
+    fn lock_index(&self, index: usize) -> Locked<'_> {
+        Locked {
+            entries: self,
+            first: self.hold(index),
+            second: None,
+            reserved: 0,
+        }
+    }
+
+    /// The number of live keys.
+    fn live(&self, now: u64) -> usize {
+        (0..SHARDS)
+            .map(|i| {
+                self.hold(i)
+                    .map
+                    .entries
+                    .values()
+                    .filter(|e| e.expires_at > now)
+                    .count()
+            })
+            .sum()
+    }
+
+    /// Counts `keys` more keys held, if there is room for all of them.
+    fn take_room(&self, keys: usize) -> bool {
+        keys == 0
+            || self
+                .held
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                    held.checked_add(keys)
+                        .filter(|&total| total <= self.capacity)
+                })
+                .is_ok()
+    }
+
+    fn give_back(&self, keys: usize) {
+        if keys > 0 {
+            self.held.fetch_sub(keys, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The part of `key` that picks its shard: the text between the first `{` and the next `}` if
+/// that is not empty, else the whole key (Redis Cluster's hash tag rule).
+fn hash_tag(key: &str) -> &str {
+    let Some(open) = key.find('{') else {
+        return key;
+    };
+    let rest = &key[open + 1..];
+    match rest.find('}') {
+        Some(len) if len > 0 => &rest[..len],
+        _ => key,
+    }
+}
+
+/// The locked shards of one operation's keys, with the room it took for keys not yet added.
+struct Locked<'a> {
+    entries: &'a Entries,
+    first: Held<'a>,
+    second: Option<Held<'a>>,
+    reserved: usize,
+}
+
+/// One locked shard; unlocking publishes its earliest expiry.
+struct Held<'a> {
+    index: usize,
+    shard: &'a Shard,
+    map: MutexGuard<'a, Map>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let earliest = self.map.by_expiry.first().map_or(u64::MAX, |(at, _)| *at);
+        self.shard.next_expiry.store(earliest, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // room taken for keys that were not added after all
+        self.entries.give_back(self.reserved);
+    }
+}
+
+impl Locked<'_> {
+    /// The map of `key`'s shard: one of the locked ones, as `key` is one of the operation's.
+    fn map(&mut self, key: &str) -> &mut Map {
+        let entries = self.entries;
+        match &mut self.second {
+            Some(held) if held.index == entries.index(key) => &mut held.map,
+            _ => &mut self.first.map,
+        }
+    }
+
+    fn remove_expired(&mut self, now: u64) {
+        let mut removed = self.first.map.remove_expired(now);
+        if let Some(held) = &mut self.second {
+            removed += held.map.remove_expired(now);
+        }
+        self.entries.give_back(removed);
+    }
+
     fn live(&mut self, key: &str, now: u64) -> Option<&mut Value> {
-        match self.entries.get_mut(key) {
+        match self.map(key).entries.get_mut(key) {
             Some(e) if e.expires_at > now => Some(&mut e.value),
             _ => None,
         }
     }
 
     /// The time a live entry has left, in whole milliseconds.
-    fn left(&self, key: &str, now: u64) -> Duration {
-        let expires_at = self.entries.get(key).map_or(now, |e| e.expires_at);
+    fn left(&mut self, key: &str, now: u64) -> Duration {
+        let expires_at = self.map(key).entries.get(key).map_or(now, |e| e.expires_at);
         Duration::from_millis(expires_at.saturating_sub(now) / 1000)
     }
 
-    fn expire(&mut self, key: &str, expires_at: u64) {
-        if let Some(entry) = self.entries.get_mut(key) {
-            entry.expires_at = expires_at;
+    fn set_expiry(&mut self, key: &str, expires_at: u64) {
+        self.map(key).set_expiry(key, expires_at);
+    }
+
+    /// Takes room for those of `keys` not held yet, all or none, for the [`put`](Self::put)s
+    /// that follow.
+    fn make_room(&mut self, keys: &[&str]) -> Result<(), Full> {
+        let absent = keys
+            .iter()
+            .filter(|k| !self.map(k).entries.contains_key(**k))
+            .count();
+        if !self.entries.take_room(absent) {
+            return Err(Full);
+        }
+        self.reserved += absent;
+        Ok(())
+    }
+
+    /// Sets `key`; a key not held yet needs room, taken now or by [`make_room`](Self::make_room).
+    fn put(&mut self, key: &str, value: Value, expires_at: u64) -> Result<(), Full> {
+        if !self.map(key).entries.contains_key(key) {
+            if self.reserved > 0 {
+                self.reserved -= 1;
+            } else if !self.entries.take_room(1) {
+                return Err(Full);
+            }
+        }
+        self.map(key).insert(key, value, expires_at);
+        Ok(())
+    }
+
+    fn remove(&mut self, key: &str) {
+        if self.map(key).remove(key) {
+            self.entries.give_back(1);
+        }
+    }
+}
+
+impl Map {
+    /// Removes the keys expired at `now`; how many.
+    fn remove_expired(&mut self, now: u64) -> usize {
+        let mut removed = 0;
+        while self.by_expiry.first().is_some_and(|(at, _)| *at <= now) {
+            if let Some((_, key)) = self.by_expiry.pop_first() {
+                self.entries.remove(&key);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    fn insert(&mut self, key: &str, value: Value, expires_at: u64) {
+        let name = match self.entries.remove_entry(key) {
+            Some((name, old)) => {
+                self.by_expiry.remove(&(old.expires_at, Arc::clone(&name)));
+                name
+            }
+            None => Arc::from(key),
+        };
+        self.by_expiry.insert((expires_at, Arc::clone(&name)));
+        self.entries.insert(name, Entry { value, expires_at });
+    }
+
+    fn set_expiry(&mut self, key: &str, expires_at: u64) {
+        if let Some((name, entry)) = self.entries.remove_entry(key) {
+            self.by_expiry
+                .remove(&(entry.expires_at, Arc::clone(&name)));
+            self.by_expiry.insert((expires_at, Arc::clone(&name)));
+            let value = entry.value;
+            self.entries.insert(name, Entry { value, expires_at });
         }
     }
 
-    fn put(&mut self, key: &str, value: Value, expires_at: u64) {
-        self.entries
-            .insert(key.to_owned(), Entry { value, expires_at });
+    /// Deletes `key`; whether it was there.
+    fn remove(&mut self, key: &str) -> bool {
+        match self.entries.remove_entry(key) {
+            Some((name, entry)) => {
+                self.by_expiry.remove(&(entry.expires_at, name));
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -214,12 +542,31 @@ fn expiry(now: u64, d: Duration) -> u64 {
 }
 
 fn ready<T: Send + 'static>(value: T) -> StoreFuture<T> {
-    Box::pin(future::ready(Ok(value)))
+    done(Ok(value))
+}
+
+fn done<T: Send + 'static>(result: Result<T, StoreError>) -> StoreFuture<T> {
+    Box::pin(future::ready(result))
+}
+
+/// The answer to a new caller of a full store: denied for a second, nothing charged.
+fn full_denial(policy: &RatePolicy) -> RateOutcome {
+    let wait = Duration::from_secs(1);
+    let full = LimitState {
+        remaining: 0,
+        reset: wait,
+    };
+    RateOutcome {
+        admitted: false,
+        retry_after: wait,
+        limits: vec![full; policy.limits().len()],
+    }
 }
 
 impl RateStore for MemoryStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
-        ready(self.inner.rates.check(policy, check))
+        let outcome = self.inner.rates.check(policy, check);
+        ready(outcome.unwrap_or_else(|_full| full_denial(policy)))
     }
 }
 
@@ -231,24 +578,26 @@ impl LockStore for MemoryStore {
         ttl: Option<Duration>,
     ) -> StoreFuture<ClaimOutcome> {
         let now = self.now_us();
-        let mut map = self.lock();
-        map.sweep_if_due(now);
-        let outcome = match map.live(&key, now) {
-            Some(Value::Str(current)) => ClaimOutcome {
-                won: *current == holder,
-                holder: current.clone(),
-            },
-            Some(_) => ClaimOutcome {
-                won: false,
-                holder: String::new(),
-            },
-            None => {
-                let expires_at = ttl.map_or(u64::MAX, |ttl| expiry(now, ttl));
-                map.put(&key, Value::Str(holder.clone()), expires_at);
-                ClaimOutcome { won: true, holder }
-            }
-        };
-        ready(outcome)
+        done(self.inner.entries.run(&key, None, now, |held| {
+            Ok(match held.live(&key, now) {
+                Some(Value::Str(current)) => ClaimOutcome {
+                    won: *current == holder,
+                    holder: current.clone(),
+                },
+                Some(_) => ClaimOutcome {
+                    won: false,
+                    holder: String::new(),
+                },
+                None => {
+                    let expires_at = ttl.map_or(u64::MAX, |ttl| expiry(now, ttl));
+                    held.put(&key, Value::Str(holder.clone()), expires_at)?;
+                    ClaimOutcome {
+                        won: true,
+                        holder: holder.clone(),
+                    }
+                }
+            })
+        }))
     }
 
     fn lock_acquire(
@@ -259,32 +608,34 @@ impl LockStore for MemoryStore {
         lease: Duration,
     ) -> StoreFuture<LockAttempt> {
         let now = self.now_us();
-        let mut map = self.lock();
-        map.sweep_if_due(now);
-        let fence_expiry = expiry(now, fence_ttl(lease));
-        let drawn = match map.live(&fence_key, now) {
-            Some(Value::Fence(last)) => Some(*last),
-            _ => None,
-        };
-        let attempt = match map.live(&key, now) {
-            // the same attempt again: acquired already, with the fence it drew
-            Some(v) if v.held_by(&token) && drawn.is_some() => {
-                let fence = drawn.unwrap_or(now);
-                map.expire(&key, expiry(now, lease));
-                LockAttempt::Acquired { fence }
-            }
-            Some(v) if !v.held_by(&token) => LockAttempt::Held {
-                lease_left: map.left(&key, now),
-            },
-            _ => {
-                map.put(&key, Value::Str(token), expiry(now, lease));
-                // above both the last token and the store time: a stale counter cannot repeat one
-                let fence = drawn.map_or(now, |last| now.max(last.saturating_add(1)));
-                map.put(&fence_key, Value::Fence(fence), fence_expiry);
-                LockAttempt::Acquired { fence }
-            }
-        };
-        ready(attempt)
+        done(self.inner.entries.run(&key, Some(&fence_key), now, |held| {
+            let drawn = match held.live(&fence_key, now) {
+                Some(Value::Fence(last)) => Some(*last),
+                _ => None,
+            };
+            Ok(match held.live(&key, now) {
+                // the same attempt again: acquired already, with the fence it drew
+                Some(v) if v.held_by(&token) && drawn.is_some() => {
+                    let fence = drawn.unwrap_or(now);
+                    held.set_expiry(&key, expiry(now, lease));
+                    LockAttempt::Acquired { fence }
+                }
+                Some(v) if !v.held_by(&token) => LockAttempt::Held {
+                    lease_left: held.left(&key, now),
+                },
+                _ => {
+                    // both keys or neither
+                    held.make_room(&[&key, &fence_key])?;
+                    held.put(&key, Value::Str(token.clone()), expiry(now, lease))?;
+                    // above both the last token and the store time: a stale counter cannot
+                    // repeat one
+                    let fence = drawn.map_or(now, |last| now.max(last.saturating_add(1)));
+                    let fence_expiry = expiry(now, fence_ttl(lease));
+                    held.put(&fence_key, Value::Fence(fence), fence_expiry)?;
+                    LockAttempt::Acquired { fence }
+                }
+            })
+        }))
     }
 
     fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
@@ -305,34 +656,33 @@ impl IdempotencyStore for MemoryStore {
         lease: Duration,
     ) -> StoreFuture<IdempotencyBegin> {
         let now = self.now_us();
-        let mut map = self.lock();
-        map.sweep_if_due(now);
-        let lease_left = map.left(&key, now);
-        let begin = match map.live(&key, now) {
-            None => {
-                let record = IdemRecord {
-                    fingerprint,
-                    token,
-                    response: None,
-                };
-                map.put(&key, Value::Idem(record), expiry(now, lease));
-                IdempotencyBegin::Claimed
-            }
-            Some(Value::Idem(record)) if record.fingerprint != fingerprint => {
-                IdempotencyBegin::Mismatch
-            }
-            Some(Value::Idem(IdemRecord {
-                response: Some(response),
-                ..
-            })) => IdempotencyBegin::Completed(response.clone()),
-            // the same attempt again: claimed already
-            Some(v) if v.owned_by(&token) => {
-                map.expire(&key, expiry(now, lease));
-                IdempotencyBegin::Claimed
-            }
-            Some(_) => IdempotencyBegin::InFlight { lease_left },
-        };
-        ready(begin)
+        done(self.inner.entries.run(&key, None, now, |held| {
+            let lease_left = held.left(&key, now);
+            Ok(match held.live(&key, now) {
+                None => {
+                    let record = IdemRecord {
+                        fingerprint: fingerprint.clone(),
+                        token: token.clone(),
+                        response: None,
+                    };
+                    held.put(&key, Value::Idem(record), expiry(now, lease))?;
+                    IdempotencyBegin::Claimed
+                }
+                Some(Value::Idem(record)) if record.fingerprint != fingerprint => {
+                    IdempotencyBegin::Mismatch
+                }
+                Some(Value::Idem(IdemRecord {
+                    response: Some(response),
+                    ..
+                })) => IdempotencyBegin::Completed(response.clone()),
+                // the same attempt again: claimed already
+                Some(v) if v.owned_by(&token) => {
+                    held.set_expiry(&key, expiry(now, lease));
+                    IdempotencyBegin::Claimed
+                }
+                Some(_) => IdempotencyBegin::InFlight { lease_left },
+            })
+        }))
     }
 
     fn idempotency_complete(
@@ -343,23 +693,21 @@ impl IdempotencyStore for MemoryStore {
         retention: Duration,
     ) -> StoreFuture<bool> {
         let now = self.now_us();
-        let mut map = self.lock();
-        let Some(entry) = map.entries.get_mut(&key).filter(|e| e.expires_at > now) else {
-            return ready(false);
-        };
-        let Value::Idem(record) = &mut entry.value else {
-            return ready(false);
-        };
-        if record.token != token {
-            return ready(false);
-        }
-        if let Some(stored) = &record.response {
-            // a second run of the same completion stored this very response
-            return ready(*stored == response);
-        }
-        record.response = Some(response);
-        entry.expires_at = expiry(now, retention);
-        ready(true)
+        done(self.inner.entries.run(&key, None, now, |held| {
+            let Some(Value::Idem(record)) = held.live(&key, now) else {
+                return Ok(false);
+            };
+            if record.token != token {
+                return Ok(false);
+            }
+            if let Some(stored) = &record.response {
+                // a second run of the same completion stored this very response
+                return Ok(*stored == response);
+            }
+            record.response = Some(response.clone());
+            held.set_expiry(&key, expiry(now, retention));
+            Ok(true)
+        }))
     }
 
     fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
@@ -380,6 +728,7 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys;
 
     #[tokio::test(start_paused = true)]
     async fn huge_durations_neither_panic_nor_wrap() {
@@ -394,5 +743,88 @@ mod tests {
             !lost.won,
             "a claim for Duration::MAX is kept, not expired at once"
         );
+    }
+
+    /// Every key is indexed once, at its expiry, and counted once.
+    fn assert_consistent(store: &MemoryStore) {
+        let entries = &store.inner.entries;
+        let mut total = 0;
+        for i in 0..SHARDS {
+            let held = entries.hold(i);
+            assert_eq!(held.map.entries.len(), held.map.by_expiry.len());
+            for (key, entry) in &held.map.entries {
+                assert!(
+                    held.map
+                        .by_expiry
+                        .contains(&(entry.expires_at, Arc::clone(key)))
+                );
+                assert_eq!(entries.index(key), i, "{key} in its shard");
+            }
+            total += held.map.entries.len();
+        }
+        assert_eq!(entries.held.load(Ordering::Relaxed), total);
+    }
+
+    #[test]
+    fn hash_tags_follow_redis_cluster() {
+        assert_eq!(hash_tag("app:lock:{abc}"), "abc");
+        assert_eq!(hash_tag("app:lock:{abc}:fence"), "abc");
+        assert_eq!(hash_tag("a{b}{c}"), "b");
+        assert_eq!(hash_tag("a{}b{c}"), "a{}b{c}", "an empty tag is no tag");
+        assert_eq!(hash_tag("a{b"), "a{b");
+        assert_eq!(hash_tag("plain"), "plain");
+        let store = MemoryStore::new();
+        let (lock, fence) = keys::lock("app", b"report");
+        let entries = &store.inner.entries;
+        assert_eq!(entries.index(&lock), entries.index(&fence));
+    }
+
+    /// Keys without a common hash tag may fall in two shards: both are locked, and the lock
+    /// behaves as with one.
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_and_fence_in_two_shards() {
+        let store = MemoryStore::new();
+        let entries = &store.inner.entries;
+        let Some(key) = (0..1000)
+            .map(|i| format!("lock{i}"))
+            .find(|k| entries.index(k) != entries.index(&format!("{k}:fence")))
+        else {
+            panic!("no two keys in different shards");
+        };
+        let fence = format!("{key}:fence");
+        let lease = Duration::from_secs(5);
+        let first = store.lock_acquire(key.clone(), fence.clone(), "a".into(), lease);
+        assert!(matches!(first.await.unwrap(), LockAttempt::Acquired { .. }));
+        let second = store.lock_acquire(key.clone(), fence.clone(), "b".into(), lease);
+        assert!(matches!(second.await.unwrap(), LockAttempt::Held { .. }));
+        assert_eq!(store.len(), 2);
+        assert_consistent(&store);
+    }
+
+    /// A lock needs room for its key and its fencing counter, both or neither; a release gives
+    /// room back, and so does expiry.
+    #[tokio::test(start_paused = true)]
+    async fn room_is_taken_and_given_back_exactly() {
+        let store = MemoryStore::with_capacity(1);
+        let (lock, fence) = keys::lock("app", b"l");
+        let refused = store
+            .lock_acquire(
+                lock.clone(),
+                fence.clone(),
+                "t".into(),
+                Duration::from_secs(1),
+            )
+            .await;
+        assert_eq!(refused.unwrap_err().kind(), StoreErrorKind::Protocol);
+        assert_eq!(store.len(), 0, "nothing half-acquired");
+        assert_consistent(&store);
+        let claim = |name: &str| store.claim(name.into(), "h".into(), Some(Duration::from_secs(1)));
+        assert!(claim("a").await.unwrap().won);
+        assert!(claim("b").await.is_err());
+        assert!(store.delete_if_held("a".into(), "h".into()).await.unwrap());
+        assert!(claim("b").await.unwrap().won);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(claim("c").await.unwrap().won, "the expired claim made room");
+        assert_consistent(&store);
     }
 }
