@@ -2253,3 +2253,39 @@ async fn buffered_bodies_share_one_budget() {
     );
     assert_eq!(calls.get(), 2);
 }
+
+/// The handler runs in a task of its own, but in the caller's span: the fields of a
+/// `TraceLayer` span stay on the handler's events.
+#[test]
+fn the_handler_runs_in_the_callers_span() {
+    use tracing::Instrument;
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::io::sink)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(None::<String>));
+    let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .unscoped()
+        .build()
+        .unwrap();
+    let record = Arc::clone(&seen);
+    let svc = layer.layer(tower::service_fn(move |_req: Inner| {
+        let span = tracing::Span::current();
+        *record.lock().unwrap() = span.metadata().map(|m| m.name().to_owned());
+        async { Ok::<_, Failure>(Response::new(body("ok"))) }
+    }));
+    runtime.block_on(async {
+        let span = tracing::info_span!("http-request");
+        let answer = svc
+            .oneshot(keyed("traced", "{}"))
+            .instrument(span)
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+    });
+    assert_eq!(seen.lock().unwrap().as_deref(), Some("http-request"));
+}

@@ -187,11 +187,16 @@ where
     let (head_tx, head_rx) = oneshot::channel();
     // Spawned: the handler runs to completion and its response is recorded even when the client
     // goes away, so that the client's retry gets the replay instead of a second execution.
-    tokio::spawn(async move {
+    // in the caller's span: a `TraceLayer` span's fields stay on the handler's events
+    let execution = async move {
         execute(settings, service, request, key, token, grpc, head_tx).await;
         // the body's share of the buffer budget is given back once its execution ends
         drop(buffered);
-    });
+    };
+    tokio::spawn(tracing::Instrument::instrument(
+        execution,
+        tracing::Span::current(),
+    ));
     match head_rx.await {
         Ok(answer) => answer,
         // the task ended without a response: the handler panicked (the key was released)

@@ -64,6 +64,9 @@ pub(super) enum Opener {
         client: ClusterClient,
         timeout: Duration,
     },
+    /// A connection the application handed over: it reconnects (or not) as the application
+    /// made it; the store cannot open another.
+    Given,
     /// The primary that the sentinels name for `master`.
     Sentinel {
         sentinels: Arc<[redis::Client]>,
@@ -79,6 +82,7 @@ impl Opener {
             Self::Single { .. } => "standalone",
             Self::Cluster { .. } => "cluster",
             Self::Sentinel { .. } => "sentinel",
+            Self::Given => "given",
         }
     }
 }
@@ -221,11 +225,19 @@ impl Link {
 
     /// Opens a new connection in place of the current one.
     fn replace(self: &Arc<Self>) {
+        if matches!(self.opener, Opener::Given) {
+            tracing::warn!(
+                target: "tollgate::store",
+                "the Redis connection handed to the store stopped answering"
+            );
+            return;
+        }
         tracing::warn!(
             target: "tollgate::store",
             "the Redis connection stopped answering; opening a new one"
         );
         match &self.opener {
+            Opener::Given => {}
             Opener::Single { client, config } => {
                 match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
                     Ok(manager) => self.set(Connection::Single(manager)),

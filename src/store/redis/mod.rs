@@ -183,6 +183,40 @@ impl RedisStore {
         )
     }
 
+    /// A store on a connection the application made already, bounded by `timeout` per call: a
+    /// redis-rs `ConnectionManager` (it reconnects by itself). The store cannot replace a given
+    /// connection that goes dark; durable writes (`wait_replicas`) need a builder, which opens
+    /// their connection of its own.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tollgate::store::RedisStore;
+    ///
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let manager = redis::aio::ConnectionManager::new(client).await?;
+    /// let store = RedisStore::from_connection_manager(manager, Duration::from_millis(250));
+    /// # Ok(()) }
+    /// ```
+    pub fn from_connection_manager(
+        manager: redis::aio::ConnectionManager,
+        timeout: Duration,
+    ) -> Self {
+        let link = Link::new(Connection::Single(manager), connection::Opener::Given);
+        Self::new(link, None, timeout)
+    }
+
+    /// A store on a Redis Cluster connection the application made already, bounded by
+    /// `timeout` per call. As with [`from_connection_manager`](Self::from_connection_manager),
+    /// the store cannot replace it.
+    pub fn from_cluster_connection(
+        conn: redis::cluster_async::ClusterConnection,
+        timeout: Duration,
+    ) -> Self {
+        let link = Link::new(Connection::Cluster(conn), connection::Opener::Given);
+        Self::new(link, None, timeout)
+    }
+
     /// A store on a standalone Redis at `url` with default settings. Connects lazily: this fails
     /// only when the URL is invalid, never because Redis is down.
     pub fn open(url: impl Into<String>) -> Result<Self, ConfigError> {
