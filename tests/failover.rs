@@ -39,7 +39,7 @@ use tollgate::store::{RedisStore, Store};
 use tower::ServiceExt;
 
 /// The store timeout of every copy of the app in these tests.
-const STORE_TIMEOUT: Duration = Duration::from_millis(250);
+const STORE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long any one request may take before the test gives up on it (no test hangs).
 const REQUEST_BOUND: Duration = Duration::from_secs(10);
