@@ -20,7 +20,9 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
+
+use common::check;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 use common::RedisServer;
@@ -39,22 +41,6 @@ const TRUSTED: [&str; 2] = ["10.0.0.0/8", "fd00::/8"];
 // ---------------------------------------------------------------------------------------------
 // Harness
 // ---------------------------------------------------------------------------------------------
-
-/// Runs `test` on `cases` values of `strategy`; no regression files are written.
-fn check<S: Strategy>(
-    cases: u32,
-    strategy: S,
-    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
-) {
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    if let Err(error) = runner.run(&strategy, test) {
-        panic!("{error}");
-    }
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

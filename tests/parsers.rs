@@ -4,6 +4,8 @@
 //! reads back what was written.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 #[path = "../examples/app/router.rs"]
 pub mod app;
 #[path = "../examples/shared/env.rs"]
@@ -11,26 +13,11 @@ pub mod env;
 
 use std::net::IpAddr;
 
+use common::check;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use tollgate::key::Cidr;
 use tollgate::rate_limit::OnStoreError;
-
-/// Runs `test` on `cases` values of `strategy`, with no persistence file.
-fn check<S: Strategy>(
-    cases: u32,
-    strategy: S,
-    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
-) {
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    if let Err(error) = runner.run(&strategy, test) {
-        panic!("{error}");
-    }
-}
 
 #[test]
 fn any_text_as_a_cidr_parses_or_is_refused_without_panicking() {

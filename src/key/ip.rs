@@ -28,6 +28,22 @@ impl Default for Networks {
 }
 
 impl Networks {
+    /// IPv6 by networks of `bits` leading bits, at most 128.
+    fn ipv6(self, bits: u8) -> Self {
+        Self {
+            v6: bits.min(128),
+            ..self
+        }
+    }
+
+    /// IPv4 by networks of `bits` leading bits, at most 32.
+    fn ipv4(self, bits: u8) -> Self {
+        Self {
+            v4: bits.min(32),
+            ..self
+        }
+    }
+
     /// The key of `ip`'s network: its address masked to the prefix, and the prefix, hashed.
     fn key(self, ip: IpAddr) -> Key {
         let mut material = [0u8; 18];
@@ -91,13 +107,13 @@ impl PeerIp {
 
     /// Counts IPv6 peers by networks of `bits` leading bits (default 64; at most 128).
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.networks.v6 = bits.min(128);
+        self.networks = self.networks.ipv6(bits);
         self
     }
 
     /// Counts IPv4 peers by networks of `bits` leading bits (default 32; at most 32).
     pub fn ipv4_prefix(mut self, bits: u8) -> Self {
-        self.networks.v4 = bits.min(32);
+        self.networks = self.networks.ipv4(bits);
         self
     }
 }
@@ -279,13 +295,13 @@ impl ForwardedIp {
 
     /// Counts IPv6 clients by networks of `bits` leading bits (default 64; at most 128).
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.networks.v6 = bits.min(128);
+        self.networks = self.networks.ipv6(bits);
         self
     }
 
     /// Counts IPv4 clients by networks of `bits` leading bits (default 32; at most 32).
     pub fn ipv4_prefix(mut self, bits: u8) -> Self {
-        self.networks.v4 = bits.min(32);
+        self.networks = self.networks.ipv4(bits);
         self
     }
 

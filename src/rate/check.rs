@@ -50,8 +50,28 @@ impl RateCheck {
         self.attempt
     }
 
-    /// The id as the Redis scripts store it: 16 hexadecimal digits.
-    pub(crate) fn attempt_hex(&self) -> String {
-        format!("{:016x}", self.attempt)
+    /// The id as the Redis scripts store it: 16 hexadecimal digits, written without an
+    /// allocation (a check is on every request's path).
+    pub(crate) fn attempt_hex(&self) -> [u8; 16] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut hex = [0u8; 16];
+        for (i, digit) in hex.iter_mut().enumerate() {
+            *digit = DIGITS[((self.attempt >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        hex
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_attempt_id_is_sixteen_hex_digits() {
+        let mut check = RateCheck::new(Key::new("t", b"k"), 1);
+        check.attempt = 0x0123_4567_89ab_cdef;
+        assert_eq!(&check.attempt_hex(), b"0123456789abcdef");
+        check.attempt = 0xa1;
+        assert_eq!(&check.attempt_hex(), b"00000000000000a1");
     }
 }

@@ -175,14 +175,16 @@ impl Settings {
     }
 }
 
-/// Every rate-limit decision made for a request, innermost layer first, in the response (and
-/// request) extensions beside the outermost one's [`RateLimitDecision`]: with stacked layers
-/// (per IP around per key) each decision stays readable.
+/// Every rate-limit decision made for a request when layers are stacked (per IP around per key),
+/// in the order they were made — innermost first in the response, outermost first in the
+/// request — in the extensions beside the outermost one's
+/// [`RateLimitDecision`]: each decision stays readable. A request that one layer decided carries
+/// only its [`RateLimitDecision`].
 #[derive(Debug, Clone, Default)]
 pub struct RateLimitDecisions(Vec<RateLimitDecision>);
 
 impl RateLimitDecisions {
-    /// The decisions, innermost layer first.
+    /// The decisions, in the order they were made.
     pub fn iter(&self) -> impl Iterator<Item = &RateLimitDecision> {
         self.0.iter()
     }
@@ -198,14 +200,14 @@ impl RateLimitDecisions {
     }
 }
 
-/// Puts `decision` into `extensions`: as the [`RateLimitDecision`] (replacing an inner layer's)
-/// and added to the [`RateLimitDecisions`] of every layer.
+/// Puts `decision` into `extensions` as the [`RateLimitDecision`]; when another layer's is there
+/// already, both go into the [`RateLimitDecisions`] too. One layer alone copies nothing.
 pub(crate) fn record(extensions: &mut http::Extensions, decision: RateLimitDecision) {
-    match extensions.get_mut::<RateLimitDecisions>() {
-        Some(all) => all.0.push(decision.clone()),
-        None => {
-            extensions.insert(RateLimitDecisions(vec![decision.clone()]));
-        }
+    if let Some(all) = extensions.get_mut::<RateLimitDecisions>() {
+        all.0.push(decision.clone());
+    } else if let Some(earlier) = extensions.get::<RateLimitDecision>() {
+        let all = RateLimitDecisions(vec![earlier.clone(), decision.clone()]);
+        extensions.insert(all);
     }
     extensions.insert(decision);
 }

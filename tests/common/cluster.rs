@@ -331,7 +331,38 @@ impl RedisCluster {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        cluster.wait_for_acknowledging_replicas(replicas, deadline);
         cluster
+    }
+
+    /// Waits until every master's replicas acknowledge a write: "online" in a master's INFO
+    /// comes before a replica has loaded what it was sent and acknowledges anything, and a
+    /// durable write before then would be refused.
+    fn wait_for_acknowledging_replicas(&self, per_master: usize, deadline: Instant) {
+        for master in self.masters() {
+            let key = (0..)
+                .map(|i| format!("probe-{i}"))
+                .find(|k| self.master_of_slot(key_slot(k)) == Some(master))
+                .expect("some key lives on every master");
+            let mut conn = redis::Client::open(format!("redis://127.0.0.1:{master}/"))
+                .and_then(|c| c.get_connection())
+                .expect("a connection to the master");
+            loop {
+                let _: () = redis::cmd("SET").arg(&key).arg(1).query(&mut conn).unwrap();
+                let acked: usize = redis::cmd("WAIT")
+                    .arg(per_master)
+                    .arg(100)
+                    .query(&mut conn)
+                    .unwrap();
+                if acked == per_master {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the replicas of master {master} did not acknowledge a write in time"
+                );
+            }
+        }
     }
 
     /// What keeps a cluster with `per_master` replicas per master from being ready, or `None`

@@ -230,3 +230,19 @@ pub fn free_port() -> u16 {
         }
     }
 }
+
+/// Runs the property `test` on `cases` values of `strategy`; no regression files are written.
+pub fn check<S: proptest::strategy::Strategy>(
+    cases: u32,
+    strategy: S,
+    test: impl Fn(S::Value) -> Result<(), proptest::test_runner::TestCaseError>,
+) {
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    });
+    if let Err(error) = runner.run(&strategy, test) {
+        panic!("{error}");
+    }
+}

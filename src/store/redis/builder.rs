@@ -44,6 +44,21 @@ pub struct RedisSentinelBuilder {
     wait_replicas: u32,
 }
 
+/// The `wait_replicas` setter every builder has.
+macro_rules! wait_replicas_setter {
+    () => {
+        /// Durable writes (default 0: off): claims, lock acquisitions and extensions, and
+        /// idempotency claims and records succeed only once `replicas` replicas acknowledged them
+        /// (`WAIT`) within the store timeout; otherwise the call fails with a store error, and
+        /// the caller undoes what it can and reports no success. Rate checks never wait. These
+        /// writes use a connection of their own, so that a `WAIT` never holds up rate decisions.
+        pub fn wait_replicas(mut self, replicas: u32) -> Self {
+            self.wait_replicas = replicas;
+            self
+        }
+    };
+}
+
 /// The default bound on every store call.
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
@@ -63,15 +78,7 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Durable writes (default 0: off): claims, lock acquisitions and extensions, and
-    /// idempotency claims and records succeed only once `replicas` replicas acknowledged them
-    /// (`WAIT`) within the store timeout; otherwise the call fails with a store error, and the
-    /// caller undoes what it can and reports no success. Rate checks never wait. These writes
-    /// use a connection of their own, so that a `WAIT` never holds up rate decisions.
-    pub fn wait_replicas(mut self, replicas: u32) -> Self {
-        self.wait_replicas = replicas;
-        self
-    }
+    wait_replicas_setter!();
 
     /// Builds the store. Connects lazily, so a Redis that is down now is not an error: calls fail
     /// (within the timeout) until it is back. [`ConfigError`] when the URL does not parse.
@@ -93,11 +100,11 @@ impl RedisStoreBuilder {
                 })
                 .map_err(invalid)
         };
-        let durable = match self.wait_replicas {
-            0 => None,
-            replicas => Some((replicas, open()?)),
-        };
-        Ok(RedisStore::new(open()?, durable, self.timeout))
+        Ok(RedisStore::new(
+            open()?,
+            durable(self.wait_replicas, open)?,
+            self.timeout,
+        ))
     }
 }
 
@@ -117,15 +124,7 @@ impl RedisClusterBuilder {
         self
     }
 
-    /// Durable writes (default 0: off): claims, lock acquisitions and extensions, and
-    /// idempotency claims and records succeed only once `replicas` replicas acknowledged them
-    /// (`WAIT`) within the store timeout; otherwise the call fails with a store error, and the
-    /// caller undoes what it can and reports no success. Rate checks never wait. These writes
-    /// use a connection of their own, so that a `WAIT` never holds up rate decisions.
-    pub fn wait_replicas(mut self, replicas: u32) -> Self {
-        self.wait_replicas = replicas;
-        self
-    }
+    wait_replicas_setter!();
 
     /// Connects to the cluster through the builder's nodes and reads its slot map; the cluster
     /// must answer now. A node URL that does not parse is a [`StoreErrorKind::Config`] error.
@@ -172,15 +171,7 @@ impl RedisSentinelBuilder {
         self
     }
 
-    /// Durable writes (default 0: off): claims, lock acquisitions and extensions, and
-    /// idempotency claims and records succeed only once `replicas` replicas acknowledged them
-    /// (`WAIT`) within the store timeout; otherwise the call fails with a store error, and the
-    /// caller undoes what it can and reports no success. Rate checks never wait. These writes
-    /// use a connection of their own, so that a `WAIT` never holds up rate decisions.
-    pub fn wait_replicas(mut self, replicas: u32) -> Self {
-        self.wait_replicas = replicas;
-        self
-    }
+    wait_replicas_setter!();
 
     /// Asks the sentinels for the primary and connects to it; a sentinel must answer now. A
     /// sentinel URL that does not parse is a [`StoreErrorKind::Config`] error.
@@ -212,11 +203,11 @@ impl RedisSentinelBuilder {
                 .map(|conn| Link::to(conn, opener.clone(), primary.clone()))
                 .map_err(store_error)
         };
-        let durable = match self.wait_replicas {
-            0 => None,
-            replicas => Some((replicas, open()?)),
-        };
-        Ok(RedisStore::new(open()?, durable, self.timeout))
+        Ok(RedisStore::new(
+            open()?,
+            durable(self.wait_replicas, open)?,
+            self.timeout,
+        ))
     }
 }
 
@@ -228,4 +219,15 @@ fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
         .set_response_timeout(Some(timeout))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500))
+}
+
+/// With durable writes, their connection of its own (opened by `open`, as the store's is).
+fn durable<E>(
+    replicas: u32,
+    open: impl FnOnce() -> Result<Link, E>,
+) -> Result<Option<(u32, Link)>, E> {
+    match replicas {
+        0 => Ok(None),
+        replicas => Ok(Some((replicas, open()?))),
+    }
 }

@@ -148,13 +148,6 @@ impl Scripts {
     }
 }
 
-/// What a token-checked script does to a key that holds the token.
-#[derive(Debug, Clone, Copy)]
-enum TokenOp {
-    Extend(Duration),
-    Release,
-}
-
 impl RedisStore {
     /// A builder for a standalone Redis at `url`, e.g. `redis://127.0.0.1:6379/`.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
@@ -294,13 +287,10 @@ impl RedisStore {
 
     /// The token-checked release that undoes a write of `key` by `token`.
     fn release_of(key: &str, token: &str, script: fn(&Scripts) -> &Lua) -> Undo {
-        let call = ScriptCall::default()
-            .key(key)
-            .key(keys::release_marker(key))
-            .arg(token)
-            .arg(millis(RELEASE_MARKER_TTL))
-            .arg(format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0));
-        Undo { script, call }
+        Undo {
+            script,
+            call: release_call(key, token),
+        }
     }
 
     /// The per-call timeout.
@@ -308,30 +298,12 @@ impl RedisStore {
         self.timeout
     }
 
-    /// Runs one of the token-checked scripts, which answer 1 when the key held the token. They
-    /// take `KEYS[1]` the key and `ARGV[1]` the token; an extension takes `ARGV[2]` the lease in
-    /// milliseconds, a release `KEYS[2]` the key's release marker, `ARGV[2]` its lifetime and
-    /// `ARGV[3]` a random id of this call — so that the call re-sent answers as it did.
-    fn token_checked(
-        &self,
-        script: fn(&Scripts) -> &Script,
-        key: String,
-        token: String,
-        op: TokenOp,
-    ) -> StoreFuture<bool> {
+    /// Runs a token-checked release or extension (no `WAIT`: neither must reach a replica
+    /// before it counts); whether the key held the token.
+    fn token_checked(&self, script: fn(&Scripts) -> &Lua, call: ScriptCall) -> StoreFuture<bool> {
         self.call(move |mut conn, scripts| async move {
-            let mut invocation = script(&scripts).prepare_invoke();
-            match op {
-                TokenOp::Extend(lease) => invocation.key(key).arg(token).arg(millis(lease)),
-                TokenOp::Release => invocation
-                    .key(key.as_str())
-                    .key(keys::release_marker(&key))
-                    .arg(token)
-                    .arg(millis(RELEASE_MARKER_TTL))
-                    .arg(format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0)),
-            };
-            let held: i64 = invocation
-                .invoke_async(&mut conn)
+            let held: i64 = call
+                .invoke(script(&scripts), &mut conn)
                 .await
                 .map_err(store_error)?;
             Ok(held == 1)
@@ -373,6 +345,24 @@ impl RedisStore {
             result
         })
     }
+}
+
+/// The arguments of a token-checked release (`compare_and_delete.lua`, `idem_release.lua`):
+/// the key, its release marker, the token, the marker's lifetime and a random id of this call,
+/// so that the call re-sent answers as it did.
+fn release_call(key: &str, token: &str) -> ScriptCall {
+    ScriptCall::default()
+        .key(key)
+        .key(keys::release_marker(key))
+        .arg(token)
+        .arg(millis(RELEASE_MARKER_TTL))
+        .arg(format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0))
+}
+
+/// The arguments of a token-checked extension (`compare_and_pexpire.lua`, `idem_extend.lua`):
+/// the key, the token and the new lease.
+fn extend_call(key: String, token: String, lease: Duration) -> ScriptCall {
+    ScriptCall::default().key(key).arg(token).arg(millis(lease))
 }
 
 pub(super) fn store_error(e: RedisError) -> StoreError {
@@ -429,7 +419,7 @@ impl RateStore for RedisStore {
             for key in keys::rate(&policy, &check.key()) {
                 invocation.key(key);
             }
-            invocation.arg(check.cost()).arg(check.attempt_hex());
+            invocation.arg(check.cost()).arg(&check.attempt_hex()[..]);
             for limit in policy.limits() {
                 invocation.arg(limit.quota()).arg(limit.window_us());
             }
@@ -501,10 +491,9 @@ impl LockStore for RedisStore {
     }
 
     fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        let call = ScriptCall::default().key(key).arg(token).arg(millis(lease));
         self.write(
             |s| &s.compare_and_pexpire,
-            call,
+            extend_call(key, token, lease),
             |held: &i64| *held == 1,
             |held| Ok(held == 1),
             None,
@@ -512,7 +501,7 @@ impl LockStore for RedisStore {
     }
 
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.token_checked(|s| &s.compare_and_delete, key, token, TokenOp::Release)
+        self.token_checked(|s| &s.compare_and_delete, release_call(&key, &token))
     }
 }
 
@@ -561,11 +550,11 @@ impl IdempotencyStore for RedisStore {
     }
 
     fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.token_checked(|s| &s.idem_release, key, token, TokenOp::Release)
+        self.token_checked(|s| &s.idem_release, release_call(&key, &token))
     }
 
     fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        self.token_checked(|s| &s.idem_extend, key, token, TokenOp::Extend(lease))
+        self.token_checked(|s| &s.idem_extend, extend_call(key, token, lease))
     }
 }
 
