@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::Key;
-use crate::rate::RatePolicy;
+use crate::rate::{Limit, RatePolicy};
 
 /// The prefix of every key unless configured otherwise.
 pub(crate) const DEFAULT_PREFIX: &str = "tollgate";
@@ -66,19 +66,28 @@ pub(crate) fn rate_namespace(prefix: &str) -> String {
 /// The key of each limit of `policy` for caller `key`:
 /// `<namespace>:{<key>}:<limit>:<algorithm>`.
 pub(crate) fn rate(policy: &RatePolicy, key: &Key) -> Vec<String> {
-    let tag = policy.algorithm().tag();
     policy
         .limits()
         .iter()
         .map(|limit| {
-            let mut out = tagged(policy.namespace(), key, limit.name().len() + tag.len() + 2);
-            out.push(':');
-            out.push_str(limit.name());
-            out.push(':');
-            out.push_str(tag);
+            let mut out = String::new();
+            write_rate(&mut out, policy, key, limit);
             out
         })
         .collect()
+}
+
+/// Writes the key of `limit` of `policy` for caller `key` into `out`, in place of what it held:
+/// one buffer serves every key of a call.
+pub(crate) fn write_rate(out: &mut String, policy: &RatePolicy, key: &Key, limit: &Limit) {
+    out.clear();
+    out.push_str(policy.namespace());
+    out.push_str(":{");
+    key.write_encoded(out);
+    out.push_str("}:");
+    out.push_str(limit.name());
+    out.push(':');
+    out.push_str(policy.algorithm().tag());
 }
 
 /// The key of claim `name`: `<prefix>:claim:{<digest>}`.

@@ -18,9 +18,7 @@ fn script(name: &str) -> Script {
         "idem_complete" => include_str!("../src/store/scripts/idem_complete.lua"),
         "idem_extend" => include_str!("../src/store/scripts/idem_extend.lua"),
         "idem_release" => include_str!("../src/store/scripts/idem_release.lua"),
-        "sliding_log" => include_str!("../src/store/scripts/sliding_log.lua"),
-        "sliding_counter" => include_str!("../src/store/scripts/sliding_counter.lua"),
-        "gcra" => include_str!("../src/store/scripts/gcra.lua"),
+        "rate" => include_str!("../src/store/scripts/rate.lua"),
         other => panic!("no script {other}"),
     };
     Script::new(source)
@@ -214,24 +212,40 @@ fn rate_state(conn: &mut Connection, script: &str, key: &str) -> Vec<String> {
     }
 }
 
+/// The algorithm codes of `rate.lua`.
+const ALGORITHMS: [(&str, &str); 3] = [
+    ("sliding_log", "1"),
+    ("sliding_counter", "2"),
+    ("gcra", "3"),
+];
+
 #[test]
 fn rate_checks_run_twice_are_charged_once() {
     let server = RedisServer::start();
     let mut conn = server.conn();
-    for name in ["sliding_log", "sliding_counter", "gcra"] {
+    for (name, code) in ALGORITHMS {
         for cost in ["1", "2"] {
             let keys = [
                 &format!("r:{{{name}{cost}}}:a")[..],
                 &format!("r:{{{name}{cost}}}:b"),
             ];
             // two limits: 5 per minute, 9 per hour
-            let args = [cost, "00000000000000a1", "5", "60000000", "9", "3600000000"];
-            let first = items(run(&mut conn, name, &keys, &args));
+            let args = [
+                code,
+                cost,
+                "00000000000000a1",
+                "2",
+                "5",
+                "60000000",
+                "9",
+                "3600000000",
+            ];
+            let first = items(run(&mut conn, "rate", &keys, &args));
             let state = [
                 rate_state(&mut conn, name, keys[0]),
                 rate_state(&mut conn, name, keys[1]),
             ];
-            let second = items(run(&mut conn, name, &keys, &args));
+            let second = items(run(&mut conn, "rate", &keys, &args));
             assert_eq!(int(&first[0]), 1, "{name} cost {cost}: admitted");
             assert_eq!(int(&second[0]), 1, "{name} cost {cost}: admitted again");
             // remaining of each limit, as the first run left it
@@ -246,5 +260,78 @@ fn rate_checks_run_twice_are_charged_once() {
             ];
             assert_eq!(after, state, "{name} cost {cost}: the second run wrote");
         }
+    }
+}
+
+#[test]
+fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    for (name, code) in ALGORITHMS {
+        let key = format!("r:{{full-{name}}}:a");
+        // 2 per minute; the second attempt takes the last unit
+        let once = [code, "1", "00000000000000b1", "1", "2", "60000000"];
+        let last = [code, "1", "00000000000000b2", "1", "2", "60000000"];
+        run(&mut conn, "rate", &[&key], &once);
+        let first = items(run(&mut conn, "rate", &[&key], &last));
+        let state = rate_state(&mut conn, name, &key);
+        let second = items(run(&mut conn, "rate", &[&key], &last));
+        assert_eq!(
+            [int(&first[0]), int(&first[2])],
+            [1, 0],
+            "{name}: admitted, none left"
+        );
+        assert_eq!(
+            [int(&second[0]), int(&second[1]), int(&second[2])],
+            [1, 0, 0],
+            "{name}: the same attempt is admitted again"
+        );
+        assert_eq!(
+            rate_state(&mut conn, name, &key),
+            state,
+            "{name}: charged once"
+        );
+        let other = [code, "1", "00000000000000b3", "1", "2", "60000000"];
+        let denied = items(run(&mut conn, "rate", &[&key], &other));
+        assert_eq!(int(&denied[0]), 0, "{name}: another attempt is denied");
+    }
+}
+
+#[test]
+fn a_batch_decides_its_checks_in_turn_and_a_failing_one_alone() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    for (name, code) in ALGORITHMS {
+        let key = format!("r:{{batch-{name}}}:a");
+        let wrong = format!("r:{{batch-{name}}}:wrong");
+        let _: () = redis::cmd("HSET")
+            .arg(&wrong)
+            .arg("f")
+            .arg("v")
+            .query(&mut conn)
+            .unwrap();
+        // 2 per minute: three checks of one caller, one on a key of the wrong type between them
+        let mut args = Vec::new();
+        for (i, attempt) in ["00000000000000c1", "00000000000000c2", "00000000000000c3"]
+            .into_iter()
+            .enumerate()
+        {
+            args.extend([code, "1", attempt, "1", "2", "60000000"]);
+            if i == 0 {
+                args.extend([code, "1", "00000000000000c9", "1", "2", "60000000"]);
+            }
+        }
+        let keys = [&key[..], &wrong, &key, &key];
+        let reply = items(run(&mut conn, "rate", &keys, &args));
+        assert_eq!(reply.len(), 3 * 4 + 2, "{name}: {reply:?}");
+        assert_eq!([int(&reply[0]), int(&reply[2])], [1, 1], "{name}: first");
+        assert_eq!(int(&reply[4]), -1, "{name}: the failing check");
+        assert!(
+            matches!(&reply[5], Value::BulkString(m) if String::from_utf8_lossy(m).contains("WRONGTYPE")),
+            "{name}: its error: {:?}",
+            reply[5]
+        );
+        assert_eq!([int(&reply[6]), int(&reply[8])], [1, 0], "{name}: second");
+        assert_eq!(int(&reply[10]), 0, "{name}: third, denied");
     }
 }

@@ -46,6 +46,14 @@ impl StoreError {
     pub fn kind(&self) -> StoreErrorKind {
         self.kind
     }
+
+    /// The same failure again, for another caller of the call that failed.
+    pub(crate) fn shared(&self) -> Self {
+        Self {
+            kind: self.kind,
+            source: self.source.as_ref().map(|s| s.to_string().into()),
+        }
+    }
 }
 
 impl fmt::Display for StoreError {

@@ -6,6 +6,7 @@ use redis::RedisError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::connection::{Connection, Link, Opener, ask_sentinels, open_single};
+use super::rates::DEFAULT_MAX_BATCH;
 use super::{RedisStore, store_error};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::{StoreError, StoreErrorKind};
@@ -16,6 +17,7 @@ pub struct RedisStoreBuilder {
     url: String,
     timeout: Duration,
     wait_replicas: u32,
+    max_batch: usize,
 }
 
 /// Configures a [`RedisStore`] on a Redis Cluster; made by [`RedisStore::cluster_builder`].
@@ -27,6 +29,7 @@ pub struct RedisClusterBuilder {
     nodes: Vec<String>,
     timeout: Duration,
     wait_replicas: u32,
+    max_batch: usize,
 }
 
 /// Configures a [`RedisStore`] on a Redis behind Sentinel; made by
@@ -42,6 +45,7 @@ pub struct RedisSentinelBuilder {
     master: String,
     timeout: Duration,
     wait_replicas: u32,
+    max_batch: usize,
 }
 
 /// The `wait_replicas` setter every builder has.
@@ -59,6 +63,39 @@ macro_rules! wait_replicas_setter {
     };
 }
 
+/// The `max_batch` setter every builder has.
+macro_rules! max_batch_setter {
+    () => {
+        /// The most rate checks one call to Redis carries (default 32). Checks that wait for
+        /// the store at the same moment go out together, as one call of one script that
+        /// decides them in turn — each exactly as it would be decided alone — so that Redis and
+        /// the client pay the cost of a call once per batch. The first check goes at once; only
+        /// checks that arrive while a call is in flight wait, for the next one. 1 sends every
+        /// check alone.
+        pub fn max_batch(mut self, checks: usize) -> Self {
+            self.max_batch = checks.max(1);
+            self
+        }
+    };
+}
+
+/// What every store is made with.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Settings {
+    pub(super) timeout: Duration,
+    pub(super) max_batch: usize,
+}
+
+impl Settings {
+    /// A store on a given connection: default batches.
+    pub(super) fn given(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            max_batch: DEFAULT_MAX_BATCH,
+        }
+    }
+}
+
 /// The default bound on every store call.
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
@@ -68,6 +105,7 @@ impl RedisStoreBuilder {
             url,
             timeout: DEFAULT_TIMEOUT,
             wait_replicas: 0,
+            max_batch: DEFAULT_MAX_BATCH,
         }
     }
 
@@ -79,6 +117,14 @@ impl RedisStoreBuilder {
     }
 
     wait_replicas_setter!();
+    max_batch_setter!();
+
+    fn settings(&self) -> Settings {
+        Settings {
+            timeout: self.timeout,
+            max_batch: self.max_batch,
+        }
+    }
 
     /// Builds the store. Connects lazily, so a Redis that is down now is not an error: calls fail
     /// (within the timeout) until it is back. [`ConfigError`] when the URL does not parse.
@@ -103,7 +149,7 @@ impl RedisStoreBuilder {
         Ok(RedisStore::new(
             open()?,
             durable(self.wait_replicas, open)?,
-            self.timeout,
+            self.settings(),
         ))
     }
 }
@@ -114,6 +160,7 @@ impl RedisClusterBuilder {
             nodes,
             timeout: DEFAULT_TIMEOUT,
             wait_replicas: 0,
+            max_batch: DEFAULT_MAX_BATCH,
         }
     }
 
@@ -125,6 +172,7 @@ impl RedisClusterBuilder {
     }
 
     wait_replicas_setter!();
+    max_batch_setter!();
 
     /// Connects to the cluster through the builder's nodes and reads its slot map; the cluster
     /// must answer now. A node URL that does not parse is a [`StoreErrorKind::Config`] error.
@@ -150,7 +198,11 @@ impl RedisClusterBuilder {
             0 => None,
             replicas => Some((replicas, open().await?)),
         };
-        Ok(RedisStore::new(open().await?, durable, self.timeout))
+        let settings = Settings {
+            timeout: self.timeout,
+            max_batch: self.max_batch,
+        };
+        Ok(RedisStore::new(open().await?, durable, settings))
     }
 }
 
@@ -161,6 +213,7 @@ impl RedisSentinelBuilder {
             master,
             timeout: DEFAULT_TIMEOUT,
             wait_replicas: 0,
+            max_batch: DEFAULT_MAX_BATCH,
         }
     }
 
@@ -172,10 +225,19 @@ impl RedisSentinelBuilder {
     }
 
     wait_replicas_setter!();
+    max_batch_setter!();
+
+    fn settings(&self) -> Settings {
+        Settings {
+            timeout: self.timeout,
+            max_batch: self.max_batch,
+        }
+    }
 
     /// Asks the sentinels for the primary and connects to it; a sentinel must answer now. A
     /// sentinel URL that does not parse is a [`StoreErrorKind::Config`] error.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
+        let settings = self.settings();
         let sentinels = self
             .sentinels
             .iter()
@@ -206,7 +268,7 @@ impl RedisSentinelBuilder {
         Ok(RedisStore::new(
             open()?,
             durable(self.wait_replicas, open)?,
-            self.timeout,
+            settings,
         ))
     }
 }

@@ -11,10 +11,13 @@ use redis::{RedisError, Script, Value};
 
 mod builder;
 mod connection;
+mod rates;
 mod script_call;
 
+use builder::Settings;
 pub use builder::{RedisClusterBuilder, RedisSentinelBuilder, RedisStoreBuilder};
 use connection::{Connection, Link};
+use rates::{Rates, bounded};
 use script_call::ScriptCall;
 
 use super::{
@@ -23,7 +26,7 @@ use super::{
 };
 use crate::error::ConfigError;
 use crate::keys;
-use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
+use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 
 /// A store on Redis or Valkey, shared by every copy of a service.
 ///
@@ -66,6 +69,8 @@ pub struct RedisStore {
     durable: Option<Durable>,
     timeout: Duration,
     scripts: Arc<Scripts>,
+    /// Rate checks, coalesced on the store's connection.
+    rates: Arc<Rates>,
 }
 
 /// The token-checked release that undoes a durable write nobody acknowledged.
@@ -117,9 +122,6 @@ impl std::ops::Deref for Lua {
 }
 
 struct Scripts {
-    sliding_log: Lua,
-    sliding_counter: Lua,
-    gcra: Lua,
     claim: Lua,
     lock_acquire: Lua,
     compare_and_pexpire: Lua,
@@ -133,9 +135,6 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         Self {
-            sliding_log: Lua::new(include_str!("../scripts/sliding_log.lua")),
-            sliding_counter: Lua::new(include_str!("../scripts/sliding_counter.lua")),
-            gcra: Lua::new(include_str!("../scripts/gcra.lua")),
             claim: Lua::new(include_str!("../scripts/claim.lua")),
             lock_acquire: Lua::new(include_str!("../scripts/lock_acquire.lua")),
             compare_and_pexpire: Lua::new(include_str!("../scripts/compare_and_pexpire.lua")),
@@ -196,7 +195,7 @@ impl RedisStore {
         timeout: Duration,
     ) -> Self {
         let link = Link::new(Connection::Single(manager), connection::Opener::Given);
-        Self::new(link, None, timeout)
+        Self::new(link, None, Settings::given(timeout))
     }
 
     /// A store on a Redis Cluster connection the application made already, bounded by
@@ -207,7 +206,7 @@ impl RedisStore {
         timeout: Duration,
     ) -> Self {
         let link = Link::new(Connection::Cluster(conn), connection::Opener::Given);
-        Self::new(link, None, timeout)
+        Self::new(link, None, Settings::given(timeout))
     }
 
     /// A store on a standalone Redis at `url` with default settings. Connects lazily: this fails
@@ -216,15 +215,29 @@ impl RedisStore {
         Self::builder(url).build()
     }
 
-    fn new(link: Link, durable: Option<(u32, Link)>, timeout: Duration) -> Self {
+    fn new(link: Link, durable: Option<(u32, Link)>, settings: Settings) -> Self {
+        let link = Arc::new(link);
+        let rates = Rates::new(Arc::clone(&link), settings.timeout, settings.max_batch);
         Self {
-            link: Arc::new(link),
+            link,
             durable: durable.map(|(replicas, link)| Durable {
                 replicas,
                 link: Arc::new(link),
             }),
-            timeout,
+            timeout: settings.timeout,
             scripts: Arc::new(Scripts::new()),
+            rates: Arc::new(rates),
+        }
+    }
+
+    /// The same store with at most `checks` rate checks per call to Redis (see
+    /// [`RedisStoreBuilder::max_batch`]); for a store on a given connection.
+    #[must_use]
+    pub fn with_max_batch(self, checks: usize) -> Self {
+        let rates = Rates::new(Arc::clone(&self.link), self.timeout, checks);
+        Self {
+            rates: Arc::new(rates),
+            ..self
         }
     }
 
@@ -332,18 +345,7 @@ impl RedisStore {
         let conn = link.get();
         let scripts = Arc::clone(&self.scripts);
         let timeout = self.timeout;
-        Box::pin(async move {
-            let result = match tokio::time::timeout(timeout, op(conn, scripts)).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::timeout()),
-            };
-            match &result {
-                Err(e) if e.kind() == StoreErrorKind::Timeout => link.timed_out(),
-                Err(e) if e.kind() == StoreErrorKind::Unavailable => link.unreachable(),
-                _ => link.answered(),
-            }
-            result
-        })
+        Box::pin(async move { bounded(&link, timeout, op(conn, scripts)).await })
     }
 }
 
@@ -386,49 +388,9 @@ fn protocol(msg: &str) -> StoreError {
     StoreError::new(StoreErrorKind::Protocol, msg.to_owned())
 }
 
-/// Decodes `{admitted, retry_us, remaining_1, reset_us_1, ...}`.
-fn decode_rate(reply: &[i64], limits: usize) -> Result<RateOutcome, StoreError> {
-    if reply.len() != 2 + 2 * limits {
-        return Err(protocol("rate script returned a reply of the wrong length"));
-    }
-    let us = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
-    let limits = reply[2..]
-        .chunks_exact(2)
-        .map(|pair| LimitState {
-            remaining: u64::try_from(pair[0]).unwrap_or(0),
-            reset: us(pair[1]),
-        })
-        .collect();
-    Ok(RateOutcome {
-        admitted: reply[0] == 1,
-        retry_after: us(reply[1]),
-        limits,
-    })
-}
-
 impl RateStore for RedisStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
-        let policy = Arc::clone(policy);
-        self.call(move |mut conn, scripts| async move {
-            let script: &Script = match policy.algorithm() {
-                Algorithm::SlidingLog => &scripts.sliding_log,
-                Algorithm::SlidingCounter => &scripts.sliding_counter,
-                Algorithm::Gcra => &scripts.gcra,
-            };
-            let mut invocation = script.prepare_invoke();
-            for key in keys::rate(&policy, &check.key()) {
-                invocation.key(key);
-            }
-            invocation.arg(check.cost()).arg(&check.attempt_hex()[..]);
-            for limit in policy.limits() {
-                invocation.arg(limit.quota()).arg(limit.window_us());
-            }
-            let reply: Vec<i64> = invocation
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
-            decode_rate(&reply, policy.limits().len())
-        })
+        self.rates.check(policy, check)
     }
 }
 

@@ -1,0 +1,358 @@
+//! Rate checks on Redis, coalesced: checks that wait for the store at the same moment go out as
+//! one call of `rate.lua`.
+//!
+//! The first check goes at once. While a call is in flight, later checks queue; when it returns,
+//! what queued meanwhile goes out as the next call (up to `max_batch` checks). With no load that
+//! is one check per call, as without batching; under load a batch holds the arrivals of one round
+//! trip, and Redis pays its cost per call (reading and parsing the command, the script call,
+//! `TIME`, the reply) once per batch, as the client pays its encoding, write and wake-up.
+//!
+//! The script decides the checks in turn, each exactly as it would be decided alone at that
+//! instant of store time after the ones before it. A check whose script step fails fails alone; a
+//! call that fails (a timeout, a dropped connection) fails every check it carried, with the same
+//! kind: ambiguous for each, as a single call would be. A caller that gave up before its batch
+//! went out is left out of it.
+//!
+//! On Redis Cluster a call holds the checks of one caller key, hence of one hash slot; the calls
+//! for different keys of one batch go out together, each to its node.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
+use tokio::sync::oneshot;
+
+use super::connection::{Connection, Link};
+use super::{Lua, store_error};
+use crate::keys;
+use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
+use crate::store::{StoreError, StoreErrorKind, StoreFuture};
+
+/// The most checks one call carries unless configured otherwise.
+pub(super) const DEFAULT_MAX_BATCH: usize = 32;
+
+/// The rate checks of one store: its connection, the script, and the checks waiting to go out.
+pub(super) struct Rates {
+    link: Arc<Link>,
+    script: Lua,
+    timeout: Duration,
+    max_batch: usize,
+    /// On Cluster, calls are split per caller key.
+    per_key: bool,
+    queue: Mutex<Queue>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Waiting>,
+    /// A call is in flight: new checks wait for the next one.
+    sending: bool,
+}
+
+/// A check waiting for its batch.
+struct Waiting {
+    policy: Arc<RatePolicy>,
+    check: RateCheck,
+    reply: oneshot::Sender<Result<RateOutcome, StoreError>>,
+}
+
+impl Rates {
+    pub(super) fn new(link: Arc<Link>, timeout: Duration, max_batch: usize) -> Self {
+        let per_key = matches!(link.get(), Connection::Cluster(_));
+        Self {
+            link,
+            script: Lua::new(include_str!("../scripts/rate.lua")),
+            timeout,
+            max_batch: max_batch.max(1),
+            per_key,
+            queue: Mutex::default(),
+        }
+    }
+
+    /// Decides `check` against `policy`: in the next batch, or alone when batches are off.
+    pub(super) fn check(
+        self: &Arc<Self>,
+        policy: &Arc<RatePolicy>,
+        check: RateCheck,
+    ) -> StoreFuture<RateOutcome> {
+        let this = Arc::clone(self);
+        let policy = Arc::clone(policy);
+        if self.max_batch == 1 {
+            return Box::pin(async move {
+                let one = [(&*policy, check)];
+                let mut decided = this.call(&one).await?;
+                decided.pop().unwrap_or_else(|| Err(missing()))
+            });
+        }
+        Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            if this.enqueue(Waiting {
+                policy,
+                check,
+                reply,
+            }) {
+                tokio::spawn(Arc::clone(&this).drive());
+            }
+            match tokio::time::timeout(this.timeout, answer).await {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(_)) => Err(missing()),
+                Err(_) => Err(StoreError::timeout()),
+            }
+        })
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `waiting`; whether nothing is in flight, so that the caller must start sending.
+    fn enqueue(&self, waiting: Waiting) -> bool {
+        let mut queue = self.queue();
+        queue.waiting.push_back(waiting);
+        !std::mem::replace(&mut queue.sending, true)
+    }
+
+    /// Sends batches until none waits.
+    async fn drive(self: Arc<Self>) {
+        let mut driving = Driving {
+            rates: &self,
+            done: false,
+        };
+        while let Some(batch) = self.next_batch() {
+            if self.per_key && batch.len() > 1 {
+                join_all(per_key(batch).into_iter().map(|b| self.send(b))).await;
+            } else {
+                self.send(batch).await;
+            }
+        }
+        driving.done = true;
+    }
+
+    /// The checks that go out next, leaving out callers that gave up; `None` (and nothing in
+    /// flight any more) when none waits.
+    fn next_batch(&self) -> Option<Vec<Waiting>> {
+        let mut queue = self.queue();
+        let mut batch = Vec::with_capacity(queue.waiting.len().min(self.max_batch));
+        while batch.len() < self.max_batch {
+            match queue.waiting.pop_front() {
+                Some(waiting) if waiting.reply.is_closed() => {}
+                Some(waiting) => batch.push(waiting),
+                None => break,
+            }
+        }
+        if batch.is_empty() {
+            queue.sending = false;
+            return None;
+        }
+        Some(batch)
+    }
+
+    /// Sends one call for `batch` and tells each caller its answer.
+    async fn send(&self, batch: Vec<Waiting>) {
+        let checks: Vec<_> = batch.iter().map(|w| (&*w.policy, w.check)).collect();
+        match self.call(&checks).await {
+            Ok(decided) => {
+                for (waiting, outcome) in batch.into_iter().zip(decided) {
+                    // a caller that gave up meanwhile has no one to tell
+                    let _ = waiting.reply.send(outcome);
+                }
+            }
+            Err(error) => {
+                for waiting in batch {
+                    let _ = waiting.reply.send(Err(error.shared()));
+                }
+            }
+        }
+    }
+
+    /// One call of the script for `checks`, bounded by the store timeout; the link's watch
+    /// learns whether a reply came.
+    async fn call(
+        &self,
+        checks: &[(&RatePolicy, RateCheck)],
+    ) -> Result<Vec<Result<RateOutcome, StoreError>>, StoreError> {
+        let mut conn = self.link.get();
+        let reply = bounded(&self.link, self.timeout, async {
+            let evalsha = command("EVALSHA", self.script.get_hash(), checks);
+            match send(&mut conn, &evalsha).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    // loads the script as it runs it
+                    send(&mut conn, &command("EVAL", self.script.source, checks)).await
+                }
+                sent => sent,
+            }
+            .map_err(store_error)
+        })
+        .await?;
+        decode(reply, checks)
+    }
+}
+
+/// Sends `cmd`; an error reply is an error (Cluster connections hand it over as a value).
+async fn send(conn: &mut Connection, cmd: &Cmd) -> RedisResult<Value> {
+    match conn.req_packed_command(cmd).await? {
+        Value::ServerError(error) => Err(error.into()),
+        reply => Ok(reply),
+    }
+}
+
+/// Runs `op` within `timeout`, and tells `link`'s watch whether a reply came.
+pub(super) async fn bounded<T>(
+    link: &Arc<Link>,
+    timeout: Duration,
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let result = match tokio::time::timeout(timeout, op).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::timeout()),
+    };
+    match &result {
+        Err(e) if e.kind() == StoreErrorKind::Timeout => link.timed_out(),
+        Err(e) if e.kind() == StoreErrorKind::Unavailable => link.unreachable(),
+        _ => link.answered(),
+    }
+    result
+}
+
+/// Stops a cancelled driver cleanly (its runtime shut down): nothing is in flight any more, and
+/// the callers still waiting learn that their check was dropped.
+struct Driving<'a> {
+    rates: &'a Rates,
+    done: bool,
+}
+
+impl Drop for Driving<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut queue = self.rates.queue();
+            queue.sending = false;
+            queue.waiting.clear();
+        }
+    }
+}
+
+/// `batch` split by caller key, in order within each part.
+fn per_key(batch: Vec<Waiting>) -> Vec<Vec<Waiting>> {
+    let mut parts: Vec<Vec<Waiting>> = Vec::new();
+    for waiting in batch {
+        let key = waiting.check.key();
+        match parts.iter_mut().find(|p| p[0].check.key() == key) {
+            Some(part) => part.push(waiting),
+            None => parts.push(vec![waiting]),
+        }
+    }
+    parts
+}
+
+/// `<verb> <script> numkeys keys... args...` for `checks` (see `rate.lua`).
+fn command(verb: &str, script: &str, checks: &[(&RatePolicy, RateCheck)]) -> Cmd {
+    let keys: usize = checks.iter().map(|(p, _)| p.limits().len()).sum();
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(script).arg(keys);
+    let mut key = String::new();
+    for (policy, check) in checks {
+        for limit in policy.limits() {
+            keys::write_rate(&mut key, policy, &check.key(), limit);
+            cmd.arg(key.as_str());
+        }
+    }
+    for (policy, check) in checks {
+        let algorithm: u8 = match policy.algorithm() {
+            Algorithm::SlidingLog => 1,
+            Algorithm::SlidingCounter => 2,
+            Algorithm::Gcra => 3,
+        };
+        cmd.arg(algorithm)
+            .arg(check.cost())
+            .arg(&check.attempt_hex()[..])
+            .arg(policy.limits().len());
+        for limit in policy.limits() {
+            cmd.arg(limit.quota()).arg(limit.window_us());
+        }
+    }
+    cmd
+}
+
+/// Reads each check's answer from the script's reply.
+fn decode(
+    reply: Value,
+    checks: &[(&RatePolicy, RateCheck)],
+) -> Result<Vec<Result<RateOutcome, StoreError>>, StoreError> {
+    let Value::Array(items) = reply else {
+        return Err(protocol("the rate script returned no array"));
+    };
+    let mut reply = Reply(items.into_iter());
+    let mut decided = Vec::with_capacity(checks.len());
+    for (policy, _) in checks {
+        let admitted = reply.int()?;
+        if admitted == -1 {
+            decided.push(Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                reply.message(),
+            )));
+            continue;
+        }
+        let retry_after = reply.duration()?;
+        let mut limits = Vec::with_capacity(policy.limits().len());
+        for _ in policy.limits() {
+            limits.push(LimitState {
+                remaining: u64::try_from(reply.int()?).unwrap_or(0),
+                reset: reply.duration()?,
+            });
+        }
+        decided.push(Ok(RateOutcome {
+            admitted: admitted == 1,
+            retry_after,
+            limits,
+        }));
+    }
+    match reply.0.next() {
+        None => Ok(decided),
+        Some(_) => Err(protocol("the rate script returned a reply too long")),
+    }
+}
+
+/// The rate script's reply, read in order.
+struct Reply(std::vec::IntoIter<Value>);
+
+impl Reply {
+    fn int(&mut self) -> Result<i64, StoreError> {
+        match self.0.next() {
+            Some(Value::Int(v)) => Ok(v),
+            _ => Err(protocol(
+                "the rate script returned a reply of the wrong shape",
+            )),
+        }
+    }
+
+    /// Microseconds.
+    fn duration(&mut self) -> Result<Duration, StoreError> {
+        Ok(Duration::from_micros(
+            u64::try_from(self.int()?).unwrap_or(0),
+        ))
+    }
+
+    /// The error of a check that failed.
+    fn message(&mut self) -> String {
+        match self.0.next() {
+            Some(Value::BulkString(message)) => String::from_utf8_lossy(&message).into_owned(),
+            _ => String::from("the rate script failed"),
+        }
+    }
+}
+
+fn protocol(message: &str) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, message.to_owned())
+}
+
+/// The error of a caller whose batch went away unanswered (its driver was stopped).
+fn missing() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Unavailable,
+        "the rate check was dropped before an answer came",
+    )
+}

@@ -1,0 +1,282 @@
+-- Rate checks, decided in turn: one call carries a batch of checks — of one caller or of many,
+-- each with one or more limits under any of the three algorithms — so that Redis pays the
+-- per-call cost (parsing, the script call, one TIME) once per batch. Each check is decided
+-- exactly as it would be alone at this instant of store time, after the checks before it.
+--
+-- KEYS        every check's limit keys, check after check (one check's keys share a hash tag;
+--             on Cluster a batch holds keys of one slot)
+-- ARGV        per check: algorithm (1 sliding log, 2 sliding counter, 3 GCRA), cost (integer
+--             >= 0; 0 only looks), the attempt id (16 hex digits), the number of limits n, then
+--             per limit its quota and its window in microseconds
+-- Returns     per check: admitted (0|1), retry_after_us, then per limit remaining and reset_us;
+--             or -1 and the error of a check that failed (the checks around it stand)
+--
+-- Safe to run twice: a check whose attempt already charged its limits (the call was re-sent, or
+-- its reply lost and the check retried) is admitted again without a second charge.
+--
+-- Stored numbers and microsecond times are formatted by hand (Lua would print numbers of more
+-- than 14 digits in exponent form); small ones (milliseconds, indexes) go to redis.call as they
+-- are.
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- milliseconds keep quota * window exact in a double for windows of years
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out, len = {}, 0
+
+local function push(v)
+  len = len + 1
+  out[len] = v
+end
+
+-- ceil(a / b) for integers 0 <= a, 0 < b below 2^53, exact whatever the rounding of a / b
+local function ceil_div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 end
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+-- Sliding log: exact. One sorted set per limit, a member per unit of admitted cost (the attempt
+-- id, or id:1 .. id:cost), scored with the store time. Reads the oldest entry first: only when it
+-- left the window is the log trimmed. A new caller costs ZRANGE, ZADD, PEXPIRE; a known one adds
+-- ZCARD. A re-sent attempt finds its own entries: they are never added twice (ZADD NX), and only
+-- a log that would deny is searched for them (ZSCORE).
+local function sliding_log(k, a, n, cost, attempt)
+  local counts, oldests = {}, {}
+  local admitted, retry, replay = 1, 0, false
+  local first_member = attempt
+  if cost > 1 then first_member = attempt .. ':1' end
+  for i = 1, n do
+    local key = KEYS[k + i]
+    local quota, window = tonumber(ARGV[a + 2 * i - 1]), tonumber(ARGV[a + 2 * i])
+    local count, oldest = 0, nil
+    local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    if first[2] then
+      oldest = tonumber(first[2])
+      -- an entry scored s covers (s - window, s]; it is gone once now - window >= s
+      if oldest <= now_us - window then
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now_us - window))
+        first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+        oldest = tonumber(first[2])
+      end
+      if oldest then count = redis.call('ZCARD', key) end
+    end
+    counts[i], oldests[i] = count, oldest
+    if not replay and count + cost > quota then
+      if cost > 0 and count > 0 and redis.call('ZSCORE', key, first_member) then
+        -- charged by the first run of this attempt
+        replay = true
+      else
+        admitted = 0
+        local wait = window
+        if cost <= quota then
+          -- room appears once the (count + cost - quota) oldest entries have left the window
+          local idx = count + cost - quota - 1
+          if idx == 0 then
+            wait = oldest + window - now_us
+          else
+            local e = redis.call('ZRANGE', key, idx, idx, 'WITHSCORES')
+            wait = tonumber(e[2]) + window - now_us
+          end
+        end
+        if wait > retry then retry = wait end
+      end
+    end
+  end
+  if replay then admitted, retry = 1, 0 end
+  push(admitted)
+  push(retry)
+  local score = string.format('%d', now_us)
+  for i = 1, n do
+    local key = KEYS[k + i]
+    local quota, window = tonumber(ARGV[a + 2 * i - 1]), tonumber(ARGV[a + 2 * i])
+    local count, oldest = counts[i], oldests[i]
+    local reset = 0
+    if oldest then reset = oldest + window - now_us end
+    if admitted == 1 and cost > 0 then
+      local added
+      if cost == 1 then
+        added = redis.call('ZADD', key, 'NX', score, attempt)
+      else
+        added = 0
+        local args = {'NX'}
+        for c = 1, cost do
+          args[#args + 1] = score
+          args[#args + 1] = attempt .. ':' .. c
+          if #args >= 1001 then
+            added = added + redis.call('ZADD', key, unpack(args))
+            args = {'NX'}
+          end
+        end
+        if #args > 1 then added = added + redis.call('ZADD', key, unpack(args)) end
+      end
+      if added > 0 then
+        redis.call('PEXPIRE', key, math.ceil(window / 1000))
+        count = count + added
+        -- the log was empty: its oldest entry is this request's
+        if not oldest then reset = window end
+      end
+    end
+    local remaining = quota - count
+    if remaining < 0 then remaining = 0 end
+    push(remaining)
+    push(reset)
+  end
+end
+
+-- Sliding-window counter: O(1) memory. Per limit one string
+-- "<window index>:<current>:<previous>:<attempt>"; the estimate is current + previous * (share of
+-- the previous window still inside the sliding one). GET, plus SET when admitted (KEEPTTL within
+-- a window). A re-sent attempt finds its id on the first limit.
+local function sliding_counter(k, a, n, cost, attempt)
+  local now = now_ms
+  local state = {}
+  local admitted, retry, replay = 1, 0, false
+  for i = 1, n do
+    local quota = tonumber(ARGV[a + 2 * i - 1])
+    local window = tonumber(ARGV[a + 2 * i]) / 1000
+    local index = math.floor(now / window)
+    local elapsed = now - index * window
+    local cur, prev, same = 0, 0, false
+    local raw = redis.call('GET', KEYS[k + i])
+    if raw then
+      local idx, c, p, by = string.match(raw, '^(%d+):(%d+):(%d+):?(%x*)$')
+      idx = tonumber(idx)
+      if idx == index then cur, prev, same = tonumber(c), tonumber(p), true
+      elseif idx == index - 1 then prev = tonumber(c) end
+      if i == 1 and by == attempt then replay = true end
+    end
+    state[i] = {quota, window, index, elapsed, cur, prev, same}
+    -- scaled by window: used * window = cur * window + prev * (window - elapsed)
+    if replay then
+      -- charged by the first run of this attempt: nothing to decide
+    elseif (cur + cost) * window + prev * (window - elapsed) > quota * window then
+      admitted = 0
+      local wait
+      local room = quota - cost - cur
+      if cost > quota then
+        wait = window
+      elseif room >= 0 then
+        -- prev * (window - elapsed - x) <= room * window
+        wait = (window - elapsed) - room * window / prev
+      else
+        -- next window: cur becomes the previous one; cur * (window - x) <= (quota - cost) * window
+        wait = (window - elapsed) + window - (quota - cost) * window / cur
+      end
+      if wait > retry then retry = wait end
+    end
+  end
+  if replay then admitted, retry = 1, 0 end
+  push(admitted)
+  push(math.ceil(retry * 1000))
+  for i = 1, n do
+    local quota, window, index, elapsed, cur, prev, same = unpack(state[i])
+    if admitted == 1 and not replay and cost > 0 then
+      cur = cur + cost
+      local value = string.format('%d:%d:%d:%s', index, cur, prev, attempt)
+      if same then
+        -- the same window: its expiry (the end of the next window) stands
+        redis.call('SET', KEYS[k + i], value, 'KEEPTTL')
+      else
+        redis.call('SET', KEYS[k + i], value, 'PX', math.ceil(2 * window - elapsed))
+      end
+    end
+    local used = cur + prev * (window - elapsed) / window
+    local whole = math.ceil(used - 1e-9)
+    local remaining = quota - whole
+    if remaining < 0 then remaining = 0 end
+    -- the quota grows when the estimate next drops below a whole unit: within this window while
+    -- the previous one's share can fall that far, else in the next, as this window's cost
+    -- becomes the previous one's and fades (no later requests assumed): a denial's wait
+    local reset = 0
+    if whole > 0 and prev > 0 and whole - 1 - cur >= 0 then
+      reset = (window - elapsed) - (whole - 1 - cur) * window / prev
+    elseif whole > 0 then
+      reset = (window - elapsed) + window - (whole - 1) * window / cur
+    end
+    push(remaining)
+    push(math.ceil(reset * 1000))
+  end
+end
+
+-- GCRA (generic cell rate algorithm): O(1) memory, smooth. Emission interval T = window / quota;
+-- a request of cost c is admitted when max(TAT, now) + c*T - now <= window (a fresh caller may
+-- spend the whole quota at once). Kept exact in integers: per limit one string
+-- "<tat>:<rem>:<attempt>", the theoretical arrival time in whole microseconds of store time plus
+-- rem/quota of a microsecond, and the id of the attempt that set it. Offsets from now are counted
+-- in 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52). GET, plus
+-- SET PX when admitted. A re-sent attempt finds its id on the first limit.
+local function gcra(k, a, n, cost, attempt)
+  local now = now_us
+  local tats, rems = {}, {}
+  local admitted, retry, replay = 1, 0, false
+  for i = 1, n do
+    local quota, window = tonumber(ARGV[a + 2 * i - 1]), tonumber(ARGV[a + 2 * i])
+    local tat, rem = now, 0
+    local raw = redis.call('GET', KEYS[k + i])
+    if raw then
+      local stored, r, by = string.match(raw, '^(%d+):(%d+):?(%x*)$')
+      stored = tonumber(stored)
+      if stored >= now then tat, rem = stored, tonumber(r) end
+      if i == 1 and by == attempt then replay = true end
+    end
+    tats[i], rems[i] = tat, rem
+    if replay then
+      -- charged by the first run of this attempt: nothing to decide
+    elseif cost > quota then
+      admitted = 0
+      if window > retry then retry = window end
+    else
+      local ahead = (tat - now) * quota + rem + cost * window
+      if ahead > window * quota then
+        admitted = 0
+        local wait = ceil_div(ahead - window * quota, quota)
+        if wait > retry then retry = wait end
+      end
+    end
+  end
+  if replay then admitted, retry = 1, 0 end
+  push(admitted)
+  push(retry)
+  for i = 1, n do
+    local quota, window = tonumber(ARGV[a + 2 * i - 1]), tonumber(ARGV[a + 2 * i])
+    local tat, rem = tats[i], rems[i]
+    if admitted == 1 and not replay and cost > 0 then
+      local units = rem + cost * window
+      local whole = math.floor(units / quota)
+      if whole * quota > units then whole = whole - 1 end
+      tat = tat + whole
+      rem = units - whole * quota
+      redis.call('SET', KEYS[k + i], string.format('%d:%d:%s', tat, rem, attempt),
+        'PX', math.ceil((tat - now) / 1000) + 1)
+    end
+    local ahead = (tat - now) * quota + rem
+    local used = ceil_div(ahead, window)
+    local remaining = quota - used
+    if remaining < 0 then remaining = 0 end
+    local reset = 0
+    -- the next unit frees when the offset drops to (used - 1) emission intervals
+    if used > 0 then reset = ceil_div(ahead - (used - 1) * window, quota) end
+    push(remaining)
+    push(reset)
+  end
+end
+
+local algorithms = {sliding_log, sliding_counter, gcra}
+local k, a = 0, 0
+while a < #ARGV do
+  local algorithm = algorithms[tonumber(ARGV[a + 1])]
+  local cost, attempt, n = tonumber(ARGV[a + 2]), ARGV[a + 3], tonumber(ARGV[a + 4])
+  local start = len
+  local ok, err = pcall(algorithm, k, a + 4, n, cost, attempt)
+  if not ok then
+    -- this check's partial answer gives way to its error
+    for j = len, start + 1, -1 do out[j] = nil end
+    len = start
+    if type(err) == 'table' then err = err.err end
+    push(-1)
+    push(tostring(err))
+  end
+  k, a = k + n, a + 4 + 2 * n
+end
+return out
