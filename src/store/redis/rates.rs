@@ -1,8 +1,8 @@
 //! Rate checks on Redis, coalesced: checks that wait for the store at the same moment go out as
 //! one call of `rate.lua`.
 //!
-//! The first check goes at once. While a call is in flight, later checks queue; when it returns,
-//! what queued meanwhile goes out as the next call (up to `max_batch` checks). With no load that
+//! The first check goes at once. While two calls are in flight, later checks queue; when one
+//! returns, what queued meanwhile goes out as the next call (up to `max_batch` checks). With no load that
 //! is one check per call, as without batching; under load a batch holds the arrivals of one round
 //! trip, and Redis pays its cost per call (reading and parsing the command, the script call,
 //! `TIME`, the reply) once per batch, as the client pays its encoding, write and wake-up.
@@ -21,7 +21,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 use tokio::sync::oneshot;
@@ -35,12 +37,18 @@ use crate::store::{StoreError, StoreErrorKind, StoreFuture};
 /// The most checks one call carries unless configured otherwise.
 pub(super) const DEFAULT_MAX_BATCH: usize = 32;
 
+/// How many calls may be in flight at once: two, so that Redis decides one batch while the
+/// client reads the answers of the other and the next batch assembles.
+const CALLS_IN_FLIGHT: usize = 2;
+
 /// The rate checks of one store: its connection, the script, and the checks waiting to go out.
 pub(super) struct Rates {
     link: Arc<Link>,
     script: Lua,
     timeout: Duration,
     max_batch: usize,
+    /// How many calls may be in flight at once.
+    calls_in_flight: usize,
     /// On Cluster, calls are split per caller key.
     per_key: bool,
     queue: Mutex<Queue>,
@@ -68,6 +76,10 @@ impl Rates {
             script: Lua::new(include_str!("../scripts/rate.lua")),
             timeout,
             max_batch: max_batch.max(1),
+            calls_in_flight: std::env::var("TOLLGATE_IN_FLIGHT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(CALLS_IN_FLIGHT),
             per_key,
             queue: Mutex::default(),
         }
@@ -95,7 +107,7 @@ impl Rates {
                 check,
                 reply,
             }) {
-                tokio::spawn(Arc::clone(&this).drive());
+                tokio::spawn(Driver::new(&this).run());
             }
             match tokio::time::timeout(this.timeout, answer).await {
                 Ok(Ok(outcome)) => outcome,
@@ -116,25 +128,9 @@ impl Rates {
         !std::mem::replace(&mut queue.sending, true)
     }
 
-    /// Sends batches until none waits.
-    async fn drive(self: Arc<Self>) {
-        let mut driving = Driving {
-            rates: &self,
-            done: false,
-        };
-        while let Some(batch) = self.next_batch() {
-            if self.per_key && batch.len() > 1 {
-                join_all(per_key(batch).into_iter().map(|b| self.send(b))).await;
-            } else {
-                self.send(batch).await;
-            }
-        }
-        driving.done = true;
-    }
-
-    /// The checks that go out next, leaving out callers that gave up; `None` (and nothing in
-    /// flight any more) when none waits.
-    fn next_batch(&self) -> Option<Vec<Waiting>> {
+    /// The checks that go out next, leaving out callers that gave up; `None` when none waits,
+    /// and then, when the driver is `idle` (nothing in flight), it stops.
+    fn next_batch(&self, idle: bool) -> Option<Vec<Waiting>> {
         let mut queue = self.queue();
         let mut batch = Vec::with_capacity(queue.waiting.len().min(self.max_batch));
         while batch.len() < self.max_batch {
@@ -145,14 +141,23 @@ impl Rates {
             }
         }
         if batch.is_empty() {
-            queue.sending = false;
+            queue.sending = !idle;
             return None;
         }
         Some(batch)
     }
 
-    /// Sends one call for `batch` and tells each caller its answer.
+    /// Sends `batch` (on Cluster, a call per caller key) and tells each caller its answer.
     async fn send(&self, batch: Vec<Waiting>) {
+        if self.per_key && batch.len() > 1 {
+            join_all(per_key(batch).into_iter().map(|b| self.send_one(b))).await;
+        } else {
+            self.send_one(batch).await;
+        }
+    }
+
+    /// Sends one call for `batch` and tells each caller its answer.
+    async fn send_one(&self, batch: Vec<Waiting>) {
         let checks: Vec<_> = batch.iter().map(|w| (&*w.policy, w.check)).collect();
         match self.call(&checks).await {
             Ok(decided) => {
@@ -218,14 +223,41 @@ pub(super) async fn bounded<T>(
     result
 }
 
-/// Stops a cancelled driver cleanly (its runtime shut down): nothing is in flight any more, and
+/// Sends batches until none waits. Made when a check finds nothing in flight; dropped unfinished
+/// (its runtime shut down, perhaps before it ever ran), it leaves nothing in flight behind, and
 /// the callers still waiting learn that their check was dropped.
-struct Driving<'a> {
-    rates: &'a Rates,
+struct Driver {
+    rates: Arc<Rates>,
     done: bool,
 }
 
-impl Drop for Driving<'_> {
+impl Driver {
+    fn new(rates: &Arc<Rates>) -> Self {
+        Self {
+            rates: Arc::clone(rates),
+            done: false,
+        }
+    }
+
+    async fn run(mut self) {
+        let rates = &self.rates;
+        let mut calls = FuturesUnordered::new();
+        loop {
+            while calls.len() < rates.calls_in_flight {
+                match rates.next_batch(calls.is_empty()) {
+                    Some(batch) => calls.push(rates.send(batch)),
+                    None => break,
+                }
+            }
+            if calls.next().await.is_none() {
+                break;
+            }
+        }
+        self.done = true;
+    }
+}
+
+impl Drop for Driver {
     fn drop(&mut self) {
         if !self.done {
             let mut queue = self.rates.queue();

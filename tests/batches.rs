@@ -1,0 +1,309 @@
+//! Coalesced rate checks against a real redis-server: checks that wait for the store together go
+//! out as one call, and every caller's decision is exactly the one it gets alone.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::join_all;
+use proptest::prelude::*;
+use tollgate::key::Key;
+use tollgate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
+use tollgate::store::{RateStore, RedisStore};
+
+use common::{RedisServer, check};
+
+/// Windows of days: no window starts or ends while a case runs, so that store time moves
+/// nothing but resets and waits between the batched run and the one check at a time.
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// How far the resets and waits of the two runs may be apart: the time between them.
+const SLACK: Duration = Duration::from_secs(5);
+
+/// One check of a case: which caller, which policy, what cost.
+#[derive(Debug, Clone, Copy)]
+struct Op {
+    caller: u8,
+    policy: usize,
+    cost: u64,
+}
+
+/// A policy of a case: its algorithm and limits (quota, window in days).
+type PolicySpec = (Algorithm, Vec<(u64, u64)>);
+
+fn algorithm() -> impl Strategy<Value = Algorithm> {
+    prop_oneof![
+        Just(Algorithm::SlidingLog),
+        Just(Algorithm::SlidingCounter),
+        Just(Algorithm::Gcra),
+    ]
+}
+
+fn policy_spec() -> impl Strategy<Value = PolicySpec> {
+    (
+        algorithm(),
+        prop::collection::vec((1u64..8, prop_oneof![Just(1u64), Just(2), Just(7)]), 1..3),
+    )
+}
+
+fn op(policies: usize) -> impl Strategy<Value = Op> {
+    (
+        0u8..4,
+        0..policies,
+        prop_oneof![3 => 1u64..3, 1 => Just(0u64), 1 => 3u64..10],
+    )
+        .prop_map(|(caller, policy, cost)| Op {
+            caller,
+            policy,
+            cost,
+        })
+}
+
+/// Policies, and waves of checks: the checks of one wave wait for the store together.
+fn case() -> impl Strategy<Value = (Vec<PolicySpec>, Vec<Vec<Op>>)> {
+    prop::collection::vec(policy_spec(), 1..4).prop_flat_map(|specs| {
+        let n = specs.len();
+        (
+            Just(specs),
+            prop::collection::vec(prop::collection::vec(op(n), 1..24), 1..5),
+        )
+    })
+}
+
+fn policies(specs: &[PolicySpec]) -> Vec<Arc<RatePolicy>> {
+    let namespace = format!("b{}:rl", rand::random::<u64>());
+    specs
+        .iter()
+        .map(|(algorithm, limits)| {
+            let limits = limits
+                .iter()
+                .enumerate()
+                .map(|(i, &(quota, days))| Limit::new(format!("l{i}"), quota, DAY * days as u32))
+                .collect();
+            Arc::new(RatePolicy::new(namespace.clone(), *algorithm, limits).unwrap())
+        })
+        .collect()
+}
+
+fn key(caller: u8) -> Key {
+    Key::new("batch-test", &[caller])
+}
+
+fn evals(server: &RedisServer) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+fn reset_stats(server: &RedisServer) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut server.conn())
+        .unwrap();
+}
+
+fn near(a: Duration, b: Duration) -> bool {
+    a.abs_diff(b) <= SLACK
+}
+
+/// Asserts that `batched` decided as `alone` did: the same admissions and remaining quotas, the
+/// same waits and resets up to the time between the runs.
+fn same(batched: &RateOutcome, alone: &RateOutcome, what: &str) -> Result<(), TestCaseError> {
+    prop_assert_eq!(batched.admitted, alone.admitted, "{}: admitted", what);
+    prop_assert_eq!(batched.limits.len(), alone.limits.len(), "{}", what);
+    prop_assert!(
+        near(batched.retry_after, alone.retry_after),
+        "{}: retry after {:?} against {:?}",
+        what,
+        batched.retry_after,
+        alone.retry_after
+    );
+    for (b, a) in batched.limits.iter().zip(&alone.limits) {
+        prop_assert_eq!(b.remaining, a.remaining, "{}: remaining", what);
+        prop_assert!(
+            near(b.reset, a.reset),
+            "{}: reset {:?} against {:?}",
+            what,
+            b.reset,
+            a.reset
+        );
+    }
+    Ok(())
+}
+
+/// The property, on `batched` (at most `max_batch` checks per call) against `alone`: every wave's
+/// checks wait together, and the same checks one at a time decide alike. The runtime has one
+/// thread, so a wave's checks all queue before the first call goes out: the calls are exactly
+/// one per `max_batch` checks of each wave.
+#[test]
+fn batched_decisions_equal_the_decisions_alone() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _runtime = runtime.enter();
+    for max_batch in [5, 32] {
+        let batched = RedisStore::builder(server.url())
+            .timeout(Duration::from_secs(2))
+            .max_batch(max_batch)
+            .build()
+            .unwrap();
+        let alone = RedisStore::builder(server.url())
+            .timeout(Duration::from_secs(2))
+            .max_batch(1)
+            .build()
+            .unwrap();
+        // the script loaded before the calls are counted
+        let warm = one_limit(Algorithm::Gcra, 1);
+        runtime
+            .block_on(batched.check_rate(&warm, RateCheck::new(key(0), 0)))
+            .unwrap();
+        check(48, case(), |(specs, waves)| {
+            let (on_batched, on_alone) = (policies(&specs), policies(&specs));
+            runtime.block_on(async {
+                let mut decided = Vec::new();
+                reset_stats(&server);
+                for wave in &waves {
+                    let checks = wave.iter().map(|op| {
+                        let check = RateCheck::new(key(op.caller), op.cost);
+                        batched.check_rate(&on_batched[op.policy], check)
+                    });
+                    for outcome in join_all(checks).await {
+                        decided.push(outcome.unwrap());
+                    }
+                }
+                let calls: u64 = waves
+                    .iter()
+                    .map(|w| w.len().div_ceil(max_batch) as u64)
+                    .sum();
+                prop_assert_eq!(evals(&server), calls, "calls of batches of {}", max_batch);
+                reset_stats(&server);
+                let ops: Vec<Op> = waves.iter().flatten().copied().collect();
+                for (i, op) in ops.iter().enumerate() {
+                    let check = RateCheck::new(key(op.caller), op.cost);
+                    let outcome = alone.check_rate(&on_alone[op.policy], check).await.unwrap();
+                    same(
+                        &decided[i],
+                        &outcome,
+                        &format!("check {i} {op:?} of {specs:?}"),
+                    )?;
+                }
+                prop_assert_eq!(evals(&server), ops.len() as u64, "calls one at a time");
+                Ok(())
+            })
+        });
+    }
+}
+
+fn one_limit(algorithm: Algorithm, quota: u64) -> Arc<RatePolicy> {
+    let namespace = format!("b{}:rl", rand::random::<u64>());
+    let limits = vec![Limit::new("l", quota, DAY)];
+    Arc::new(RatePolicy::new(namespace, algorithm, limits).unwrap())
+}
+
+#[test]
+fn a_caller_that_gave_up_before_its_batch_went_out_is_not_charged() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _runtime = runtime.enter();
+    let store = server.store();
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let policy = one_limit(algorithm, 10);
+        runtime.block_on(async {
+            // queued (the call goes out once this task yields), then dropped
+            let gave_up = store.check_rate(&policy, RateCheck::new(key(1), 3));
+            assert!(gave_up.now_or_never().is_none());
+            let outcome = store
+                .check_rate(&policy, RateCheck::new(key(1), 1))
+                .await
+                .unwrap();
+            assert!(outcome.admitted);
+            assert_eq!(outcome.limits[0].remaining, 9, "{algorithm}: charged once");
+        });
+    }
+}
+
+#[test]
+fn a_store_outlives_a_runtime_that_was_about_to_send() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _runtime = runtime.enter();
+    let store = server.store();
+    let policy = one_limit(Algorithm::Gcra, 10);
+    {
+        let brief = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        brief.block_on(async {
+            // the call is to go out on this runtime, which goes away first
+            let pending = store.check_rate(&policy, RateCheck::new(key(2), 1));
+            assert!(pending.now_or_never().is_none());
+        });
+    }
+    let outcome = runtime
+        .block_on(store.check_rate(&policy, RateCheck::new(key(2), 1)))
+        .expect("checks go out on the runtime that remains");
+    assert!(outcome.admitted);
+    assert_eq!(outcome.limits[0].remaining, 9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_of_one_key_get_exactly_the_quota_in_batches() {
+    let server = RedisServer::start();
+    let store = server.store();
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let policy = one_limit(algorithm, 37);
+        reset_stats(&server);
+        let tasks: Vec<_> = (0..200)
+            .map(|_| {
+                let (store, policy) = (store.clone(), Arc::clone(&policy));
+                tokio::spawn(async move {
+                    store
+                        .check_rate(&policy, RateCheck::new(key(3), 1))
+                        .await
+                        .unwrap()
+                        .admitted
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += u32::from(task.await.unwrap());
+        }
+        assert_eq!(admitted, 37, "{algorithm}: exactly the quota");
+        let calls = evals(&server);
+        assert!(calls < 200, "{algorithm}: {calls} calls for 200 checks");
+    }
+}
