@@ -231,14 +231,16 @@ fn rate_checks_run_twice_are_charged_once() {
             ];
             // two limits: 5 per minute, 9 per hour
             let args = [
+                "1",
                 code,
-                cost,
-                "00000000000000a1",
                 "2",
                 "5",
                 "60000000",
                 "9",
                 "3600000000",
+                "1",
+                cost,
+                "00000000000000a1",
             ];
             let first = items(run(&mut conn, "rate", &keys, &args));
             let state = [
@@ -270,8 +272,26 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
     for (name, code) in ALGORITHMS {
         let key = format!("r:{{full-{name}}}:a");
         // 2 per minute; the second attempt takes the last unit
-        let once = [code, "1", "00000000000000b1", "1", "2", "60000000"];
-        let last = [code, "1", "00000000000000b2", "1", "2", "60000000"];
+        let once = [
+            "1",
+            code,
+            "1",
+            "2",
+            "60000000",
+            "1",
+            "1",
+            "00000000000000b1",
+        ];
+        let last = [
+            "1",
+            code,
+            "1",
+            "2",
+            "60000000",
+            "1",
+            "1",
+            "00000000000000b2",
+        ];
         run(&mut conn, "rate", &[&key], &once);
         let first = items(run(&mut conn, "rate", &[&key], &last));
         let state = rate_state(&mut conn, name, &key);
@@ -291,7 +311,16 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
             state,
             "{name}: charged once"
         );
-        let other = [code, "1", "00000000000000b3", "1", "2", "60000000"];
+        let other = [
+            "1",
+            code,
+            "1",
+            "2",
+            "60000000",
+            "1",
+            "1",
+            "00000000000000b3",
+        ];
         let denied = items(run(&mut conn, "rate", &[&key], &other));
         assert_eq!(int(&denied[0]), 0, "{name}: another attempt is denied");
     }
@@ -311,15 +340,14 @@ fn a_batch_decides_its_checks_in_turn_and_a_failing_one_alone() {
             .query(&mut conn)
             .unwrap();
         // 2 per minute: three checks of one caller, one on a key of the wrong type between them
-        let mut args = Vec::new();
-        for (i, attempt) in ["00000000000000c1", "00000000000000c2", "00000000000000c3"]
-            .into_iter()
-            .enumerate()
-        {
-            args.extend([code, "1", attempt, "1", "2", "60000000"]);
-            if i == 0 {
-                args.extend([code, "1", "00000000000000c9", "1", "2", "60000000"]);
-            }
+        let mut args = vec!["1", code, "1", "2", "60000000"];
+        for attempt in [
+            "00000000000000c1",
+            "00000000000000c9",
+            "00000000000000c2",
+            "00000000000000c3",
+        ] {
+            args.extend(["1", "1", attempt]);
         }
         let keys = [&key[..], &wrong, &key, &key];
         let reply = items(run(&mut conn, "rate", &keys, &args));

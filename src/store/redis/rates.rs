@@ -280,7 +280,8 @@ fn per_key(batch: Vec<Waiting>) -> Vec<Vec<Waiting>> {
     parts
 }
 
-/// `<verb> <script> numkeys keys... args...` for `checks` (see `rate.lua`).
+/// `<verb> <script> numkeys keys... args...` for `checks` (see `rate.lua`): every check's keys,
+/// then each distinct policy once, then per check its policy, cost and attempt.
 fn command(verb: &str, script: &str, checks: &[(&RatePolicy, RateCheck)]) -> Cmd {
     let keys: usize = checks.iter().map(|(p, _)| p.limits().len()).sum();
     let mut cmd = redis::cmd(verb);
@@ -292,19 +293,34 @@ fn command(verb: &str, script: &str, checks: &[(&RatePolicy, RateCheck)]) -> Cmd
             cmd.arg(key.as_str());
         }
     }
-    for (policy, check) in checks {
+    // a batch holds few policies (usually one): a scan finds each check's
+    let mut policies: Vec<&RatePolicy> = Vec::new();
+    let numbers: Vec<usize> = checks
+        .iter()
+        .map(|(policy, _)| {
+            let found = policies.iter().position(|p| std::ptr::eq(*p, *policy));
+            1 + found.unwrap_or_else(|| {
+                policies.push(policy);
+                policies.len() - 1
+            })
+        })
+        .collect();
+    cmd.arg(policies.len());
+    for policy in &policies {
         let algorithm: u8 = match policy.algorithm() {
             Algorithm::SlidingLog => 1,
             Algorithm::SlidingCounter => 2,
             Algorithm::Gcra => 3,
         };
-        cmd.arg(algorithm)
-            .arg(check.cost())
-            .arg(&check.attempt_hex()[..])
-            .arg(policy.limits().len());
+        cmd.arg(algorithm).arg(policy.limits().len());
         for limit in policy.limits() {
             cmd.arg(limit.quota()).arg(limit.window_us());
         }
+    }
+    for ((_, check), number) in checks.iter().zip(numbers) {
+        cmd.arg(number)
+            .arg(check.cost())
+            .arg(&check.attempt_hex()[..]);
     }
     cmd
 }

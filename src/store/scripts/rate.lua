@@ -5,23 +5,33 @@
 --
 -- KEYS        every check's limit keys, check after check (one check's keys share a hash tag;
 --             on Cluster a batch holds keys of one slot)
--- ARGV        per check: algorithm (1 sliding log, 2 sliding counter, 3 GCRA), cost (integer
---             >= 0; 0 only looks), the attempt id (16 hex digits), the number of limits n, then
---             per limit its quota and its window in microseconds
+-- ARGV        the number of policies, then per policy its algorithm (1 sliding log, 2 sliding
+--             counter, 3 GCRA), its number of limits n and per limit the quota and the window in
+--             microseconds; then per check its policy (1-based), its cost (integer >= 0; 0 only
+--             looks) and its attempt id (16 hex digits)
 -- Returns     per check: admitted (0|1), retry_after_us, then per limit remaining and reset_us;
 --             or -1 and the error of a check that failed (the checks around it stand)
 --
 -- Safe to run twice: a check whose attempt already charged its limits (the call was re-sent, or
 -- its reply lost and the check retried) is admitted again without a second charge.
 --
--- Stored numbers and microsecond times are formatted by hand (Lua would print numbers of more
--- than 14 digits in exponent form); small ones (milliseconds, indexes) go to redis.call as they
--- are.
+-- Numbers go to redis.call formatted as integers by hand: Lua would print those of more than 14
+-- digits in exponent form, and Redis formats every number it is given as a float, which costs
+-- more. A policy's limits are sent and read once per call, whatever the number of its checks.
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- milliseconds keep quota * window exact in a double for windows of years
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out, len = {}, 0
+local format, sub = string.format, string.sub
+
+-- A decimal integer below 2^53, read as two short halves: strtod takes a slow path for the
+-- 16 digits of a microsecond time.
+local function int(s)
+  local n = #s
+  if n <= 9 then return tonumber(s) end
+  return tonumber(sub(s, 1, n - 8)) * 100000000 + tonumber(sub(s, n - 7))
+end
 
 local function push(v)
   len = len + 1
@@ -41,23 +51,23 @@ end
 -- left the window is the log trimmed. A new caller costs ZRANGE, ZADD, PEXPIRE; a known one adds
 -- ZCARD. A re-sent attempt finds its own entries: they are never added twice (ZADD NX), and only
 -- a log that would deny is searched for them (ZSCORE).
-local function sliding_log(k, a, n, cost, attempt)
+local function sliding_log(k, n, q, w, cost, attempt)
   local counts, oldests = {}, {}
   local admitted, retry, replay = 1, 0, false
   local first_member = attempt
   if cost > 1 then first_member = attempt .. ':1' end
   for i = 1, n do
     local key = KEYS[k + i]
-    local quota, window = tonumber(ARGV[a + 2 * i - 1]), tonumber(ARGV[a + 2 * i])
+    local quota, window = q[i], w[i]
     local count, oldest = 0, nil
-    local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
     if first[2] then
-      oldest = tonumber(first[2])
+      oldest = int(first[2])
       -- an entry scored s covers (s - window, s]; it is gone once now - window >= s
       if oldest <= now_us - window then
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now_us - window))
-        first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-        oldest = tonumber(first[2])
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_us - window))
+        first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+        if first[2] then oldest = int(first[2]) else oldest = nil end
       end
       if oldest then count = redis.call('ZCARD', key) end
     end
@@ -75,8 +85,8 @@ local function sliding_log(k, a, n, cost, attempt)
           if idx == 0 then
             wait = oldest + window - now_us
           else
-            local e = redis.call('ZRANGE', key, idx, idx, 'WITHSCORES')
-            wait = tonumber(e[2]) + window - now_us
+            local e = redis.call('ZRANGE', key, format('%d', idx), format('%d', idx), 'WITHSCORES')
+            wait = int(e[2]) + window - now_us
           end
         end
         if wait > retry then retry = wait end
@@ -86,10 +96,10 @@ local function sliding_log(k, a, n, cost, attempt)
   if replay then admitted, retry = 1, 0 end
   push(admitted)
   push(retry)
-  local score = string.format('%d', now_us)
+  local score = format('%d', now_us)
   for i = 1, n do
     local key = KEYS[k + i]
-    local quota, window = tonumber(ARGV[a + 2 * i - 1]), tonumber(ARGV[a + 2 * i])
+    local quota, window = q[i], w[i]
     local count, oldest = counts[i], oldests[i]
     local reset = 0
     if oldest then reset = oldest + window - now_us end
@@ -111,7 +121,7 @@ local function sliding_log(k, a, n, cost, attempt)
         if #args > 1 then added = added + redis.call('ZADD', key, unpack(args)) end
       end
       if added > 0 then
-        redis.call('PEXPIRE', key, math.ceil(window / 1000))
+        redis.call('PEXPIRE', key, format('%d', math.ceil(window / 1000)))
         count = count + added
         -- the log was empty: its oldest entry is this request's
         if not oldest then reset = window end
@@ -128,13 +138,13 @@ end
 -- "<window index>:<current>:<previous>:<attempt>"; the estimate is current + previous * (share of
 -- the previous window still inside the sliding one). GET, plus SET when admitted (KEEPTTL within
 -- a window). A re-sent attempt finds its id on the first limit.
-local function sliding_counter(k, a, n, cost, attempt)
+local function sliding_counter(k, n, q, w, cost, attempt)
   local now = now_ms
   local state = {}
   local admitted, retry, replay = 1, 0, false
   for i = 1, n do
-    local quota = tonumber(ARGV[a + 2 * i - 1])
-    local window = tonumber(ARGV[a + 2 * i]) / 1000
+    local quota = q[i]
+    local window = w[i] / 1000
     local index = math.floor(now / window)
     local elapsed = now - index * window
     local cur, prev, same = 0, 0, false
@@ -173,12 +183,12 @@ local function sliding_counter(k, a, n, cost, attempt)
     local quota, window, index, elapsed, cur, prev, same = unpack(state[i])
     if admitted == 1 and not replay and cost > 0 then
       cur = cur + cost
-      local value = string.format('%d:%d:%d:%s', index, cur, prev, attempt)
+      local value = format('%d:%d:%d:%s', index, cur, prev, attempt)
       if same then
         -- the same window: its expiry (the end of the next window) stands
         redis.call('SET', KEYS[k + i], value, 'KEEPTTL')
       else
-        redis.call('SET', KEYS[k + i], value, 'PX', math.ceil(2 * window - elapsed))
+        redis.call('SET', KEYS[k + i], value, 'PX', format('%d', math.ceil(2 * window - elapsed)))
       end
     end
     local used = cur + prev * (window - elapsed) / window
@@ -206,17 +216,17 @@ end
 -- rem/quota of a microsecond, and the id of the attempt that set it. Offsets from now are counted
 -- in 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52). GET, plus
 -- SET PX when admitted. A re-sent attempt finds its id on the first limit.
-local function gcra(k, a, n, cost, attempt)
+local function gcra(k, n, q, w, cost, attempt)
   local now = now_us
   local tats, rems = {}, {}
   local admitted, retry, replay = 1, 0, false
   for i = 1, n do
-    local quota, window = tonumber(ARGV[a + 2 * i - 1]), tonumber(ARGV[a + 2 * i])
+    local quota, window = q[i], w[i]
     local tat, rem = now, 0
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
       local stored, r, by = string.match(raw, '^(%d+):(%d+):?(%x*)$')
-      stored = tonumber(stored)
+      stored = int(stored)
       if stored >= now then tat, rem = stored, tonumber(r) end
       if i == 1 and by == attempt then replay = true end
     end
@@ -239,7 +249,7 @@ local function gcra(k, a, n, cost, attempt)
   push(admitted)
   push(retry)
   for i = 1, n do
-    local quota, window = tonumber(ARGV[a + 2 * i - 1]), tonumber(ARGV[a + 2 * i])
+    local quota, window = q[i], w[i]
     local tat, rem = tats[i], rems[i]
     if admitted == 1 and not replay and cost > 0 then
       local units = rem + cost * window
@@ -247,8 +257,8 @@ local function gcra(k, a, n, cost, attempt)
       if whole * quota > units then whole = whole - 1 end
       tat = tat + whole
       rem = units - whole * quota
-      redis.call('SET', KEYS[k + i], string.format('%d:%d:%s', tat, rem, attempt),
-        'PX', math.ceil((tat - now) / 1000) + 1)
+      redis.call('SET', KEYS[k + i], format('%d:%d:%s', tat, rem, attempt),
+        'PX', format('%d', math.ceil((tat - now) / 1000) + 1))
     end
     local ahead = (tat - now) * quota + rem
     local used = ceil_div(ahead, window)
@@ -263,12 +273,21 @@ local function gcra(k, a, n, cost, attempt)
 end
 
 local algorithms = {sliding_log, sliding_counter, gcra}
-local k, a = 0, 0
+local policies, a = {}, 1
+for p = 1, tonumber(ARGV[1]) do
+  local n, q, w = tonumber(ARGV[a + 2]), {}, {}
+  for i = 1, n do
+    q[i], w[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i])
+  end
+  policies[p] = {algorithms[tonumber(ARGV[a + 1])], n, q, w}
+  a = a + 2 + 2 * n
+end
+local k = 0
 while a < #ARGV do
-  local algorithm = algorithms[tonumber(ARGV[a + 1])]
-  local cost, attempt, n = tonumber(ARGV[a + 2]), ARGV[a + 3], tonumber(ARGV[a + 4])
+  local policy = policies[tonumber(ARGV[a + 1])]
+  local n = policy[2]
   local start = len
-  local ok, err = pcall(algorithm, k, a + 4, n, cost, attempt)
+  local ok, err = pcall(policy[1], k, n, policy[3], policy[4], tonumber(ARGV[a + 2]), ARGV[a + 3])
   if not ok then
     -- this check's partial answer gives way to its error
     for j = len, start + 1, -1 do out[j] = nil end
@@ -277,6 +296,6 @@ while a < #ARGV do
     push(-1)
     push(tostring(err))
   end
-  k, a = k + n, a + 4 + 2 * n
+  k, a = k + n, a + 3
 end
 return out
