@@ -70,7 +70,7 @@ declare -A CMD=(
   [limited]="LIMITER=log $T/limited"
   [trl_redis]="$T/trl_redis"
   [trl]="$T/trl"
-  [tollgate_gcra]="ALGO=gcra $T/tollgate"
+  [tollgate_gcra]="ALGO=gcra QUOTA=65535 WINDOW_S=65535 $T/tollgate"
   [tollgate_counter]="ALGO=counter $T/tollgate"
   [tollgate_log]="ALGO=log $T/tollgate"
   # the sliding log caps a quota at 100,000 (the baseline's is 1e9 per 60 s)

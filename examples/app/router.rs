@@ -19,25 +19,25 @@
 //! A caller is the `x-api-key` header when present, otherwise the peer IP address. New groups of
 //! routes get their own `*_routes` function, merged in [`router`].
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
-use axum::middleware::{self, Next};
-use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 use tollgate::ConfigError;
 use tollgate::claim::Claims;
 use tollgate::idempotency::IdempotencyLayer;
-use tollgate::key::{Cidr, ForwardedIp, Header, KeyExtractor, Or};
+use tollgate::key::{Cidr, ForwardedIp, Header, Key, KeyExtractor, Or};
 use tollgate::lock::{LockError, Locks};
 use tollgate::rate_limit::{Algorithm, Limit, OnStoreError, RateLimitDecision, RateLimitLayer};
 use tollgate::store::Store;
+use tower::util::MapRequestLayer;
 
 use crate::env::{EnvError, Vars, process_var, whole_number};
 
@@ -309,7 +309,7 @@ pub fn router(state: AppState) -> Router {
         .merge(report_routes())
         .merge(payment_routes(&state))
         // Outermost, so that the rate limits below see the peer address.
-        .layer(middleware::from_fn(peer_addr_extension))
+        .layer(MapRequestLayer::new(peer_addr_extension))
         .with_state(state)
 }
 
@@ -446,7 +446,7 @@ async fn create_payment(State(state): State<AppState>, body: Bytes) -> (StatusCo
 
 /// Copies axum's `ConnectInfo<SocketAddr>` into a plain `SocketAddr` request extension, where
 /// tollgate's `PeerIp` finds it without the crate's `axum` feature.
-async fn peer_addr_extension(mut request: Request, next: Next) -> Response {
+fn peer_addr_extension(mut request: Request) -> Request {
     if let Some(ConnectInfo(addr)) = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -454,7 +454,7 @@ async fn peer_addr_extension(mut request: Request, next: Next) -> Response {
     {
         request.extensions_mut().insert(addr);
     }
-    next.run(request).await
+    request
 }
 
 /// `GET /healthz`: 200 while the store answers, 503 when it does not.
@@ -490,15 +490,51 @@ async fn hello(
     headers: HeaderMap,
     peer: Option<Extension<SocketAddr>>,
     decision: Option<Extension<RateLimitDecision>>,
-) -> Json<Value> {
-    let key = decision.map(|Extension(d)| d.key().to_string());
+) -> Json<Hello> {
+    let key = decision.map(|Extension(d)| d.key());
     let by_api_key = headers
         .get(API_KEY_HEADER)
         .is_some_and(|value| !value.is_empty());
     let caller = if by_api_key {
-        json!({ "by": "api-key", "key": key })
+        Caller {
+            by: "api-key",
+            ip: None,
+            key,
+        }
     } else {
-        json!({ "by": "peer-ip", "ip": peer.map(|Extension(addr)| addr.ip().to_string()), "key": key })
+        Caller {
+            by: "peer-ip",
+            ip: Some(peer.map(|Extension(addr)| addr.ip())),
+            key,
+        }
     };
-    Json(json!({ "message": "hello", "caller": caller }))
+    Json(Hello {
+        message: "hello",
+        caller,
+    })
+}
+
+/// The body of `GET /api/hello`, serialized as it is (no intermediate JSON tree).
+#[derive(Serialize)]
+struct Hello {
+    message: &'static str,
+    caller: Caller,
+}
+
+/// Who the caller counts as: `{"by": "api-key", "key": ...}` or `{"by": "peer-ip", "ip": ...,
+/// "key": ...}`; `key` is the digest the limits are kept under.
+#[derive(Serialize)]
+struct Caller {
+    by: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ip: Option<Option<IpAddr>>,
+    #[serde(serialize_with = "digest")]
+    key: Option<Key>,
+}
+
+fn digest<S: Serializer>(key: &Option<Key>, serializer: S) -> Result<S::Ok, S::Error> {
+    match key {
+        Some(key) => serializer.collect_str(key),
+        None => serializer.serialize_none(),
+    }
 }

@@ -1,8 +1,9 @@
 //! Rate checks on Redis, coalesced: checks that wait for the store at the same moment go out as
 //! one call of `rate.lua`.
 //!
-//! The first check goes at once. While two calls are in flight, later checks queue; when one
-//! returns, what queued meanwhile goes out as the next call (up to `max_batch` checks). With no load that
+//! A check goes out at once while fewer than two calls are in flight. Otherwise it queues, and
+//! when a call returns, what queued meanwhile goes out as the next call (up to `max_batch`
+//! checks). With no load that
 //! is one check per call, as without batching; under load a batch holds the arrivals of one round
 //! trip, and Redis pays its cost per call (reading and parsing the command, the script call,
 //! `TIME`, the reply) once per batch, as the client pays its encoding, write and wake-up.
@@ -26,7 +27,7 @@ use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
 use super::connection::{Connection, Link};
 use super::{Lua, store_error};
@@ -52,6 +53,8 @@ pub(super) struct Rates {
     /// On Cluster, calls are split per caller key.
     per_key: bool,
     queue: Mutex<Queue>,
+    /// Tells the driver that a check queued.
+    queued: Notify,
 }
 
 #[derive(Default)]
@@ -82,6 +85,7 @@ impl Rates {
                 .unwrap_or(CALLS_IN_FLIGHT),
             per_key,
             queue: Mutex::default(),
+            queued: Notify::new(),
         }
     }
 
@@ -125,7 +129,12 @@ impl Rates {
     fn enqueue(&self, waiting: Waiting) -> bool {
         let mut queue = self.queue();
         queue.waiting.push_back(waiting);
-        !std::mem::replace(&mut queue.sending, true)
+        let start = !std::mem::replace(&mut queue.sending, true);
+        drop(queue);
+        if !start {
+            self.queued.notify_one();
+        }
+        start
     }
 
     /// The checks that go out next, leaving out callers that gave up; `None` when none waits,
@@ -249,8 +258,17 @@ impl Driver {
                     None => break,
                 }
             }
-            if calls.next().await.is_none() {
+            if calls.is_empty() {
                 break;
+            }
+            if calls.len() < rates.calls_in_flight {
+                // a free call: a check that queues meanwhile goes out at once
+                tokio::select! {
+                    _ = calls.next() => {}
+                    () = rates.queued.notified() => {}
+                }
+            } else {
+                calls.next().await;
             }
         }
         self.done = true;

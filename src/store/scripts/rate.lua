@@ -23,7 +23,10 @@ local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- milliseconds keep quota * window exact in a double for windows of years
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out, len = {}, 0
-local format, sub = string.format, string.sub
+local format, match, sub = string.format, string.match, string.sub
+local floor, ceil, tonumber = math.floor, math.ceil, tonumber
+-- per-limit scratch of the check being decided, reused by every check of the call
+local s1, s2, s3, s4, s5 = {}, {}, {}, {}, {}
 
 -- A decimal integer below 2^53, read as two short halves: strtod takes a slow path for the
 -- 16 digits of a microsecond time.
@@ -33,14 +36,14 @@ local function int(s)
   return tonumber(sub(s, 1, n - 8)) * 100000000 + tonumber(sub(s, n - 7))
 end
 
-local function push(v)
-  len = len + 1
-  out[len] = v
+local function push(a, b)
+  out[len + 1], out[len + 2] = a, b
+  len = len + 2
 end
 
 -- ceil(a / b) for integers 0 <= a, 0 < b below 2^53, exact whatever the rounding of a / b
 local function ceil_div(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then q = q - 1 end
   if q * b < a then q = q + 1 end
   return q
@@ -52,7 +55,7 @@ end
 -- ZCARD. A re-sent attempt finds its own entries: they are never added twice (ZADD NX), and only
 -- a log that would deny is searched for them (ZSCORE).
 local function sliding_log(k, n, q, w, cost, attempt)
-  local counts, oldests = {}, {}
+  local counts, oldests = s1, s2
   local admitted, retry, replay = 1, 0, false
   local first_member = attempt
   if cost > 1 then first_member = attempt .. ':1' end
@@ -94,8 +97,7 @@ local function sliding_log(k, n, q, w, cost, attempt)
     end
   end
   if replay then admitted, retry = 1, 0 end
-  push(admitted)
-  push(retry)
+  push(admitted, retry)
   local score = format('%d', now_us)
   for i = 1, n do
     local key = KEYS[k + i]
@@ -121,7 +123,7 @@ local function sliding_log(k, n, q, w, cost, attempt)
         if #args > 1 then added = added + redis.call('ZADD', key, unpack(args)) end
       end
       if added > 0 then
-        redis.call('PEXPIRE', key, format('%d', math.ceil(window / 1000)))
+        redis.call('PEXPIRE', key, format('%d', ceil(window / 1000)))
         count = count + added
         -- the log was empty: its oldest entry is this request's
         if not oldest then reset = window end
@@ -129,8 +131,7 @@ local function sliding_log(k, n, q, w, cost, attempt)
     end
     local remaining = quota - count
     if remaining < 0 then remaining = 0 end
-    push(remaining)
-    push(reset)
+    push(remaining, reset)
   end
 end
 
@@ -140,23 +141,23 @@ end
 -- a window). A re-sent attempt finds its id on the first limit.
 local function sliding_counter(k, n, q, w, cost, attempt)
   local now = now_ms
-  local state = {}
+  local indexes, elapsed_ms, curs, prevs, sames = s1, s2, s3, s4, s5
   local admitted, retry, replay = 1, 0, false
   for i = 1, n do
     local quota = q[i]
     local window = w[i] / 1000
-    local index = math.floor(now / window)
+    local index = floor(now / window)
     local elapsed = now - index * window
     local cur, prev, same = 0, 0, false
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
-      local idx, c, p, by = string.match(raw, '^(%d+):(%d+):(%d+):?(%x*)$')
+      local idx, c, p, by = match(raw, '^(%d+):(%d+):(%d+):?(%x*)$')
       idx = tonumber(idx)
       if idx == index then cur, prev, same = tonumber(c), tonumber(p), true
       elseif idx == index - 1 then prev = tonumber(c) end
       if i == 1 and by == attempt then replay = true end
     end
-    state[i] = {quota, window, index, elapsed, cur, prev, same}
+    indexes[i], elapsed_ms[i], curs[i], prevs[i], sames[i] = index, elapsed, cur, prev, same
     -- scaled by window: used * window = cur * window + prev * (window - elapsed)
     if replay then
       -- charged by the first run of this attempt: nothing to decide
@@ -177,22 +178,22 @@ local function sliding_counter(k, n, q, w, cost, attempt)
     end
   end
   if replay then admitted, retry = 1, 0 end
-  push(admitted)
-  push(math.ceil(retry * 1000))
+  push(admitted, ceil(retry * 1000))
   for i = 1, n do
-    local quota, window, index, elapsed, cur, prev, same = unpack(state[i])
+    local quota, window = q[i], w[i] / 1000
+    local index, elapsed, cur, prev = indexes[i], elapsed_ms[i], curs[i], prevs[i]
     if admitted == 1 and not replay and cost > 0 then
       cur = cur + cost
       local value = format('%d:%d:%d:%s', index, cur, prev, attempt)
-      if same then
+      if sames[i] then
         -- the same window: its expiry (the end of the next window) stands
         redis.call('SET', KEYS[k + i], value, 'KEEPTTL')
       else
-        redis.call('SET', KEYS[k + i], value, 'PX', format('%d', math.ceil(2 * window - elapsed)))
+        redis.call('PSETEX', KEYS[k + i], format('%d', ceil(2 * window - elapsed)), value)
       end
     end
     local used = cur + prev * (window - elapsed) / window
-    local whole = math.ceil(used - 1e-9)
+    local whole = ceil(used - 1e-9)
     local remaining = quota - whole
     if remaining < 0 then remaining = 0 end
     -- the quota grows when the estimate next drops below a whole unit: within this window while
@@ -204,8 +205,7 @@ local function sliding_counter(k, n, q, w, cost, attempt)
     elseif whole > 0 then
       reset = (window - elapsed) + window - (whole - 1) * window / cur
     end
-    push(remaining)
-    push(math.ceil(reset * 1000))
+    push(remaining, ceil(reset * 1000))
   end
 end
 
@@ -218,14 +218,14 @@ end
 -- SET PX when admitted. A re-sent attempt finds its id on the first limit.
 local function gcra(k, n, q, w, cost, attempt)
   local now = now_us
-  local tats, rems = {}, {}
+  local tats, rems = s1, s2
   local admitted, retry, replay = 1, 0, false
   for i = 1, n do
     local quota, window = q[i], w[i]
     local tat, rem = now, 0
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
-      local stored, r, by = string.match(raw, '^(%d+):(%d+):?(%x*)$')
+      local stored, r, by = match(raw, '^(%d+):(%d+):?(%x*)$')
       stored = int(stored)
       if stored >= now then tat, rem = stored, tonumber(r) end
       if i == 1 and by == attempt then replay = true end
@@ -246,19 +246,18 @@ local function gcra(k, n, q, w, cost, attempt)
     end
   end
   if replay then admitted, retry = 1, 0 end
-  push(admitted)
-  push(retry)
+  push(admitted, retry)
   for i = 1, n do
     local quota, window = q[i], w[i]
     local tat, rem = tats[i], rems[i]
     if admitted == 1 and not replay and cost > 0 then
       local units = rem + cost * window
-      local whole = math.floor(units / quota)
+      local whole = floor(units / quota)
       if whole * quota > units then whole = whole - 1 end
       tat = tat + whole
       rem = units - whole * quota
-      redis.call('SET', KEYS[k + i], format('%d:%d:%s', tat, rem, attempt),
-        'PX', format('%d', math.ceil((tat - now) / 1000) + 1))
+      redis.call('PSETEX', KEYS[k + i], format('%d', ceil((tat - now) / 1000) + 1),
+        format('%d:%d:%s', tat, rem, attempt))
     end
     local ahead = (tat - now) * quota + rem
     local used = ceil_div(ahead, window)
@@ -267,8 +266,7 @@ local function gcra(k, n, q, w, cost, attempt)
     local reset = 0
     -- the next unit frees when the offset drops to (used - 1) emission intervals
     if used > 0 then reset = ceil_div(ahead - (used - 1) * window, quota) end
-    push(remaining)
-    push(reset)
+    push(remaining, reset)
   end
 end
 
@@ -282,8 +280,8 @@ for p = 1, tonumber(ARGV[1]) do
   policies[p] = {algorithms[tonumber(ARGV[a + 1])], n, q, w}
   a = a + 2 + 2 * n
 end
-local k = 0
-while a < #ARGV do
+local k, args = 0, #ARGV
+while a < args do
   local policy = policies[tonumber(ARGV[a + 1])]
   local n = policy[2]
   local start = len
@@ -293,8 +291,7 @@ while a < #ARGV do
     for j = len, start + 1, -1 do out[j] = nil end
     len = start
     if type(err) == 'table' then err = err.err end
-    push(-1)
-    push(tostring(err))
+    push(-1, tostring(err))
   end
   k, a = k + n, a + 3
 end
