@@ -1,12 +1,13 @@
 //! Rate checks on Redis, coalesced: checks that wait for the store at the same moment go out as
 //! one call of `rate.lua`.
 //!
-//! A check goes out at once while fewer than two calls are in flight. Otherwise it queues, and
-//! when a call returns, what queued meanwhile goes out as the next call (up to `max_batch`
-//! checks). With no load that
-//! is one check per call, as without batching; under load a batch holds the arrivals of one round
-//! trip, and Redis pays its cost per call (reading and parsing the command, the script call,
-//! `TIME`, the reply) once per batch, as the client pays its encoding, write and wake-up.
+//! A check goes out at once when no call is in flight. Otherwise it queues, and when the call
+//! returns, what queued meanwhile goes out as the next call (up to `max_batch` checks): one call
+//! in flight per store, so that batches grow with the load (two in flight halve them, and cost
+//! Redis more per decision). With no load that is one check per call, as without batching; under
+//! load a batch holds the arrivals of one round trip, and Redis pays its cost per call (reading
+//! and parsing the command, the script call, `TIME`, the reply) once per batch, as the client
+//! pays its encoding, write and wake-up.
 //!
 //! The script decides the checks in turn, each exactly as it would be decided alone at that
 //! instant of store time after the ones before it. A check whose script step fails fails alone; a
@@ -22,12 +23,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::future::join_all;
-use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 
 use super::connection::{Connection, Link};
 use super::{Lua, store_error};
@@ -38,23 +37,15 @@ use crate::store::{StoreError, StoreErrorKind, StoreFuture};
 /// The most checks one call carries unless configured otherwise.
 pub(super) const DEFAULT_MAX_BATCH: usize = 32;
 
-/// How many calls may be in flight at once: two, so that Redis decides one batch while the
-/// client reads the answers of the other and the next batch assembles.
-const CALLS_IN_FLIGHT: usize = 2;
-
 /// The rate checks of one store: its connection, the script, and the checks waiting to go out.
 pub(super) struct Rates {
     link: Arc<Link>,
     script: Lua,
     timeout: Duration,
     max_batch: usize,
-    /// How many calls may be in flight at once.
-    calls_in_flight: usize,
     /// On Cluster, calls are split per caller key.
     per_key: bool,
     queue: Mutex<Queue>,
-    /// Tells the driver that a check queued.
-    queued: Notify,
 }
 
 #[derive(Default)]
@@ -79,13 +70,8 @@ impl Rates {
             script: Lua::new(include_str!("../scripts/rate.lua")),
             timeout,
             max_batch: max_batch.max(1),
-            calls_in_flight: std::env::var("TOLLGATE_IN_FLIGHT")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(CALLS_IN_FLIGHT),
             per_key,
             queue: Mutex::default(),
-            queued: Notify::new(),
         }
     }
 
@@ -129,17 +115,12 @@ impl Rates {
     fn enqueue(&self, waiting: Waiting) -> bool {
         let mut queue = self.queue();
         queue.waiting.push_back(waiting);
-        let start = !std::mem::replace(&mut queue.sending, true);
-        drop(queue);
-        if !start {
-            self.queued.notify_one();
-        }
-        start
+        !std::mem::replace(&mut queue.sending, true)
     }
 
-    /// The checks that go out next, leaving out callers that gave up; `None` when none waits,
-    /// and then, when the driver is `idle` (nothing in flight), it stops.
-    fn next_batch(&self, idle: bool) -> Option<Vec<Waiting>> {
+    /// The checks that go out next, leaving out callers that gave up; `None`, and nothing in
+    /// flight any more, when none waits.
+    fn next_batch(&self) -> Option<Vec<Waiting>> {
         let mut queue = self.queue();
         let mut batch = Vec::with_capacity(queue.waiting.len().min(self.max_batch));
         while batch.len() < self.max_batch {
@@ -150,7 +131,7 @@ impl Rates {
             }
         }
         if batch.is_empty() {
-            queue.sending = !idle;
+            queue.sending = false;
             return None;
         }
         Some(batch)
@@ -249,27 +230,8 @@ impl Driver {
     }
 
     async fn run(mut self) {
-        let rates = &self.rates;
-        let mut calls = FuturesUnordered::new();
-        loop {
-            while calls.len() < rates.calls_in_flight {
-                match rates.next_batch(calls.is_empty()) {
-                    Some(batch) => calls.push(rates.send(batch)),
-                    None => break,
-                }
-            }
-            if calls.is_empty() {
-                break;
-            }
-            if calls.len() < rates.calls_in_flight {
-                // a free call: a check that queues meanwhile goes out at once
-                tokio::select! {
-                    _ = calls.next() => {}
-                    () = rates.queued.notified() => {}
-                }
-            } else {
-                calls.next().await;
-            }
+        while let Some(batch) = self.rates.next_batch() {
+            self.rates.send(batch).await;
         }
         self.done = true;
     }
