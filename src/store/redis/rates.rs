@@ -1,13 +1,13 @@
 //! Rate checks on Redis, coalesced: checks that wait for the store at the same moment go out as
 //! one call of `rate.lua`.
 //!
-//! A check goes out at once when no call is in flight. Otherwise it queues, and when the call
-//! returns, what queued meanwhile goes out as the next call (up to `max_batch` checks): one call
-//! in flight per store, so that batches grow with the load (two in flight halve them, and cost
-//! Redis more per decision). With no load that is one check per call, as without batching; under
-//! load a batch holds the arrivals of one round trip, and Redis pays its cost per call (reading
-//! and parsing the command, the script call, `TIME`, the reply) once per batch, as the client
-//! pays its encoding, write and wake-up.
+//! A check goes out at once when no call is in flight, and while the load is light: fewer than
+//! four checks in flight, in at most two calls. Otherwise it queues, and when a call returns,
+//! what queued meanwhile goes out as the next call (up to `max_batch` checks). With no load that
+//! is one check per call, as without batching; under load a batch holds the arrivals of one
+//! round trip, and Redis pays its cost per call (reading and parsing the command, the script
+//! call, `TIME`, the reply) once per batch, as the client pays its encoding, write and wake-up.
+//! One call in flight under load keeps batches large: a second would halve them.
 //!
 //! The script decides the checks in turn, each exactly as it would be decided alone at that
 //! instant of store time after the ones before it. A check whose script step fails fails alone; a
@@ -23,10 +23,12 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
 use super::connection::{Connection, Link};
 use super::{Lua, store_error};
@@ -37,6 +39,13 @@ use crate::store::{StoreError, StoreErrorKind, StoreFuture};
 /// The most checks one call carries unless configured otherwise.
 pub(super) const DEFAULT_MAX_BATCH: usize = 32;
 
+/// The most calls in flight at once.
+const MAX_CALLS: usize = 2;
+
+/// Below this many checks in flight the load is light: a check goes out at once, in a second call
+/// beside the one in flight, rather than wait for it.
+const LIGHT_LOAD: usize = 4;
+
 /// The rate checks of one store: its connection, the script, and the checks waiting to go out.
 pub(super) struct Rates {
     link: Arc<Link>,
@@ -46,6 +55,8 @@ pub(super) struct Rates {
     /// On Cluster, calls are split per caller key.
     per_key: bool,
     queue: Mutex<Queue>,
+    /// Tells the driver that a check queued.
+    queued: Notify,
 }
 
 #[derive(Default)]
@@ -72,6 +83,7 @@ impl Rates {
             max_batch: max_batch.max(1),
             per_key,
             queue: Mutex::default(),
+            queued: Notify::new(),
         }
     }
 
@@ -115,12 +127,17 @@ impl Rates {
     fn enqueue(&self, waiting: Waiting) -> bool {
         let mut queue = self.queue();
         queue.waiting.push_back(waiting);
-        !std::mem::replace(&mut queue.sending, true)
+        let start = !std::mem::replace(&mut queue.sending, true);
+        drop(queue);
+        if !start {
+            self.queued.notify_one();
+        }
+        start
     }
 
-    /// The checks that go out next, leaving out callers that gave up; `None`, and nothing in
-    /// flight any more, when none waits.
-    fn next_batch(&self) -> Option<Vec<Waiting>> {
+    /// The checks that go out next, leaving out callers that gave up; `None` when none waits,
+    /// and then, when the driver is `idle` (nothing in flight), it stops.
+    fn next_batch(&self, idle: bool) -> Option<Vec<Waiting>> {
         let mut queue = self.queue();
         let mut batch = Vec::with_capacity(queue.waiting.len().min(self.max_batch));
         while batch.len() < self.max_batch {
@@ -131,7 +148,7 @@ impl Rates {
             }
         }
         if batch.is_empty() {
-            queue.sending = false;
+            queue.sending = !idle;
             return None;
         }
         Some(batch)
@@ -230,11 +247,43 @@ impl Driver {
     }
 
     async fn run(mut self) {
-        while let Some(batch) = self.rates.next_batch() {
-            self.rates.send(batch).await;
+        let rates = &self.rates;
+        let mut calls = FuturesUnordered::new();
+        // the checks the calls in flight carry
+        let mut carried = 0;
+        loop {
+            while calls.is_empty() || light(calls.len(), carried) {
+                let Some(batch) = rates.next_batch(calls.is_empty()) else {
+                    break;
+                };
+                carried += batch.len();
+                calls.push(async move {
+                    let checks = batch.len();
+                    rates.send(batch).await;
+                    checks
+                });
+            }
+            if calls.is_empty() {
+                break;
+            }
+            if light(calls.len(), carried) {
+                // a check that queues meanwhile goes out at once
+                tokio::select! {
+                    Some(checks) = calls.next() => carried -= checks,
+                    () = rates.queued.notified() => {}
+                }
+            } else if let Some(checks) = calls.next().await {
+                carried -= checks;
+            }
         }
         self.done = true;
     }
+}
+
+/// Whether another call may go out beside the `calls` in flight, which carry `carried` checks:
+/// while the load is light, a check need not wait for the call in flight.
+fn light(calls: usize, carried: usize) -> bool {
+    calls < MAX_CALLS && carried < LIGHT_LOAD
 }
 
 impl Drop for Driver {
