@@ -1,5 +1,6 @@
 //! The three algorithms in process, as plain functions over a caller's state: the same decisions
-//! as the Redis scripts (`src/store/scripts/*.lua`), for `MemoryStore` and the local fallback.
+//! as the Redis rate script (`src/store/scripts/rate.lua`), for `MemoryStore` and the local
+//! fallback.
 //!
 //! Time is store time in microseconds. Each function gets one [`Slot`] per limit of the policy —
 //! the live state and its expiry, or an empty slot — and leaves in it what the store would keep.
@@ -94,7 +95,7 @@ fn state(remaining: u64, reset_us: u64) -> LimitState {
     }
 }
 
-/// Mirrors `scripts/sliding_log.lua`.
+/// Mirrors `sliding_log` of `scripts/rate.lua`.
 fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> RateOutcome {
     let cost = attempt.cost;
     let mut logs: Vec<VecDeque<(u64, u64)>> = Vec::with_capacity(slots.len());
@@ -144,7 +145,7 @@ fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attem
     outcome(admitted, retry, limits)
 }
 
-/// Mirrors `scripts/sliding_counter.lua` (milliseconds of store time).
+/// Mirrors `sliding_counter` of `scripts/rate.lua` (milliseconds of store time).
 fn sliding_counter(
     policy: &RatePolicy,
     slots: &mut [Slot],
@@ -223,7 +224,7 @@ fn counter_state(quota: f64, window: f64, elapsed: f64, cur: f64, prev: f64) -> 
     state(remaining as u64, ceil_us(reset * 1000.0))
 }
 
-/// Mirrors `scripts/gcra.lua`: offsets from now in 1/quota microseconds, exact in integers.
+/// Mirrors `gcra` of `scripts/rate.lua`: offsets from now in 1/quota microseconds, exact in integers.
 fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> RateOutcome {
     let cost = attempt.cost;
     let mut states = Vec::with_capacity(slots.len());

@@ -4,6 +4,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use http::{HeaderName, HeaderValue};
 
 use crate::error::{ConfigError, ConfigErrorKind};
@@ -47,11 +48,13 @@ pub(crate) fn policy(policy: &RatePolicy) -> Result<HeaderValue, ConfigError> {
 }
 
 /// `"burst";r=0;t=1, "hourly";r=990;t=3412`: quota left and seconds until it grows again.
+/// Written straight into the header's buffer: one allocation per response.
 pub(crate) fn state(policy: &RatePolicy, states: &[LimitState]) -> Option<HeaderValue> {
-    let mut out = String::with_capacity(24 * states.len());
+    let names: usize = policy.limits().iter().map(|l| l.name().len()).sum();
+    let mut out = BytesMut::with_capacity(names + 32 * states.len());
     for (i, (limit, state)) in policy.limits().iter().zip(states).enumerate() {
         if i > 0 {
-            out.push_str(", ");
+            out.extend_from_slice(b", ");
         }
         let _ = write!(
             out,
@@ -61,7 +64,7 @@ pub(crate) fn state(policy: &RatePolicy, states: &[LimitState]) -> Option<Header
             ceil_secs(state.reset)
         );
     }
-    HeaderValue::from_str(&out).ok()
+    HeaderValue::from_maybe_shared(out.freeze()).ok()
 }
 
 #[cfg(test)]

@@ -39,6 +39,10 @@ use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 /// `SCRIPT FLUSH`) or one conditional command. Scripts read the time with `TIME`, and every key
 /// one script touches shares a hash tag, so the same scripts run on Redis Cluster.
 ///
+/// Rate checks are coalesced: checks that wait for Redis at the same moment go out as one call
+/// that decides them in turn, each exactly as alone (see
+/// [`max_batch`](RedisStoreBuilder::max_batch)). With light load a check goes out at once.
+///
 /// Three ways to reach Redis: [`builder`](Self::builder) (standalone),
 /// [`cluster_builder`](Self::cluster_builder) (Cluster) and
 /// [`sentinel_builder`](Self::sentinel_builder) (a primary behind Sentinel, followed through
