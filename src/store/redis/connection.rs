@@ -18,11 +18,34 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use tokio::time::Instant;
 
-/// Either connection kind, so that one code path serves standalone and Cluster.
+/// Every connection kind, so that one code path serves them all.
 #[derive(Clone)]
 pub(super) enum Connection {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    /// A connection of the application's own kind (a pool's, a wrapper): treated as standalone.
+    Other(Box<dyn AnyConnection>),
+}
+
+/// A redis-rs connection of any kind that can be cloned: what
+/// [`RedisStore::from_connection`](super::RedisStore::from_connection) takes.
+pub(super) trait AnyConnection: ConnectionLike + Send + Sync {
+    fn clone_box(&self) -> Box<dyn AnyConnection>;
+}
+
+impl<C> AnyConnection for C
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn clone_box(&self) -> Box<dyn AnyConnection> {
+        Box::new(self.clone())
+    }
+}
+
+impl Clone for Box<dyn AnyConnection> {
+    fn clone(&self) -> Self {
+        self.clone_box()
+    }
 }
 
 impl ConnectionLike for Connection {
@@ -30,6 +53,7 @@ impl ConnectionLike for Connection {
         match self {
             Self::Single(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Other(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -42,6 +66,7 @@ impl ConnectionLike for Connection {
         match self {
             Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Other(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -49,6 +74,7 @@ impl ConnectionLike for Connection {
         match self {
             Self::Single(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
+            Self::Other(c) => c.get_db(),
         }
     }
 }

@@ -213,6 +213,34 @@ impl RedisStore {
         Self::new(link, None, Settings::given(timeout))
     }
 
+    /// A store on any redis-rs connection the application made that can be cloned — a pool's
+    /// connection handle, a wrapper that counts or traces calls — bounded by `timeout` per call.
+    /// Clones must share one connection or pool: the store clones it for every call. It is
+    /// treated as a standalone Redis (for Cluster, use
+    /// [`from_cluster_connection`](Self::from_cluster_connection)); as with the other given
+    /// connections, the store cannot replace it when it goes dark.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tollgate::store::RedisStore;
+    ///
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let conn = client.get_multiplexed_async_connection().await?;
+    /// let store = RedisStore::from_connection(conn, Duration::from_millis(250));
+    /// # Ok(()) }
+    /// ```
+    pub fn from_connection<C>(conn: C, timeout: Duration) -> Self
+    where
+        C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let link = Link::new(
+            Connection::Other(Box::new(conn)),
+            connection::Opener::Given,
+        );
+        Self::new(link, None, Settings::given(timeout))
+    }
+
     /// A store on a standalone Redis at `url` with default settings. Connects lazily: this fails
     /// only when the URL is invalid, never because Redis is down.
     pub fn open(url: impl Into<String>) -> Result<Self, ConfigError> {
