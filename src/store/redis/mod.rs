@@ -234,10 +234,7 @@ impl RedisStore {
     where
         C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
     {
-        let link = Link::new(
-            Connection::Other(Box::new(conn)),
-            connection::Opener::Given,
-        );
+        let link = Link::new(Connection::Other(Box::new(conn)), connection::Opener::Given);
         Self::new(link, None, Settings::given(timeout))
     }
 
