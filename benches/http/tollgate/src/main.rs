@@ -34,6 +34,7 @@ async fn main() {
         .limit(Limit::new("api", quota, window))
         .algorithm(algorithm)
         .key(Header::from_static("x-api-key").or(Global))
+        .headers_on_success(std::env::var("HEADERS").map_or(true, |v| v != "0"))
         .build()
         .unwrap();
     // `.layer` on the whole router, as the baseline: every route is limited.
