@@ -228,6 +228,10 @@ impl RateStore for Down {
     fn check_rate(&self, _: &Arc<RatePolicy>, _: RateCheck) -> StoreFuture<RateOutcome> {
         Box::pin(async { Err(StoreError::new(StoreErrorKind::Unavailable, "down")) })
     }
+
+    fn reset_rate(&self, _: &Arc<RatePolicy>, _: tollgate::key::Key) -> StoreFuture<()> {
+        Box::pin(async { Err(StoreError::new(StoreErrorKind::Unavailable, "down")) })
+    }
 }
 
 type Ready = std::future::Ready<Result<Response<()>, Infallible>>;

@@ -1051,3 +1051,99 @@ async fn thirty_addresses_of_one_ipv6_64_share_one_bucket() {
     );
     assert_eq!(calls.get(), 5);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shadow_mode_decides_and_counts_but_never_rejects() {
+    let server = RedisServer::start();
+    let layer = RateLimitLayer::builder(store(&server, Duration::from_secs(1)))
+        .limit(Limit::per_hour("hourly", 2))
+        .algorithm(Algorithm::Gcra)
+        .key(Header::new(CLIENT))
+        .shadow(true)
+        .build()
+        .unwrap();
+    let calls = Calls::default();
+    let svc = stack(layer, &calls);
+    let mut admitted = 0;
+    for i in 0..5 {
+        let reply = send(&svc, get("alice")).await;
+        assert_eq!(reply.status, StatusCode::OK, "request {i} goes through");
+        let decision = reply.decision();
+        assert!(decision.shadow());
+        admitted += u32::from(decision.admitted());
+        let remaining = if i < 2 { 1 - i } else { 0 };
+        assert_eq!(
+            reply
+                .header("ratelimit")
+                .map(|v| v.split(";t=").next().unwrap_or("").to_owned()),
+            Some(format!("\"hourly\";r={remaining}")),
+            "request {i}"
+        );
+        assert_eq!(reply.header("retry-after"), None);
+        assert_eq!(
+            reply.headers.get(SAW).unwrap(),
+            &format!("admitted={};source=Store", i < 2)
+        );
+    }
+    assert_eq!(admitted, 2, "exactly the quota is counted as admitted");
+    assert_eq!(calls.get(), 5);
+    // no key: through as well
+    let keyless = Request::get("/").body(String::new()).unwrap();
+    assert_eq!(send(&svc, keyless).await.status, StatusCode::OK);
+    assert_eq!(calls.get(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn peek_spends_nothing_and_reset_admits_again_across_copies() {
+    let server = RedisServer::start();
+    let by_client = Header::new(CLIENT);
+    let copy = || {
+        RateLimitLayer::builder(store(&server, Duration::from_secs(1)))
+            .limit(Limit::per_hour("hourly", 3))
+            .algorithm(Algorithm::SlidingLog)
+            .key(by_client.clone())
+            .build()
+            .unwrap()
+    };
+    let (first, second) = (copy(), copy());
+    let calls = Calls::default();
+    let (svc_a, svc_b) = (stack(first.clone(), &calls), stack(second.clone(), &calls));
+    let alice = by_client.key(b"alice");
+    let (parts, ()) = get("alice").map(drop).into_parts();
+    assert_eq!(first.key_of(&parts), Some(alice));
+
+    assert_eq!(first.peek(alice).await.unwrap().limits[0].remaining, 3);
+    for svc in [&svc_a, &svc_b, &svc_a] {
+        assert_eq!(send(svc, get("alice")).await.status, StatusCode::OK);
+    }
+    // denied by the store, then by copy A's deny cache
+    for _ in 0..2 {
+        assert_eq!(
+            send(&svc_a, get("alice")).await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    let look = second.peek(alice).await.unwrap();
+    assert_eq!(look.limits[0].remaining, 0);
+    assert_eq!(
+        second.peek(alice).await.unwrap().limits[0].remaining,
+        0,
+        "a look is free"
+    );
+
+    first.reset(alice).await.unwrap();
+    assert_eq!(
+        second.peek(alice).await.unwrap().limits[0].remaining,
+        3,
+        "every copy sees it"
+    );
+    let reply = send(&svc_a, get("alice")).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::OK,
+        "copy A's cached denial is forgotten"
+    );
+    assert_eq!(reply.decision().source(), DecisionSource::Store);
+    assert_eq!(send(&svc_b, get("bob")).await.status, StatusCode::OK);
+    assert_eq!(first.peek(alice).await.unwrap().limits[0].remaining, 2);
+}

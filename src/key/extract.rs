@@ -120,6 +120,15 @@ impl Header {
     }
 }
 
+impl Header {
+    /// The key of a request whose header holds `value`, as [`extract`](KeyExtractor::extract)
+    /// finds it: to [`peek`](crate::rate_limit::RateLimitLayer::peek) at or
+    /// [`reset`](crate::rate_limit::RateLimitLayer::reset) a known caller.
+    pub fn key(&self, value: &[u8]) -> Key {
+        Key::new(&self.domain, value)
+    }
+}
+
 impl KeyExtractor for Header {
     fn extract(&self, parts: &Parts) -> Option<Key> {
         let value = parts.headers.get(&self.name)?.as_bytes();

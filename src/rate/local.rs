@@ -146,6 +146,31 @@ impl LocalRates {
         self.decide_in(shard, policy, now, check).ok_or(Full)
     }
 
+    /// Forgets caller `key`'s state for every limit of `policy`, and nothing else: what deleting
+    /// its store keys does.
+    pub(crate) fn reset(&self, policy: &RatePolicy, key: Key) {
+        self.shard(key).with(|table| {
+            let id = CallerId {
+                namespace: table.name(policy.namespace()),
+                key: *key.as_bytes(),
+            };
+            let limits: Vec<u32> = policy
+                .limits()
+                .iter()
+                .map(|l| table.name(l.name()))
+                .collect();
+            let Some(caller) = table.callers.get_mut(&id) else {
+                return;
+            };
+            caller
+                .slots
+                .retain(|s| s.algorithm != policy.algorithm() || !limits.contains(&s.name));
+            if !table.settle(id) {
+                self.give_back(1);
+            }
+        });
+    }
+
     /// The number of live callers.
     pub(crate) fn len(&self) -> usize {
         let now = self.clock.now_us();

@@ -33,6 +33,8 @@ pub enum DecisionSource {
 #[derive(Debug, Clone)]
 pub struct RateLimitDecision {
     pub(crate) admitted: bool,
+    /// Made in shadow mode: a denial let the request through.
+    pub(crate) shadow: bool,
     pub(crate) source: DecisionSource,
     pub(crate) key: Key,
     pub(crate) cost: u64,
@@ -47,6 +49,12 @@ impl RateLimitDecision {
     /// Whether the request was let through.
     pub fn admitted(&self) -> bool {
         self.admitted
+    }
+
+    /// Whether the layer runs in shadow mode ([`shadow`](super::RateLimitLayerBuilder::shadow)):
+    /// the decision was made and counted as usual, but a denial let the request through.
+    pub fn shadow(&self) -> bool {
+        self.shadow
     }
 
     /// Who decided.
@@ -114,6 +122,7 @@ impl Settings {
         };
         let decision = RateLimitDecision {
             admitted: outcome.admitted,
+            shadow: self.shadow,
             source,
             key,
             cost,
@@ -127,6 +136,14 @@ impl Settings {
             retry_after_ms = decision.retry_after.as_millis() as u64,
             "rate-limit decision"
         );
+        if self.shadow && !decision.admitted {
+            tracing::info!(
+                target: "tollgate::rate_limit",
+                %key, cost, source = ?decision.source,
+                retry_after_ms = decision.retry_after.as_millis() as u64,
+                "shadow mode: a request that would be denied goes through"
+            );
+        }
         if let Some(cache) = &self.deny_cache
             && !decision.admitted
             && decision.source == DecisionSource::Store

@@ -112,6 +112,11 @@ impl DenyCache {
         Some(decision)
     }
 
+    /// Forgets the denial of `key`, if any.
+    pub(crate) fn forget(&self, key: Key) {
+        self.lock(key).map.remove(&key);
+    }
+
     fn lock(&self, key: Key) -> MutexGuard<'_, Entries> {
         let at = self.hasher.hash_one(key) as usize % SHARDS;
         // Every update is one insert or remove: a panic cannot leave a poisoned shard
@@ -175,6 +180,10 @@ mod tests {
                     }],
                 })
             })
+        }
+
+        fn reset_rate(&self, _: &Arc<RatePolicy>, _: super::Key) -> StoreFuture<()> {
+            Box::pin(async { Ok(()) })
         }
     }
 

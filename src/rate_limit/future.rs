@@ -123,7 +123,7 @@ where
                         unreachable!("the state was Check");
                     };
                     let decision = this.settings.decide(result, check, sent_at);
-                    if decision.admitted() {
+                    if decision.admitted() || this.settings.shadow {
                         decision::record(request.extensions_mut(), decision.clone());
                         let future = service.call(request);
                         this.state.set(State::Inner {

@@ -12,10 +12,10 @@ use super::headers;
 use super::service::RateLimit;
 use super::settings::{CostFn, MissingKey, OnStoreError, OncePerSecond, Settings};
 use crate::error::{ConfigError, ConfigErrorKind};
-use crate::key::{Global, KeyExtractor};
+use crate::key::{Global, Key, KeyExtractor};
 use crate::keys;
-use crate::rate::{Algorithm, Limit, RatePolicy};
-use crate::store::RateStore;
+use crate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
+use crate::store::{RateStore, StoreError};
 
 /// Applies [`RateLimit`] to a service: limits kept in a shared [`RateStore`].
 ///
@@ -73,6 +73,7 @@ impl RateLimitLayer {
                 on_store_error: OnStoreError::Allow,
                 missing_key: MissingKey::Reject,
                 headers: true,
+                shadow: false,
                 deny_cache: true,
                 fallback_capacity: fallback::DEFAULT_CAPACITY,
                 fallback_admits_when_full: false,
@@ -86,6 +87,65 @@ impl<K> RateLimitLayer<K> {
     /// The limits this layer checks.
     pub fn policy(&self) -> &RatePolicy {
         &self.settings.policy
+    }
+
+    /// The key a request with head `parts` counts against, as the layer finds it; `None` when
+    /// the extractor finds none. With [`peek`](Self::peek) and [`reset`](Self::reset) it serves
+    /// an admin endpoint.
+    pub fn key_of(&self, parts: &Parts) -> Option<Key>
+    where
+        K: KeyExtractor,
+    {
+        self.extractor.extract(parts)
+    }
+
+    /// Caller `key`'s state of each limit, without spending any: a check of cost 0 in the
+    /// store (`admitted` says whether no limit is over its quota). Bounded by the store's
+    /// timeout, as every check.
+    ///
+    /// ```
+    /// # tokio_test_block_on(async {
+    /// use tollgate::key::{Header, KeyExtractor};
+    /// use tollgate::rate_limit::{Limit, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let by_api_key = Header::from_static("x-api-key");
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_hour("hourly", 100))
+    ///     .key(by_api_key.clone())
+    ///     .build()
+    ///     .unwrap();
+    /// let alice = by_api_key.key(b"alice");
+    /// let quota = layer.peek(alice).await.unwrap();
+    /// assert_eq!(quota.limits[0].remaining, 100);
+    /// layer.reset(alice).await.unwrap();
+    /// # });
+    /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+    /// # }
+    /// ```
+    pub async fn peek(&self, key: Key) -> Result<RateOutcome, StoreError> {
+        let settings = &self.settings;
+        settings
+            .store
+            .check_rate(&settings.policy, RateCheck::new(key, 0))
+            .await
+    }
+
+    /// Forgets what caller `key` has spent of this layer's limits, in the store (every copy
+    /// sees it at once) and in this copy's deny cache. Another copy that cached a denial of
+    /// `key` keeps denying it until the retry time it was told (at most the longest window).
+    pub async fn reset(&self, key: Key) -> Result<(), StoreError> {
+        let settings = &self.settings;
+        if let Some(cache) = &settings.deny_cache {
+            cache.forget(key);
+        }
+        settings.store.reset_rate(&settings.policy, key).await?;
+        // a denial cached while the reset was on its way
+        if let Some(cache) = &settings.deny_cache {
+            cache.forget(key);
+        }
+        Ok(())
     }
 }
 
@@ -117,6 +177,7 @@ struct Draft {
     on_store_error: OnStoreError,
     missing_key: MissingKey,
     headers: bool,
+    shadow: bool,
     deny_cache: bool,
     fallback_capacity: usize,
     fallback_admits_when_full: bool,
@@ -193,6 +254,16 @@ impl<K> RateLimitLayerBuilder<K> {
         self
     }
 
+    /// Shadow mode (default off), to roll a new limit out: every request is decided and charged
+    /// as usual, its decision recorded and its headers set, but none is rejected — a denial is
+    /// logged (at info, target `tollgate::rate_limit`) and marked
+    /// [`RateLimitDecision::shadow`](super::RateLimitDecision::shadow), and the request goes on,
+    /// as does one without a key. The deny cache is off: every request reaches the store.
+    pub fn shadow(mut self, enabled: bool) -> Self {
+        self.draft.shadow = enabled;
+        self
+    }
+
     /// Whether a copy, once the store has denied a caller until some time, denies that caller's
     /// requests (of the same or larger cost) locally until then, without a store round trip
     /// (default true). A flood from one caller then costs about one store call per copy and
@@ -259,8 +330,9 @@ impl<K> RateLimitLayerBuilder<K> {
                 fallback,
                 missing_key: draft.missing_key,
                 headers: draft.headers,
+                shadow: draft.shadow,
                 policy_header,
-                deny_cache: draft.deny_cache.then(DenyCache::default),
+                deny_cache: (draft.deny_cache && !draft.shadow).then(DenyCache::default),
                 last_warning: OncePerSecond::new(),
             }),
             extractor: Arc::new(self.extractor),

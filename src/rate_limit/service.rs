@@ -82,8 +82,10 @@ where
 
         let Some(key) = key else {
             return match settings.missing_key {
-                MissingKey::Reject => ResponseFuture::reject(Rejection::MissingKey, settings, grpc),
-                MissingKey::Allow => ResponseFuture::unchecked(self.inner.call(request), settings),
+                MissingKey::Reject if !settings.shadow => {
+                    ResponseFuture::reject(Rejection::MissingKey, settings, grpc)
+                }
+                _ => ResponseFuture::unchecked(self.inner.call(request), settings),
             };
         };
         if cost == 0 {

@@ -54,6 +54,8 @@ pub(crate) struct Settings {
     pub(crate) fallback: Option<Fallback>,
     pub(crate) missing_key: MissingKey,
     pub(crate) headers: bool,
+    /// Decide and count, never reject.
+    pub(crate) shadow: bool,
     pub(crate) policy_header: HeaderValue,
     pub(crate) deny_cache: Option<DenyCache>,
     /// Store failures are logged at warn at most once a second (the rest at debug): an outage
@@ -98,6 +100,7 @@ impl fmt::Debug for Settings {
             .field("on_store_error", &self.on_store_error)
             .field("missing_key", &self.missing_key)
             .field("headers", &self.headers)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }

@@ -30,6 +30,10 @@ impl RateStore for Counting {
         }
         self.inner.check_rate(p, check)
     }
+
+    fn reset_rate(&self, p: &Arc<RatePolicy>, key: crate::key::Key) -> StoreFuture<()> {
+        self.inner.reset_rate(p, key)
+    }
 }
 
 fn request(caller: &str) -> Request<()> {

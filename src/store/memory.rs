@@ -24,6 +24,7 @@ use super::{
     ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RateStore, Store,
     StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
 };
+use crate::key::Key;
 use crate::rate::{Clock, LimitState, LocalRates, RateCheck, RateOutcome, RatePolicy};
 
 /// A store inside one process, with the same semantics as `RedisStore`.
@@ -567,6 +568,11 @@ impl RateStore for MemoryStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
         let outcome = self.inner.rates.check(policy, check);
         ready(outcome.unwrap_or_else(|_full| full_denial(policy)))
+    }
+
+    fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
+        self.inner.rates.reset(policy, key);
+        ready(())
     }
 }
 

@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::key::Key;
 use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 
 mod error;
@@ -54,6 +55,10 @@ pub trait RateStore: fmt::Debug + Send + Sync + 'static {
     /// [`RatePolicy::store_keys`]. Safe to run twice: the same attempt again is charged once and
     /// admitted again (see [`RateCheck`]).
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome>;
+
+    /// Forgets what caller `key` has spent of every limit of `policy` (deletes its
+    /// [`RatePolicy::store_keys`]), as if it had never been seen; other policies' state stays.
+    fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()>;
 }
 
 /// Conditional writes with a holder: the capability claims and locks need.
@@ -204,6 +209,10 @@ pub(crate) fn fence_ttl(lease: Duration) -> Duration {
 impl<T: RateStore + ?Sized> RateStore for Arc<T> {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
         (**self).check_rate(policy, check)
+    }
+
+    fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
+        (**self).reset_rate(policy, key)
     }
 }
 

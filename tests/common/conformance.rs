@@ -77,6 +77,7 @@ macro_rules! conformance_suite {
             huge_durations_are_clamped_alike,
             counter_reset_is_the_retry_after_at_a_window_start,
             cost_zero_looks_without_charging,
+            reset_forgets_a_callers_limits_and_nothing_else,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -1057,5 +1058,47 @@ pub async fn cost_zero_looks_without_charging(store: &impl Store) {
             next.limits[0].remaining, 3,
             "{algorithm}: a look charges nothing"
         );
+    }
+}
+
+pub async fn reset_forgets_a_callers_limits_and_nothing_else(store: &impl Store) {
+    for algorithm in ALGORITHMS {
+        let limits = vec![Limit::per_minute("m", 3), Limit::per_hour("h", 5)];
+        let p = policy(algorithm, limits.clone());
+        // the same namespace and limit names under another algorithm: other keys
+        let other_algorithm = ALGORITHMS
+            .into_iter()
+            .find(|a| *a != algorithm)
+            .expect("three algorithms");
+        let q = Arc::new(RatePolicy::new(p.namespace(), other_algorithm, limits).unwrap());
+        let (a, b) = (key(&unique("reset-a")), key(&unique("reset-b")));
+        for _ in 0..3 {
+            check(store, &p, a, 1).await;
+            check(store, &p, b, 1).await;
+            check(store, &q, a, 1).await;
+        }
+        assert!(!check(store, &p, a, 1).await.admitted, "{algorithm}: spent");
+        store.reset_rate(&p, a).await.expect("store answers");
+        let after = check(store, &p, a, 0).await;
+        assert_eq!(
+            [after.limits[0].remaining, after.limits[1].remaining],
+            [3, 5],
+            "{algorithm}: as never seen"
+        );
+        assert_eq!(after.limits[0].reset, Duration::ZERO, "{algorithm}");
+        assert!(check(store, &p, a, 1).await.admitted, "{algorithm}");
+        assert!(
+            !check(store, &p, b, 1).await.admitted,
+            "{algorithm}: another caller stays"
+        );
+        assert!(
+            !check(store, &q, a, 1).await.admitted,
+            "{algorithm}: another policy stays"
+        );
+        // a caller never seen resets to nothing
+        store
+            .reset_rate(&p, key(&unique("reset-c")))
+            .await
+            .expect("store answers");
     }
 }

@@ -25,6 +25,7 @@ use super::{
     RateStore, Store, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
 };
 use crate::error::ConfigError;
+use crate::key::Key;
 use crate::keys;
 use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 
@@ -420,6 +421,18 @@ fn protocol(msg: &str) -> StoreError {
 impl RateStore for RedisStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
         self.rates.check(policy, check)
+    }
+
+    fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
+        let keys = keys::rate(policy, &key);
+        self.call(move |mut conn, _| async move {
+            redis::cmd("DEL")
+                .arg(&keys)
+                .query_async::<i64>(&mut conn)
+                .await
+                .map(drop)
+                .map_err(store_error)
+        })
     }
 }
 
