@@ -24,7 +24,8 @@ use common::RedisServer;
 use tollgate::body::ResponseBody;
 use tollgate::key::{Header, KeyExtractor};
 use tollgate::rate_limit::{
-    Algorithm, DecisionSource, Limit, MissingKey, OnStoreError, RateLimitDecision, RateLimitLayer,
+    Algorithm, DecisionSource, Limit, MissingKey, OnStoreError, QuotaUnit, RateLimitDecision,
+    RateLimitLayer,
 };
 use tollgate::store::RedisStore;
 
@@ -983,7 +984,7 @@ async fn deny_cache_answers_repeat_denials_without_the_store() {
         assert_eq!(r.decision().source(), DecisionSource::DenyCache);
         assert_eq!(r.decision().cost(), cost);
         assert_eq!(r.header("retry-after"), Some("1"));
-        assert_eq!(r.header("ratelimit-policy"), Some(r#""w";q=3;w=1"#));
+        assert_eq!(r.header("ratelimit-policy"), Some(r#""w";q=3;qu="request";w=1"#));
         assert_eq!(r.header("ratelimit"), Some(r#""w";r=1;t=1"#));
     }
     assert_eq!(
@@ -1146,4 +1147,58 @@ async fn peek_spends_nothing_and_reset_admits_again_across_copies() {
     assert_eq!(reply.decision().source(), DecisionSource::Store);
     assert_eq!(send(&svc_b, get("bob")).await.status, StatusCode::OK);
     assert_eq!(first.peek(alice).await.unwrap().limits[0].remaining, 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn partition_keys_and_quota_units_are_said_as_the_draft_has_them() {
+    let server = RedisServer::start();
+    let build = |unit: Option<QuotaUnit>| {
+        let builder = RateLimitLayer::builder(store(&server, Duration::from_secs(1)))
+            .limit(Limit::per_hour("hourly", 100))
+            .key(Header::new(CLIENT))
+            .cost(cost_header)
+            .partition_key(true);
+        match unit {
+            Some(unit) => builder.quota_unit(unit),
+            None => builder,
+        }
+        .build()
+        .unwrap()
+    };
+    let calls = Calls::default();
+    let by_requests = stack(build(None), &calls);
+    let alice = send(&by_requests, get_costing("alice", 2)).await;
+    assert_eq!(
+        alice.header("ratelimit-policy"),
+        Some(r#""hourly";q=100;qu="request";w=3600"#)
+    );
+    let field = alice.header("ratelimit").unwrap().to_owned();
+    let pk = field
+        .split(";pk=:")
+        .nth(1)
+        .and_then(|rest| rest.strip_suffix(':'))
+        .expect("a pk parameter");
+    assert_eq!(field, format!(r#""hourly";r=98;t=3600;pk=:{pk}:"#));
+    assert_eq!(pk.len(), 12);
+    assert!(!pk.contains("alice"));
+    let again = send(&by_requests, get("alice")).await;
+    assert!(
+        again
+            .header("ratelimit")
+            .unwrap()
+            .ends_with(&format!(";pk=:{pk}:"))
+    );
+    let bob = send(&by_requests, get("bob")).await;
+    assert!(
+        !bob.header("ratelimit").unwrap().contains(pk),
+        "another caller, another pk"
+    );
+
+    let by_bytes = stack(build(Some(QuotaUnit::ContentBytes)), &calls);
+    assert_eq!(
+        send(&by_bytes, get("carol"))
+            .await
+            .header("ratelimit-policy"),
+        Some(r#""hourly";q=100;qu="content-bytes";w=3600"#)
+    );
 }

@@ -100,7 +100,8 @@ impl RateLimitDecision {
         // appended, not inserted: a layer stacked outside another (per IP around per key) adds its
         // members to the inner one's (RFC 9651 lists may span several field lines)
         headers.append(RATELIMIT_POLICY, policy_header.clone());
-        if let Some(value) = headers::state(&self.policy, &self.states) {
+        let partition = settings.partition_key.then_some(self.key);
+        if let Some(value) = headers::state(&self.policy, &self.states, partition) {
             headers.append(RATELIMIT, value);
         }
     }

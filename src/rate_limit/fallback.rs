@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::HeaderValue;
 
-use super::headers;
+use super::headers::{self, QuotaUnit};
 use super::settings::OncePerSecond;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::rate::{Clock, LocalRates, RateCheck, RateOutcome, RatePolicy};
@@ -40,6 +40,7 @@ impl Fallback {
         copies: u32,
         capacity: usize,
         admit_when_full: bool,
+        unit: Option<QuotaUnit>,
     ) -> Result<Self, ConfigError> {
         if capacity == 0 {
             return Err(ConfigError::new(
@@ -50,7 +51,7 @@ impl Fallback {
         let divided = policy.divided(copies);
         Ok(Self {
             rates: LocalRates::new(Clock::new(), capacity),
-            policy_header: headers::policy(&divided)?,
+            policy_header: headers::policy(&divided, unit)?,
             policy: Arc::new(divided),
             admit_when_full,
             full_warning: OncePerSecond::new(),

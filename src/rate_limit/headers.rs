@@ -8,6 +8,7 @@ use bytes::BytesMut;
 use http::{HeaderName, HeaderValue};
 
 use crate::error::{ConfigError, ConfigErrorKind};
+use crate::key::Key;
 use crate::rate::{LimitState, RatePolicy};
 
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -23,21 +24,45 @@ pub(crate) fn retry_after(d: Duration) -> HeaderValue {
     HeaderValue::from(ceil_secs(d).max(1))
 }
 
-/// `"burst";q=10;w=1, "hourly";q=1000;w=3600`, one member per limit in configuration order.
-pub(crate) fn policy(policy: &RatePolicy) -> Result<HeaderValue, ConfigError> {
+/// What a quota counts, the `qu` parameter of `RateLimit-Policy`
+/// (draft-ietf-httpapi-ratelimit-headers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum QuotaUnit {
+    /// Requests (`qu="request"`), the draft's default: a request costs 1, or what the cost
+    /// closure says in requests.
+    #[default]
+    Request,
+    /// Bytes of content (`qu="content-bytes"`): the cost closure gives a request's size.
+    ContentBytes,
+}
+
+impl QuotaUnit {
+    fn token(self) -> &'static str {
+        match self {
+            Self::Request => "request",
+            Self::ContentBytes => "content-bytes",
+        }
+    }
+}
+
+/// `"burst";q=10;w=1, "hourly";q=1000;w=3600`, one member per limit in configuration order;
+/// with `unit`, each member says it: `"burst";q=10;qu="content-bytes";w=1`.
+pub(crate) fn policy(
+    policy: &RatePolicy,
+    unit: Option<QuotaUnit>,
+) -> Result<HeaderValue, ConfigError> {
     let mut out = String::new();
     for (i, limit) in policy.limits().iter().enumerate() {
         if i > 0 {
             out.push_str(", ");
         }
         // Names are validated to [A-Za-z0-9_.-], so they need no escaping inside an sf-string.
-        let _ = write!(
-            out,
-            "\"{}\";q={};w={}",
-            limit.name(),
-            limit.quota(),
-            ceil_secs(limit.window())
-        );
+        let _ = write!(out, "\"{}\";q={}", limit.name(), limit.quota());
+        if let Some(unit) = unit {
+            let _ = write!(out, ";qu=\"{}\"", unit.token());
+        }
+        let _ = write!(out, ";w={}", ceil_secs(limit.window()));
     }
     HeaderValue::from_str(&out).map_err(|_| {
         ConfigError::new(
@@ -47,11 +72,16 @@ pub(crate) fn policy(policy: &RatePolicy) -> Result<HeaderValue, ConfigError> {
     })
 }
 
-/// `"burst";r=0;t=1, "hourly";r=990;t=3412`: quota left and seconds until it grows again.
-/// Written straight into the header's buffer: one allocation per response.
-pub(crate) fn state(policy: &RatePolicy, states: &[LimitState]) -> Option<HeaderValue> {
+/// `"burst";r=0;t=1, "hourly";r=990;t=3412`: quota left and seconds until it grows again; with
+/// a partition key, each member carries it: `"burst";r=0;t=1;pk=:q83vEjRWeJq8:`. Written
+/// straight into the header's buffer: one allocation per response.
+pub(crate) fn state(
+    policy: &RatePolicy,
+    states: &[LimitState],
+    partition: Option<Key>,
+) -> Option<HeaderValue> {
     let names: usize = policy.limits().iter().map(|l| l.name().len()).sum();
-    let mut out = BytesMut::with_capacity(names + 32 * states.len());
+    let mut out = BytesMut::with_capacity(names + 48 * states.len());
     for (i, (limit, state)) in policy.limits().iter().zip(states).enumerate() {
         if i > 0 {
             out.extend_from_slice(b", ");
@@ -63,8 +93,29 @@ pub(crate) fn state(policy: &RatePolicy, states: &[LimitState]) -> Option<Header
             state.remaining,
             ceil_secs(state.reset)
         );
+        if let Some(key) = partition {
+            out.extend_from_slice(b";pk=:");
+            out.extend_from_slice(&partition_key(key));
+            out.extend_from_slice(b":");
+        }
     }
     HeaderValue::from_maybe_shared(out.freeze()).ok()
+}
+
+/// The `pk` of caller `key`: the first 9 bytes of its digest (itself a one-way hash of what the
+/// caller sent) in base64, 12 characters of a Structured Field Byte Sequence. It tells a
+/// client's partitions apart without naming them.
+fn partition_key(key: Key) -> [u8; 12] {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bytes = key.as_bytes();
+    let mut out = [0u8; 12];
+    for (chunk, encoded) in bytes[..9].chunks(3).zip(out.chunks_mut(4)) {
+        let n = (u32::from(chunk[0]) << 16) | (u32::from(chunk[1]) << 8) | u32::from(chunk[2]);
+        for (i, c) in encoded.iter_mut().enumerate() {
+            *c = ALPHABET[((n >> (18 - 6 * i)) & 0x3f) as usize];
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -93,7 +144,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            policy(&p).unwrap(),
+            policy(&p, None).unwrap(),
             r#""burst";q=10;w=1, "hourly";q=1000;w=3600"#
         );
         let states = [
@@ -107,8 +158,20 @@ mod tests {
             },
         ];
         assert_eq!(
-            state(&p, &states).unwrap(),
+            state(&p, &states, None).unwrap(),
             r#""burst";r=0;t=1, "hourly";r=990;t=3412"#
+        );
+        assert_eq!(
+            policy(&p, Some(QuotaUnit::ContentBytes)).unwrap(),
+            r#""burst";q=10;qu="content-bytes";w=1, "hourly";q=1000;qu="content-bytes";w=3600"#
+        );
+        let key = Key::new("t", b"alice");
+        let pk = String::from_utf8(partition_key(key).to_vec()).unwrap();
+        assert_eq!(pk.len(), 12);
+        assert!(!pk.contains("alice"));
+        assert_eq!(
+            state(&p, &states[..1], Some(key)).unwrap(),
+            format!(r#""burst";r=0;t=1;pk=:{pk}:"#).as_str()
         );
     }
 }

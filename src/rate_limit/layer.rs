@@ -8,7 +8,7 @@ use tower_layer::Layer;
 
 use super::deny_cache::DenyCache;
 use super::fallback::{self, Fallback};
-use super::headers;
+use super::headers::{self, QuotaUnit};
 use super::service::RateLimit;
 use super::settings::{CostFn, MissingKey, OnStoreError, OncePerSecond, Settings};
 use crate::error::{ConfigError, ConfigErrorKind};
@@ -74,6 +74,8 @@ impl RateLimitLayer {
                 missing_key: MissingKey::Reject,
                 headers: true,
                 shadow: false,
+                partition_key: false,
+                quota_unit: None,
                 deny_cache: true,
                 fallback_capacity: fallback::DEFAULT_CAPACITY,
                 fallback_admits_when_full: false,
@@ -178,6 +180,8 @@ struct Draft {
     missing_key: MissingKey,
     headers: bool,
     shadow: bool,
+    partition_key: bool,
+    quota_unit: Option<QuotaUnit>,
     deny_cache: bool,
     fallback_capacity: usize,
     fallback_admits_when_full: bool,
@@ -254,6 +258,22 @@ impl<K> RateLimitLayerBuilder<K> {
         self
     }
 
+    /// Whether `RateLimit` members carry the caller's partition key, `pk` (default off): a
+    /// Structured Field Byte Sequence derived from the key's digest — never the raw key — that
+    /// tells a client which of its partitions (API keys, addresses) the figures are for.
+    pub fn partition_key(mut self, enabled: bool) -> Self {
+        self.draft.partition_key = enabled;
+        self
+    }
+
+    /// What the quota counts, said as `qu` in `RateLimit-Policy` (default: requests, and `qu`
+    /// said only when a [`cost`](Self::cost) closure is set). Use
+    /// [`QuotaUnit::ContentBytes`](super::QuotaUnit::ContentBytes) when the cost is a size.
+    pub fn quota_unit(mut self, unit: QuotaUnit) -> Self {
+        self.draft.quota_unit = Some(unit);
+        self
+    }
+
     /// Shadow mode (default off), to roll a new limit out: every request is decided and charged
     /// as usual, its decision recorded and its headers set, but none is rejected — a denial is
     /// logged (at info, target `tollgate::rate_limit`) and marked
@@ -305,6 +325,9 @@ impl<K> RateLimitLayerBuilder<K> {
             draft.algorithm,
             draft.limits,
         )?;
+        let unit = draft
+            .quota_unit
+            .or(draft.cost.is_some().then_some(QuotaUnit::Request));
         let fallback = match draft.on_store_error {
             OnStoreError::LocalFallback { copies: 0 } => {
                 return Err(ConfigError::new(
@@ -317,10 +340,11 @@ impl<K> RateLimitLayerBuilder<K> {
                 copies,
                 draft.fallback_capacity,
                 draft.fallback_admits_when_full,
+                unit,
             )?),
             _ => None,
         };
-        let policy_header = headers::policy(&policy)?;
+        let policy_header = headers::policy(&policy, unit)?;
         Ok(RateLimitLayer {
             settings: Arc::new(Settings {
                 store: draft.store,
@@ -331,6 +355,7 @@ impl<K> RateLimitLayerBuilder<K> {
                 missing_key: draft.missing_key,
                 headers: draft.headers,
                 shadow: draft.shadow,
+                partition_key: draft.partition_key,
                 policy_header,
                 deny_cache: (draft.deny_cache && !draft.shadow).then(DenyCache::default),
                 last_warning: OncePerSecond::new(),

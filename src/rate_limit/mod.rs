@@ -90,6 +90,7 @@ mod tests;
 
 pub use decision::{DecisionSource, RateLimitDecision, RateLimitDecisions};
 pub use future::ResponseFuture;
+pub use headers::QuotaUnit;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use service::RateLimit;
 pub use settings::{MissingKey, OnStoreError};

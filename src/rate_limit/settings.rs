@@ -56,6 +56,8 @@ pub(crate) struct Settings {
     pub(crate) headers: bool,
     /// Decide and count, never reject.
     pub(crate) shadow: bool,
+    /// `RateLimit` members carry the caller's `pk`.
+    pub(crate) partition_key: bool,
     pub(crate) policy_header: HeaderValue,
     pub(crate) deny_cache: Option<DenyCache>,
     /// Store failures are logged at warn at most once a second (the rest at debug): an outage
