@@ -161,6 +161,7 @@
 //! - `redis` (default): [`RedisStore`](store::RedisStore), on Redis or Valkey, standalone or
 //!   Cluster, through redis-rs.
 //! - `axum`: the peer-IP extractors also read axum's `ConnectInfo<SocketAddr>`.
+//! - `metrics`: counters and histograms through the `metrics` facade (see [`metrics`]).
 //!
 //! No framework is a default dependency: the layers work on `http::Request` / `http::Response`
 //! and fit axum, tonic and hyper alike.
@@ -180,6 +181,7 @@ pub mod store;
 pub mod claim;
 mod lease;
 pub mod lock;
+pub mod metrics;
 mod task;
 // HTTP glue
 pub mod body;

@@ -156,8 +156,13 @@ impl Locks {
         let attempt = self
             .store
             .lock_acquire(key.clone(), fence_key, token.clone(), lease)
-            .await?;
+            .await
+            .inspect_err(|_| crate::metrics::lock("error"))?;
         unanswered.disarm();
+        crate::metrics::lock(match attempt {
+            LockAttempt::Acquired { .. } => "acquired",
+            LockAttempt::Held { .. } => "busy",
+        });
         match attempt {
             LockAttempt::Acquired { fence } => Ok(LockGuard {
                 store: Arc::clone(&self.store),

@@ -823,4 +823,27 @@ async fn the_binary_serves_and_announces_its_address() {
     let denied = get("/api/hello").await.unwrap();
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(denied.headers().contains_key("retry-after"));
+    let again = get("/api/hello").await.unwrap();
+    assert_eq!(again.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    // the series, in Prometheus text, not rate-limited
+    for _ in 0..2 {
+        let metrics = get("/metrics").await.unwrap();
+        assert_eq!(metrics.status(), StatusCode::OK);
+        let text = metrics.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8(text.to_vec()).unwrap();
+        let limiter = format!("limiter=\"{}:rl\"", app::API_PREFIX);
+        for (labels, count) in [
+            ("outcome=\"admitted\",source=\"store\"", 2),
+            ("outcome=\"denied\",source=\"store\"", 1),
+            ("outcome=\"denied\",source=\"deny_cache\"", 1),
+        ] {
+            let line = format!("tollgate_rate_limit_decisions_total{{{limiter},{labels}}} {count}");
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        assert!(
+            text.contains("tollgate_store_call_duration_seconds"),
+            "store calls in:\n{text}"
+        );
+    }
 }

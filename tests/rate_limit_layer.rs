@@ -984,7 +984,10 @@ async fn deny_cache_answers_repeat_denials_without_the_store() {
         assert_eq!(r.decision().source(), DecisionSource::DenyCache);
         assert_eq!(r.decision().cost(), cost);
         assert_eq!(r.header("retry-after"), Some("1"));
-        assert_eq!(r.header("ratelimit-policy"), Some(r#""w";q=3;qu="request";w=1"#));
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some(r#""w";q=3;qu="request";w=1"#)
+        );
         assert_eq!(r.header("ratelimit"), Some(r#""w";r=1;t=1"#));
     }
     assert_eq!(

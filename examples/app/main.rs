@@ -38,6 +38,7 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::LevelFilter;
 
 use env::{EnvError, Failure};
+use metrics_exporter_prometheus::PrometheusBuilder;
 use router::{AppConfig, AppState};
 
 /// What the app warns of when `REDIS_URL` is not set.
@@ -74,7 +75,12 @@ async fn run() -> Result<(), Failure> {
     let (listener, addr) = env::listen(port).await?;
     println!("tollgate example app listening on http://{addr}");
 
-    let app = router::router(state).into_make_service_with_connect_info::<SocketAddr>();
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| Failure::runtime(format!("could not install the metrics recorder: {e}")))?;
+    let app = router::router(state)
+        .merge(router::metrics_routes(metrics))
+        .into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await

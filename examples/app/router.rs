@@ -15,6 +15,7 @@
 //! | `POST /coupons/{code}/redeem` | `200` for exactly one redemption across all copies, `409` for every other, `503` when the store does not answer |
 //! | `POST /reports/{name}/rebuild` | rebuilds under a lock: `200` with the fencing token, `409` while another copy holds it |
 //! | `POST /payments` | `201 {"id",...}` once per `Idempotency-Key` across all copies; retries replay it |
+//! | `GET /metrics`   | the crate's series in Prometheus text, not rate-limited             |
 //!
 //! A caller is the `x-api-key` header when present, otherwise the peer IP address. New groups of
 //! routes get their own `*_routes` function, merged in [`router`].
@@ -25,9 +26,11 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 use tollgate::ConfigError;
@@ -55,7 +58,7 @@ pub const PORT_FORMAT: &str = "a TCP port number from 0 to 65535, e.g. PORT=3000
 
 /// The key prefix of the `/api/*` rate limit in the store. Each rate-limited group of routes gets
 /// its own prefix, so that equal limit names in two groups never share counters.
-const API_PREFIX: &str = "tollgate-app:api";
+pub const API_PREFIX: &str = "tollgate-app:api";
 
 /// How long `POST /payments` works by default.
 pub const DEFAULT_PAYMENT_DELAY: Duration = Duration::from_millis(100);
@@ -311,6 +314,23 @@ pub fn router(state: AppState) -> Router {
         // Outermost, so that the rate limits below see the peer address.
         .layer(MapRequestLayer::new(peer_addr_extension))
         .with_state(state)
+}
+
+/// `GET /metrics`: the crate's series (see `tollgate::metrics`) in Prometheus text, as
+/// `handle` renders them; not rate-limited.
+pub fn metrics_routes(handle: PrometheusHandle) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(move || {
+            let handle = handle.clone();
+            async move {
+                (
+                    [(CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    handle.render(),
+                )
+            }
+        }),
+    )
 }
 
 /// Liveness and readiness: not rate-limited.

@@ -47,6 +47,7 @@ where
     if let Err(refused) = claim(&settings, &key, &fingerprint, &token, grpc).await {
         return Ok(refused);
     }
+    crate::metrics::idempotency("executed");
     let request = Request::from_parts(parts, Either::Left(Full::new(body)));
     // the body's share of the buffer budget goes with it, until its execution ends
     spawn_execution(settings, service, request, key, token, grpc, buffered).await
@@ -135,6 +136,7 @@ async fn claim<B>(
             }
             Ok(IdempotencyBegin::Completed(record)) => {
                 unanswered.disarm();
+                crate::metrics::idempotency("replayed");
                 return Err(replay(&record, grpc));
             }
             Ok(IdempotencyBegin::InFlight { .. }) => match wait_until {

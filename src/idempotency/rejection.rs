@@ -27,6 +27,11 @@ pub(super) enum Rejection {
 
 impl Rejection {
     pub(super) fn into_response<B>(self, grpc: bool) -> Response<IdempotencyBody<B>> {
+        crate::metrics::idempotency(match self {
+            Self::InFlight => "conflict",
+            Self::Mismatch => "mismatch",
+            _ => "rejected",
+        });
         let (status, code, message) = match self {
             Self::BadKey(problem) => (
                 StatusCode::BAD_REQUEST,

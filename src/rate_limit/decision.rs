@@ -28,6 +28,18 @@ pub enum DecisionSource {
     DenyCache,
 }
 
+impl DecisionSource {
+    /// The `source` label of the decisions counter.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Store => "store",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::LocalFallback => "local_fallback",
+            Self::DenyCache => "deny_cache",
+        }
+    }
+}
+
 /// The rate-limit decision for one request, in the response extensions (and, for admitted
 /// requests, the request extensions).
 #[derive(Debug, Clone)]
@@ -137,6 +149,7 @@ impl Settings {
             retry_after_ms = decision.retry_after.as_millis() as u64,
             "rate-limit decision"
         );
+        crate::metrics::rate_decision(&self.limiter, decision.admitted, decision.source.label());
         if self.shadow && !decision.admitted {
             tracing::info!(
                 target: "tollgate::rate_limit",

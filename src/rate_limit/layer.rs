@@ -345,6 +345,7 @@ impl<K> RateLimitLayerBuilder<K> {
             _ => None,
         };
         let policy_header = headers::policy(&policy, unit)?;
+        let limiter = Arc::from(policy.namespace());
         Ok(RateLimitLayer {
             settings: Arc::new(Settings {
                 store: draft.store,
@@ -356,6 +357,7 @@ impl<K> RateLimitLayerBuilder<K> {
                 headers: draft.headers,
                 shadow: draft.shadow,
                 partition_key: draft.partition_key,
+                limiter,
                 policy_header,
                 deny_cache: (draft.deny_cache && !draft.shadow).then(DenyCache::default),
                 last_warning: OncePerSecond::new(),

@@ -96,6 +96,7 @@ where
             .as_ref()
             .and_then(|c| c.check(key, cost))
         {
+            crate::metrics::rate_decision(&settings.limiter, false, denied.source.label());
             return ResponseFuture::reject(Rejection::Denied(denied), settings, grpc);
         }
         let check = RateCheck::new(key, cost);

@@ -56,6 +56,8 @@ pub(crate) struct Settings {
     pub(crate) headers: bool,
     /// Decide and count, never reject.
     pub(crate) shadow: bool,
+    /// The `limiter` label of the metrics: the policy's namespace.
+    pub(crate) limiter: Arc<str>,
     /// `RateLimit` members carry the caller's `pk`.
     pub(crate) partition_key: bool,
     pub(crate) policy_header: HeaderValue,

@@ -282,6 +282,7 @@ impl RedisStore {
     /// answer is a store failure: the caller undoes what it can, and reports no success.
     fn write<T, R>(
         &self,
+        operation: &'static str,
         script: fn(&Scripts) -> &Lua,
         call: ScriptCall,
         made: fn(&R) -> bool,
@@ -293,7 +294,7 @@ impl RedisStore {
         R: redis::FromRedisValue + Send + 'static,
     {
         let Some(durable) = self.durable.clone() else {
-            return self.call(move |mut conn, scripts| async move {
+            return self.call(operation, move |mut conn, scripts| async move {
                 let reply: R = call
                     .invoke(script(&scripts), &mut conn)
                     .await
@@ -304,7 +305,7 @@ impl RedisStore {
         // leave room within the store timeout for the reply itself
         let wait_ms = (millis(self.timeout) * 3 / 4).max(1);
         let replicas = durable.replicas;
-        self.call_on(&durable.link, move |mut conn, scripts| async move {
+        self.call_on(operation, &durable.link, move |mut conn, scripts| async move {
             let (reply, acked): (R, u32) = call
                 .invoke_and_wait(script(&scripts).source, &mut conn, replicas, wait_ms)
                 .await
@@ -343,8 +344,13 @@ impl RedisStore {
 
     /// Runs a token-checked release or extension (no `WAIT`: neither must reach a replica
     /// before it counts); whether the key held the token.
-    fn token_checked(&self, script: fn(&Scripts) -> &Lua, call: ScriptCall) -> StoreFuture<bool> {
-        self.call(move |mut conn, scripts| async move {
+    fn token_checked(
+        &self,
+        operation: &'static str,
+        script: fn(&Scripts) -> &Lua,
+        call: ScriptCall,
+    ) -> StoreFuture<bool> {
+        self.call(operation, move |mut conn, scripts| async move {
             let held: i64 = call
                 .invoke(script(&scripts), &mut conn)
                 .await
@@ -354,18 +360,18 @@ impl RedisStore {
     }
 
     /// Runs `op` on the store's connection within the store timeout.
-    fn call<T, F, Fut>(&self, op: F) -> StoreFuture<T>
+    fn call<T, F, Fut>(&self, operation: &'static str, op: F) -> StoreFuture<T>
     where
         T: Send + 'static,
         F: FnOnce(Connection, Arc<Scripts>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
     {
-        self.call_on(&self.link, op)
+        self.call_on(operation, &self.link, op)
     }
 
     /// Runs `op` on `link`'s connection within the store timeout, and tells the link's watch
     /// whether a reply came.
-    fn call_on<T, F, Fut>(&self, link: &Arc<Link>, op: F) -> StoreFuture<T>
+    fn call_on<T, F, Fut>(&self, operation: &'static str, link: &Arc<Link>, op: F) -> StoreFuture<T>
     where
         T: Send + 'static,
         F: FnOnce(Connection, Arc<Scripts>) -> Fut + Send + 'static,
@@ -375,7 +381,7 @@ impl RedisStore {
         let conn = link.get();
         let scripts = Arc::clone(&self.scripts);
         let timeout = self.timeout;
-        Box::pin(async move { bounded(&link, timeout, op(conn, scripts)).await })
+        Box::pin(async move { bounded(operation, &link, timeout, op(conn, scripts)).await })
     }
 }
 
@@ -425,7 +431,7 @@ impl RateStore for RedisStore {
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
         let keys = keys::rate(policy, &key);
-        self.call(move |mut conn, _| async move {
+        self.call("reset_rate", move |mut conn, _| async move {
             redis::cmd("DEL")
                 .arg(&keys)
                 .query_async::<i64>(&mut conn)
@@ -449,6 +455,7 @@ impl LockStore for RedisStore {
             .arg(holder)
             .arg(ttl.map_or(0, millis));
         self.write(
+            "claim",
             |s| &s.claim,
             call,
             |(won, _): &(i64, Option<String>)| *won == 1,
@@ -477,6 +484,7 @@ impl LockStore for RedisStore {
             .arg(millis(lease))
             .arg(millis(fence_ttl(lease)));
         self.write(
+            "lock_acquire",
             |s| &s.lock_acquire,
             call,
             |(acquired, _): &(i64, i64)| *acquired == 1,
@@ -496,6 +504,7 @@ impl LockStore for RedisStore {
 
     fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
         self.write(
+            "lock_extend",
             |s| &s.compare_and_pexpire,
             extend_call(key, token, lease),
             |held: &i64| *held == 1,
@@ -505,7 +514,11 @@ impl LockStore for RedisStore {
     }
 
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.token_checked(|s| &s.compare_and_delete, release_call(&key, &token))
+        self.token_checked(
+            "lock_release",
+            |s| &s.compare_and_delete,
+            release_call(&key, &token),
+        )
     }
 }
 
@@ -524,6 +537,7 @@ impl IdempotencyStore for RedisStore {
             .arg(token)
             .arg(millis(lease));
         self.write(
+            "idempotency_begin",
             |s| &s.idem_begin,
             call,
             |reply: &Vec<Value>| reply.first() == Some(&Value::Int(0)),
@@ -545,6 +559,7 @@ impl IdempotencyStore for RedisStore {
             .arg(response.as_ref())
             .arg(millis(retention));
         self.write(
+            "idempotency_complete",
             |s| &s.idem_complete,
             call,
             |stored: &i64| *stored == 1,
@@ -554,17 +569,25 @@ impl IdempotencyStore for RedisStore {
     }
 
     fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.token_checked(|s| &s.idem_release, release_call(&key, &token))
+        self.token_checked(
+            "idempotency_release",
+            |s| &s.idem_release,
+            release_call(&key, &token),
+        )
     }
 
     fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        self.token_checked(|s| &s.idem_extend, extend_call(key, token, lease))
+        self.token_checked(
+            "idempotency_extend",
+            |s| &s.idem_extend,
+            extend_call(key, token, lease),
+        )
     }
 }
 
 impl Store for RedisStore {
     fn ping(&self) -> StoreFuture<()> {
-        self.call(|mut conn, _| async move {
+        self.call("ping", |mut conn, _| async move {
             redis::cmd("PING")
                 .query_async::<String>(&mut conn)
                 .await

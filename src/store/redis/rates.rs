@@ -188,7 +188,7 @@ impl Rates {
         checks: &[(&RatePolicy, RateCheck)],
     ) -> Result<Vec<Result<RateOutcome, StoreError>>, StoreError> {
         let mut conn = self.link.get();
-        let reply = bounded(&self.link, self.timeout, async {
+        let reply = bounded("rate_check", &self.link, self.timeout, async {
             let evalsha = command("EVALSHA", self.script.get_hash(), checks);
             match send(&mut conn, &evalsha).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -212,16 +212,24 @@ async fn send(conn: &mut Connection, cmd: &Cmd) -> RedisResult<Value> {
     }
 }
 
-/// Runs `op` within `timeout`, and tells `link`'s watch whether a reply came.
+/// Runs `op`, store operation `operation`, within `timeout`; tells `link`'s watch whether a
+/// reply came, and the metrics how long it took and how it failed.
 pub(super) async fn bounded<T>(
+    operation: &'static str,
     link: &Arc<Link>,
     timeout: Duration,
     op: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
+    let started = std::time::Instant::now();
     let result = match tokio::time::timeout(timeout, op).await {
         Ok(result) => result,
         Err(_) => Err(StoreError::timeout()),
     };
+    crate::metrics::store_call(
+        operation,
+        started.elapsed(),
+        result.as_ref().err().map(StoreError::kind),
+    );
     match &result {
         Err(e) if e.kind() == StoreErrorKind::Timeout => link.timed_out(),
         Err(e) if e.kind() == StoreErrorKind::Unavailable => link.unreachable(),

@@ -1,0 +1,83 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade, with the `metrics` feature:
+//! the application installs the recorder (say, `metrics-exporter-prometheus`); without one, or
+//! without the feature, nothing is recorded and nothing is paid.
+//!
+//! | series | kind | labels | what |
+//! | --- | --- | --- | --- |
+//! | [`RATE_LIMIT_DECISIONS`] | counter | `limiter`, `outcome`, `source` | rate-limit decisions; `limiter` is the layer's key namespace (`<prefix>:rl`), `outcome` `admitted` or `denied` (in shadow mode a denial is counted as one, though the request goes on), `source` `store`, `deny_cache`, `local_fallback` or `store_unavailable` |
+//! | [`STORE_CALL_DURATION`] | histogram (seconds) | `operation` | each call of a [`RedisStore`](crate::store::RedisStore) to Redis, answered or not; a batch of rate checks is one `rate_check` call |
+//! | [`STORE_ERRORS`] | counter | `operation`, `kind` | failed store calls; `kind` `timeout`, `unavailable`, `protocol` or `config` |
+//! | [`IDEMPOTENCY_REQUESTS`] | counter | `outcome` | keyed requests: `executed` (claimed, the handler ran), `replayed`, `conflict` (another request holds the key), `mismatch` (the key was used with another request), `rejected` (any other refusal: bad key, too large, store down, ...) |
+//! | [`LOCK_ACQUISITIONS`] | counter | `outcome` | lock attempts: `acquired`, `busy` or `error` |
+//!
+//! Store operations: `rate_check`, `reset_rate`, `claim`, `lock_acquire`, `lock_extend`,
+//! `lock_release`, `idempotency_begin`, `idempotency_complete`, `idempotency_release`,
+//! `idempotency_extend`, `ping`.
+
+#[cfg(feature = "redis")]
+use std::time::Duration;
+
+#[cfg(feature = "redis")]
+use crate::store::StoreErrorKind;
+
+/// Counter: rate-limit decisions.
+pub const RATE_LIMIT_DECISIONS: &str = "tollgate_rate_limit_decisions_total";
+/// Histogram: seconds per store call.
+pub const STORE_CALL_DURATION: &str = "tollgate_store_call_duration_seconds";
+/// Counter: failed store calls.
+pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
+/// Counter: keyed requests of the idempotency layer.
+pub const IDEMPOTENCY_REQUESTS: &str = "tollgate_idempotency_requests_total";
+/// Counter: lock acquisition attempts.
+pub const LOCK_ACQUISITIONS: &str = "tollgate_lock_acquisitions_total";
+
+/// A rate-limit decision of `limiter`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn rate_decision(limiter: &std::sync::Arc<str>, admitted: bool, source: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        RATE_LIMIT_DECISIONS,
+        "limiter" => metrics::SharedString::from(std::sync::Arc::clone(limiter)),
+        "outcome" => if admitted { "admitted" } else { "denied" },
+        "source" => source,
+    )
+    .increment(1);
+}
+
+/// A store call of `operation` that took `elapsed` and failed with `error`, if it failed.
+#[cfg(feature = "redis")]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn store_call(
+    operation: &'static str,
+    elapsed: Duration,
+    error: Option<StoreErrorKind>,
+) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::histogram!(STORE_CALL_DURATION, "operation" => operation)
+            .record(elapsed.as_secs_f64());
+        if let Some(kind) = error {
+            let kind = match kind {
+                StoreErrorKind::Timeout => "timeout",
+                StoreErrorKind::Unavailable => "unavailable",
+                StoreErrorKind::Protocol => "protocol",
+                _ => "config",
+            };
+            metrics::counter!(STORE_ERRORS, "operation" => operation, "kind" => kind).increment(1);
+        }
+    }
+}
+
+/// A keyed request of the idempotency layer, and how it ended.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn idempotency(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(IDEMPOTENCY_REQUESTS, "outcome" => outcome).increment(1);
+}
+
+/// A lock attempt, and how it ended.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn lock(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(LOCK_ACQUISITIONS, "outcome" => outcome).increment(1);
+}

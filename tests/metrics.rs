@@ -1,0 +1,202 @@
+//! The `metrics` series (feature `metrics`, on for the tests) as a recorder sees them, on a real
+//! redis-server: exact counts per phase. One test: the recorder is global to this binary.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tower::{ServiceBuilder, ServiceExt};
+
+use common::RedisServer;
+use tollgate::idempotency::{IdempotencyLayer, RequestBody};
+use tollgate::key::Header;
+use tollgate::lock::Locks;
+use tollgate::metrics::{
+    IDEMPOTENCY_REQUESTS, LOCK_ACQUISITIONS, RATE_LIMIT_DECISIONS, STORE_CALL_DURATION,
+    STORE_ERRORS,
+};
+use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
+use tollgate::store::RedisStore;
+
+/// What one phase recorded: per series name and labels (sorted `k=v` joined by `,`), the
+/// counter's increase or the histogram's number of samples.
+fn recorded(snapshotter: &Snapshotter) -> Vec<(String, String, u64)> {
+    let mut out: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| {
+            let key = key.key();
+            let mut labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            let n = match value {
+                DebugValue::Counter(n) => n,
+                DebugValue::Histogram(samples) => samples.len() as u64,
+                DebugValue::Gauge(_) => return None,
+            };
+            (n > 0).then(|| (key.name().to_owned(), labels.join(","), n))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn series(name: &str, labels: &str, n: u64) -> (String, String, u64) {
+    (name.to_owned(), labels.to_owned(), n)
+}
+
+fn get(client: &str) -> Request<Full<Bytes>> {
+    Request::get("/")
+        .header("x-client", client)
+        .body(Full::default())
+        .unwrap()
+}
+
+async fn hello(_: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
+    Ok(Response::new(Full::from("hello")))
+}
+
+async fn pay(_: Request<RequestBody<Full<Bytes>>>) -> Result<Response<Full<Bytes>>, Infallible> {
+    Ok(Response::new(Full::from("paid")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_series_counts_exactly_what_happened() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this binary");
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .timeout(Duration::from_millis(300))
+        .max_batch(1)
+        .build()
+        .unwrap();
+
+    // rate limits: 2 admitted, 1 denied by the store, 2 by the deny cache
+    let layer = RateLimitLayer::builder(store.clone())
+        .prefix("m")
+        .limit(Limit::per_hour("h", 2))
+        .algorithm(Algorithm::Gcra)
+        .key(Header::from_static("x-client"))
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(tower::service_fn(hello));
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(svc.clone().oneshot(get("alice")).await.unwrap().status());
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::OK).count(), 2);
+    let limiter = "limiter=m:rl";
+    assert_eq!(
+        recorded(&snapshotter),
+        vec![
+            series(
+                RATE_LIMIT_DECISIONS,
+                &format!("{limiter},outcome=admitted,source=store"),
+                2
+            ),
+            series(
+                RATE_LIMIT_DECISIONS,
+                &format!("{limiter},outcome=denied,source=deny_cache"),
+                2
+            ),
+            series(
+                RATE_LIMIT_DECISIONS,
+                &format!("{limiter},outcome=denied,source=store"),
+                1
+            ),
+            series(STORE_CALL_DURATION, "operation=rate_check", 3),
+        ]
+    );
+
+    // idempotency: executed, replayed, mismatch
+    let idempotent = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::builder(store.clone())
+                .unscoped()
+                .build()
+                .unwrap(),
+        )
+        .service(tower::service_fn(pay));
+    let post = |body: &'static str| {
+        Request::post("/pay")
+            .header("idempotency-key", "k-1")
+            .body(Full::from(body))
+            .unwrap()
+    };
+    for (body, status) in [
+        ("a", StatusCode::OK),
+        ("a", StatusCode::OK),
+        ("b", StatusCode::UNPROCESSABLE_ENTITY),
+    ] {
+        let response = idempotent.clone().oneshot(post(body)).await.unwrap();
+        assert_eq!(response.status(), status);
+        // the whole body: the record is stored before it ends
+        response.into_body().collect().await.unwrap();
+    }
+    let phase = recorded(&snapshotter);
+    for expected in [
+        series(IDEMPOTENCY_REQUESTS, "outcome=executed", 1),
+        series(IDEMPOTENCY_REQUESTS, "outcome=mismatch", 1),
+        series(IDEMPOTENCY_REQUESTS, "outcome=replayed", 1),
+        series(STORE_CALL_DURATION, "operation=idempotency_begin", 3),
+        series(STORE_CALL_DURATION, "operation=idempotency_complete", 1),
+    ] {
+        assert!(phase.contains(&expected), "{expected:?} in {phase:?}");
+    }
+
+    // locks: acquired, busy, released
+    let locks = Locks::new(store.clone());
+    let guard = locks
+        .try_acquire("report", Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        locks
+            .try_acquire("report", Duration::from_secs(10))
+            .await
+            .is_err()
+    );
+    guard.release().await.unwrap();
+    assert_eq!(
+        recorded(&snapshotter),
+        vec![
+            series(LOCK_ACQUISITIONS, "outcome=acquired", 1),
+            series(LOCK_ACQUISITIONS, "outcome=busy", 1),
+            series(STORE_CALL_DURATION, "operation=lock_acquire", 2),
+            series(STORE_CALL_DURATION, "operation=lock_release", 1),
+        ]
+    );
+
+    // the store down: one decision by the failure policy, one timed-out call
+    server.pause();
+    let status = svc.clone().oneshot(get("bob")).await.unwrap().status();
+    server.resume();
+    assert_eq!(status, StatusCode::OK, "allowed while the store is down");
+    assert_eq!(
+        recorded(&snapshotter),
+        vec![
+            series(
+                RATE_LIMIT_DECISIONS,
+                &format!("{limiter},outcome=admitted,source=store_unavailable"),
+                1
+            ),
+            series(STORE_CALL_DURATION, "operation=rate_check", 1),
+            series(STORE_ERRORS, "kind=timeout,operation=rate_check", 1),
+        ]
+    );
+    server.kill();
+}
