@@ -38,6 +38,12 @@ impl Complete {
         self.data.is_none() && self.trailers.is_none()
     }
 
+    /// The data, empty when there is none.
+    #[cfg(test)]
+    pub(crate) fn data(&self) -> &[u8] {
+        self.data.as_deref().unwrap_or_default()
+    }
+
     pub(crate) fn size_hint(&self) -> SizeHint {
         SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
     }

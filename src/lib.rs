@@ -150,7 +150,7 @@
 //!    lease keeper and background release that locks and idempotency claims share.
 //! 4. **HTTP glue.** The [`key`] extractors (headers, peer IP, trusted-proxy forwarded IP,
 //!    closures), the [`body`] types, gRPC trailers-only responses, and the one builder of
-//!    rejections (plain text for HTTP, a gRPC status for gRPC calls).
+//!    rejections (problem details for HTTP, a gRPC status for gRPC calls).
 //! 5. **The layers.** [`rate_limit`] and [`idempotency`], each a tower-http style module: the
 //!    story and re-exports in `mod.rs`; the layer and builder, the service, its response future
 //!    and body, its settings, decisions and rejections in files of their own. Each asks only for

@@ -1,13 +1,19 @@
-//! The one builder of the responses a layer gives instead of the inner service's: plain text
-//! for HTTP, trailers-only for gRPC.
+//! The one builder of the responses a layer gives instead of the inner service's: problem
+//! details (RFC 9457, `application/problem+json`) for HTTP, trailers-only for gRPC.
+
+use std::fmt::Write;
 
 use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::body::Complete;
 use crate::grpc::{self, Code};
 
-/// A response the layers answer with themselves: `status` with `message` as plain text, or for a
-/// gRPC call a trailers-only response with `code` and `message`.
+/// The problem type of a rate-limit denial (draft-ietf-httpapi-ratelimit-headers).
+pub(crate) const QUOTA_EXCEEDED: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// A response the layers answer with themselves: `status` with `message` as problem details, or
+/// for a gRPC call a trailers-only response with `code` and `message`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Rejection {
     pub(crate) status: StatusCode,
@@ -16,16 +22,43 @@ pub(crate) struct Rejection {
 }
 
 impl Rejection {
-    /// The response, for a gRPC call when `grpc`.
+    /// The response, for a gRPC call when `grpc`: problem details of type `about:blank`.
     pub(crate) fn into_response(self, grpc: bool) -> Response<Complete> {
+        self.into_problem(grpc, "about:blank", &[])
+    }
+
+    /// The response with problem type `kind`; for a quota problem, the names of the
+    /// `violated` policies as the draft's `violated-policies` member.
+    pub(crate) fn into_problem(
+        self,
+        grpc: bool,
+        kind: &str,
+        violated: &[&str],
+    ) -> Response<Complete> {
         if grpc {
             return grpc::trailers_only(self.code, self.message);
         }
-        let mut response = Response::new(Complete::new(format!("{}\n", self.message), None));
+        // Every string here is a constant of the crate or a validated limit name
+        // ([A-Za-z0-9_.-]): nothing needs escaping.
+        let mut body = format!(
+            "{{\"type\":\"{kind}\",\"title\":\"{}\",\"status\":{},\"detail\":\"{}\"",
+            self.status.canonical_reason().unwrap_or(""),
+            self.status.as_u16(),
+            self.message
+        );
+        if !violated.is_empty() {
+            body.push_str(",\"violated-policies\":[");
+            for (i, name) in violated.iter().enumerate() {
+                let _ = write!(body, "{}\"{name}\"", if i > 0 { "," } else { "" });
+            }
+            body.push(']');
+        }
+        body.push_str("}\n");
+        let mut response = Response::new(Complete::new(body, None));
         *response.status_mut() = self.status;
         response.headers_mut().insert(
             header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
+            HeaderValue::from_static("application/problem+json"),
         );
         response
     }
@@ -36,7 +69,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn plain_text_for_http_and_trailers_only_for_grpc() {
+    fn problem_details_for_http_and_trailers_only_for_grpc() {
         let rejection = Rejection {
             status: StatusCode::TOO_MANY_REQUESTS,
             code: Code::ResourceExhausted,
@@ -44,7 +77,19 @@ mod tests {
         };
         let http = rejection.into_response(false);
         assert_eq!(http.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(http.headers()["content-type"], "text/plain; charset=utf-8");
+        assert_eq!(http.headers()["content-type"], "application/problem+json");
+        assert_eq!(
+            std::str::from_utf8(http.body().data()).unwrap(),
+            "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\
+             \"detail\":\"rate limit exceeded\"}\n"
+        );
+        let quota = rejection.into_problem(false, QUOTA_EXCEEDED, &["burst", "hourly"]);
+        assert!(
+            quota
+                .body()
+                .data()
+                .ends_with(b"\"violated-policies\":[\"burst\",\"hourly\"]}\n")
+        );
         let grpc = rejection.into_response(true);
         assert_eq!(grpc.status(), StatusCode::OK);
         assert_eq!(grpc.headers()["grpc-status"], "8");

@@ -96,7 +96,7 @@ async fn over_the_limit_requests_get_429_with_retry_after_and_ratelimit_headers(
     }
     let (status, headers, body) = send(&client, hello(&url, Some("alice"))).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(body, "rate limit exceeded\n");
+    common::assert_quota_problem(&body, &["minute"]);
     assert_eq!(headers["retry-after"], "60");
     assert_eq!(
         headers["ratelimit-policy"],

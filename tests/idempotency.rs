@@ -788,10 +788,14 @@ async fn a_key_reused_for_another_request_gets_422() {
     ] {
         let a = send(&svc, req).await;
         assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY, "{what}");
-        assert!(
-            a.text().contains("different request"),
-            "{what}: {:?}",
-            a.text()
+        assert_eq!(a.headers["content-type"], "application/problem+json");
+        let problem: serde_json::Value = serde_json::from_str(&a.text()).unwrap();
+        assert_eq!(problem["type"], "about:blank", "{what}");
+        assert_eq!(problem["title"], "Unprocessable Entity", "{what}");
+        assert_eq!(problem["status"], 422, "{what}");
+        assert_eq!(
+            problem["detail"], "this Idempotency-Key was used with a different request",
+            "{what}"
         );
         assert!(!a.replayed());
     }

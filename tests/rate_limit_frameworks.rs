@@ -89,7 +89,7 @@ async fn one_layer_value_under_router_layer_route_layer_and_service_builder() {
     }
     let (status, headers, body) = call_router(&router, request("/", Some("via-layer"))).await;
     assert_denied(status, &headers);
-    assert_eq!(body, "rate limit exceeded\n");
+    common::assert_quota_problem(&body, &["minute"]);
     let (status, _, _) = call_router(&router, request("/", None)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 
@@ -246,7 +246,7 @@ async fn hyper_servers_share_the_limit_and_send_429_over_tcp() {
             assert_eq!(headers["ratelimit-policy"], r#""minute";q=3;w=60"#);
         } else {
             assert_denied(status, &headers);
-            assert_eq!(body, "rate limit exceeded\n");
+            common::assert_quota_problem(&body, &["minute"]);
         }
     }
     assert_eq!(
@@ -443,7 +443,7 @@ async fn axum_server_with_peer_ip_over_tcp() {
     }
     let (status, headers, body) = fetch(&client, &url, &[]).await;
     assert_denied(status, &headers);
-    assert_eq!(body, "rate limit exceeded\n");
+    common::assert_quota_problem(&body, &["minute"]);
 
     // Served without connect info there is no peer address: a clear 400, not a panic or a 500.
     let url = format!("{}/", axum_server(router, false).await);

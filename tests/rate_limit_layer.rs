@@ -1205,3 +1205,40 @@ async fn partition_keys_and_quota_units_are_said_as_the_draft_has_them() {
         Some(r#""hourly";q=100;qu="content-bytes";w=3600"#)
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_custom_rejection_keeps_the_headers_and_grpc_its_status() {
+    let server = RedisServer::start();
+    let layer = RateLimitLayer::builder(store(&server, Duration::from_secs(1)))
+        .limit(Limit::per_hour("hourly", 1))
+        .key(Header::new(CLIENT))
+        .rejection(|decision| {
+            Response::builder()
+                .status(StatusCode::TOO_MANY_REQUESTS)
+                .header("content-type", "application/json")
+                .body(Bytes::from(format!(
+                    r#"{{"error":"slow down","cost":{}}}"#,
+                    decision.cost()
+                )))
+                .unwrap()
+        })
+        .build()
+        .unwrap();
+    let calls = Calls::default();
+    let svc = stack(layer, &calls);
+    assert_eq!(send(&svc, get("dora")).await.status, StatusCode::OK);
+    let denied = send(&svc, get("dora")).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("content-type"), Some("application/json"));
+    assert_eq!(denied.body, r#"{"error":"slow down","cost":1}"#);
+    assert!(denied.header("retry-after").is_some());
+    assert_eq!(
+        denied.header("ratelimit-policy"),
+        Some(r#""hourly";q=1;w=3600"#)
+    );
+    assert!(!denied.decision().admitted());
+    let grpc = send(&svc, grpc_call("dora", "application/grpc")).await;
+    assert_eq!(grpc.header("grpc-status"), Some("8"));
+    assert!(grpc.body.is_empty());
+    assert_eq!(calls.get(), 1);
+}

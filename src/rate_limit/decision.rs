@@ -100,6 +100,17 @@ impl RateLimitDecision {
             .collect()
     }
 
+    /// The names of the limits without room for this request's cost.
+    pub(crate) fn violated(&self) -> Vec<&str> {
+        self.policy
+            .limits()
+            .iter()
+            .zip(&self.states)
+            .filter(|(_, state)| state.remaining < self.cost)
+            .map(|(limit, _)| limit.name())
+            .collect()
+    }
+
     pub(crate) fn write_headers(&self, settings: &Settings, headers: &mut HeaderMap) {
         if self.states.is_empty() {
             return;

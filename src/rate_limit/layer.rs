@@ -6,11 +6,12 @@ use std::sync::Arc;
 use http::request::Parts;
 use tower_layer::Layer;
 
+use super::decision::RateLimitDecision;
 use super::deny_cache::DenyCache;
 use super::fallback::{self, Fallback};
 use super::headers::{self, QuotaUnit};
 use super::service::RateLimit;
-use super::settings::{CostFn, MissingKey, OnStoreError, OncePerSecond, Settings};
+use super::settings::{CostFn, MissingKey, OnStoreError, OncePerSecond, RejectionFn, Settings};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::{Global, Key, KeyExtractor};
 use crate::keys;
@@ -76,6 +77,7 @@ impl RateLimitLayer {
                 shadow: false,
                 partition_key: false,
                 quota_unit: None,
+                rejection: None,
                 deny_cache: true,
                 fallback_capacity: fallback::DEFAULT_CAPACITY,
                 fallback_admits_when_full: false,
@@ -182,6 +184,7 @@ struct Draft {
     shadow: bool,
     partition_key: bool,
     quota_unit: Option<QuotaUnit>,
+    rejection: Option<RejectionFn>,
     deny_cache: bool,
     fallback_capacity: usize,
     fallback_admits_when_full: bool,
@@ -255,6 +258,40 @@ impl<K> RateLimitLayerBuilder<K> {
     /// rejections always do).
     pub fn headers_on_success(mut self, enabled: bool) -> Self {
         self.draft.headers = enabled;
+        self
+    }
+
+    /// Builds the response to a denied HTTP request (`429`) from its decision, in place of the
+    /// default problem details (RFC 9457: type
+    /// `https://iana.org/assignments/http-problem-types#quota-exceeded`, with the
+    /// `violated-policies`). `Retry-After`, `RateLimit` and `RateLimit-Policy` are added to what
+    /// it returns, and the decision to its extensions. gRPC calls keep their trailers-only
+    /// `RESOURCE_EXHAUSTED`.
+    ///
+    /// ```
+    /// use http::{Response, StatusCode, header};
+    /// use tollgate::rate_limit::{Limit, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_minute("minute", 60))
+    ///     .rejection(|decision| {
+    ///         let wait = decision.retry_after().as_secs().max(1);
+    ///         Response::builder()
+    ///             .status(StatusCode::TOO_MANY_REQUESTS)
+    ///             .header(header::CONTENT_TYPE, "application/json")
+    ///             .body(format!(r#"{{"error":"slow down","retry_in":{wait}}}"#).into())
+    ///             .unwrap_or_default()
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn rejection(
+        mut self,
+        build: impl Fn(&RateLimitDecision) -> http::Response<bytes::Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        self.draft.rejection = Some(Arc::new(build));
         self
     }
 
@@ -357,6 +394,7 @@ impl<K> RateLimitLayerBuilder<K> {
                 headers: draft.headers,
                 shadow: draft.shadow,
                 partition_key: draft.partition_key,
+                rejection: draft.rejection,
                 limiter,
                 policy_header,
                 deny_cache: (draft.deny_cache && !draft.shadow).then(DenyCache::default),

@@ -5,7 +5,7 @@ use http::{Response, StatusCode, header};
 use super::decision::{self, DecisionSource, RateLimitDecision};
 use super::headers;
 use super::settings::Settings;
-use crate::body::ResponseBody;
+use crate::body::{Complete, ResponseBody};
 use crate::grpc::Code;
 use crate::rejection;
 
@@ -49,7 +49,18 @@ impl Rejection {
         } else {
             DENIED
         };
-        let mut response = rejection.into_response(grpc).map(ResponseBody::from);
+        let mut response = match &settings.rejection {
+            Some(custom) if !grpc && rejection.status == StatusCode::TOO_MANY_REQUESTS => {
+                custom(&decision).map(|body| ResponseBody::from(Complete::new(body, None)))
+            }
+            _ if rejection.status == StatusCode::TOO_MANY_REQUESTS => {
+                let violated = decision.violated();
+                rejection
+                    .into_problem(grpc, rejection::QUOTA_EXCEEDED, &violated)
+                    .map(ResponseBody::from)
+            }
+            _ => rejection.into_response(grpc).map(ResponseBody::from),
+        };
         let headers = response.headers_mut();
         headers.insert(
             header::RETRY_AFTER,

@@ -41,6 +41,10 @@ pub enum MissingKey {
     Allow,
 }
 
+/// The response to a denied HTTP request, built from its decision.
+pub(crate) type RejectionFn =
+    Arc<dyn Fn(&super::RateLimitDecision) -> http::Response<bytes::Bytes> + Send + Sync>;
+
 /// The cost of a request, computed from its head.
 pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
@@ -56,6 +60,8 @@ pub(crate) struct Settings {
     pub(crate) headers: bool,
     /// Decide and count, never reject.
     pub(crate) shadow: bool,
+    /// Builds denials' HTTP responses instead of the problem details.
+    pub(crate) rejection: Option<RejectionFn>,
     /// The `limiter` label of the metrics: the policy's namespace.
     pub(crate) limiter: Arc<str>,
     /// `RateLimit` members carry the caller's `pk`.

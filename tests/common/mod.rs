@@ -246,3 +246,18 @@ pub fn check<S: proptest::strategy::Strategy>(
         panic!("{error}");
     }
 }
+
+/// Asserts that `body` is the problem details (RFC 9457) of a rate-limit denial: the draft's
+/// `quota-exceeded` type, status 429, and the names of the violated limits.
+#[allow(dead_code)]
+pub fn assert_quota_problem(body: impl AsRef<[u8]>, violated: &[&str]) {
+    let problem: serde_json::Value = serde_json::from_slice(body.as_ref()).expect("a JSON problem");
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(problem["title"], "Too Many Requests");
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["detail"], "rate limit exceeded");
+    assert_eq!(problem["violated-policies"], serde_json::json!(violated));
+}
