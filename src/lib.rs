@@ -162,6 +162,8 @@
 //!   Cluster, through redis-rs.
 //! - `axum`: the peer-IP extractors also read axum's `ConnectInfo<SocketAddr>`.
 //! - `metrics`: counters and histograms through the `metrics` facade (see [`metrics`]).
+//! - `tls-rustls`, `tls-native-tls`: `rediss://` through rustls or the system's TLS library, with
+//!   a given CA certificate and client certificate if need be.
 //!
 //! No framework is a default dependency: the layers work on `http::Request` / `http::Response`
 //! and fit axum, tonic and hyper alike.

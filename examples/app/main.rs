@@ -13,6 +13,7 @@
 //! | `REDIS_CLUSTER_URLS` | unset                  | or: comma-separated node URLs of a Redis Cluster |
 //! | `REDIS_SENTINELS` | unset                     | or: comma-separated `redis://host:port/` of the sentinels |
 //! | `REDIS_SENTINEL_MASTER` | unset               | the master name they monitor (with `REDIS_SENTINELS`) |
+//! | `REDIS_CA_CERT` | unset                       | a PEM CA certificate to trust for a `rediss://` `REDIS_URL` |
 //! | `REDIS_WAIT_REPLICAS` | `0`                   | replicas that must acknowledge every claim, lock and payment record |
 //! | `APP_TRUSTED_PROXIES` | unset: none trusted   | CIDRs of proxies whose `X-Forwarded-For` names the client |
 //! | `APP_ON_STORE_ERROR` | `allow`                | `/api/*` while the store is down: `allow`, `deny` or `fallback:N` (N copies) |

@@ -285,6 +285,22 @@ pub fn open_store(
 #[cfg(feature = "redis")]
 pub fn redis_store(url: &str, wait_replicas: u32) -> Result<Arc<dyn Store>, EnvError> {
     let builder = tollgate::store::RedisStore::builder(url).wait_replicas(wait_replicas);
+    // `REDIS_CA_CERT`: the path of a PEM CA certificate to trust for a `rediss://` URL
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    let builder = match std::env::var_os("REDIS_CA_CERT").filter(|path| !path.is_empty()) {
+        Some(path) => match std::fs::read(&path) {
+            Ok(pem) => builder.tls_ca_cert(pem),
+            Err(e) => {
+                return Err(EnvError::new(
+                    "REDIS_CA_CERT",
+                    &path.to_string_lossy(),
+                    format!("cannot be read: {e}"),
+                    "the path of a CA certificate in PEM",
+                ));
+            }
+        },
+        None => builder,
+    };
     match builder.build() {
         Ok(store) => Ok(Arc::new(store)),
         Err(e) => Err(EnvError::new(

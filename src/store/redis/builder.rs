@@ -1,5 +1,7 @@
 //! [`RedisStoreBuilder`], [`RedisClusterBuilder`] and [`RedisSentinelBuilder`].
 
+#[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+use std::fmt;
 use std::time::Duration;
 
 use redis::RedisError;
@@ -18,6 +20,70 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     wait_replicas: u32,
     max_batch: usize,
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    tls: Option<Tls>,
+}
+
+/// The certificates of a `rediss://` connection: the CA to trust instead of the platform's
+/// roots, and the client's own certificate and key for mutual TLS.
+#[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+#[derive(Clone, Default)]
+struct Tls {
+    ca_cert: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+#[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // the client key is a secret: neither certificate is printed
+        f.debug_struct("Tls")
+            .field("ca_cert", &self.ca_cert.is_some())
+            .field("client_cert", &self.client.is_some())
+            .finish()
+    }
+}
+
+#[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+impl Tls {
+    fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self
+                .client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.ca_cert.clone(),
+        }
+    }
+}
+
+/// The TLS setters of the standalone and Cluster builders.
+macro_rules! tls_setters {
+    () => {
+        /// Trusts `pem`, a CA certificate in PEM, for `rediss://` connections instead of the
+        /// platform's roots (features `tls-rustls` or `tls-native-tls`): a managed Redis whose
+        /// certificate is signed by its own CA.
+        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+        pub fn tls_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+            self.tls.get_or_insert_with(Tls::default).ca_cert = Some(pem.into());
+            self
+        }
+
+        /// Presents `cert` and `key` (PEM) to a server that asks for a client certificate
+        /// (mutual TLS; features `tls-rustls` or `tls-native-tls`).
+        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+        pub fn tls_client_cert(
+            mut self,
+            cert: impl Into<Vec<u8>>,
+            key: impl Into<Vec<u8>>,
+        ) -> Self {
+            self.tls.get_or_insert_with(Tls::default).client = Some((cert.into(), key.into()));
+            self
+        }
+    };
 }
 
 /// Configures a [`RedisStore`] on a Redis Cluster; made by [`RedisStore::cluster_builder`].
@@ -30,6 +96,8 @@ pub struct RedisClusterBuilder {
     timeout: Duration,
     wait_replicas: u32,
     max_batch: usize,
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    tls: Option<Tls>,
 }
 
 /// Configures a [`RedisStore`] on a Redis behind Sentinel; made by
@@ -106,6 +174,8 @@ impl RedisStoreBuilder {
             timeout: DEFAULT_TIMEOUT,
             wait_replicas: 0,
             max_batch: DEFAULT_MAX_BATCH,
+            #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+            tls: None,
         }
     }
 
@@ -118,12 +188,22 @@ impl RedisStoreBuilder {
 
     wait_replicas_setter!();
     max_batch_setter!();
+    tls_setters!();
 
     fn settings(&self) -> Settings {
         Settings {
             timeout: self.timeout,
             max_batch: self.max_batch,
         }
+    }
+
+    /// The client of the builder's URL, with its certificates for `rediss://`.
+    fn client(&self) -> Result<redis::Client, RedisError> {
+        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+        if let Some(tls) = &self.tls {
+            return redis::Client::build_with_tls(self.url.as_str(), tls.certificates());
+        }
+        redis::Client::open(self.url.as_str())
     }
 
     /// Builds the store. Connects lazily, so a Redis that is down now is not an error: calls fail
@@ -133,7 +213,7 @@ impl RedisStoreBuilder {
         let invalid = |e: RedisError| {
             ConfigError::new(ConfigErrorKind::Store, format!("invalid Redis URL: {e}"))
         };
-        let client = redis::Client::open(self.url.as_str()).map_err(invalid)?;
+        let client = self.client().map_err(invalid)?;
         let config = manager_config(self.timeout);
         let open = || {
             ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
@@ -161,6 +241,8 @@ impl RedisClusterBuilder {
             timeout: DEFAULT_TIMEOUT,
             wait_replicas: 0,
             max_batch: DEFAULT_MAX_BATCH,
+            #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+            tls: None,
         }
     }
 
@@ -173,14 +255,28 @@ impl RedisClusterBuilder {
 
     wait_replicas_setter!();
     max_batch_setter!();
+    tls_setters!();
 
     /// Connects to the cluster through the builder's nodes and reads its slot map; the cluster
     /// must answer now. A node URL that does not parse is a [`StoreErrorKind::Config`] error.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
-        let client = redis::cluster::ClusterClient::builder(self.nodes)
+        let builder = redis::cluster::ClusterClient::builder(self.nodes)
             .connection_timeout(self.timeout)
             .response_timeout(self.timeout)
-            .retries(2)
+            .retries(2);
+        #[cfg(feature = "tls-rustls")]
+        let builder = match &self.tls {
+            Some(tls) => builder.certs(tls.certificates()),
+            None => builder,
+        };
+        #[cfg(all(feature = "tls-native-tls", not(feature = "tls-rustls")))]
+        if self.tls.is_some() {
+            return Err(StoreError::new(
+                StoreErrorKind::Config,
+                "certificates for a Redis Cluster need the `tls-rustls` feature",
+            ));
+        }
+        let client = builder
             .build()
             .map_err(|e| StoreError::new(StoreErrorKind::Config, e))?;
         let open = || async {
