@@ -162,6 +162,8 @@
 //!   Cluster, through redis-rs.
 //! - `axum`: the peer-IP extractors also read axum's `ConnectInfo<SocketAddr>`.
 //! - `metrics`: counters and histograms through the `metrics` facade (see [`metrics`]).
+//! - `serde`: limits and a rate-limit configuration deserialize from configuration files
+//!   ([`RateLimitConfig`](rate_limit::RateLimitConfig)).
 //! - `tls-rustls`, `tls-native-tls`: `rediss://` through rustls or the system's TLS library, with
 //!   a given CA certificate and client certificate if need be.
 //!

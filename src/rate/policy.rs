@@ -11,11 +11,86 @@ use crate::keys::{self, check_prefix};
 ///
 /// The name shows in the `RateLimit` / `RateLimit-Policy` headers and in store keys, so it is
 /// restricted to ASCII letters, digits, `-`, `_` and `.` (checked when the layer is built).
+///
+/// With the `serde` feature a limit deserializes from `{ name, quota, window }`, the window a
+/// whole number and a unit: `ms`, `s`, `m`, `h` or `d` (`"250ms"`, `"1s"`, `"1h"`), or a number
+/// of seconds.
+///
+/// ```
+/// # #[cfg(feature = "serde")] {
+/// use std::time::Duration;
+/// use tollgate::rate::Limit;
+///
+/// let limit: Limit = serde_json::from_str(r#"{"name": "burst", "quota": 10, "window": "1s"}"#)
+///     .unwrap();
+/// assert_eq!(limit, Limit::new("burst", 10, Duration::from_secs(1)));
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "LimitSpec"))]
 pub struct Limit {
     name: String,
     quota: u64,
     window: Duration,
+}
+
+/// A limit as a configuration file writes it.
+#[cfg(feature = "serde")]
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitSpec {
+    name: String,
+    quota: u64,
+    window: WindowSpec,
+}
+
+/// A window: `"250ms"`, `"1s"`, `"5m"`, `"1h"`, `"1d"`, or whole seconds.
+#[cfg(feature = "serde")]
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum WindowSpec {
+    Seconds(u64),
+    Text(String),
+}
+
+#[cfg(feature = "serde")]
+impl TryFrom<LimitSpec> for Limit {
+    type Error = String;
+
+    fn try_from(spec: LimitSpec) -> Result<Self, String> {
+        let window = match spec.window {
+            WindowSpec::Seconds(secs) => Duration::from_secs(secs),
+            WindowSpec::Text(text) => parse_window(&text)?,
+        };
+        Ok(Self::new(spec.name, spec.quota, window))
+    }
+}
+
+/// `<whole number><ms|s|m|h|d>`.
+#[cfg(feature = "serde")]
+fn parse_window(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = text.split_at(digits);
+    let invalid = || {
+        format!(
+            "invalid window {text:?}: expected e.g. \"250ms\", \"1s\", \"5m\", \"1h\" or \"1d\""
+        )
+    };
+    let number: u64 = number.parse().map_err(|_| invalid())?;
+    let unit_ms: u64 = match unit.trim() {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(invalid()),
+    };
+    number
+        .checked_mul(unit_ms)
+        .map(Duration::from_millis)
+        .ok_or_else(invalid)
 }
 
 impl Limit {
@@ -238,4 +313,13 @@ fn check_limit(limit: &Limit, algorithm: Algorithm) -> Result<(), ConfigError> {
         return Err(limit_error(format!("limit {name:?} is out of range")));
     }
     Ok(())
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Algorithm {
+    /// `"sliding-log"`, `"sliding-counter"` or `"gcra"`.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
 }

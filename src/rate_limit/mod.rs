@@ -76,6 +76,8 @@
 //! Use tower's to smooth what one instance sends to a fragile dependency; use this one to
 //! enforce what callers may ask of the service as a whole.
 
+#[cfg(feature = "serde")]
+mod config;
 mod decision;
 mod deny_cache;
 mod fallback;
@@ -88,6 +90,8 @@ mod settings;
 #[cfg(test)]
 mod tests;
 
+#[cfg(feature = "serde")]
+pub use config::RateLimitConfig;
 pub use decision::{DecisionSource, RateLimitDecision, RateLimitDecisions};
 pub use future::ResponseFuture;
 pub use headers::QuotaUnit;

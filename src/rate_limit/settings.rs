@@ -14,6 +14,11 @@ use crate::store::RateStore;
 
 /// What a rate-limit layer does when its store fails or does not answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(
+    feature = "serde",
+    serde(rename_all = "snake_case", deny_unknown_fields)
+)]
 #[non_exhaustive]
 pub enum OnStoreError {
     /// Let the request through, log a warning, and mark the decision

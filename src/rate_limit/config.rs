@@ -1,0 +1,83 @@
+//! [`RateLimitConfig`]: a rate-limit layer's settings as a configuration file writes them
+//! (feature `serde`).
+
+use serde::Deserialize;
+
+use super::layer::RateLimitLayerBuilder;
+use super::settings::OnStoreError;
+use crate::rate::{Algorithm, Limit};
+
+/// A rate-limit layer's settings from a configuration file; what is left out keeps the
+/// builder's default. Applied with [`RateLimitLayerBuilder::config`]; the key extractor, the cost
+/// and the rejection stay code.
+///
+/// ```
+/// use tollgate::rate_limit::{Algorithm, RateLimitConfig, RateLimitLayer};
+/// use tollgate::store::MemoryStore;
+///
+/// let config: RateLimitConfig = serde_json::from_str(
+///     r#"{
+///         "limits": [
+///             { "name": "burst", "quota": 10, "window": "1s" },
+///             { "name": "hourly", "quota": 1000, "window": "1h" }
+///         ],
+///         "algorithm": "gcra",
+///         "on_store_error": { "local_fallback": { "copies": 3 } }
+///     }"#,
+/// )
+/// .unwrap();
+/// let layer = RateLimitLayer::builder(MemoryStore::new()).config(config).build().unwrap();
+/// assert_eq!(layer.policy().algorithm(), Algorithm::Gcra);
+/// assert_eq!(layer.policy().limits().len(), 2);
+/// ```
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RateLimitConfig {
+    /// The limits, added to the builder's.
+    pub limits: Vec<Limit>,
+    /// `"sliding-log"`, `"sliding-counter"` or `"gcra"`.
+    pub algorithm: Option<Algorithm>,
+    /// The key prefix.
+    pub prefix: Option<String>,
+    /// `"allow"`, `"deny"` or `{ "local_fallback": { "copies": n } }`.
+    pub on_store_error: Option<OnStoreError>,
+    /// Whether admitted responses carry the `RateLimit` headers.
+    pub headers_on_success: Option<bool>,
+    /// Whether the deny cache is on.
+    pub deny_cache: Option<bool>,
+    /// Shadow mode: decide and count, never reject.
+    pub shadow: Option<bool>,
+    /// Whether `RateLimit` members carry the caller's `pk`.
+    pub partition_key: Option<bool>,
+}
+
+impl<K> RateLimitLayerBuilder<K> {
+    /// Applies `config` (feature `serde`): its limits are added, every setting it gives
+    /// replaces the builder's.
+    pub fn config(mut self, config: RateLimitConfig) -> Self {
+        self = self.limits(config.limits);
+        if let Some(algorithm) = config.algorithm {
+            self = self.algorithm(algorithm);
+        }
+        if let Some(prefix) = config.prefix {
+            self = self.prefix(prefix);
+        }
+        if let Some(policy) = config.on_store_error {
+            self = self.on_store_error(policy);
+        }
+        if let Some(enabled) = config.headers_on_success {
+            self = self.headers_on_success(enabled);
+        }
+        if let Some(enabled) = config.deny_cache {
+            self = self.deny_cache(enabled);
+        }
+        if let Some(enabled) = config.shadow {
+            self = self.shadow(enabled);
+        }
+        if let Some(enabled) = config.partition_key {
+            self = self.partition_key(enabled);
+        }
+        self
+    }
+}
