@@ -154,10 +154,7 @@ fn same(batched: &RateOutcome, alone: &RateOutcome, what: &str) -> Result<(), Te
 #[test]
 fn batched_decisions_equal_the_decisions_alone() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = current_thread();
     let _runtime = runtime.enter();
     for max_batch in [5, 32] {
         let batched = RedisStore::builder(server.url())
@@ -212,6 +209,14 @@ fn batched_decisions_equal_the_decisions_alone() {
     }
 }
 
+/// A runtime on this thread: the order in which checks queue is the order of the code.
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn one_limit(algorithm: Algorithm, quota: u64) -> Arc<RatePolicy> {
     let namespace = format!("b{}:rl", rand::random::<u64>());
     let limits = vec![Limit::new("l", quota, DAY)];
@@ -221,10 +226,7 @@ fn one_limit(algorithm: Algorithm, quota: u64) -> Arc<RatePolicy> {
 #[test]
 fn a_caller_that_gave_up_before_its_batch_went_out_is_not_charged() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = current_thread();
     let _runtime = runtime.enter();
     let store = server.store();
     for algorithm in [
@@ -250,18 +252,12 @@ fn a_caller_that_gave_up_before_its_batch_went_out_is_not_charged() {
 #[test]
 fn a_store_outlives_a_runtime_that_was_about_to_send() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = current_thread();
     let _runtime = runtime.enter();
     let store = server.store();
     let policy = one_limit(Algorithm::Gcra, 10);
     {
-        let brief = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let brief = current_thread();
         brief.block_on(async {
             // the call is to go out on this runtime, which goes away first
             let pending = store.check_rate(&policy, RateCheck::new(key(2), 1));
@@ -306,4 +302,51 @@ async fn concurrent_callers_of_one_key_get_exactly_the_quota_in_batches() {
         let calls = evals(&server);
         assert!(calls < 200, "{algorithm}: {calls} calls for 200 checks");
     }
+}
+
+#[test]
+fn under_light_load_a_check_does_not_wait_for_the_call_in_flight() {
+    let server = RedisServer::start();
+    let runtime = current_thread();
+    let _runtime = runtime.enter();
+    let store = RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let policy = one_limit(Algorithm::Gcra, 100);
+    runtime.block_on(async {
+        store
+            .check_rate(&policy, RateCheck::new(key(9), 0))
+            .await
+            .unwrap();
+        reset_stats(&server);
+        // Redis paused: every call stays in flight until it resumes
+        server.pause();
+        let check = |caller| {
+            let (store, policy) = (store.clone(), Arc::clone(&policy));
+            tokio::spawn(async move {
+                store
+                    .check_rate(&policy, RateCheck::new(key(caller), 1))
+                    .await
+            })
+        };
+        let settle = || async {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        };
+        let mut checks = vec![check(1)];
+        settle().await;
+        // one check in flight: the next goes out beside it, in a second call
+        checks.push(check(2));
+        settle().await;
+        // two calls in flight: these wait, and go out together
+        checks.extend([check(3), check(4), check(5)]);
+        settle().await;
+        server.resume();
+        for check in checks {
+            assert!(check.await.unwrap().unwrap().admitted);
+        }
+    });
+    assert_eq!(evals(&server), 3, "calls: [1], [2], then [3, 4, 5]");
 }

@@ -46,12 +46,22 @@ pub(crate) fn encode_base64url(bytes: &[u8]) -> String {
 }
 
 fn write_base64url(bytes: &[u8], out: &mut String) {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    write_base64(bytes, BASE64URL, out);
+}
+
+/// The base64url alphabet (RFC 4648 §5).
+const BASE64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+/// The standard base64 alphabet (RFC 4648 §4), as Structured Field Byte Sequences use it.
+pub(crate) const BASE64: &[u8; 64] =
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Unpadded base64 of `bytes` in `alphabet`, appended to `out`.
+pub(crate) fn write_base64(bytes: &[u8], alphabet: &[u8; 64], out: &mut String) {
     for chunk in bytes.chunks(3) {
         let at = |i: usize| u32::from(chunk.get(i).copied().unwrap_or(0));
         let n = (at(0) << 16) | (at(1) << 8) | at(2);
         for i in 0..=chunk.len() {
-            out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 0x3f) as usize]));
+            out.push(char::from(alphabet[((n >> (18 - 6 * i)) & 0x3f) as usize]));
         }
     }
 }

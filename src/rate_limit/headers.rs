@@ -8,7 +8,7 @@ use bytes::BytesMut;
 use http::{HeaderName, HeaderValue};
 
 use crate::error::{ConfigError, ConfigErrorKind};
-use crate::key::Key;
+use crate::key::{BASE64, Key, write_base64};
 use crate::rate::{LimitState, RatePolicy};
 
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -95,7 +95,7 @@ pub(crate) fn state(
         );
         if let Some(key) = partition {
             out.extend_from_slice(b";pk=:");
-            out.extend_from_slice(&partition_key(key));
+            out.extend_from_slice(partition_key(key).as_bytes());
             out.extend_from_slice(b":");
         }
     }
@@ -105,16 +105,9 @@ pub(crate) fn state(
 /// The `pk` of caller `key`: the first 9 bytes of its digest (itself a one-way hash of what the
 /// caller sent) in base64, 12 characters of a Structured Field Byte Sequence. It tells a
 /// client's partitions apart without naming them.
-fn partition_key(key: Key) -> [u8; 12] {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let bytes = key.as_bytes();
-    let mut out = [0u8; 12];
-    for (chunk, encoded) in bytes[..9].chunks(3).zip(out.chunks_mut(4)) {
-        let n = (u32::from(chunk[0]) << 16) | (u32::from(chunk[1]) << 8) | u32::from(chunk[2]);
-        for (i, c) in encoded.iter_mut().enumerate() {
-            *c = ALPHABET[((n >> (18 - 6 * i)) & 0x3f) as usize];
-        }
-    }
+fn partition_key(key: Key) -> String {
+    let mut out = String::with_capacity(12);
+    write_base64(&key.as_bytes()[..9], BASE64, &mut out);
     out
 }
 
@@ -166,7 +159,7 @@ mod tests {
             r#""burst";q=10;qu="content-bytes";w=1, "hourly";q=1000;qu="content-bytes";w=3600"#
         );
         let key = Key::new("t", b"alice");
-        let pk = String::from_utf8(partition_key(key).to_vec()).unwrap();
+        let pk = partition_key(key);
         assert_eq!(pk.len(), 12);
         assert!(!pk.contains("alice"));
         assert_eq!(
