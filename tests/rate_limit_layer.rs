@@ -1242,3 +1242,171 @@ async fn a_custom_rejection_keeps_the_headers_and_grpc_its_status() {
     assert!(grpc.body.is_empty());
     assert_eq!(calls.get(), 1);
 }
+
+/// The `x-plan` header names the tier.
+fn plan(parts: &Parts) -> Option<&str> {
+    parts.headers.get("x-plan").and_then(|v| v.to_str().ok())
+}
+
+/// `GET /` from `client` on `plan` (none: no `x-plan`).
+fn get_on(client: &str, plan: Option<&str>) -> Request<String> {
+    let mut req = get(client);
+    if let Some(plan) = plan {
+        req.headers_mut()
+            .insert("x-plan", HeaderValue::from_str(plan).unwrap());
+    }
+    req
+}
+
+/// Tiers on two separately built copies: each tier admits exactly its own quota of 24 parallel
+/// requests, for every algorithm; a request with no plan or an unknown plan gets the layer's own
+/// limits (one bucket for both); each decision names its tier.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_tier_admits_exactly_its_quota_across_copies() {
+    let server = RedisServer::start();
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let prefix = format!("tiers-{algorithm:?}");
+        let copy = || {
+            RateLimitLayer::builder(store(&server, Duration::from_secs(2)))
+                .prefix(prefix.clone())
+                .algorithm(algorithm)
+                .limit(Limit::per_hour("hourly", 2))
+                .tier("free", [Limit::per_hour("hourly", 5)])
+                .tier(
+                    "paid",
+                    [
+                        Limit::per_hour("hourly", 11),
+                        Limit::new("daily", 100, Duration::from_secs(86_400)),
+                    ],
+                )
+                .tier_by(plan)
+                .key(Header::new(CLIENT))
+                .build()
+                .unwrap()
+        };
+        let calls = Calls::default();
+        let copies = [stack(copy(), &calls), stack(copy(), &calls)];
+        for (tier, quota) in [(Some("free"), 5), (Some("paid"), 11), (None, 2)] {
+            let sent = (0..24).map(|i| {
+                let svc = copies[i % 2].clone();
+                // no plan and an unknown plan share the layer's own bucket
+                let on = tier.or((i % 3 == 0).then_some("gold"));
+                async move { send(&svc, get_on("alice", on)).await }
+            });
+            let replies = futures_util::future::join_all(sent).await;
+            let admitted = replies
+                .iter()
+                .filter(|r| r.status == StatusCode::OK)
+                .count();
+            assert_eq!(admitted, quota, "{algorithm:?} tier {tier:?}");
+            for reply in &replies {
+                assert_eq!(reply.decision().tier(), tier, "{algorithm:?}");
+            }
+            let denied = replies
+                .iter()
+                .find(|r| r.status == StatusCode::TOO_MANY_REQUESTS)
+                .expect("a denial");
+            let expected_policy = match tier {
+                Some("free") => r#""hourly";q=5;w=3600"#,
+                Some(_) => r#""hourly";q=11;w=3600, "daily";q=100;w=86400"#,
+                None => r#""hourly";q=2;w=3600"#,
+            };
+            assert_eq!(denied.header("ratelimit-policy"), Some(expected_policy));
+        }
+        assert_eq!(calls.get(), 5 + 11 + 2, "{algorithm:?}");
+    }
+}
+
+/// A caller denied in one tier (by the store, then by the deny cache) is admitted at once in
+/// another, which keeps its own count; `peek_tier` looks at one tier, `reset` forgets them all.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tier_change_starts_afresh_and_reset_forgets_every_tier() {
+    let server = RedisServer::start();
+    let by_client = Header::new(CLIENT);
+    let layer = RateLimitLayer::builder(server.store())
+        .limit(Limit::per_hour("hourly", 1))
+        .tier("free", [Limit::per_hour("hourly", 2)])
+        .tier("paid", [Limit::per_hour("hourly", 4)])
+        .tier_by(plan)
+        .key(by_client.clone())
+        .build()
+        .unwrap();
+    assert_eq!(layer.tier_policy("paid").limits()[0].quota(), 4);
+    assert_eq!(layer.tier_policy("gold").limits()[0].quota(), 1);
+    let svc = stack(layer.clone(), &Calls::default());
+    let alice = by_client.key(b"alice");
+
+    for _ in 0..2 {
+        assert_eq!(
+            send(&svc, get_on("alice", Some("free"))).await.status,
+            StatusCode::OK
+        );
+    }
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let reply = send(&svc, get_on("alice", Some("free"))).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        seen.push(reply.decision().source());
+    }
+    assert_eq!(seen, [DecisionSource::Store, DecisionSource::DenyCache]);
+
+    let upgraded = send(&svc, get_on("alice", Some("paid"))).await;
+    assert_eq!(
+        upgraded.status,
+        StatusCode::OK,
+        "free's cached denial is not paid's"
+    );
+    assert_eq!(upgraded.decision().source(), DecisionSource::Store);
+    assert_eq!(upgraded.header("ratelimit"), Some(r#""hourly";r=3;t=3600"#));
+    assert_eq!(
+        send(&svc, get_on("alice", None)).await.status,
+        StatusCode::OK
+    );
+
+    let remaining = |outcome: tollgate::rate::RateOutcome| outcome.limits[0].remaining;
+    assert_eq!(remaining(layer.peek_tier("free", alice).await.unwrap()), 0);
+    assert_eq!(remaining(layer.peek_tier("paid", alice).await.unwrap()), 3);
+    assert_eq!(remaining(layer.peek(alice).await.unwrap()), 0);
+    assert_eq!(remaining(layer.peek_tier("gold", alice).await.unwrap()), 0);
+
+    layer.reset(alice).await.unwrap();
+    assert_eq!(remaining(layer.peek_tier("free", alice).await.unwrap()), 2);
+    assert_eq!(remaining(layer.peek_tier("paid", alice).await.unwrap()), 4);
+    assert_eq!(remaining(layer.peek(alice).await.unwrap()), 1);
+    let again = send(&svc, get_on("alice", Some("free"))).await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.decision().source(), DecisionSource::Store);
+}
+
+/// Tiers are checked when the layer is built.
+#[test]
+fn tier_configurations_are_validated() {
+    let builder = || {
+        RateLimitLayer::builder(tollgate::store::MemoryStore::new()).limit(Limit::per_hour("h", 1))
+    };
+    let error = |b: tollgate::rate_limit::RateLimitLayerBuilder| b.build().unwrap_err().to_string();
+    assert!(error(builder().tier("free", [Limit::per_hour("h", 2)])).contains("tier_by"));
+    assert!(error(builder().tier_by(plan)).contains("named tiers"));
+    let twice = builder()
+        .tier("free", [Limit::per_hour("h", 2)])
+        .tier("free", [Limit::per_hour("h", 3)])
+        .tier_by(plan);
+    assert!(error(twice).contains("used twice"));
+    let spaced = builder()
+        .tier("free plan", [Limit::per_hour("h", 2)])
+        .tier_by(plan);
+    assert!(error(spaced).contains("invalid tier name"));
+    let empty = builder().tier("free", []).tier_by(plan);
+    assert!(error(empty).contains("at least one limit"));
+    assert!(
+        builder()
+            .tier("free", [Limit::per_hour("h", 2)])
+            .tier_by(plan)
+            .build()
+            .is_ok()
+    );
+}

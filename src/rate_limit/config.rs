@@ -1,6 +1,8 @@
 //! [`RateLimitConfig`]: a rate-limit layer's settings as a configuration file writes them
 //! (feature `serde`).
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 
 use super::layer::RateLimitLayerBuilder;
@@ -21,14 +23,20 @@ use crate::rate::{Algorithm, Limit};
 ///             { "name": "burst", "quota": 10, "window": "1s" },
 ///             { "name": "hourly", "quota": 1000, "window": "1h" }
 ///         ],
+///         "tiers": { "paid": [{ "name": "hourly", "quota": 100000, "window": "1h" }] },
 ///         "algorithm": "gcra",
 ///         "on_store_error": { "local_fallback": { "copies": 3 } }
 ///     }"#,
 /// )
 /// .unwrap();
-/// let layer = RateLimitLayer::builder(MemoryStore::new()).config(config).build().unwrap();
+/// let layer = RateLimitLayer::builder(MemoryStore::new())
+///     .config(config)
+///     .tier_by(|parts| parts.extensions.get::<&'static str>().copied())
+///     .build()
+///     .unwrap();
 /// assert_eq!(layer.policy().algorithm(), Algorithm::Gcra);
 /// assert_eq!(layer.policy().limits().len(), 2);
+/// assert_eq!(layer.tier_policy("paid").limits()[0].quota(), 100_000);
 /// ```
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -36,6 +44,9 @@ use crate::rate::{Algorithm, Limit};
 pub struct RateLimitConfig {
     /// The limits, added to the builder's.
     pub limits: Vec<Limit>,
+    /// Named tiers and their limits, added to the builder's (see
+    /// [`RateLimitLayerBuilder::tier`]); the closure that chooses among them stays code.
+    pub tiers: BTreeMap<String, Vec<Limit>>,
     /// `"sliding-log"`, `"sliding-counter"` or `"gcra"`.
     pub algorithm: Option<Algorithm>,
     /// The key prefix.
@@ -57,6 +68,9 @@ impl<K> RateLimitLayerBuilder<K> {
     /// replaces the builder's.
     pub fn config(mut self, config: RateLimitConfig) -> Self {
         self = self.limits(config.limits);
+        for (name, limits) in config.tiers {
+            self = self.tier(name, limits);
+        }
         if let Some(algorithm) = config.algorithm {
             self = self.algorithm(algorithm);
         }

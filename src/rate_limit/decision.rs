@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::headers::{self, RATELIMIT, RATELIMIT_POLICY};
 use super::settings::{OnStoreError, Settings};
+use super::tiers::Tier;
 use crate::key::Key;
 use crate::rate::{Limit, LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::StoreError;
@@ -51,9 +52,9 @@ pub struct RateLimitDecision {
     pub(crate) key: Key,
     pub(crate) cost: u64,
     pub(crate) retry_after: Duration,
-    /// The limits that decided (the fallback's shares for a fallback decision).
-    policy: Arc<RatePolicy>,
-    /// Per limit of `policy`; empty when the store did not answer.
+    /// The tier whose limits decided (their fallback shares for a fallback decision).
+    pub(crate) tier: Arc<Tier>,
+    /// Per limit of [`policy`](Self::policy); empty when the store did not answer.
     pub(crate) states: Vec<LimitState>,
 }
 
@@ -89,10 +90,25 @@ impl RateLimitDecision {
         self.retry_after
     }
 
+    /// The tier whose limits decided, as [`tier_by`](super::RateLimitLayerBuilder::tier_by)
+    /// named it; `None` for the layer's own limits.
+    pub fn tier(&self) -> Option<&str> {
+        self.tier.name.as_deref()
+    }
+
+    /// The limits that decided: the tier's, or their fallback shares for a
+    /// [`DecisionSource::LocalFallback`] decision.
+    fn policy(&self) -> &RatePolicy {
+        match (&self.tier.fallback, self.source) {
+            (Some(fallback), DecisionSource::LocalFallback) => fallback.policy(),
+            _ => &self.tier.policy,
+        }
+    }
+
     /// Each limit's name and state after the decision, in configuration order; empty when the
     /// store did not answer.
     pub fn limits(&self) -> Vec<(&str, LimitState)> {
-        self.policy
+        self.policy()
             .limits()
             .iter()
             .map(Limit::name)
@@ -102,7 +118,7 @@ impl RateLimitDecision {
 
     /// The names of the limits without room for this request's cost.
     pub(crate) fn violated(&self) -> Vec<&str> {
-        self.policy
+        self.policy()
             .limits()
             .iter()
             .zip(&self.states)
@@ -116,33 +132,34 @@ impl RateLimitDecision {
             return;
         }
         // the fallback limiter's quotas are its share, and its headers say so
-        let policy_header = match (&settings.fallback, self.source) {
+        let policy_header = match (&self.tier.fallback, self.source) {
             (Some(fallback), DecisionSource::LocalFallback) => fallback.policy_header(),
-            _ => &settings.policy_header,
+            _ => &self.tier.policy_header,
         };
         // appended, not inserted: a layer stacked outside another (per IP around per key) adds its
         // members to the inner one's (RFC 9651 lists may span several field lines)
         headers.append(RATELIMIT_POLICY, policy_header.clone());
         let partition = settings.partition_key.then_some(self.key);
-        if let Some(value) = headers::state(&self.policy, &self.states, partition) {
+        if let Some(value) = headers::state(self.policy(), &self.states, partition) {
             headers.append(RATELIMIT, value);
         }
     }
 }
 
 impl Settings {
-    /// Turns the store's answer, or its failure, into a decision, as the failure policy says;
-    /// `sent_at` is when the check went to the store.
+    /// Turns the store's answer for `tier`, or its failure, into a decision, as the failure
+    /// policy says; `sent_at` is when the check went to the store.
     pub(crate) fn decide(
         &self,
         result: Result<RateOutcome, StoreError>,
+        tier: Arc<Tier>,
         check: RateCheck,
         sent_at: Instant,
     ) -> RateLimitDecision {
         let (key, cost) = (check.key(), check.cost());
-        let (outcome, source, policy) = match result {
-            Ok(outcome) => (outcome, DecisionSource::Store, &self.policy),
-            Err(error) => self.on_store_failure(&error, check),
+        let (outcome, source) = match result {
+            Ok(outcome) => (outcome, DecisionSource::Store),
+            Err(error) => self.on_store_failure(&error, &tier, check),
         };
         let decision = RateLimitDecision {
             admitted: outcome.admitted,
@@ -151,7 +168,7 @@ impl Settings {
             key,
             cost,
             retry_after: outcome.retry_after,
-            policy: Arc::clone(policy),
+            tier,
             states: outcome.limits,
         };
         tracing::debug!(
@@ -160,7 +177,11 @@ impl Settings {
             retry_after_ms = decision.retry_after.as_millis() as u64,
             "rate-limit decision"
         );
-        crate::metrics::rate_decision(&self.limiter, decision.admitted, decision.source.label());
+        crate::metrics::rate_decision(
+            &decision.tier.limiter,
+            decision.admitted,
+            decision.source.label(),
+        );
         if self.shadow && !decision.admitted {
             tracing::info!(
                 target: "tollgate::rate_limit",
@@ -178,13 +199,14 @@ impl Settings {
         decision
     }
 
-    /// The outcome the failure policy gives when the store failed, who gave it, and the limits
-    /// it stands for (the fallback's shares for a fallback decision).
+    /// The outcome the failure policy gives when the store failed to check `tier`, and who
+    /// gave it.
     fn on_store_failure(
         &self,
         error: &StoreError,
+        tier: &Tier,
         check: RateCheck,
-    ) -> (RateOutcome, DecisionSource, &Arc<RatePolicy>) {
+    ) -> (RateOutcome, DecisionSource) {
         let key = check.key();
         if self.last_warning.ready() {
             tracing::warn!(
@@ -199,9 +221,8 @@ impl Settings {
                 "rate-limit store failed; applying the failure policy"
             );
         }
-        if let Some(fallback) = &self.fallback {
-            let outcome = fallback.check(check);
-            return (outcome, DecisionSource::LocalFallback, fallback.policy());
+        if let Some(fallback) = &tier.fallback {
+            return (fallback.check(check), DecisionSource::LocalFallback);
         }
         let admitted = self.on_store_error != OnStoreError::Deny;
         let outcome = RateOutcome {
@@ -213,7 +234,7 @@ impl Settings {
             },
             limits: Vec::new(),
         };
-        (outcome, DecisionSource::StoreUnavailable, &self.policy)
+        (outcome, DecisionSource::StoreUnavailable)
     }
 }
 

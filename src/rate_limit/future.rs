@@ -14,6 +14,7 @@ use tower_service::Service;
 use super::decision::{self, RateLimitDecision};
 use super::rejection::Rejection;
 use super::settings::Settings;
+use super::tiers::Tier;
 use crate::body::ResponseBody;
 use crate::rate::{RateCheck, RateOutcome};
 use crate::store::StoreFuture;
@@ -38,6 +39,7 @@ pin_project! {
             pending: StoreFuture<RateOutcome>,
             service: S,
             request: R,
+            tier: Arc<Tier>,
             check: RateCheck,
             // when the check went to the store: a cached denial counts from then
             sent_at: Instant,
@@ -65,6 +67,7 @@ where
         service: S,
         request: Request<ReqBody>,
         settings: Arc<Settings>,
+        tier: Arc<Tier>,
         check: RateCheck,
         grpc: bool,
     ) -> Self {
@@ -73,6 +76,7 @@ where
                 pending,
                 service,
                 request,
+                tier,
                 check,
                 sent_at: Instant::now(),
                 grpc,
@@ -114,6 +118,7 @@ where
                     let StateOwned::Check {
                         mut service,
                         mut request,
+                        tier,
                         check,
                         sent_at,
                         grpc,
@@ -122,7 +127,7 @@ where
                     else {
                         unreachable!("the state was Check");
                     };
-                    let decision = this.settings.decide(result, check, sent_at);
+                    let decision = this.settings.decide(result, tier, check, sent_at);
                     if decision.admitted() || this.settings.shadow {
                         decision::record(request.extensions_mut(), decision.clone());
                         let future = service.call(request);

@@ -8,11 +8,12 @@ use tower_layer::Layer;
 
 use super::decision::RateLimitDecision;
 use super::deny_cache::DenyCache;
-use super::fallback::{self, Fallback};
-use super::headers::{self, QuotaUnit};
+use super::fallback;
+use super::headers::QuotaUnit;
 use super::service::RateLimit;
 use super::settings::{CostFn, MissingKey, OnStoreError, OncePerSecond, RejectionFn, Settings};
-use crate::error::{ConfigError, ConfigErrorKind};
+use super::tiers::{Tier, TierFn, TierOptions, Tiers};
+use crate::error::ConfigError;
 use crate::key::{Global, Key, KeyExtractor};
 use crate::keys;
 use crate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
@@ -68,6 +69,8 @@ impl RateLimitLayer {
             draft: Draft {
                 store: Arc::new(store),
                 limits: Vec::new(),
+                tiers: Vec::new(),
+                tier_by: None,
                 algorithm: Algorithm::default(),
                 prefix: keys::DEFAULT_PREFIX.to_owned(),
                 cost: None,
@@ -88,9 +91,15 @@ impl RateLimitLayer {
 }
 
 impl<K> RateLimitLayer<K> {
-    /// The limits this layer checks.
+    /// The limits this layer checks (its own: those of the default tier).
     pub fn policy(&self) -> &RatePolicy {
-        &self.settings.policy
+        &self.settings.tiers.default_tier().policy
+    }
+
+    /// The limits of tier `name` (see [`RateLimitLayerBuilder::tier`]), or the layer's own when
+    /// it has no tier of that name — as for a request.
+    pub fn tier_policy(&self, name: &str) -> &RatePolicy {
+        &self.settings.tiers.named(name).policy
     }
 
     /// The key a request with head `parts` counts against, as the layer finds it; `None` when
@@ -129,22 +138,35 @@ impl<K> RateLimitLayer<K> {
     /// # }
     /// ```
     pub async fn peek(&self, key: Key) -> Result<RateOutcome, StoreError> {
-        let settings = &self.settings;
-        settings
+        let policy = &self.settings.tiers.default_tier().policy;
+        self.settings
             .store
-            .check_rate(&settings.policy, RateCheck::new(key, 0))
+            .check_rate(policy, RateCheck::new(key, 0))
             .await
     }
 
-    /// Forgets what caller `key` has spent of this layer's limits, in the store (every copy
-    /// sees it at once) and in this copy's deny cache. Another copy that cached a denial of
-    /// `key` keeps denying it until the retry time it was told (at most the longest window).
+    /// [`peek`](Self::peek) at caller `key`'s state of tier `name`'s limits (the layer's own
+    /// when it has no tier of that name, as for a request).
+    pub async fn peek_tier(&self, name: &str, key: Key) -> Result<RateOutcome, StoreError> {
+        let policy = &self.settings.tiers.named(name).policy;
+        self.settings
+            .store
+            .check_rate(policy, RateCheck::new(key, 0))
+            .await
+    }
+
+    /// Forgets what caller `key` has spent of this layer's limits — of every tier — in the
+    /// store (every copy sees it at once) and in this copy's deny cache. Another copy that
+    /// cached a denial of `key` keeps denying it until the retry time it was told (at most the
+    /// longest window).
     pub async fn reset(&self, key: Key) -> Result<(), StoreError> {
         let settings = &self.settings;
         if let Some(cache) = &settings.deny_cache {
             cache.forget(key);
         }
-        settings.store.reset_rate(&settings.policy, key).await?;
+        for tier in settings.tiers.all() {
+            settings.store.reset_rate(&tier.policy, key).await?;
+        }
         // a denial cached while the reset was on its way
         if let Some(cache) = &settings.deny_cache {
             cache.forget(key);
@@ -175,6 +197,8 @@ pub struct RateLimitLayerBuilder<K = Global> {
 struct Draft {
     store: Arc<dyn RateStore>,
     limits: Vec<Limit>,
+    tiers: Vec<(String, Vec<Limit>)>,
+    tier_by: Option<TierFn>,
     algorithm: Algorithm,
     prefix: String,
     cost: Option<CostFn>,
@@ -194,6 +218,7 @@ impl<K: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayerBuilder")
             .field("limits", &self.draft.limits)
+            .field("tiers", &self.draft.tiers)
             .field("algorithm", &self.draft.algorithm)
             .field("prefix", &self.draft.prefix)
             .field("key", &self.extractor)
@@ -211,6 +236,79 @@ impl<K> RateLimitLayerBuilder<K> {
     /// Adds several limits.
     pub fn limits(mut self, limits: impl IntoIterator<Item = Limit>) -> Self {
         self.draft.limits.extend(limits);
+        self
+    }
+
+    /// Adds tier `name` with limits of its own, for the requests that
+    /// [`tier_by`](Self::tier_by) puts in it; the rest keep the layer's own limits (see
+    /// [`limit`](Self::limit)). Each tier is a policy of its own, built here once: its own store
+    /// keys (`<prefix>:rl:<name>:{<caller>}:…`, so a caller who changes tier starts afresh in
+    /// it), its own `RateLimit-Policy`, local fallback and `limiter` metrics label
+    /// (`<prefix>:rl:<name>`), and the layer's algorithm and settings. Names are ASCII letters,
+    /// digits, `-`, `_` and `.`, each used once.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tollgate::key::Header;
+    /// use tollgate::rate_limit::{Limit, RateLimitDecision, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// /// What authentication put into the request, e.g. from a JWT claim.
+    /// #[derive(Clone)]
+    /// struct Plan(&'static str);
+    ///
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_hour("hourly", 1)) // anonymous and unknown plans
+    ///     .tier("free", [Limit::per_hour("hourly", 2)])
+    ///     .tier("paid", [Limit::per_hour("hourly", 10_000)])
+    ///     .tier_by(|parts| parts.extensions.get::<Plan>().map(|plan| plan.0))
+    ///     .key(Header::from_static("x-api-key"))
+    ///     .build()
+    ///     .unwrap();
+    /// let service = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_| async { Ok::<_, std::convert::Infallible>(Response::new(String::new())) });
+    ///
+    /// let call = |plan| {
+    ///     let mut request = Request::get("/").header("x-api-key", "alice").body(String::new()).unwrap();
+    ///     request.extensions_mut().insert(Plan(plan));
+    ///     service.clone().oneshot(request)
+    /// };
+    /// let first = call("paid").await.unwrap();
+    /// assert_eq!(first.headers()["ratelimit-policy"], r#""hourly";q=10000;w=3600"#);
+    /// assert_eq!(first.extensions().get::<RateLimitDecision>().unwrap().tier(), Some("paid"));
+    /// assert_eq!(call("free").await.unwrap().status(), StatusCode::OK);
+    /// assert_eq!(call("free").await.unwrap().status(), StatusCode::OK);
+    /// assert_eq!(call("free").await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    /// // a plan with no tier of its own gets the layer's limits
+    /// let gold = call("gold").await.unwrap();
+    /// assert_eq!(gold.headers()["ratelimit-policy"], r#""hourly";q=1;w=3600"#);
+    /// # }
+    /// ```
+    pub fn tier(
+        mut self,
+        name: impl Into<String>,
+        limits: impl IntoIterator<Item = Limit>,
+    ) -> Self {
+        self.draft
+            .tiers
+            .push((name.into(), limits.into_iter().collect()));
+        self
+    }
+
+    /// Names each request's [`tier`](Self::tier) from its head — typically from what
+    /// authentication put into the extensions, such as a plan claim of a verified JWT. A
+    /// request for which it answers `None`, or a name that is not a tier, is checked against the
+    /// layer's own limits (an unknown name is logged at warn, at most once a second): a
+    /// misspelt or new plan is never unlimited and never an error. Without named tiers,
+    /// [`build`](Self::build) fails if one is given, and vice versa.
+    pub fn tier_by(
+        mut self,
+        select: impl Fn(&Parts) -> Option<&str> + Send + Sync + 'static,
+    ) -> Self {
+        self.draft.tier_by = Some(Arc::new(select));
         self
     }
 
@@ -357,46 +455,39 @@ impl<K> RateLimitLayerBuilder<K> {
     /// Validates the configuration.
     pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError> {
         let draft = self.draft;
-        let policy = RatePolicy::new(
-            keys::rate_namespace(&draft.prefix),
-            draft.algorithm,
-            draft.limits,
-        )?;
-        let unit = draft
-            .quota_unit
-            .or(draft.cost.is_some().then_some(QuotaUnit::Request));
-        let fallback = match draft.on_store_error {
-            OnStoreError::LocalFallback { copies: 0 } => {
-                return Err(ConfigError::new(
-                    ConfigErrorKind::FailurePolicy,
-                    "the local fallback needs copies >= 1",
-                ));
-            }
-            OnStoreError::LocalFallback { copies } => Some(Fallback::new(
-                &policy,
-                copies,
-                draft.fallback_capacity,
-                draft.fallback_admits_when_full,
-                unit,
-            )?),
-            _ => None,
+        let options = TierOptions {
+            namespace: keys::rate_namespace(&draft.prefix),
+            algorithm: draft.algorithm,
+            unit: draft
+                .quota_unit
+                .or(draft.cost.is_some().then_some(QuotaUnit::Request)),
+            on_store_error: draft.on_store_error,
+            fallback_capacity: draft.fallback_capacity,
+            fallback_admits_when_full: draft.fallback_admits_when_full,
         };
-        let policy_header = headers::policy(&policy, unit)?;
-        let limiter = Arc::from(policy.namespace());
+        let own = Tier::new(None, draft.limits, &options)?;
+        let named = draft
+            .tiers
+            .into_iter()
+            .map(|(name, limits)| Tier::new(Some(name), limits, &options))
+            .collect::<Result<Vec<_>, _>>()?;
+        if draft.tier_by.is_some() && named.is_empty() {
+            return Err(ConfigError::new(
+                crate::error::ConfigErrorKind::Limit,
+                "tier_by needs named tiers to choose among",
+            ));
+        }
         Ok(RateLimitLayer {
             settings: Arc::new(Settings {
                 store: draft.store,
-                policy: Arc::new(policy),
+                tiers: Tiers::new(own, named, draft.tier_by)?,
                 cost: draft.cost,
                 on_store_error: draft.on_store_error,
-                fallback,
                 missing_key: draft.missing_key,
                 headers: draft.headers,
                 shadow: draft.shadow,
                 partition_key: draft.partition_key,
                 rejection: draft.rejection,
-                limiter,
-                policy_header,
                 deny_cache: (draft.deny_cache && !draft.shadow).then(DenyCache::default),
                 last_warning: OncePerSecond::new(),
             }),

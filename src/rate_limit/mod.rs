@@ -89,6 +89,7 @@ mod service;
 mod settings;
 #[cfg(test)]
 mod tests;
+mod tiers;
 
 #[cfg(feature = "serde")]
 pub use config::RateLimitConfig;

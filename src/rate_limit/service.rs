@@ -78,6 +78,7 @@ where
         let grpc = grpc::is_grpc(&parts.headers);
         let key = self.extractor.extract(&parts);
         let cost = settings.cost.as_ref().map_or(1, |cost| cost(&parts));
+        let tier = Arc::clone(settings.tiers.for_request(&parts));
         let request = Request::from_parts(parts, body);
 
         let Some(key) = key else {
@@ -95,15 +96,17 @@ where
             .deny_cache
             .as_ref()
             .and_then(|c| c.check(key, cost))
+            // a denial under another tier (the caller changed plans) says nothing of this one
+            .filter(|denied| Arc::ptr_eq(&denied.tier, &tier))
         {
-            crate::metrics::rate_decision(&settings.limiter, false, denied.source.label());
+            crate::metrics::rate_decision(&tier.limiter, false, denied.source.label());
             return ResponseFuture::reject(Rejection::Denied(denied), settings, grpc);
         }
         let check = RateCheck::new(key, cost);
-        let pending = settings.store.check_rate(&settings.policy, check);
+        let pending = settings.store.check_rate(&tier.policy, check);
         // The clone goes on serving; the instance that `poll_ready` readied handles this request.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::check(pending, ready, request, settings, check, grpc)
+        ResponseFuture::check(pending, ready, request, settings, tier, check, grpc)
     }
 }

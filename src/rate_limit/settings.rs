@@ -4,12 +4,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use http::HeaderValue;
 use http::request::Parts;
 
 use super::deny_cache::DenyCache;
-use super::fallback::Fallback;
-use crate::rate::RatePolicy;
+use super::tiers::Tiers;
 use crate::store::RateStore;
 
 /// What a rate-limit layer does when its store fails or does not answer in time.
@@ -56,22 +54,19 @@ pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 /// Everything a request needs besides the key extractor; shared by every clone of the service.
 pub(crate) struct Settings {
     pub(crate) store: Arc<dyn RateStore>,
-    pub(crate) policy: Arc<RatePolicy>,
+    /// The policies a request is checked against, one per request.
+    pub(crate) tiers: Tiers,
     pub(crate) cost: Option<CostFn>,
     pub(crate) on_store_error: OnStoreError,
-    /// The in-process limiter behind [`OnStoreError::LocalFallback`].
-    pub(crate) fallback: Option<Fallback>,
     pub(crate) missing_key: MissingKey,
     pub(crate) headers: bool,
     /// Decide and count, never reject.
     pub(crate) shadow: bool,
     /// Builds denials' HTTP responses instead of the problem details.
     pub(crate) rejection: Option<RejectionFn>,
-    /// The `limiter` label of the metrics: the policy's namespace.
-    pub(crate) limiter: Arc<str>,
     /// `RateLimit` members carry the caller's `pk`.
     pub(crate) partition_key: bool,
-    pub(crate) policy_header: HeaderValue,
+    /// Denials by the store, of every tier (a cached denial answers for its own tier only).
     pub(crate) deny_cache: Option<DenyCache>,
     /// Store failures are logged at warn at most once a second (the rest at debug): an outage
     /// under load must not flood the log.
@@ -111,7 +106,7 @@ impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
             .field("store", &self.store)
-            .field("policy", &self.policy)
+            .field("tiers", &self.tiers)
             .field("on_store_error", &self.on_store_error)
             .field("missing_key", &self.missing_key)
             .field("headers", &self.headers)

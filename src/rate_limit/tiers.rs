@@ -1,0 +1,204 @@
+//! Per-request policies: the tiers a layer chooses among, each built once at start-up.
+//!
+//! A layer has its own limits (the default tier) and, optionally, named tiers with limits of
+//! their own (a free tier 100/h, a paid tier 10,000/h) and a closure that names a request's tier
+//! from its head. Each tier is a policy of its own, with its own store keys, `RateLimit-Policy`,
+//! local fallback and metrics label; a request is still checked against one policy in one
+//! atomic store call.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::HeaderValue;
+use http::request::Parts;
+
+use super::fallback::Fallback;
+use super::headers::{self, QuotaUnit};
+use super::settings::{OnStoreError, OncePerSecond};
+use crate::error::{ConfigError, ConfigErrorKind};
+use crate::rate::{Algorithm, Limit, RatePolicy};
+
+/// Names a request's tier from its head; `None` for the default tier.
+pub(crate) type TierFn = Arc<dyn Fn(&Parts) -> Option<&str> + Send + Sync>;
+
+/// One policy a layer can check a request against, with what belongs to it.
+pub(crate) struct Tier {
+    /// `None` for the layer's own limits.
+    pub(crate) name: Option<Box<str>>,
+    pub(crate) policy: Arc<RatePolicy>,
+    /// The tier's `RateLimit-Policy`.
+    pub(crate) policy_header: HeaderValue,
+    /// The in-process limiter behind [`OnStoreError::LocalFallback`], with this tier's shares.
+    pub(crate) fallback: Option<Fallback>,
+    /// The `limiter` label of the metrics: the policy's namespace.
+    pub(crate) limiter: Arc<str>,
+}
+
+impl fmt::Debug for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tier")
+            .field("name", &self.name)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every tier of a layer is built with.
+pub(crate) struct TierOptions {
+    pub(crate) namespace: String,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) unit: Option<QuotaUnit>,
+    pub(crate) on_store_error: OnStoreError,
+    pub(crate) fallback_capacity: usize,
+    pub(crate) fallback_admits_when_full: bool,
+}
+
+impl Tier {
+    /// The tier `name` (`None`: the layer's own) of `limits`; a named tier's keys live under
+    /// `<namespace>:<name>`.
+    pub(crate) fn new(
+        name: Option<String>,
+        limits: Vec<Limit>,
+        options: &TierOptions,
+    ) -> Result<Self, ConfigError> {
+        let namespace = match &name {
+            None => options.namespace.clone(),
+            Some(name) => {
+                check_name(name)?;
+                format!("{}:{name}", options.namespace)
+            }
+        };
+        let policy = RatePolicy::new(namespace, options.algorithm, limits)?;
+        let fallback = match options.on_store_error {
+            OnStoreError::LocalFallback { copies: 0 } => {
+                return Err(ConfigError::new(
+                    ConfigErrorKind::FailurePolicy,
+                    "the local fallback needs copies >= 1",
+                ));
+            }
+            OnStoreError::LocalFallback { copies } => Some(Fallback::new(
+                &policy,
+                copies,
+                options.fallback_capacity,
+                options.fallback_admits_when_full,
+                options.unit,
+            )?),
+            _ => None,
+        };
+        Ok(Self {
+            name: name.map(String::into_boxed_str),
+            policy_header: headers::policy(&policy, options.unit)?,
+            limiter: Arc::from(policy.namespace()),
+            policy: Arc::new(policy),
+            fallback,
+        })
+    }
+}
+
+/// Tier names are store-key segments: ASCII letters, digits, `-`, `_` and `.`, as limit names.
+fn check_name(name: &str) -> Result<(), ConfigError> {
+    let valid = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            ConfigErrorKind::Limit,
+            format!("invalid tier name {name:?}: use ASCII letters, digits, '-', '_' and '.'"),
+        ))
+    }
+}
+
+/// A layer's tiers: its own, and the named ones a closure chooses among.
+pub(crate) struct Tiers {
+    default: Arc<Tier>,
+    named: Box<[Arc<Tier>]>,
+    select: Option<TierFn>,
+    /// Unknown tier names are logged at warn at most once a second.
+    unknown_warning: OncePerSecond,
+}
+
+impl fmt::Debug for Tiers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tiers")
+            .field("default", &self.default)
+            .field("named", &self.named)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tiers {
+    /// `default` and the distinct `named` tiers, chosen by `select`.
+    pub(crate) fn new(
+        default: Tier,
+        named: Vec<Tier>,
+        select: Option<TierFn>,
+    ) -> Result<Self, ConfigError> {
+        for (i, tier) in named.iter().enumerate() {
+            if named[..i].iter().any(|t| t.name == tier.name) {
+                let name = tier.name.as_deref().unwrap_or_default();
+                return Err(ConfigError::new(
+                    ConfigErrorKind::Limit,
+                    format!("tier name {name:?} is used twice"),
+                ));
+            }
+        }
+        if !named.is_empty() && select.is_none() {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Limit,
+                "named tiers need a tier_by closure that chooses among them",
+            ));
+        }
+        Ok(Self {
+            default: Arc::new(default),
+            named: named.into_iter().map(Arc::new).collect(),
+            select,
+            unknown_warning: OncePerSecond::new(),
+        })
+    }
+
+    /// The layer's own tier.
+    pub(crate) fn default_tier(&self) -> &Arc<Tier> {
+        &self.default
+    }
+
+    /// Every tier, the layer's own first.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<Tier>> {
+        std::iter::once(&self.default).chain(self.named.iter())
+    }
+
+    /// The tier called `name`, or the layer's own when there is none of that name.
+    pub(crate) fn named(&self, name: &str) -> &Arc<Tier> {
+        self.find(name).unwrap_or(&self.default)
+    }
+
+    fn find(&self, name: &str) -> Option<&Arc<Tier>> {
+        self.named
+            .iter()
+            .find(|tier| tier.name.as_deref() == Some(name))
+    }
+
+    /// The tier of the request with head `parts`: the one its closure names, or the layer's own
+    /// when it names none or one that does not exist (logged at warn, at most once a second).
+    pub(crate) fn for_request(&self, parts: &Parts) -> &Arc<Tier> {
+        let Some(select) = &self.select else {
+            return &self.default;
+        };
+        let Some(name) = select(parts) else {
+            return &self.default;
+        };
+        if let Some(tier) = self.find(name) {
+            return tier;
+        }
+        if self.unknown_warning.ready() {
+            tracing::warn!(
+                target: "tollgate::rate_limit",
+                tier = name,
+                "unknown rate-limit tier: the layer's own limits apply (logged at most once a second)"
+            );
+        }
+        &self.default
+    }
+}
