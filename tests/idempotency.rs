@@ -2293,3 +2293,114 @@ fn the_handler_runs_in_the_callers_span() {
     });
     assert_eq!(seen.lock().unwrap().as_deref(), Some("http-request"));
 }
+
+/// A custom rejection builds every refusal's HTTP response from why it was refused — a bad key
+/// (400), a body over the limit (413), a duplicate in flight (409), a reused key (422) and a
+/// store that is down (503) — with `Retry-After` added where a retry may succeed; gRPC calls keep
+/// their trailers-only status.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_custom_rejection_shapes_every_refusal() {
+    let mut server = RedisServer::start();
+    let calls = Calls::default();
+    let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
+        .required(true)
+        .body_limit(16)
+        .rejection(|why| {
+            let body = serde_json::json!({
+                "error": why.code(),
+                "message": why.detail(),
+                "retry_in": why.retry_after().map(|d| d.as_secs()),
+            });
+            Response::builder()
+                .status(why.status())
+                .header(header::CONTENT_TYPE, "application/vnd.shop.error+json")
+                .body(Bytes::from(body.to_string()))
+                .unwrap()
+        })
+        .build()
+        .unwrap();
+    let (release, gate) = tokio::sync::watch::channel(false);
+    let svc = stack(
+        &layer,
+        handler(&calls, move |_, _, _| {
+            let mut gate = gate.clone();
+            async move {
+                let _ = gate.wait_for(|open| *open).await;
+                Ok(Response::new(body("done")))
+            }
+        }),
+    );
+    let check = |a: &Answer, status: StatusCode, code: &str, retry: Option<u64>| {
+        assert_eq!(a.status, status, "{code}");
+        assert_eq!(a.headers["content-type"], "application/vnd.shop.error+json");
+        let json = a.json();
+        assert_eq!(json["error"], code);
+        assert_eq!(json["retry_in"], serde_json::json!(retry), "{code}");
+        assert!(json["message"].as_str().unwrap().len() > 10, "{code}");
+        assert_eq!(
+            a.headers
+                .get(header::RETRY_AFTER)
+                .map(|v| v.to_str().unwrap()),
+            retry.map(|s| s.to_string()).as_deref(),
+            "{code}"
+        );
+    };
+
+    let unkeyed = send(&svc, request(Method::POST, "/orders", None, &[], "{}")).await;
+    check(&unkeyed, StatusCode::BAD_REQUEST, "invalid_key", None);
+    assert_eq!(
+        unkeyed.json()["message"],
+        "the Idempotency-Key header is required"
+    );
+    let large = send(&svc, keyed("big", "a body longer than sixteen bytes")).await;
+    check(
+        &large,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        None,
+    );
+
+    let key = unique("custom");
+    let first = tokio::spawn(send(
+        &svc,
+        request(Method::POST, "/orders", Some(&key), &[], "{}"),
+    ));
+    let running = loop {
+        let a = send(
+            &svc,
+            request(Method::POST, "/orders", Some(&key), &[], "{}"),
+        )
+        .await;
+        if a.status == StatusCode::CONFLICT {
+            break a;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    check(&running, StatusCode::CONFLICT, "in_flight", Some(1));
+    release.send(true).unwrap();
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    let reused = send(
+        &svc,
+        request(Method::POST, "/orders", Some(&key), &[], "{\"x\":1}"),
+    )
+    .await;
+    check(&reused, StatusCode::UNPROCESSABLE_ENTITY, "mismatch", None);
+
+    let grpc = send(&svc, grpc_request("big", b"a message longer than sixteen")).await;
+    assert_eq!(grpc.status, StatusCode::OK);
+    assert_eq!(
+        grpc.headers["grpc-status"], "8",
+        "RESOURCE_EXHAUSTED, trailers-only"
+    );
+
+    server.kill();
+    let down = send(&svc, keyed(&unique("down"), "{}")).await;
+    check(
+        &down,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        Some(1),
+    );
+    assert_eq!(calls.get(), 1, "only the first keyed request ran");
+}

@@ -1222,6 +1222,11 @@ async fn a_custom_rejection_keeps_the_headers_and_grpc_its_status() {
                 )))
                 .unwrap()
         })
+        .grpc_metadata(|decision, metadata| {
+            let cost = HeaderValue::from(decision.cost());
+            metadata.insert("x-denied-cost", cost);
+            metadata.insert("grpc-message", HeaderValue::from_static("over%20quota"));
+        })
         .build()
         .unwrap();
     let calls = Calls::default();
@@ -1237,8 +1242,12 @@ async fn a_custom_rejection_keeps_the_headers_and_grpc_its_status() {
         Some(r#""hourly";q=1;w=3600"#)
     );
     assert!(!denied.decision().admitted());
+    assert_eq!(denied.header("x-denied-cost"), None, "gRPC metadata only");
     let grpc = send(&svc, grpc_call("dora", "application/grpc")).await;
     assert_eq!(grpc.header("grpc-status"), Some("8"));
+    assert_eq!(grpc.header("x-denied-cost"), Some("1"));
+    assert_eq!(grpc.header("grpc-message"), Some("over%20quota"));
+    assert!(grpc.header("retry-after").is_some());
     assert!(grpc.body.is_empty());
     assert_eq!(calls.get(), 1);
 }

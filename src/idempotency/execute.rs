@@ -72,7 +72,7 @@ pub(super) async fn execute<S, ReqBody, ResBody>(
     let (parts, body) = response.into_parts();
     let Some(mut capture) = Capture::new(&settings, &parts, &body) else {
         release(&settings, key, token, "store_when panicked").await;
-        let _ = head.send(Ok(Rejection::HandlerFailed.into_response(grpc)));
+        let _ = head.send(Ok(Rejection::HandlerFailed.into_response(&settings, grpc)));
         return;
     };
     let (frames_tx, frames_rx) = mpsc::channel(8);
@@ -96,7 +96,16 @@ pub(super) async fn execute<S, ReqBody, ResBody>(
         keeper,
     )
     .await;
-    settle(capture, failure, unsent_head, &frames_tx, confirmed, grpc).await;
+    settle(
+        &settings,
+        capture,
+        failure,
+        unsent_head,
+        &frames_tx,
+        confirmed,
+        grpc,
+    )
+    .await;
 }
 
 /// Calls the handler and awaits its response; a panic in either is caught and returned.
@@ -241,6 +250,7 @@ async fn record(
 /// still in flight. A response whose record was not confirmed is never completed: an unsent head
 /// becomes `503`, a started body ends with an error.
 async fn settle<B, E>(
+    settings: &Settings,
     capture: Capture,
     failure: Option<BoxError>,
     unsent_head: UnsentHead<B, E>,
@@ -251,7 +261,7 @@ async fn settle<B, E>(
     if !confirmed {
         match unsent_head {
             Some((head, _)) => {
-                let _ = head.send(Ok(Rejection::Unrecorded.into_response(grpc)));
+                let _ = head.send(Ok(Rejection::Unrecorded.into_response(settings, grpc)));
             }
             None => {
                 let error: BoxError = UNRECORDED.into();

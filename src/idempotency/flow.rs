@@ -40,7 +40,7 @@ where
 {
     let (body, buffered) = match buffer_body(body, settings.body_limit, &settings.buffered).await {
         Ok(buffered) => buffered,
-        Err(rejection) => return Ok(rejection.into_response(grpc)),
+        Err(rejection) => return Ok(rejection.into_response(&settings, grpc)),
     };
     let fingerprint = fingerprint(&parts, &settings.fingerprint_headers, &body);
     let token = uuid::Uuid::new_v4().to_string();
@@ -132,12 +132,12 @@ async fn claim<B>(
             Ok(IdempotencyBegin::Claimed) => break,
             Ok(IdempotencyBegin::Mismatch) => {
                 unanswered.disarm();
-                return Err(Rejection::Mismatch.into_response(grpc));
+                return Err(Rejection::Mismatch.into_response(&settings, grpc));
             }
             Ok(IdempotencyBegin::Completed(record)) => {
                 unanswered.disarm();
                 crate::metrics::idempotency("replayed");
-                return Err(replay(&record, grpc));
+                return Err(replay(settings, &record, grpc));
             }
             Ok(IdempotencyBegin::InFlight { .. }) => match wait_until {
                 Some(until) if Instant::now() < until => {
@@ -146,12 +146,12 @@ async fn claim<B>(
                 }
                 _ => {
                     unanswered.disarm();
-                    return Err(Rejection::InFlight.into_response(grpc));
+                    return Err(Rejection::InFlight.into_response(&settings, grpc));
                 }
             },
             Err(error) => {
                 tracing::warn!(target: "tollgate::idempotency", %error, "idempotency store failed; refusing the request");
-                return Err(Rejection::StoreUnavailable.into_response(grpc));
+                return Err(Rejection::StoreUnavailable.into_response(&settings, grpc));
             }
         }
     }
@@ -190,8 +190,9 @@ where
     // Spawned: the handler runs to completion and its response is recorded even when the client
     // goes away, so that the client's retry gets the replay instead of a second execution.
     // in the caller's span: a `TraceLayer` span's fields stay on the handler's events
+    let task_settings = Arc::clone(&settings);
     let execution = async move {
-        execute(settings, service, request, key, token, grpc, head_tx).await;
+        execute(task_settings, service, request, key, token, grpc, head_tx).await;
         // the body's share of the buffer budget is given back once its execution ends
         drop(buffered);
     };
@@ -202,15 +203,15 @@ where
     match head_rx.await {
         Ok(answer) => answer,
         // the task ended without a response: the handler panicked (the key was released)
-        Err(_) => Ok(Rejection::HandlerFailed.into_response(grpc)),
+        Err(_) => Ok(Rejection::HandlerFailed.into_response(&settings, grpc)),
     }
 }
 
 /// A completed response, replayed byte for byte plus `Idempotent-Replayed: true`.
-fn replay<B>(record: &[u8], grpc: bool) -> Response<IdempotencyBody<B>> {
+fn replay<B>(settings: &Settings, record: &[u8], grpc: bool) -> Response<IdempotencyBody<B>> {
     let Some(stored) = StoredResponse::decode(record) else {
         tracing::error!(target: "tollgate::idempotency", "a stored response could not be decoded");
-        return Rejection::StoreUnavailable.into_response(grpc);
+        return Rejection::StoreUnavailable.into_response(settings, grpc);
     };
     let body = Complete::new(stored.body, stored.trailers);
     let mut response = Response::new(IdempotencyBody::from(body));

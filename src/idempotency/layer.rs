@@ -7,6 +7,7 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode, header};
 use tower_layer::Layer;
 
+use super::rejection::{IdempotencyRejection, RejectionFn};
 use super::service::Idempotency;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::{Global, KeyExtractor};
@@ -59,6 +60,8 @@ pub(crate) struct Settings {
     pub(crate) on_concurrent: OnConcurrent,
     pub(crate) store_when: StoreWhen,
     pub(crate) store_grpc_when: StoreGrpcWhen,
+    /// Builds rejections' HTTP responses instead of the problem details.
+    pub(crate) rejection: Option<RejectionFn>,
 }
 
 impl fmt::Debug for Settings {
@@ -140,6 +143,7 @@ impl IdempotencyLayer {
                 on_concurrent: OnConcurrent::Reject,
                 store_when: Arc::new(|status: StatusCode| !status.is_server_error()),
                 store_grpc_when: Arc::new(grpc_outcome_is_final),
+                rejection: None,
             },
             scope: Global,
             scope_chosen: false,
@@ -295,6 +299,51 @@ impl<K> IdempotencyLayerBuilder<K> {
         predicate: impl Fn(i32) -> bool + Send + Sync + 'static,
     ) -> Self {
         self.settings.store_grpc_when = Arc::new(predicate);
+        self
+    }
+
+    /// Builds the HTTP response the layer gives instead of the handler's — `400` for a bad
+    /// key, `409` while the first request runs, `413`, `422` for a key reused with another
+    /// request, `503` when the store fails — from why it refused, in place of the default
+    /// problem details (RFC 9457, type `about:blank`). `Retry-After` is added where a retry may
+    /// soon succeed. gRPC calls keep their trailers-only status.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use http::{Request, Response, StatusCode, header};
+    /// use http_body_util::{BodyExt, Full};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tollgate::idempotency::IdempotencyLayer;
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let layer = IdempotencyLayer::builder(MemoryStore::new())
+    ///     .unscoped()
+    ///     .required(true)
+    ///     .rejection(|why| {
+    ///         Response::builder()
+    ///             .status(why.status())
+    ///             .header(header::CONTENT_TYPE, "application/json")
+    ///             .body(format!(r#"{{"error":"{}","message":"{}"}}"#, why.code(), why.detail()).into())
+    ///             .unwrap_or_default()
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// let service = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_| async { Ok::<_, std::convert::Infallible>(Response::new(Full::new("done".into()))) });
+    ///
+    /// let unkeyed = Request::post("/payments").body(Full::new("{}".into())).unwrap();
+    /// let response = service.oneshot(unkeyed).await.unwrap();
+    /// assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    /// let body = response.into_body().collect().await.unwrap().to_bytes();
+    /// assert_eq!(body, r#"{"error":"invalid_key","message":"the Idempotency-Key header is required"}"#);
+    /// # }
+    /// ```
+    pub fn rejection(
+        mut self,
+        build: impl Fn(&IdempotencyRejection) -> http::Response<bytes::Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        self.settings.rejection = Some(Arc::new(build));
         self
     }
 

@@ -118,4 +118,5 @@ mod service;
 pub use body::IdempotencyBody;
 pub use future::ResponseFuture;
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, OnConcurrent};
+pub use rejection::IdempotencyRejection;
 pub use service::{Idempotency, RequestBody};

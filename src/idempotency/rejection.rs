@@ -1,10 +1,17 @@
 //! The responses the layer gives instead of the handler's: status, gRPC code, message and, when a
-//! retry may soon succeed, `Retry-After`.
+//! retry may soon succeed, `Retry-After`; or what the layer's own rejection closure builds.
 
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use super::body::IdempotencyBody;
 use super::key_header::KeyProblem;
+use super::layer::Settings;
+use crate::body::Complete;
 use crate::grpc::Code;
 use crate::rejection;
 
@@ -25,14 +32,107 @@ pub(super) enum Rejection {
     Unrecorded,
 }
 
+/// Builds the HTTP response to a rejection, in place of the problem details.
+pub(crate) type RejectionFn = Arc<dyn Fn(&IdempotencyRejection) -> Response<Bytes> + Send + Sync>;
+
+/// Why the idempotency layer answered a request itself, instead of the handler: what a custom
+/// rejection ([`IdempotencyLayerBuilder::rejection`](super::IdempotencyLayerBuilder::rejection))
+/// is built from.
+#[derive(Clone, Copy)]
+pub struct IdempotencyRejection(Rejection);
+
+impl IdempotencyRejection {
+    /// The status the layer answers with by default: `400`, `409`, `413`, `422`, `503`, or
+    /// `500` when the handler itself failed (nothing was stored; a retry runs it again).
+    pub fn status(&self) -> StatusCode {
+        self.0.parts().0
+    }
+
+    /// What went wrong, in a sentence for the client (the default body's `detail`).
+    pub fn detail(&self) -> &'static str {
+        self.0.parts().2
+    }
+
+    /// A stable, machine-readable name of the reason: `invalid_key`, `body_too_large`,
+    /// `unreadable_body`, `in_flight`, `mismatch`, `store_unavailable`, `busy`,
+    /// `handler_failed` or `unrecorded`.
+    pub fn code(&self) -> &'static str {
+        match self.0 {
+            Rejection::BadKey(_) => "invalid_key",
+            Rejection::TooLarge => "body_too_large",
+            Rejection::UnreadableBody => "unreadable_body",
+            Rejection::InFlight => "in_flight",
+            Rejection::Mismatch => "mismatch",
+            Rejection::StoreUnavailable => "store_unavailable",
+            Rejection::Busy => "busy",
+            Rejection::HandlerFailed => "handler_failed",
+            Rejection::Unrecorded => "unrecorded",
+        }
+    }
+
+    /// When the same request may succeed soon, the wait the response's `Retry-After` says (the
+    /// layer adds it to a custom response too); `None` when retrying as is cannot help.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.0.retry_after()
+    }
+}
+
+impl fmt::Debug for IdempotencyRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyRejection")
+            .field("status", &self.status())
+            .field("code", &self.code())
+            .field("detail", &self.detail())
+            .finish()
+    }
+}
+
 impl Rejection {
-    pub(super) fn into_response<B>(self, grpc: bool) -> Response<IdempotencyBody<B>> {
+    /// The response: problem details (or what `settings`' rejection closure builds) for HTTP,
+    /// trailers-only for a gRPC call.
+    pub(super) fn into_response<B>(
+        self,
+        settings: &Settings,
+        grpc: bool,
+    ) -> Response<IdempotencyBody<B>> {
         crate::metrics::idempotency(match self {
             Self::InFlight => "conflict",
             Self::Mismatch => "mismatch",
             _ => "rejected",
         });
-        let (status, code, message) = match self {
+        let mut response = match &settings.rejection {
+            Some(custom) if !grpc => custom(&IdempotencyRejection(self))
+                .map(|body| IdempotencyBody::from(Complete::new(body, None))),
+            _ => {
+                let (status, code, message) = self.parts();
+                let rejection = rejection::Rejection {
+                    status,
+                    code,
+                    message,
+                };
+                rejection.into_response(grpc).map(IdempotencyBody::from)
+            }
+        };
+        if self.retry_after().is_some() {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+
+    /// A retry soon may succeed: a second for the other request or the store.
+    fn retry_after(self) -> Option<Duration> {
+        matches!(
+            self,
+            Self::InFlight | Self::StoreUnavailable | Self::Busy | Self::Unrecorded
+        )
+        .then_some(Duration::from_secs(1))
+    }
+
+    /// The default status, gRPC code and message.
+    fn parts(self) -> (StatusCode, Code, &'static str) {
+        match self {
             Self::BadKey(problem) => (
                 StatusCode::BAD_REQUEST,
                 Code::InvalidArgument,
@@ -78,21 +178,6 @@ impl Rejection {
                 Code::Internal,
                 "the handler failed; nothing was stored and a retry runs it again",
             ),
-        };
-        let rejection = rejection::Rejection {
-            status,
-            code,
-            message,
-        };
-        let mut response = rejection.into_response(grpc).map(IdempotencyBody::from);
-        if matches!(
-            self,
-            Self::InFlight | Self::StoreUnavailable | Self::Busy | Self::Unrecorded
-        ) {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        response
     }
 }

@@ -140,11 +140,13 @@ where
         let idempotency_key = match parsed {
             Ok(key) => key,
             Err(problem) => {
-                return ResponseFuture::ready(Rejection::BadKey(problem).into_response(grpc));
+                return ResponseFuture::ready(
+                    Rejection::BadKey(problem).into_response(&settings, grpc),
+                );
             }
         };
         if declared_length(&request).is_some_and(|len| len > settings.body_limit as u64) {
-            return ResponseFuture::ready(Rejection::TooLarge.into_response(grpc));
+            return ResponseFuture::ready(Rejection::TooLarge.into_response(&settings, grpc));
         }
         let (parts, body) = request.into_parts();
         let record_key = keys::idempotency_record(

@@ -11,7 +11,9 @@ use super::deny_cache::DenyCache;
 use super::fallback;
 use super::headers::QuotaUnit;
 use super::service::RateLimit;
-use super::settings::{CostFn, MissingKey, OnStoreError, OncePerSecond, RejectionFn, Settings};
+use super::settings::{
+    CostFn, GrpcMetadataFn, MissingKey, OnStoreError, OncePerSecond, RejectionFn, Settings,
+};
 use super::tiers::{Tier, TierFn, TierOptions, Tiers};
 use crate::error::ConfigError;
 use crate::key::{Global, Key, KeyExtractor};
@@ -81,6 +83,7 @@ impl RateLimitLayer {
                 partition_key: false,
                 quota_unit: None,
                 rejection: None,
+                grpc_metadata: None,
                 deny_cache: true,
                 fallback_capacity: fallback::DEFAULT_CAPACITY,
                 fallback_admits_when_full: false,
@@ -209,6 +212,7 @@ struct Draft {
     partition_key: bool,
     quota_unit: Option<QuotaUnit>,
     rejection: Option<RejectionFn>,
+    grpc_metadata: Option<GrpcMetadataFn>,
     deny_cache: bool,
     fallback_capacity: usize,
     fallback_admits_when_full: bool,
@@ -393,6 +397,38 @@ impl<K> RateLimitLayerBuilder<K> {
         self
     }
 
+    /// Adds metadata to the trailers-only response of a denied gRPC call (`RESOURCE_EXHAUSTED`,
+    /// or `UNAVAILABLE` when the store is down and the failure policy denies), after
+    /// `grpc-status`, `grpc-message`, `retry-after` and the `RateLimit` fields — say a
+    /// `grpc-status-details-bin` with a `google.rpc.RetryInfo`, or a header a client library
+    /// reads. Metadata names and values are HTTP header names and values; what it sets
+    /// replaces what was there.
+    ///
+    /// ```
+    /// use http::HeaderValue;
+    /// use tollgate::rate_limit::{Limit, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_minute("minute", 60))
+    ///     .grpc_metadata(|decision, metadata| {
+    ///         let wait_ms = decision.retry_after().as_millis().to_string();
+    ///         if let Ok(value) = HeaderValue::from_str(&wait_ms) {
+    ///             metadata.insert("x-retry-after-ms", value);
+    ///         }
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn grpc_metadata(
+        mut self,
+        add: impl Fn(&RateLimitDecision, &mut http::HeaderMap) + Send + Sync + 'static,
+    ) -> Self {
+        self.draft.grpc_metadata = Some(Arc::new(add));
+        self
+    }
+
     /// Whether `RateLimit` members carry the caller's partition key, `pk` (default off): a
     /// Structured Field Byte Sequence derived from the key's digest — never the raw key — that
     /// tells a client which of its partitions (API keys, addresses) the figures are for.
@@ -488,6 +524,7 @@ impl<K> RateLimitLayerBuilder<K> {
                 shadow: draft.shadow,
                 partition_key: draft.partition_key,
                 rejection: draft.rejection,
+                grpc_metadata: draft.grpc_metadata,
                 deny_cache: (draft.deny_cache && !draft.shadow).then(DenyCache::default),
                 last_warning: OncePerSecond::new(),
             }),

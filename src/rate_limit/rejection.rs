@@ -67,6 +67,9 @@ impl Rejection {
             headers::retry_after(decision.retry_after),
         );
         decision.write_headers(settings, headers);
+        if grpc && let Some(metadata) = &settings.grpc_metadata {
+            metadata(&decision, headers);
+        }
         decision::record(response.extensions_mut(), decision);
         response
     }

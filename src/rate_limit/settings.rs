@@ -48,6 +48,10 @@ pub enum MissingKey {
 pub(crate) type RejectionFn =
     Arc<dyn Fn(&super::RateLimitDecision) -> http::Response<bytes::Bytes> + Send + Sync>;
 
+/// Adds metadata to a denied gRPC call's trailers-only response.
+pub(crate) type GrpcMetadataFn =
+    Arc<dyn Fn(&super::RateLimitDecision, &mut http::HeaderMap) + Send + Sync>;
+
 /// The cost of a request, computed from its head.
 pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
@@ -64,6 +68,8 @@ pub(crate) struct Settings {
     pub(crate) shadow: bool,
     /// Builds denials' HTTP responses instead of the problem details.
     pub(crate) rejection: Option<RejectionFn>,
+    /// Adds to denied gRPC calls' metadata.
+    pub(crate) grpc_metadata: Option<GrpcMetadataFn>,
     /// `RateLimit` members carry the caller's `pk`.
     pub(crate) partition_key: bool,
     /// Denials by the store, of every tier (a cached denial answers for its own tier only).
