@@ -170,6 +170,54 @@ impl TlsServer {
     }
 }
 
+/// A redis-server in sentinel mode that speaks TLS only, monitoring `server` as `master`, in
+/// the server's dir (its certificates); killed on drop.
+struct TlsSentinel {
+    child: Child,
+    port: u16,
+}
+
+impl TlsSentinel {
+    fn start(server: &TlsServer, master: &str) -> Self {
+        let port = common::free_port();
+        let config = format!(
+            "port 0\ntls-port {port}\nbind 127.0.0.1\n\
+             tls-cert-file server.crt\ntls-key-file server.key\ntls-ca-cert-file ca.crt\n\
+             tls-auth-clients no\ntls-replication yes\n\
+             sentinel monitor {master} 127.0.0.1 {} 1\n",
+            server.port
+        );
+        let file = server.dir.path().join(format!("sentinel-{port}.conf"));
+        std::fs::write(&file, config).unwrap();
+        let child = Command::new("redis-server")
+            .arg(&file)
+            .arg("--sentinel")
+            .current_dir(server.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(
+                "could not start redis-server: is it installed (apt-get install redis-server)?",
+            );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the sentinel did not listen for TLS"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, port }
+    }
+}
+
+impl Drop for TlsSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for TlsServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -270,5 +318,60 @@ async fn mutual_tls_presents_the_client_certificate() {
     assert!(
         without.ping().await.is_err(),
         "no client certificate, yet through"
+    );
+}
+
+/// Behind a TLS-only sentinel: the sentinel is asked over TLS with the given CA, and the primary
+/// it names is reached over TLS too; two copies redeem a coupon exactly once. Without the CA the
+/// sentinel is never reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_and_their_primary_are_reached_over_tls() {
+    let server = TlsServer::start(false);
+    reachable(&server.store(false)).await;
+    let sentinel = TlsSentinel::start(&server, "tls-primary");
+    let url = format!("rediss://127.0.0.1:{}/", sentinel.port);
+    let connect = || {
+        RedisStore::sentinel_builder([url.clone()], "tls-primary")
+            .timeout(Duration::from_secs(2))
+            .tls_ca_cert(server.read("ca.crt"))
+            .connect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        match connect().await {
+            Ok(store) => break store,
+            Err(error) => {
+                assert!(Instant::now() < deadline, "no sentinel over TLS: {error}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let copies = [first, connect().await.unwrap()];
+    reachable(&copies[0]).await;
+    let redemptions: Vec<_> = (0..50)
+        .map(|i| {
+            let claims = Claims::new(copies[i % 2].clone());
+            tokio::spawn(async move {
+                claims
+                    .claim_once("coupon-sentinel-tls", None)
+                    .await
+                    .unwrap()
+                    .won()
+            })
+        })
+        .collect();
+    let mut won = 0;
+    for redemption in redemptions {
+        won += u32::from(redemption.await.unwrap());
+    }
+    assert_eq!(won, 1, "exactly one redemption");
+
+    let untrusting = RedisStore::sentinel_builder([url], "tls-primary")
+        .timeout(Duration::from_millis(500))
+        .connect()
+        .await;
+    assert!(
+        untrusting.is_err(),
+        "a sentinel with an unknown CA was trusted"
     );
 }

@@ -2,12 +2,13 @@
 
 #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::RedisError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::connection::{Connection, Link, Opener, ask_sentinels, open_single};
+use super::connection::{Connection, Link, Opener, PrimaryClient, ask_sentinels, open_single};
 use super::rates::DEFAULT_MAX_BATCH;
 use super::{RedisStore, store_error};
 use crate::error::{ConfigError, ConfigErrorKind};
@@ -60,7 +61,7 @@ impl Tls {
     }
 }
 
-/// The TLS setters of the standalone and Cluster builders.
+/// The TLS setters of every builder.
 macro_rules! tls_setters {
     () => {
         /// Trusts `pem`, a CA certificate in PEM, for `rediss://` connections instead of the
@@ -114,6 +115,8 @@ pub struct RedisSentinelBuilder {
     timeout: Duration,
     wait_replicas: u32,
     max_batch: usize,
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    tls: Option<Tls>,
 }
 
 /// The `wait_replicas` setter every builder has.
@@ -310,6 +313,8 @@ impl RedisSentinelBuilder {
             timeout: DEFAULT_TIMEOUT,
             wait_replicas: 0,
             max_batch: DEFAULT_MAX_BATCH,
+            #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+            tls: None,
         }
     }
 
@@ -322,6 +327,7 @@ impl RedisSentinelBuilder {
 
     wait_replicas_setter!();
     max_batch_setter!();
+    tls_setters!();
 
     fn settings(&self) -> Settings {
         Settings {
@@ -330,14 +336,27 @@ impl RedisSentinelBuilder {
         }
     }
 
+    /// The client of `url`, a sentinel or a primary, with the builder's certificates for
+    /// `rediss://`.
+    fn client_maker(&self) -> PrimaryClient {
+        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+        if let Some(tls) = self.tls.clone() {
+            return Arc::new(move |url: &str| {
+                redis::Client::build_with_tls(url, tls.certificates())
+            });
+        }
+        Arc::new(|url: &str| redis::Client::open(url))
+    }
+
     /// Asks the sentinels for the primary and connects to it; a sentinel must answer now. A
     /// sentinel URL that does not parse is a [`StoreErrorKind::Config`] error.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         let settings = self.settings();
+        let client = self.client_maker();
         let sentinels = self
             .sentinels
             .iter()
-            .map(|url| redis::Client::open(url.as_str()))
+            .map(|url| client(url))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| StoreError::new(StoreErrorKind::Config, e))?;
         if sentinels.is_empty() {
@@ -355,9 +374,11 @@ impl RedisSentinelBuilder {
             master: self.master.into(),
             config: config.clone(),
             timeout: self.timeout,
+            primary_client: Arc::clone(&client),
         };
         let open = || {
-            open_single(&primary, config.clone())
+            client(&primary)
+                .and_then(|primary| open_single(primary, config.clone()))
                 .map(|conn| Link::to(conn, opener.clone(), primary.clone()))
                 .map_err(store_error)
         };

@@ -99,6 +99,8 @@ pub(super) enum Opener {
         master: Arc<str>,
         config: ConnectionManagerConfig,
         timeout: Duration,
+        /// The client of a primary's URL: with the sentinels' certificates under TLS.
+        primary_client: PrimaryClient,
     },
 }
 
@@ -113,7 +115,12 @@ impl Opener {
     }
 }
 
-/// The address of the primary that the first sentinel to answer names for `master`.
+/// Makes the client of a primary's URL.
+pub(super) type PrimaryClient =
+    Arc<dyn Fn(&str) -> Result<redis::Client, redis::RedisError> + Send + Sync>;
+
+/// The URL of the primary that the first sentinel to answer names for `master`: `rediss://`
+/// when the sentinels are asked over TLS (their data nodes are then TLS-only as well).
 pub(super) async fn ask_sentinels(
     sentinels: &[redis::Client],
     master: &str,
@@ -128,7 +135,12 @@ pub(super) async fn ask_sentinels(
                 .query_async(&mut conn)
                 .await
                 .ok()?;
-            named.map(|(host, port)| format!("redis://{host}:{port}/"))
+            let (scheme, fragment) = match sentinel.get_connection_info().addr() {
+                redis::ConnectionAddr::TcpTls { insecure: true, .. } => ("rediss", "#insecure"),
+                redis::ConnectionAddr::TcpTls { .. } => ("rediss", ""),
+                _ => ("redis", ""),
+            };
+            named.map(|(host, port)| format!("{scheme}://{host}:{port}/{fragment}"))
         });
         if let Ok(Some(primary)) = asked.await {
             return Some(primary);
@@ -302,6 +314,7 @@ impl Link {
             master,
             config,
             timeout,
+            primary_client,
         } = &self.opener
         else {
             return;
@@ -314,12 +327,13 @@ impl Link {
         self.asked.store(now, Ordering::Relaxed);
         let (link, sentinels, master) =
             (Arc::clone(self), Arc::clone(sentinels), Arc::clone(master));
-        let (config, timeout) = (config.clone(), *timeout);
+        let (config, timeout, primary_client) =
+            (config.clone(), *timeout, Arc::clone(primary_client));
         tokio::spawn(async move {
             if let Some(primary) = ask_sentinels(&sentinels, &master, timeout).await {
                 let moved = link.primary().as_str() != primary;
                 if moved || reopen {
-                    match open_single(&primary, config) {
+                    match primary_client(&primary).and_then(|client| open_single(client, config)) {
                         Ok(conn) => {
                             if moved {
                                 tracing::warn!(target: "tollgate::store", %primary, "the sentinels name a new primary; moving to it");
@@ -367,11 +381,10 @@ fn as_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// A lazy connection manager to the standalone server (or primary) at `url`.
+/// A lazy connection manager to the standalone server (or primary) of `client`.
 pub(super) fn open_single(
-    url: &str,
+    client: redis::Client,
     config: ConnectionManagerConfig,
 ) -> Result<Connection, redis::RedisError> {
-    let client = redis::Client::open(url)?;
     ConnectionManager::new_lazy_with_config(client, config).map(Connection::Single)
 }
