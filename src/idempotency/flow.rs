@@ -132,7 +132,7 @@ async fn claim<B>(
             Ok(IdempotencyBegin::Claimed) => break,
             Ok(IdempotencyBegin::Mismatch) => {
                 unanswered.disarm();
-                return Err(Rejection::Mismatch.into_response(&settings, grpc));
+                return Err(Rejection::Mismatch.into_response(settings, grpc));
             }
             Ok(IdempotencyBegin::Completed(record)) => {
                 unanswered.disarm();
@@ -146,12 +146,12 @@ async fn claim<B>(
                 }
                 _ => {
                     unanswered.disarm();
-                    return Err(Rejection::InFlight.into_response(&settings, grpc));
+                    return Err(Rejection::InFlight.into_response(settings, grpc));
                 }
             },
             Err(error) => {
                 tracing::warn!(target: "tollgate::idempotency", %error, "idempotency store failed; refusing the request");
-                return Err(Rejection::StoreUnavailable.into_response(&settings, grpc));
+                return Err(Rejection::StoreUnavailable.into_response(settings, grpc));
             }
         }
     }

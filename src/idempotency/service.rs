@@ -141,7 +141,7 @@ where
             Ok(key) => key,
             Err(problem) => {
                 return ResponseFuture::ready(
-                    Rejection::BadKey(problem).into_response(&settings, grpc),
+                    Rejection::BadKey(problem).into_response(settings, grpc),
                 );
             }
         };
