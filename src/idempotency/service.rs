@@ -146,7 +146,7 @@ where
             }
         };
         if declared_length(&request).is_some_and(|len| len > settings.body_limit as u64) {
-            return ResponseFuture::ready(Rejection::TooLarge.into_response(&settings, grpc));
+            return ResponseFuture::ready(Rejection::TooLarge.into_response(settings, grpc));
         }
         let (parts, body) = request.into_parts();
         let record_key = keys::idempotency_record(
