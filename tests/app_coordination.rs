@@ -32,6 +32,7 @@ fn config(payment_delay: Duration) -> AppConfig {
         redis_cluster_urls: Vec::new(),
         redis_sentinels: Vec::new(),
         redis_sentinel_master: None,
+        database_url: None,
         wait_replicas: 0,
         trusted_proxies: Vec::new(),
         on_store_error: tollgate::rate_limit::OnStoreError::Allow,

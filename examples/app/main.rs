@@ -1,9 +1,10 @@
 //! The tollgate example app: a small JSON API whose rate limits hold across every copy of it that
-//! shares one Redis.
+//! shares one Redis (or one PostgreSQL database).
 //!
 //! ```text
 //! cargo run --release --example app
 //! REDIS_URL=redis://127.0.0.1:6379/ PORT=4001 cargo run --release --example app
+//! DATABASE_URL=postgres://app@127.0.0.1:5432/app PORT=4002 cargo run --release --example app
 //! ```
 //!
 //! | variable        | default                     | meaning                                        |
@@ -15,6 +16,7 @@
 //! | `REDIS_SENTINEL_MASTER` | unset               | the master name they monitor (with `REDIS_SENTINELS`) |
 //! | `REDIS_CA_CERT` | unset                       | a PEM CA certificate to trust for a `rediss://` `REDIS_URL` |
 //! | `REDIS_WAIT_REPLICAS` | `0`                   | replicas that must acknowledge every claim, lock and payment record |
+//! | `DATABASE_URL`  | unset                       | or: a PostgreSQL database, `postgres://user:password@host:port/db` (schema `tollgate`, migrated at start) |
 //! | `APP_TRUSTED_PROXIES` | unset: none trusted   | CIDRs of proxies whose `X-Forwarded-For` names the client |
 //! | `APP_ON_STORE_ERROR` | `allow`                | `/api/*` while the store is down: `allow`, `deny` or `fallback:N` (N copies) |
 //! | `APP_PAYMENT_DELAY_MS` | `100`                | how long `POST /payments` works                 |
@@ -55,14 +57,18 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Failure> {
     let config = AppConfig::from_env()?;
-    let store = if !config.redis_sentinels.is_empty() {
+    let store = if let Some(url) = &config.database_url {
+        postgres_store(url).await?
+    } else if !config.redis_sentinels.is_empty() {
         sentinel_store(&config).await?
     } else if !config.redis_cluster_urls.is_empty() {
         cluster_store(&config.redis_cluster_urls, config.wait_replicas).await?
     } else {
         open_store(config.redis_url.as_deref(), config.wait_replicas)?
     };
-    check_store(store.as_ref(), config.redis_url.as_deref()).await;
+    if config.database_url.is_none() {
+        check_store(store.as_ref(), config.redis_url.as_deref()).await;
+    }
 
     let port = config.port;
     tracing::info!(
@@ -117,6 +123,53 @@ fn open_store(redis_url: Option<&str>, wait_replicas: u32) -> Result<Arc<dyn Sto
     let store = env::redis_store(url, wait_replicas)?;
     tracing::info!(url = %env::redact_url(url), wait_replicas, "state is kept in Redis");
     Ok(store)
+}
+
+/// What `DATABASE_URL` must look like.
+const DATABASE_URL_FORMAT: &str = "a PostgreSQL URL, e.g. DATABASE_URL=postgres://app:secret@127.0.0.1:5432/app";
+
+/// A store on the PostgreSQL database at `DATABASE_URL`, its schema (`tollgate`) created or
+/// brought up to date. A database that does not answer at startup is not fatal, as for Redis:
+/// the migration is retried in the background every second, and until it is done calls fail
+/// (the failure policies apply) and `/healthz` answers 503.
+#[cfg(feature = "postgres")]
+async fn postgres_store(url: &str) -> Result<Arc<dyn Store>, Failure> {
+    use tollgate::store::PgStore;
+    let safe = env::redact_url(url);
+    let store = PgStore::builder(url)
+        .migration_timeout(std::time::Duration::from_secs(5))
+        .build()
+        .map_err(|e| {
+            Failure::config(
+                EnvError::new("DATABASE_URL", &safe, e.to_string(), DATABASE_URL_FORMAT)
+                    .to_string(),
+            )
+        })?;
+    match store.migrate().await {
+        Ok(()) => tracing::info!(url = %safe, schema = store.schema(), "state is kept in PostgreSQL"),
+        Err(error) => {
+            tracing::warn!(
+                %error, url = %safe,
+                "PostgreSQL does not answer yet: migrating in the background; /api/* is not limited and /healthz answers 503 until it does"
+            );
+            let retry = store.clone();
+            tokio::spawn(async move {
+                while retry.migrate().await.is_err() {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+                tracing::info!(schema = retry.schema(), "PostgreSQL answers: schema migrated");
+            });
+        }
+    }
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres_store(url: &str) -> Result<Arc<dyn Store>, Failure> {
+    Err(Failure::config(format!(
+        "DATABASE_URL={} needs tollgate's `postgres` feature",
+        env::redact_url(url)
+    )))
 }
 
 /// A store on the primary that the sentinels (`REDIS_SENTINELS`) name for

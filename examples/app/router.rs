@@ -93,6 +93,8 @@ pub struct AppConfig {
     pub redis_sentinels: Vec<String>,
     /// `REDIS_SENTINEL_MASTER`: the master name the sentinels monitor.
     pub redis_sentinel_master: Option<String>,
+    /// `DATABASE_URL`: a PostgreSQL database (`postgres://…`), the alternative to Redis.
+    pub database_url: Option<String>,
     /// `REDIS_WAIT_REPLICAS`: how many replicas must acknowledge every claim, lock and payment
     /// record before it counts (0: none).
     pub wait_replicas: u32,
@@ -136,9 +138,12 @@ impl AppConfig {
         ForwardedIp::new(self.trusted_proxies.iter().copied())
     }
 
-    /// The kind of store configured: `memory`, `redis`, `redis-cluster` or `redis-sentinel`.
+    /// The kind of store configured: `memory`, `redis`, `redis-cluster`, `redis-sentinel` or
+    /// `postgres`.
     pub fn store_kind(&self) -> &'static str {
-        if !self.redis_sentinels.is_empty() {
+        if self.database_url.is_some() {
+            "postgres"
+        } else if !self.redis_sentinels.is_empty() {
             "redis-sentinel"
         } else if !self.redis_cluster_urls.is_empty() {
             "redis-cluster"
@@ -167,10 +172,15 @@ impl AppConfig {
         let redis_sentinel_master = vars
             .get("REDIS_SENTINEL_MASTER")
             .map(|m| m.trim().to_owned());
+        let database_url = vars
+            .get("DATABASE_URL")
+            .map(|url| url.trim().to_owned())
+            .filter(|url| !url.is_empty());
         let stores = [
             ("REDIS_URL", redis_url.is_some()),
             ("REDIS_CLUSTER_URLS", !redis_cluster_urls.is_empty()),
             ("REDIS_SENTINELS", !redis_sentinels.is_empty()),
+            ("DATABASE_URL", database_url.is_some()),
         ];
         let mut set = stores.iter().filter(|(_, set)| *set).map(|(var, _)| *var);
         if let (Some(first), Some(second)) = (set.next(), set.next()) {
@@ -178,7 +188,7 @@ impl AppConfig {
                 second,
                 "(set)",
                 format!("{first} is set as well"),
-                "one of REDIS_URL, REDIS_CLUSTER_URLS or REDIS_SENTINELS, not several",
+                "one of REDIS_URL, REDIS_CLUSTER_URLS, REDIS_SENTINELS or DATABASE_URL, not several",
             ));
         }
         if !redis_sentinels.is_empty() && redis_sentinel_master.is_none() {
@@ -243,6 +253,7 @@ impl AppConfig {
             redis_cluster_urls,
             redis_sentinels,
             redis_sentinel_master,
+            database_url,
             wait_replicas,
             trusted_proxies,
             on_store_error,
