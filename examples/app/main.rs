@@ -125,9 +125,6 @@ fn open_store(redis_url: Option<&str>, wait_replicas: u32) -> Result<Arc<dyn Sto
     Ok(store)
 }
 
-/// What `DATABASE_URL` must look like.
-const DATABASE_URL_FORMAT: &str = "a PostgreSQL URL, e.g. DATABASE_URL=postgres://app:secret@127.0.0.1:5432/app";
-
 /// A store on the PostgreSQL database at `DATABASE_URL`, its schema (`tollgate`) created or
 /// brought up to date. A database that does not answer at startup is not fatal, as for Redis:
 /// the migration is retried in the background every second, and until it is done calls fail
@@ -135,6 +132,8 @@ const DATABASE_URL_FORMAT: &str = "a PostgreSQL URL, e.g. DATABASE_URL=postgres:
 #[cfg(feature = "postgres")]
 async fn postgres_store(url: &str) -> Result<Arc<dyn Store>, Failure> {
     use tollgate::store::PgStore;
+    const DATABASE_URL_FORMAT: &str =
+        "a PostgreSQL URL, e.g. DATABASE_URL=postgres://app:secret@127.0.0.1:5432/app";
     let safe = env::redact_url(url);
     let store = PgStore::builder(url)
         .migration_timeout(std::time::Duration::from_secs(5))
