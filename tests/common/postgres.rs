@@ -91,7 +91,10 @@ impl PgServer {
                 .args(["-R", "postgres:"])
                 .arg(&data)
                 .status();
-            assert!(status.is_ok_and(|s| s.success()), "chown the data dir to postgres");
+            assert!(
+                status.is_ok_and(|s| s.success()),
+                "chown the data dir to postgres"
+            );
         }
         let initdb = server_command(
             &bindir.join("initdb"),
