@@ -67,8 +67,9 @@ pub struct PgServer {
     dir: PathBuf,
     bindir: PathBuf,
     child: Option<Child>,
-    /// Closed when this process ends: the watchdog then stops the server and removes `dir`.
-    watchdog: Option<ChildStdin>,
+    /// Its stdin closes when this process ends: the watchdog then stops the server and
+    /// removes `dir`.
+    watchdog: Option<(Child, ChildStdin)>,
 }
 
 impl PgServer {
@@ -134,7 +135,7 @@ impl PgServer {
     }
 
     /// A shell that waits for its stdin to close, then stops the server and removes the dir.
-    fn spawn_watchdog(&self) -> ChildStdin {
+    fn spawn_watchdog(&self) -> (Child, ChildStdin) {
         let script = r#"read _ignored; pid=$(head -n 1 "$1/data/postmaster.pid" 2>/dev/null); if [ -n "$pid" ]; then kill -QUIT "$pid" 2>/dev/null; for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done; fi; rm -rf "$1""#;
         let mut child = Command::new("sh")
             .args(["-c", script, "watchdog"])
@@ -144,7 +145,8 @@ impl PgServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn the postgres watchdog");
-        child.stdin.take().expect("watchdog stdin")
+        let stdin = child.stdin.take().expect("watchdog stdin");
+        (child, stdin)
     }
 
     fn spawn(&mut self) {
@@ -186,17 +188,15 @@ impl PgServer {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 panic!("postgres on port {} exited at start: {status}", self.port);
             }
-            let ready = self
-                .bindir
-                .join("pg_isready")
-                .exists()
-                .then(|| {
-                    Command::new(self.bindir.join("pg_isready"))
-                        .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])
-                        .status()
-                        .is_ok_and(|s| s.success())
-                })
-                .unwrap_or_else(|| TcpStream::connect(self.addr()).is_ok());
+            let pg_isready = self.bindir.join("pg_isready");
+            let ready = if pg_isready.exists() {
+                Command::new(pg_isready)
+                    .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])
+                    .status()
+                    .is_ok_and(|s| s.success())
+            } else {
+                TcpStream::connect(self.addr()).is_ok()
+            };
             if ready {
                 return;
             }
@@ -277,8 +277,10 @@ impl Drop for PgServer {
     fn drop(&mut self) {
         self.stop();
         // the watchdog removes the dir once its stdin closes
-        if let Some(mut watchdog) = self.watchdog.take() {
-            let _ = watchdog.write_all(b"\n");
+        if let Some((mut watchdog, mut stdin)) = self.watchdog.take() {
+            let _ = stdin.write_all(b"\n");
+            drop(stdin);
+            let _ = watchdog.wait();
         }
     }
 }

@@ -255,7 +255,7 @@ impl PgStore {
         operation: &'static str,
         sql: fn(&Sql) -> &String,
         params: Vec<Param>,
-        decode: fn(Row) -> Result<T, tokio_postgres::Error>,
+        decode: fn(&Row) -> Result<T, tokio_postgres::Error>,
     ) -> StoreFuture<T> {
         let shared = Arc::clone(&self.inner.shared);
         Box::pin(async move {
@@ -263,7 +263,7 @@ impl PgStore {
                 .calls
                 .row(operation, sql(&shared.sql), &params)
                 .await?;
-            decode(row).map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))
+            decode(&row).map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))
         })
     }
 }
@@ -320,7 +320,7 @@ fn release_call_id() -> String {
     format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0)
 }
 
-fn boolean(row: Row) -> Result<bool, tokio_postgres::Error> {
+fn boolean(row: &Row) -> Result<bool, tokio_postgres::Error> {
     row.try_get(0)
 }
 
