@@ -575,3 +575,83 @@ async fn a_store_from_a_given_pool_works_in_its_schema() {
     let shared_store = common::postgres::store().await;
     assert_ne!(shared_store.schema(), store.schema());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_again_answers_as_its_first_run() {
+    let server = server().await;
+    let store = server.builder().connect().await.unwrap();
+    let client = server.client().await;
+    let s = store.schema();
+    let acquired = store
+        .lock_acquire(
+            "lock".into(),
+            "lock:fence".into(),
+            "t".into(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(acquired, LockAttempt::Acquired { .. }));
+    let release = format!("SELECT \"{s}\".release_hold('lock', 't', $1, 60000)");
+    let released = |call: &'static str| {
+        let (client, release) = (&client, &release);
+        async move {
+            client
+                .query_one(release, &[&call])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        }
+    };
+    assert!(released("call-1").await);
+    assert!(released("call-1").await, "the same call re-sent");
+    assert!(!released("call-2").await, "another call finds it gone");
+    // the same for an idempotency claim
+    let claimed = store
+        .idempotency_begin(
+            "idem".into(),
+            "fp".into(),
+            "t".into(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed, IdempotencyBegin::Claimed);
+    let release = format!("SELECT \"{s}\".idem_release('idem', 't', $1, 60000)");
+    let released = |call: &'static str| {
+        let (client, release) = (&client, &release);
+        async move {
+            client
+                .query_one(release, &[&call])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        }
+    };
+    assert!(released("call-3").await);
+    assert!(released("call-3").await, "the same call re-sent");
+    assert!(!released("call-4").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_naming_the_same_limits_in_any_order_never_deadlock() {
+    let server = server().await;
+    let store = server.builder().pool_size(16).connect().await.unwrap();
+    let ns = format!("t{}:rl", rand::random::<u32>());
+    let (a, b) = (Limit::per_minute("a", 40), Limit::per_minute("b", 1000));
+    let forward =
+        Arc::new(RatePolicy::new(&ns, Algorithm::SlidingLog, vec![a.clone(), b.clone()]).unwrap());
+    let backward = Arc::new(RatePolicy::new(&ns, Algorithm::SlidingLog, vec![b, a]).unwrap());
+    let who = caller("hot");
+    let checks = (0..200).map(|i| {
+        let policy = if i % 2 == 0 { &forward } else { &backward };
+        store.check_rate(policy, RateCheck::new(who, 1))
+    });
+    let results = futures_util::future::join_all(checks).await;
+    let admitted = results
+        .into_iter()
+        .map(|r| r.expect("no deadlock, no timeout").admitted)
+        .filter(|admitted| *admitted)
+        .count();
+    assert_eq!(admitted, 40, "the narrower limit, shared by both orders");
+}
