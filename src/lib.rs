@@ -160,6 +160,8 @@
 //!
 //! - `redis` (default): [`RedisStore`](store::RedisStore), on Redis or Valkey, standalone or
 //!   Cluster, through redis-rs.
+//! - `postgres`: [`PgStore`](store::PgStore), on PostgreSQL through tokio-postgres and a
+//!   deadpool-postgres pool, with its schema migrations and advisory transaction locks.
 //! - `axum`: the peer-IP extractors also read axum's `ConnectInfo<SocketAddr>`.
 //! - `metrics`: counters and histograms through the `metrics` facade (see [`metrics`]).
 //! - `serde`: limits and a rate-limit configuration deserialize from configuration files

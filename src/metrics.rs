@@ -5,19 +5,19 @@
 //! | series | kind | labels | what |
 //! | --- | --- | --- | --- |
 //! | [`RATE_LIMIT_DECISIONS`] | counter | `limiter`, `outcome`, `source` | rate-limit decisions; `limiter` is the layer's key namespace (`<prefix>:rl`), `outcome` `admitted` or `denied` (in shadow mode a denial is counted as one, though the request goes on), `source` `store`, `deny_cache`, `local_fallback` or `store_unavailable` |
-//! | [`STORE_CALL_DURATION`] | histogram (seconds) | `operation` | each call of a [`RedisStore`](crate::store::RedisStore) to Redis, answered or not; a batch of rate checks is one `rate_check` call |
+//! | [`STORE_CALL_DURATION`] | histogram (seconds) | `operation` | each call of a [`RedisStore`](crate::store::RedisStore) to Redis or a `PgStore` to PostgreSQL, answered or not; a batch of rate checks is one `rate_check` call |
 //! | [`STORE_ERRORS`] | counter | `operation`, `kind` | failed store calls; `kind` `timeout`, `unavailable`, `protocol` or `config` |
 //! | [`IDEMPOTENCY_REQUESTS`] | counter | `outcome` | keyed requests: `executed` (claimed, the handler ran), `replayed`, `conflict` (another request holds the key), `mismatch` (the key was used with another request), `rejected` (any other refusal: bad key, too large, store down, ...) |
 //! | [`LOCK_ACQUISITIONS`] | counter | `outcome` | lock attempts: `acquired`, `busy` or `error` |
 //!
 //! Store operations: `rate_check`, `reset_rate`, `claim`, `lock_acquire`, `lock_extend`,
 //! `lock_release`, `idempotency_begin`, `idempotency_complete`, `idempotency_release`,
-//! `idempotency_extend`, `ping`.
+//! `idempotency_extend`, `ping`; on PostgreSQL also `purge_expired` (one per batch).
 
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 use std::time::Duration;
 
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 use crate::store::StoreErrorKind;
 
 /// Counter: rate-limit decisions.
@@ -45,7 +45,7 @@ pub(crate) fn rate_decision(limiter: &std::sync::Arc<str>, admitted: bool, sourc
 }
 
 /// A store call of `operation` that took `elapsed` and failed with `error`, if it failed.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn store_call(
     operation: &'static str,

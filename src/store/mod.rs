@@ -13,10 +13,12 @@
 //! | [`LockStore`] | claims, lock acquisition, token-checked extend and delete | claims and locks |
 //! | [`IdempotencyStore`] | begin, complete, release and extend a record | idempotency keys |
 //!
-//! [`Store`] is all three plus a health check: what [`RedisStore`] and [`MemoryStore`] provide,
-//! and what `Arc<dyn Store>` shares between layers.
+//! [`Store`] is all three plus a health check: what [`RedisStore`], [`PgStore`] and
+//! [`MemoryStore`] provide, and what `Arc<dyn Store>` shares between layers.
 //!
 //! - [`RedisStore`] (feature `redis`): Redis or Valkey, shared by every copy of the service.
+//! - [`PgStore`] (feature `postgres`): PostgreSQL, shared alike; each operation one PL/pgSQL
+//!   function call on the database clock.
 //! - [`MemoryStore`]: the same semantics inside one process — for tests, docs and a single copy.
 //!   Two processes with a `MemoryStore` each do **not** share limits.
 
@@ -33,11 +35,15 @@ use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 
 mod error;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 
 pub use error::{StoreError, StoreErrorKind};
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{PgStore, PgStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisClusterBuilder, RedisSentinelBuilder, RedisStore, RedisStoreBuilder};
 

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod conformance;
+pub mod postgres;
 pub mod proxy;
 pub mod sentinel;
 

@@ -1,0 +1,222 @@
+//! [`PgStoreBuilder`]: how a [`PgStore`] reaches PostgreSQL, and its settings.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+
+use super::PgStore;
+use super::sql::{DEFAULT_SCHEMA, check_schema};
+use crate::error::{ConfigError, ConfigErrorKind};
+use crate::store::{StoreError, StoreErrorKind, millis};
+
+/// The per-call timeout unless configured otherwise.
+pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+/// How often expired rows are purged unless configured otherwise.
+pub(super) const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(60);
+/// Rows deleted per table and statement by a purge, unless configured otherwise.
+pub(super) const DEFAULT_PURGE_BATCH: u32 = 1000;
+/// The bound of a migration unless configured otherwise.
+pub(super) const DEFAULT_MIGRATION_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_POOL_SIZE: usize = 16;
+
+/// Builds a [`PgStore`]: from a connection URL ([`PgStore::builder`]) or from a pool the
+/// application made ([`PgStore::pool_builder`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::store::PgStore;
+///
+/// let builder = PgStore::builder("postgres://app@127.0.0.1/app")
+///     .timeout(Duration::from_millis(100))
+///     .schema("limits")
+///     .pool_size(8)
+///     .unlogged_rate_limits(false)
+///     .purge_interval(Duration::from_secs(30));
+/// # drop(builder);
+/// // a schema name that would need quoting is refused when the store is built
+/// assert!(PgStore::builder("postgres://127.0.0.1/app").schema("Bad-Name").build().is_err());
+/// ```
+#[must_use]
+pub struct PgStoreBuilder {
+    source: Source,
+    pub(super) settings: Settings,
+}
+
+enum Source {
+    Url(String),
+    Pool(Pool),
+}
+
+/// What a store keeps of its builder.
+#[derive(Debug, Clone)]
+pub(super) struct Settings {
+    pub(super) timeout: Duration,
+    pub(super) schema: String,
+    pub(super) pool_size: usize,
+    pub(super) unlogged_rate_limits: bool,
+    pub(super) purge_interval: Option<Duration>,
+    pub(super) purge_batch: u32,
+    pub(super) migration_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            timeout: DEFAULT_TIMEOUT,
+            schema: DEFAULT_SCHEMA.to_owned(),
+            pool_size: DEFAULT_POOL_SIZE,
+            unlogged_rate_limits: true,
+            purge_interval: Some(DEFAULT_PURGE_INTERVAL),
+            purge_batch: DEFAULT_PURGE_BATCH,
+            migration_timeout: DEFAULT_MIGRATION_TIMEOUT,
+        }
+    }
+}
+
+impl fmt::Debug for PgStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // the URL is not shown: it may carry a password
+        let source = match self.source {
+            Source::Url(_) => "url",
+            Source::Pool(_) => "pool",
+        };
+        f.debug_struct("PgStoreBuilder")
+            .field("source", &source)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl PgStoreBuilder {
+    pub(super) fn from_url(url: String) -> Self {
+        Self {
+            source: Source::Url(url),
+            settings: Settings::default(),
+        }
+    }
+
+    pub(super) fn from_pool(pool: Pool) -> Self {
+        Self {
+            source: Source::Pool(pool),
+            settings: Settings::default(),
+        }
+    }
+
+    /// The bound of every call — pool checkout, statement preparation and execution together —
+    /// default 250 ms. A store made from a URL also sets the server's `statement_timeout` to
+    /// it, so that the server gives up on a statement when the caller does.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeout = timeout;
+        self
+    }
+
+    /// The schema of the store's tables and functions, default `tollgate`: 1 to 63 lowercase
+    /// ASCII letters, digits and `_`, not starting with a digit (checked by
+    /// [`build`](Self::build)).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.settings.schema = schema.into();
+        self
+    }
+
+    /// The most connections of a store made from a URL, default 16 (a given pool keeps its
+    /// own size).
+    pub fn pool_size(mut self, connections: usize) -> Self {
+        self.settings.pool_size = connections.max(1);
+        self
+    }
+
+    /// Whether [`migrate`](PgStore::migrate) makes the rate-limit tables `UNLOGGED` (default
+    /// `true`): faster writes, no WAL, emptied when the server restarts after a crash (see
+    /// [Durability](PgStore#durability)). Claims, locks, fencing counters and idempotency
+    /// records are always logged. A later migration with another choice alters the tables.
+    pub fn unlogged_rate_limits(mut self, unlogged: bool) -> Self {
+        self.settings.unlogged_rate_limits = unlogged;
+        self
+    }
+
+    /// How often a background task deletes expired rows ([`PgStore::purge_expired`]),
+    /// default every 60 s; `None` turns it off (call `purge_expired` yourself, or not at all:
+    /// expired rows count as absent either way). The task runs on the tokio runtime the store
+    /// is built on and stops when the last clone of the store is dropped.
+    pub fn purge_interval(mut self, interval: impl Into<Option<Duration>>) -> Self {
+        self.settings.purge_interval = interval.into().filter(|d| !d.is_zero());
+        self
+    }
+
+    /// The most rows a purge deletes from one table per statement, default 1000: each
+    /// statement stays short, and a purge sends statements until one table has fewer left.
+    pub fn purge_batch(mut self, rows: u32) -> Self {
+        self.settings.purge_batch = rows.clamp(1, i32::MAX as u32);
+        self
+    }
+
+    /// The bound of [`PgStore::migrate`], default 30 s (DDL may wait for other migrations and
+    /// for locks held by running statements).
+    pub fn migration_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.migration_timeout = timeout;
+        self
+    }
+
+    /// The store. Connects lazily: this fails only on an invalid URL or schema, never because
+    /// the server is down. The schema must exist: call [`PgStore::migrate`] (or use
+    /// [`connect`](Self::connect)). Outside a tokio runtime no purge task is started.
+    pub fn build(self) -> Result<PgStore, ConfigError> {
+        check_schema(&self.settings.schema)?;
+        let pool = match self.source {
+            Source::Pool(pool) => pool,
+            Source::Url(url) => pool_for(&url, &self.settings)?,
+        };
+        Ok(PgStore::new(pool, self.settings))
+    }
+
+    /// Builds the store and runs [`PgStore::migrate`]: a store ready for use, or the error of
+    /// the first round trip (an invalid URL or schema gives kind
+    /// [`Config`](StoreErrorKind::Config)).
+    pub async fn connect(self) -> Result<PgStore, StoreError> {
+        let store = self
+            .build()
+            .map_err(|e| StoreError::new(StoreErrorKind::Config, e))?;
+        store.migrate().await?;
+        Ok(store)
+    }
+}
+
+/// A pool of at most `settings.pool_size` connections to `url`, each with the store timeout as
+/// its `statement_timeout`. Without TLS: bring a pool made with a TLS connector for that.
+fn pool_for(url: &str, settings: &Settings) -> Result<Pool, ConfigError> {
+    // the URL is not repeated: it may carry a password
+    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
+        ConfigError::new(
+            ConfigErrorKind::Store,
+            format!("invalid PostgreSQL URL: {e}"),
+        )
+    })?;
+    let statement_timeout = format!("-c statement_timeout={}", millis(settings.timeout));
+    let options = match config.get_options() {
+        Some(given) if !given.is_empty() => format!("{given} {statement_timeout}"),
+        _ => statement_timeout,
+    };
+    config.options(&options);
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(settings.timeout);
+    }
+    let manager = Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(settings.pool_size)
+        .runtime(Runtime::Tokio1)
+        .build()
+        .map_err(|e| {
+            ConfigError::new(
+                ConfigErrorKind::Store,
+                format!("could not make the connection pool: {e}"),
+            )
+        })
+}

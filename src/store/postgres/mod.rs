@@ -1,0 +1,596 @@
+//! [`PgStore`]: the store capabilities on PostgreSQL.
+//!
+//! Every operation is one round trip: one call of a PL/pgSQL function that
+//! [`PgStore::migrate`] installs (`schema.sql` beside this file), atomic as its transaction is.
+//! Each function locks the rows it decides on, then reads the database clock
+//! (`clock_timestamp()`, in microseconds) — so concurrent calls on one key are decided one after
+//! the other, each at its own instant, and no application clock ever decides a window or a
+//! lease. The functions mirror the Lua scripts of the Redis store line by line; the conformance
+//! suite runs unchanged on both.
+//!
+//! The client is `tokio-postgres` with a `deadpool-postgres` pool: light, no compile-time
+//! database, prepared statements cached per connection. Bring your own pool (e.g. one with a
+//! TLS connector) with [`PgStore::from_pool`] or [`PgStore::pool_builder`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use deadpool_postgres::Pool;
+use tokio::task::JoinHandle;
+use tokio_postgres::Row;
+
+mod advisory;
+mod builder;
+mod call;
+mod migrate;
+mod sql;
+
+pub use builder::PgStoreBuilder;
+use builder::Settings;
+use call::{Calls, Param};
+use sql::Sql;
+
+use super::{
+    ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RELEASE_MARKER_TTL,
+    RateStore, Store, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
+};
+use crate::key::Key;
+use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
+
+/// A store on PostgreSQL, shared by every copy of a service.
+///
+/// Cheap to clone: clones share one connection pool. Every call — pool checkout, statement
+/// preparation (once per connection) and execution — is bounded by the store timeout (default
+/// 250 ms), and fails with a [`StoreError`] of kind [`Timeout`](StoreErrorKind::Timeout),
+/// [`Unavailable`](StoreErrorKind::Unavailable) (no connection, a broken one, a server shutting
+/// down or read-only) or [`Protocol`](StoreErrorKind::Protocol) (any other error the server
+/// sent), never a hang. A call whose connection broke is sent once more on another connection
+/// within the same timeout: every operation is safe to run twice.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tollgate::store::{PgStore, Store};
+///
+/// // builds the pool and creates or updates the schema `tollgate`
+/// let store = PgStore::connect("postgres://app:secret@db.internal/app").await?;
+/// store.ping().await?;
+///
+/// // or with settings, migrating once at deploy time
+/// let store = PgStore::builder("postgres://app:secret@db.internal/app")
+///     .timeout(Duration::from_millis(100))
+///     .schema("limits")
+///     .build()?;
+/// store.migrate().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Schema
+///
+/// [`migrate`](Self::migrate) creates, in the configured schema (default `tollgate`):
+///
+/// | table | holds | logged |
+/// | --- | --- | --- |
+/// | `rate_limits` | per caller and limit: a GCRA arrival time, a sliding counter's windows, or a sliding log's size | `UNLOGGED` by default |
+/// | `rate_log` | a sliding log: one row per admitted attempt and limit, with its cost | as `rate_limits` |
+/// | `holds` | claims and locks: key, holder or token, expiry (none: kept until deleted) | yes |
+/// | `fences` | per lock name the last fencing token | yes |
+/// | `releases` | release markers: the release call that deleted a claim, lock or idempotency claim | yes |
+/// | `idempotency` | idempotency records: fingerprint, owner token, lease or retention, the response as `bytea` | yes |
+///
+/// Keys are the same strings the Redis store uses (digests, never raw user input).
+///
+/// # Durability
+///
+/// Rate-limit state is `UNLOGGED` unless [`unlogged_rate_limits(false)`](PgStoreBuilder::unlogged_rate_limits):
+/// it skips the write-ahead log, so checks cost less, but PostgreSQL empties unlogged tables
+/// when it restarts after a crash, and they are not replicated to standbys. Losing it only
+/// forgets what callers spent — every caller starts with a full quota, as after a Redis restart
+/// without persistence — which rate limits tolerate. Claims, locks, fencing counters and
+/// idempotency records are always logged: losing them could run a payment twice or hand out a
+/// fencing token again.
+///
+/// # Row lock or advisory lock
+///
+/// | | row lock ([`Locks`](crate::lock::Locks) on a `PgStore`) | advisory lock ([`advisory_xact_lock`](Self::advisory_xact_lock)) |
+/// | --- | --- | --- |
+/// | what it is | a row in `holds`: token, lease, fencing counter | `pg_advisory_xact_lock` on a digest of the name |
+/// | spans | many round trips, processes, any work (HTTP calls, files) | one transaction on one connection |
+/// | released by | token-checked release, or the lease running out | the commit or rollback, nothing else |
+/// | a holder that dies | loses the lock when its lease expires | loses it with its connection at once |
+/// | lease, renewal | yes ([`with_lock`](crate::lock::Locks::with_lock) keeps it alive) | none |
+/// | fencing token | strictly increasing per name | none |
+/// | use it for | work outside the database, or longer than a transaction | serialising writes that all happen inside that one transaction |
+///
+/// # Expired rows
+///
+/// A row whose expiry has passed counts as absent at once. Deleting it is
+/// [`purge_expired`](Self::purge_expired)'s work: batched deletes through an index on the
+/// expiry, so a purge costs O(expired rows), never a scan of the live ones. A store built in a
+/// tokio runtime runs it in the background (see
+/// [`purge_interval`](PgStoreBuilder::purge_interval)); a sliding log is also trimmed by every
+/// check of its caller.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    settings: Settings,
+    /// The background purge, stopped when the last clone of the store goes.
+    purge_task: Option<JoinHandle<()>>,
+}
+
+/// What calls, and the purge task, need.
+struct Shared {
+    calls: Calls,
+    sql: Sql,
+    purge_batch: i32,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = &self.purge_task {
+            task.abort();
+        }
+    }
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let settings = &self.inner.settings;
+        f.debug_struct("PgStore")
+            .field("schema", &settings.schema)
+            .field("timeout", &settings.timeout)
+            .field("unlogged_rate_limits", &settings.unlogged_rate_limits)
+            .field("purge_interval", &settings.purge_interval)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// A builder for a store on the database at `url`, e.g.
+    /// `postgres://user:password@host:5432/db` (or a `key=value` connection string).
+    pub fn builder(url: impl Into<String>) -> PgStoreBuilder {
+        PgStoreBuilder::from_url(url.into())
+    }
+
+    /// A builder for a store on a pool the application made: its connections, TLS and size
+    /// are the pool's; the builder sets the timeout, schema and purge.
+    pub fn pool_builder(pool: Pool) -> PgStoreBuilder {
+        PgStoreBuilder::from_pool(pool)
+    }
+
+    /// A store on `pool` with default settings (schema `tollgate`, 250 ms per call). Migrate
+    /// the schema first (see [`migrate`](Self::migrate)).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use deadpool_postgres::{Config, Runtime};
+    /// use tollgate::store::PgStore;
+    ///
+    /// let mut config = Config::new();
+    /// config.url = Some("postgres://app@127.0.0.1/app".into());
+    /// let pool = config.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls)?;
+    /// let store = PgStore::from_pool(pool);
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn from_pool(pool: Pool) -> Self {
+        Self::new(pool, Settings::default())
+    }
+
+    /// A store on the database at `url` with default settings, its schema created or updated
+    /// ([`PgStoreBuilder::connect`]).
+    pub async fn connect(url: impl Into<String>) -> Result<Self, StoreError> {
+        Self::builder(url).connect().await
+    }
+
+    fn new(pool: Pool, settings: Settings) -> Self {
+        let shared = Arc::new(Shared {
+            calls: Calls {
+                pool,
+                timeout: settings.timeout,
+            },
+            sql: Sql::new(&settings.schema),
+            purge_batch: i32::try_from(settings.purge_batch).unwrap_or(i32::MAX),
+        });
+        let purge_task = settings
+            .purge_interval
+            .and_then(|every| spawn_purge(&shared, every));
+        Self {
+            inner: Arc::new(Inner {
+                shared,
+                settings,
+                purge_task,
+            }),
+        }
+    }
+
+    /// Creates the schema, its tables, indexes and functions, or brings them up to this
+    /// crate's version — in one transaction, under an advisory lock on the schema's name, so
+    /// that it is safe to run at every start of every copy, and from several copies at once.
+    /// Bounded by the [`migration_timeout`](PgStoreBuilder::migration_timeout) (default 30 s).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let settings = &self.inner.settings;
+        migrate::migrate(
+            &self.inner.shared.calls.pool,
+            &settings.schema,
+            settings.unlogged_rate_limits,
+            settings.migration_timeout,
+        )
+        .await
+    }
+
+    /// Deletes every row that has expired, in batches (see
+    /// [`purge_batch`](PgStoreBuilder::purge_batch)); the number deleted. Each statement is
+    /// bounded by the store timeout. Rows in use by a running operation are left for the next
+    /// purge.
+    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        purge(&self.inner.shared).await
+    }
+
+    /// The schema of the store's tables.
+    pub fn schema(&self) -> &str {
+        &self.inner.settings.schema
+    }
+
+    /// The per-call timeout.
+    pub fn timeout(&self) -> Duration {
+        self.inner.settings.timeout
+    }
+
+    /// The connection pool, e.g. for the transactions that take
+    /// [advisory locks](Self::advisory_xact_lock).
+    pub fn pool(&self) -> &Pool {
+        &self.inner.shared.calls.pool
+    }
+
+    /// Runs the statement `sql` picks with `params` and decodes its one row.
+    fn call<T: Send + 'static>(
+        &self,
+        operation: &'static str,
+        sql: fn(&Sql) -> &String,
+        params: Vec<Param>,
+        decode: fn(&Row) -> Result<T, tokio_postgres::Error>,
+    ) -> StoreFuture<T> {
+        let shared = Arc::clone(&self.inner.shared);
+        Box::pin(async move {
+            let row = shared
+                .calls
+                .row(operation, sql(&shared.sql), &params)
+                .await?;
+            decode(&row).map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))
+        })
+    }
+}
+
+/// Deletes expired rows until every table has fewer than a batch left.
+async fn purge(shared: &Shared) -> Result<u64, StoreError> {
+    let mut total = 0u64;
+    loop {
+        let params: Vec<Param> = vec![Box::new(shared.purge_batch)];
+        let row = shared
+            .calls
+            .row("purge_expired", &shared.sql.purge_expired, &params)
+            .await?;
+        let decoded: Result<(i32, i64), _> = (|| Ok((row.try_get(0)?, row.try_get(1)?)))();
+        let (most, deleted) = decoded
+            .map_err(|e: tokio_postgres::Error| StoreError::new(StoreErrorKind::Protocol, e))?;
+        total += u64::try_from(deleted).unwrap_or(0);
+        if most < shared.purge_batch {
+            return Ok(total);
+        }
+    }
+}
+
+/// Purges every `every` on the current runtime, if there is one.
+fn spawn_purge(shared: &Arc<Shared>, every: Duration) -> Option<JoinHandle<()>> {
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    let shared = Arc::clone(shared);
+    Some(runtime.spawn(async move {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // the first tick is now: a store just built has nothing to purge yet
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            if let Err(error) = purge(&shared).await {
+                tracing::warn!(target: "tollgate::store", %error, "could not purge expired rows");
+            }
+        }
+    }))
+}
+
+/// Milliseconds for a function argument (see [`millis`]).
+fn ms(d: Duration) -> i64 {
+    i64::try_from(millis(d)).unwrap_or(1 << 53)
+}
+
+/// An id as the database keeps it: the same 64 bits, as a `bigint`.
+fn signed(id: u64) -> i64 {
+    i64::from_ne_bytes(id.to_ne_bytes())
+}
+
+/// A random id of one release call: the call re-sent carries the same one.
+fn release_call_id() -> String {
+    format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0)
+}
+
+fn boolean(row: &Row) -> Result<bool, tokio_postgres::Error> {
+    row.try_get(0)
+}
+
+impl RateStore for PgStore {
+    fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
+        let algorithm: i16 = match policy.algorithm() {
+            Algorithm::SlidingLog => 1,
+            Algorithm::SlidingCounter => 2,
+            Algorithm::Gcra => 3,
+        };
+        let limits = policy.limits();
+        let quotas: Vec<i64> = limits
+            .iter()
+            .map(|l| i64::try_from(l.quota()).unwrap_or(i64::MAX))
+            .collect();
+        let windows: Vec<i64> = limits
+            .iter()
+            .map(|l| i64::try_from(l.window_us()).unwrap_or(i64::MAX))
+            .collect();
+        // any cost above every quota is denied alike; this one cannot overflow a sum
+        let cost = i64::try_from(check.cost().min(1 << 62)).unwrap_or(1 << 62);
+        let params: Vec<Param> = vec![
+            Box::new(algorithm),
+            Box::new(policy.store_keys(&check.key())),
+            Box::new(quotas),
+            Box::new(windows),
+            Box::new(cost),
+            Box::new(signed(check.attempt())),
+        ];
+        let n = limits.len();
+        let shared = Arc::clone(&self.inner.shared);
+        Box::pin(async move {
+            let row = shared
+                .calls
+                .row("rate_check", &shared.sql.check_rate, &params)
+                .await?;
+            let reply: Vec<i64> = row
+                .try_get(0)
+                .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?;
+            decode_rate(&reply, n)
+        })
+    }
+
+    fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
+        let params: Vec<Param> = vec![Box::new(policy.store_keys(&key))];
+        self.call("reset_rate", |s| &s.reset_rate, params, |_| Ok(()))
+    }
+}
+
+/// `{admitted, retry_after_us, then per limit remaining, reset_us}` for `n` limits.
+fn decode_rate(reply: &[i64], n: usize) -> Result<RateOutcome, StoreError> {
+    if reply.len() != 2 + 2 * n {
+        return Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            format!("check_rate returned {} numbers for {n} limits", reply.len()),
+        ));
+    }
+    let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
+    let limits = reply[2..]
+        .chunks_exact(2)
+        .map(|pair| LimitState {
+            remaining: u64::try_from(pair[0]).unwrap_or(0),
+            reset: micros(pair[1]),
+        })
+        .collect();
+    Ok(RateOutcome {
+        admitted: reply[0] == 1,
+        retry_after: micros(reply[1]),
+        limits,
+    })
+}
+
+impl LockStore for PgStore {
+    fn claim(
+        &self,
+        key: String,
+        holder: String,
+        ttl: Option<Duration>,
+    ) -> StoreFuture<ClaimOutcome> {
+        let params: Vec<Param> = vec![Box::new(key), Box::new(holder), Box::new(ttl.map_or(0, ms))];
+        self.call(
+            "claim",
+            |s| &s.claim,
+            params,
+            |row| {
+                Ok(ClaimOutcome {
+                    won: row.try_get(0)?,
+                    holder: row.try_get(1)?,
+                })
+            },
+        )
+    }
+
+    fn lock_acquire(
+        &self,
+        key: String,
+        fence_key: String,
+        token: String,
+        lease: Duration,
+    ) -> StoreFuture<LockAttempt> {
+        let params: Vec<Param> = vec![
+            Box::new(key),
+            Box::new(fence_key),
+            Box::new(token),
+            Box::new(ms(lease)),
+            Box::new(ms(fence_ttl(lease))),
+        ];
+        self.call(
+            "lock_acquire",
+            |s| &s.lock_acquire,
+            params,
+            |row| {
+                let acquired: bool = row.try_get(0)?;
+                let value = u64::try_from(row.try_get::<_, i64>(1)?).unwrap_or(0);
+                Ok(if acquired {
+                    LockAttempt::Acquired { fence: value }
+                } else {
+                    LockAttempt::Held {
+                        lease_left: Duration::from_millis(value),
+                    }
+                })
+            },
+        )
+    }
+
+    fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+        let params: Vec<Param> = vec![Box::new(key), Box::new(token), Box::new(ms(lease))];
+        self.call("lock_extend", |s| &s.extend_hold, params, boolean)
+    }
+
+    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
+        let params: Vec<Param> = vec![
+            Box::new(key),
+            Box::new(token),
+            Box::new(release_call_id()),
+            Box::new(ms(RELEASE_MARKER_TTL)),
+        ];
+        self.call("lock_release", |s| &s.release_hold, params, boolean)
+    }
+}
+
+impl IdempotencyStore for PgStore {
+    fn idempotency_begin(
+        &self,
+        key: String,
+        fingerprint: String,
+        token: String,
+        lease: Duration,
+    ) -> StoreFuture<IdempotencyBegin> {
+        let params: Vec<Param> = vec![
+            Box::new(key),
+            Box::new(fingerprint),
+            Box::new(token),
+            Box::new(ms(lease)),
+        ];
+        let shared = Arc::clone(&self.inner.shared);
+        Box::pin(async move {
+            let row = shared
+                .calls
+                .row("idempotency_begin", &shared.sql.idem_begin, &params)
+                .await?;
+            decode_idem_begin(&row)
+        })
+    }
+
+    fn idempotency_complete(
+        &self,
+        key: String,
+        token: String,
+        response: Bytes,
+        retention: Duration,
+    ) -> StoreFuture<bool> {
+        let params: Vec<Param> = vec![
+            Box::new(key),
+            Box::new(token),
+            Box::new(response.to_vec()),
+            Box::new(ms(retention)),
+        ];
+        self.call(
+            "idempotency_complete",
+            |s| &s.idem_complete,
+            params,
+            boolean,
+        )
+    }
+
+    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
+        let params: Vec<Param> = vec![
+            Box::new(key),
+            Box::new(token),
+            Box::new(release_call_id()),
+            Box::new(ms(RELEASE_MARKER_TTL)),
+        ];
+        self.call("idempotency_release", |s| &s.idem_release, params, boolean)
+    }
+
+    fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+        let params: Vec<Param> = vec![Box::new(key), Box::new(token), Box::new(ms(lease))];
+        self.call("idempotency_extend", |s| &s.idem_extend, params, boolean)
+    }
+}
+
+/// `(tag, lease_left_ms, response)`: 0 claimed, 1 running elsewhere, 2 another fingerprint,
+/// 3 completed.
+fn decode_idem_begin(row: &Row) -> Result<IdempotencyBegin, StoreError> {
+    let protocol = |e: tokio_postgres::Error| StoreError::new(StoreErrorKind::Protocol, e);
+    let tag: i16 = row.try_get(0).map_err(protocol)?;
+    match tag {
+        0 => Ok(IdempotencyBegin::Claimed),
+        1 => {
+            let ms: Option<i64> = row.try_get(1).map_err(protocol)?;
+            Ok(IdempotencyBegin::InFlight {
+                lease_left: Duration::from_millis(
+                    ms.and_then(|v| u64::try_from(v).ok()).unwrap_or(0),
+                ),
+            })
+        }
+        2 => Ok(IdempotencyBegin::Mismatch),
+        3 => {
+            let response: Option<Vec<u8>> = row.try_get(2).map_err(protocol)?;
+            Ok(IdempotencyBegin::Completed(Bytes::from(
+                response.unwrap_or_default(),
+            )))
+        }
+        other => Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            format!("idem_begin returned tag {other}"),
+        )),
+    }
+}
+
+impl Store for PgStore {
+    fn ping(&self) -> StoreFuture<()> {
+        self.call("ping", |s| &s.ping, Vec::new(), |_| Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_replies_decode_in_limit_order() {
+        let outcome = decode_rate(&[0, 1_500, 3, 2_000_000, 0, 700], 2).unwrap();
+        assert!(!outcome.admitted);
+        assert_eq!(outcome.retry_after, Duration::from_micros(1_500));
+        assert_eq!(
+            outcome.limits,
+            vec![
+                LimitState {
+                    remaining: 3,
+                    reset: Duration::from_secs(2)
+                },
+                LimitState {
+                    remaining: 0,
+                    reset: Duration::from_micros(700)
+                },
+            ]
+        );
+        // a negative number (a clock step back) reads as zero; a short reply is an error
+        let outcome = decode_rate(&[1, -5, 1, -1], 1).unwrap();
+        assert_eq!(outcome.retry_after, Duration::ZERO);
+        assert_eq!(outcome.limits[0].reset, Duration::ZERO);
+        let short = decode_rate(&[1, 0, 1], 1).unwrap_err();
+        assert_eq!(short.kind(), StoreErrorKind::Protocol);
+    }
+
+    #[test]
+    fn ids_keep_their_bits() {
+        assert_eq!(signed(u64::MAX), -1);
+        assert_eq!(signed(7), 7);
+    }
+}

@@ -1,0 +1,707 @@
+-- tollgate on PostgreSQL, schema version 1: tables, indexes and the functions that are the
+-- store's atomic operations. `__SCHEMA__` stands for the configured schema (quoted) and
+-- `__RATE_TABLES__` for `UNLOGGED` or nothing. Every statement is idempotent; PgStore::migrate
+-- runs this file in one transaction under an advisory lock, so copies may run it at once.
+--
+-- Time is the database clock in microseconds since the Unix epoch (`now_us()`, read from
+-- `clock_timestamp()` after the rows an operation touches are locked). Every row has an
+-- `expires_at` in that unit; a row whose `expires_at` has passed counts as absent, and
+-- `purge_expired` deletes such rows in batches through the index on `expires_at`.
+-- Durations arrive in milliseconds, clamped by the client to at most 2^53 (MAX_EXPIRY), so
+-- that now + ms * 1000 stays below 2^63.
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.now_us() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+  SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+$$;
+
+-- ceil(a / b) for 0 <= a, 0 < b
+CREATE OR REPLACE FUNCTION __SCHEMA__.ceil_div(a bigint, b bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT (a + b - 1) / b $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Rate limits: one row per caller and limit (the key of RatePolicy::store_keys). What a, b, c
+-- hold depends on the algorithm (the key names it):
+--   sliding log      a = units of cost in the log (its rows in rate_log)
+--   sliding counter  a = window index, b = cost of that window, c = cost of the one before
+--   GCRA             a = theoretical arrival time (µs), b = remainder in 1/quota µs
+-- `attempt` is the attempt that last charged the row (counter, GCRA). A row with expires_at 0
+-- is a placeholder, made only to be locked.
+-- ---------------------------------------------------------------------------------------------
+CREATE __RATE_TABLES__ TABLE IF NOT EXISTS __SCHEMA__.rate_limits (
+  key text PRIMARY KEY,
+  a bigint NOT NULL DEFAULT 0,
+  b bigint NOT NULL DEFAULT 0,
+  c bigint NOT NULL DEFAULT 0,
+  attempt bigint NOT NULL DEFAULT 0,
+  expires_at bigint NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS rate_limits_expiry ON __SCHEMA__.rate_limits (expires_at);
+
+-- The sliding log: one row per admitted attempt (its cost, scored with the store time), deleted
+-- with its limit's row, trimmed as it leaves the window.
+CREATE __RATE_TABLES__ TABLE IF NOT EXISTS __SCHEMA__.rate_log (
+  key text NOT NULL REFERENCES __SCHEMA__.rate_limits (key) ON DELETE CASCADE,
+  attempt bigint NOT NULL,
+  score bigint NOT NULL,
+  cost bigint NOT NULL,
+  PRIMARY KEY (key, attempt)
+);
+CREATE INDEX IF NOT EXISTS rate_log_by_score ON __SCHEMA__.rate_log (key, score);
+
+-- Claims and locks: a holder (a claim's holder id, a lock's token) and an expiry (NULL: kept
+-- until deleted).
+CREATE TABLE IF NOT EXISTS __SCHEMA__.holds (
+  key text PRIMARY KEY,
+  holder text NOT NULL,
+  expires_at bigint
+);
+CREATE INDEX IF NOT EXISTS holds_expiry ON __SCHEMA__.holds (expires_at)
+  WHERE expires_at IS NOT NULL;
+
+-- Fencing counters: the last token drawn per lock name.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.fences (
+  key text PRIMARY KEY,
+  last bigint NOT NULL,
+  expires_at bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fences_expiry ON __SCHEMA__.fences (expires_at);
+
+-- Release markers: the release call that deleted a claim, lock or idempotency claim, so that
+-- the same call re-sent answers "released" again.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.releases (
+  key text PRIMARY KEY,
+  call text NOT NULL,
+  expires_at bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS releases_expiry ON __SCHEMA__.releases (expires_at);
+
+-- Idempotency records: running (done = false, owned by token for a lease) or done (the encoded
+-- response, kept for the retention; the token stays to recognise a second completion).
+CREATE TABLE IF NOT EXISTS __SCHEMA__.idempotency (
+  key text PRIMARY KEY,
+  done boolean NOT NULL,
+  fingerprint text NOT NULL,
+  token text NOT NULL,
+  response bytea,
+  expires_at bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotency_expiry ON __SCHEMA__.idempotency (expires_at);
+
+-- ---------------------------------------------------------------------------------------------
+-- check_rate: one rate check, all limits of a policy at once (mirrors scripts/rate.lua).
+--   p_algorithm  1 sliding log, 2 sliding counter, 3 GCRA
+--   p_keys, p_quotas, p_windows  per limit its key, quota and window (µs), in configuration
+--                order (distinct keys)
+--   p_cost       >= 0; 0 only looks
+--   p_attempt    the attempt id: a re-sent attempt is admitted again without a second charge
+-- Returns {admitted 0|1, retry_after_us, then per limit remaining, reset_us}.
+-- Locks every limit's row in key order (made first if missing), so that checks over
+-- overlapping keys cannot deadlock, then reads the clock: concurrent checks of one caller are
+-- decided one after the other, each at its own instant.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __SCHEMA__.check_rate(
+  p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[],
+  p_cost bigint, p_attempt bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  v_locked int;
+BEGIN
+  LOOP
+    INSERT INTO __SCHEMA__.rate_limits (key)
+      SELECT k FROM unnest(p_keys) AS k ORDER BY k
+      ON CONFLICT DO NOTHING;
+    SELECT count(*) INTO v_locked FROM (
+      SELECT 1 FROM __SCHEMA__.rate_limits WHERE key = ANY (p_keys) ORDER BY key FOR UPDATE
+    ) AS l;
+    -- a row deleted (purged, reset) between the two statements is made again
+    EXIT WHEN v_locked = cardinality(p_keys);
+  END LOOP;
+  IF p_algorithm = 1 THEN
+    RETURN __SCHEMA__.rate_sliding_log(p_keys, p_quotas, p_windows, p_cost, p_attempt,
+      __SCHEMA__.now_us());
+  ELSIF p_algorithm = 2 THEN
+    RETURN __SCHEMA__.rate_sliding_counter(p_keys, p_quotas, p_windows, p_cost, p_attempt,
+      __SCHEMA__.now_us());
+  END IF;
+  RETURN __SCHEMA__.rate_gcra(p_keys, p_quotas, p_windows, p_cost, p_attempt,
+    __SCHEMA__.now_us());
+END $$;
+
+-- Sliding log: exact. The oldest rows leave the window first; a check trims what left it.
+-- Cost: O(trimmed) plus index look-ups; a denial adds one scan of its log for the wait.
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_sliding_log(
+  p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
+  p_now bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  n int := cardinality(p_keys);
+  v_counts bigint[] := '{}';
+  v_oldests bigint[] := '{}';
+  v_admitted boolean := true;
+  v_replay boolean := false;
+  v_retry bigint := 0;
+  v_out bigint[];
+  v_row __SCHEMA__.rate_limits;
+  v_count bigint;
+  v_oldest bigint;
+  v_trimmed bigint;
+  v_wait bigint;
+  v_reset bigint;
+BEGIN
+  FOR i IN 1..n LOOP
+    SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
+    IF v_row.expires_at <= p_now THEN
+      -- an expired log is gone whole, as its Redis key would be
+      DELETE FROM __SCHEMA__.rate_log WHERE key = p_keys[i];
+      v_count := 0;
+      v_trimmed := v_row.a;
+    ELSE
+      -- a row scored s covers (s - window, s]; it is gone once now - window >= s
+      WITH gone AS (
+        DELETE FROM __SCHEMA__.rate_log
+        WHERE key = p_keys[i] AND score <= p_now - p_windows[i]
+        RETURNING cost
+      ) SELECT coalesce(sum(cost), 0) INTO v_trimmed FROM gone;
+      v_count := greatest(v_row.a - v_trimmed, 0);
+    END IF;
+    IF v_trimmed > 0 THEN
+      UPDATE __SCHEMA__.rate_limits SET a = v_count WHERE key = p_keys[i];
+    END IF;
+    v_oldest := NULL;
+    IF v_count > 0 THEN
+      SELECT min(score) INTO v_oldest FROM __SCHEMA__.rate_log WHERE key = p_keys[i];
+    END IF;
+    v_counts[i] := v_count;
+    v_oldests[i] := v_oldest;
+    IF NOT v_replay AND v_count + p_cost > p_quotas[i] THEN
+      IF p_cost > 0 AND v_count > 0 AND EXISTS (
+        SELECT 1 FROM __SCHEMA__.rate_log WHERE key = p_keys[i] AND attempt = p_attempt
+      ) THEN
+        -- charged by the first run of this attempt
+        v_replay := true;
+      ELSE
+        v_admitted := false;
+        v_wait := p_windows[i];
+        IF p_cost <= p_quotas[i] THEN
+          -- room appears once the (count + cost - quota) oldest units have left the window
+          SELECT l.score + p_windows[i] - p_now INTO v_wait FROM (
+            SELECT score, sum(cost) OVER (ORDER BY score, attempt) AS upto
+            FROM __SCHEMA__.rate_log WHERE key = p_keys[i]
+          ) AS l
+          WHERE l.upto >= v_count + p_cost - p_quotas[i]
+          ORDER BY l.upto LIMIT 1;
+        END IF;
+        v_retry := greatest(v_retry, v_wait);
+      END IF;
+    END IF;
+  END LOOP;
+  IF v_replay THEN
+    v_admitted := true;
+    v_retry := 0;
+  END IF;
+  v_out := ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry];
+  FOR i IN 1..n LOOP
+    v_count := v_counts[i];
+    v_reset := CASE WHEN v_oldests[i] IS NULL THEN 0 ELSE v_oldests[i] + p_windows[i] - p_now END;
+    IF v_admitted AND p_cost > 0 THEN
+      INSERT INTO __SCHEMA__.rate_log (key, attempt, score, cost)
+        VALUES (p_keys[i], p_attempt, p_now, p_cost)
+        ON CONFLICT DO NOTHING;
+      IF FOUND THEN
+        v_count := v_count + p_cost;
+        -- the log was empty: its oldest entry is this request's
+        IF v_oldests[i] IS NULL THEN v_reset := p_windows[i]; END IF;
+        UPDATE __SCHEMA__.rate_limits
+          SET a = v_count,
+              expires_at = p_now + __SCHEMA__.ceil_div(p_windows[i], 1000) * 1000
+          WHERE key = p_keys[i];
+      END IF;
+    END IF;
+    v_out := v_out || ARRAY[greatest(p_quotas[i] - v_count, 0), v_reset];
+  END LOOP;
+  RETURN v_out;
+END $$;
+
+-- Sliding-window counter: O(1) per limit, in milliseconds of store time and in doubles, as the
+-- Lua script computes it: current + previous * (share of the previous window still inside the
+-- sliding one).
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_sliding_counter(
+  p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
+  p_now bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  n int := cardinality(p_keys);
+  v_now double precision := (p_now / 1000)::double precision;
+  v_cost double precision := p_cost::double precision;
+  v_indexes double precision[] := '{}';
+  v_elapsed double precision[] := '{}';
+  v_curs double precision[] := '{}';
+  v_prevs double precision[] := '{}';
+  v_sames boolean[] := '{}';
+  v_admitted boolean := true;
+  v_replay boolean := false;
+  v_retry double precision := 0;
+  v_out bigint[];
+  v_row __SCHEMA__.rate_limits;
+  q double precision;
+  w double precision;
+  idx double precision;
+  el double precision;
+  cur double precision;
+  prev double precision;
+  v_same boolean;
+  room double precision;
+  wait double precision;
+  used double precision;
+  whole double precision;
+  rst double precision;
+BEGIN
+  FOR i IN 1..n LOOP
+    q := p_quotas[i];
+    w := p_windows[i] / 1000.0;
+    idx := floor(v_now / w);
+    el := v_now - idx * w;
+    cur := 0; prev := 0; v_same := false;
+    SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
+    IF v_row.expires_at > p_now THEN
+      IF v_row.a = idx THEN
+        cur := v_row.b; prev := v_row.c; v_same := true;
+      ELSIF v_row.a = idx - 1 THEN
+        prev := v_row.b;
+      END IF;
+      IF i = 1 AND v_row.attempt = p_attempt THEN v_replay := true; END IF;
+    END IF;
+    v_indexes[i] := idx; v_elapsed[i] := el; v_curs[i] := cur; v_prevs[i] := prev;
+    v_sames[i] := v_same;
+    IF v_replay THEN
+      NULL; -- charged by the first run of this attempt: nothing to decide
+    ELSIF (cur + v_cost) * w + prev * (w - el) > q * w THEN
+      v_admitted := false;
+      room := q - v_cost - cur;
+      IF v_cost > q THEN
+        wait := w;
+      ELSIF room >= 0 THEN
+        -- prev > 0 here: the previous window's share is what denies
+        wait := (w - el) - room * w / prev;
+      ELSE
+        -- cur > 0 here: next window, where cur becomes the previous one
+        wait := (w - el) + w - (q - v_cost) * w / cur;
+      END IF;
+      v_retry := greatest(v_retry, wait);
+    END IF;
+  END LOOP;
+  IF v_replay THEN
+    v_admitted := true;
+    v_retry := 0;
+  END IF;
+  v_out := ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, ceil(v_retry * 1000)::bigint];
+  FOR i IN 1..n LOOP
+    q := p_quotas[i];
+    w := p_windows[i] / 1000.0;
+    idx := v_indexes[i]; el := v_elapsed[i]; cur := v_curs[i]; prev := v_prevs[i];
+    IF v_admitted AND NOT v_replay AND p_cost > 0 THEN
+      cur := cur + v_cost;
+      IF v_sames[i] THEN
+        -- the same window: its expiry (the end of the next window) stands
+        UPDATE __SCHEMA__.rate_limits SET b = cur::bigint, attempt = p_attempt
+          WHERE key = p_keys[i];
+      ELSE
+        UPDATE __SCHEMA__.rate_limits
+          SET a = idx::bigint, b = cur::bigint, c = prev::bigint, attempt = p_attempt,
+              expires_at = (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000
+          WHERE key = p_keys[i];
+      END IF;
+    END IF;
+    used := cur + prev * (w - el) / w;
+    whole := ceil(used - 1e-9);
+    rst := 0;
+    -- the quota grows when the estimate next drops below a whole unit
+    IF whole > 0 AND prev > 0 AND whole - 1 - cur >= 0 THEN
+      rst := (w - el) - (whole - 1 - cur) * w / prev;
+    ELSIF whole > 0 THEN
+      rst := (w - el) + w - (whole - 1) * w / cur;
+    END IF;
+    v_out := v_out || ARRAY[greatest(q - whole, 0)::bigint, ceil(rst * 1000)::bigint];
+  END LOOP;
+  RETURN v_out;
+END $$;
+
+-- GCRA: O(1) per limit, exact in integers. Emission interval T = window / quota; offsets from
+-- now are counted in 1/quota microseconds, where T is exactly `window` units.
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_gcra(
+  p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
+  p_now bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  n int := cardinality(p_keys);
+  v_tats bigint[] := '{}';
+  v_rems bigint[] := '{}';
+  v_admitted boolean := true;
+  v_replay boolean := false;
+  v_retry bigint := 0;
+  v_out bigint[];
+  v_row __SCHEMA__.rate_limits;
+  q bigint;
+  w bigint;
+  tat bigint;
+  rem bigint;
+  ahead bigint;
+  units bigint;
+  whole bigint;
+  used bigint;
+BEGIN
+  FOR i IN 1..n LOOP
+    q := p_quotas[i];
+    w := p_windows[i];
+    tat := p_now; rem := 0;
+    SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
+    IF v_row.expires_at > p_now THEN
+      IF v_row.a >= p_now THEN tat := v_row.a; rem := v_row.b; END IF;
+      IF i = 1 AND v_row.attempt = p_attempt THEN v_replay := true; END IF;
+    END IF;
+    v_tats[i] := tat; v_rems[i] := rem;
+    IF v_replay THEN
+      NULL; -- charged by the first run of this attempt: nothing to decide
+    ELSIF p_cost > q THEN
+      v_admitted := false;
+      v_retry := greatest(v_retry, w);
+    ELSE
+      ahead := (tat - p_now) * q + rem + p_cost * w;
+      IF ahead > w * q THEN
+        v_admitted := false;
+        v_retry := greatest(v_retry, __SCHEMA__.ceil_div(ahead - w * q, q));
+      END IF;
+    END IF;
+  END LOOP;
+  IF v_replay THEN
+    v_admitted := true;
+    v_retry := 0;
+  END IF;
+  v_out := ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry];
+  FOR i IN 1..n LOOP
+    q := p_quotas[i];
+    w := p_windows[i];
+    tat := v_tats[i]; rem := v_rems[i];
+    IF v_admitted AND NOT v_replay AND p_cost > 0 THEN
+      units := rem + p_cost * w;
+      whole := units / q;
+      tat := tat + whole;
+      rem := units - whole * q;
+      UPDATE __SCHEMA__.rate_limits
+        SET a = tat, b = rem, attempt = p_attempt,
+            expires_at = p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000
+        WHERE key = p_keys[i];
+    END IF;
+    ahead := (tat - p_now) * q + rem;
+    used := __SCHEMA__.ceil_div(ahead, w);
+    v_out := v_out || ARRAY[
+      greatest(q - used, 0),
+      CASE WHEN used > 0 THEN __SCHEMA__.ceil_div(ahead - (used - 1) * w, q) ELSE 0 END
+    ];
+  END LOOP;
+  RETURN v_out;
+END $$;
+
+-- reset_rate: deletes a caller's limits (and their logs), locking them in key order as
+-- check_rate does.
+CREATE OR REPLACE FUNCTION __SCHEMA__.reset_rate(p_keys text[]) RETURNS void
+LANGUAGE sql AS $$
+  DELETE FROM __SCHEMA__.rate_limits WHERE key IN (
+    SELECT key FROM __SCHEMA__.rate_limits WHERE key = ANY (p_keys) ORDER BY key FOR UPDATE
+  )
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- claim: the holder is stored only if the key is free (absent or expired); the loser learns
+-- the holder in the same step. The same holder again wins again. (claim.lua)
+-- p_ttl_ms 0: kept until deleted. Returns (won, holder).
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __SCHEMA__.claim(
+  p_key text, p_holder text, p_ttl_ms bigint, OUT o_won boolean, OUT o_holder text
+) LANGUAGE plpgsql AS $$
+DECLARE
+  v_holder text;
+  v_expires bigint;
+  v_now bigint;
+BEGIN
+  LOOP
+    INSERT INTO __SCHEMA__.holds (key, holder, expires_at)
+      VALUES (p_key, p_holder,
+              CASE WHEN p_ttl_ms > 0 THEN __SCHEMA__.now_us() + p_ttl_ms * 1000 END)
+      ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+      o_won := true; o_holder := p_holder;
+      RETURN;
+    END IF;
+    SELECT holder, expires_at INTO v_holder, v_expires
+      FROM __SCHEMA__.holds WHERE key = p_key FOR UPDATE;
+    EXIT WHEN FOUND;
+  END LOOP;
+  v_now := __SCHEMA__.now_us();
+  IF v_expires IS NOT NULL AND v_expires <= v_now THEN
+    -- expired: free, as if absent
+    UPDATE __SCHEMA__.holds
+      SET holder = p_holder,
+          expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * 1000 END
+      WHERE key = p_key;
+    o_won := true; o_holder := p_holder;
+    RETURN;
+  END IF;
+  o_won := v_holder = p_holder;
+  o_holder := v_holder;
+END $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- lock_acquire: sets the lock to p_token for the lease if it is free and only then draws the
+-- next fencing token, above both the counter's last value and the store time in µs. The same
+-- token again is acquired again with the same fencing token and a fresh lease.
+-- (lock_acquire.lua) Returns (acquired, fence) or (false, lease_left_ms; -1 when it never
+-- expires).
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __SCHEMA__.lock_acquire(
+  p_key text, p_fence_key text, p_token text, p_lease_ms bigint, p_fence_ttl_ms bigint,
+  OUT o_acquired boolean, OUT o_value bigint
+) LANGUAGE plpgsql AS $$
+DECLARE
+  v_holder text;
+  v_expires bigint;
+  v_now bigint;
+  v_drawn bigint;
+BEGIN
+  LOOP
+    -- a new row, expired at once, is this call's to fill in below
+    INSERT INTO __SCHEMA__.holds (key, holder, expires_at) VALUES (p_key, p_token, 0)
+      ON CONFLICT DO NOTHING;
+    SELECT holder, expires_at INTO v_holder, v_expires
+      FROM __SCHEMA__.holds WHERE key = p_key FOR UPDATE;
+    EXIT WHEN FOUND;
+  END LOOP;
+  v_now := __SCHEMA__.now_us();
+  IF v_expires IS NULL OR v_expires > v_now THEN
+    IF v_holder <> p_token THEN
+      o_acquired := false;
+      o_value := CASE WHEN v_expires IS NULL THEN -1 ELSE (v_expires - v_now) / 1000 END;
+      RETURN;
+    END IF;
+    SELECT last INTO v_drawn FROM __SCHEMA__.fences
+      WHERE key = p_fence_key AND expires_at > v_now FOR UPDATE;
+    IF FOUND THEN
+      -- the same attempt again: acquired already, with the fence it drew
+      UPDATE __SCHEMA__.holds SET expires_at = v_now + p_lease_ms * 1000 WHERE key = p_key;
+      o_acquired := true; o_value := v_drawn;
+      RETURN;
+    END IF;
+  END IF;
+  UPDATE __SCHEMA__.holds SET holder = p_token, expires_at = v_now + p_lease_ms * 1000
+    WHERE key = p_key;
+  INSERT INTO __SCHEMA__.fences AS f (key, last, expires_at)
+    VALUES (p_fence_key, v_now, v_now + p_fence_ttl_ms * 1000)
+    ON CONFLICT (key) DO UPDATE
+      SET last = CASE WHEN f.expires_at > v_now AND f.last >= v_now THEN f.last + 1
+                      ELSE v_now END,
+          expires_at = EXCLUDED.expires_at
+    RETURNING last INTO o_value;
+  o_acquired := true;
+END $$;
+
+-- extend_hold: resets a claim's or lock's expiry to p_lease_ms from now, only while it holds
+-- p_token. (compare_and_pexpire.lua)
+CREATE OR REPLACE FUNCTION __SCHEMA__.extend_hold(p_key text, p_token text, p_lease_ms bigint)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  v_holder text;
+  v_expires bigint;
+  v_now bigint;
+BEGIN
+  SELECT holder, expires_at INTO v_holder, v_expires
+    FROM __SCHEMA__.holds WHERE key = p_key FOR UPDATE;
+  IF NOT FOUND OR v_holder <> p_token THEN RETURN false; END IF;
+  v_now := __SCHEMA__.now_us();
+  IF v_expires IS NOT NULL AND v_expires <= v_now THEN RETURN false; END IF;
+  UPDATE __SCHEMA__.holds SET expires_at = v_now + p_lease_ms * 1000 WHERE key = p_key;
+  RETURN true;
+END $$;
+
+-- release_hold: deletes a claim or lock only while it holds p_token, leaving a marker naming
+-- this release call (p_call), so that the call re-sent answers true again.
+-- (compare_and_delete.lua)
+CREATE OR REPLACE FUNCTION __SCHEMA__.release_hold(
+  p_key text, p_token text, p_call text, p_marker_ms bigint
+) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  v_holder text;
+  v_expires bigint;
+  v_found boolean;
+  v_now bigint;
+BEGIN
+  SELECT holder, expires_at INTO v_holder, v_expires
+    FROM __SCHEMA__.holds WHERE key = p_key FOR UPDATE;
+  v_found := FOUND;
+  v_now := __SCHEMA__.now_us();
+  IF v_found AND v_holder = p_token AND (v_expires IS NULL OR v_expires > v_now) THEN
+    DELETE FROM __SCHEMA__.holds WHERE key = p_key;
+    PERFORM __SCHEMA__.mark_release(p_key, p_call, v_now + p_marker_ms * 1000);
+    RETURN true;
+  END IF;
+  RETURN __SCHEMA__.released_by(p_key, p_call, v_now);
+END $$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.mark_release(p_key text, p_call text, p_expires bigint)
+RETURNS void LANGUAGE sql AS $$
+  INSERT INTO __SCHEMA__.releases (key, call, expires_at) VALUES (p_key, p_call, p_expires)
+    ON CONFLICT (key) DO UPDATE SET call = EXCLUDED.call, expires_at = EXCLUDED.expires_at
+$$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.released_by(p_key text, p_call text, p_now bigint)
+RETURNS boolean LANGUAGE sql AS $$
+  SELECT EXISTS (
+    SELECT 1 FROM __SCHEMA__.releases
+    WHERE key = p_key AND call = p_call AND expires_at > p_now
+  )
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Idempotency records (idem_*.lua).
+-- idem_begin returns (tag, lease_left_ms, response): 0 claimed for this request; 1 another
+-- request with this key runs; 2 the key was used with another fingerprint; 3 completed.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __SCHEMA__.idem_begin(
+  p_key text, p_fingerprint text, p_token text, p_lease_ms bigint,
+  OUT o_tag smallint, OUT o_lease_left bigint, OUT o_response bytea
+) LANGUAGE plpgsql AS $$
+DECLARE
+  v_row __SCHEMA__.idempotency;
+  v_now bigint;
+BEGIN
+  LOOP
+    -- a new row, expired at once, is this call's to fill in below
+    INSERT INTO __SCHEMA__.idempotency (key, done, fingerprint, token, expires_at)
+      VALUES (p_key, false, p_fingerprint, p_token, 0)
+      ON CONFLICT DO NOTHING;
+    SELECT * INTO v_row FROM __SCHEMA__.idempotency WHERE key = p_key FOR UPDATE;
+    EXIT WHEN FOUND;
+  END LOOP;
+  v_now := __SCHEMA__.now_us();
+  IF v_row.expires_at <= v_now THEN
+    UPDATE __SCHEMA__.idempotency
+      SET done = false, fingerprint = p_fingerprint, token = p_token, response = NULL,
+          expires_at = v_now + p_lease_ms * 1000
+      WHERE key = p_key;
+    o_tag := 0;
+  ELSIF v_row.fingerprint <> p_fingerprint THEN
+    o_tag := 2;
+  ELSIF v_row.done THEN
+    o_tag := 3; o_response := v_row.response;
+  ELSIF v_row.token = p_token THEN
+    -- the same attempt again: claimed again, its lease reset
+    UPDATE __SCHEMA__.idempotency SET expires_at = v_now + p_lease_ms * 1000
+      WHERE key = p_key;
+    o_tag := 0;
+  ELSE
+    o_tag := 1; o_lease_left := (v_row.expires_at - v_now) / 1000;
+  END IF;
+END $$;
+
+-- idem_complete: stores the response only while p_token owns the running claim; a record this
+-- token completed with this very response answers true again.
+CREATE OR REPLACE FUNCTION __SCHEMA__.idem_complete(
+  p_key text, p_token text, p_response bytea, p_retention_ms bigint
+) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  v_row __SCHEMA__.idempotency;
+  v_now bigint;
+BEGIN
+  SELECT * INTO v_row FROM __SCHEMA__.idempotency WHERE key = p_key FOR UPDATE;
+  IF NOT FOUND OR v_row.token <> p_token THEN RETURN false; END IF;
+  v_now := __SCHEMA__.now_us();
+  IF v_row.expires_at <= v_now THEN RETURN false; END IF;
+  IF v_row.done THEN RETURN v_row.response = p_response; END IF;
+  UPDATE __SCHEMA__.idempotency
+    SET done = true, response = p_response, expires_at = v_now + p_retention_ms * 1000
+    WHERE key = p_key;
+  RETURN true;
+END $$;
+
+-- idem_release: deletes a running claim p_token owns, with a release marker as release_hold.
+CREATE OR REPLACE FUNCTION __SCHEMA__.idem_release(
+  p_key text, p_token text, p_call text, p_marker_ms bigint
+) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  v_row __SCHEMA__.idempotency;
+  v_found boolean;
+  v_now bigint;
+BEGIN
+  SELECT * INTO v_row FROM __SCHEMA__.idempotency WHERE key = p_key FOR UPDATE;
+  v_found := FOUND;
+  v_now := __SCHEMA__.now_us();
+  IF v_found AND NOT v_row.done AND v_row.token = p_token AND v_row.expires_at > v_now THEN
+    DELETE FROM __SCHEMA__.idempotency WHERE key = p_key;
+    PERFORM __SCHEMA__.mark_release(p_key, p_call, v_now + p_marker_ms * 1000);
+    RETURN true;
+  END IF;
+  RETURN __SCHEMA__.released_by(p_key, p_call, v_now);
+END $$;
+
+-- idem_extend: extends a running claim p_token owns to p_lease_ms from now.
+CREATE OR REPLACE FUNCTION __SCHEMA__.idem_extend(p_key text, p_token text, p_lease_ms bigint)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  v_row __SCHEMA__.idempotency;
+  v_now bigint;
+BEGIN
+  SELECT * INTO v_row FROM __SCHEMA__.idempotency WHERE key = p_key FOR UPDATE;
+  IF NOT FOUND OR v_row.done OR v_row.token <> p_token THEN RETURN false; END IF;
+  v_now := __SCHEMA__.now_us();
+  IF v_row.expires_at <= v_now THEN RETURN false; END IF;
+  UPDATE __SCHEMA__.idempotency SET expires_at = v_now + p_lease_ms * 1000 WHERE key = p_key;
+  RETURN true;
+END $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- purge_expired: deletes at most p_limit expired rows of each table, found through the expiry
+-- indexes (a sliding log's rows go with their limit's row). Rows locked by a running operation
+-- are skipped, so that a purge never waits for a check, nor makes one wait in a cycle.
+-- Returns the most rows deleted from one table (the caller runs it again while that equals
+-- p_limit) and the rows deleted in all. Cost: O(rows deleted).
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __SCHEMA__.purge_expired(
+  p_limit integer, OUT o_most integer, OUT o_total bigint
+) LANGUAGE plpgsql AS $$
+DECLARE
+  v_now bigint := __SCHEMA__.now_us();
+  v_count integer;
+BEGIN
+  o_most := 0;
+  o_total := 0;
+  DELETE FROM __SCHEMA__.rate_limits WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM __SCHEMA__.rate_limits WHERE expires_at <= v_now
+    LIMIT p_limit FOR UPDATE SKIP LOCKED
+  ));
+  GET DIAGNOSTICS v_count = ROW_COUNT;
+  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
+  DELETE FROM __SCHEMA__.holds WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM __SCHEMA__.holds WHERE expires_at <= v_now
+    LIMIT p_limit FOR UPDATE SKIP LOCKED
+  ));
+  GET DIAGNOSTICS v_count = ROW_COUNT;
+  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
+  DELETE FROM __SCHEMA__.fences WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM __SCHEMA__.fences WHERE expires_at <= v_now
+    LIMIT p_limit FOR UPDATE SKIP LOCKED
+  ));
+  GET DIAGNOSTICS v_count = ROW_COUNT;
+  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
+  DELETE FROM __SCHEMA__.releases WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM __SCHEMA__.releases WHERE expires_at <= v_now
+    LIMIT p_limit FOR UPDATE SKIP LOCKED
+  ));
+  GET DIAGNOSTICS v_count = ROW_COUNT;
+  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
+  DELETE FROM __SCHEMA__.idempotency WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM __SCHEMA__.idempotency WHERE expires_at <= v_now
+    LIMIT p_limit FOR UPDATE SKIP LOCKED
+  ));
+  GET DIAGNOSTICS v_count = ROW_COUNT;
+  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
+END $$;

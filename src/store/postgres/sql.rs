@@ -1,0 +1,108 @@
+//! The statements of one schema: each operation is one call of a function that `schema.sql`
+//! installs.
+
+use crate::error::{ConfigError, ConfigErrorKind};
+
+/// The schema unless configured otherwise.
+pub(super) const DEFAULT_SCHEMA: &str = "tollgate";
+
+/// The migration: tables, indexes and functions (see the file's header).
+const SCHEMA_SQL: &str = include_str!("schema.sql");
+
+/// The version `schema.sql` brings a schema to, recorded in its `migrations` table.
+pub(super) const SCHEMA_VERSION: i32 = 1;
+
+/// Checks a schema name: 1 to 63 lowercase ASCII letters, digits and `_`, not starting with a
+/// digit — a name PostgreSQL takes as it is, quoted or not.
+pub(super) fn check_schema(schema: &str) -> Result<(), ConfigError> {
+    let valid = !schema.is_empty()
+        && schema.len() <= 63
+        && !schema.starts_with(|c: char| c.is_ascii_digit())
+        && schema
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if valid {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            ConfigErrorKind::Store,
+            format!(
+                "invalid PostgreSQL schema {schema:?}: use 1 to 63 lowercase ASCII letters, digits or '_', not starting with a digit"
+            ),
+        ))
+    }
+}
+
+/// The migration for `schema` (checked), its rate tables `UNLOGGED` or not.
+pub(super) fn migration(schema: &str, unlogged: bool) -> String {
+    SCHEMA_SQL
+        .replace("__SCHEMA__", &quoted(schema))
+        .replace("__RATE_TABLES__", if unlogged { "UNLOGGED" } else { "" })
+}
+
+/// `"schema"`: a checked name needs no escaping.
+pub(super) fn quoted(schema: &str) -> String {
+    format!("\"{schema}\"")
+}
+
+/// Every statement the store sends, for one schema.
+#[derive(Debug)]
+pub(super) struct Sql {
+    pub(super) check_rate: String,
+    pub(super) reset_rate: String,
+    pub(super) claim: String,
+    pub(super) lock_acquire: String,
+    pub(super) extend_hold: String,
+    pub(super) release_hold: String,
+    pub(super) idem_begin: String,
+    pub(super) idem_complete: String,
+    pub(super) idem_release: String,
+    pub(super) idem_extend: String,
+    pub(super) purge_expired: String,
+    pub(super) ping: String,
+}
+
+impl Sql {
+    pub(super) fn new(schema: &str) -> Self {
+        let s = quoted(schema);
+        Self {
+            check_rate: format!("SELECT {s}.check_rate($1, $2, $3, $4, $5, $6)"),
+            reset_rate: format!("SELECT 1 FROM {s}.reset_rate($1)"),
+            claim: format!("SELECT * FROM {s}.claim($1, $2, $3)"),
+            lock_acquire: format!("SELECT * FROM {s}.lock_acquire($1, $2, $3, $4, $5)"),
+            extend_hold: format!("SELECT {s}.extend_hold($1, $2, $3)"),
+            release_hold: format!("SELECT {s}.release_hold($1, $2, $3, $4)"),
+            idem_begin: format!("SELECT * FROM {s}.idem_begin($1, $2, $3, $4)"),
+            idem_complete: format!("SELECT {s}.idem_complete($1, $2, $3, $4)"),
+            idem_release: format!("SELECT {s}.idem_release($1, $2, $3, $4)"),
+            idem_extend: format!("SELECT {s}.idem_extend($1, $2, $3)"),
+            purge_expired: format!("SELECT * FROM {s}.purge_expired($1)"),
+            ping: "SELECT 1".to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        for good in ["tollgate", "t_1", "_x", &"a".repeat(63)] {
+            assert!(check_schema(good).is_ok(), "{good}");
+        }
+        for bad in ["", "1t", "Tollgate", "a-b", "a\"b", "a;b", &"a".repeat(64)] {
+            assert!(check_schema(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_migration_names_the_schema_everywhere() {
+        let sql = migration("app_limits", true);
+        assert!(!sql.contains("__SCHEMA__") && !sql.contains("__RATE_TABLES__"));
+        assert!(sql.contains("CREATE UNLOGGED TABLE IF NOT EXISTS \"app_limits\".rate_limits"));
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"app_limits\".holds"));
+        let logged = migration("app_limits", false);
+        assert!(!logged.contains("UNLOGGED TABLE"));
+    }
+}

@@ -1,0 +1,657 @@
+//! PgStore beyond the conformance suite: migrations, table persistence, purging expired rows,
+//! outages and timeouts, advisory locks, configuration errors.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::postgres::{PgServer, shared, unique_schema};
+use tollgate::ConfigErrorKind;
+use tollgate::key::Key;
+use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
+use tollgate::store::{
+    IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, PgStore, RateStore, Store,
+    StoreErrorKind,
+};
+
+async fn server() -> &'static PgServer {
+    tokio::task::spawn_blocking(shared).await.unwrap()
+}
+
+/// The number of rows of `table` in `schema`.
+async fn rows(client: &tokio_postgres::Client, schema: &str, table: &str) -> i64 {
+    client
+        .query_one(&format!("SELECT count(*) FROM \"{schema}\".{table}"), &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// `'u'` (unlogged) or `'p'` (logged) for `table` in `schema`.
+async fn persistence(client: &tokio_postgres::Client, schema: &str, table: &str) -> char {
+    let row = client
+        .query_one(
+            "SELECT c.relpersistence FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&schema, &table],
+        )
+        .await
+        .unwrap();
+    char::from(row.get::<_, i8>(0) as u8)
+}
+
+fn policy(algorithm: Algorithm, limit: Limit) -> Arc<RatePolicy> {
+    let ns = format!("t{}:rl", rand::random::<u32>());
+    Arc::new(RatePolicy::new(ns, algorithm, vec![limit]).unwrap())
+}
+
+fn caller(name: &str) -> Key {
+    Key::new("test", name.as_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent_and_safe_to_run_at_once() {
+    let server = server().await;
+    let schema = unique_schema();
+    let stores: Vec<PgStore> = (0..6)
+        .map(|_| server.builder().schema(schema.clone()).build().unwrap())
+        .collect();
+    // six copies starting together
+    let results = futures_util::future::join_all(stores.iter().map(PgStore::migrate)).await;
+    for result in results {
+        result.expect("every concurrent migration succeeds");
+    }
+    // and again, one after the other
+    stores[0].migrate().await.unwrap();
+    stores[1].migrate().await.unwrap();
+    let client = server.client().await;
+    let versions: Vec<i32> = client
+        .query(&format!("SELECT version FROM \"{schema}\".migrations"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, vec![1]);
+    let won = stores[2].claim("k".into(), "a".into(), None).await.unwrap();
+    assert!(won.won);
+    let lost = stores[3].claim("k".into(), "b".into(), None).await.unwrap();
+    assert!(!lost.won && lost.holder == "a", "one schema, seen by all");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_tables_are_unlogged_unless_asked_and_the_rest_always_logged() {
+    let server = server().await;
+    let client = server.client().await;
+    let schema = unique_schema();
+    let store = server
+        .builder()
+        .schema(schema.clone())
+        .connect()
+        .await
+        .unwrap();
+    assert_eq!(persistence(&client, &schema, "rate_limits").await, 'u');
+    assert_eq!(persistence(&client, &schema, "rate_log").await, 'u');
+    for table in ["holds", "fences", "releases", "idempotency", "migrations"] {
+        assert_eq!(persistence(&client, &schema, table).await, 'p', "{table}");
+    }
+    // state written while unlogged stays when the tables become logged
+    let p = policy(Algorithm::SlidingLog, Limit::per_minute("m", 3));
+    assert!(
+        store
+            .check_rate(&p, RateCheck::new(caller("a"), 1))
+            .await
+            .unwrap()
+            .admitted
+    );
+    let logged = server
+        .builder()
+        .schema(schema.clone())
+        .unlogged_rate_limits(false)
+        .connect()
+        .await
+        .unwrap();
+    assert_eq!(persistence(&client, &schema, "rate_limits").await, 'p');
+    assert_eq!(persistence(&client, &schema, "rate_log").await, 'p');
+    let out = logged
+        .check_rate(&p, RateCheck::new(caller("a"), 1))
+        .await
+        .unwrap();
+    assert_eq!(out.limits[0].remaining, 1);
+    // and back
+    store.migrate().await.unwrap();
+    assert_eq!(persistence(&client, &schema, "rate_limits").await, 'u');
+    assert_eq!(persistence(&client, &schema, "rate_log").await, 'u');
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_removes_expired_rows_and_keeps_live_ones() {
+    let server = server().await;
+    let client = server.client().await;
+    let store = server.builder().purge_batch(2).connect().await.unwrap();
+    let schema = store.schema().to_owned();
+    let brief = Duration::from_millis(100);
+    let long = Duration::from_secs(60);
+    // expiring soon: 7 claims, a lock, an idempotency claim, a sliding log and a GCRA state
+    for i in 0..7 {
+        assert!(
+            store
+                .claim(format!("brief-{i}"), "h".into(), Some(brief))
+                .await
+                .unwrap()
+                .won
+        );
+    }
+    let lock = store
+        .lock_acquire(
+            "lock-brief".into(),
+            "lock-brief:fence".into(),
+            "t".into(),
+            brief,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(lock, LockAttempt::Acquired { .. }));
+    let idem = store
+        .idempotency_begin("idem-brief".into(), "fp".into(), "t".into(), brief)
+        .await
+        .unwrap();
+    assert_eq!(idem, IdempotencyBegin::Claimed);
+    let log = policy(Algorithm::SlidingLog, Limit::new("l", 5, brief));
+    let gcra = policy(Algorithm::Gcra, Limit::new("g", 1, brief));
+    assert!(
+        store
+            .check_rate(&log, RateCheck::new(caller("a"), 3))
+            .await
+            .unwrap()
+            .admitted
+    );
+    assert!(
+        store
+            .check_rate(&gcra, RateCheck::new(caller("a"), 1))
+            .await
+            .unwrap()
+            .admitted
+    );
+    // live: a claim kept forever, a claim, a lock and a record for a minute, a minute's log
+    assert!(
+        store
+            .claim("forever".into(), "h".into(), None)
+            .await
+            .unwrap()
+            .won
+    );
+    assert!(
+        store
+            .claim("minute".into(), "h".into(), Some(long))
+            .await
+            .unwrap()
+            .won
+    );
+    let held = store
+        .lock_acquire(
+            "lock-long".into(),
+            "lock-long:fence".into(),
+            "t".into(),
+            long,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(held, LockAttempt::Acquired { .. }));
+    let record = store
+        .idempotency_begin("idem-long".into(), "fp".into(), "t".into(), long)
+        .await
+        .unwrap();
+    assert_eq!(record, IdempotencyBegin::Claimed);
+    let minute = policy(Algorithm::SlidingLog, Limit::per_minute("m", 5));
+    assert!(
+        store
+            .check_rate(&minute, RateCheck::new(caller("b"), 2))
+            .await
+            .unwrap()
+            .admitted
+    );
+    assert_eq!(rows(&client, &schema, "rate_log").await, 2);
+
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // 7 claims + 1 lock + 1 record + 2 rate rows, in batches of 2 per table
+    assert_eq!(store.purge_expired().await.unwrap(), 11);
+    assert_eq!(
+        store.purge_expired().await.unwrap(),
+        0,
+        "nothing left to purge"
+    );
+    assert_eq!(
+        rows(&client, &schema, "holds").await,
+        3,
+        "forever, minute, lock-long"
+    );
+    assert_eq!(rows(&client, &schema, "idempotency").await, 1);
+    assert_eq!(rows(&client, &schema, "rate_limits").await, 1);
+    assert_eq!(
+        rows(&client, &schema, "rate_log").await,
+        1,
+        "the expired log went with its row"
+    );
+    // fencing counters live 30 days: both stay, so tokens keep rising
+    assert_eq!(rows(&client, &schema, "fences").await, 2);
+
+    // the live state is untouched
+    assert!(
+        !store
+            .claim("forever".into(), "x".into(), None)
+            .await
+            .unwrap()
+            .won
+    );
+    assert!(
+        !store
+            .claim("minute".into(), "x".into(), None)
+            .await
+            .unwrap()
+            .won
+    );
+    let busy = store
+        .lock_acquire(
+            "lock-long".into(),
+            "lock-long:fence".into(),
+            "x".into(),
+            long,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(busy, LockAttempt::Held { .. }));
+    let running = store
+        .idempotency_begin("idem-long".into(), "fp".into(), "x".into(), long)
+        .await
+        .unwrap();
+    assert!(matches!(running, IdempotencyBegin::InFlight { .. }));
+    let out = store
+        .check_rate(&minute, RateCheck::new(caller("b"), 0))
+        .await
+        .unwrap();
+    assert_eq!(out.limits[0].remaining, 3);
+    // and the purged keys are free
+    assert!(
+        store
+            .claim("brief-0".into(), "x".into(), None)
+            .await
+            .unwrap()
+            .won
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_background_purge_runs_and_stops_with_the_store() {
+    let server = server().await;
+    let client = server.client().await;
+    let store = server
+        .builder()
+        .purge_interval(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let schema = store.schema().to_owned();
+    for i in 0..3 {
+        let ttl = Some(Duration::from_millis(50));
+        assert!(
+            store
+                .claim(format!("c{i}"), "h".into(), ttl)
+                .await
+                .unwrap()
+                .won
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rows(&client, &schema, "holds").await > 0 {
+        assert!(Instant::now() < deadline, "the background purge never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // dropped: no purge task is left behind to delete what expires afterwards
+    let clone = store.clone();
+    drop(store);
+    assert!(
+        clone
+            .claim("late".into(), "h".into(), Some(Duration::from_millis(50)))
+            .await
+            .unwrap()
+            .won
+    );
+    drop(clone);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(rows(&client, &schema, "holds").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_gives_an_error_within_the_timeout_then_recovers() {
+    let mut server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let timeout = Duration::from_millis(500);
+    let store = PgStore::builder(server.url())
+        .timeout(timeout)
+        .purge_interval(None)
+        .connect()
+        .await
+        .unwrap();
+    assert!(
+        store
+            .claim("kept".into(), "a".into(), None)
+            .await
+            .unwrap()
+            .won
+    );
+    let p = policy(Algorithm::Gcra, Limit::per_minute("m", 5));
+    let server = tokio::task::spawn_blocking(move || {
+        server.stop();
+        server
+    })
+    .await
+    .unwrap();
+    let mut server = server;
+    for _ in 0..3 {
+        let started = Instant::now();
+        let errors = [
+            store.ping().await.unwrap_err(),
+            store
+                .check_rate(&p, RateCheck::new(caller("a"), 1))
+                .await
+                .unwrap_err(),
+            store
+                .claim("other".into(), "b".into(), None)
+                .await
+                .unwrap_err(),
+        ];
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed < 3 * timeout + Duration::from_millis(300),
+            "three calls took {elapsed:?}"
+        );
+        for error in errors {
+            assert!(
+                matches!(
+                    error.kind(),
+                    StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+                ),
+                "{error}"
+            );
+        }
+    }
+    server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    // the pool replaces its dead connections by itself
+    store
+        .ping()
+        .await
+        .expect("the store recovers after a restart");
+    let again = store.claim("kept".into(), "b".into(), None).await.unwrap();
+    assert!(
+        !again.won && again.holder == "a",
+        "claims are logged: kept across the restart"
+    );
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_blocked_on_the_server_times_out() {
+    let server = server().await;
+    let store = server
+        .builder()
+        .timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    assert!(
+        store
+            .claim("busy".into(), "a".into(), None)
+            .await
+            .unwrap()
+            .won
+    );
+    // another session holds the claim's row, uncommitted
+    let mut client = server.client().await;
+    let tx = client.transaction().await.unwrap();
+    tx.execute(
+        &format!(
+            "SELECT 1 FROM \"{}\".holds WHERE key = 'busy' FOR UPDATE",
+            store.schema()
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let error = store
+        .claim("busy".into(), "b".into(), None)
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    assert!(
+        elapsed >= Duration::from_millis(290) && elapsed < Duration::from_millis(800),
+        "{elapsed:?}"
+    );
+    tx.rollback().await.unwrap();
+    // the store goes on, on another connection
+    let lost = store.claim("busy".into(), "b".into(), None).await.unwrap();
+    assert!(!lost.won);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_listening_is_unavailable_at_once() {
+    let port = common::free_port();
+    let store = PgStore::builder(format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+        .timeout(Duration::from_secs(2))
+        .purge_interval(None)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let error = store.ping().await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    let error = store.migrate().await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_before_the_migration_are_protocol_errors() {
+    let server = server().await;
+    let store = server.builder().build().unwrap();
+    let error = store.claim("k".into(), "a".into(), None).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Protocol, "{error}");
+    store.migrate().await.unwrap();
+    assert!(store.claim("k".into(), "a".into(), None).await.unwrap().won);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_advisory_lock_excludes_a_second_transaction_until_commit() {
+    let server = server().await;
+    let store = server.builder().connect().await.unwrap();
+    let mut first = store.pool().get().await.unwrap();
+    let mut second = store.pool().get().await.unwrap();
+    let tx1 = first.transaction().await.unwrap();
+    PgStore::advisory_xact_lock(&tx1, "invoice-17")
+        .await
+        .unwrap();
+    {
+        let tx2 = second.transaction().await.unwrap();
+        assert!(
+            !PgStore::try_advisory_xact_lock(&tx2, "invoice-17")
+                .await
+                .unwrap()
+        );
+        assert!(
+            PgStore::try_advisory_xact_lock(&tx2, "invoice-18")
+                .await
+                .unwrap()
+        );
+        tx2.rollback().await.unwrap();
+    }
+    // a waiting transaction goes on only once the holder commits
+    let waiter = tokio::spawn(async move {
+        let tx2 = second.transaction().await.unwrap();
+        PgStore::advisory_xact_lock(&tx2, "invoice-17")
+            .await
+            .unwrap();
+        let taken_at = Instant::now();
+        tx2.commit().await.unwrap();
+        taken_at
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the second transaction waits");
+    let committed_at = Instant::now();
+    tx1.commit().await.unwrap();
+    let taken_at = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap();
+    assert!(taken_at >= committed_at);
+    // released by the commit: free again
+    let mut third = store.pool().get().await.unwrap();
+    let tx3 = third.transaction().await.unwrap();
+    assert!(
+        PgStore::try_advisory_xact_lock(&tx3, "invoice-17")
+            .await
+            .unwrap()
+    );
+    tx3.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn invalid_settings_are_config_errors() {
+    let bad_schema = PgStore::builder("postgres://127.0.0.1/app")
+        .schema("drop table x;")
+        .build()
+        .unwrap_err();
+    assert_eq!(bad_schema.kind(), ConfigErrorKind::Store);
+    let bad_url = PgStore::builder("postgres://127.0.0.1:notaport/app")
+        .build()
+        .unwrap_err();
+    assert_eq!(bad_url.kind(), ConfigErrorKind::Store);
+    let error = PgStore::builder("postgres://127.0.0.1/app")
+        .schema("Upper")
+        .connect()
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Config);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_from_a_given_pool_works_in_its_schema() {
+    let server = server().await;
+    let mut config = deadpool_postgres::Config::new();
+    config.url = Some(server.url());
+    let pool = config
+        .create_pool(
+            Some(deadpool_postgres::Runtime::Tokio1),
+            tokio_postgres::NoTls,
+        )
+        .unwrap();
+    let schema = unique_schema();
+    let store = PgStore::pool_builder(pool)
+        .schema(schema.clone())
+        .connect()
+        .await
+        .unwrap();
+    assert_eq!(store.schema(), schema);
+    let p = policy(Algorithm::SlidingCounter, Limit::per_minute("m", 1));
+    assert!(
+        store
+            .check_rate(&p, RateCheck::new(caller("a"), 1))
+            .await
+            .unwrap()
+            .admitted
+    );
+    assert!(
+        !store
+            .check_rate(&p, RateCheck::new(caller("a"), 1))
+            .await
+            .unwrap()
+            .admitted
+    );
+    let shared_store = common::postgres::store().await;
+    assert_ne!(shared_store.schema(), store.schema());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_again_answers_as_its_first_run() {
+    let server = server().await;
+    let store = server.builder().connect().await.unwrap();
+    let client = server.client().await;
+    let s = store.schema();
+    let acquired = store
+        .lock_acquire(
+            "lock".into(),
+            "lock:fence".into(),
+            "t".into(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(acquired, LockAttempt::Acquired { .. }));
+    let release = format!("SELECT \"{s}\".release_hold('lock', 't', $1, 60000)");
+    let released = |call: &'static str| {
+        let (client, release) = (&client, &release);
+        async move {
+            client
+                .query_one(release, &[&call])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        }
+    };
+    assert!(released("call-1").await);
+    assert!(released("call-1").await, "the same call re-sent");
+    assert!(!released("call-2").await, "another call finds it gone");
+    // the same for an idempotency claim
+    let claimed = store
+        .idempotency_begin(
+            "idem".into(),
+            "fp".into(),
+            "t".into(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed, IdempotencyBegin::Claimed);
+    let release = format!("SELECT \"{s}\".idem_release('idem', 't', $1, 60000)");
+    let released = |call: &'static str| {
+        let (client, release) = (&client, &release);
+        async move {
+            client
+                .query_one(release, &[&call])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        }
+    };
+    assert!(released("call-3").await);
+    assert!(released("call-3").await, "the same call re-sent");
+    assert!(!released("call-4").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_naming_the_same_limits_in_any_order_never_deadlock() {
+    let server = server().await;
+    let store = server.builder().pool_size(16).connect().await.unwrap();
+    let ns = format!("t{}:rl", rand::random::<u32>());
+    let (a, b) = (Limit::per_minute("a", 40), Limit::per_minute("b", 1000));
+    let forward =
+        Arc::new(RatePolicy::new(&ns, Algorithm::SlidingLog, vec![a.clone(), b.clone()]).unwrap());
+    let backward = Arc::new(RatePolicy::new(&ns, Algorithm::SlidingLog, vec![b, a]).unwrap());
+    let who = caller("hot");
+    let checks = (0..200).map(|i| {
+        let policy = if i % 2 == 0 { &forward } else { &backward };
+        store.check_rate(policy, RateCheck::new(who, 1))
+    });
+    let results = futures_util::future::join_all(checks).await;
+    let admitted = results
+        .into_iter()
+        .map(|r| r.expect("no deadlock, no timeout").admitted)
+        .filter(|admitted| *admitted)
+        .count();
+    assert_eq!(admitted, 40, "the narrower limit, shared by both orders");
+}
