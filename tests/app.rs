@@ -136,6 +136,33 @@ async fn two_copies_admit_exactly_the_limit(algorithm: Algorithm) {
         copy_on(&server, "burst:20/3600s", algorithm),
         copy_on(&server, "burst:20/3600s", algorithm),
     ];
+    exactly_the_limit(copies, algorithm).await;
+}
+
+/// Two copies on one PostgreSQL schema, each with its own pool.
+async fn two_copies_on_postgres_admit_exactly_the_limit(algorithm: Algorithm) {
+    let server = tokio::task::spawn_blocking(common::postgres::shared)
+        .await
+        .unwrap();
+    let schema = common::postgres::unique_schema();
+    let mut copies = Vec::new();
+    for _ in 0..2 {
+        let store = server
+            .builder()
+            .schema(schema.clone())
+            .connect()
+            .await
+            .expect("a migrated store");
+        let config = config("burst:20/3600s", algorithm, None);
+        copies.push(app::router(AppState::new(Arc::new(store), config).unwrap()));
+    }
+    let copies: [Router; 2] = copies.try_into().unwrap();
+    exactly_the_limit(copies, algorithm).await;
+}
+
+/// 100 parallel requests of one caller over `copies`, whose limit is 20 per hour: exactly 20
+/// are admitted, and both copies see the quota spent.
+async fn exactly_the_limit(copies: [Router; 2], algorithm: Algorithm) {
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..100 {
         let copy = copies[i % 2].clone();
@@ -180,6 +207,21 @@ async fn two_copies_share_the_limit_sliding_counter() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_copies_share_the_limit_gcra() {
     two_copies_admit_exactly_the_limit(Algorithm::Gcra).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_postgres_two_copies_share_the_limit_sliding_log() {
+    two_copies_on_postgres_admit_exactly_the_limit(Algorithm::SlidingLog).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_postgres_two_copies_share_the_limit_sliding_counter() {
+    two_copies_on_postgres_admit_exactly_the_limit(Algorithm::SlidingCounter).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_postgres_two_copies_share_the_limit_gcra() {
+    two_copies_on_postgres_admit_exactly_the_limit(Algorithm::Gcra).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -576,6 +618,21 @@ fn config_errors_name_the_variable_and_the_format() {
 }
 
 #[test]
+fn a_database_url_names_postgres_and_excludes_redis() {
+    let url = "postgres://app:secret@127.0.0.1:5432/app";
+    let config = AppConfig::from_lookup(lookup(&[("DATABASE_URL", url)])).unwrap();
+    assert_eq!(config.database_url.as_deref(), Some(url));
+    assert_eq!(config.store_kind(), "postgres");
+    let both = AppConfig::from_lookup(lookup(&[
+        ("REDIS_URL", "redis://127.0.0.1:6379/"),
+        ("DATABASE_URL", url),
+    ]))
+    .unwrap_err();
+    assert_eq!(both.var, "DATABASE_URL");
+    assert!(both.to_string().contains("REDIS_URL is set as well"), "{both}");
+}
+
+#[test]
 fn sentinels_and_durable_writes_are_read_from_the_environment() {
     let sentinels = "redis://127.0.0.1:26379/, redis://127.0.0.1:26380/";
     let config = AppConfig::from_lookup(lookup(&[
@@ -710,6 +767,9 @@ fn app_command(vars: &[(&str, &str)]) -> Command {
     for var in [
         "PORT",
         "REDIS_URL",
+        "REDIS_CLUSTER_URLS",
+        "REDIS_SENTINELS",
+        "DATABASE_URL",
         "APP_LIMITS",
         "APP_ALGORITHM",
         "RUST_LOG",
@@ -780,19 +840,16 @@ impl Drop for Running {
     }
 }
 
-#[tokio::test]
-async fn the_binary_serves_and_announces_its_address() {
-    let server = RedisServer::start();
+/// Starts the binary with `vars` (and `PORT=0`); the running child and the URL it announced.
+fn serve(vars: &[(&str, &str)]) -> (Running, String) {
+    let mut vars = vars.to_vec();
+    vars.push(("PORT", "0"));
     let mut child = Running(
-        app_command(&[
-            ("PORT", "0"),
-            ("REDIS_URL", &server.url()),
-            ("APP_LIMITS", "burst:2/3600s"),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap(),
+        app_command(&vars)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
     );
     let stdout = child.0.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -810,16 +867,28 @@ async fn the_binary_serves_and_announces_its_address() {
         .strip_prefix("tollgate example app listening on ")
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_owned();
+    (child, url)
+}
 
+/// `GET <url><path>` as caller `api_key`.
+fn get_from(url: &str, path: &str, api_key: &str) -> hyper_util::client::legacy::ResponseFuture {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<Bytes>>();
-    let get = |path: &str| {
-        let request = Request::get(format!("{url}{path}"))
-            .header("x-api-key", "ivan")
-            .body(http_body_util::Empty::new())
-            .unwrap();
-        client.request(request)
-    };
+    let request = Request::get(format!("{url}{path}"))
+        .header("x-api-key", api_key)
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    client.request(request)
+}
+
+#[tokio::test]
+async fn the_binary_serves_and_announces_its_address() {
+    let server = RedisServer::start();
+    let (_child, url) = serve(&[
+        ("REDIS_URL", &server.url()),
+        ("APP_LIMITS", "burst:2/3600s"),
+    ]);
+    let get = |path: &str| get_from(&url, path, "ivan");
     assert_eq!(get("/healthz").await.unwrap().status(), StatusCode::OK);
     assert_eq!(get("/api/hello").await.unwrap().status(), StatusCode::OK);
     assert_eq!(get("/api/hello").await.unwrap().status(), StatusCode::OK);
@@ -848,5 +917,52 @@ async fn the_binary_serves_and_announces_its_address() {
             text.contains("tollgate_store_call_duration_seconds"),
             "store calls in:\n{text}"
         );
+    }
+}
+
+/// On `DATABASE_URL`: a database that is down at start is not fatal — `/healthz` answers 503
+/// and names `postgres` — and once it is up the app migrates its schema by itself and limits
+/// exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_on_postgres_waits_for_the_database_and_then_limits() {
+    let mut server = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let database = server.url();
+    tokio::task::block_in_place(|| server.stop());
+    let (_child, url) = serve(&[("DATABASE_URL", &database), ("APP_LIMITS", "burst:2/3600s")]);
+    let health = get_from(&url, "/healthz", "ivan").await.unwrap();
+    assert_eq!(health.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = health.into_body().collect().await.unwrap().to_bytes();
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["store"], "postgres");
+
+    tokio::task::block_in_place(|| server.restart());
+    // migrated in the background: the first decision by the store carries the RateLimit fields
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut probe = 0;
+    loop {
+        probe += 1;
+        let response = get_from(&url, "/api/hello", &format!("probe-{probe}"))
+            .await
+            .unwrap();
+        if response.headers().contains_key("ratelimit") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not limiting 20 s after the database came up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let health = get_from(&url, "/healthz", "ivan").await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    for expected in [
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+    ] {
+        let response = get_from(&url, "/api/hello", "ivan").await.unwrap();
+        assert_eq!(response.status(), expected);
     }
 }

@@ -1,5 +1,6 @@
-//! The example app's coupons, report locks and payments across copies on one Redis: the checks
-//! users run — several copies, many parallel requests, exactly one success.
+//! The example app's coupons, report locks and payments across copies on one Redis, and on one
+//! PostgreSQL database: the checks users run — several copies, many parallel requests, exactly
+//! one success — and outages of either store.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -16,6 +17,7 @@ use app::{AppConfig, AppState};
 use axum::Router;
 use axum::body::Body;
 use common::RedisServer;
+use common::postgres::{self, PgServer};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
@@ -40,14 +42,43 @@ fn config(payment_delay: Duration) -> AppConfig {
     }
 }
 
+/// A copy of the app on each of `stores`.
+fn copies_of(stores: Vec<Arc<dyn Store>>, payment_delay: Duration) -> Vec<Router> {
+    stores
+        .into_iter()
+        .map(|store| app::router(AppState::new(store, config(payment_delay)).unwrap()))
+        .collect()
+}
+
 /// `n` copies of the app, each with its own connection to `server`, as separate processes.
 fn copies(server: &RedisServer, n: usize, payment_delay: Duration) -> Vec<Router> {
-    (0..n)
-        .map(|_| {
-            let store: Arc<dyn Store> = Arc::new(server.store());
-            app::router(AppState::new(store, config(payment_delay)).unwrap())
-        })
-        .collect()
+    let stores = (0..n)
+        .map(|_| Arc::new(server.store()) as Arc<dyn Store>)
+        .collect();
+    copies_of(stores, payment_delay)
+}
+
+/// `n` copies of the app on one schema of `server`, each with its own pool, as separate
+/// processes; the schema is migrated by the first (every copy migrates at start in the app).
+async fn pg_copies(server: &PgServer, n: usize, payment_delay: Duration) -> Vec<Router> {
+    let schema = postgres::unique_schema();
+    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+    for _ in 0..n {
+        let store = server
+            .builder()
+            .schema(schema.clone())
+            .timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .expect("a migrated store");
+        stores.push(Arc::new(store));
+    }
+    copies_of(stores, payment_delay)
+}
+
+/// The PostgreSQL server this test binary shares.
+async fn shared_pg() -> &'static PgServer {
+    tokio::task::spawn_blocking(postgres::shared).await.unwrap()
 }
 
 async fn send(app: Router, request: Request<Body>) -> (StatusCode, http::HeaderMap, Value) {
@@ -94,7 +125,16 @@ async fn redeem_in_parallel(apps: &[Router], code: &str, parallel: usize) -> (us
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_copies_fifty_parallel_redemptions_exactly_one_succeeds() {
     let server = RedisServer::start();
-    let apps = copies(&server, 2, Duration::ZERO);
+    fifty_redemptions_one_success(copies(&server, 2, Duration::ZERO)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_two_copies_fifty_parallel_redemptions_exactly_one_succeeds() {
+    let apps = pg_copies(shared_pg().await, 2, Duration::ZERO).await;
+    fifty_redemptions_one_success(apps).await;
+}
+
+async fn fifty_redemptions_one_success(apps: Vec<Router>) {
     for coupon in 0..20 {
         let code = format!("SAVE{coupon}");
         assert_eq!(
@@ -113,7 +153,16 @@ async fn two_copies_fifty_parallel_redemptions_exactly_one_succeeds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_copies_five_hundred_parallel_redemptions_exactly_one_succeeds() {
     let server = RedisServer::start();
-    let apps = copies(&server, 4, Duration::ZERO);
+    five_hundred_redemptions_one_success(copies(&server, 4, Duration::ZERO)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_four_copies_five_hundred_parallel_redemptions_exactly_one_succeeds() {
+    let apps = pg_copies(shared_pg().await, 4, Duration::ZERO).await;
+    five_hundred_redemptions_one_success(apps).await;
+}
+
+async fn five_hundred_redemptions_one_success(apps: Vec<Router>) {
     for code in ["BIG1", "BIG2", "BIG3"] {
         assert_eq!(
             redeem_in_parallel(&apps, code, 500).await,
@@ -172,7 +221,15 @@ fn rebuild(name: &str) -> Request<Body> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn report_rebuilds_are_exclusive_with_increasing_fencing_tokens() {
     let server = RedisServer::start();
-    let apps = copies(&server, 2, Duration::ZERO);
+    exclusive_rebuilds(copies(&server, 2, Duration::ZERO)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_report_rebuilds_are_exclusive_with_increasing_fencing_tokens() {
+    exclusive_rebuilds(pg_copies(shared_pg().await, 2, Duration::ZERO).await).await;
+}
+
+async fn exclusive_rebuilds(apps: Vec<Router>) {
     let mut last = 0u64;
     for round in 0..3 {
         let mut tasks = tokio::task::JoinSet::new();
@@ -224,7 +281,16 @@ const PAYMENT: &str = r#"{"amount": 1999, "currency": "EUR"}"#;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_copies_fifty_parallel_payments_with_one_key_execute_once() {
     let server = RedisServer::start();
-    let apps = copies(&server, 2, Duration::from_millis(100));
+    fifty_payments_one_execution(copies(&server, 2, Duration::from_millis(100))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_two_copies_fifty_parallel_payments_with_one_key_execute_once() {
+    let apps = pg_copies(shared_pg().await, 2, Duration::from_millis(100)).await;
+    fifty_payments_one_execution(apps).await;
+}
+
+async fn fifty_payments_one_execution(apps: Vec<Router>) {
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..50 {
         let app = apps[i % 2].clone();

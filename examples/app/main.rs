@@ -145,7 +145,9 @@ async fn postgres_store(url: &str) -> Result<Arc<dyn Store>, Failure> {
             )
         })?;
     match store.migrate().await {
-        Ok(()) => tracing::info!(url = %safe, schema = store.schema(), "state is kept in PostgreSQL"),
+        Ok(()) => {
+            tracing::info!(url = %safe, schema = store.schema(), "state is kept in PostgreSQL")
+        }
         Err(error) => {
             tracing::warn!(
                 %error, url = %safe,
@@ -156,7 +158,10 @@ async fn postgres_store(url: &str) -> Result<Arc<dyn Store>, Failure> {
                 while retry.migrate().await.is_err() {
                     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 }
-                tracing::info!(schema = retry.schema(), "PostgreSQL answers: schema migrated");
+                tracing::info!(
+                    schema = retry.schema(),
+                    "PostgreSQL answers: schema migrated"
+                );
             });
         }
     }
