@@ -629,7 +629,10 @@ fn a_database_url_names_postgres_and_excludes_redis() {
     ]))
     .unwrap_err();
     assert_eq!(both.var, "DATABASE_URL");
-    assert!(both.to_string().contains("REDIS_URL is set as well"), "{both}");
+    assert!(
+        both.to_string().contains("REDIS_URL is set as well"),
+        "{both}"
+    );
 }
 
 #[test]

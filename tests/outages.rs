@@ -1,6 +1,7 @@
 //! Outages: Redis killed under load and restarted, connections cut by a proxy, Redis slowed
-//! down. In each: no panic, no request hangs past the store timeout, each layer's failure policy
-//! holds, no handler runs twice, and service resumes by itself once Redis is back.
+//! down, PostgreSQL stopped under load and restarted. In each: no panic, no request hangs past
+//! the store timeout, each layer's failure policy holds, no handler runs twice, and service
+//! resumes by itself once the store is back.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
@@ -10,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
+use common::postgres::PgServer;
 use common::proxy::Proxy;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
@@ -20,7 +22,7 @@ use tollgate::lock::{LockError, Locks};
 use tollgate::rate_limit::{
     DecisionSource, Limit, OnStoreError, RateLimitDecision, RateLimitLayer,
 };
-use tollgate::store::RedisStore;
+use tollgate::store::{PgStore, RateStore, RedisStore};
 use tower::{ServiceBuilder, ServiceExt};
 
 const TIMEOUT: Duration = Duration::from_millis(300);
@@ -32,7 +34,7 @@ fn store(url: String) -> RedisStore {
 }
 
 fn rate_limited(
-    store: RedisStore,
+    store: impl RateStore,
     policy: OnStoreError,
     quota: u64,
 ) -> impl tower::Service<
@@ -383,4 +385,145 @@ async fn a_flood_costs_a_handful_of_store_calls() {
     // other callers are unaffected
     let res = copies[0].clone().oneshot(get("bystander")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
+}
+
+/// A store on `server` with the outage tests' timeout, migrated.
+async fn pg_store(server: &PgServer) -> PgStore {
+    server
+        .builder()
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .expect("a migrated store")
+}
+
+/// PostgreSQL stopped (fast shutdown: every connection dropped) under load and restarted: rate
+/// checks never exceed the bound and are let through (Allow) while it is down, payments either
+/// ran or answered 503 and each key runs exactly once in the end, a coupon is never reported won
+/// while the database is down and is won exactly once after — and all of it recovers by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_under_load_and_restarted() {
+    let mut server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let store = pg_store(&server).await;
+    let svc = rate_limited(store.clone(), OnStoreError::Allow, 100_000);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let payments = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::builder(store.clone())
+                .unscoped()
+                .required(true)
+                .build()
+                .unwrap(),
+        )
+        .service_fn(move |_req: Request<_>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::from("paid")))) }
+        });
+    let pay = |key: &str| {
+        Request::post("/pay")
+            .header("idempotency-key", key)
+            .body(Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let limiters: Vec<_> = (0..6)
+        .map(|w| {
+            let (svc, stop) = (svc.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    seen.push(timed(&svc, &format!("worker-{w}")).await);
+                }
+                seen
+            })
+        })
+        .collect();
+    let payer = {
+        let (payments, stop) = (payments.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            let mut i = 0;
+            while !stop.load(Ordering::SeqCst) {
+                i += 1;
+                let key = format!("pay-{i}");
+                let start = Instant::now();
+                let res = payments.clone().oneshot(pay(&key)).await.unwrap();
+                let status = res.status();
+                // the end of the body comes once the response is recorded
+                let _ = http_body_util::BodyExt::collect(res.into_body()).await;
+                answers.push((key, status, start.elapsed()));
+            }
+            answers
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::task::block_in_place(|| server.stop());
+    let claims = Claims::new(store.clone());
+    assert!(
+        claims.claim_once("coupon-pg", None).await.is_err(),
+        "no claim is reported won while the database is down"
+    );
+    let start = Instant::now();
+    let refused = payments.clone().oneshot(pay("pay-down")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(refused.headers().contains_key("retry-after"));
+    assert!(
+        start.elapsed() < BOUND,
+        "a refusal took {:?}",
+        start.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::task::block_in_place(|| server.restart());
+    let recovered = recovery(&svc).await;
+    println!("rate limit recovered {recovered:?} after the restart");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::SeqCst);
+
+    let mut all = Vec::new();
+    for limiter in limiters {
+        all.extend(limiter.await.expect("no worker panicked"));
+    }
+    assert!(
+        all.iter().all(|(status, _, _)| *status == StatusCode::OK),
+        "Allow admits"
+    );
+    let slowest = all.iter().map(|(_, _, t)| *t).max().unwrap();
+    assert!(slowest < BOUND, "a rate-limited request took {slowest:?}");
+    let unavailable = all
+        .iter()
+        .filter(|(_, s, _)| *s == Some(DecisionSource::StoreUnavailable))
+        .count();
+    assert!(unavailable > 0, "the outage was seen");
+
+    let answers = payer.await.expect("the payer did not panic");
+    for (key, status, took) in &answers {
+        assert!(
+            matches!(*status, StatusCode::OK | StatusCode::SERVICE_UNAVAILABLE),
+            "{key}: {status}"
+        );
+        assert!(*took < 2 * BOUND, "{key} took {took:?}");
+    }
+    // every refused payment runs once when retried, every completed one is a replay
+    let keys = answers.iter().map(|(key, _, _)| key.as_str());
+    for key in keys.chain(["pay-down"]) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let res = payments.clone().oneshot(pay(key)).await.unwrap();
+            let status = res.status();
+            let _ = http_body_util::BodyExt::collect(res.into_body()).await;
+            if status == StatusCode::OK {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{key}: still {status}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        answers.len() + 1,
+        "each key ran exactly once"
+    );
+    assert!(claims.claim_once("coupon-pg", None).await.unwrap().won());
+    assert!(!claims.claim_once("coupon-pg", None).await.unwrap().won());
 }
