@@ -146,7 +146,7 @@ async fn postgres_store(url: &str) -> Result<Arc<dyn Store>, Failure> {
         })?;
     match store.migrate().await {
         Ok(()) => {
-            tracing::info!(url = %safe, schema = store.schema(), "state is kept in PostgreSQL")
+            tracing::info!(url = %safe, schema = store.schema(), "state is kept in PostgreSQL");
         }
         Err(error) => {
             tracing::warn!(
