@@ -16,7 +16,6 @@
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code, unused_imports)]
 mod common;
 
 use std::sync::Arc;
