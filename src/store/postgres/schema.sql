@@ -6,7 +6,8 @@
 -- Time is the database clock in microseconds since the Unix epoch (`now_us()`, read from
 -- `clock_timestamp()` after the rows an operation touches are locked). Every row has an
 -- `expires_at` in that unit; a row whose `expires_at` has passed counts as absent, and
--- `purge_expired` deletes such rows in batches through the index on `expires_at`.
+-- `purge_expired` deletes such rows in batches through an index on the expiry (on rate_limits,
+-- on its purge mark `purge_at`, never before `expires_at`).
 -- Durations arrive in milliseconds, clamped by the client to at most 2^53 (MAX_EXPIRY), so
 -- that now + ms * 1000 stays below 2^63.
 
@@ -18,6 +19,17 @@ $$;
 -- ceil(a / b) for 0 <= a, 0 < b
 CREATE OR REPLACE FUNCTION __SCHEMA__.ceil_div(a bigint, b bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT (a + b - 1) / b $$;
+
+-- The purge mark of a rate row whose expiry becomes p_expires (see rate_limits): the old mark
+-- p_old while it is still at or after the expiry by at most window / 16, else the expiry plus
+-- window / 16 (without passing 2^63 - 1).
+CREATE OR REPLACE FUNCTION __SCHEMA__.purge_mark(p_old bigint, p_expires bigint, p_window bigint)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+  SELECT CASE
+    WHEN p_old >= p_expires AND p_old - p_expires <= p_window / 16 THEN p_old
+    ELSE p_expires + least(p_window / 16, 9223372036854775807 - p_expires)
+  END
+$$;
 
 -- ---------------------------------------------------------------------------------------------
 -- Rate limits: one row per caller and limit (the key of RatePolicy::store_keys). What a, b, c
@@ -34,9 +46,28 @@ CREATE __RATE_TABLES__ TABLE IF NOT EXISTS __SCHEMA__.rate_limits (
   b bigint NOT NULL DEFAULT 0,
   c bigint NOT NULL DEFAULT 0,
   attempt bigint NOT NULL DEFAULT 0,
-  expires_at bigint NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS rate_limits_expiry ON __SCHEMA__.rate_limits (expires_at);
+  expires_at bigint NOT NULL DEFAULT 0,
+  purge_at bigint NOT NULL DEFAULT 0
+) WITH (fillfactor = 80);
+-- `purge_at` is where purge_expired finds the row: never before `expires_at` (a row it finds
+-- has expired) and at most 1/16 of the limit's window after it. It moves only when the expiry
+-- passes it (or falls far below it), so that most updates leave every indexed column as it was
+-- and stay HOT within the page room that the fillfactor keeps. A schema made before it gets it
+-- here, set to the expiry.
+DO $migrate$
+BEGIN
+  IF NOT EXISTS (
+    SELECT 1 FROM pg_attribute
+    WHERE attrelid = '__SCHEMA__.rate_limits'::regclass AND attname = 'purge_at'
+      AND NOT attisdropped
+  ) THEN
+    ALTER TABLE __SCHEMA__.rate_limits ADD COLUMN purge_at bigint NOT NULL DEFAULT 0;
+    UPDATE __SCHEMA__.rate_limits SET purge_at = expires_at;
+  END IF;
+END $migrate$;
+ALTER TABLE __SCHEMA__.rate_limits SET (fillfactor = 80);
+DROP INDEX IF EXISTS __SCHEMA__.rate_limits_expiry;
+CREATE INDEX IF NOT EXISTS rate_limits_purge ON __SCHEMA__.rate_limits (purge_at);
 
 -- The sliding log: one row per admitted attempt (its cost, scored with the store time), deleted
 -- with its limit's row, trimmed as it leaves the window.
@@ -106,26 +137,236 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.check_rate(
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_locked int;
+  v_key text;
+  r_a bigint;
+  r_b bigint;
+  r_c bigint;
+  r_attempt bigint;
+  r_expires bigint;
+  v_now bigint;
+  q bigint;
+  w bigint;
+  v_replay boolean := false;
+  v_admitted boolean := true;
+  v_retry bigint := 0;
+  -- GCRA
+  tat bigint;
+  rem bigint;
+  ahead bigint;
+  units bigint;
+  whole bigint;
+  used bigint;
+  v_expires bigint;
+  -- sliding counter, in doubles as rate_sliding_counter
+  dq double precision;
+  dw double precision;
+  dnow double precision;
+  dcost double precision;
+  idx double precision;
+  el double precision;
+  cur double precision;
+  prev double precision;
+  v_same boolean := false;
+  room double precision;
+  dwait double precision;
+  dused double precision;
+  dwhole double precision;
+  rst double precision;
+  -- sliding log
+  v_count bigint;
+  v_trimmed bigint;
+  v_oldest bigint;
+  v_wait bigint;
+  v_reset bigint;
 BEGIN
-  LOOP
-    INSERT INTO __SCHEMA__.rate_limits (key)
-      SELECT k FROM unnest(p_keys) AS k ORDER BY k
-      ON CONFLICT DO NOTHING;
-    SELECT count(*) INTO v_locked FROM (
-      SELECT 1 FROM __SCHEMA__.rate_limits WHERE key = ANY (p_keys) ORDER BY key FOR UPDATE
-    ) AS l;
-    -- a row deleted (purged, reset) between the two statements is made again
-    EXIT WHEN v_locked = cardinality(p_keys);
-  END LOOP;
-  IF p_algorithm = 1 THEN
-    RETURN __SCHEMA__.rate_sliding_log(p_keys, p_quotas, p_windows, p_cost, p_attempt,
-      __SCHEMA__.now_us());
-  ELSIF p_algorithm = 2 THEN
-    RETURN __SCHEMA__.rate_sliding_counter(p_keys, p_quotas, p_windows, p_cost, p_attempt,
+  IF cardinality(p_keys) <> 1 THEN
+    LOOP
+      INSERT INTO __SCHEMA__.rate_limits (key)
+        SELECT k FROM unnest(p_keys) AS k ORDER BY k
+        ON CONFLICT DO NOTHING;
+      SELECT count(*) INTO v_locked FROM (
+        SELECT 1 FROM __SCHEMA__.rate_limits WHERE key = ANY (p_keys) ORDER BY key FOR UPDATE
+      ) AS l;
+      -- a row deleted (purged, reset) between the two statements is made again
+      EXIT WHEN v_locked = cardinality(p_keys);
+    END LOOP;
+    IF p_algorithm = 1 THEN
+      RETURN __SCHEMA__.rate_sliding_log(p_keys, p_quotas, p_windows, p_cost, p_attempt,
+        __SCHEMA__.now_us());
+    ELSIF p_algorithm = 2 THEN
+      RETURN __SCHEMA__.rate_sliding_counter(p_keys, p_quotas, p_windows, p_cost, p_attempt,
+        __SCHEMA__.now_us());
+    END IF;
+    RETURN __SCHEMA__.rate_gcra(p_keys, p_quotas, p_windows, p_cost, p_attempt,
       __SCHEMA__.now_us());
   END IF;
-  RETURN __SCHEMA__.rate_gcra(p_keys, p_quotas, p_windows, p_cost, p_attempt,
-    __SCHEMA__.now_us());
+
+  -- One limit (the common policy), decided here as rate_sliding_log, rate_sliding_counter or
+  -- rate_gcra would decide it: its row is locked by reading it (made first if missing; holding no other row,
+  -- this cannot deadlock), and read once.
+  v_key := p_keys[1];
+  LOOP
+    SELECT l.a, l.b, l.c, l.attempt, l.expires_at
+      INTO r_a, r_b, r_c, r_attempt, r_expires
+      FROM __SCHEMA__.rate_limits AS l WHERE l.key = v_key FOR UPDATE;
+    EXIT WHEN FOUND;
+    -- missing, or deleted (purged, reset) before it could be locked: made, then locked
+    INSERT INTO __SCHEMA__.rate_limits (key) VALUES (v_key) ON CONFLICT DO NOTHING;
+  END LOOP;
+  v_now := __SCHEMA__.now_us();
+  q := p_quotas[1];
+  w := p_windows[1];
+
+  IF p_algorithm = 1 THEN
+    IF r_expires <= v_now THEN
+      -- an expired log is gone whole, as its Redis key would be
+      DELETE FROM __SCHEMA__.rate_log WHERE key = v_key;
+      v_count := 0;
+      v_trimmed := r_a;
+    ELSE
+      -- trimmed as rate_sliding_log trims it; what stays is scored after now - window
+      WITH gone AS (
+        DELETE FROM __SCHEMA__.rate_log
+        WHERE key = v_key AND score <= v_now - w
+        RETURNING cost
+      ) SELECT coalesce((SELECT sum(cost) FROM gone), 0),
+               (SELECT min(l.score) FROM __SCHEMA__.rate_log AS l
+                WHERE l.key = v_key AND l.score > v_now - w)
+        INTO v_trimmed, v_oldest;
+      v_count := greatest(r_a - v_trimmed, 0);
+    END IF;
+    IF v_count = 0 THEN v_oldest := NULL; END IF;
+    IF v_count + p_cost > q THEN
+      IF p_cost > 0 AND v_count > 0 AND EXISTS (
+        SELECT 1 FROM __SCHEMA__.rate_log WHERE key = v_key AND attempt = p_attempt
+      ) THEN
+        v_replay := true; -- charged by the first run of this attempt
+      ELSE
+        v_admitted := false;
+        v_wait := w;
+        IF p_cost <= q THEN
+          -- room appears once the (count + cost - quota) oldest units have left the window
+          SELECT l.score + w - v_now INTO v_wait FROM (
+            SELECT score, sum(cost) OVER (ORDER BY score, attempt) AS upto
+            FROM __SCHEMA__.rate_log WHERE key = v_key
+          ) AS l
+          WHERE l.upto >= v_count + p_cost - q
+          ORDER BY l.upto LIMIT 1;
+        END IF;
+        v_retry := greatest(0, v_wait);
+      END IF;
+    END IF;
+    v_reset := CASE WHEN v_oldest IS NULL THEN 0 ELSE v_oldest + w - v_now END;
+    IF v_admitted AND p_cost > 0 AND NOT v_replay THEN
+      INSERT INTO __SCHEMA__.rate_log (key, attempt, score, cost)
+        VALUES (v_key, p_attempt, v_now, p_cost)
+        ON CONFLICT DO NOTHING;
+      IF FOUND THEN
+        v_count := v_count + p_cost;
+        IF v_oldest IS NULL THEN v_reset := w; END IF;
+        v_expires := v_now + ((w + 999) / 1000) * 1000;
+        UPDATE __SCHEMA__.rate_limits
+          SET a = v_count, expires_at = v_expires,
+              purge_at = __SCHEMA__.purge_mark(purge_at, v_expires, w)
+          WHERE key = v_key;
+        v_trimmed := 0;
+      END IF;
+    END IF;
+    IF v_trimmed > 0 THEN
+      UPDATE __SCHEMA__.rate_limits SET a = v_count WHERE key = v_key;
+    END IF;
+    RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry,
+      greatest(q - v_count, 0), v_reset];
+  END IF;
+
+  IF p_algorithm = 2 THEN
+    dq := q;
+    dw := w / 1000.0;
+    dnow := (v_now / 1000)::double precision;
+    dcost := p_cost::double precision;
+    idx := floor(dnow / dw);
+    el := dnow - idx * dw;
+    cur := 0; prev := 0;
+    IF r_expires > v_now THEN
+      IF r_a = idx THEN
+        cur := r_b; prev := r_c; v_same := true;
+      ELSIF r_a = idx - 1 THEN
+        prev := r_b;
+      END IF;
+      v_replay := r_attempt = p_attempt;
+    END IF;
+    IF v_replay THEN
+      NULL; -- charged by the first run of this attempt: admitted, nothing charged
+    ELSIF (cur + dcost) * dw + prev * (dw - el) > dq * dw THEN
+      v_admitted := false;
+      room := dq - dcost - cur;
+      IF dcost > dq THEN
+        dwait := dw;
+      ELSIF room >= 0 THEN
+        dwait := (dw - el) - room * dw / prev;
+      ELSE
+        dwait := (dw - el) + dw - (dq - dcost) * dw / cur;
+      END IF;
+      v_retry := ceil(greatest(dwait, 0) * 1000)::bigint;
+    ELSIF p_cost > 0 THEN
+      cur := cur + dcost;
+      IF v_same THEN
+        UPDATE __SCHEMA__.rate_limits SET b = cur::bigint, attempt = p_attempt
+          WHERE key = v_key;
+      ELSE
+        v_expires := (v_now / 1000) * 1000 + ceil(2 * dw - el)::bigint * 1000;
+        UPDATE __SCHEMA__.rate_limits
+          SET a = idx::bigint, b = cur::bigint, c = prev::bigint, attempt = p_attempt,
+              expires_at = v_expires,
+              purge_at = __SCHEMA__.purge_mark(purge_at, v_expires, w)
+          WHERE key = v_key;
+      END IF;
+    END IF;
+    dused := cur + prev * (dw - el) / dw;
+    dwhole := ceil(dused - 1e-9);
+    rst := 0;
+    IF dwhole > 0 AND prev > 0 AND dwhole - 1 - cur >= 0 THEN
+      rst := (dw - el) - (dwhole - 1 - cur) * dw / prev;
+    ELSIF dwhole > 0 THEN
+      rst := (dw - el) + dw - (dwhole - 1) * dw / cur;
+    END IF;
+    RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry,
+      greatest(dq - dwhole, 0)::bigint, ceil(rst * 1000)::bigint];
+  END IF;
+
+  -- GCRA
+  tat := v_now; rem := 0;
+  IF r_expires > v_now THEN
+    IF r_a >= v_now THEN tat := r_a; rem := r_b; END IF;
+    v_replay := r_attempt = p_attempt;
+  END IF;
+  IF v_replay THEN
+    NULL; -- charged by the first run of this attempt: admitted, nothing charged
+  ELSIF p_cost > q THEN
+    v_admitted := false;
+    v_retry := w;
+  ELSE
+    ahead := (tat - v_now) * q + rem + p_cost * w;
+    IF ahead > w * q THEN
+      v_admitted := false;
+      v_retry := (ahead - w * q + q - 1) / q;
+    ELSIF p_cost > 0 THEN
+      units := rem + p_cost * w;
+      whole := units / q;
+      tat := tat + whole;
+      rem := units - whole * q;
+      v_expires := v_now + ((tat - v_now + 999) / 1000 + 1) * 1000;
+      UPDATE __SCHEMA__.rate_limits
+        SET a = tat, b = rem, attempt = p_attempt, expires_at = v_expires,
+            purge_at = __SCHEMA__.purge_mark(purge_at, v_expires, w)
+        WHERE key = v_key;
+    END IF;
+  END IF;
+  ahead := (tat - v_now) * q + rem;
+  used := (ahead + w - 1) / w;
+  RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry,
+    greatest(q - used, 0),
+    CASE WHEN used > 0 THEN (ahead - (used - 1) * w + q - 1) / q ELSE 0 END];
 END $$;
 
 -- Sliding log: exact. The oldest rows leave the window first; a check trims what left it.
@@ -214,7 +455,9 @@ BEGIN
         IF v_oldests[i] IS NULL THEN v_reset := p_windows[i]; END IF;
         UPDATE __SCHEMA__.rate_limits
           SET a = v_count,
-              expires_at = p_now + __SCHEMA__.ceil_div(p_windows[i], 1000) * 1000
+              expires_at = p_now + __SCHEMA__.ceil_div(p_windows[i], 1000) * 1000,
+              purge_at = __SCHEMA__.purge_mark(purge_at,
+                p_now + __SCHEMA__.ceil_div(p_windows[i], 1000) * 1000, p_windows[i])
           WHERE key = p_keys[i];
       END IF;
     END IF;
@@ -309,7 +552,9 @@ BEGIN
       ELSE
         UPDATE __SCHEMA__.rate_limits
           SET a = idx::bigint, b = cur::bigint, c = prev::bigint, attempt = p_attempt,
-              expires_at = (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000
+              expires_at = (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000,
+              purge_at = __SCHEMA__.purge_mark(purge_at,
+                (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000, p_windows[i])
           WHERE key = p_keys[i];
       END IF;
     END IF;
@@ -390,7 +635,9 @@ BEGIN
       rem := units - whole * q;
       UPDATE __SCHEMA__.rate_limits
         SET a = tat, b = rem, attempt = p_attempt,
-            expires_at = p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000
+            expires_at = p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000,
+            purge_at = __SCHEMA__.purge_mark(purge_at,
+              p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000, w)
         WHERE key = p_keys[i];
     END IF;
     ahead := (tat - p_now) * q + rem;
@@ -660,7 +907,8 @@ END $$;
 
 -- ---------------------------------------------------------------------------------------------
 -- purge_expired: deletes at most p_limit expired rows of each table, found through the expiry
--- indexes (a sliding log's rows go with their limit's row). Rows locked by a running operation
+-- indexes (rate_limits: its purge mark, never before the expiry; a sliding log's rows go with
+-- their limit's row). Rows locked by a running operation
 -- are skipped, so that a purge never waits for a check, nor makes one wait in a cycle.
 -- Returns the most rows deleted from one table (the caller runs it again while that equals
 -- p_limit) and the rows deleted in all. Cost: O(rows deleted).
@@ -675,7 +923,7 @@ BEGIN
   o_most := 0;
   o_total := 0;
   DELETE FROM __SCHEMA__.rate_limits WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM __SCHEMA__.rate_limits WHERE expires_at <= v_now
+    SELECT ctid FROM __SCHEMA__.rate_limits WHERE purge_at <= v_now
     LIMIT p_limit FOR UPDATE SKIP LOCKED
   ));
   GET DIAGNOSTICS v_count = ROW_COUNT;
