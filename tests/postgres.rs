@@ -655,3 +655,84 @@ async fn checks_naming_the_same_limits_in_any_order_never_deadlock() {
         .count();
     assert_eq!(admitted, 40, "the narrower limit, shared by both orders");
 }
+
+/// One step of a caller: a check of `cost`, or the previous check sent again (a lost reply).
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Check(u64),
+    Again,
+}
+
+fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
+    use proptest::prelude::*;
+    let step = prop_oneof![
+        4 => (0u64..=4).prop_map(Step::Check),
+        1 => Just(Step::Again),
+    ];
+    proptest::collection::vec(step, 1..40)
+}
+
+/// Runs `steps` for one caller on `store` under `policy`: per step whether it was admitted and
+/// what each limit has left (windows of hours: a few milliseconds between steps change neither).
+async fn replay_steps(
+    store: &dyn RateStore,
+    policy: &Arc<RatePolicy>,
+    steps: &[Step],
+) -> Vec<(bool, Vec<u64>)> {
+    let key = caller(&format!("p{}", rand::random::<u64>()));
+    let mut last = RateCheck::new(key, 0);
+    let mut seen = Vec::new();
+    for step in steps {
+        let check = match *step {
+            Step::Check(cost) => RateCheck::new(key, cost),
+            Step::Again => last,
+        };
+        last = check;
+        let outcome = store.check_rate(policy, check).await.unwrap();
+        let remaining = outcome.limits.iter().map(|l| l.remaining).collect();
+        seen.push((outcome.admitted, remaining));
+    }
+    seen
+}
+
+/// PostgreSQL decides a policy of one limit (its fast path) and of several (the general path)
+/// as the reference, `MemoryStore`, does: random costs, looks (cost 0) and re-sent attempts, for
+/// every algorithm. The second limit of the larger policy has room enough never to decide.
+#[test]
+fn one_limit_and_several_limits_decide_as_the_reference_does() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = shared();
+    let pg = runtime.block_on(server.builder().connect()).unwrap();
+    let memory = tollgate::store::MemoryStore::new();
+    common::check(24, steps(), |steps| {
+        runtime.block_on(async {
+            for algorithm in [
+                Algorithm::SlidingLog,
+                Algorithm::SlidingCounter,
+                Algorithm::Gcra,
+            ] {
+                let tight = Limit::new("tight", 7, Duration::from_secs(3600));
+                let roomy = Limit::new("roomy", 1_000, Duration::from_secs(7200));
+                let one = policy(algorithm, tight.clone());
+                let ns = format!("t{}:rl", rand::random::<u32>());
+                let several = Arc::new(RatePolicy::new(ns, algorithm, vec![tight, roomy]).unwrap());
+                for policy in [&one, &several] {
+                    let expected = replay_steps(&memory, policy, &steps).await;
+                    let got = replay_steps(&pg, policy, &steps).await;
+                    proptest::prop_assert_eq!(
+                        &got,
+                        &expected,
+                        "{:?} with {} limit(s)",
+                        algorithm,
+                        policy.limits().len()
+                    );
+                }
+            }
+            Ok(())
+        })
+    });
+}
