@@ -2366,17 +2366,17 @@ async fn a_custom_rejection_shapes_every_refusal() {
         &svc,
         request(Method::POST, "/orders", Some(&key), &[], "{}"),
     ));
-    let running = loop {
-        let a = send(
-            &svc,
-            request(Method::POST, "/orders", Some(&key), &[], "{}"),
-        )
-        .await;
-        if a.status == StatusCode::CONFLICT {
-            break a;
-        }
+    // the first request holds the key once its handler runs (and waits at the gate)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls.get() == 0 {
+        assert!(Instant::now() < deadline, "the first request never ran");
         tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    }
+    let running = send(
+        &svc,
+        request(Method::POST, "/orders", Some(&key), &[], "{}"),
+    )
+    .await;
     check(&running, StatusCode::CONFLICT, "in_flight", Some(1));
     release.send(true).unwrap();
     assert_eq!(first.await.unwrap().status, StatusCode::OK);
