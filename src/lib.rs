@@ -1,5 +1,6 @@
 //! Tower middleware for services that run as many copies: rate limits, idempotency keys and locks
-//! kept in a store that every copy sees — Redis or Valkey, standalone or Cluster.
+//! kept in a store that every copy sees — Redis or Valkey (standalone, Sentinel or Cluster) or
+//! PostgreSQL.
 //!
 //! # Why
 //!
@@ -7,8 +8,8 @@
 //! kept in process memory then silently breaks: with three copies a coupon is redeemed three
 //! times and a rate limit lets a client through three times as often. tollgate keeps every such
 //! piece of state in the shared [store], changes it only with atomic operations (one Lua
-//! script or one conditional command each, timed by the store's clock), and so makes N copies
-//! behave as one.
+//! script, conditional command or PL/pgSQL function call each, timed by the store's clock), and
+//! so makes N copies behave as one.
 //!
 //! - [`rate_limit`]: sliding-window log (exact), sliding-window counter (O(1) memory) and GCRA;
 //!   several limits per request in one round trip; IETF `RateLimit` headers; gRPC-native

@@ -1,8 +1,9 @@
 //! Where shared state lives: the store capabilities, and the backends that provide them.
 //!
-//! Every operation is one round trip and atomic on the server: one Lua script or one conditional
-//! command, never a read-modify-write across round trips. Time comes from the store (`TIME` inside
-//! the scripts), so clock skew between copies of a service cannot change a decision.
+//! Every operation is one round trip and atomic on the server: one Lua script, one conditional
+//! command or one PL/pgSQL function call, never a read-modify-write across round trips. Time
+//! comes from the store (`TIME` inside the scripts, `clock_timestamp()` in the functions), so
+//! clock skew between copies of a service cannot change a decision.
 //!
 //! The operations come in three capabilities, one trait each, so that a backend or a wrapper
 //! implements what it serves and a layer asks only for what it uses:
