@@ -105,15 +105,26 @@ where
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_killed_under_load_and_restarted() {
-    let mut server = RedisServer::start();
-    let svc = rate_limited(store(server.url()), OnStoreError::Allow, 100_000);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let workers: Vec<_> = (0..8)
+/// `workers` tasks sending checks through `svc` until `stop`, each as a caller of its own.
+fn under_load<S>(
+    svc: &S,
+    workers: usize,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Vec<(StatusCode, Option<DecisionSource>, Duration)>>>
+where
+    S: tower::Service<
+            Request<Full<bytes::Bytes>>,
+            Response = Response<tollgate::body::ResponseBody<Full<bytes::Bytes>>>,
+            Error = Infallible,
+            Future: Send,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+{
+    (0..workers)
         .map(|w| {
-            let svc = svc.clone();
-            let stop = stop.clone();
+            let (svc, stop) = (svc.clone(), Arc::clone(stop));
             tokio::spawn(async move {
                 let mut seen = Vec::new();
                 while !stop.load(Ordering::SeqCst) {
@@ -122,15 +133,14 @@ async fn redis_killed_under_load_and_restarted() {
                 seen
             })
         })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    server.kill();
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    server.restart();
-    let recovered = recovery(&svc).await;
-    println!("rate limit recovered {recovered:?} after the restart");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    stop.store(true, Ordering::SeqCst);
+        .collect()
+}
+
+/// Joins the workers of [`under_load`] and checks that, with the Allow policy, every request
+/// went through within the bound and the outage was seen.
+async fn allowed_through_the_outage(
+    workers: Vec<tokio::task::JoinHandle<Vec<(StatusCode, Option<DecisionSource>, Duration)>>>,
+) {
     let mut all = Vec::new();
     for w in workers {
         all.extend(w.await.expect("no worker panicked"));
@@ -146,6 +156,23 @@ async fn redis_killed_under_load_and_restarted() {
         .filter(|(_, s, _)| *s == Some(DecisionSource::StoreUnavailable))
         .count();
     assert!(unavailable > 0, "the outage was seen");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_under_load_and_restarted() {
+    let mut server = RedisServer::start();
+    let svc = rate_limited(store(server.url()), OnStoreError::Allow, 100_000);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers = under_load(&svc, 8, &stop);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    server.restart();
+    let recovered = recovery(&svc).await;
+    println!("rate limit recovered {recovered:?} after the restart");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::SeqCst);
+    allowed_through_the_outage(workers).await;
     assert!(
         recovered < Duration::from_secs(5),
         "recovered in {recovered:?}"
@@ -427,18 +454,7 @@ async fn postgres_stopped_under_load_and_restarted() {
             .unwrap()
     };
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let limiters: Vec<_> = (0..6)
-        .map(|w| {
-            let (svc, stop) = (svc.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut seen = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    seen.push(timed(&svc, &format!("worker-{w}")).await);
-                }
-                seen
-            })
-        })
-        .collect();
+    let limiters = under_load(&svc, 6, &stop);
     let payer = {
         let (payments, stop) = (payments.clone(), stop.clone());
         tokio::spawn(async move {
@@ -480,21 +496,7 @@ async fn postgres_stopped_under_load_and_restarted() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, Ordering::SeqCst);
 
-    let mut all = Vec::new();
-    for limiter in limiters {
-        all.extend(limiter.await.expect("no worker panicked"));
-    }
-    assert!(
-        all.iter().all(|(status, _, _)| *status == StatusCode::OK),
-        "Allow admits"
-    );
-    let slowest = all.iter().map(|(_, _, t)| *t).max().unwrap();
-    assert!(slowest < BOUND, "a rate-limited request took {slowest:?}");
-    let unavailable = all
-        .iter()
-        .filter(|(_, s, _)| *s == Some(DecisionSource::StoreUnavailable))
-        .count();
-    assert!(unavailable > 0, "the outage was seen");
+    allowed_through_the_outage(limiters).await;
 
     let answers = payer.await.expect("the payer did not panic");
     for (key, status, took) in &answers {

@@ -593,16 +593,7 @@ async fn a_release_sent_again_answers_as_its_first_run() {
         .unwrap();
     assert!(matches!(acquired, LockAttempt::Acquired { .. }));
     let release = format!("SELECT \"{s}\".release_hold('lock', 't', $1, 60000)");
-    let released = |call: &'static str| {
-        let (client, release) = (&client, &release);
-        async move {
-            client
-                .query_one(release, &[&call])
-                .await
-                .unwrap()
-                .get::<_, bool>(0)
-        }
-    };
+    let released = |call| released_by(&client, &release, call);
     assert!(released("call-1").await);
     assert!(released("call-1").await, "the same call re-sent");
     assert!(!released("call-2").await, "another call finds it gone");
@@ -618,19 +609,19 @@ async fn a_release_sent_again_answers_as_its_first_run() {
         .unwrap();
     assert_eq!(claimed, IdempotencyBegin::Claimed);
     let release = format!("SELECT \"{s}\".idem_release('idem', 't', $1, 60000)");
-    let released = |call: &'static str| {
-        let (client, release) = (&client, &release);
-        async move {
-            client
-                .query_one(release, &[&call])
-                .await
-                .unwrap()
-                .get::<_, bool>(0)
-        }
-    };
+    let released = |call| released_by(&client, &release, call);
     assert!(released("call-3").await);
     assert!(released("call-3").await, "the same call re-sent");
     assert!(!released("call-4").await);
+}
+
+/// Runs the release statement `release` as release call `call`: whether it released.
+async fn released_by(client: &tokio_postgres::Client, release: &str, call: &str) -> bool {
+    client
+        .query_one(release, &[&call])
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
