@@ -65,7 +65,7 @@ fn get(caller: &str) -> Request<Full<bytes::Bytes>> {
 }
 
 /// Sends `get(caller)` and returns (status, decision source, time taken).
-async fn timed<S>(svc: &S, caller: &str) -> (StatusCode, Option<DecisionSource>, Duration)
+async fn timed<S>(svc: &S, caller: &str) -> Timed
 where
     S: tower::Service<
             Request<Full<bytes::Bytes>>,
@@ -105,12 +105,14 @@ where
     }
 }
 
+/// A request's status, decision source and time taken.
+type Timed = (StatusCode, Option<DecisionSource>, Duration);
+
+/// A worker of [`under_load`]: what each of its requests got.
+type Worker = tokio::task::JoinHandle<Vec<Timed>>;
+
 /// `workers` tasks sending checks through `svc` until `stop`, each as a caller of its own.
-fn under_load<S>(
-    svc: &S,
-    workers: usize,
-    stop: &Arc<std::sync::atomic::AtomicBool>,
-) -> Vec<tokio::task::JoinHandle<Vec<(StatusCode, Option<DecisionSource>, Duration)>>>
+fn under_load<S>(svc: &S, workers: usize, stop: &Arc<std::sync::atomic::AtomicBool>) -> Vec<Worker>
 where
     S: tower::Service<
             Request<Full<bytes::Bytes>>,
@@ -138,9 +140,7 @@ where
 
 /// Joins the workers of [`under_load`] and checks that, with the Allow policy, every request
 /// went through within the bound and the outage was seen.
-async fn allowed_through_the_outage(
-    workers: Vec<tokio::task::JoinHandle<Vec<(StatusCode, Option<DecisionSource>, Duration)>>>,
-) {
+async fn allowed_through_the_outage(workers: Vec<Worker>) {
     let mut all = Vec::new();
     for w in workers {
         all.extend(w.await.expect("no worker panicked"));
