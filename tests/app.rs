@@ -736,6 +736,18 @@ fn passwords_are_redacted_from_urls() {
         "redis://:***@host:6379"
     );
     assert_eq!(app::redact_url("redis://s3cret@host"), "redis://***@host");
+    assert_eq!(
+        app::redact_url("postgres://app:s3cret@db:5432/app"),
+        "postgres://app:***@db:5432/app"
+    );
+    assert_eq!(
+        app::redact_url("postgresql://app@db/app"),
+        "postgresql://app@db/app"
+    );
+    assert_eq!(
+        app::redact_url("host=db user=app password=s3cret dbname=app"),
+        "host=db user=app password=*** dbname=app"
+    );
     assert_eq!(app::redact_url("not a url"), "not a url");
 }
 

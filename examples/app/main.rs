@@ -44,10 +44,11 @@ use env::{EnvError, Failure};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use router::{AppConfig, AppState};
 
-/// What the app warns of when `REDIS_URL` is not set.
-const MEMORY_STORE_WARNING: &str = "REDIS_URL is not set: using an in-memory store, so rate \
-     limits hold for this one process only (copies of the app do not share them). Set e.g. \
-     REDIS_URL=redis://127.0.0.1:6379/ to share them.";
+/// What the app warns of when no store variable is set.
+const MEMORY_STORE_WARNING: &str = "no store is set: using an in-memory store, so rate limits \
+     hold for this one process only (copies of the app do not share them). Set e.g. \
+     REDIS_URL=redis://127.0.0.1:6379/ or DATABASE_URL=postgres://app@127.0.0.1:5432/app to \
+     share them.";
 
 #[tokio::main]
 async fn main() -> ExitCode {
