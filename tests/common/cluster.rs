@@ -38,7 +38,7 @@ impl RedisCluster {
         let mut ports = Vec::new();
         while ports.len() < 3 {
             let port = super::free_port();
-            if !ports.contains(&port) {
+            if !clashes(&ports, port) {
                 ports.push(port);
             }
         }
@@ -271,7 +271,7 @@ impl RedisCluster {
         let mut ports = Vec::new();
         while ports.len() < 3 * (replicas + 1) {
             let port = super::free_port();
-            if !ports.contains(&port) {
+            if !clashes(&ports, port) {
                 ports.push(port);
             }
         }
@@ -607,6 +607,13 @@ fn spawn_node(port: u16, announce: Option<u16>, dir: &TempDir) {
     if let Err(e) = spawned {
         panic!("could not start a cluster node: {e}");
     }
+}
+
+/// Whether `port`, or its bus port, is among `taken` or their bus ports.
+fn clashes(taken: &[u16], port: u16) -> bool {
+    taken
+        .iter()
+        .any(|&t| t == port || t.abs_diff(port) == 10_000)
 }
 
 fn wait_for_ping(port: u16) {
