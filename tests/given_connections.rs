@@ -102,16 +102,7 @@ async fn any_connection_serves_two_copies_exactly_once_and_is_bounded_by_the_tim
     assert!(format!("{:?}", copies[0]).contains("given"));
 
     // two copies, 50 parallel redemptions of one coupon: exactly one wins
-    let redemptions: Vec<_> = (0..50)
-        .map(|i| {
-            let claims = Claims::new(copies[i % 2].clone());
-            tokio::spawn(async move { claims.claim_once("coupon-1", None).await.unwrap().won() })
-        })
-        .collect();
-    let mut won = 0;
-    for redemption in redemptions {
-        won += u32::from(redemption.await.unwrap());
-    }
+    let won = common::redemptions_won(&copies, "coupon-1", 50).await;
     assert_eq!(won, 1, "exactly one redemption");
 
     // rate checks go through it too: exactly the quota of 20 concurrent checks

@@ -140,14 +140,7 @@ impl TlsServer {
     }
 
     fn wait_listening(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not listen for TLS"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_listening(self.port, "redis-server");
     }
 
     fn read(&self, name: &str) -> Vec<u8> {
@@ -199,14 +192,7 @@ impl TlsSentinel {
             .expect(
                 "could not start redis-server: is it installed (apt-get install redis-server)?",
             );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the sentinel did not listen for TLS"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_listening(port, "the sentinel");
         Self { child, port }
     }
 }
@@ -225,6 +211,15 @@ impl Drop for TlsServer {
     }
 }
 
+/// Waits until `what` listens on `port` (for TLS: no plain PING).
+fn wait_listening(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not listen for TLS");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Answers once the store can reach the server (the first TLS handshakes may race its start).
 async fn reachable(store: &RedisStore) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -239,16 +234,7 @@ async fn a_given_ca_is_trusted_and_two_copies_redeem_exactly_once() {
     let server = TlsServer::start(false);
     let copies = [server.store(false), server.store(false)];
     reachable(&copies[0]).await;
-    let redemptions: Vec<_> = (0..50)
-        .map(|i| {
-            let claims = Claims::new(copies[i % 2].clone());
-            tokio::spawn(async move { claims.claim_once("coupon-tls", None).await.unwrap().won() })
-        })
-        .collect();
-    let mut won = 0;
-    for redemption in redemptions {
-        won += u32::from(redemption.await.unwrap());
-    }
+    let won = common::redemptions_won(&copies, "coupon-tls", 50).await;
     assert_eq!(won, 1, "exactly one redemption");
 
     let policy = Arc::new(
@@ -348,22 +334,7 @@ async fn sentinels_and_their_primary_are_reached_over_tls() {
     };
     let copies = [first, connect().await.unwrap()];
     reachable(&copies[0]).await;
-    let redemptions: Vec<_> = (0..50)
-        .map(|i| {
-            let claims = Claims::new(copies[i % 2].clone());
-            tokio::spawn(async move {
-                claims
-                    .claim_once("coupon-sentinel-tls", None)
-                    .await
-                    .unwrap()
-                    .won()
-            })
-        })
-        .collect();
-    let mut won = 0;
-    for redemption in redemptions {
-        won += u32::from(redemption.await.unwrap());
-    }
+    let won = common::redemptions_won(&copies, "coupon-sentinel-tls", 50).await;
     assert_eq!(won, 1, "exactly one redemption");
 
     let untrusting = RedisStore::sentinel_builder([url], "tls-primary")

@@ -227,6 +227,23 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// `n` parallel claims of coupon `code`, spread over `copies`: how many won (one, when the
+/// store is shared).
+pub async fn redemptions_won(copies: &[RedisStore], code: &str, n: usize) -> u32 {
+    let redemptions: Vec<_> = (0..n)
+        .map(|i| {
+            let claims = tollgate::claim::Claims::new(copies[i % copies.len()].clone());
+            let code = code.to_owned();
+            tokio::spawn(async move { claims.claim_once(&code, None).await.unwrap().won() })
+        })
+        .collect();
+    let mut won = 0;
+    for redemption in redemptions {
+        won += u32::from(redemption.await.unwrap());
+    }
+    won
+}
+
 /// Runs the property `test` on `cases` values of `strategy`; no regression files are written.
 pub fn check<S: proptest::strategy::Strategy>(
     cases: u32,
