@@ -28,6 +28,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::error::ConfigError;
 use crate::keys;
 use crate::lease::{Owner, UndoUnanswered};
@@ -89,9 +91,11 @@ impl Claims {
     ///
     /// On an error nothing is held for long: the store may have made the claim although its
     /// answer was lost (a timeout, a dropped connection), so the attempt is undone in the
-    /// background, token-checked, once the store answers again. The name can then be claimed
-    /// anew — by this caller's retry or by another. (To learn instead whether a lost attempt
-    /// won, claim with a holder id of your own: see [`claim_once_as`](Self::claim_once_as).)
+    /// background, token-checked, once its deadline has passed (the store's timeout: a claim
+    /// that reaches the store later does nothing) and the store answers again. The name can
+    /// then be claimed anew — by this caller's retry or by another. (To learn instead whether a
+    /// lost attempt won, claim with a holder id of your own: see
+    /// [`claim_once_as`](Self::claim_once_as).)
     pub async fn claim_once(
         &self,
         name: impl AsRef<[u8]>,
@@ -99,13 +103,15 @@ impl Claims {
     ) -> Result<Claim, StoreError> {
         let holder = uuid::Uuid::new_v4().to_string();
         let key = keys::claim(&self.prefix, name.as_ref());
+        let deadline = Instant::now() + self.store.timeout();
         let mut unanswered = {
             let (store, key, holder) = (Arc::clone(&self.store), key.clone(), holder.clone());
-            UndoUnanswered::new(Owner::Claim, "a claim attempt went unanswered", move || {
+            let why = "a claim attempt went unanswered";
+            UndoUnanswered::new(Owner::Claim, why, deadline, move || {
                 store.delete_if_held(key.clone(), holder.clone())
             })
         };
-        let claim = self.claim_key(key, holder, ttl.into()).await?;
+        let claim = self.claim_key(key, holder, ttl.into(), deadline).await?;
         unanswered.disarm();
         Ok(claim)
     }
@@ -116,7 +122,8 @@ impl Claims {
     /// the claim although its answer was lost — retry with the same holder to learn the
     /// outcome. Nothing is undone in the background here (it could undo that retry's win): a
     /// claim made by a lost attempt stays with `holder` until its `ttl` or a
-    /// [release](Self::release).
+    /// [release](Self::release). A lost attempt that reaches the store after its deadline (the
+    /// store's timeout) does nothing, so a retry tells the outcome for good.
     pub async fn claim_once_as(
         &self,
         name: impl AsRef<[u8]>,
@@ -124,7 +131,9 @@ impl Claims {
         ttl: impl Into<Option<Duration>>,
     ) -> Result<Claim, StoreError> {
         let key = keys::claim(&self.prefix, name.as_ref());
-        self.claim_key(key, holder.to_owned(), ttl.into()).await
+        let deadline = Instant::now() + self.store.timeout();
+        self.claim_key(key, holder.to_owned(), ttl.into(), deadline)
+            .await
     }
 
     async fn claim_key(
@@ -132,8 +141,9 @@ impl Claims {
         key: String,
         holder: String,
         ttl: Option<Duration>,
+        deadline: Instant,
     ) -> Result<Claim, StoreError> {
-        let outcome = self.store.claim(key.clone(), holder, ttl).await?;
+        let outcome = self.store.claim(key.clone(), holder, ttl, deadline).await?;
         Ok(Claim {
             won: outcome.won,
             holder: outcome.holder,

@@ -99,18 +99,23 @@ where
 const RELEASE_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Gives a lease back in the background: spawns `release` (a token-checked delete, harmless when
-/// the lease is no longer ours, or was never taken) on the current tokio runtime, and runs it
-/// again with back-off until the store answers, for up to half a minute — so that an attempt
-/// whose answer was lost does not hold its key for a whole lease. Outside a runtime nothing is
-/// sent and the lease's expiry frees the key.
-pub(crate) fn release_in_background<F>(owner: Owner, why: &'static str, mut release: F)
-where
+/// the lease is no longer ours, or was never taken) on the current tokio runtime once `after`
+/// has passed, and runs it again with back-off until the store answers, for up to half a minute
+/// — so that an attempt whose answer was lost does not hold its key for a whole lease. Outside a
+/// runtime nothing is sent and the lease's expiry frees the key.
+pub(crate) fn release_in_background<F>(
+    owner: Owner,
+    why: &'static str,
+    after: Instant,
+    mut release: F,
+) where
     F: FnMut() -> StoreFuture<bool> + Send + 'static,
 {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     runtime.spawn(async move {
+        tokio::time::sleep_until(after).await;
         let deadline = Instant::now() + RELEASE_PATIENCE;
         let mut pause = Duration::from_millis(50);
         loop {
@@ -137,8 +142,11 @@ pub(crate) async fn log_release(owner: Owner, why: &'static str, release: StoreF
 }
 
 /// Undoes an attempt in the background unless [disarmed](Self::disarm): an attempt that got no
-/// answer — an error, a timeout, a caller that went away mid-call — may still have been made by
-/// the store, and its token-checked undo is harmless if it was not.
+/// answer — an error, a timeout, a caller that went away mid-call — may have been made by the
+/// store, and its token-checked undo is harmless if it was not. The undo is sent once the
+/// attempt's deadline has passed: from then on the store refuses the attempt should it still
+/// arrive (see [Deadlines](crate::store#deadlines)), so an undo that ran cannot be overtaken by
+/// the write it undid.
 pub(crate) struct UndoUnanswered<F>
 where
     F: FnMut() -> StoreFuture<bool> + Send + 'static,
@@ -146,18 +154,20 @@ where
     undo: Option<F>,
     owner: Owner,
     why: &'static str,
+    deadline: Instant,
 }
 
 impl<F> UndoUnanswered<F>
 where
     F: FnMut() -> StoreFuture<bool> + Send + 'static,
 {
-    /// Arms `undo`, to be run should the attempt go unanswered.
-    pub(crate) fn new(owner: Owner, why: &'static str, undo: F) -> Self {
+    /// Arms `undo`, to be run should the attempt, sent with `deadline`, go unanswered.
+    pub(crate) fn new(owner: Owner, why: &'static str, deadline: Instant, undo: F) -> Self {
         Self {
             undo: Some(undo),
             owner,
             why,
+            deadline,
         }
     }
 
@@ -173,7 +183,7 @@ where
 {
     fn drop(&mut self) {
         if let Some(undo) = self.undo.take() {
-            release_in_background(self.owner, self.why, undo);
+            release_in_background(self.owner, self.why, self.deadline, undo);
         }
     }
 }

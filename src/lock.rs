@@ -145,17 +145,20 @@ impl Locks {
     ) -> Result<LockGuard, LockError> {
         let (key, fence_key) = keys::lock(&self.prefix, name.as_ref());
         let token = uuid::Uuid::new_v4().to_string();
+        let deadline = Instant::now() + self.store.timeout();
         // An attempt without an answer (an error, a timeout, a caller gone mid-call) may have
-        // taken the lock: it is given back in the background, token-checked.
+        // taken the lock: it is given back in the background, token-checked, once its deadline
+        // has passed.
         let mut unanswered = {
             let (store, key, token) = (Arc::clone(&self.store), key.clone(), token.clone());
-            UndoUnanswered::new(Owner::Lock, "a lock attempt went unanswered", move || {
+            let why = "a lock attempt went unanswered";
+            UndoUnanswered::new(Owner::Lock, why, deadline, move || {
                 store.delete_if_held(key.clone(), token.clone())
             })
         };
         let attempt = self
             .store
-            .lock_acquire(key.clone(), fence_key, token.clone(), lease)
+            .lock_acquire(key.clone(), fence_key, token.clone(), lease, deadline)
             .await
             .inspect_err(|_| crate::metrics::lock("error"))?;
         unanswered.disarm();
@@ -260,7 +263,8 @@ async fn keep_alive(
     lost: watch::Sender<bool>,
 ) {
     lease::keep_alive(Owner::Lock, lease, || {
-        store.extend_if_held(key.clone(), token.clone(), lease)
+        let deadline = Instant::now() + store.timeout();
+        store.extend_if_held(key.clone(), token.clone(), lease, deadline)
     })
     .await;
     let _ = lost.send(true);
@@ -337,9 +341,10 @@ impl LockGuard {
     /// Resets the lease to `lease` from now — shorter or longer than the one it was taken with,
     /// replacing whatever was left of it; [`LockError::Lost`] when the lock is no longer ours.
     pub async fn reset_lease(&self, lease: Duration) -> Result<(), LockError> {
+        let deadline = Instant::now() + self.store.timeout();
         let held = self
             .store
-            .extend_if_held(self.key.clone(), self.token.clone(), lease)
+            .extend_if_held(self.key.clone(), self.token.clone(), lease, deadline)
             .await?;
         if held { Ok(()) } else { Err(LockError::Lost) }
     }
@@ -375,7 +380,8 @@ impl Drop for LockGuard {
             std::mem::take(&mut self.token),
         );
         let store = Arc::clone(&self.store);
-        lease::release_in_background(Owner::Lock, "the guard was dropped", move || {
+        let why = "the guard was dropped";
+        lease::release_in_background(Owner::Lock, why, Instant::now(), move || {
             store.delete_if_held(key.clone(), token.clone())
         });
     }
@@ -396,8 +402,17 @@ mod tests {
     }
 
     impl LockStore for FirstReleaseHangs {
-        fn claim(&self, k: String, h: String, t: Option<Duration>) -> StoreFuture<ClaimOutcome> {
-            self.inner.claim(k, h, t)
+        fn timeout(&self) -> Duration {
+            self.inner.timeout()
+        }
+        fn claim(
+            &self,
+            k: String,
+            h: String,
+            t: Option<Duration>,
+            d: Instant,
+        ) -> StoreFuture<ClaimOutcome> {
+            self.inner.claim(k, h, t, d)
         }
         fn lock_acquire(
             &self,
@@ -405,11 +420,18 @@ mod tests {
             f: String,
             t: String,
             l: Duration,
+            d: Instant,
         ) -> StoreFuture<LockAttempt> {
-            self.inner.lock_acquire(k, f, t, l)
+            self.inner.lock_acquire(k, f, t, l, d)
         }
-        fn extend_if_held(&self, k: String, t: String, l: Duration) -> StoreFuture<bool> {
-            self.inner.extend_if_held(k, t, l)
+        fn extend_if_held(
+            &self,
+            k: String,
+            t: String,
+            l: Duration,
+            d: Instant,
+        ) -> StoreFuture<bool> {
+            self.inner.extend_if_held(k, t, l, d)
         }
         fn delete_if_held(&self, k: String, t: String) -> StoreFuture<bool> {
             if self.hung.swap(true, Ordering::SeqCst) {

@@ -193,23 +193,47 @@ async fn a_caller_with_several_limits_is_one_entry() {
 async fn a_full_store_refuses_new_keys_with_an_error() {
     let store = MemoryStore::with_capacity(2);
     let ttl = Some(Duration::from_secs(10));
-    assert!(store.claim("a".into(), "x".into(), ttl).await.unwrap().won);
     assert!(
         store
-            .claim("b".into(), "x".into(), Some(Duration::from_secs(1)))
+            .claim("a".into(), "x".into(), ttl, soon())
+            .await
+            .unwrap()
+            .won
+    );
+    assert!(
+        store
+            .claim("b".into(), "x".into(), Some(Duration::from_secs(1)), soon())
             .await
             .unwrap()
             .won
     );
     assert_eq!(
-        refused(store.claim("c".into(), "x".into(), ttl).await),
+        refused(store.claim("c".into(), "x".into(), ttl, soon()).await),
         StoreErrorKind::Protocol
     );
-    let begin = store.idempotency_begin("i".into(), "f".into(), "t".into(), Duration::from_secs(5));
+    let begin = store.idempotency_begin(
+        "i".into(),
+        "f".into(),
+        "t".into(),
+        Duration::from_secs(5),
+        soon(),
+    );
     assert_eq!(refused(begin.await), StoreErrorKind::Protocol);
     // what is held still answers: the holder wins again, another holder loses
-    assert!(store.claim("a".into(), "x".into(), ttl).await.unwrap().won);
-    assert!(!store.claim("a".into(), "y".into(), ttl).await.unwrap().won);
+    assert!(
+        store
+            .claim("a".into(), "x".into(), ttl, soon())
+            .await
+            .unwrap()
+            .won
+    );
+    assert!(
+        !store
+            .claim("a".into(), "y".into(), ttl, soon())
+            .await
+            .unwrap()
+            .won
+    );
     // rate callers count apart
     let p = policy(Algorithm::Gcra, vec![Limit::per_second("s", 1)]);
     assert!(check(&store, &p, caller(0)).await.admitted);
@@ -218,11 +242,11 @@ async fn a_full_store_refuses_new_keys_with_an_error() {
     tokio::time::advance(Duration::from_secs(1)).await;
     let (lock, fence) = ("t:lock:{l}".to_owned(), "t:lock:{l}:fence".to_owned());
     let lease = Duration::from_secs(5);
-    let attempt = store.lock_acquire(lock.clone(), fence.clone(), "t".into(), lease);
+    let attempt = store.lock_acquire(lock.clone(), fence.clone(), "t".into(), lease, soon());
     assert_eq!(refused(attempt.await), StoreErrorKind::Protocol);
     assert!(store.delete_if_held("a".into(), "x".into()).await.unwrap());
     let attempt = store
-        .lock_acquire(lock, fence, "t".into(), lease)
+        .lock_acquire(lock, fence, "t".into(), lease, soon())
         .await
         .unwrap();
     assert!(matches!(attempt, LockAttempt::Acquired { .. }));
@@ -364,4 +388,9 @@ fn a_fallback_without_room_is_refused_at_build_time() {
         .fallback_capacity(0)
         .build();
     assert_eq!(built.unwrap_err().kind(), ConfigErrorKind::FailurePolicy);
+}
+
+/// A deadline that a store call made now meets.
+fn soon() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(1)
 }

@@ -108,14 +108,26 @@ async fn acknowledged_writes_succeed() {
     guard.release().await.unwrap();
     let key = unique("idem");
     let begin = store
-        .idempotency_begin(key.clone(), "fp".into(), "t".into(), Duration::from_secs(5))
+        .idempotency_begin(
+            key.clone(),
+            "fp".into(),
+            "t".into(),
+            Duration::from_secs(5),
+            crate::common::soon(),
+        )
         .await
         .unwrap();
     assert_eq!(begin, IdempotencyBegin::Claimed);
     let record = bytes::Bytes::from_static(b"record");
     assert!(
         store
-            .idempotency_complete(key, "t".into(), record, Duration::from_secs(60))
+            .idempotency_complete(
+                key,
+                "t".into(),
+                record,
+                Duration::from_secs(60),
+                crate::common::soon()
+            )
             .await
             .unwrap()
     );
@@ -142,7 +154,8 @@ async fn unacknowledged_writes_fail_closed_and_are_undone() {
                 key.clone(),
                 "fp".into(),
                 "t".into(),
-                Duration::from_secs(60)
+                Duration::from_secs(60),
+                crate::common::soon()
             )
             .await
             .is_err()
@@ -166,7 +179,13 @@ async fn unacknowledged_writes_fail_closed_and_are_undone() {
         "a refused lock acquisition still holds the lock"
     );
     let begin = plain
-        .idempotency_begin(key, "fp".into(), "u".into(), Duration::from_secs(60))
+        .idempotency_begin(
+            key,
+            "fp".into(),
+            "u".into(),
+            Duration::from_secs(60),
+            crate::common::soon(),
+        )
         .await
         .unwrap();
     assert_eq!(

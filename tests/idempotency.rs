@@ -1281,14 +1281,20 @@ const SLOW_WRITE: Duration = Duration::from_millis(50);
 
 /// Only the idempotency capability: the layer asks for nothing else.
 impl IdempotencyStore for SlowWrites {
+    fn timeout(&self) -> Duration {
+        IdempotencyStore::timeout(&self.0) + SLOW_WRITE
+    }
+
     fn idempotency_begin(
         &self,
         key: String,
         fingerprint: String,
         token: String,
         lease: Duration,
+        deadline: tokio::time::Instant,
     ) -> StoreFuture<IdempotencyBegin> {
-        self.0.idempotency_begin(key, fingerprint, token, lease)
+        self.0
+            .idempotency_begin(key, fingerprint, token, lease, deadline)
     }
 
     fn idempotency_complete(
@@ -1297,8 +1303,11 @@ impl IdempotencyStore for SlowWrites {
         token: String,
         response: Bytes,
         retention: Duration,
+        deadline: tokio::time::Instant,
     ) -> StoreFuture<bool> {
-        let write = self.0.idempotency_complete(key, token, response, retention);
+        let write = self
+            .0
+            .idempotency_complete(key, token, response, retention, deadline);
         Box::pin(async move {
             tokio::time::sleep(SLOW_WRITE).await;
             write.await
@@ -1313,8 +1322,14 @@ impl IdempotencyStore for SlowWrites {
         })
     }
 
-    fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        self.0.idempotency_extend(key, token, lease)
+    fn idempotency_extend(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        deadline: tokio::time::Instant,
+    ) -> StoreFuture<bool> {
+        self.0.idempotency_extend(key, token, lease, deadline)
     }
 }
 
@@ -1514,6 +1529,7 @@ async fn lease_takeover(store: impl Store) {
             fp.clone(),
             token.to_owned(),
             Duration::from_millis(lease_ms),
+            crate::common::soon(),
         )
     };
     assert_eq!(begin("A", 300).await.unwrap(), IdempotencyBegin::Claimed);
@@ -1529,6 +1545,7 @@ async fn lease_takeover(store: impl Store) {
             "fingerprint-2".into(),
             "Y".into(),
             Duration::from_secs(30),
+            crate::common::soon(),
         )
         .await
         .unwrap();
@@ -1536,7 +1553,7 @@ async fn lease_takeover(store: impl Store) {
     let lease = Duration::from_millis(300);
     assert!(
         !store
-            .idempotency_extend(key.clone(), "B".into(), lease)
+            .idempotency_extend(key.clone(), "B".into(), lease, crate::common::soon())
             .await
             .unwrap()
     );
@@ -1548,7 +1565,13 @@ async fn lease_takeover(store: impl Store) {
     );
     assert!(
         !store
-            .idempotency_complete(key.clone(), "B".into(), Bytes::from_static(b"x"), lease)
+            .idempotency_complete(
+                key.clone(),
+                "B".into(),
+                Bytes::from_static(b"x"),
+                lease,
+                crate::common::soon()
+            )
             .await
             .unwrap()
     );
@@ -1561,7 +1584,7 @@ async fn lease_takeover(store: impl Store) {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(
         !store
-            .idempotency_extend(key.clone(), "A".into(), lease)
+            .idempotency_extend(key.clone(), "A".into(), lease, crate::common::soon())
             .await
             .unwrap()
     );
@@ -1571,14 +1594,20 @@ async fn lease_takeover(store: impl Store) {
     let b_bytes = Bytes::from_static(b"B's response \x00\xff");
     assert!(
         !store
-            .idempotency_complete(key.clone(), "A".into(), a_bytes, retention)
+            .idempotency_complete(
+                key.clone(),
+                "A".into(),
+                a_bytes,
+                retention,
+                crate::common::soon()
+            )
             .await
             .unwrap(),
         "the stale owner cannot complete"
     );
     assert!(
         !store
-            .idempotency_extend(key.clone(), "A".into(), lease)
+            .idempotency_extend(key.clone(), "A".into(), lease, crate::common::soon())
             .await
             .unwrap()
     );
@@ -1594,7 +1623,13 @@ async fn lease_takeover(store: impl Store) {
     ));
     assert!(
         store
-            .idempotency_complete(key.clone(), "B".into(), b_bytes.clone(), retention)
+            .idempotency_complete(
+                key.clone(),
+                "B".into(),
+                b_bytes.clone(),
+                retention,
+                crate::common::soon()
+            )
             .await
             .unwrap()
     );
@@ -1611,7 +1646,7 @@ async fn lease_takeover(store: impl Store) {
     );
     assert!(
         !store
-            .idempotency_extend(key.clone(), "B".into(), lease)
+            .idempotency_extend(key.clone(), "B".into(), lease, crate::common::soon())
             .await
             .unwrap()
     );
@@ -1621,7 +1656,8 @@ async fn lease_takeover(store: impl Store) {
                 key.clone(),
                 "B".into(),
                 Bytes::from_static(b"again"),
-                retention
+                retention,
+                crate::common::soon()
             )
             .await
             .unwrap()
@@ -1631,7 +1667,13 @@ async fn lease_takeover(store: impl Store) {
         IdempotencyBegin::Completed(b_bytes)
     );
     let mismatch = store
-        .idempotency_begin(key.clone(), "fingerprint-2".into(), "E".into(), lease)
+        .idempotency_begin(
+            key.clone(),
+            "fingerprint-2".into(),
+            "E".into(),
+            lease,
+            crate::common::soon(),
+        )
         .await
         .unwrap();
     assert_eq!(mismatch, IdempotencyBegin::Mismatch);

@@ -74,9 +74,15 @@ async fn migrate_is_idempotent_and_safe_to_run_at_once() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(versions, vec![1]);
-    let won = stores[2].claim("k".into(), "a".into(), None).await.unwrap();
+    let won = stores[2]
+        .claim("k".into(), "a".into(), None, crate::common::soon())
+        .await
+        .unwrap();
     assert!(won.won);
-    let lost = stores[3].claim("k".into(), "b".into(), None).await.unwrap();
+    let lost = stores[3]
+        .claim("k".into(), "b".into(), None, crate::common::soon())
+        .await
+        .unwrap();
     assert!(!lost.won && lost.holder == "a", "one schema, seen by all");
 }
 
@@ -137,7 +143,12 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     for i in 0..7 {
         assert!(
             store
-                .claim(format!("brief-{i}"), "h".into(), Some(brief))
+                .claim(
+                    format!("brief-{i}"),
+                    "h".into(),
+                    Some(brief),
+                    crate::common::soon()
+                )
                 .await
                 .unwrap()
                 .won
@@ -149,12 +160,19 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
             "lock-brief:fence".into(),
             "t".into(),
             brief,
+            crate::common::soon(),
         )
         .await
         .unwrap();
     assert!(matches!(lock, LockAttempt::Acquired { .. }));
     let idem = store
-        .idempotency_begin("idem-brief".into(), "fp".into(), "t".into(), brief)
+        .idempotency_begin(
+            "idem-brief".into(),
+            "fp".into(),
+            "t".into(),
+            brief,
+            crate::common::soon(),
+        )
         .await
         .unwrap();
     assert_eq!(idem, IdempotencyBegin::Claimed);
@@ -177,14 +195,19 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     // live: a claim kept forever, a claim, a lock and a record for a minute, a minute's log
     assert!(
         store
-            .claim("forever".into(), "h".into(), None)
+            .claim("forever".into(), "h".into(), None, crate::common::soon())
             .await
             .unwrap()
             .won
     );
     assert!(
         store
-            .claim("minute".into(), "h".into(), Some(long))
+            .claim(
+                "minute".into(),
+                "h".into(),
+                Some(long),
+                crate::common::soon()
+            )
             .await
             .unwrap()
             .won
@@ -195,12 +218,19 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
             "lock-long:fence".into(),
             "t".into(),
             long,
+            crate::common::soon(),
         )
         .await
         .unwrap();
     assert!(matches!(held, LockAttempt::Acquired { .. }));
     let record = store
-        .idempotency_begin("idem-long".into(), "fp".into(), "t".into(), long)
+        .idempotency_begin(
+            "idem-long".into(),
+            "fp".into(),
+            "t".into(),
+            long,
+            crate::common::soon(),
+        )
         .await
         .unwrap();
     assert_eq!(record, IdempotencyBegin::Claimed);
@@ -240,14 +270,14 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     // the live state is untouched
     assert!(
         !store
-            .claim("forever".into(), "x".into(), None)
+            .claim("forever".into(), "x".into(), None, crate::common::soon())
             .await
             .unwrap()
             .won
     );
     assert!(
         !store
-            .claim("minute".into(), "x".into(), None)
+            .claim("minute".into(), "x".into(), None, crate::common::soon())
             .await
             .unwrap()
             .won
@@ -258,12 +288,19 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
             "lock-long:fence".into(),
             "x".into(),
             long,
+            crate::common::soon(),
         )
         .await
         .unwrap();
     assert!(matches!(busy, LockAttempt::Held { .. }));
     let running = store
-        .idempotency_begin("idem-long".into(), "fp".into(), "x".into(), long)
+        .idempotency_begin(
+            "idem-long".into(),
+            "fp".into(),
+            "x".into(),
+            long,
+            crate::common::soon(),
+        )
         .await
         .unwrap();
     assert!(matches!(running, IdempotencyBegin::InFlight { .. }));
@@ -275,7 +312,7 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     // and the purged keys are free
     assert!(
         store
-            .claim("brief-0".into(), "x".into(), None)
+            .claim("brief-0".into(), "x".into(), None, crate::common::soon())
             .await
             .unwrap()
             .won
@@ -297,7 +334,7 @@ async fn the_background_purge_runs_and_stops_with_the_store() {
         let ttl = Some(Duration::from_millis(50));
         assert!(
             store
-                .claim(format!("c{i}"), "h".into(), ttl)
+                .claim(format!("c{i}"), "h".into(), ttl, crate::common::soon())
                 .await
                 .unwrap()
                 .won
@@ -313,7 +350,12 @@ async fn the_background_purge_runs_and_stops_with_the_store() {
     drop(store);
     assert!(
         clone
-            .claim("late".into(), "h".into(), Some(Duration::from_millis(50)))
+            .claim(
+                "late".into(),
+                "h".into(),
+                Some(Duration::from_millis(50)),
+                crate::common::soon()
+            )
             .await
             .unwrap()
             .won
@@ -335,7 +377,7 @@ async fn a_stopped_server_gives_an_error_within_the_timeout_then_recovers() {
         .unwrap();
     assert!(
         store
-            .claim("kept".into(), "a".into(), None)
+            .claim("kept".into(), "a".into(), None, crate::common::soon())
             .await
             .unwrap()
             .won
@@ -357,7 +399,7 @@ async fn a_stopped_server_gives_an_error_within_the_timeout_then_recovers() {
                 .await
                 .unwrap_err(),
             store
-                .claim("other".into(), "b".into(), None)
+                .claim("other".into(), "b".into(), None, crate::common::soon())
                 .await
                 .unwrap_err(),
         ];
@@ -387,7 +429,10 @@ async fn a_stopped_server_gives_an_error_within_the_timeout_then_recovers() {
         .ping()
         .await
         .expect("the store recovers after a restart");
-    let again = store.claim("kept".into(), "b".into(), None).await.unwrap();
+    let again = store
+        .claim("kept".into(), "b".into(), None, crate::common::soon())
+        .await
+        .unwrap();
     assert!(
         !again.won && again.holder == "a",
         "claims are logged: kept across the restart"
@@ -406,7 +451,7 @@ async fn a_call_blocked_on_the_server_times_out() {
         .unwrap();
     assert!(
         store
-            .claim("busy".into(), "a".into(), None)
+            .claim("busy".into(), "a".into(), None, crate::common::soon())
             .await
             .unwrap()
             .won
@@ -425,7 +470,7 @@ async fn a_call_blocked_on_the_server_times_out() {
     .unwrap();
     let started = Instant::now();
     let error = store
-        .claim("busy".into(), "b".into(), None)
+        .claim("busy".into(), "b".into(), None, crate::common::soon())
         .await
         .unwrap_err();
     let elapsed = started.elapsed();
@@ -436,7 +481,10 @@ async fn a_call_blocked_on_the_server_times_out() {
     );
     tx.rollback().await.unwrap();
     // the store goes on, on another connection
-    let lost = store.claim("busy".into(), "b".into(), None).await.unwrap();
+    let lost = store
+        .claim("busy".into(), "b".into(), None, crate::common::soon())
+        .await
+        .unwrap();
     assert!(!lost.won);
 }
 
@@ -460,10 +508,19 @@ async fn nothing_listening_is_unavailable_at_once() {
 async fn calls_before_the_migration_are_protocol_errors() {
     let server = server().await;
     let store = server.builder().build().unwrap();
-    let error = store.claim("k".into(), "a".into(), None).await.unwrap_err();
+    let error = store
+        .claim("k".into(), "a".into(), None, crate::common::soon())
+        .await
+        .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Protocol, "{error}");
     store.migrate().await.unwrap();
-    assert!(store.claim("k".into(), "a".into(), None).await.unwrap().won);
+    assert!(
+        store
+            .claim("k".into(), "a".into(), None, crate::common::soon())
+            .await
+            .unwrap()
+            .won
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -588,6 +645,7 @@ async fn a_release_sent_again_answers_as_its_first_run() {
             "lock:fence".into(),
             "t".into(),
             Duration::from_secs(5),
+            crate::common::soon(),
         )
         .await
         .unwrap();
@@ -604,6 +662,7 @@ async fn a_release_sent_again_answers_as_its_first_run() {
             "fp".into(),
             "t".into(),
             Duration::from_secs(5),
+            crate::common::soon(),
         )
         .await
         .unwrap();

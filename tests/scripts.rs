@@ -46,6 +46,12 @@ fn twice(conn: &mut Connection, name: &str, keys: &[&str], args: &[&str]) -> Val
     first
 }
 
+/// A deadline no test reaches: 2255, in microseconds of store time.
+const LATER: &str = "9000000000000000";
+
+/// A deadline that has passed: one microsecond into 1970.
+const EARLIER: &str = "1";
+
 fn get(conn: &mut Connection, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query(conn).unwrap()
 }
@@ -74,10 +80,19 @@ fn items(v: Value) -> Vec<Value> {
 fn a_claim_run_twice_is_won_twice() {
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let won = twice(&mut conn, "claim", &["c:{1}"], &["holder-a", "0"]);
-    assert_eq!(int(&items(won)[0]), 1);
+    let args = ["holder-a", "0", LATER];
+    let won = items(run(&mut conn, "claim", &["c:{1}"], &args));
+    assert_eq!(int(&won[0]), 1, "won, written");
+    let again = items(run(&mut conn, "claim", &["c:{1}"], &args));
+    assert_eq!(int(&again[0]), 2, "won again, nothing written");
+    assert_eq!([&again[1]], [&won[1]]);
     assert_eq!(get(&mut conn, "c:{1}").as_deref(), Some("holder-a"));
-    let lost = items(run(&mut conn, "claim", &["c:{1}"], &["holder-b", "0"]));
+    let lost = items(run(
+        &mut conn,
+        "claim",
+        &["c:{1}"],
+        &["holder-b", "0", LATER],
+    ));
     assert_eq!(int(&lost[0]), 0, "another holder loses");
 }
 
@@ -86,21 +101,23 @@ fn a_lock_acquisition_run_twice_keeps_its_fencing_token() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let keys = ["l:{1}", "l:{1}:fence"];
-    let acquired = items(twice(
-        &mut conn,
-        "lock_acquire",
-        &keys,
-        &["t", "5000", "60000"],
-    ));
-    assert_eq!(int(&acquired[0]), 1);
+    let args = ["t", "5000", "60000", LATER];
+    let acquired = items(run(&mut conn, "lock_acquire", &keys, &args));
+    assert_eq!(int(&acquired[0]), 1, "acquired by this call");
     let fence = int(&acquired[1]);
+    let again = items(run(&mut conn, "lock_acquire", &keys, &args));
+    assert_eq!(
+        [int(&again[0]), int(&again[1])],
+        [2, fence],
+        "held already, the same fencing token"
+    );
     assert_eq!(get(&mut conn, keys[1]), Some(fence.to_string()));
     assert_eq!(get(&mut conn, keys[0]).as_deref(), Some("t"));
     let held = items(run(
         &mut conn,
         "lock_acquire",
         &keys,
-        &["u", "5000", "60000"],
+        &["u", "5000", "60000", LATER],
     ));
     assert_eq!(int(&held[0]), 0, "another owner is refused");
 }
@@ -141,7 +158,12 @@ fn an_extension_run_twice_is_extended_twice() {
         .arg("t")
         .query(&mut conn)
         .unwrap();
-    let extended = twice(&mut conn, "compare_and_pexpire", &["l:{1}"], &["t", "5000"]);
+    let extended = twice(
+        &mut conn,
+        "compare_and_pexpire",
+        &["l:{1}"],
+        &["t", "5000", LATER],
+    );
     assert_eq!(int(&extended), 1);
 }
 
@@ -150,15 +172,24 @@ fn idempotency_scripts_run_twice_answer_alike() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let record = "i:{1}";
-    let claimed = twice(&mut conn, "idem_begin", &[record], &["fp", "t", "30000"]);
-    assert_eq!(
-        items(claimed),
-        vec![Value::Int(0)],
-        "claimed, not in flight"
-    );
+    let begin = ["fp", "t", "30000", LATER];
+    let claimed = run(&mut conn, "idem_begin", &[record], &begin);
+    assert_eq!(items(claimed), vec![Value::Int(0)], "claimed, written");
     let running = hash(&mut conn, record);
+    let again = run(&mut conn, "idem_begin", &[record], &begin);
     assert_eq!(
-        int(&twice(&mut conn, "idem_extend", &[record], &["t", "30000"])),
+        items(again),
+        vec![Value::Int(4)],
+        "claimed already, not in flight"
+    );
+    assert_eq!(hash(&mut conn, record), running);
+    assert_eq!(
+        int(&twice(
+            &mut conn,
+            "idem_extend",
+            &[record],
+            &["t", "30000", LATER]
+        )),
         1
     );
     assert_eq!(hash(&mut conn, record), running);
@@ -166,7 +197,7 @@ fn idempotency_scripts_run_twice_answer_alike() {
         &mut conn,
         "idem_complete",
         &[record],
-        &["t", "response", "60000"],
+        &["t", "response", "60000", LATER],
     );
     assert_eq!(int(&stored), 1, "stored, not lost");
     let done = hash(&mut conn, record);
@@ -180,7 +211,12 @@ fn idempotency_scripts_run_twice_answer_alike() {
     );
     // the owner's token can neither extend nor release a completed record
     assert_eq!(
-        int(&run(&mut conn, "idem_extend", &[record], &["t", "1"])),
+        int(&run(
+            &mut conn,
+            "idem_extend",
+            &[record],
+            &["t", "1", LATER]
+        )),
         0
     );
     let keys = [record, "i:{1}:released"];
@@ -191,7 +227,12 @@ fn idempotency_scripts_run_twice_answer_alike() {
     assert_eq!(hash(&mut conn, record), done);
 
     let other = ["i:{2}", "i:{2}:released"];
-    run(&mut conn, "idem_begin", &other[..1], &["fp", "t", "30000"]);
+    run(
+        &mut conn,
+        "idem_begin",
+        &other[..1],
+        &["fp", "t", "30000", LATER],
+    );
     let released = twice(&mut conn, "idem_release", &other, &["t", "60000", "call-1"]);
     assert_eq!(int(&released), 1, "released, both times");
     assert!(hash(&mut conn, other[0]).is_empty());
@@ -241,6 +282,7 @@ fn rate_checks_run_twice_are_charged_once() {
                 "1",
                 cost,
                 "00000000000000a1",
+                LATER,
             ];
             let first = items(run(&mut conn, "rate", &keys, &args));
             let state = [
@@ -281,6 +323,7 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
             "1",
             "1",
             "00000000000000b1",
+            LATER,
         ];
         let last = [
             "1",
@@ -291,6 +334,7 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
             "1",
             "1",
             "00000000000000b2",
+            LATER,
         ];
         run(&mut conn, "rate", &[&key], &once);
         let first = items(run(&mut conn, "rate", &[&key], &last));
@@ -320,6 +364,7 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
             "1",
             "1",
             "00000000000000b3",
+            LATER,
         ];
         let denied = items(run(&mut conn, "rate", &[&key], &other));
         assert_eq!(int(&denied[0]), 0, "{name}: another attempt is denied");
@@ -347,7 +392,7 @@ fn a_batch_decides_its_checks_in_turn_and_a_failing_one_alone() {
             "00000000000000c2",
             "00000000000000c3",
         ] {
-            args.extend(["1", "1", attempt]);
+            args.extend(["1", "1", attempt, LATER]);
         }
         let keys = [&key[..], &wrong, &key, &key];
         let reply = items(run(&mut conn, "rate", &keys, &args));
@@ -361,5 +406,83 @@ fn a_batch_decides_its_checks_in_turn_and_a_failing_one_alone() {
         );
         assert_eq!([int(&reply[6]), int(&reply[8])], [1, 0], "{name}: second");
         assert_eq!(int(&reply[10]), 0, "{name}: third, denied");
+    }
+}
+
+/// Every write script received after its deadline answers `-1` and changes nothing; so does a
+/// rate check, alone in its batch's answer (`-2, 0`), while the checks beside it are decided.
+#[test]
+fn a_script_received_after_its_deadline_does_nothing() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let late = |conn: &mut Connection, name: &str, keys: &[&str], args: &[&str]| {
+        assert_eq!(run(conn, name, keys, args), Value::Int(-1), "{name}");
+    };
+    late(&mut conn, "claim", &["c:{1}"], &["h", "0", EARLIER]);
+    late(
+        &mut conn,
+        "lock_acquire",
+        &["l:{1}", "l:{1}:fence"],
+        &["t", "5000", "60000", EARLIER],
+    );
+    late(
+        &mut conn,
+        "idem_begin",
+        &["i:{1}"],
+        &["fp", "t", "30000", EARLIER],
+    );
+    let nothing: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert!(nothing.is_empty(), "{nothing:?}");
+
+    // on keys that exist, the late extensions and completion change nothing either
+    let _: () = redis::cmd("SET")
+        .arg("l:{1}")
+        .arg("t")
+        .query(&mut conn)
+        .unwrap();
+    run(
+        &mut conn,
+        "idem_begin",
+        &["i:{1}"],
+        &["fp", "t", "30000", LATER],
+    );
+    let record = hash(&mut conn, "i:{1}");
+    late(
+        &mut conn,
+        "compare_and_pexpire",
+        &["l:{1}"],
+        &["t", "5000", EARLIER],
+    );
+    late(&mut conn, "idem_extend", &["i:{1}"], &["t", "1", EARLIER]);
+    late(
+        &mut conn,
+        "idem_complete",
+        &["i:{1}"],
+        &["t", "response", "60000", EARLIER],
+    );
+    let ttl: i64 = redis::cmd("PTTL").arg("l:{1}").query(&mut conn).unwrap();
+    assert_eq!(ttl, -1, "the lock's expiry was not touched");
+    assert_eq!(hash(&mut conn, "i:{1}"), record);
+
+    for (name, code) in ALGORITHMS {
+        let key = format!("r:{{late-{name}}}:a");
+        // 2 per minute: an on-time check, a late one, an on-time one
+        let mut args = vec!["1", code, "1", "2", "60000000"];
+        args.extend(["1", "1", "00000000000000d1", LATER]);
+        args.extend(["1", "1", "00000000000000d2", EARLIER]);
+        args.extend(["1", "1", "00000000000000d3", LATER]);
+        let reply = items(run(&mut conn, "rate", &[&key, &key, &key], &args));
+        assert_eq!(reply.len(), 4 + 2 + 4, "{name}: {reply:?}");
+        assert_eq!([int(&reply[0]), int(&reply[2])], [1, 1], "{name}: first");
+        assert_eq!(
+            [int(&reply[4]), int(&reply[5])],
+            [-2, 0],
+            "{name}: the late one"
+        );
+        assert_eq!(
+            [int(&reply[6]), int(&reply[8])],
+            [1, 0],
+            "{name}: the third takes the last unit"
+        );
     }
 }

@@ -332,6 +332,7 @@ async fn complete(settings: &Settings, key: String, token: String, record: Bytes
             token.clone(),
             record.clone(),
             settings.retention,
+            Instant::now() + settings.store.timeout(),
         );
         match attempt.await {
             Ok(true) => return true,
@@ -367,9 +368,12 @@ pub(super) async fn release(settings: &Settings, key: String, token: String, why
 /// Keeps the claim alive while the handler runs (see [`lease::keep_alive`]).
 async fn keep_lease(settings: Arc<Settings>, key: String, token: String) {
     lease::keep_alive(Owner::Idempotency, settings.lease, || {
-        settings
-            .store
-            .idempotency_extend(key.clone(), token.clone(), settings.lease)
+        settings.store.idempotency_extend(
+            key.clone(),
+            token.clone(),
+            settings.lease,
+            Instant::now() + settings.store.timeout(),
+        )
     })
     .await;
 }

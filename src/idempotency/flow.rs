@@ -103,22 +103,21 @@ async fn claim<B>(
 ) -> Result<(), Response<IdempotencyBody<B>>> {
     let wait_until = wait_deadline(settings.on_concurrent);
     let mut pause = Duration::from_millis(10);
-    // While a claim attempt is unanswered — it timed out, or the caller went away mid-call — the
-    // store may still have made it: the guard then releases it (token-checked, so harmlessly if
-    // it was not made) instead of leaving the key blocked for a whole lease.
-    let mut unanswered = {
-        let (settings, key, token) = (Arc::clone(settings), key.to_owned(), token.to_owned());
-        UndoUnanswered::new(
-            Owner::Idempotency,
-            "a claim attempt went unanswered",
-            move || {
+    loop {
+        // While a claim attempt is unanswered — it timed out, or the caller went away mid-call —
+        // the store may have made it: the guard then releases it once the attempt's deadline has
+        // passed (token-checked, so harmlessly if it was not made) instead of leaving the key
+        // blocked for a whole lease.
+        let deadline = Instant::now() + settings.store.timeout();
+        let mut unanswered = {
+            let (settings, key, token) = (Arc::clone(settings), key.to_owned(), token.to_owned());
+            let why = "a claim attempt went unanswered";
+            UndoUnanswered::new(Owner::Idempotency, why, deadline, move || {
                 settings
                     .store
                     .idempotency_release(key.clone(), token.clone())
-            },
-        )
-    };
-    loop {
+            })
+        };
         let begin = settings
             .store
             .idempotency_begin(
@@ -126,16 +125,19 @@ async fn claim<B>(
                 fingerprint.to_owned(),
                 token.to_owned(),
                 settings.lease,
+                deadline,
             )
             .await;
+        if begin.is_ok() {
+            unanswered.disarm();
+        }
         match begin {
-            Ok(IdempotencyBegin::Claimed) => break,
+            // the claim is ours: the execution task owns it from here
+            Ok(IdempotencyBegin::Claimed) => return Ok(()),
             Ok(IdempotencyBegin::Mismatch) => {
-                unanswered.disarm();
                 return Err(Rejection::Mismatch.into_response(settings, grpc));
             }
             Ok(IdempotencyBegin::Completed(record)) => {
-                unanswered.disarm();
                 crate::metrics::idempotency("replayed");
                 return Err(replay(settings, &record, grpc));
             }
@@ -144,10 +146,7 @@ async fn claim<B>(
                     tokio::time::sleep(pause.min(until - Instant::now())).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
-                _ => {
-                    unanswered.disarm();
-                    return Err(Rejection::InFlight.into_response(settings, grpc));
-                }
+                _ => return Err(Rejection::InFlight.into_response(settings, grpc)),
             },
             Err(error) => {
                 tracing::warn!(target: "tollgate::idempotency", %error, "idempotency store failed; refusing the request");
@@ -155,9 +154,6 @@ async fn claim<B>(
             }
         }
     }
-    // the claim is ours: the execution task owns it from here
-    unanswered.disarm();
-    Ok(())
 }
 
 /// Until when a request waits for another one holding its key, if it waits at all.

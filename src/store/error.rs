@@ -42,6 +42,15 @@ impl StoreError {
         }
     }
 
+    /// A write that the store received after its deadline, and so did not run: the caller had
+    /// given up on it already.
+    pub(crate) fn expired() -> Self {
+        Self::new(
+            StoreErrorKind::Timeout,
+            "the store received the call after its deadline and did nothing",
+        )
+    }
+
     /// The kind of failure.
     pub fn kind(&self) -> StoreErrorKind {
         self.kind

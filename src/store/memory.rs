@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::time::Instant;
 
 use super::{
     ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RateStore, Store,
@@ -542,6 +543,15 @@ fn expiry(now: u64, d: Duration) -> u64 {
     now.saturating_add(millis(d).saturating_mul(1000))
 }
 
+/// The timeout a memory store reports: its calls never wait, so this is only the deadline its
+/// callers give their writes.
+const NOMINAL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Whether a write with `deadline` comes too late to run.
+fn past(deadline: Instant) -> bool {
+    Instant::now() >= deadline
+}
+
 fn ready<T: Send + 'static>(value: T) -> StoreFuture<T> {
     done(Ok(value))
 }
@@ -577,12 +587,20 @@ impl RateStore for MemoryStore {
 }
 
 impl LockStore for MemoryStore {
+    fn timeout(&self) -> Duration {
+        NOMINAL_TIMEOUT
+    }
+
     fn claim(
         &self,
         key: String,
         holder: String,
         ttl: Option<Duration>,
+        deadline: Instant,
     ) -> StoreFuture<ClaimOutcome> {
+        if past(deadline) {
+            return done(Err(StoreError::expired()));
+        }
         let now = self.now_us();
         done(self.inner.entries.run(&key, None, now, |held| {
             Ok(match held.live(&key, now) {
@@ -612,7 +630,11 @@ impl LockStore for MemoryStore {
         fence_key: String,
         token: String,
         lease: Duration,
+        deadline: Instant,
     ) -> StoreFuture<LockAttempt> {
+        if past(deadline) {
+            return done(Err(StoreError::expired()));
+        }
         let now = self.now_us();
         done(self.inner.entries.run(&key, Some(&fence_key), now, |held| {
             let drawn = match held.live(&fence_key, now) {
@@ -644,7 +666,16 @@ impl LockStore for MemoryStore {
         }))
     }
 
-    fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+    fn extend_if_held(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        if past(deadline) {
+            return done(Err(StoreError::expired()));
+        }
         self.token_checked(&key, |v| v.held_by(&token), OnMatch::Expire(lease))
     }
 
@@ -654,13 +685,21 @@ impl LockStore for MemoryStore {
 }
 
 impl IdempotencyStore for MemoryStore {
+    fn timeout(&self) -> Duration {
+        NOMINAL_TIMEOUT
+    }
+
     fn idempotency_begin(
         &self,
         key: String,
         fingerprint: String,
         token: String,
         lease: Duration,
+        deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
+        if past(deadline) {
+            return done(Err(StoreError::expired()));
+        }
         let now = self.now_us();
         done(self.inner.entries.run(&key, None, now, |held| {
             let lease_left = held.left(&key, now);
@@ -697,7 +736,11 @@ impl IdempotencyStore for MemoryStore {
         token: String,
         response: Bytes,
         retention: Duration,
+        deadline: Instant,
     ) -> StoreFuture<bool> {
+        if past(deadline) {
+            return done(Err(StoreError::expired()));
+        }
         let now = self.now_us();
         done(self.inner.entries.run(&key, None, now, |held| {
             let Some(Value::Idem(record)) = held.live(&key, now) else {
@@ -720,7 +763,16 @@ impl IdempotencyStore for MemoryStore {
         self.token_checked(&key, |v| v.owned_by(&token), OnMatch::Release)
     }
 
-    fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+    fn idempotency_extend(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        if past(deadline) {
+            return done(Err(StoreError::expired()));
+        }
         self.token_checked(&key, |v| v.owned_by(&token), OnMatch::Expire(lease))
     }
 }
@@ -734,17 +786,25 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A deadline that a call made now meets.
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(1)
+    }
     use crate::keys;
 
     #[tokio::test(start_paused = true)]
     async fn huge_durations_neither_panic_nor_wrap() {
         let store = MemoryStore::new();
         let won = store
-            .claim("c".into(), "a".into(), Some(Duration::MAX))
+            .claim("c".into(), "a".into(), Some(Duration::MAX), soon())
             .await
             .unwrap();
         assert!(won.won);
-        let lost = store.claim("c".into(), "b".into(), None).await.unwrap();
+        let lost = store
+            .claim("c".into(), "b".into(), None, soon())
+            .await
+            .unwrap();
         assert!(
             !lost.won,
             "a claim for Duration::MAX is kept, not expired at once"
@@ -799,9 +859,9 @@ mod tests {
         };
         let fence = format!("{key}:fence");
         let lease = Duration::from_secs(5);
-        let first = store.lock_acquire(key.clone(), fence.clone(), "a".into(), lease);
+        let first = store.lock_acquire(key.clone(), fence.clone(), "a".into(), lease, soon());
         assert!(matches!(first.await.unwrap(), LockAttempt::Acquired { .. }));
-        let second = store.lock_acquire(key.clone(), fence.clone(), "b".into(), lease);
+        let second = store.lock_acquire(key.clone(), fence.clone(), "b".into(), lease, soon());
         assert!(matches!(second.await.unwrap(), LockAttempt::Held { .. }));
         assert_eq!(store.len(), 2);
         assert_consistent(&store);
@@ -819,12 +879,20 @@ mod tests {
                 fence.clone(),
                 "t".into(),
                 Duration::from_secs(1),
+                soon(),
             )
             .await;
         assert_eq!(refused.unwrap_err().kind(), StoreErrorKind::Protocol);
         assert_eq!(store.len(), 0, "nothing half-acquired");
         assert_consistent(&store);
-        let claim = |name: &str| store.claim(name.into(), "h".into(), Some(Duration::from_secs(1)));
+        let claim = |name: &str| {
+            store.claim(
+                name.into(),
+                "h".into(),
+                Some(Duration::from_secs(1)),
+                soon(),
+            )
+        };
         assert!(claim("a").await.unwrap().won);
         assert!(claim("b").await.is_err());
         assert!(store.delete_if_held("a".into(), "h".into()).await.unwrap());

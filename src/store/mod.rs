@@ -22,6 +22,24 @@
 //!   function call on the database clock.
 //! - [`MemoryStore`]: the same semantics inside one process — for tests, docs and a single copy.
 //!   Two processes with a `MemoryStore` each do **not** share limits.
+//!
+//! # Deadlines
+//!
+//! A call that timed out, or whose connection broke after it was sent, may have run — or may
+//! still run: TCP delivers bytes that a partition held once it heals, even on a connection the
+//! client has replaced or closed. An undo sent afterwards, on any connection, could then arrive
+//! before the command it undoes. So the store, not the caller, decides an attempt's fate: every
+//! write that can be left unanswered carries a `deadline`, and a store that receives it later
+//! does nothing (the call fails with [`StoreErrorKind::Timeout`]). Once the deadline has passed
+//! on the caller's clock, an unanswered attempt has either run or never will, and a
+//! token-checked undo sent from then on is final. Rate checks carry the same deadline (their
+//! store timeout from when they were made): one that arrives late charges nothing.
+//!
+//! The deadline is sent on the store's own clock (`TIME` on Redis, `clock_timestamp()` on
+//! PostgreSQL), mapped conservatively from readings of that clock: it holds as long as the
+//! store's clock never steps back and runs at most 0.1 % slower than the caller's, and the nodes
+//! of a Cluster agree within 2 ms. Releases take no deadline: a release is never regretted, and
+//! it is token-checked, so a late one cannot touch another owner's key.
 
 use std::fmt;
 use std::future::Future;
@@ -30,10 +48,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::time::Instant;
 
 use crate::key::Key;
 use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 
+pub(crate) mod deadline;
 mod error;
 mod memory;
 #[cfg(feature = "postgres")]
@@ -41,6 +61,7 @@ mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 
+pub(crate) use deadline::StoreClock;
 pub use error::{StoreError, StoreErrorKind};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -70,34 +91,51 @@ pub trait RateStore: fmt::Debug + Send + Sync + 'static {
 
 /// Conditional writes with a holder: the capability claims and locks need.
 ///
-/// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`].
+/// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`]. A write
+/// that takes a `deadline` runs only if the store receives it before then: see
+/// [Deadlines](self#deadlines).
 pub trait LockStore: fmt::Debug + Send + Sync + 'static {
+    /// How long a call may take before it fails with [`StoreErrorKind::Timeout`]: the
+    /// deadline callers give their writes.
+    fn timeout(&self) -> Duration;
+
     /// Sets `key` to `holder` only if `key` does not exist (SET NX), expiring after `ttl` (`None`:
     /// never). The loser learns the current holder in the same atomic step. A key that `holder`
-    /// holds already counts as won: the same attempt run twice wins twice.
+    /// holds already counts as won: the same attempt run twice wins twice. Received after
+    /// `deadline`, it does nothing.
     fn claim(
         &self,
         key: String,
         holder: String,
         ttl: Option<Duration>,
+        deadline: Instant,
     ) -> StoreFuture<ClaimOutcome>;
 
     /// Sets lock `key` to `token` for `lease` if it is free and, only then, draws the next fencing
     /// token from `fence_key` (same hash slot): above both the counter's last value and the store
     /// time in microseconds, so it strictly increases per lock name even across a counter lost
     /// or restored stale. The same attempt again (a lock that holds `token` already) is acquired
-    /// again with the same fencing token and a fresh lease.
+    /// again with the same fencing token and a fresh lease. Received after `deadline`, it does
+    /// nothing.
     fn lock_acquire(
         &self,
         key: String,
         fence_key: String,
         token: String,
         lease: Duration,
+        deadline: Instant,
     ) -> StoreFuture<LockAttempt>;
 
     /// Resets `key`'s expiry to `lease` from now, only while it holds `token`; `false` when it
-    /// does not (expired, released, or taken over by another owner).
-    fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool>;
+    /// does not (expired, released, or taken over by another owner). Received after
+    /// `deadline`, it does nothing.
+    fn extend_if_held(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool>;
 
     /// Deletes `key` only while it holds `token`; `false` when it does not. A call re-sent after
     /// a lost reply answers as its first run did.
@@ -108,28 +146,38 @@ pub trait LockStore: fmt::Debug + Send + Sync + 'static {
 /// needs.
 ///
 /// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`]; all but
-/// [`idempotency_begin`](Self::idempotency_begin) act only while `token` owns the record.
+/// [`idempotency_begin`](Self::idempotency_begin) act only while `token` owns the record. A
+/// write that takes a `deadline` runs only if the store receives it before then: see
+/// [Deadlines](self#deadlines).
 pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
+    /// How long a call may take before it fails with [`StoreErrorKind::Timeout`]: the
+    /// deadline callers give their writes.
+    fn timeout(&self) -> Duration;
+
     /// Looks up idempotency record `key` and, when there is none, claims it for a request with
     /// `fingerprint`, owned by `token`, for `lease` — in one atomic step. A record that `token`
-    /// claimed and still runs is claimed again (its lease reset).
+    /// claimed and still runs is claimed again (its lease reset). Received after `deadline`, it
+    /// does nothing.
     fn idempotency_begin(
         &self,
         key: String,
         fingerprint: String,
         token: String,
         lease: Duration,
+        deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin>;
 
     /// Stores the encoded `response` in record `key`, kept for `retention`, only while `token`
     /// still owns the claim; `false` (and nothing written) otherwise. A record that `token`
-    /// completed with this very `response` already answers `true` again, unchanged.
+    /// completed with this very `response` already answers `true` again, unchanged. Received
+    /// after `deadline`, it does nothing.
     fn idempotency_complete(
         &self,
         key: String,
         token: String,
         response: Bytes,
         retention: Duration,
+        deadline: Instant,
     ) -> StoreFuture<bool>;
 
     /// Deletes record `key` only while `token` still owns its claim and it is not completed. A
@@ -137,8 +185,14 @@ pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
     fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool>;
 
     /// Extends the claim on record `key` to `lease` from now, only while `token` owns it and it
-    /// is not completed.
-    fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool>;
+    /// is not completed. Received after `deadline`, it does nothing.
+    fn idempotency_extend(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool>;
 }
 
 /// Every capability, plus a health check: a store that can back every layer of this crate.
@@ -224,13 +278,18 @@ impl<T: RateStore + ?Sized> RateStore for Arc<T> {
 }
 
 impl<T: LockStore + ?Sized> LockStore for Arc<T> {
+    fn timeout(&self) -> Duration {
+        (**self).timeout()
+    }
+
     fn claim(
         &self,
         key: String,
         holder: String,
         ttl: Option<Duration>,
+        deadline: Instant,
     ) -> StoreFuture<ClaimOutcome> {
-        (**self).claim(key, holder, ttl)
+        (**self).claim(key, holder, ttl, deadline)
     }
 
     fn lock_acquire(
@@ -239,12 +298,19 @@ impl<T: LockStore + ?Sized> LockStore for Arc<T> {
         fence_key: String,
         token: String,
         lease: Duration,
+        deadline: Instant,
     ) -> StoreFuture<LockAttempt> {
-        (**self).lock_acquire(key, fence_key, token, lease)
+        (**self).lock_acquire(key, fence_key, token, lease, deadline)
     }
 
-    fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        (**self).extend_if_held(key, token, lease)
+    fn extend_if_held(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        (**self).extend_if_held(key, token, lease, deadline)
     }
 
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
@@ -253,14 +319,19 @@ impl<T: LockStore + ?Sized> LockStore for Arc<T> {
 }
 
 impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
+    fn timeout(&self) -> Duration {
+        (**self).timeout()
+    }
+
     fn idempotency_begin(
         &self,
         key: String,
         fingerprint: String,
         token: String,
         lease: Duration,
+        deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
-        (**self).idempotency_begin(key, fingerprint, token, lease)
+        (**self).idempotency_begin(key, fingerprint, token, lease, deadline)
     }
 
     fn idempotency_complete(
@@ -269,16 +340,23 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
         token: String,
         response: Bytes,
         retention: Duration,
+        deadline: Instant,
     ) -> StoreFuture<bool> {
-        (**self).idempotency_complete(key, token, response, retention)
+        (**self).idempotency_complete(key, token, response, retention, deadline)
     }
 
     fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
         (**self).idempotency_release(key, token)
     }
 
-    fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        (**self).idempotency_extend(key, token, lease)
+    fn idempotency_extend(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        (**self).idempotency_extend(key, token, lease, deadline)
     }
 }
 

@@ -9,7 +9,7 @@ use tollgate::claim::Claims;
 use tollgate::key::Key;
 use tollgate::lock::{LockError, Locks};
 use tollgate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
-use tollgate::store::{IdempotencyBegin, LockAttempt, Store};
+use tollgate::store::{IdempotencyBegin, LockAttempt, Store, StoreErrorKind};
 
 fn unique(name: &str) -> String {
     format!("{name}-{}", rand::random::<u64>())
@@ -78,6 +78,7 @@ macro_rules! conformance_suite {
             counter_reset_is_the_retry_after_at_a_window_start,
             cost_zero_looks_without_charging,
             reset_forgets_a_callers_limits_and_nothing_else,
+            writes_after_their_deadline_change_nothing,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -550,7 +551,13 @@ pub async fn idem_lifecycle(store: &(impl Store + Clone)) {
     let key = idem_key();
     let lease = Duration::from_secs(30);
     let begin = |fp: &str, token: &str| {
-        store.idempotency_begin(key.clone(), fp.to_owned(), token.to_owned(), lease)
+        store.idempotency_begin(
+            key.clone(),
+            fp.to_owned(),
+            token.to_owned(),
+            lease,
+            crate::common::soon(),
+        )
     };
     assert_eq!(begin("fp", "a").await.unwrap(), IdempotencyBegin::Claimed);
     match begin("fp", "b").await.unwrap() {
@@ -573,7 +580,8 @@ pub async fn idem_lifecycle(store: &(impl Store + Clone)) {
                 key.clone(),
                 "a".into(),
                 response.clone(),
-                Duration::from_secs(60)
+                Duration::from_secs(60),
+                crate::common::soon()
             )
             .await
             .unwrap()
@@ -595,7 +603,7 @@ pub async fn idem_lifecycle(store: &(impl Store + Clone)) {
     );
     assert!(
         !store
-            .idempotency_extend(key.clone(), "a".into(), lease)
+            .idempotency_extend(key.clone(), "a".into(), lease, crate::common::soon())
             .await
             .unwrap()
     );
@@ -609,6 +617,7 @@ pub async fn idem_exactly_one_claim_among_concurrent(store: &(impl Store + Clone
             "fp".into(),
             format!("t{i}"),
             Duration::from_secs(30),
+            crate::common::soon(),
         )
     });
     let results = futures_util::future::join_all(attempts).await;
@@ -626,7 +635,13 @@ pub async fn idem_exactly_one_claim_among_concurrent(store: &(impl Store + Clone
 pub async fn idem_token_checks_and_takeover(store: &(impl Store + Clone)) {
     let key = idem_key();
     let begin = |token: &str, lease: Duration| {
-        store.idempotency_begin(key.clone(), "fp".into(), token.to_owned(), lease)
+        store.idempotency_begin(
+            key.clone(),
+            "fp".into(),
+            token.to_owned(),
+            lease,
+            crate::common::soon(),
+        )
     };
     assert_eq!(
         begin("stale", Duration::from_millis(200)).await.unwrap(),
@@ -634,7 +649,12 @@ pub async fn idem_token_checks_and_takeover(store: &(impl Store + Clone)) {
     );
     assert!(
         !store
-            .idempotency_extend(key.clone(), "intruder".into(), Duration::from_secs(1))
+            .idempotency_extend(
+                key.clone(),
+                "intruder".into(),
+                Duration::from_secs(1),
+                crate::common::soon()
+            )
             .await
             .unwrap()
     );
@@ -654,14 +674,25 @@ pub async fn idem_token_checks_and_takeover(store: &(impl Store + Clone)) {
     let fresh = bytes::Bytes::from_static(b"fresh");
     assert!(
         !store
-            .idempotency_complete(key.clone(), "stale".into(), stale, Duration::from_secs(60))
+            .idempotency_complete(
+                key.clone(),
+                "stale".into(),
+                stale,
+                Duration::from_secs(60),
+                crate::common::soon()
+            )
             .await
             .unwrap(),
         "stale completion refused"
     );
     assert!(
         !store
-            .idempotency_extend(key.clone(), "stale".into(), Duration::from_secs(30))
+            .idempotency_extend(
+                key.clone(),
+                "stale".into(),
+                Duration::from_secs(30),
+                crate::common::soon()
+            )
             .await
             .unwrap()
     );
@@ -671,7 +702,8 @@ pub async fn idem_token_checks_and_takeover(store: &(impl Store + Clone)) {
                 key.clone(),
                 "fresh".into(),
                 fresh.clone(),
-                Duration::from_secs(60)
+                Duration::from_secs(60),
+                crate::common::soon()
             )
             .await
             .unwrap()
@@ -690,12 +722,18 @@ pub async fn idem_retention_and_release(store: &(impl Store + Clone)) {
             "fp".into(),
             token.to_owned(),
             Duration::from_secs(30),
+            crate::common::soon(),
         )
     };
     assert_eq!(begin("a").await.unwrap(), IdempotencyBegin::Claimed);
     assert!(
         store
-            .idempotency_extend(key.clone(), "a".into(), Duration::from_secs(30))
+            .idempotency_extend(
+                key.clone(),
+                "a".into(),
+                Duration::from_secs(30),
+                crate::common::soon()
+            )
             .await
             .unwrap()
     );
@@ -714,7 +752,8 @@ pub async fn idem_retention_and_release(store: &(impl Store + Clone)) {
                 key.clone(),
                 "b".into(),
                 done.clone(),
-                Duration::from_millis(200)
+                Duration::from_millis(200),
+                crate::common::soon()
             )
             .await
             .unwrap()
@@ -802,7 +841,13 @@ pub async fn lock_acquisitions_run_twice_keep_their_fence(store: &(impl Store + 
     let (lock, fence) = raw_lock_keys();
     let lease = Duration::from_secs(5);
     let acquire = |token: &str, lease| {
-        store.lock_acquire(lock.clone(), fence.clone(), token.to_owned(), lease)
+        store.lock_acquire(
+            lock.clone(),
+            fence.clone(),
+            token.to_owned(),
+            lease,
+            crate::common::soon(),
+        )
     };
     let LockAttempt::Acquired { fence: first } = acquire("a", lease).await.unwrap() else {
         panic!("a free lock is acquired");
@@ -842,10 +887,19 @@ pub async fn fencing_tokens_pass_a_stale_counter_and_the_store_clock(store: &(im
     let lease = Duration::from_secs(5);
     let before = now_us();
     // a counter restored stale from an old snapshot: far below the tokens already handed out
-    let stale = store.claim(fence.clone(), "41".into(), None).await.unwrap();
+    let stale = store
+        .claim(fence.clone(), "41".into(), None, crate::common::soon())
+        .await
+        .unwrap();
     assert!(stale.won);
     let LockAttempt::Acquired { fence: token } = store
-        .lock_acquire(lock.clone(), fence.clone(), "a".into(), lease)
+        .lock_acquire(
+            lock.clone(),
+            fence.clone(),
+            "a".into(),
+            lease,
+            crate::common::soon(),
+        )
         .await
         .unwrap()
     else {
@@ -863,7 +917,7 @@ pub async fn fencing_tokens_pass_a_stale_counter_and_the_store_clock(store: &(im
             .unwrap()
     );
     let LockAttempt::Acquired { fence: next } = store
-        .lock_acquire(lock, fence, "b".into(), lease)
+        .lock_acquire(lock, fence, "b".into(), lease, crate::common::soon())
         .await
         .unwrap()
     else {
@@ -875,7 +929,13 @@ pub async fn fencing_tokens_pass_a_stale_counter_and_the_store_clock(store: &(im
 pub async fn a_release_frees_the_key_once(store: &(impl Store + Clone)) {
     let (lock, fence) = raw_lock_keys();
     let acquired = store
-        .lock_acquire(lock.clone(), fence, "a".into(), Duration::from_secs(5))
+        .lock_acquire(
+            lock.clone(),
+            fence,
+            "a".into(),
+            Duration::from_secs(5),
+            crate::common::soon(),
+        )
         .await
         .unwrap();
     assert!(matches!(acquired, LockAttempt::Acquired { .. }));
@@ -900,7 +960,12 @@ pub async fn a_release_frees_the_key_once(store: &(impl Store + Clone)) {
     );
     assert!(
         !store
-            .extend_if_held(lock.clone(), "a".into(), Duration::from_secs(5))
+            .extend_if_held(
+                lock.clone(),
+                "a".into(),
+                Duration::from_secs(5),
+                crate::common::soon()
+            )
             .await
             .unwrap(),
         "a released lock is not extended"
@@ -916,8 +981,15 @@ pub async fn idempotency_operations_run_twice_answer_alike(store: &(impl Store +
     let key = idem_key();
     let lease = Duration::from_secs(30);
     let retention = Duration::from_secs(60);
-    let begin =
-        |token: &str| store.idempotency_begin(key.clone(), "fp".into(), token.to_owned(), lease);
+    let begin = |token: &str| {
+        store.idempotency_begin(
+            key.clone(),
+            "fp".into(),
+            token.to_owned(),
+            lease,
+            crate::common::soon(),
+        )
+    };
     assert_eq!(begin("a").await.unwrap(), IdempotencyBegin::Claimed);
     assert_eq!(
         begin("a").await.unwrap(),
@@ -932,7 +1004,13 @@ pub async fn idempotency_operations_run_twice_answer_alike(store: &(impl Store +
     for run in ["first", "second"] {
         assert!(
             store
-                .idempotency_complete(key.clone(), "a".into(), record.clone(), retention)
+                .idempotency_complete(
+                    key.clone(),
+                    "a".into(),
+                    record.clone(),
+                    retention,
+                    crate::common::soon()
+                )
                 .await
                 .unwrap(),
             "{run} run of the completion"
@@ -951,7 +1029,12 @@ pub async fn idempotency_operations_run_twice_answer_alike(store: &(impl Store +
     );
     assert!(
         !store
-            .idempotency_extend(key.clone(), "a".into(), Duration::from_millis(50))
+            .idempotency_extend(
+                key.clone(),
+                "a".into(),
+                Duration::from_millis(50),
+                crate::common::soon()
+            )
             .await
             .unwrap()
     );
@@ -963,7 +1046,13 @@ pub async fn idempotency_operations_run_twice_answer_alike(store: &(impl Store +
     // a release frees the key
     let other = idem_key();
     let claim = store
-        .idempotency_begin(other.clone(), "fp".into(), "d".into(), lease)
+        .idempotency_begin(
+            other.clone(),
+            "fp".into(),
+            "d".into(),
+            lease,
+            crate::common::soon(),
+        )
         .await
         .unwrap();
     assert_eq!(claim, IdempotencyBegin::Claimed);
@@ -974,7 +1063,7 @@ pub async fn idempotency_operations_run_twice_answer_alike(store: &(impl Store +
             .unwrap()
     );
     let after = store
-        .idempotency_begin(other, "fp".into(), "e".into(), lease)
+        .idempotency_begin(other, "fp".into(), "e".into(), lease, crate::common::soon())
         .await
         .unwrap();
     assert_eq!(after, IdempotencyBegin::Claimed, "the released key is free");
@@ -992,25 +1081,37 @@ pub async fn huge_durations_are_clamped_alike(store: &(impl Store + Clone)) {
     guard.release().await.unwrap();
     let key = idem_key();
     let claimed = store
-        .idempotency_begin(key.clone(), "fp".into(), "a".into(), forever)
+        .idempotency_begin(
+            key.clone(),
+            "fp".into(),
+            "a".into(),
+            forever,
+            crate::common::soon(),
+        )
         .await
         .unwrap();
     assert_eq!(claimed, IdempotencyBegin::Claimed);
     assert!(
         store
-            .idempotency_extend(key.clone(), "a".into(), forever)
+            .idempotency_extend(key.clone(), "a".into(), forever, crate::common::soon())
             .await
             .unwrap()
     );
     let record = bytes::Bytes::from_static(b"kept");
     assert!(
         store
-            .idempotency_complete(key.clone(), "a".into(), record.clone(), forever)
+            .idempotency_complete(
+                key.clone(),
+                "a".into(),
+                record.clone(),
+                forever,
+                crate::common::soon()
+            )
             .await
             .unwrap()
     );
     let replay = store
-        .idempotency_begin(key, "fp".into(), "b".into(), forever)
+        .idempotency_begin(key, "fp".into(), "b".into(), forever, crate::common::soon())
         .await
         .unwrap();
     assert_eq!(replay, IdempotencyBegin::Completed(record), "written whole");
@@ -1101,4 +1202,92 @@ pub async fn reset_forgets_a_callers_limits_and_nothing_else(store: &impl Store)
             .await
             .expect("store answers");
     }
+}
+
+/// A write that reaches the store after its deadline does nothing and fails as a timeout: its
+/// caller gave up on it, so it must neither take a key nor touch one held.
+pub async fn writes_after_their_deadline_change_nothing(store: &(impl Store + Clone)) {
+    let passed = tokio::time::Instant::now();
+    let late = |what: &str, error: Option<tollgate::store::StoreError>| {
+        let error = error.unwrap_or_else(|| panic!("{what}: a late write answered"));
+        assert_eq!(error.kind(), StoreErrorKind::Timeout, "{what}: {error}");
+    };
+    let claim = unique("late-claim");
+    late(
+        "claim",
+        store
+            .claim(claim.clone(), "a".into(), None, passed)
+            .await
+            .err(),
+    );
+    let won = store
+        .claim(claim, "b".into(), None, crate::common::soon())
+        .await
+        .unwrap();
+    assert!(won.won, "the claim was left free");
+
+    let (lock, fence) = raw_lock_keys();
+    let lease = Duration::from_secs(30);
+    let attempt = store.lock_acquire(lock.clone(), fence.clone(), "a".into(), lease, passed);
+    late("lock_acquire", attempt.await.err());
+    let attempt = store.lock_acquire(
+        lock.clone(),
+        fence,
+        "b".into(),
+        lease,
+        crate::common::soon(),
+    );
+    assert!(matches!(
+        attempt.await.unwrap(),
+        LockAttempt::Acquired { .. }
+    ));
+    late(
+        "extend_if_held",
+        store
+            .extend_if_held(lock.clone(), "b".into(), lease, passed)
+            .await
+            .err(),
+    );
+    assert!(
+        store.delete_if_held(lock, "b".into()).await.unwrap(),
+        "still b's"
+    );
+
+    let record = unique("late-record");
+    let begin = store.idempotency_begin(record.clone(), "fp".into(), "a".into(), lease, passed);
+    late("idempotency_begin", begin.await.err());
+    let begin = store.idempotency_begin(
+        record.clone(),
+        "fp".into(),
+        "b".into(),
+        lease,
+        crate::common::soon(),
+    );
+    assert_eq!(
+        begin.await.unwrap(),
+        IdempotencyBegin::Claimed,
+        "the record was left free"
+    );
+    let complete =
+        store.idempotency_complete(record.clone(), "b".into(), "r".into(), lease, passed);
+    late("idempotency_complete", complete.await.err());
+    late(
+        "idempotency_extend",
+        store
+            .idempotency_extend(record.clone(), "b".into(), lease, passed)
+            .await
+            .err(),
+    );
+    let begin = store.idempotency_begin(
+        record.clone(),
+        "fp".into(),
+        "c".into(),
+        lease,
+        crate::common::soon(),
+    );
+    assert!(
+        matches!(begin.await.unwrap(), IdempotencyBegin::InFlight { .. }),
+        "the late completion stored nothing"
+    );
+    assert!(store.idempotency_release(record, "b".into()).await.unwrap());
 }

@@ -274,3 +274,8 @@ pub fn assert_quota_problem(body: impl AsRef<[u8]>, violated: &[&str]) {
     assert_eq!(problem["detail"], "rate limit exceeded");
     assert_eq!(problem["violated-policies"], serde_json::json!(violated));
 }
+
+/// A deadline that a store call made now meets: a second from now.
+pub fn soon() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(1)
+}

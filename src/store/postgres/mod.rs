@@ -19,6 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_postgres::Row;
 
 mod advisory;
@@ -394,11 +395,16 @@ fn decode_rate(reply: &[i64], n: usize) -> Result<RateOutcome, StoreError> {
 }
 
 impl LockStore for PgStore {
+    fn timeout(&self) -> Duration {
+        self.inner.settings.timeout
+    }
+
     fn claim(
         &self,
         key: String,
         holder: String,
         ttl: Option<Duration>,
+        _deadline: Instant,
     ) -> StoreFuture<ClaimOutcome> {
         let params: Vec<Param> = vec![Box::new(key), Box::new(holder), Box::new(ttl.map_or(0, ms))];
         self.call(
@@ -420,6 +426,7 @@ impl LockStore for PgStore {
         fence_key: String,
         token: String,
         lease: Duration,
+        _deadline: Instant,
     ) -> StoreFuture<LockAttempt> {
         let params: Vec<Param> = vec![
             Box::new(key),
@@ -446,7 +453,13 @@ impl LockStore for PgStore {
         )
     }
 
-    fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+    fn extend_if_held(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        _deadline: Instant,
+    ) -> StoreFuture<bool> {
         let params: Vec<Param> = vec![Box::new(key), Box::new(token), Box::new(ms(lease))];
         self.call("lock_extend", |s| &s.extend_hold, params, boolean)
     }
@@ -463,12 +476,17 @@ impl LockStore for PgStore {
 }
 
 impl IdempotencyStore for PgStore {
+    fn timeout(&self) -> Duration {
+        self.inner.settings.timeout
+    }
+
     fn idempotency_begin(
         &self,
         key: String,
         fingerprint: String,
         token: String,
         lease: Duration,
+        _deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
         let params: Vec<Param> = vec![
             Box::new(key),
@@ -492,6 +510,7 @@ impl IdempotencyStore for PgStore {
         token: String,
         response: Bytes,
         retention: Duration,
+        _deadline: Instant,
     ) -> StoreFuture<bool> {
         let params: Vec<Param> = vec![
             Box::new(key),
@@ -517,7 +536,13 @@ impl IdempotencyStore for PgStore {
         self.call("idempotency_release", |s| &s.idem_release, params, boolean)
     }
 
-    fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+    fn idempotency_extend(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        _deadline: Instant,
+    ) -> StoreFuture<bool> {
         let params: Vec<Param> = vec![Box::new(key), Box::new(token), Box::new(ms(lease))];
         self.call("idempotency_extend", |s| &s.idem_extend, params, boolean)
     }

@@ -7,22 +7,25 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use redis::{RedisError, Script, Value};
+use redis::{FromRedisValue, RedisError, Script, Value};
+use tokio::time::Instant;
 
 mod builder;
+mod clock;
 mod connection;
 mod rates;
 mod script_call;
 
 use builder::Settings;
 pub use builder::{RedisClusterBuilder, RedisSentinelBuilder, RedisStoreBuilder};
+use clock::store_deadline;
 use connection::{Connection, Link};
 use rates::{Rates, bounded};
 use script_call::ScriptCall;
 
 use super::{
     ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RELEASE_MARKER_TTL,
-    RateStore, Store, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
+    RateStore, Store, StoreClock, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
 };
 use crate::error::ConfigError;
 use crate::key::Key;
@@ -76,6 +79,8 @@ pub struct RedisStore {
     scripts: Arc<Scripts>,
     /// Rate checks, coalesced on the store's connection.
     rates: Arc<Rates>,
+    /// What the store's clock reads at least: deadlines are sent on it.
+    clock: Arc<StoreClock>,
 }
 
 /// The token-checked release that undoes a durable write nobody acknowledged.
@@ -247,7 +252,13 @@ impl RedisStore {
 
     fn new(link: Link, durable: Option<(u32, Link)>, settings: Settings) -> Self {
         let link = Arc::new(link);
-        let rates = Rates::new(Arc::clone(&link), settings.timeout, settings.max_batch);
+        let clock = Arc::new(StoreClock::default());
+        let rates = Rates::new(
+            Arc::clone(&link),
+            Arc::clone(&clock),
+            settings.timeout,
+            settings.max_batch,
+        );
         Self {
             link,
             durable: durable.map(|(replicas, link)| Durable {
@@ -257,6 +268,7 @@ impl RedisStore {
             timeout: settings.timeout,
             scripts: Arc::new(Scripts::new()),
             rates: Arc::new(rates),
+            clock,
         }
     }
 
@@ -264,7 +276,12 @@ impl RedisStore {
     /// [`RedisStoreBuilder::max_batch`]); for a store on a given connection.
     #[must_use]
     pub fn with_max_batch(self, checks: usize) -> Self {
-        let rates = Rates::new(Arc::clone(&self.link), self.timeout, checks);
+        let rates = Rates::new(
+            Arc::clone(&self.link),
+            Arc::clone(&self.clock),
+            self.timeout,
+            checks,
+        );
         Self {
             rates: Arc::new(rates),
             ..self
@@ -277,39 +294,51 @@ impl RedisStore {
     }
 
     /// Runs a write script — a claim, a lock acquisition or extension, an idempotency claim or
-    /// record. With durable writes it goes through their connection followed by `WAIT`, and
-    /// when it wrote (`made`) but too few replicas acknowledged within the store timeout, the
-    /// answer is a store failure: the caller undoes what it can, and reports no success.
+    /// record — with `deadline` (on the store's clock) as its last argument: received later, it
+    /// does nothing. With durable writes it goes through their connection followed by `WAIT`,
+    /// and when this very call wrote (`made`) but too few replicas acknowledged within the store
+    /// timeout, the answer is a store failure: what it wrote is undone, and no success is told.
+    #[allow(clippy::too_many_arguments)]
     fn write<T, R>(
         &self,
         operation: &'static str,
         script: fn(&Scripts) -> &Lua,
         call: ScriptCall,
+        deadline: Instant,
         made: fn(&R) -> bool,
         decode: fn(R) -> Result<T, StoreError>,
         undo: Option<Undo>,
     ) -> StoreFuture<T>
     where
         T: Send + 'static,
-        R: redis::FromRedisValue + Send + 'static,
+        R: FromRedisValue + Send + 'static,
     {
+        let clock = Arc::clone(&self.clock);
+        let deadline = deadline.min(Instant::now() + self.timeout);
         let Some(durable) = self.durable.clone() else {
+            let link = Arc::clone(&self.link);
             return self.call(operation, move |mut conn, scripts| async move {
-                let reply: R = call
+                let at = store_deadline(&clock, &link, &mut conn, deadline).await?;
+                let reply: Value = call
+                    .arg(at)
                     .invoke(script(&scripts), &mut conn)
                     .await
                     .map_err(store_error)?;
-                decode(reply)
+                decode(unexpired(reply)?)
             });
         };
         // leave room within the store timeout for the reply itself
         let wait_ms = (millis(self.timeout) * 3 / 4).max(1);
         let replicas = durable.replicas;
+        let link = Arc::clone(&durable.link);
         self.call_on(operation, &durable.link, move |mut conn, scripts| async move {
-            let (reply, acked): (R, u32) = call
+            let at = store_deadline(&clock, &link, &mut conn, deadline).await?;
+            let (reply, acked): (Value, u32) = call
+                .arg(at)
                 .invoke_and_wait(script(&scripts).source, &mut conn, replicas, wait_ms)
                 .await
                 .map_err(store_error)?;
+            let reply: R = unexpired(reply)?;
             if made(&reply) && acked < replicas {
                 // undone before the failure is told, on the same connection: nobody may meet
                 // a refused claim or lock as if it held
@@ -420,6 +449,15 @@ pub(super) fn store_error(e: RedisError) -> StoreError {
     StoreError::new(kind, e)
 }
 
+/// A write script's reply, unless it is `-1`: received after its deadline, the script did
+/// nothing.
+fn unexpired<R: FromRedisValue>(reply: Value) -> Result<R, StoreError> {
+    if reply == Value::Int(-1) {
+        return Err(StoreError::expired());
+    }
+    R::from_redis_value(reply).map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))
+}
+
 fn protocol(msg: &str) -> StoreError {
     StoreError::new(StoreErrorKind::Protocol, msg.to_owned())
 }
@@ -443,11 +481,16 @@ impl RateStore for RedisStore {
 }
 
 impl LockStore for RedisStore {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     fn claim(
         &self,
         key: String,
         holder: String,
         ttl: Option<Duration>,
+        deadline: Instant,
     ) -> StoreFuture<ClaimOutcome> {
         let undo = Self::release_of(&key, &holder, |s| &s.compare_and_delete);
         let call = ScriptCall::default()
@@ -458,10 +501,12 @@ impl LockStore for RedisStore {
             "claim",
             |s| &s.claim,
             call,
+            deadline,
+            // 2: held by this holder already, nothing written
             |(won, _): &(i64, Option<String>)| *won == 1,
             |(won, holder)| {
                 Ok(ClaimOutcome {
-                    won: won == 1,
+                    won: won >= 1,
                     holder: holder.unwrap_or_default(),
                 })
             },
@@ -475,6 +520,7 @@ impl LockStore for RedisStore {
         fence_key: String,
         token: String,
         lease: Duration,
+        deadline: Instant,
     ) -> StoreFuture<LockAttempt> {
         let undo = Self::release_of(&key, &token, |s| &s.compare_and_delete);
         let call = ScriptCall::default()
@@ -487,10 +533,12 @@ impl LockStore for RedisStore {
             "lock_acquire",
             |s| &s.lock_acquire,
             call,
+            deadline,
+            // 2: held by this owner already, only its lease reset
             |(acquired, _): &(i64, i64)| *acquired == 1,
             |(acquired, value)| {
                 let value = u64::try_from(value).unwrap_or(0);
-                Ok(if acquired == 1 {
+                Ok(if acquired >= 1 {
                     LockAttempt::Acquired { fence: value }
                 } else {
                     LockAttempt::Held {
@@ -502,11 +550,18 @@ impl LockStore for RedisStore {
         )
     }
 
-    fn extend_if_held(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
+    fn extend_if_held(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
         self.write(
             "lock_extend",
             |s| &s.compare_and_pexpire,
             extend_call(key, token, lease),
+            deadline,
             |held: &i64| *held == 1,
             |held| Ok(held == 1),
             None,
@@ -523,12 +578,17 @@ impl LockStore for RedisStore {
 }
 
 impl IdempotencyStore for RedisStore {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     fn idempotency_begin(
         &self,
         key: String,
         fingerprint: String,
         token: String,
         lease: Duration,
+        deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
         let undo = Self::release_of(&key, &token, |s| &s.idem_release);
         let call = ScriptCall::default()
@@ -540,6 +600,8 @@ impl IdempotencyStore for RedisStore {
             "idempotency_begin",
             |s| &s.idem_begin,
             call,
+            deadline,
+            // {4}: claimed by this token already, only its lease reset
             |reply: &Vec<Value>| reply.first() == Some(&Value::Int(0)),
             decode_idem_begin,
             Some(undo),
@@ -552,6 +614,7 @@ impl IdempotencyStore for RedisStore {
         token: String,
         response: Bytes,
         retention: Duration,
+        deadline: Instant,
     ) -> StoreFuture<bool> {
         let call = ScriptCall::default()
             .key(key)
@@ -562,6 +625,7 @@ impl IdempotencyStore for RedisStore {
             "idempotency_complete",
             |s| &s.idem_complete,
             call,
+            deadline,
             |stored: &i64| *stored == 1,
             |stored| Ok(stored == 1),
             None,
@@ -576,12 +640,28 @@ impl IdempotencyStore for RedisStore {
         )
     }
 
-    fn idempotency_extend(&self, key: String, token: String, lease: Duration) -> StoreFuture<bool> {
-        self.token_checked(
-            "idempotency_extend",
-            |s| &s.idem_extend,
-            extend_call(key, token, lease),
-        )
+    fn idempotency_extend(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        // no replica need acknowledge an extension before it counts: a failover loses at most
+        // the lease it added
+        let clock = Arc::clone(&self.clock);
+        let link = Arc::clone(&self.link);
+        let deadline = deadline.min(Instant::now() + self.timeout);
+        self.call("idempotency_extend", move |mut conn, scripts| async move {
+            let at = store_deadline(&clock, &link, &mut conn, deadline).await?;
+            let reply: Value = extend_call(key, token, lease)
+                .arg(at)
+                .invoke(&scripts.idem_extend, &mut conn)
+                .await
+                .map_err(store_error)?;
+            let extended: i64 = unexpired(reply)?;
+            Ok(extended == 1)
+        })
     }
 }
 
@@ -604,7 +684,7 @@ fn decode_idem_begin(reply: Vec<Value>) -> Result<IdempotencyBegin, StoreError> 
         return Err(protocol("idempotency script returned no tag"));
     };
     match (tag, reply.next()) {
-        (0, None) => Ok(IdempotencyBegin::Claimed),
+        (0 | 4, None) => Ok(IdempotencyBegin::Claimed),
         (1, Some(Value::Int(ms))) => Ok(IdempotencyBegin::InFlight {
             lease_left: Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
         }),

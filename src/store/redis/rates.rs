@@ -29,12 +29,14 @@ use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
 
+use super::clock::store_deadline;
 use super::connection::{Connection, Link};
 use super::{Lua, store_error};
 use crate::keys;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
-use crate::store::{StoreError, StoreErrorKind, StoreFuture};
+use crate::store::{StoreClock, StoreError, StoreErrorKind, StoreFuture};
 
 /// The most checks one call carries unless configured otherwise.
 pub(super) const DEFAULT_MAX_BATCH: usize = 32;
@@ -49,6 +51,7 @@ const LIGHT_LOAD: usize = 4;
 /// The rate checks of one store: its connection, the script, and the checks waiting to go out.
 pub(super) struct Rates {
     link: Arc<Link>,
+    clock: Arc<StoreClock>,
     script: Lua,
     timeout: Duration,
     max_batch: usize,
@@ -70,14 +73,25 @@ struct Queue {
 struct Waiting {
     policy: Arc<RatePolicy>,
     check: RateCheck,
+    /// When its caller gives up: received later, the check charges nothing.
+    deadline: Instant,
     reply: oneshot::Sender<Result<RateOutcome, StoreError>>,
 }
 
+/// A check as sent: its policy, the check, and its caller's deadline.
+type Sent<'a> = (&'a RatePolicy, RateCheck, Instant);
+
 impl Rates {
-    pub(super) fn new(link: Arc<Link>, timeout: Duration, max_batch: usize) -> Self {
+    pub(super) fn new(
+        link: Arc<Link>,
+        clock: Arc<StoreClock>,
+        timeout: Duration,
+        max_batch: usize,
+    ) -> Self {
         let per_key = matches!(link.get(), Connection::Cluster(_));
         Self {
             link,
+            clock,
             script: Lua::new(include_str!("../scripts/rate.lua")),
             timeout,
             max_batch: max_batch.max(1),
@@ -95,9 +109,10 @@ impl Rates {
     ) -> StoreFuture<RateOutcome> {
         let this = Arc::clone(self);
         let policy = Arc::clone(policy);
+        let deadline = Instant::now() + self.timeout;
         if self.max_batch == 1 {
             return Box::pin(async move {
-                let one = [(&*policy, check)];
+                let one = [(&*policy, check, deadline)];
                 let mut decided = this.call(&one).await?;
                 decided.pop().unwrap_or_else(|| Err(missing()))
             });
@@ -107,11 +122,12 @@ impl Rates {
             if this.enqueue(Waiting {
                 policy,
                 check,
+                deadline,
                 reply,
             }) {
                 tokio::spawn(Driver::new(&this).run());
             }
-            match tokio::time::timeout(this.timeout, answer).await {
+            match tokio::time::timeout_at(deadline, answer).await {
                 Ok(Ok(outcome)) => outcome,
                 Ok(Err(_)) => Err(missing()),
                 Err(_) => Err(StoreError::timeout()),
@@ -165,7 +181,10 @@ impl Rates {
 
     /// Sends one call for `batch` and tells each caller its answer.
     async fn send_one(&self, batch: Vec<Waiting>) {
-        let checks: Vec<_> = batch.iter().map(|w| (&*w.policy, w.check)).collect();
+        let checks: Vec<_> = batch
+            .iter()
+            .map(|w| (&*w.policy, w.check, w.deadline))
+            .collect();
         match self.call(&checks).await {
             Ok(decided) => {
                 for (waiting, outcome) in batch.into_iter().zip(decided) {
@@ -185,15 +204,21 @@ impl Rates {
     /// learns whether a reply came.
     async fn call(
         &self,
-        checks: &[(&RatePolicy, RateCheck)],
+        checks: &[Sent<'_>],
     ) -> Result<Vec<Result<RateOutcome, StoreError>>, StoreError> {
         let mut conn = self.link.get();
         let reply = bounded("rate_check", &self.link, self.timeout, async {
-            let evalsha = command("EVALSHA", self.script.get_hash(), checks);
+            let mut deadlines = Vec::with_capacity(checks.len());
+            for (_, _, deadline) in checks {
+                deadlines
+                    .push(store_deadline(&self.clock, &self.link, &mut conn, *deadline).await?);
+            }
+            let evalsha = command("EVALSHA", self.script.get_hash(), checks, &deadlines);
             match send(&mut conn, &evalsha).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     // loads the script as it runs it
-                    send(&mut conn, &command("EVAL", self.script.source, checks)).await
+                    let eval = command("EVAL", self.script.source, checks, &deadlines);
+                    send(&mut conn, &eval).await
                 }
                 sent => sent,
             }
@@ -318,13 +343,14 @@ fn per_key(batch: Vec<Waiting>) -> Vec<Vec<Waiting>> {
 }
 
 /// `<verb> <script> numkeys keys... args...` for `checks` (see `rate.lua`): every check's keys,
-/// then each distinct policy once, then per check its policy, cost and attempt.
-fn command(verb: &str, script: &str, checks: &[(&RatePolicy, RateCheck)]) -> Cmd {
-    let keys: usize = checks.iter().map(|(p, _)| p.limits().len()).sum();
+/// then each distinct policy once, then per check its policy, cost, attempt and deadline (on the
+/// store's clock: `deadlines`).
+fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadlines: &[u64]) -> Cmd {
+    let keys: usize = checks.iter().map(|(p, _, _)| p.limits().len()).sum();
     let mut cmd = redis::cmd(verb);
     cmd.arg(script).arg(keys);
     let mut key = String::new();
-    for (policy, check) in checks {
+    for (policy, check, _) in checks {
         for limit in policy.limits() {
             keys::write_rate(&mut key, policy, &check.key(), limit);
             cmd.arg(key.as_str());
@@ -334,7 +360,7 @@ fn command(verb: &str, script: &str, checks: &[(&RatePolicy, RateCheck)]) -> Cmd
     let mut policies: Vec<&RatePolicy> = Vec::new();
     let numbers: Vec<usize> = checks
         .iter()
-        .map(|(policy, _)| {
+        .map(|(policy, _, _)| {
             let found = policies.iter().position(|p| std::ptr::eq(*p, *policy));
             1 + found.unwrap_or_else(|| {
                 policies.push(policy);
@@ -354,10 +380,11 @@ fn command(verb: &str, script: &str, checks: &[(&RatePolicy, RateCheck)]) -> Cmd
             cmd.arg(limit.quota()).arg(limit.window_us());
         }
     }
-    for ((_, check), number) in checks.iter().zip(numbers) {
+    for (((_, check, _), number), deadline) in checks.iter().zip(numbers).zip(deadlines) {
         cmd.arg(number)
             .arg(check.cost())
-            .arg(&check.attempt_hex()[..]);
+            .arg(&check.attempt_hex()[..])
+            .arg(*deadline);
     }
     cmd
 }
@@ -365,20 +392,25 @@ fn command(verb: &str, script: &str, checks: &[(&RatePolicy, RateCheck)]) -> Cmd
 /// Reads each check's answer from the script's reply.
 fn decode(
     reply: Value,
-    checks: &[(&RatePolicy, RateCheck)],
+    checks: &[Sent<'_>],
 ) -> Result<Vec<Result<RateOutcome, StoreError>>, StoreError> {
     let Value::Array(items) = reply else {
         return Err(protocol("the rate script returned no array"));
     };
     let mut reply = Reply(items.into_iter());
     let mut decided = Vec::with_capacity(checks.len());
-    for (policy, _) in checks {
+    for (policy, _, _) in checks {
         let admitted = reply.int()?;
         if admitted == -1 {
             decided.push(Err(StoreError::new(
                 StoreErrorKind::Protocol,
                 reply.message(),
             )));
+            continue;
+        }
+        if admitted == -2 {
+            reply.int()?;
+            decided.push(Err(StoreError::expired()));
             continue;
         }
         let retry_after = reply.duration()?;

@@ -5,11 +5,17 @@
 -- ARGV[1]  the request fingerprint
 -- ARGV[2]  a random owner token
 -- ARGV[3]  the lease in milliseconds
+-- ARGV[4]  the deadline in microseconds of store time: received from then on, the call does
+--          nothing
 -- Returns  {0} claimed for this request; {1, lease_left_ms} another request with this key runs;
---          {2} the key was used with another fingerprint; {3, response} completed
--- Cost     O(1): HMGET, plus HSET and PEXPIRE to claim or PTTL while running.
+--          {2} the key was used with another fingerprint; {3, response} completed; {4} claimed
+--          by this token already (its lease reset); -1 when received after the deadline
+-- Cost     O(1): TIME, HMGET, plus HSET and PEXPIRE to claim or PTTL while running.
 --
 -- Safe to run twice: a record this token claimed and still runs is claimed again (lease reset).
+-- too late: the caller gave up on this call at its deadline
+local t = redis.call('TIME')
+if tonumber(t[1]) * 1000000 + tonumber(t[2]) >= tonumber(ARGV[4]) then return -1 end
 local rec = redis.call('HMGET', KEYS[1], 's', 'f', 'r', 't')
 if not rec[1] then
   redis.call('HSET', KEYS[1], 's', 'run', 'f', ARGV[1], 't', ARGV[2])
@@ -20,6 +26,6 @@ if rec[2] ~= ARGV[1] then return {2} end
 if rec[1] == 'done' then return {3, rec[3]} end
 if rec[4] == ARGV[2] then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {0}
+  return {4}
 end
 return {1, redis.call('PTTL', KEYS[1])}

@@ -4,14 +4,21 @@
 -- ARGV[1]  the owner token
 -- ARGV[2]  the encoded response
 -- ARGV[3]  retention of the completed record in milliseconds
+-- ARGV[4]  the deadline in microseconds of store time: received from then on, the call does
+--          nothing
 -- Returns  1 when stored (now, or by an earlier run of this completion); 0 when the claim is no
 --          longer this owner's (its lease ran out, and it expired or another request took it
---          over), or the record is done with another response: nothing is written then
--- Cost     O(1): HMGET, then PEXPIRE and HSET (a second run: HGET of the response instead).
+--          over), or the record is done with another response: nothing is written then; -1
+--          when received after the deadline
+-- Cost     O(1): TIME, HMGET, then PEXPIRE and HSET (a second run: HGET of the response
+--          instead).
 --
 -- Safe to run twice: the token stays in the completed record, so a second run of the same
 -- completion (the same response) answers "stored" without writing. The expiry is set before the fields, so that a
 -- refused expiry leaves the record as it was.
+-- too late: the caller gave up on this call at its deadline
+local t = redis.call('TIME')
+if tonumber(t[1]) * 1000000 + tonumber(t[2]) >= tonumber(ARGV[4]) then return -1 end
 local rec = redis.call('HMGET', KEYS[1], 's', 't')
 if rec[2] ~= ARGV[1] then return 0 end
 if rec[1] == 'done' then

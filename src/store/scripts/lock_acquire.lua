@@ -6,7 +6,11 @@
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  lifetime of the fencing counter in milliseconds (refreshed on every acquisition;
 --          longer than any lease)
--- Returns  {1, fencing_token} when acquired; {0, lease_left_ms} when another owner holds it
+-- ARGV[4]  the deadline in microseconds of store time: received from then on, the call does
+--          nothing
+-- Returns  {1, fencing_token} when acquired by this call; {2, fencing_token} when this owner
+--          held it already (its lease reset); {0, lease_left_ms} when another owner holds it;
+--          -1 when received after the deadline
 -- Cost     O(1): TIME, GET; then SET PX, GET, SET to acquire, or PTTL when held.
 --
 -- Fencing tokens never repeat: each is above both the counter's last value and the store time in
@@ -17,12 +21,14 @@
 -- acquired again with the same fencing token and a fresh lease.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- too late: the caller gave up on this call at its deadline
+if now >= tonumber(ARGV[4]) then return -1 end
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   local drawn = redis.call('GET', KEYS[2])
   if drawn then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, tonumber(drawn)}
+    return {2, tonumber(drawn)}
   end
 elseif holder then
   return {0, redis.call('PTTL', KEYS[1])}

@@ -8,9 +8,11 @@
 -- ARGV        the number of policies, then per policy its algorithm (1 sliding log, 2 sliding
 --             counter, 3 GCRA), its number of limits n and per limit the quota and the window in
 --             microseconds; then per check its policy (1-based), its cost (integer >= 0; 0 only
---             looks) and its attempt id (16 hex digits)
+--             looks), its attempt id (16 hex digits) and its deadline in microseconds of store
+--             time (a check received from then on is not decided: its caller gave up on it)
 -- Returns     per check: admitted (0|1), retry_after_us, then per limit remaining and reset_us;
---             or -1 and the error of a check that failed (the checks around it stand)
+--             or -1 and the error of a check that failed (the checks around it stand); or -2, 0
+--             for a check received after its deadline, which charged nothing
 --
 -- Safe to run twice: a check whose attempt already charged its limits (the call was re-sent, or
 -- its reply lost and the check retried) is admitted again without a second charge.
@@ -285,7 +287,12 @@ while a < args do
   local policy = policies[tonumber(ARGV[a + 1])]
   local n = policy[2]
   local start = len
-  local ok, err = pcall(policy[1], k, n, policy[3], policy[4], tonumber(ARGV[a + 2]), ARGV[a + 3])
+  local ok, err = true, nil
+  if now_us >= int(ARGV[a + 4]) then
+    push(-2, 0)
+  else
+    ok, err = pcall(policy[1], k, n, policy[3], policy[4], tonumber(ARGV[a + 2]), ARGV[a + 3])
+  end
   if not ok then
     -- this check's partial answer gives way to its error
     for j = len, start + 1, -1 do out[j] = nil end
@@ -293,6 +300,6 @@ while a < args do
     if type(err) == 'table' then err = err.err end
     push(-1, tostring(err))
   end
-  k, a = k + n, a + 3
+  k, a = k + n, a + 4
 end
 return out
