@@ -1253,7 +1253,7 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl Store + Cl
         "still b's"
     );
 
-    let record = unique("late-record");
+    let record = format!("t:idem:{{{}}}", unique("late"));
     let begin = store.idempotency_begin(record.clone(), "fp".into(), "a".into(), lease, passed);
     late("idempotency_begin", begin.await.err());
     let begin = store.idempotency_begin(
