@@ -204,8 +204,14 @@ async fn answer(svc: &mut Svc, key: &str) -> (StatusCode, Bytes, bool) {
     }
 }
 
+/// The layer's answer when the store did not confirm the record: problem details, in place of
+/// the handler's head and body.
+const UNRECORDED: &str = "{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"the response could not be recorded; retry with the same Idempotency-Key to learn the outcome\"}\n";
+
+/// The store goes away while the handler runs, for longer than the lease: whether the response
+/// has a body or none, the caller gets `503` with `Retry-After` — never the handler's `201`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_record_the_store_never_confirms_is_never_a_complete_success() {
+async fn a_record_the_store_never_confirms_is_answered_503_never_201() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.addr()).await;
     let runs = Arc::new(AtomicUsize::new(0));
@@ -224,24 +230,14 @@ async fn a_record_the_store_never_confirms_is_never_a_complete_success() {
         };
         // the store goes away while the handler runs and stays away longer than the lease
         let (first, ()) = tokio::join!(answer(&mut svc, &key), cut);
-        let (status, _, complete) = first;
-        if body.is_empty() {
-            assert_eq!(
-                status,
-                StatusCode::SERVICE_UNAVAILABLE,
-                "a bodiless success whose record was never confirmed went out as {status}"
-            );
-        } else {
-            assert_eq!(
-                status,
-                StatusCode::CREATED,
-                "the head went out before the end"
-            );
-            assert!(
-                !complete,
-                "a 201 whose record was never confirmed ended as a complete success"
-            );
-        }
+        let (status, got, complete) = first;
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "a success whose record was never confirmed went out as {status}"
+        );
+        assert!(complete, "the 503 is a whole answer");
+        assert_eq!(got, UNRECORDED, "the handler's body never went out");
         proxy.heal();
     }
 }
@@ -266,10 +262,13 @@ async fn a_record_stored_but_unconfirmed_is_replayed_to_the_retry() {
     };
     // the completion runs on the server, but no confirmation arrives within the lease
     let (first, ()) = tokio::join!(answer(&mut svc, &key), late);
-    assert!(
-        !first.2,
-        "an unconfirmed record ended as a complete success"
+    assert_eq!(
+        first.0,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "an unconfirmed record went out as {}",
+        first.0
     );
+    assert_eq!(first.1, UNRECORDED);
     proxy.delay_replies(Duration::ZERO);
     let (status, body, complete) = answer(&mut svc, &key).await;
     assert_eq!(status, StatusCode::CREATED);

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::stream;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
@@ -1184,52 +1184,257 @@ async fn grpc_server_failures_are_not_stored() {
     assert_eq!(calls.get(), 4);
 }
 
+/// A handler that answers `status` with a body the test feeds through a channel, chunk by chunk
+/// (one channel per run, taken from `feeds` in turn).
+fn fed(
+    calls: &Calls,
+    status: StatusCode,
+    feeds: Vec<mpsc::Receiver<Bytes>>,
+) -> impl FnMut(Inner) -> HandlerFuture + Clone + Send + 'static {
+    let feeds = Arc::new(Mutex::new(feeds.into_iter()));
+    handler(calls, move |_run, _parts: Parts, _body: Bytes| {
+        let rx = feeds.lock().unwrap().next().expect("a feed per run");
+        async move {
+            Ok(Response::builder()
+                .status(status)
+                .header("content-type", "text/event-stream")
+                .body(channel_body(rx))
+                .unwrap())
+        }
+    })
+}
+
+/// How long a step that must happen may take, and how long the tests watch for one that must not.
+const STEP: Duration = Duration::from_secs(5);
+const QUIET: Duration = Duration::from_millis(200);
+
+/// The next data frame of `res_body`, within [`STEP`].
+async fn next_data(res_body: &mut IdempotencyBody<Body>) -> Bytes {
+    tokio::time::timeout(STEP, res_body.frame())
+        .await
+        .expect("a frame within 5 s")
+        .expect("a frame, not the end")
+        .unwrap()
+        .into_data()
+        .unwrap()
+}
+
+/// A response to be recorded reaches the caller — head included — only once it is recorded:
+/// nothing of it streams while the handler produces it. The retry replays it whole.
 #[tokio::test(flavor = "multi_thread")]
-async fn responses_stream_to_the_first_caller_and_replay_concatenated() {
+async fn a_recorded_response_reaches_the_first_caller_whole_once_recorded() {
     let server = RedisServer::start();
     let calls = Calls::default();
-    // The test feeds the handler's response body through a channel, chunk by chunk.
-    let feed: Arc<Mutex<Option<mpsc::Receiver<Bytes>>>> = Arc::default();
     let (tx, rx) = mpsc::channel(1);
-    *feed.lock().unwrap() = Some(rx);
-    let svc = stack(&default_layer(&server), {
-        let feed = Arc::clone(&feed);
-        handler(&calls, move |_run, _parts: Parts, _body: Bytes| {
-            let rx = feed.lock().unwrap().take().expect("one stream");
-            async move {
-                Ok(Response::builder()
-                    .header("content-type", "text/event-stream")
-                    .body(channel_body(rx))
-                    .unwrap())
-            }
-        })
-    });
-    let wait = Duration::from_secs(5);
-    let res = tokio::time::timeout(wait, svc.clone().oneshot(keyed("st-1", "{}")))
+    let svc = stack(
+        &default_layer(&server),
+        fed(&calls, StatusCode::OK, vec![rx]),
+    );
+    let mut first = tokio::spawn(svc.clone().oneshot(keyed("st-1", "{}")));
+    for chunk in ["one,", "two,", "three"] {
+        tx.send(Bytes::from(chunk)).await.unwrap();
+        let early = tokio::time::timeout(QUIET, &mut first).await;
+        assert!(early.is_err(), "the head went out before the body ended");
+    }
+    drop(tx);
+    let res = tokio::time::timeout(STEP, first)
         .await
-        .expect("the head arrives before the body is produced")
+        .expect("the head arrives once the body ended and was recorded")
+        .unwrap()
+        .unwrap();
+    let first = answer(res).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.headers["content-type"], "text/event-stream");
+    assert_eq!(first.body, "one,two,three");
+    assert_eq!(first.trailers, None);
+
+    let replay = send(&svc, keyed("st-1", "{}")).await;
+    assert_replay_of(&replay, &first);
+    assert_eq!(calls.get(), 1);
+}
+
+/// A response that grows over the storage cap is not recorded: the moment it does, the key is
+/// released and the caller gets the head and what was held, then the rest as it is produced.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_response_over_the_storage_cap_streams_from_then_on_and_is_not_recorded() {
+    let server = RedisServer::start();
+    let calls = Calls::default();
+    let layer = IdempotencyLayer::builder(server.store())
+        .unscoped()
+        .response_limit(8)
+        .build()
+        .unwrap();
+    let (tx, rx) = mpsc::channel(1);
+    let (retry_tx, retry_rx) = mpsc::channel(1);
+    let svc = stack(&layer, fed(&calls, StatusCode::OK, vec![rx, retry_rx]));
+    let mut first = tokio::spawn(svc.clone().oneshot(keyed("st-cap", "{}")));
+    for chunk in ["one,", "two,"] {
+        tx.send(Bytes::from(chunk)).await.unwrap();
+        let early = tokio::time::timeout(QUIET, &mut first).await;
+        assert!(early.is_err(), "the head went out within the cap");
+    }
+    // 8 bytes so far, at the cap: the next chunk passes it
+    tx.send(Bytes::from("three,")).await.unwrap();
+    let res = tokio::time::timeout(STEP, first)
+        .await
+        .expect("the head arrives once the response passed the cap")
+        .unwrap()
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert!(res.headers().get(REPLAYED).is_none());
     let mut res_body = res.into_body();
-    for chunk in ["one,", "two,", "three"] {
+    let mut held = BytesMut::new();
+    while held.len() < "one,two,three,".len() {
+        held.extend_from_slice(&next_data(&mut res_body).await);
+    }
+    assert_eq!(held, "one,two,three,");
+    // the key is released already: a retry runs while the first body still streams
+    retry_tx.send(Bytes::from("again")).await.unwrap();
+    drop(retry_tx);
+    let retry = send(&svc, keyed("st-cap", "{}")).await;
+    assert_eq!(retry.status, StatusCode::OK);
+    assert!(!retry.replayed());
+    assert_eq!(retry.body, "again");
+    // from here on each chunk reaches the first caller as it is produced
+    for chunk in ["four,", "five"] {
         tx.send(Bytes::from(chunk)).await.unwrap();
-        let frame = tokio::time::timeout(wait, res_body.frame())
-            .await
-            .expect("each chunk reaches the caller as it is produced")
-            .unwrap()
-            .unwrap();
-        assert_eq!(frame.into_data().unwrap(), chunk);
+        assert_eq!(next_data(&mut res_body).await, chunk);
     }
     drop(tx);
-    let end = tokio::time::timeout(wait, res_body.frame()).await.unwrap();
+    let end = tokio::time::timeout(STEP, res_body.frame()).await.unwrap();
     assert!(end.is_none(), "the body ends when the handler's does");
+    assert_eq!(calls.get(), 2);
+    // the retry's response, within the cap, was recorded
+    assert_replay_of(&send(&svc, keyed("st-cap", "{}")).await, &retry);
+    assert_eq!(calls.get(), 2);
+}
 
-    let replay = send(&svc, keyed("st-1", "{}")).await;
-    assert!(replay.replayed());
-    assert_eq!(replay.status, StatusCode::OK);
-    assert_eq!(replay.headers["content-type"], "text/event-stream");
-    assert_eq!(replay.body, "one,two,three");
+/// A response not to be stored by its status (a 5xx by default) streams to the caller at once,
+/// and the key is released before its body ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unstored_response_streams_at_once_and_releases_the_key() {
+    let server = RedisServer::start();
+    let calls = Calls::default();
+    let (tx, rx) = mpsc::channel(1);
+    let (retry_tx, retry_rx) = mpsc::channel(1);
+    let svc = stack(
+        &default_layer(&server),
+        fed(&calls, StatusCode::BAD_GATEWAY, vec![rx, retry_rx]),
+    );
+    let res = tokio::time::timeout(STEP, svc.clone().oneshot(keyed("st-5xx", "{}")))
+        .await
+        .expect("the head arrives before the body is produced")
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    let mut res_body = res.into_body();
+    for chunk in ["upstream ", "failed"] {
+        tx.send(Bytes::from(chunk)).await.unwrap();
+        assert_eq!(next_data(&mut res_body).await, chunk);
+    }
+    drop(tx);
+    let end = tokio::time::timeout(STEP, res_body.frame()).await.unwrap();
+    assert!(end.is_none());
+    retry_tx.send(Bytes::from("failed again")).await.unwrap();
+    drop(retry_tx);
+    let retry = send(&svc, keyed("st-5xx", "{}")).await;
+    assert_eq!(retry.status, StatusCode::BAD_GATEWAY);
+    assert!(!retry.replayed());
+    assert_eq!(retry.body, "failed again");
+    assert_eq!(calls.get(), 2);
+}
+
+/// The store forgets the claim (a restart without persistence: here `FLUSHALL`) while the
+/// handler produces its body: the record is refused, and the caller gets `503` with
+/// `Retry-After` — never the handler's `201`, whose head it must not have seen.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_refused_while_the_body_is_produced_is_a_503_never_a_201() {
+    let server = RedisServer::start();
+    let calls = Calls::default();
+    let (tx, rx) = mpsc::channel(1);
+    let (retry_tx, retry_rx) = mpsc::channel(1);
+    let svc = stack(
+        &default_layer(&server),
+        fed(&calls, StatusCode::CREATED, vec![rx, retry_rx]),
+    );
+    let mut first = tokio::spawn(svc.clone().oneshot(keyed("lost", "{}")));
+    tx.send(Bytes::from("paid")).await.unwrap();
+    let early = tokio::time::timeout(QUIET, &mut first).await;
+    assert!(early.is_err(), "the 201 head went out before the record");
+    assert_eq!(redis_keys(&server).len(), 1, "the claim is held");
+    let () = redis::cmd("FLUSHALL").query(&mut server.conn()).unwrap();
+    drop(tx);
+    let res = tokio::time::timeout(STEP, first)
+        .await
+        .expect("an answer once the body ended")
+        .unwrap()
+        .unwrap();
+    let refused = answer(res).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.retry_after(), 1);
+    assert_eq!(refused.headers["content-type"], "application/problem+json");
+    assert_eq!(
+        refused.json()["detail"],
+        "the response could not be recorded; retry with the same Idempotency-Key to learn the outcome"
+    );
+    assert!(!refused.replayed());
+    assert_eq!(calls.get(), 1);
+
+    // the store forgot the request: the retry runs it again, and that one is recorded
+    retry_tx.send(Bytes::from("paid again")).await.unwrap();
+    drop(retry_tx);
+    let retry = send(&svc, keyed("lost", "{}")).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(retry.body, "paid again");
+    assert_replay_of(&send(&svc, keyed("lost", "{}")).await, &retry);
+    assert_eq!(calls.get(), 2);
+}
+
+/// The gRPC form: the claim is lost before the call's trailers (`grpc-status: 0`) come; the
+/// caller gets UNAVAILABLE, trailers-only — neither the message nor an OK status.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grpc_call_whose_record_is_refused_fails_with_unavailable() {
+    let server = RedisServer::start();
+    let calls = Calls::default();
+    let (tx, rx) = mpsc::channel::<Frame<Bytes>>(1);
+    let feed = Arc::new(Mutex::new(Some(rx)));
+    let svc = stack(
+        &default_layer(&server),
+        handler(&calls, move |_run, _parts: Parts, _body: Bytes| {
+            let rx = feed.lock().unwrap().take().expect("one call");
+            async move {
+                let frames = stream::unfold(rx, |mut rx| async move {
+                    rx.recv().await.map(|frame| (Ok::<_, Failure>(frame), rx))
+                });
+                Ok(Response::builder()
+                    .header("content-type", "application/grpc")
+                    .body(StreamBody::new(frames).boxed_unsync())
+                    .unwrap())
+            }
+        }),
+    );
+    let mut first = tokio::spawn(svc.clone().oneshot(grpc_request("grpc-lost", b"order")));
+    tx.send(Frame::data(Bytes::from_static(b"\0\0\0\0\x02ok")))
+        .await
+        .unwrap();
+    let early = tokio::time::timeout(QUIET, &mut first).await;
+    assert!(early.is_err(), "the head went out before the record");
+    let () = redis::cmd("FLUSHALL").query(&mut server.conn()).unwrap();
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    tx.send(Frame::trailers(trailers)).await.unwrap();
+    drop(tx);
+    let res = tokio::time::timeout(STEP, first)
+        .await
+        .expect("an answer once the body ended")
+        .unwrap()
+        .unwrap();
+    let refused = answer(res).await;
+    assert_eq!(refused.status, StatusCode::OK);
+    assert_eq!(refused.headers["content-type"], "application/grpc");
+    assert_eq!(refused.headers["grpc-status"], "14", "UNAVAILABLE");
+    assert_eq!(refused.body, "", "the handler's message never went out");
+    assert_eq!(refused.trailers, None, "trailers-only: no OK trailers");
     assert_eq!(calls.get(), 1);
 }
 

@@ -1,5 +1,5 @@
-//! The spawned execution of a claimed request: run the handler, stream its response to the
-//! caller while capturing it, then store it (or release the key) before the caller sees its end.
+//! The spawned execution of a claimed request: run the handler, then either record its response
+//! and only then hand it to the caller, or stream it and release the key.
 
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::{Request, Response, response};
+use http::{HeaderMap, Request, Response, response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, oneshot};
@@ -27,14 +27,11 @@ use crate::task::AbortOnDrop;
 /// What the caller of a keyed request gets: a response, or the handler's error.
 pub(super) type Answer<B, E> = Result<Response<IdempotencyBody<B>>, E>;
 
-/// The head of a response that is all head, kept until the key is settled.
-type UnsentHead<B, E> = Option<(oneshot::Sender<Answer<B, E>>, Response<IdempotencyBody<B>>)>;
-
 /// The frames of the caller's body.
 type Frames = mpsc::Sender<Result<Frame<Bytes>, BoxError>>;
 
-/// Runs the handler, streams its response to the caller while capturing it, then stores it (or
-/// releases the key).
+/// Runs the handler; a response to be stored is recorded before any of it reaches the caller,
+/// any other streams to the caller and releases the key.
 pub(super) async fn execute<S, ReqBody, ResBody>(
     settings: Arc<Settings>,
     mut service: S,
@@ -42,70 +39,87 @@ pub(super) async fn execute<S, ReqBody, ResBody>(
     key: String,
     token: String,
     grpc: bool,
-    head: oneshot::Sender<Answer<ResBody, S::Error>>,
+    answer: oneshot::Sender<Answer<ResBody, S::Error>>,
 ) where
     S: Handler<ReqBody, ResBody>,
     ResBody: HttpBody,
 {
-    let keeper = AbortOnDrop(tokio::spawn(keep_lease(
-        Arc::clone(&settings),
-        key.clone(),
-        token.clone(),
-    )));
+    let claim = Claim::new(Arc::clone(&settings), key, token);
     if let Err(error) = std::future::poll_fn(|cx| service.poll_ready(cx)).await {
-        release(&settings, key, token, "the service was not ready").await;
-        let _ = head.send(Err(error));
+        claim.release("the service was not ready").await;
+        let _ = answer.send(Err(error));
         return;
     }
     let response = match call_handler(&mut service, request).await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {
-            release(&settings, key, token, "the handler returned an error").await;
-            let _ = head.send(Err(error));
+            claim.release("the handler returned an error").await;
+            let _ = answer.send(Err(error));
             return;
         }
         Err(_) => {
-            release(&settings, key, token, "the handler panicked").await;
-            return; // dropping `head` tells the caller
+            claim.release("the handler panicked").await;
+            return; // dropping `answer` tells the caller
         }
     };
     let (parts, body) = response.into_parts();
-    let Some(mut capture) = Capture::new(&settings, &parts, &body) else {
-        release(&settings, key, token, "store_when panicked").await;
-        let _ = head.send(Ok(Rejection::HandlerFailed.into_response(&settings, grpc)));
+    deliver(&settings, claim, parts, body, answer, grpc).await;
+}
+
+/// Records the response and then answers the caller, or streams it and releases the key — by
+/// its status.
+async fn deliver<B, E>(
+    settings: &Settings,
+    claim: Claim,
+    parts: response::Parts,
+    body: B,
+    answer: oneshot::Sender<Answer<B, E>>,
+    grpc: bool,
+) where
+    B: HttpBody,
+{
+    let Ok(record) = record_of(settings, &parts) else {
+        claim.release("store_when panicked").await;
+        let _ = answer.send(Ok(Rejection::HandlerFailed.into_response(settings, grpc)));
         return;
     };
+    let exact_len = body.size_hint().exact();
+    let all_head = body.is_end_stream() || exact_len == Some(0);
     let (frames_tx, frames_rx) = mpsc::channel(8);
-    let response = Response::from_parts(parts, IdempotencyBody::channel(frames_rx, capture.hint));
-    // A response whose head is all of it (an empty body: a gRPC trailers-only status, a bodiless
-    // 5xx) is settled before the head goes out, like the last frame of any other response.
-    let mut unsent_head = None;
-    if body.is_end_stream() || capture.hint == Some(0) {
-        unsent_head = Some((head, response));
-    } else {
-        let _ = head.send(Ok(response));
+    let response = Response::from_parts(parts, IdempotencyBody::channel(frames_rx, exact_len));
+    let head = Head { answer, response };
+    let body = std::pin::pin!(body);
+    match record {
+        Some(record) => record_then_answer(claim, record, body, head, &frames_tx, grpc).await,
+        None => {
+            // a response that is all head is settled before the head goes out, like the last
+            // frame of any other
+            let head = if all_head {
+                Some(head)
+            } else {
+                head.send();
+                None
+            };
+            let end = Unsettled { claim, exact_len };
+            stream(body, head, &frames_tx, Some(end)).await;
+        }
     }
-    let mut body = std::pin::pin!(body);
-    let failure = forward(body.as_mut(), &mut capture, &frames_tx).await;
-    let confirmed = record(
-        &settings,
-        key,
-        token,
-        &mut capture,
-        failure.is_some(),
-        keeper,
-    )
-    .await;
-    settle(
-        &settings,
-        capture,
-        failure,
-        unsent_head,
-        &frames_tx,
-        confirmed,
-        grpc,
-    )
-    .await;
+}
+
+/// The record to make of a response with head `parts`, if its status is one to store; `Err` when
+/// `store_when` panicked.
+fn record_of(
+    settings: &Settings,
+    parts: &response::Parts,
+) -> std::thread::Result<Option<StoredResponse>> {
+    let store_when = AssertUnwindSafe(|| (settings.store_when)(parts.status));
+    let stored = std::panic::catch_unwind(store_when)?;
+    Ok(stored.then(|| StoredResponse {
+        status: parts.status,
+        headers: stored_headers(&parts.headers, &settings.unstored_headers),
+        body: Bytes::new(),
+        trailers: None,
+    }))
 }
 
 /// Calls the handler and awaits its response; a panic in either is caught and returned.
@@ -123,157 +137,220 @@ where
     }
 }
 
-/// The response as recorded while it streams to the caller, and the frames held back from the
-/// caller until the key is settled.
-struct Capture {
-    // `None` when the response is not to be stored: its status, or its size over the cap
-    record: Option<StoredResponse>,
-    captured: BytesMut,
-    response_limit: usize,
-    // the body's exact length, if it declares one
-    hint: Option<u64>,
-    delivered: u64,
-    // With a known length the caller's end of body is its last byte, not the end of the stream:
-    // that last frame is held back until the key is settled (by `settle`).
-    held: Vec<Frame<Bytes>>,
+/// The claim on the key until it is settled — by storing the response or by releasing the key —
+/// with the task that keeps its lease alive meanwhile.
+struct Claim {
+    settings: Arc<Settings>,
+    key: String,
+    token: String,
+    _keeper: AbortOnDrop,
 }
 
-impl Capture {
-    /// A capture of the response with head `parts`; `None` when `store_when` panicked.
-    fn new<B: Body>(settings: &Settings, parts: &response::Parts, body: &B) -> Option<Self> {
-        let store_when = AssertUnwindSafe(|| (settings.store_when)(parts.status));
-        let stored = std::panic::catch_unwind(store_when).ok()?;
-        Some(Self {
-            record: stored.then(|| StoredResponse {
-                status: parts.status,
-                headers: stored_headers(&parts.headers, &settings.unstored_headers),
-                body: Bytes::new(),
-                trailers: None,
-            }),
-            captured: BytesMut::new(),
-            response_limit: settings.response_limit,
-            hint: body.size_hint().exact(),
-            delivered: 0,
-            held: Vec::new(),
-        })
+impl Claim {
+    fn new(settings: Arc<Settings>, key: String, token: String) -> Self {
+        let keeper = tokio::spawn(keep_lease(
+            Arc::clone(&settings),
+            key.clone(),
+            token.clone(),
+        ));
+        Self {
+            settings,
+            key,
+            token,
+            _keeper: AbortOnDrop(keeper),
+        }
     }
 
-    /// Records `frame`, and gives it back if the caller may have it now rather than once the key
-    /// is settled.
-    fn take(&mut self, frame: Frame<Bytes>) -> Option<Frame<Bytes>> {
-        if let Some(stored) = self.record.as_mut() {
-            if let Some(data) = frame.data_ref() {
-                if self.captured.len() + data.len() > self.response_limit {
-                    self.record = None;
-                } else {
-                    self.captured.extend_from_slice(data);
-                }
-            } else if let Some(trailers) = frame.trailers_ref() {
-                stored
-                    .trailers
-                    .get_or_insert_with(Default::default)
-                    .extend(trailers.clone());
-            }
-        }
-        self.delivered += frame.data_ref().map_or(0, |d| d.len() as u64);
-        // Trailers are the end of a response too (a gRPC client is done when they arrive).
-        if frame.is_trailers()
-            || (self.hint.is_some_and(|len| self.delivered >= len) && frame.is_data())
-        {
-            self.held.push(frame);
-            return None;
-        }
-        Some(frame)
+    /// Stores the encoded response (see [`complete`]); whether the store confirmed it.
+    async fn complete(self, record: Bytes) -> bool {
+        complete(&self.settings, self.key, self.token, record).await
+    }
+
+    /// Gives the key back, so that a retry runs the handler again.
+    async fn release(self, why: &'static str) {
+        release(&self.settings, self.key, self.token, why).await;
     }
 }
 
-/// Forwards the body's frames to the caller as they come, capturing them, until it ends; returns
-/// its error if it failed.
-async fn forward<B>(
+/// The head of the caller's response, held until the caller may have it; its body is what is
+/// sent down the [`Frames`] channel.
+struct Head<B, E> {
+    answer: oneshot::Sender<Answer<B, E>>,
+    response: Response<IdempotencyBody<B>>,
+}
+
+impl<B, E> Head<B, E> {
+    fn send(self) {
+        let _ = self.answer.send(Ok(self.response));
+    }
+
+    /// Answers `Unrecorded` instead: the caller never sees the handler's head.
+    fn refuse(self, settings: &Settings, grpc: bool) {
+        let refusal = Rejection::Unrecorded.into_response(settings, grpc);
+        let _ = self.answer.send(Ok(refusal));
+    }
+}
+
+/// How the capture of a response for its record ended.
+enum Captured {
+    /// The body ended: the record holds all of it.
+    Whole,
+    Failed(BoxError),
+    /// This data frame would have taken the record over the cap; it is not in the record.
+    TooLarge(Bytes),
+}
+
+/// Captures the whole response into `record` and sends the caller nothing meanwhile; once the
+/// body ends, stores the record and only then hands the response to the caller — or
+/// `Unrecorded` in its place when the store did not confirm it, so that no caller takes an
+/// unrecorded response for a success. A response that fails, or turns out not to be stored
+/// (over the cap, a gRPC failure), releases the key first and then goes to the caller as it came.
+async fn record_then_answer<B, RB, E>(
+    claim: Claim,
+    mut record: StoredResponse,
     mut body: Pin<&mut B>,
-    capture: &mut Capture,
+    head: Head<RB, E>,
     frames: &Frames,
-) -> Option<BoxError>
+    grpc: bool,
+) where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let settings = Arc::clone(&claim.settings);
+    let mut data = BytesMut::new();
+    match capture(
+        body.as_mut(),
+        &mut record,
+        &mut data,
+        settings.response_limit,
+    )
+    .await
+    {
+        Captured::Whole => {}
+        Captured::Failed(error) => {
+            claim.release("the response body failed").await;
+            head.send();
+            send_captured(frames, data.freeze(), record.trailers).await;
+            let _ = frames.send(Err(error)).await;
+            return;
+        }
+        Captured::TooLarge(next) => {
+            claim.release("the response is too large to store").await;
+            head.send();
+            send_captured(frames, data.freeze(), record.trailers).await;
+            let _ = frames.send(Ok(Frame::data(next))).await;
+            stream::<B, RB, E>(body, None, frames, None).await;
+            return;
+        }
+    }
+    record.body = data.freeze();
+    if !grpc_succeeded(&settings, &record) {
+        claim.release("the response is not stored").await;
+    } else if !claim.complete(record.encode()).await {
+        head.refuse(&settings, grpc);
+        return;
+    }
+    head.send();
+    send_captured(frames, record.body, record.trailers).await;
+}
+
+/// Reads the body to its end into `record` — its data into `data`, up to `limit` bytes — unless
+/// it fails or would pass the limit first.
+async fn capture<B>(
+    mut body: Pin<&mut B>,
+    record: &mut StoredResponse,
+    data: &mut BytesMut,
+    limit: usize,
+) -> Captured
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
     loop {
-        // converted within the statement: the body's own error type need not be Send; a panic
-        // while producing the body counts as a failed response
-        let next: Result<Option<Result<_, BoxError>>, _> = AssertUnwindSafe(body.frame())
-            .catch_unwind()
-            .await
-            .map(|frame| frame.map(|f| f.map_err(Into::into)));
-        let frame = match next {
-            Ok(Some(Ok(frame))) => frame,
-            Ok(None) => return None,
-            Ok(Some(Err(error))) => return Some(error),
-            Err(_) => return Some("the response body panicked".into()),
+        let frame = match next_frame(body.as_mut()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return Captured::Whole,
+            Err(error) => return Captured::Failed(error),
         };
-        if let Some(frame) = capture.take(frame) {
-            // a caller that went away does not stop the recording
+        match frame.into_data() {
+            Ok(chunk) if data.len() + chunk.len() > limit => return Captured::TooLarge(chunk),
+            Ok(chunk) => data.extend_from_slice(&chunk),
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    record
+                        .trailers
+                        .get_or_insert_with(HeaderMap::new)
+                        .extend(trailers);
+                }
+            }
+        }
+    }
+}
+
+/// Sends the caller a captured body: its data as one frame, then its trailers.
+async fn send_captured(frames: &Frames, data: Bytes, trailers: Option<HeaderMap>) {
+    if !data.is_empty() {
+        let _ = frames.send(Ok(Frame::data(data))).await;
+    }
+    if let Some(trailers) = trailers {
+        let _ = frames.send(Ok(Frame::trailers(trailers))).await;
+    }
+}
+
+/// The claim of a response that streams while its key is still claimed, and the length its body
+/// declared, if any.
+struct Unsettled {
+    claim: Claim,
+    exact_len: Option<u64>,
+}
+
+/// Streams the rest of the body to the caller as it comes (a caller that went away does not stop
+/// it), sending the head first if it is still held. With `unsettled`, the key is released once
+/// the body ends, and the caller's end of body waits for that: a client that has its whole answer
+/// and retries finds the key released — it runs again, never gets `409`. That end is the frame
+/// that completes the declared length, or trailers (a gRPC client is done when they arrive), so
+/// frames from there on are held until the release, and the head too if it is all there is.
+async fn stream<B, RB, E>(
+    mut body: Pin<&mut B>,
+    mut head: Option<Head<RB, E>>,
+    frames: &Frames,
+    unsettled: Option<Unsettled>,
+) where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut left = unsettled.as_ref().and_then(|u| u.exact_len);
+    let mut held = Vec::new();
+    let failure = loop {
+        let frame = match next_frame(body.as_mut()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break None,
+            Err(error) => break Some(error),
+        };
+        if let (Some(left), Some(data)) = (left.as_mut(), frame.data_ref()) {
+            *left = left.saturating_sub(data.len() as u64);
+        }
+        let ends = frame.is_trailers() || (frame.is_data() && left == Some(0));
+        if unsettled.is_some() && (ends || !held.is_empty()) {
+            held.push(frame);
+        } else {
+            if let Some(head) = head.take() {
+                head.send();
+            }
             let _ = frames.send(Ok(frame)).await;
         }
+    };
+    if let Some(Unsettled { claim, .. }) = unsettled {
+        let why = match failure {
+            Some(_) => "the response body failed",
+            None => "the response is not stored",
+        };
+        claim.release(why).await;
     }
-}
-
-/// Stores the response, or releases the key when it is not to be stored; whether the caller may
-/// take the response for what it is — `false` only when the store did not confirm a record.
-/// The lease is kept alive (by `keeper`) until the record is confirmed or given up.
-async fn record(
-    settings: &Settings,
-    key: String,
-    token: String,
-    capture: &mut Capture,
-    failed: bool,
-    keeper: AbortOnDrop,
-) -> bool {
-    match capture.record.take() {
-        Some(mut stored) if !failed && grpc_succeeded(settings, &stored) => {
-            stored.body = std::mem::take(&mut capture.captured).freeze();
-            let confirmed = complete(settings, key, token, stored.encode()).await;
-            drop(keeper);
-            confirmed
-        }
-        _ => {
-            drop(keeper);
-            release(settings, key, token, "the response is not stored").await;
-            true
-        }
+    if let Some(head) = head {
+        head.send();
     }
-}
-
-/// Gives the caller what was held back — once the key is settled. Record first, and only then
-/// let the caller see the end of the body or its error: a client that has its whole answer and
-/// retries finds the key settled — a replay after success, a fresh run after a failure — never
-/// still in flight. A response whose record was not confirmed is never completed: an unsent head
-/// becomes `503`, a started body ends with an error.
-async fn settle<B, E>(
-    settings: &Settings,
-    capture: Capture,
-    failure: Option<BoxError>,
-    unsent_head: UnsentHead<B, E>,
-    frames: &Frames,
-    confirmed: bool,
-    grpc: bool,
-) {
-    if !confirmed {
-        match unsent_head {
-            Some((head, _)) => {
-                let _ = head.send(Ok(Rejection::Unrecorded.into_response(settings, grpc)));
-            }
-            None => {
-                let error: BoxError = UNRECORDED.into();
-                let _ = frames.send(Err(error)).await;
-            }
-        }
-        return;
-    }
-    if let Some((head, response)) = unsent_head {
-        let _ = head.send(Ok(response));
-    }
-    for frame in capture.held {
+    for frame in held {
         let _ = frames.send(Ok(frame)).await;
     }
     if let Some(error) = failure {
@@ -281,9 +358,19 @@ async fn settle<B, E>(
     }
 }
 
-/// The error a started body ends with when its record was not confirmed.
-const UNRECORDED: &str =
-    "the response could not be recorded; retry with the same Idempotency-Key to learn the outcome";
+/// The body's next frame; a panic while producing it counts as a failed body.
+async fn next_frame<B>(mut body: Pin<&mut B>) -> Result<Option<Frame<Bytes>>, BoxError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    match AssertUnwindSafe(body.frame()).catch_unwind().await {
+        Ok(Some(Ok(frame))) => Ok(Some(frame)),
+        Ok(None) => Ok(None),
+        Ok(Some(Err(error))) => Err(error.into()),
+        Err(_) => Err("the response body panicked".into()),
+    }
+}
 
 /// For a gRPC response, whether its `grpc-status` (trailers, or headers of a trailers-only
 /// response) is one that [`store_grpc_when`](super::IdempotencyLayerBuilder::store_grpc_when)
@@ -360,7 +447,7 @@ async fn complete(settings: &Settings, key: String, token: String, record: Bytes
 }
 
 /// Gives the key back (token-checked) so that a retry runs the handler again.
-pub(super) async fn release(settings: &Settings, key: String, token: String, why: &'static str) {
+async fn release(settings: &Settings, key: String, token: String, why: &'static str) {
     let release = settings.store.idempotency_release(key, token);
     lease::log_release(Owner::Idempotency, why, release).await;
 }

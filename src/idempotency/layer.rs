@@ -252,9 +252,11 @@ impl<K> IdempotencyLayerBuilder<K> {
         self
     }
 
-    /// The largest response body stored for replay (default 1 MiB). A larger response still
-    /// reaches its caller in full, but is not stored: the key is released and a retry runs the
-    /// handler again.
+    /// The largest response body stored for replay (default 1 MiB), and so the most the layer
+    /// holds of one response before its record is confirmed. A larger response still reaches its
+    /// caller in full, but is not stored: once it passes the cap the key is released, the caller
+    /// gets what was held and then the rest as it is produced, and a retry runs the handler
+    /// again.
     pub fn response_limit(mut self, bytes: usize) -> Self {
         self.settings.response_limit = bytes;
         self
@@ -279,8 +281,9 @@ impl<K> IdempotencyLayerBuilder<K> {
         self
     }
 
-    /// Which responses are stored for replay, by status (default: all but 5xx). A response that
-    /// is not stored releases the key, so that a retry runs the handler again.
+    /// Which responses are stored for replay, by status (default: all but 5xx). A response to be
+    /// stored reaches its caller once its record is confirmed; one that is not streams to its
+    /// caller at once and releases the key, so that a retry runs the handler again.
     pub fn store_when(
         mut self,
         predicate: impl Fn(StatusCode) -> bool + Send + Sync + 'static,

@@ -19,12 +19,12 @@
 //! | same key, completed | the stored response, byte for byte, plus `Idempotent-Replayed: true` |
 //! | handler failed (5xx by [default](IdempotencyLayerBuilder::store_when), a retryable [gRPC status](IdempotencyLayerBuilder::store_grpc_when), an error, a panic, a broken body) | key released, nothing stored: a retry runs again |
 //! | store unavailable or timing out | `503`, the handler is **not** run (fail closed: never twice) |
-//! | the handler answered, but the store did not confirm its record within the lease (it failed, timed out, or the lease was taken over) | never a complete success: an unsent head becomes `503` with `Retry-After`, a started body ends with an error; the key is **not** released, so retries get `409` while the lease runs |
+//! | the handler answered, but the store did not confirm its record within the lease (it failed, timed out, lost the claim, or the lease was taken over) | `503` with `Retry-After` (gRPC: UNAVAILABLE) instead of the handler's response, none of which went out; the key is **not** released, so retries get `409` while the lease runs |
 //!
 //! The rule these rows hold: **a client that was told success only ever sees that one execution
-//! again.** "Told success" means a complete answer — the whole body, or the trailers of a gRPC
-//! call — and the layer hands it over only once the store has confirmed the record; a retry then
-//! gets the replay. Its limits:
+//! again.** A response to be recorded leaves the layer — its status and headers included — only
+//! once the store has confirmed its record, so a client never reads a `2xx` (or a gRPC OK) whose
+//! record may be missing; a retry then gets the replay. Its limits:
 //! - A client that got no complete answer (a `503`, a broken body) may see the request run again
 //!   when it retries after the lease: the record was never confirmed, and the claim expired. If
 //!   the record was stored after all (its confirmation was what got lost), the retry gets the
@@ -33,7 +33,7 @@
 //!   failover to a replica that had not received it, eviction) forgets the request, and a retry
 //!   after that runs again.
 //! - A response over the [storage cap](IdempotencyLayerBuilder::response_limit) is delivered
-//!   without a record; a retry runs again.
+//!   without a record (and streams from the moment it passes the cap); a retry runs again.
 //!
 //! gRPC calls (`content-type: application/grpc*`) get the same decisions as trailers-only
 //! responses: `400` → INVALID_ARGUMENT, `409` → ABORTED, `413` → RESOURCE_EXHAUSTED, `422` →
@@ -53,13 +53,23 @@
 //!   crashed copy's claim expires after it.
 //! - The handler runs in its own task: if the client disconnects, it still runs to completion
 //!   and its response is stored, so the client's retry gets the replay rather than a second
-//!   execution. The response streams to the first caller as it is produced while being
-//!   captured; responses over the [storage cap](IdempotencyLayerBuilder::response_limit) are
-//!   delivered but not stored (the key is released). The first caller sees the end of its body
-//!   only once the key is settled, so a client that retries after reading a complete answer
-//!   always gets the replay, and one that retries after a failed answer always runs again.
-//!   The first caller's body is forwarded with backpressure: a caller that stops reading holds
-//!   the handler's task (and the key's lease) until it reads on or goes away.
+//!   execution.
+//! - A response to be stored (by its status and, for gRPC, the `grpc-status` of its trailers) is
+//!   held whole in the layer while the handler produces it — it is what gets recorded anyway —
+//!   and reaches the first caller, head and body, once its record is confirmed: a response that
+//!   streams (server-sent events, a long download) reaches the first caller only at its end.
+//!   The first caller gets it as the handler gave it, its body's data in one piece and its
+//!   trailers in one frame.
+//! - A response that passes the [storage cap](IdempotencyLayerBuilder::response_limit) is not
+//!   stored: at that moment the key is released and the first caller gets the head and what was
+//!   held, then the rest as it is produced. A response not stored by its
+//!   [status](IdempotencyLayerBuilder::store_when) (a 5xx) streams at once; its key is released
+//!   before the caller sees the end of its body, so a client that has its whole answer and
+//!   retries runs again, never gets `409`. A body that fails releases the key, then reaches the
+//!   caller as far as it came, ending with the error.
+//! - A streaming first caller's body is forwarded with backpressure: a caller that stops reading
+//!   holds the handler's task (and, until the key is released, its lease) until it reads on or
+//!   goes away.
 //! - A claim attempt that went unanswered (the store timed out, the caller left) is released in
 //!   the background once the store answers, so that a store hiccup does not block the key for a
 //!   whole lease. Every script is safe to run twice: a claim, completion or release re-sent
