@@ -57,6 +57,7 @@ pub struct Claim {
     won: bool,
     holder: String,
     key: String,
+    pending: bool,
 }
 
 impl Claim {
@@ -68,6 +69,14 @@ impl Claim {
     /// The holder stored by the winner: ours when [`won`](Self::won).
     pub fn holder(&self) -> &str {
         &self.holder
+    }
+
+    /// Whether the claim that won is still pending: made with durable writes
+    /// (`wait_replicas`) and not yet acknowledged by the replicas, so it may yet be undone.
+    /// The name is in progress, not taken: ask again in a moment. Never `true` when
+    /// [`won`](Self::won).
+    pub fn pending(&self) -> bool {
+        self.pending
     }
 }
 
@@ -148,6 +157,7 @@ impl Claims {
             won: outcome.won,
             holder: outcome.holder,
             key,
+            pending: outcome.pending && !outcome.won,
         })
     }
 

@@ -109,6 +109,12 @@ pub(crate) fn release_marker(key: &str) -> String {
     format!("{key}:released")
 }
 
+/// The pending marker of `key` (same hash tag): a durable write that replicas have not
+/// acknowledged yet.
+pub(crate) fn pending_marker(key: &str) -> String {
+    format!("{key}:pending")
+}
+
 /// The key of the idempotency record for `idempotency_key` within `scope` (`None`: the unscoped
 /// namespace): `<prefix>:idem:{<digest>}`. Scope and key are hashed together, unambiguously.
 pub(crate) fn idempotency_record(

@@ -19,6 +19,7 @@ fn script(name: &str) -> Script {
         "idem_extend" => include_str!("../src/store/scripts/idem_extend.lua"),
         "idem_release" => include_str!("../src/store/scripts/idem_release.lua"),
         "rate" => include_str!("../src/store/scripts/rate.lua"),
+        "settle" => include_str!("../src/store/scripts/settle.lua"),
         other => panic!("no script {other}"),
     };
     Script::new(source)
@@ -80,20 +81,50 @@ fn items(v: Value) -> Vec<Value> {
 fn a_claim_run_twice_is_won_twice() {
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let args = ["holder-a", "0", LATER];
-    let won = items(run(&mut conn, "claim", &["c:{1}"], &args));
+    let keys = ["c:{1}", "c:{1}:pending"];
+    let args = ["holder-a", "0", "0", LATER];
+    let won = items(run(&mut conn, "claim", &keys, &args));
     assert_eq!(int(&won[0]), 1, "won, written");
-    let again = items(run(&mut conn, "claim", &["c:{1}"], &args));
+    let again = items(run(&mut conn, "claim", &keys, &args));
     assert_eq!(int(&again[0]), 2, "won again, nothing written");
     assert_eq!([&again[1]], [&won[1]]);
     assert_eq!(get(&mut conn, "c:{1}").as_deref(), Some("holder-a"));
     let lost = items(run(
         &mut conn,
         "claim",
-        &["c:{1}"],
-        &["holder-b", "0", LATER],
+        &keys,
+        &["holder-b", "0", "0", LATER],
     ));
     assert_eq!(int(&lost[0]), 0, "another holder loses");
+}
+
+/// A durable claim is pending until its marker is dropped: another holder learns that it is in
+/// progress, not taken; a durable re-run marks it pending again, and the marker expires.
+#[test]
+fn a_durable_claim_reads_as_pending_until_settled() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let keys = ["c:{1}", "c:{1}:pending"];
+    let won = items(run(&mut conn, "claim", &keys, &["a", "0", "60000", LATER]));
+    assert_eq!(int(&won[0]), 1);
+    assert_eq!(get(&mut conn, keys[1]).as_deref(), Some("a"));
+    let pending = items(run(&mut conn, "claim", &keys, &["b", "0", "60000", LATER]));
+    assert_eq!(int(&pending[0]), 3, "in progress, not taken");
+    assert_eq!(
+        int(&run(&mut conn, "settle", &keys[1..], &["b"])),
+        0,
+        "b's own only"
+    );
+    assert_eq!(int(&run(&mut conn, "settle", &keys[1..], &["a"])), 1);
+    let taken = items(run(&mut conn, "claim", &keys, &["b", "0", "60000", LATER]));
+    assert_eq!(int(&taken[0]), 0, "settled: taken");
+    let again = items(run(&mut conn, "claim", &keys, &["a", "0", "60000", LATER]));
+    assert_eq!(int(&again[0]), 2, "the same holder again");
+    assert_eq!(
+        get(&mut conn, keys[1]).as_deref(),
+        Some("a"),
+        "pending again"
+    );
 }
 
 #[test]
@@ -172,11 +203,12 @@ fn idempotency_scripts_run_twice_answer_alike() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let record = "i:{1}";
+    let marked = [record, "i:{1}:pending"];
     let begin = ["fp", "t", "30000", LATER];
-    let claimed = run(&mut conn, "idem_begin", &[record], &begin);
+    let claimed = run(&mut conn, "idem_begin", &marked, &begin);
     assert_eq!(items(claimed), vec![Value::Int(0)], "claimed, written");
     let running = hash(&mut conn, record);
-    let again = run(&mut conn, "idem_begin", &[record], &begin);
+    let again = run(&mut conn, "idem_begin", &marked, &begin);
     assert_eq!(
         items(again),
         vec![Value::Int(4)],
@@ -196,8 +228,8 @@ fn idempotency_scripts_run_twice_answer_alike() {
     let stored = twice(
         &mut conn,
         "idem_complete",
-        &[record],
-        &["t", "response", "60000", LATER],
+        &marked,
+        &["t", "response", "60000", "0", LATER],
     );
     assert_eq!(int(&stored), 1, "stored, not lost");
     let done = hash(&mut conn, record);
@@ -230,7 +262,7 @@ fn idempotency_scripts_run_twice_answer_alike() {
     run(
         &mut conn,
         "idem_begin",
-        &other[..1],
+        &["i:{2}", "i:{2}:pending"],
         &["fp", "t", "30000", LATER],
     );
     let released = twice(&mut conn, "idem_release", &other, &["t", "60000", "call-1"]);
@@ -418,17 +450,23 @@ fn a_script_received_after_its_deadline_does_nothing() {
     let late = |conn: &mut Connection, name: &str, keys: &[&str], args: &[&str]| {
         assert_eq!(run(conn, name, keys, args), Value::Int(-1), "{name}");
     };
-    late(&mut conn, "claim", &["c:{1}"], &["h", "0", EARLIER]);
+    late(
+        &mut conn,
+        "claim",
+        &["c:{1}", "c:{1}:pending"],
+        &["h", "0", "0", EARLIER],
+    );
     late(
         &mut conn,
         "lock_acquire",
         &["l:{1}", "l:{1}:fence"],
         &["t", "5000", "60000", EARLIER],
     );
+    let marked = ["i:{1}", "i:{1}:pending"];
     late(
         &mut conn,
         "idem_begin",
-        &["i:{1}"],
+        &marked,
         &["fp", "t", "30000", EARLIER],
     );
     let nothing: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
@@ -443,7 +481,7 @@ fn a_script_received_after_its_deadline_does_nothing() {
     run(
         &mut conn,
         "idem_begin",
-        &["i:{1}"],
+        &marked,
         &["fp", "t", "30000", LATER],
     );
     let record = hash(&mut conn, "i:{1}");
@@ -457,8 +495,8 @@ fn a_script_received_after_its_deadline_does_nothing() {
     late(
         &mut conn,
         "idem_complete",
-        &["i:{1}"],
-        &["t", "response", "60000", EARLIER],
+        &marked,
+        &["t", "response", "60000", "0", EARLIER],
     );
     let ttl: i64 = redis::cmd("PTTL").arg("l:{1}").query(&mut conn).unwrap();
     assert_eq!(ttl, -1, "the lock's expiry was not touched");

@@ -12,7 +12,7 @@
 //! | ---------------- | ------------------------------------------------------------------- |
 //! | `GET /healthz`   | `200 {"status":"ok"}` while the store answers `PING`, else `503`    |
 //! | `GET /api/hello` | `200 {"message":"hello",...}`, rate-limited per caller              |
-//! | `POST /coupons/{code}/redeem` | `200` for exactly one redemption across all copies, `409` for every other, `503` when the store does not answer |
+//! | `POST /coupons/{code}/redeem` | `200` for exactly one redemption across all copies, `409` for every other (with `Retry-After` while one awaits its replicas), `503` when the store does not answer |
 //! | `POST /reports/{name}/rebuild` | rebuilds under a lock: `200` with the fencing token, `409` while another copy holds it |
 //! | `POST /payments` | `201 {"id",...}` once per `Idempotency-Key` across all copies; retries replay it |
 //! | `GET /metrics`   | the crate's series in Prometheus text, not rate-limited             |
@@ -28,6 +28,7 @@ use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -376,12 +377,10 @@ fn payment_routes(state: &AppState) -> Router<AppState> {
 
 /// `POST /coupons/{code}/redeem`: exactly one `200` per coupon across every copy of the app. The
 /// store unreachable or late → `503`: a redemption is never reported that was not recorded, and
-/// an attempt whose answer was lost is undone once the store answers, so that the coupon is not
-/// consumed by nobody.
-async fn redeem_coupon(
-    State(state): State<AppState>,
-    Path(code): Path<String>,
-) -> (StatusCode, Json<Value>) {
+/// an attempt whose answer was lost is undone once the store refuses it for good, so that the
+/// coupon is not consumed by nobody. A redemption that replicas have not acknowledged yet
+/// (`REDIS_WAIT_REPLICAS`) is in progress: `409` with `Retry-After`, not "already redeemed".
+async fn redeem_coupon(State(state): State<AppState>, Path(code): Path<String>) -> Response {
     match state
         .claims
         .claim_once(format!("coupon:{code}"), None)
@@ -390,17 +389,27 @@ async fn redeem_coupon(
         Ok(claim) if claim.won() => (
             StatusCode::OK,
             Json(json!({ "coupon": code, "status": "redeemed", "redemption": claim.holder() })),
-        ),
+        )
+            .into_response(),
+        Ok(claim) if claim.pending() => (
+            StatusCode::CONFLICT,
+            [(axum::http::header::RETRY_AFTER, "1")],
+            Json(json!({ "coupon": code, "status": "in_progress" })),
+        )
+            .into_response(),
         Ok(_) => (
             StatusCode::CONFLICT,
             Json(json!({ "coupon": code, "status": "already_redeemed" })),
-        ),
+        )
+            .into_response(),
         Err(error) => {
             tracing::warn!(%error, "coupon store unavailable");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
+                [(axum::http::header::RETRY_AFTER, "1")],
                 Json(json!({ "coupon": code, "status": "unavailable" })),
             )
+                .into_response()
         }
     }
 }

@@ -607,10 +607,12 @@ impl LockStore for MemoryStore {
                 Some(Value::Str(current)) => ClaimOutcome {
                     won: *current == holder,
                     holder: current.clone(),
+                    pending: false,
                 },
                 Some(_) => ClaimOutcome {
                     won: false,
                     holder: String::new(),
+                    pending: false,
                 },
                 None => {
                     let expires_at = ttl.map_or(u64::MAX, |ttl| expiry(now, ttl));
@@ -618,6 +620,7 @@ impl LockStore for MemoryStore {
                     ClaimOutcome {
                         won: true,
                         holder: holder.clone(),
+                        pending: false,
                     }
                 }
             })

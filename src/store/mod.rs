@@ -225,6 +225,10 @@ pub struct ClaimOutcome {
     /// The holder stored by the winner (this caller's holder when `won`), read in the same
     /// atomic step as the failed write.
     pub holder: String,
+    /// Whether the claim this caller lost to is still pending: made with durable writes
+    /// (`wait_replicas`) and not yet acknowledged by the replicas, so it may yet be undone —
+    /// the name is in progress, not taken. Always `false` on a store without durable writes.
+    pub pending: bool,
 }
 
 /// The answer to [`LockStore::lock_acquire`].

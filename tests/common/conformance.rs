@@ -1212,7 +1212,7 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl Store + Cl
         let error = error.unwrap_or_else(|| panic!("{what}: a late write answered"));
         assert_eq!(error.kind(), StoreErrorKind::Timeout, "{what}: {error}");
     };
-    let claim = unique("late-claim");
+    let claim = format!("t:claim:{{{}}}", unique("late"));
     late(
         "claim",
         store

@@ -415,6 +415,7 @@ impl LockStore for PgStore {
                 Ok(ClaimOutcome {
                     won: row.try_get(0)?,
                     holder: row.try_get(1)?,
+                    pending: false,
                 })
             },
         )

@@ -9,6 +9,7 @@ use redis::RedisError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::connection::{Connection, Link, Opener, PrimaryClient, ask_sentinels, open_single};
+use super::durable;
 use super::rates::DEFAULT_MAX_BATCH;
 use super::{RedisStore, store_error};
 use crate::error::{ConfigError, ConfigErrorKind};
@@ -295,7 +296,13 @@ impl RedisClusterBuilder {
         };
         let durable = match self.wait_replicas {
             0 => None,
-            replicas => Some((replicas, open().await?)),
+            replicas => {
+                let mut links = Vec::with_capacity(durable::CONNECTIONS);
+                for _ in 0..durable::CONNECTIONS {
+                    links.push(open().await?);
+                }
+                Some((replicas, links))
+            }
         };
         let settings = Settings {
             timeout: self.timeout,
@@ -400,13 +407,18 @@ fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(500))
 }
 
-/// With durable writes, their connection of its own (opened by `open`, as the store's is).
+/// With durable writes, their connections of their own (opened by `open`, as the store's is).
 fn durable<E>(
     replicas: u32,
-    open: impl FnOnce() -> Result<Link, E>,
-) -> Result<Option<(u32, Link)>, E> {
+    open: impl Fn() -> Result<Link, E>,
+) -> Result<Option<(u32, Vec<Link>)>, E> {
     match replicas {
         0 => Ok(None),
-        replicas => Ok(Some((replicas, open()?))),
+        replicas => {
+            let links = (0..durable::CONNECTIONS)
+                .map(|_| open())
+                .collect::<Result<_, _>>()?;
+            Ok(Some((replicas, links)))
+        }
     }
 }

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 mod builder;
 mod clock;
 mod connection;
+mod durable;
 mod rates;
 mod script_call;
 
@@ -20,6 +21,7 @@ use builder::Settings;
 pub use builder::{RedisClusterBuilder, RedisSentinelBuilder, RedisStoreBuilder};
 use clock::store_deadline;
 use connection::{Connection, Link};
+use durable::DurableWrites;
 use rates::{Rates, bounded};
 use script_call::ScriptCall;
 
@@ -73,8 +75,8 @@ use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 #[derive(Clone)]
 pub struct RedisStore {
     link: Arc<Link>,
-    /// With durable writes: the replicas that must acknowledge, and the connection of their own.
-    durable: Option<Durable>,
+    /// With durable writes: the replicas that must acknowledge, and their connections.
+    durable: Option<Arc<DurableWrites>>,
     timeout: Duration,
     scripts: Arc<Scripts>,
     /// Rate checks, coalesced on the store's connection.
@@ -89,14 +91,10 @@ struct Undo {
     call: ScriptCall,
 }
 
-/// Durable writes: claims, lock acquisitions and extensions, idempotency claims and records
-/// succeed only once `replicas` replicas acknowledged them. `WAIT` blocks the connection it is
-/// sent on until then, so these writes go through a connection of their own: rate checks on the
-/// store's connection never queue behind it.
-#[derive(Clone)]
-struct Durable {
-    replicas: u32,
-    link: Arc<Link>,
+/// The pending marker of a durable write, dropped once replicas acknowledged it.
+struct Pending {
+    marker: String,
+    holder: String,
 }
 
 impl fmt::Debug for RedisStore {
@@ -140,6 +138,7 @@ struct Scripts {
     idem_complete: Lua,
     idem_release: Lua,
     idem_extend: Lua,
+    settle: Lua,
 }
 
 impl Scripts {
@@ -153,6 +152,7 @@ impl Scripts {
             idem_complete: Lua::new(include_str!("../scripts/idem_complete.lua")),
             idem_release: Lua::new(include_str!("../scripts/idem_release.lua")),
             idem_extend: Lua::new(include_str!("../scripts/idem_extend.lua")),
+            settle: Lua::new(include_str!("../scripts/settle.lua")),
         }
     }
 }
@@ -250,7 +250,7 @@ impl RedisStore {
         Self::builder(url).build()
     }
 
-    fn new(link: Link, durable: Option<(u32, Link)>, settings: Settings) -> Self {
+    fn new(link: Link, durable: Option<(u32, Vec<Link>)>, settings: Settings) -> Self {
         let link = Arc::new(link);
         let clock = Arc::new(StoreClock::default());
         let rates = Rates::new(
@@ -261,10 +261,7 @@ impl RedisStore {
         );
         Self {
             link,
-            durable: durable.map(|(replicas, link)| Durable {
-                replicas,
-                link: Arc::new(link),
-            }),
+            durable: durable.map(|(replicas, links)| Arc::new(DurableWrites::new(links, replicas))),
             timeout: settings.timeout,
             scripts: Arc::new(Scripts::new()),
             rates: Arc::new(rates),
@@ -290,14 +287,15 @@ impl RedisStore {
 
     /// How many replicas must acknowledge a claim, lock or idempotency write (0: none).
     pub fn wait_replicas(&self) -> u32 {
-        self.durable.as_ref().map_or(0, |d| d.replicas)
+        self.durable.as_ref().map_or(0, |d| d.replicas())
     }
 
     /// Runs a write script — a claim, a lock acquisition or extension, an idempotency claim or
     /// record — with `deadline` (on the store's clock) as its last argument: received later, it
-    /// does nothing. With durable writes it goes through their connection followed by `WAIT`,
-    /// and when this very call wrote (`made`) but too few replicas acknowledged within the store
-    /// timeout, the answer is a store failure: what it wrote is undone, and no success is told.
+    /// does nothing. With durable writes it goes out in the next group of durable writes,
+    /// acknowledged by one `WAIT` (see `durable.rs`): when too few replicas acknowledged it, the
+    /// answer is a store failure, and what this very call wrote (`made`) is undone first; once
+    /// they have, its `pending` marker is dropped.
     #[allow(clippy::too_many_arguments)]
     fn write<T, R>(
         &self,
@@ -308,15 +306,16 @@ impl RedisStore {
         made: fn(&R) -> bool,
         decode: fn(R) -> Result<T, StoreError>,
         undo: Option<Undo>,
+        pending: Option<Pending>,
     ) -> StoreFuture<T>
     where
         T: Send + 'static,
         R: FromRedisValue + Send + 'static,
     {
         let clock = Arc::clone(&self.clock);
+        let link = Arc::clone(&self.link);
         let deadline = deadline.min(Instant::now() + self.timeout);
         let Some(durable) = self.durable.clone() else {
-            let link = Arc::clone(&self.link);
             return self.call(operation, move |mut conn, scripts| async move {
                 let at = store_deadline(&clock, &link, &mut conn, deadline).await?;
                 let reply: Value = call
@@ -327,22 +326,20 @@ impl RedisStore {
                 decode(unexpired(reply)?)
             });
         };
-        // leave room within the store timeout for the reply itself
-        let wait_ms = (millis(self.timeout) * 3 / 4).max(1);
-        let replicas = durable.replicas;
-        let link = Arc::clone(&durable.link);
-        self.call_on(operation, &durable.link, move |mut conn, scripts| async move {
+        let (mut conn, scripts) = (self.link.get(), Arc::clone(&self.scripts));
+        // timed, but not watched as the store's connection: a slow `WAIT` is the replicas', and
+        // the durable connections watch themselves
+        let timeout = self.timeout;
+        measured(operation, timeout, async move {
             let at = store_deadline(&clock, &link, &mut conn, deadline).await?;
-            let (reply, acked): (Value, u32) = call
-                .arg(at)
-                .invoke_and_wait(script(&scripts).source, &mut conn, replicas, wait_ms)
-                .await
-                .map_err(store_error)?;
+            let source = script(&scripts).source;
+            let (reply, acked) = durable.write(source, call.arg(at), deadline).await?;
             let reply: R = unexpired(reply)?;
-            if made(&reply) && acked < replicas {
-                // undone before the failure is told, on the same connection: nobody may meet
-                // a refused claim or lock as if it held
-                if let Some(undo) = undo {
+            let replicas = durable.replicas();
+            if acked < replicas {
+                // undone before the failure is told: the write ran (its reply is here), so the
+                // undo cannot overtake it, on any connection
+                if let Some(undo) = undo.filter(|_| made(&reply)) {
                     let undone: Result<i64, _> =
                         undo.call.invoke((undo.script)(&scripts), &mut conn).await;
                     if let Err(error) = undone {
@@ -351,11 +348,24 @@ impl RedisStore {
                 }
                 return Err(StoreError::new(
                     StoreErrorKind::Unavailable,
-                    format!("the write reached {acked} of {replicas} replicas within {wait_ms} ms"),
+                    format!("the write reached {acked} of {replicas} replicas in time"),
                 ));
+            }
+            if let Some(pending) = pending {
+                settle_in_background(&scripts, conn, pending);
             }
             decode(reply)
         })
+    }
+
+    /// The lifetime of the pending marker of a durable write (0: writes are not durable): it
+    /// outlives the write's `WAIT`, so that nobody takes a write still waiting for settled.
+    fn pending_ms(&self) -> u64 {
+        if self.durable.is_some() {
+            millis(self.timeout) * 2
+        } else {
+            0
+        }
     }
 
     /// The token-checked release that undoes a write of `key` by `token`.
@@ -412,6 +422,40 @@ impl RedisStore {
         let timeout = self.timeout;
         Box::pin(async move { bounded(operation, &link, timeout, op(conn, scripts)).await })
     }
+}
+
+/// Runs `op`, store operation `operation`, within `timeout`, and tells the metrics how long it
+/// took and how it failed.
+fn measured<T: Send + 'static>(
+    operation: &'static str,
+    timeout: Duration,
+    op: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+) -> StoreFuture<T> {
+    Box::pin(async move {
+        let started = std::time::Instant::now();
+        let result = match tokio::time::timeout(timeout, op).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::timeout()),
+        };
+        let kind = result.as_ref().err().map(StoreError::kind);
+        crate::metrics::store_call(operation, started.elapsed(), kind);
+        result
+    })
+}
+
+/// Drops the pending marker of an acknowledged write, on `conn`, in the background: the caller
+/// need not wait (a marker left behind expires on its own).
+fn settle_in_background(scripts: &Arc<Scripts>, mut conn: Connection, pending: Pending) {
+    let scripts = Arc::clone(scripts);
+    tokio::spawn(async move {
+        let call = ScriptCall::default()
+            .key(pending.marker)
+            .arg(pending.holder);
+        let settled: Result<i64, _> = call.invoke(&scripts.settle, &mut conn).await;
+        if let Err(error) = settled {
+            tracing::debug!(target: "tollgate::store", %error, "could not drop a pending marker; it expires");
+        }
+    });
 }
 
 /// The arguments of a token-checked release (`compare_and_delete.lua`, `idem_release.lua`):
@@ -493,24 +537,33 @@ impl LockStore for RedisStore {
         deadline: Instant,
     ) -> StoreFuture<ClaimOutcome> {
         let undo = Self::release_of(&key, &holder, |s| &s.compare_and_delete);
+        let marker = keys::pending_marker(&key);
+        let pending = Pending {
+            marker: marker.clone(),
+            holder: holder.clone(),
+        };
         let call = ScriptCall::default()
             .key(key)
+            .key(marker)
             .arg(holder)
-            .arg(ttl.map_or(0, millis));
+            .arg(ttl.map_or(0, millis))
+            .arg(self.pending_ms());
         self.write(
             "claim",
             |s| &s.claim,
             call,
             deadline,
-            // 2: held by this holder already, nothing written
+            // 2: held by this holder already, not made by this call
             |(won, _): &(i64, Option<String>)| *won == 1,
-            |(won, holder)| {
+            |(tag, holder)| {
                 Ok(ClaimOutcome {
-                    won: won >= 1,
+                    won: tag == 1 || tag == 2,
                     holder: holder.unwrap_or_default(),
+                    pending: tag == 3,
                 })
             },
             Some(undo),
+            Some(pending),
         )
     }
 
@@ -547,6 +600,7 @@ impl LockStore for RedisStore {
                 })
             },
             Some(undo),
+            None,
         )
     }
 
@@ -564,6 +618,7 @@ impl LockStore for RedisStore {
             deadline,
             |held: &i64| *held == 1,
             |held| Ok(held == 1),
+            None,
             None,
         )
     }
@@ -591,8 +646,10 @@ impl IdempotencyStore for RedisStore {
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
         let undo = Self::release_of(&key, &token, |s| &s.idem_release);
+        let marker = keys::pending_marker(&key);
         let call = ScriptCall::default()
             .key(key)
+            .key(marker)
             .arg(fingerprint)
             .arg(token)
             .arg(millis(lease));
@@ -605,6 +662,7 @@ impl IdempotencyStore for RedisStore {
             |reply: &Vec<Value>| reply.first() == Some(&Value::Int(0)),
             decode_idem_begin,
             Some(undo),
+            None,
         )
     }
 
@@ -616,11 +674,20 @@ impl IdempotencyStore for RedisStore {
         retention: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
+        let marker = keys::pending_marker(&key);
+        let pending = Pending {
+            marker: marker.clone(),
+            holder: token.clone(),
+        };
         let call = ScriptCall::default()
             .key(key)
+            .key(marker)
             .arg(token)
             .arg(response.as_ref())
-            .arg(millis(retention));
+            .arg(millis(retention))
+            .arg(self.pending_ms());
+        // a completion nobody acknowledged is not undone: it stays pending (read as still
+        // running) and the layer sends it again within the lease
         self.write(
             "idempotency_complete",
             |s| &s.idem_complete,
@@ -629,6 +696,7 @@ impl IdempotencyStore for RedisStore {
             |stored: &i64| *stored == 1,
             |stored| Ok(stored == 1),
             None,
+            Some(pending),
         )
     }
 

@@ -1,7 +1,7 @@
-//! [`ScriptCall`]: a script with its keys and arguments, run plainly or as a durable write.
+//! [`ScriptCall`]: a script with its keys and arguments, run plainly or in a durable pipeline.
 
 use redis::aio::ConnectionLike;
-use redis::{FromRedisValue, RedisResult, Script, ToRedisArgs};
+use redis::{FromRedisValue, Pipeline, RedisResult, Script, ToRedisArgs};
 
 /// A script with its keys and arguments.
 #[derive(Debug, Default)]
@@ -37,28 +37,26 @@ impl ScriptCall {
         invocation.invoke_async(conn).await
     }
 
-    /// Runs the script of `source` and `WAIT replicas wait_ms` in one pipeline on one
-    /// connection, so that the count is of replicas that acknowledged this very write: the reply
-    /// and that count. The source goes along (`EVAL`), not its hash: a `NOSCRIPT` answer would
-    /// cost a second `WAIT`, and a durable write must fit in the store timeout.
-    pub(super) async fn invoke_and_wait<T, C>(
-        &self,
-        source: &str,
-        conn: &mut C,
-        replicas: u32,
-        wait_ms: u64,
-    ) -> RedisResult<(T, u32)>
-    where
-        T: FromRedisValue,
-        C: ConnectionLike + Send,
-    {
-        let mut pipe = redis::pipe();
+    /// Adds `EVAL <source> <keys> <args>` to `pipe`: the source, not its hash, so that a
+    /// `NOSCRIPT` answer cannot cost a durable write a second `WAIT`.
+    pub(super) fn add_eval(&self, pipe: &mut Pipeline, source: &str) {
         pipe.cmd("EVAL")
             .arg(source)
             .arg(self.keys.len())
             .arg(&self.keys)
             .arg(&self.args);
-        pipe.cmd("WAIT").arg(replicas).arg(wait_ms);
-        pipe.query_async(conn).await
+    }
+
+    /// The hash tag of the first key (the whole key when it has none): on Cluster, calls with
+    /// the same one go to the same node.
+    pub(super) fn hash_tag(&self) -> &[u8] {
+        let key = self.keys.first().map_or(&[][..], Vec::as_slice);
+        let Some(open) = key.iter().position(|&b| b == b'{') else {
+            return key;
+        };
+        match key[open + 1..].iter().position(|&b| b == b'}') {
+            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
+            _ => key,
+        }
     }
 }

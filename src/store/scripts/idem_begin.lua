@@ -2,6 +2,8 @@
 --
 -- KEYS[1]  the idempotency record, a hash: s = "run" | "done", f = fingerprint,
 --          t = the owner's token (kept once done), r = encoded response (when done)
+-- KEYS[2]  its pending marker (same hash tag): the token of a completion that replicas have
+--          not acknowledged yet, which reads as still running
 -- ARGV[1]  the request fingerprint
 -- ARGV[2]  a random owner token
 -- ARGV[3]  the lease in milliseconds
@@ -23,7 +25,11 @@ if not rec[1] then
   return {0}
 end
 if rec[2] ~= ARGV[1] then return {2} end
-if rec[1] == 'done' then return {3, rec[3]} end
+if rec[1] == 'done' then
+  if redis.call('GET', KEYS[2]) ~= rec[4] then return {3, rec[3]} end
+  -- completed, but not acknowledged yet: it may be undone, so it is still running
+  return {1, redis.call('PTTL', KEYS[2])}
+end
 if rec[4] == ARGV[2] then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {4}

@@ -1,0 +1,269 @@
+//! Durable writes with group commit: the writes that wait for replicas at the same moment go out
+//! as one pipeline, followed by one `WAIT`.
+//!
+//! `WAIT` counts the replicas that acknowledged every earlier write of its connection, and blocks
+//! that connection until then. So one `WAIT` after a pipeline of writes acknowledges them all,
+//! and writes that arrive while it waits queue for the next pipeline instead of behind it. A few
+//! connections of their own (never the rate checks' connection) each carry one pipeline at a
+//! time: durable throughput grows with the load, not with the number of replica round trips.
+//!
+//! On Cluster a pipeline holds the writes of one hash tag (one slot, hence one node): writes of
+//! other slots go in pipelines of their own, on the same connections.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use redis::{Pipeline, Value};
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use super::connection::{Connection, Link};
+use super::script_call::ScriptCall;
+use super::store_error;
+use crate::store::{StoreError, StoreErrorKind};
+
+/// How many connections carry durable writes.
+pub(super) const CONNECTIONS: usize = 2;
+
+/// The most writes one pipeline carries.
+const MAX_GROUP: usize = 64;
+
+/// A script's reply and how many replicas acknowledged it.
+pub(super) type Acked = (Value, u32);
+
+/// The durable writes of one store.
+pub(super) struct DurableWrites {
+    links: Vec<Arc<Link>>,
+    replicas: u32,
+    /// On Cluster, a pipeline holds writes of one hash tag.
+    per_tag: bool,
+    queue: Mutex<Queue>,
+    queued: Notify,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Write>,
+    /// A driver is sending: new writes wait for it.
+    sending: bool,
+}
+
+/// A write waiting for its pipeline.
+struct Write {
+    source: &'static str,
+    call: ScriptCall,
+    /// When its caller gives up: the `WAIT` of its pipeline ends before.
+    deadline: Instant,
+    reply: oneshot::Sender<Result<Acked, StoreError>>,
+}
+
+impl DurableWrites {
+    pub(super) fn new(links: Vec<Link>, replicas: u32) -> Self {
+        let per_tag = links
+            .first()
+            .is_some_and(|l| matches!(l.get(), Connection::Cluster(_)));
+        Self {
+            links: links.into_iter().map(Arc::new).collect(),
+            replicas,
+            per_tag,
+            queue: Mutex::default(),
+            queued: Notify::new(),
+        }
+    }
+
+    pub(super) fn replicas(&self) -> u32 {
+        self.replicas
+    }
+
+    /// Runs the script of `source` with `call` in the next pipeline; its reply and how many
+    /// replicas acknowledged it by `deadline`.
+    pub(super) async fn write(
+        self: &Arc<Self>,
+        source: &'static str,
+        call: ScriptCall,
+        deadline: Instant,
+    ) -> Result<Acked, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        if self.enqueue(Write {
+            source,
+            call,
+            deadline,
+            reply,
+        }) {
+            tokio::spawn(Arc::clone(self).drive());
+        }
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(acked)) => acked,
+            Ok(Err(_)) => Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the durable write was dropped before an answer came",
+            )),
+            Err(_) => Err(StoreError::timeout()),
+        }
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `write`; whether no driver runs, so that the caller must start one.
+    fn enqueue(&self, write: Write) -> bool {
+        let mut queue = self.queue();
+        queue.waiting.push_back(write);
+        let start = !std::mem::replace(&mut queue.sending, true);
+        drop(queue);
+        if !start {
+            self.queued.notify_one();
+        }
+        start
+    }
+
+    /// The writes of the next pipeline, leaving out callers that gave up (or whose deadline
+    /// passed); `None` when none waits, and then, when nothing is in flight (`idle`), the driver
+    /// stops.
+    fn next_group(&self, idle: bool) -> Option<Vec<Write>> {
+        let mut queue = self.queue();
+        let now = Instant::now();
+        queue
+            .waiting
+            .retain(|w| !w.reply.is_closed() && w.deadline > now);
+        let mut group: Vec<Write> = Vec::new();
+        let mut i = 0;
+        while i < queue.waiting.len() && group.len() < MAX_GROUP {
+            let fits = !self.per_tag
+                || group
+                    .first()
+                    .is_none_or(|first| first.call.hash_tag() == queue.waiting[i].call.hash_tag());
+            match fits.then(|| queue.waiting.remove(i)).flatten() {
+                Some(write) => group.push(write),
+                None => i += 1,
+            }
+        }
+        if group.is_empty() {
+            queue.sending = !idle;
+            return None;
+        }
+        Some(group)
+    }
+
+    /// Sends pipelines, one at a time per connection, until no write waits.
+    async fn drive(self: Arc<Self>) {
+        let mut guard = Driving(Arc::clone(&self), false);
+        let mut free: Vec<usize> = (0..self.links.len()).collect();
+        let mut calls = FuturesUnordered::new();
+        loop {
+            while let Some(&link) = free.last() {
+                let Some(group) = self.next_group(calls.is_empty()) else {
+                    break;
+                };
+                free.pop();
+                let this = &self;
+                calls.push(async move {
+                    this.send(&this.links[link], group).await;
+                    link
+                });
+            }
+            if calls.is_empty() {
+                guard.1 = true;
+                return;
+            }
+            if free.is_empty() {
+                if let Some(link) = calls.next().await {
+                    free.push(link);
+                }
+            } else {
+                tokio::select! {
+                    Some(link) = calls.next() => free.push(link),
+                    () = self.queued.notified() => {}
+                }
+            }
+        }
+    }
+
+    /// One pipeline: the group's scripts, then `WAIT` until the earliest deadline among them
+    /// (less room for the reply); tells each caller its reply and the count.
+    async fn send(&self, link: &Arc<Link>, group: Vec<Write>) {
+        let earliest = group.iter().map(|w| w.deadline).min();
+        let left = earliest.map_or(Duration::ZERO, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        let wait_ms = u64::try_from((left * 3 / 4).as_millis())
+            .unwrap_or(0)
+            .max(1);
+        let mut pipe = Pipeline::with_capacity(group.len() + 1);
+        pipe.ignore_errors();
+        for write in &group {
+            write.call.add_eval(&mut pipe, write.source);
+        }
+        pipe.cmd("WAIT").arg(self.replicas).arg(wait_ms);
+        let mut conn = link.get();
+        let sent = tokio::time::timeout(left, pipe.query_async::<Vec<Value>>(&mut conn)).await;
+        let replies = match sent {
+            Ok(Ok(replies)) if replies.len() == group.len() + 1 => {
+                link.answered();
+                replies
+            }
+            Ok(Ok(_)) => {
+                return fail(
+                    group,
+                    &protocol("WAIT pipeline: a reply of the wrong length"),
+                );
+            }
+            Ok(Err(e)) => {
+                let error = store_error(e);
+                if error.kind() == StoreErrorKind::Unavailable {
+                    link.unreachable();
+                }
+                return fail(group, &error);
+            }
+            Err(_) => {
+                link.timed_out();
+                return fail(group, &StoreError::timeout());
+            }
+        };
+        let mut replies = replies.into_iter();
+        let acked = match replies.next_back() {
+            Some(Value::Int(n)) => u32::try_from(n).unwrap_or(0),
+            _ => {
+                return fail(
+                    group,
+                    &protocol("WAIT answered otherwise than with a count"),
+                );
+            }
+        };
+        for (write, reply) in group.into_iter().zip(replies) {
+            let answer = match reply {
+                Value::ServerError(e) => Err(store_error(e.into())),
+                reply => Ok((reply, acked)),
+            };
+            let _ = write.reply.send(answer);
+        }
+    }
+}
+
+/// A running driver; dropped unfinished (its runtime shut down), it leaves no driver marked as
+/// running, and the writes still waiting learn that they were dropped.
+struct Driving(Arc<DurableWrites>, bool);
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        if !self.1 {
+            let mut queue = self.0.queue();
+            queue.sending = false;
+            queue.waiting.clear();
+        }
+    }
+}
+
+fn fail(group: Vec<Write>, error: &StoreError) {
+    for write in group {
+        let _ = write.reply.send(Err(error.shared()));
+    }
+}
+
+fn protocol(message: &str) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, message.to_owned())
+}
