@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
+use common::proxy::Proxy;
 use tollgate::claim::Claims;
 use tollgate::key::Key;
 use tollgate::lock::{LockError, Locks};
@@ -24,12 +25,17 @@ struct Replica {
 
 impl Replica {
     fn of(primary: &RedisServer) -> Self {
+        Self::via(primary, primary.port())
+    }
+
+    /// A replica of `primary` that reaches it at `port` (a proxy's, say).
+    fn via(primary: &RedisServer, port: u16) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let port = common::free_port();
+        let own = common::free_port();
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--port", &own.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
-            .args(["--replicaof", "127.0.0.1", &primary.port().to_string()])
+            .args(["--replicaof", "127.0.0.1", &port.to_string()])
             .arg("--dir")
             .arg(dir.path())
             .stdout(Stdio::null())
@@ -254,4 +260,173 @@ async fn on_a_cluster_without_replicas_writes_are_refused_and_undone() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// A primary whose one replica reaches it through a proxy: its replication link can be delayed
+/// or held.
+async fn behind_a_proxy() -> (RedisServer, Proxy, Replica) {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let replica = Replica::via(&server, proxy.addr().port());
+    // the replica acknowledges writes before the test begins
+    let warm = Claims::new(durable(&server, Duration::from_secs(2)));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while warm.claim_once(unique("warm"), None).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "setup: the replica never acknowledged a write"
+        );
+    }
+    (server, proxy, replica)
+}
+
+/// While a claim waits for its replica, another copy learns that the coupon is in progress — not
+/// that it is taken; when the replica never acknowledges, the claim is undone and the coupon is
+/// won by the next redemption.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waiting_for_its_replicas_is_pending_to_others_and_free_once_refused() {
+    let (server, proxy, _replica) = behind_a_proxy().await;
+    let (a, b) = (
+        durable(&server, Duration::from_secs(2)),
+        durable(&server, Duration::from_secs(2)),
+    );
+    let (a, b) = (Claims::new(a), Claims::new(b));
+    assert!(
+        a.claim_once(unique("warm"), None).await.unwrap().won(),
+        "setup: acknowledged"
+    );
+    proxy.silence();
+    let coupon = unique("coupon");
+    let waiting = tokio::spawn({
+        let (a, coupon) = (a.clone(), coupon.clone());
+        async move { a.claim_once(&coupon, None).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let meanwhile = b.claim_once(&coupon, None).await.unwrap();
+    assert!(
+        !meanwhile.won() && meanwhile.pending(),
+        "in progress: {meanwhile:?}"
+    );
+    assert_refused(&waiting.await.unwrap().unwrap_err());
+    proxy.unsilence();
+    let after = b.claim_once(&coupon, None).await.unwrap();
+    assert!(after.won(), "the refused claim was undone: {after:?}");
+}
+
+/// A holder claiming again (to learn the outcome of an attempt whose answer was lost) while the
+/// replica does not acknowledge: the answer is a failure, but the claim it won before stays its
+/// own — nobody else wins it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_refused_by_its_replicas_keeps_the_claim_it_won_before() {
+    let (server, proxy, _replica) = behind_a_proxy().await;
+    let store = durable(&server, Duration::from_secs(1));
+    let claims = Claims::new(store.clone());
+    let coupon = unique("coupon");
+    assert!(
+        claims
+            .claim_once_as(&coupon, "order-1", None)
+            .await
+            .unwrap()
+            .won()
+    );
+    proxy.silence();
+    assert_refused(
+        &claims
+            .claim_once_as(&coupon, "order-1", None)
+            .await
+            .unwrap_err(),
+    );
+    proxy.unsilence();
+    let other = Claims::new(server.store());
+    let lost = other.claim_once_as(&coupon, "order-2", None).await.unwrap();
+    assert!(
+        !lost.won(),
+        "another holder won a claim order-1 had won: {lost:?}"
+    );
+    assert_eq!(lost.holder(), "order-1");
+}
+
+/// A completion that the replica has not acknowledged is not replayed: the next request with the
+/// key is told that it is still running, until a completion is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_completion_reads_as_running_not_completed() {
+    let (server, proxy, _replica) = behind_a_proxy().await;
+    let store = durable(&server, Duration::from_secs(1));
+    let key = format!("t:idem:{{{}}}", unique("payment"));
+    let lease = Duration::from_secs(30);
+    let begin = |token: &str| {
+        store.idempotency_begin(
+            key.clone(),
+            "fp".into(),
+            token.into(),
+            lease,
+            common::soon(),
+        )
+    };
+    let complete = || {
+        let record = bytes::Bytes::from_static(b"paid");
+        store.idempotency_complete(key.clone(), "t".into(), record, lease, common::soon())
+    };
+    assert_eq!(begin("t").await.unwrap(), IdempotencyBegin::Claimed);
+    proxy.silence();
+    assert_refused(&complete().await.unwrap_err());
+    let retry = begin("u").await.unwrap();
+    assert!(
+        matches!(retry, IdempotencyBegin::InFlight { .. }),
+        "{retry:?}"
+    );
+    proxy.unsilence();
+    // the layer sends the completion again within the lease
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while complete().await.is_err() {
+        assert!(Instant::now() < deadline, "the replica never acknowledged");
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match begin("u").await.unwrap() {
+            IdempotencyBegin::Completed(record) => break assert_eq!(&record[..], b"paid"),
+            other => assert!(
+                Instant::now() < deadline,
+                "not replayed once acknowledged: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Group commit: with the replica 10 ms away each way (a `WAIT` costs 20 ms), 200 concurrent
+/// claims over two copies are all acknowledged within a 1 s timeout — one `WAIT` after each
+/// pipeline of writes, not one per write behind each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_concurrent_durable_claims_are_acknowledged_in_time() {
+    let (server, proxy, _replica) = behind_a_proxy().await;
+    proxy.delay(Duration::from_millis(10));
+    let copies = [
+        durable(&server, Duration::from_secs(1)),
+        durable(&server, Duration::from_secs(1)),
+    ];
+    for copy in &copies {
+        assert!(
+            Claims::new(copy.clone())
+                .claim_once(unique("warm"), None)
+                .await
+                .unwrap()
+                .won()
+        );
+    }
+    let claims = (0..200).map(|i| {
+        let claims = Claims::new(copies[i % 2].clone());
+        tokio::spawn(async move { claims.claim_once(unique("coupon"), None).await })
+    });
+    let outcomes = futures_util::future::join_all(claims).await;
+    let won = outcomes
+        .iter()
+        .filter(|o| matches!(o, Ok(Ok(claim)) if claim.won()))
+        .count();
+    let failed: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| o.as_ref().unwrap().as_ref().err())
+        .take(3)
+        .collect();
+    assert_eq!(won, 200, "acknowledged in time; first failures: {failed:?}");
 }

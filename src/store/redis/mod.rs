@@ -91,6 +91,16 @@ struct Undo {
     call: ScriptCall,
 }
 
+/// What a write script's reply says it did, for durable writes.
+struct Effect<R> {
+    /// A success that counts only once replicas acknowledged it (a claim won, a record
+    /// stored); other answers (lost, held, in flight) wrote nothing that must be acknowledged.
+    counts: fn(&R) -> bool,
+    /// What this very call made, and an unacknowledged failure undoes; a re-run of a write
+    /// made before is not undone (it may have been acknowledged and told).
+    made: fn(&R) -> bool,
+}
+
 /// The pending marker of a durable write, dropped once replicas acknowledged it.
 struct Pending {
     marker: String,
@@ -293,9 +303,10 @@ impl RedisStore {
     /// Runs a write script — a claim, a lock acquisition or extension, an idempotency claim or
     /// record — with `deadline` (on the store's clock) as its last argument: received later, it
     /// does nothing. With durable writes it goes out in the next group of durable writes,
-    /// acknowledged by one `WAIT` (see `durable.rs`): when too few replicas acknowledged it, the
-    /// answer is a store failure, and what this very call wrote (`made`) is undone first; once
-    /// they have, its `pending` marker is dropped.
+    /// acknowledged by one `WAIT` (see `durable.rs`): when its reply is a success that counts
+    /// only once acknowledged and too few replicas acknowledged it, the answer is a store
+    /// failure, and what this very call made is undone first; once they have, its `pending`
+    /// marker is dropped.
     #[allow(clippy::too_many_arguments)]
     fn write<T, R>(
         &self,
@@ -303,7 +314,7 @@ impl RedisStore {
         script: fn(&Scripts) -> &Lua,
         call: ScriptCall,
         deadline: Instant,
-        made: fn(&R) -> bool,
+        effect: Effect<R>,
         decode: fn(R) -> Result<T, StoreError>,
         undo: Option<Undo>,
         pending: Option<Pending>,
@@ -336,10 +347,10 @@ impl RedisStore {
             let (reply, acked) = durable.write(source, call.arg(at), deadline).await?;
             let reply: R = unexpired(reply)?;
             let replicas = durable.replicas();
-            if acked < replicas {
+            if acked < replicas && (effect.counts)(&reply) {
                 // undone before the failure is told: the write ran (its reply is here), so the
                 // undo cannot overtake it, on any connection
-                if let Some(undo) = undo.filter(|_| made(&reply)) {
+                if let Some(undo) = undo.filter(|_| (effect.made)(&reply)) {
                     let undone: Result<i64, _> =
                         undo.call.invoke((undo.script)(&scripts), &mut conn).await;
                     if let Err(error) = undone {
@@ -554,7 +565,10 @@ impl LockStore for RedisStore {
             call,
             deadline,
             // 2: held by this holder already, not made by this call
-            |(won, _): &(i64, Option<String>)| *won == 1,
+            Effect {
+                counts: |(tag, _): &(i64, Option<String>)| *tag == 1 || *tag == 2,
+                made: |(tag, _)| *tag == 1,
+            },
             |(tag, holder)| {
                 Ok(ClaimOutcome {
                     won: tag == 1 || tag == 2,
@@ -588,7 +602,10 @@ impl LockStore for RedisStore {
             call,
             deadline,
             // 2: held by this owner already, only its lease reset
-            |(acquired, _): &(i64, i64)| *acquired == 1,
+            Effect {
+                counts: |(tag, _): &(i64, i64)| *tag >= 1,
+                made: |(tag, _)| *tag == 1,
+            },
             |(acquired, value)| {
                 let value = u64::try_from(value).unwrap_or(0);
                 Ok(if acquired >= 1 {
@@ -616,7 +633,10 @@ impl LockStore for RedisStore {
             |s| &s.compare_and_pexpire,
             extend_call(key, token, lease),
             deadline,
-            |held: &i64| *held == 1,
+            Effect {
+                counts: |held: &i64| *held == 1,
+                made: |_| false,
+            },
             |held| Ok(held == 1),
             None,
             None,
@@ -659,7 +679,10 @@ impl IdempotencyStore for RedisStore {
             call,
             deadline,
             // {4}: claimed by this token already, only its lease reset
-            |reply: &Vec<Value>| reply.first() == Some(&Value::Int(0)),
+            Effect {
+                counts: |reply: &Vec<Value>| matches!(reply.first(), Some(Value::Int(0 | 4))),
+                made: |reply| reply.first() == Some(&Value::Int(0)),
+            },
             decode_idem_begin,
             Some(undo),
             None,
@@ -693,7 +716,10 @@ impl IdempotencyStore for RedisStore {
             |s| &s.idem_complete,
             call,
             deadline,
-            |stored: &i64| *stored == 1,
+            Effect {
+                counts: |stored: &i64| *stored == 1,
+                made: |_| false,
+            },
             |stored| Ok(stored == 1),
             None,
             Some(pending),
