@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 
 use super::{LimitState, RateCheck, RateOutcome, RatePolicy};
 
-/// One caller's state for one limit, with the attempt that last charged it.
+/// One caller's state for one limit, with the attempts that charged it lately.
 #[derive(Debug)]
 pub(crate) enum State {
     /// A sliding log: per unit of admitted cost its score and attempt, ascending by score.
@@ -19,10 +19,10 @@ pub(crate) enum State {
         index: u64,
         cur: u64,
         prev: u64,
-        attempt: u64,
+        recent: Recent,
     },
     /// A GCRA theoretical arrival time: whole microseconds plus `rem` / quota of one.
-    Tat { tat: u64, rem: u64, attempt: u64 },
+    Tat { tat: u64, rem: u64, recent: Recent },
 }
 
 impl State {
@@ -30,8 +30,49 @@ impl State {
     fn charged_by(&self, attempt: u64) -> bool {
         match self {
             Self::Log(log) => log.iter().any(|&(_, a)| a == attempt),
-            Self::Counter { attempt: a, .. } | Self::Tat { attempt: a, .. } => *a == attempt,
+            Self::Counter { recent, .. } | Self::Tat { recent, .. } => recent.contains(attempt),
         }
+    }
+
+    /// The recent attempts of a counter or GCRA state (none for a log).
+    fn take_recent(&mut self) -> Recent {
+        match self {
+            Self::Log(_) => Recent::default(),
+            Self::Counter { recent, .. } | Self::Tat { recent, .. } => std::mem::take(recent),
+        }
+    }
+}
+
+/// How many recent attempts a counter or GCRA state keeps, as `rate.lua` does.
+const RECENT: usize = 64;
+
+/// How long an attempt is remembered: the deadline of a check on the memory store, after
+/// which a re-sent one would be refused by the Redis store. (The memory store's own calls are
+/// never re-sent; an application's retry is.)
+const REMEMBERED_US: u64 = 1_000_000;
+
+/// The attempts that charged a counter or GCRA state lately (kept on its first limit), oldest
+/// first, each with the store time in microseconds after which a re-send of it no longer
+/// counts: a re-sent attempt is recognised among them whatever charged the caller in between.
+#[derive(Debug, Default)]
+pub(crate) struct Recent(Vec<(u64, u64)>);
+
+impl Recent {
+    fn contains(&self, attempt: u64) -> bool {
+        self.0.iter().any(|&(id, _)| id == attempt)
+    }
+
+    /// The attempts still remembered at `now` (at most `RECENT - 1`), then `attempt`.
+    fn remember(mut self, attempt: u64, now: u64) -> Self {
+        let gone = self
+            .0
+            .iter()
+            .take_while(|&&(_, until)| until <= now)
+            .count();
+        let over = (self.0.len() - gone).saturating_sub(RECENT - 1);
+        self.0.drain(..gone + over);
+        self.0.push((attempt, now.saturating_add(REMEMBERED_US)));
+        self
     }
 }
 
@@ -190,7 +231,9 @@ fn sliding_counter(
         states.push((quota, window, index, elapsed, cur, prev));
     }
     let mut limits = Vec::with_capacity(slots.len());
-    for (slot, (quota, window, index, elapsed, mut cur, prev)) in slots.iter_mut().zip(states) {
+    for (i, (slot, (quota, window, index, elapsed, mut cur, prev))) in
+        slots.iter_mut().zip(states).enumerate()
+    {
         if admitted && !attempt.replay && cost > 0 {
             cur += costf;
             let ttl_ms = (2.0 * window - elapsed).ceil();
@@ -198,7 +241,7 @@ fn sliding_counter(
                 index: index as u64,
                 cur: cur as u64,
                 prev: prev as u64,
-                attempt: attempt.id,
+                recent: remembered(i, slot, attempt.id, now_us),
             });
             slot.expires_at = now_us - now_us % 1000 + ttl_ms as u64 * 1000;
         }
@@ -222,6 +265,20 @@ fn counter_state(quota: f64, window: f64, elapsed: f64, cur: f64, prev: f64) -> 
         (window - elapsed) + window - (whole - 1.0) * window / cur
     };
     state(remaining as u64, ceil_us(reset * 1000.0))
+}
+
+/// The recent attempts of the `i`th limit's `slot` once `attempt` charged it at `now`: kept on
+/// the first limit only, as the script keeps them.
+fn remembered(i: usize, slot: &mut Slot, attempt: u64, now: u64) -> Recent {
+    if i > 0 {
+        return Recent::default();
+    }
+    let recent = slot
+        .state
+        .as_mut()
+        .map(State::take_recent)
+        .unwrap_or_default();
+    recent.remember(attempt, now)
 }
 
 /// Mirrors `gcra` of `scripts/rate.lua`: offsets from now in 1/quota microseconds, exact in integers.
@@ -253,7 +310,12 @@ fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> 
         }
     }
     let mut limits = Vec::with_capacity(slots.len());
-    for ((slot, limit), (mut tat, mut rem)) in slots.iter_mut().zip(policy.limits()).zip(states) {
+    let charged = slots
+        .iter_mut()
+        .zip(policy.limits())
+        .zip(states)
+        .enumerate();
+    for (i, ((slot, limit), (mut tat, mut rem))) in charged {
         let (quota, window) = (u128::from(limit.quota()), u128::from(limit.window_us()));
         if admitted && !attempt.replay && cost > 0 {
             let units = u128::from(rem) + u128::from(cost) * window;
@@ -263,7 +325,7 @@ fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> 
             slot.state = Some(State::Tat {
                 tat,
                 rem,
-                attempt: attempt.id,
+                recent: remembered(i, slot, attempt.id, now),
             });
             slot.expires_at = now.saturating_add(ttl_ms * 1000);
         }

@@ -79,6 +79,7 @@ macro_rules! conformance_suite {
             cost_zero_looks_without_charging,
             reset_forgets_a_callers_limits_and_nothing_else,
             writes_after_their_deadline_change_nothing,
+            rate_checks_resent_after_others_are_charged_once,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -1290,4 +1291,39 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl Store + Cl
         "the late completion stored nothing"
     );
     assert!(store.idempotency_release(record, "b".into()).await.unwrap());
+}
+
+/// A re-sent check is charged once whatever other checks charged the caller in between: `a, b,
+/// a` leaves 10 - 2, and a whole series sent again (a re-sent batch) charges nothing more.
+pub async fn rate_checks_resent_after_others_are_charged_once(store: &impl Store) {
+    for algorithm in ALGORITHMS {
+        let p = policy(
+            algorithm,
+            vec![Limit::per_minute("m", 10), Limit::per_hour("h", 100)],
+        );
+        let caller = key(&unique("interleaved"));
+        let (a, b) = (RateCheck::new(caller, 1), RateCheck::new(caller, 1));
+        run(store, &p, a).await;
+        run(store, &p, b).await;
+        let again = run(store, &p, a).await;
+        assert!(again.admitted, "{algorithm}");
+        assert_eq!(
+            [again.limits[0].remaining, again.limits[1].remaining],
+            [8, 98],
+            "{algorithm}: a, b, a"
+        );
+        let series: Vec<RateCheck> = (0..5).map(|_| RateCheck::new(caller, 1)).collect();
+        for check in &series {
+            run(store, &p, *check).await;
+        }
+        for check in &series {
+            assert!(run(store, &p, *check).await.admitted, "{algorithm}");
+        }
+        let look = check(store, &p, caller, 0).await;
+        assert_eq!(
+            [look.limits[0].remaining, look.limits[1].remaining],
+            [3, 93],
+            "{algorithm}: the series sent again charged again"
+        );
+    }
 }

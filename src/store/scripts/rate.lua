@@ -15,7 +15,12 @@
 --             for a check received after its deadline, which charged nothing
 --
 -- Safe to run twice: a check whose attempt already charged its limits (the call was re-sent, or
--- its reply lost and the check retried) is admitted again without a second charge.
+-- its reply lost and the check retried) is admitted again without a second charge, whatever other
+-- checks charged the caller in between. The log finds the attempt among its entries; the counter
+-- and GCRA keep, in the first limit's value, the recent attempts that charged it, each with its
+-- deadline: an entry is dropped once its deadline has passed (a re-send is refused from then on
+-- anyway), and at most RECENT of them are kept, so a re-send is recognised as long as fewer than
+-- RECENT other attempts charged the caller before its deadline.
 --
 -- Numbers go to redis.call formatted as integers by hand: Lua would print those of more than 14
 -- digits in exponent form, and Redis formats every number it is given as a float, which costs
@@ -36,6 +41,36 @@ local function int(s)
   local n = #s
   if n <= 9 then return tonumber(s) end
   return tonumber(sub(s, 1, n - 8)) * 100000000 + tonumber(sub(s, n - 7))
+end
+
+-- The recent attempts of a counter or GCRA value: entries of 27 hex digits, the attempt id (16)
+-- then its deadline in store milliseconds (11), oldest first. A value written by an earlier
+-- version holds one bare attempt id (16 digits, no deadline).
+local ENTRY, RECENT = 27, 64
+local find = string.find
+
+-- whether `attempt` is among the recent attempts `tail`
+local function seen(tail, attempt)
+  local p = find(tail, attempt, 1, true)
+  while p do
+    if (p - 1) % ENTRY == 0 then return true end
+    p = find(tail, attempt, p + 1, true)
+  end
+  return false
+end
+
+-- `tail` without the entries whose deadline passed, at most RECENT - 1 of them, and then
+-- `attempt` with its `deadline` (microseconds)
+local function remember(tail, attempt, deadline)
+  local n = #tail
+  if n % ENTRY ~= 0 then tail, n = '', 0 end
+  local from = 1
+  while from <= n and tonumber(sub(tail, from + 16, from + 26), 16) <= now_ms do
+    from = from + ENTRY
+  end
+  local most = (RECENT - 1) * ENTRY
+  if n - from + 1 > most then from = n - most + 1 end
+  return sub(tail, from) .. attempt .. format('%011x', floor(deadline / 1000))
 end
 
 local function push(a, b)
@@ -138,13 +173,14 @@ local function sliding_log(k, n, q, w, cost, attempt)
 end
 
 -- Sliding-window counter: O(1) memory. Per limit one string
--- "<window index>:<current>:<previous>:<attempt>"; the estimate is current + previous * (share of
--- the previous window still inside the sliding one). GET, plus SET when admitted (KEEPTTL within
--- a window). A re-sent attempt finds its id on the first limit.
-local function sliding_counter(k, n, q, w, cost, attempt)
+-- "<window index>:<current>:<previous>:<recent attempts>" (the attempts on the first limit only);
+-- the estimate is current + previous * (share of the previous window still inside the sliding
+-- one). GET, plus SET when admitted (KEEPTTL within a window). A re-sent attempt finds its id
+-- among the first limit's recent attempts.
+local function sliding_counter(k, n, q, w, cost, attempt, deadline)
   local now = now_ms
   local indexes, elapsed_ms, curs, prevs, sames = s1, s2, s3, s4, s5
-  local admitted, retry, replay = 1, 0, false
+  local admitted, retry, replay, recent = 1, 0, false, ''
   for i = 1, n do
     local quota = q[i]
     local window = w[i] / 1000
@@ -157,7 +193,7 @@ local function sliding_counter(k, n, q, w, cost, attempt)
       idx = tonumber(idx)
       if idx == index then cur, prev, same = tonumber(c), tonumber(p), true
       elseif idx == index - 1 then prev = tonumber(c) end
-      if i == 1 and by == attempt then replay = true end
+      if i == 1 then recent, replay = by, seen(by, attempt) end
     end
     indexes[i], elapsed_ms[i], curs[i], prevs[i], sames[i] = index, elapsed, cur, prev, same
     -- scaled by window: used * window = cur * window + prev * (window - elapsed)
@@ -186,7 +222,9 @@ local function sliding_counter(k, n, q, w, cost, attempt)
     local index, elapsed, cur, prev = indexes[i], elapsed_ms[i], curs[i], prevs[i]
     if admitted == 1 and not replay and cost > 0 then
       cur = cur + cost
-      local value = format('%d:%d:%d:%s', index, cur, prev, attempt)
+      local tail = ''
+      if i == 1 then tail = remember(recent, attempt, deadline) end
+      local value = format('%d:%d:%d:%s', index, cur, prev, tail)
       if sames[i] then
         -- the same window: its expiry (the end of the next window) stands
         redis.call('SET', KEYS[k + i], value, 'KEEPTTL')
@@ -214,14 +252,15 @@ end
 -- GCRA (generic cell rate algorithm): O(1) memory, smooth. Emission interval T = window / quota;
 -- a request of cost c is admitted when max(TAT, now) + c*T - now <= window (a fresh caller may
 -- spend the whole quota at once). Kept exact in integers: per limit one string
--- "<tat>:<rem>:<attempt>", the theoretical arrival time in whole microseconds of store time plus
--- rem/quota of a microsecond, and the id of the attempt that set it. Offsets from now are counted
--- in 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52). GET, plus
--- SET PX when admitted. A re-sent attempt finds its id on the first limit.
-local function gcra(k, n, q, w, cost, attempt)
+-- "<tat>:<rem>:<recent attempts>", the theoretical arrival time in whole microseconds of store
+-- time plus rem/quota of a microsecond, and (on the first limit only) the attempts that charged it
+-- lately. Offsets from now are counted in 1/quota microseconds, where T is exactly `window`
+-- units (quota * window < 2^52). GET, plus SET PX when admitted. A re-sent attempt finds its id
+-- among the first limit's recent attempts.
+local function gcra(k, n, q, w, cost, attempt, deadline)
   local now = now_us
   local tats, rems = s1, s2
-  local admitted, retry, replay = 1, 0, false
+  local admitted, retry, replay, recent = 1, 0, false, ''
   for i = 1, n do
     local quota, window = q[i], w[i]
     local tat, rem = now, 0
@@ -230,7 +269,7 @@ local function gcra(k, n, q, w, cost, attempt)
       local stored, r, by = match(raw, '^(%d+):(%d+):?(%x*)$')
       stored = int(stored)
       if stored >= now then tat, rem = stored, tonumber(r) end
-      if i == 1 and by == attempt then replay = true end
+      if i == 1 then recent, replay = by, seen(by, attempt) end
     end
     tats[i], rems[i] = tat, rem
     if replay then
@@ -258,8 +297,10 @@ local function gcra(k, n, q, w, cost, attempt)
       if whole * quota > units then whole = whole - 1 end
       tat = tat + whole
       rem = units - whole * quota
+      local tail = ''
+      if i == 1 then tail = remember(recent, attempt, deadline) end
       redis.call('PSETEX', KEYS[k + i], format('%d', ceil((tat - now) / 1000) + 1),
-        format('%d:%d:%s', tat, rem, attempt))
+        format('%d:%d:%s', tat, rem, tail))
     end
     local ahead = (tat - now) * quota + rem
     local used = ceil_div(ahead, window)
@@ -288,10 +329,12 @@ while a < args do
   local n = policy[2]
   local start = len
   local ok, err = true, nil
-  if now_us >= int(ARGV[a + 4]) then
+  local deadline = int(ARGV[a + 4])
+  if now_us >= deadline then
     push(-2, 0)
   else
-    ok, err = pcall(policy[1], k, n, policy[3], policy[4], tonumber(ARGV[a + 2]), ARGV[a + 3])
+    ok, err = pcall(policy[1], k, n, policy[3], policy[4], tonumber(ARGV[a + 2]), ARGV[a + 3],
+      deadline)
   end
   if not ok then
     -- this check's partial answer gives way to its error
