@@ -131,6 +131,31 @@
 //! # }
 //! ```
 //!
+//! # What holds when the store fails
+//!
+//! A call that gets no answer is neither a success nor a clean failure: the store may have run
+//! it, or may still run it, since TCP delivers what a partition held once it heals. So every
+//! write carries a deadline, and a store that receives it later does nothing (see
+//! [Deadlines](store#deadlines)); an unanswered claim or lock is undone only once its deadline
+//! has passed, and only what that very attempt wrote. What a caller sees, and what the store
+//! holds afterwards:
+//!
+//! | failure | claim, lock | idempotency request | rate check |
+//! | --- | --- | --- | --- |
+//! | late reply: the store ran the call, its answer came after the timeout | an error (`Timeout`); the claim or lock stands until its undo, sent once the deadline passed, frees it | `503`, the handler does not run; the key is released after the deadline | the failure policy decides; the check is charged once |
+//! | re-sent command: a retry on a broken connection, a Cluster retry, the same [`RateCheck`](rate::RateCheck) again | the first run's answer; nothing written twice | the first run's answer | admitted again, charged once — if fewer than 64 other checks charged the caller before its deadline |
+//! | dark connection: bytes held and delivered late, even after the connection was replaced and the undo ran | an error; the held write changes nothing; the name is free | `503`; the held claim or completion changes nothing | the failure policy; the held check charges nothing |
+//! | store restart without persistence | errors until it is back; then every claim and lock is gone (fencing tokens still increase: they are above the store's clock) | a record lost while its handler runs: `503` (unrecorded), never a `2xx`; a completed record lost: a retry runs again | quotas start full |
+//! | store restart with persistence (`appendfsync always`) | what was answered stands | what was recorded replays | as persisted |
+//! | failover without `wait_replicas` | a write the replica had not received is lost, as in a restart without persistence | as in a restart without persistence | quotas partly forgotten |
+//! | failover with `wait_replicas(n)` | counts only once `n` replicas acknowledged it; until then others see it pending ([`Claim::pending`](claim::Claim::pending)), not taken; unacknowledged: undone, the caller gets an error | a completion counts only once acknowledged: until then a retry gets `409` (in flight); the first caller gets its `2xx` only then | never waits for replicas |
+//!
+//! On PostgreSQL the same holds with the database's own clock, and a committed write survives a
+//! restart; the rate tables are `UNLOGGED` by default (empty after a crash: full quotas).
+//!
+//! The deadline holds under two assumptions, stated in [Deadlines](store#deadlines): the store's
+//! clock never steps back and runs at most 0.1 % slower than the caller's.
+//!
 //! # Architecture
 //!
 //! Five layers, each using only the ones before it — a store knows no middleware, and a

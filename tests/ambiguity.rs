@@ -593,3 +593,92 @@ async fn a_silenced_cluster_connection_is_replaced_within_five_seconds() {
     );
     println!("a claim succeeded again {recovered:?} after the cluster connections went dark");
 }
+
+// ---------------------------------------------------------------------------------------------
+// d) the store's connections held by a partition and healed mid-traffic
+// ---------------------------------------------------------------------------------------------
+
+/// Two copies redeem fresh coupons and take payments while their store connections go dark with
+/// their bytes held, for two seconds, and then heal — the held commands arriving after the copies
+/// replaced their connections and undid what timed out. Every coupon is redeemed exactly once in
+/// the end: none twice, and none consumed by nobody (a coupon whose redemption failed is redeemed
+/// by the next attempt, on either copy). Every payment answered `201` replays its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_copies_through_a_partition_that_holds_and_heals_redeem_each_coupon_once() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let copies = [
+        copy_through(&proxy, Duration::ZERO),
+        copy_through(&proxy, Duration::ZERO),
+    ];
+    for copy in &copies {
+        let warm = send(copy.clone(), redeem(&unique("warm"))).await;
+        assert_eq!(warm.status, StatusCode::OK, "setup: {warm}");
+    }
+    let started = Instant::now();
+    let traffic = |worker: usize| {
+        let copies = copies.clone();
+        tokio::spawn(async move {
+            let (mut coupons, mut paid) = (Vec::new(), Vec::new());
+            let mut i = worker;
+            while started.elapsed() < Duration::from_secs(5) {
+                let copy = copies[i % 2].clone();
+                let code = unique("coupon");
+                let answer = send(copy.clone(), redeem(&code)).await;
+                assert!(
+                    [StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE].contains(&answer.status),
+                    "a fresh coupon: {answer}"
+                );
+                coupons.push((code, answer.status == StatusCode::OK));
+                let key = unique("payment");
+                let payment = send(copy, pay(&key)).await;
+                if payment.status.is_success() {
+                    paid.push((key, payment.success_id()));
+                }
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (coupons, paid)
+        })
+    };
+    let workers: Vec<_> = (0..6).map(traffic).collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.silence();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.unsilence();
+    let (mut coupons, mut paid) = (Vec::new(), Vec::new());
+    for worker in workers {
+        let (c, p) = worker.await.unwrap();
+        coupons.extend(c);
+        paid.extend(p);
+    }
+    let failed = coupons.iter().filter(|(_, redeemed)| !redeemed).count();
+    assert!(failed > 0, "setup: no redemption failed in the partition");
+    // the undos of the last redemptions in the dark are sent once their deadlines have passed
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (i, (code, redeemed)) in coupons.iter().enumerate() {
+        let answer = send(copies[i % 2].clone(), redeem(code)).await;
+        let expected = if *redeemed {
+            StatusCode::CONFLICT
+        } else {
+            StatusCode::OK
+        };
+        assert_eq!(
+            answer.status, expected,
+            "coupon {code} (redeemed during the traffic: {redeemed}): {answer}"
+        );
+    }
+    assert!(!paid.is_empty(), "setup: no payment succeeded");
+    for (key, id) in &paid {
+        let id = id
+            .as_ref()
+            .unwrap_or_else(|| panic!("{key}: a 2xx without a complete body"));
+        let replay = send(copies[1].clone(), pay(key)).await;
+        assert!(replay.replayed, "{key}: {replay}");
+        assert_eq!(
+            replay.id().as_ref(),
+            Some(id),
+            "{key}: the replay names another payment"
+        );
+    }
+}
