@@ -67,6 +67,8 @@ impl Proxy {
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
+                // no Nagle: a small chunk held back for a delayed ACK would add 40 ms
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
                 let mut killed = kills.subscribe();
                 let requests = Controls {
                     delays: vec![delay_ms.clone()],
