@@ -105,7 +105,11 @@ async fn main() {
     let waits = || {
         primary
             .info_field("commandstats", "cmdstat_wait")
-            .and_then(|v| v.split(['=', ',']).nth(1).and_then(|n| n.parse::<u64>().ok()))
+            .and_then(|v| {
+                v.split(['=', ','])
+                    .nth(1)
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
             .unwrap_or(0)
     };
     println!("| round | claims | all acknowledged in | p50 claim | p99 claim | `WAIT`s | failed |");

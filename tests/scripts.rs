@@ -304,6 +304,7 @@ fn rate_checks_run_twice_are_charged_once() {
             ];
             // two limits: 5 per minute, 9 per hour
             let args = [
+                LATER,
                 "1",
                 code,
                 "2",
@@ -314,7 +315,6 @@ fn rate_checks_run_twice_are_charged_once() {
                 "1",
                 cost,
                 "00000000000000a1",
-                LATER,
             ];
             let first = items(run(&mut conn, "rate", &keys, &args));
             let state = [
@@ -347,6 +347,7 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
         let key = format!("r:{{full-{name}}}:a");
         // 2 per minute; the second attempt takes the last unit
         let once = [
+            LATER,
             "1",
             code,
             "1",
@@ -355,9 +356,9 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
             "1",
             "1",
             "00000000000000b1",
-            LATER,
         ];
         let last = [
+            LATER,
             "1",
             code,
             "1",
@@ -366,7 +367,6 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
             "1",
             "1",
             "00000000000000b2",
-            LATER,
         ];
         run(&mut conn, "rate", &[&key], &once);
         let first = items(run(&mut conn, "rate", &[&key], &last));
@@ -388,6 +388,7 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
             "{name}: charged once"
         );
         let other = [
+            LATER,
             "1",
             code,
             "1",
@@ -396,7 +397,6 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
             "1",
             "1",
             "00000000000000b3",
-            LATER,
         ];
         let denied = items(run(&mut conn, "rate", &[&key], &other));
         assert_eq!(int(&denied[0]), 0, "{name}: another attempt is denied");
@@ -417,14 +417,14 @@ fn a_batch_decides_its_checks_in_turn_and_a_failing_one_alone() {
             .query(&mut conn)
             .unwrap();
         // 2 per minute: three checks of one caller, one on a key of the wrong type between them
-        let mut args = vec!["1", code, "1", "2", "60000000"];
+        let mut args = vec![LATER, "1", code, "1", "2", "60000000"];
         for attempt in [
             "00000000000000c1",
             "00000000000000c9",
             "00000000000000c2",
             "00000000000000c3",
         ] {
-            args.extend(["1", "1", attempt, LATER]);
+            args.extend(["1", "1", attempt]);
         }
         let keys = [&key[..], &wrong, &key, &key];
         let reply = items(run(&mut conn, "rate", &keys, &args));
@@ -504,23 +504,29 @@ fn a_script_received_after_its_deadline_does_nothing() {
 
     for (name, code) in ALGORITHMS {
         let key = format!("r:{{late-{name}}}:a");
-        // 2 per minute: an on-time check, a late one, an on-time one
-        let mut args = vec!["1", code, "1", "2", "60000000"];
-        args.extend(["1", "1", "00000000000000d1", LATER]);
-        args.extend(["1", "1", "00000000000000d2", EARLIER]);
-        args.extend(["1", "1", "00000000000000d3", LATER]);
-        let reply = items(run(&mut conn, "rate", &[&key, &key, &key], &args));
-        assert_eq!(reply.len(), 4 + 2 + 4, "{name}: {reply:?}");
+        // 2 per minute: a late call of two checks decides neither, then an on-time one both
+        let call = |deadline| {
+            let mut args = vec![deadline, "1", code, "1", "2", "60000000"];
+            args.extend(["1", "1", "00000000000000d1", "1", "1", "00000000000000d2"]);
+            args
+        };
+        let late = items(run(&mut conn, "rate", &[&key, &key], &call(EARLIER)));
+        assert_eq!(
+            late,
+            vec![Value::Int(-2), Value::Int(0), Value::Int(-2), Value::Int(0)],
+            "{name}"
+        );
+        assert!(
+            rate_state(&mut conn, name, &key).is_empty(),
+            "{name}: the late call wrote"
+        );
+        let reply = items(run(&mut conn, "rate", &[&key, &key], &call(LATER)));
+        assert_eq!(reply.len(), 4 + 4, "{name}: {reply:?}");
         assert_eq!([int(&reply[0]), int(&reply[2])], [1, 1], "{name}: first");
         assert_eq!(
-            [int(&reply[4]), int(&reply[5])],
-            [-2, 0],
-            "{name}: the late one"
-        );
-        assert_eq!(
-            [int(&reply[6]), int(&reply[8])],
+            [int(&reply[4]), int(&reply[6])],
             [1, 0],
-            "{name}: the third takes the last unit"
+            "{name}: second, the last unit"
         );
     }
 }

@@ -208,16 +208,15 @@ impl Rates {
     ) -> Result<Vec<Result<RateOutcome, StoreError>>, StoreError> {
         let mut conn = self.link.get();
         let reply = bounded("rate_check", &self.link, self.timeout, async {
-            let mut deadlines = Vec::with_capacity(checks.len());
-            for (_, _, deadline) in checks {
-                deadlines
-                    .push(store_deadline(&self.clock, &self.link, &mut conn, *deadline).await?);
-            }
-            let evalsha = command("EVALSHA", self.script.get_hash(), checks, &deadlines);
+            // the earliest caller's: a call that comes later than that decides nothing
+            let earliest = checks.iter().map(|(_, _, d)| *d).min();
+            let earliest = earliest.unwrap_or_else(|| Instant::now() + self.timeout);
+            let deadline = store_deadline(&self.clock, &self.link, &mut conn, earliest).await?;
+            let evalsha = command("EVALSHA", self.script.get_hash(), checks, deadline);
             match send(&mut conn, &evalsha).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     // loads the script as it runs it
-                    let eval = command("EVAL", self.script.source, checks, &deadlines);
+                    let eval = command("EVAL", self.script.source, checks, deadline);
                     send(&mut conn, &eval).await
                 }
                 sent => sent,
@@ -343,9 +342,9 @@ fn per_key(batch: Vec<Waiting>) -> Vec<Vec<Waiting>> {
 }
 
 /// `<verb> <script> numkeys keys... args...` for `checks` (see `rate.lua`): every check's keys,
-/// then each distinct policy once, then per check its policy, cost, attempt and deadline (on the
-/// store's clock: `deadlines`).
-fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadlines: &[u64]) -> Cmd {
+/// then the call's `deadline` (on the store's clock), each distinct policy once, then per check
+/// its policy, cost and attempt.
+fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64) -> Cmd {
     let keys: usize = checks.iter().map(|(p, _, _)| p.limits().len()).sum();
     let mut cmd = redis::cmd(verb);
     cmd.arg(script).arg(keys);
@@ -368,7 +367,7 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadlines: &[u64]) -> 
             })
         })
         .collect();
-    cmd.arg(policies.len());
+    cmd.arg(deadline).arg(policies.len());
     for policy in &policies {
         let algorithm: u8 = match policy.algorithm() {
             Algorithm::SlidingLog => 1,
@@ -380,11 +379,10 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadlines: &[u64]) -> 
             cmd.arg(limit.quota()).arg(limit.window_us());
         }
     }
-    for (((_, check, _), number), deadline) in checks.iter().zip(numbers).zip(deadlines) {
+    for ((_, check, _), number) in checks.iter().zip(numbers) {
         cmd.arg(number)
             .arg(check.cost())
-            .arg(&check.attempt_hex()[..])
-            .arg(*deadline);
+            .arg(&check.attempt_hex()[..]);
     }
     cmd
 }

@@ -5,22 +5,23 @@
 --
 -- KEYS        every check's limit keys, check after check (one check's keys share a hash tag;
 --             on Cluster a batch holds keys of one slot)
--- ARGV        the number of policies, then per policy its algorithm (1 sliding log, 2 sliding
+-- ARGV        the call's deadline in microseconds of store time (the earliest of its checks':
+--             a call received from then on decides nothing, its callers gave up on it), the
+--             number of policies, then per policy its algorithm (1 sliding log, 2 sliding
 --             counter, 3 GCRA), its number of limits n and per limit the quota and the window in
 --             microseconds; then per check its policy (1-based), its cost (integer >= 0; 0 only
---             looks), its attempt id (16 hex digits) and its deadline in microseconds of store
---             time (a check received from then on is not decided: its caller gave up on it)
+--             looks) and its attempt id (16 hex digits)
 -- Returns     per check: admitted (0|1), retry_after_us, then per limit remaining and reset_us;
 --             or -1 and the error of a check that failed (the checks around it stand); or -2, 0
---             for a check received after its deadline, which charged nothing
+--             for every check of a call received after its deadline, which charged nothing
 --
 -- Safe to run twice: a check whose attempt already charged its limits (the call was re-sent, or
 -- its reply lost and the check retried) is admitted again without a second charge, whatever other
 -- checks charged the caller in between. The log finds the attempt among its entries; the counter
 -- and GCRA keep, in the first limit's value, the recent attempts that charged it, each with its
 -- deadline: an entry is dropped once its deadline has passed (a re-send is refused from then on
--- anyway), and at most RECENT of them are kept, so a re-send is recognised as long as fewer than
--- RECENT other attempts charged the caller before its deadline.
+-- anyway), and at most RECENT (16) of them are kept, so a re-send is recognised as long as fewer
+-- than 16 other attempts charged the caller before its deadline.
 --
 -- Numbers go to redis.call formatted as integers by hand: Lua would print those of more than 14
 -- digits in exponent form, and Redis formats every number it is given as a float, which costs
@@ -43,11 +44,13 @@ local function int(s)
   return tonumber(sub(s, 1, n - 8)) * 100000000 + tonumber(sub(s, n - 7))
 end
 
--- The recent attempts of a counter or GCRA value: entries of 27 hex digits, the attempt id (16)
--- then its deadline in store milliseconds (11), oldest first. A value written by an earlier
--- version holds one bare attempt id (16 digits, no deadline).
-local ENTRY, RECENT = 27, 64
+-- The recent attempts of a counter or GCRA value: entries of 24 hex digits, the attempt id (16)
+-- then its deadline in whole seconds of store time, rounded up (8), oldest first. A value written
+-- by an earlier version holds one bare attempt id (16 digits, no deadline).
+local ENTRY, RECENT = 24, 16
 local find = string.find
+-- the call's deadline and now, in whole seconds as entries hold them (set below)
+local until_hex, now_hex
 
 -- whether `attempt` is among the recent attempts `tail`
 local function seen(tail, attempt)
@@ -59,18 +62,18 @@ local function seen(tail, attempt)
   return false
 end
 
--- `tail` without the entries whose deadline passed, at most RECENT - 1 of them, and then
--- `attempt` with its `deadline` (microseconds)
-local function remember(tail, attempt, deadline)
+-- `tail` without the entries whose deadline passed (fixed-width hex compares as numbers do), at
+-- most RECENT - 1 of them, and then `attempt` with the call's deadline
+local function remember(tail, attempt)
   local n = #tail
   if n % ENTRY ~= 0 then tail, n = '', 0 end
   local from = 1
-  while from <= n and tonumber(sub(tail, from + 16, from + 26), 16) <= now_ms do
+  while from <= n and sub(tail, from + 16, from + 23) <= now_hex do
     from = from + ENTRY
   end
   local most = (RECENT - 1) * ENTRY
   if n - from + 1 > most then from = n - most + 1 end
-  return sub(tail, from) .. attempt .. format('%011x', floor(deadline / 1000))
+  return sub(tail, from) .. attempt .. until_hex
 end
 
 local function push(a, b)
@@ -177,7 +180,7 @@ end
 -- the estimate is current + previous * (share of the previous window still inside the sliding
 -- one). GET, plus SET when admitted (KEEPTTL within a window). A re-sent attempt finds its id
 -- among the first limit's recent attempts.
-local function sliding_counter(k, n, q, w, cost, attempt, deadline)
+local function sliding_counter(k, n, q, w, cost, attempt)
   local now = now_ms
   local indexes, elapsed_ms, curs, prevs, sames = s1, s2, s3, s4, s5
   local admitted, retry, replay, recent = 1, 0, false, ''
@@ -189,7 +192,9 @@ local function sliding_counter(k, n, q, w, cost, attempt, deadline)
     local cur, prev, same = 0, 0, false
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
-      local idx, c, p, by = match(raw, '^(%d+):(%d+):(%d+):?(%x*)$')
+      -- the recent attempts are cut off, not matched: a pattern walks them a digit at a time
+      local idx, c, p, at = match(raw, '^(%d+):(%d+):(%d+):?()')
+      local by = sub(raw, at)
       idx = tonumber(idx)
       if idx == index then cur, prev, same = tonumber(c), tonumber(p), true
       elseif idx == index - 1 then prev = tonumber(c) end
@@ -223,7 +228,7 @@ local function sliding_counter(k, n, q, w, cost, attempt, deadline)
     if admitted == 1 and not replay and cost > 0 then
       cur = cur + cost
       local tail = ''
-      if i == 1 then tail = remember(recent, attempt, deadline) end
+      if i == 1 then tail = remember(recent, attempt) end
       local value = format('%d:%d:%d:%s', index, cur, prev, tail)
       if sames[i] then
         -- the same window: its expiry (the end of the next window) stands
@@ -257,7 +262,7 @@ end
 -- lately. Offsets from now are counted in 1/quota microseconds, where T is exactly `window`
 -- units (quota * window < 2^52). GET, plus SET PX when admitted. A re-sent attempt finds its id
 -- among the first limit's recent attempts.
-local function gcra(k, n, q, w, cost, attempt, deadline)
+local function gcra(k, n, q, w, cost, attempt)
   local now = now_us
   local tats, rems = s1, s2
   local admitted, retry, replay, recent = 1, 0, false, ''
@@ -266,7 +271,8 @@ local function gcra(k, n, q, w, cost, attempt, deadline)
     local tat, rem = now, 0
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
-      local stored, r, by = match(raw, '^(%d+):(%d+):?(%x*)$')
+      local stored, r, at = match(raw, '^(%d+):(%d+):?()')
+      local by = sub(raw, at)
       stored = int(stored)
       if stored >= now then tat, rem = stored, tonumber(r) end
       if i == 1 then recent, replay = by, seen(by, attempt) end
@@ -298,7 +304,7 @@ local function gcra(k, n, q, w, cost, attempt, deadline)
       tat = tat + whole
       rem = units - whole * quota
       local tail = ''
-      if i == 1 then tail = remember(recent, attempt, deadline) end
+      if i == 1 then tail = remember(recent, attempt) end
       redis.call('PSETEX', KEYS[k + i], format('%d', ceil((tat - now) / 1000) + 1),
         format('%d:%d:%s', tat, rem, tail))
     end
@@ -314,8 +320,14 @@ local function gcra(k, n, q, w, cost, attempt, deadline)
 end
 
 local algorithms = {sliding_log, sliding_counter, gcra}
-local policies, a = {}, 1
-for p = 1, tonumber(ARGV[1]) do
+local deadline = int(ARGV[1])
+local late = now_us >= deadline
+-- eight digits last until 2106; a later deadline is kept as that
+local until_s = ceil(deadline / 1000000)
+if until_s > 4294967295 then until_s = 4294967295 end
+until_hex, now_hex = format('%08x', until_s), format('%08x', floor(now_us / 1000000))
+local policies, a = {}, 2
+for p = 1, tonumber(ARGV[2]) do
   local n, q, w = tonumber(ARGV[a + 2]), {}, {}
   for i = 1, n do
     q[i], w[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i])
@@ -329,12 +341,10 @@ while a < args do
   local n = policy[2]
   local start = len
   local ok, err = true, nil
-  local deadline = int(ARGV[a + 4])
-  if now_us >= deadline then
+  if late then
     push(-2, 0)
   else
-    ok, err = pcall(policy[1], k, n, policy[3], policy[4], tonumber(ARGV[a + 2]), ARGV[a + 3],
-      deadline)
+    ok, err = pcall(policy[1], k, n, policy[3], policy[4], tonumber(ARGV[a + 2]), ARGV[a + 3])
   end
   if not ok then
     -- this check's partial answer gives way to its error
@@ -343,6 +353,6 @@ while a < args do
     if type(err) == 'table' then err = err.err end
     push(-1, tostring(err))
   end
-  k, a = k + n, a + 4
+  k, a = k + n, a + 3
 end
 return out
