@@ -143,7 +143,7 @@
 //! | failure | claim, lock | idempotency request | rate check |
 //! | --- | --- | --- | --- |
 //! | late reply: the store ran the call, its answer came after the timeout | an error (`Timeout`); the claim or lock stands until its undo, sent once the deadline passed, frees it | `503`, the handler does not run; the key is released after the deadline | the failure policy decides; the check is charged once |
-//! | re-sent command: a retry on a broken connection, a Cluster retry, the same [`RateCheck`](rate::RateCheck) again | the first run's answer; nothing written twice | the first run's answer | admitted again, charged once — if fewer than 16 other checks charged the caller before its deadline |
+//! | re-sent command: a retry on a broken connection, a Cluster retry, the same [`RateCheck`](rate::RateCheck) again | the first run's answer; nothing written twice | the first run's answer | admitted again, charged once — if fewer than 8 other checks charged the caller before its deadline |
 //! | dark connection: bytes held and delivered late, even after the connection was replaced and the undo ran | an error; the held write changes nothing; the name is free | `503`; the held claim or completion changes nothing | the failure policy; the held check charges nothing |
 //! | store restart without persistence | errors until it is back; then every claim and lock is gone (fencing tokens still increase: they are above the store's clock) | a record lost while its handler runs: `503` (unrecorded), never a `2xx`; a completed record lost: a retry runs again | quotas start full |
 //! | store restart with persistence (`appendfsync always`) | what was answered stands | what was recorded replays | as persisted |

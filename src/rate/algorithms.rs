@@ -44,7 +44,7 @@ impl State {
 }
 
 /// How many recent attempts a counter or GCRA state keeps, as `rate.lua` does.
-const RECENT: usize = 16;
+const RECENT: usize = 8;
 
 /// How long an attempt is remembered: the deadline of a check on the memory store, after
 /// which a re-sent one would be refused by the Redis store. (The memory store's own calls are

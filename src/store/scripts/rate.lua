@@ -20,8 +20,8 @@
 -- checks charged the caller in between. The log finds the attempt among its entries; the counter
 -- and GCRA keep, in the first limit's value, the recent attempts that charged it, each with its
 -- deadline: an entry is dropped once its deadline has passed (a re-send is refused from then on
--- anyway), and at most RECENT (16) of them are kept, so a re-send is recognised as long as fewer
--- than 16 other attempts charged the caller before its deadline.
+-- anyway), and at most RECENT (8) of them are kept, so a re-send is recognised as long as fewer
+-- than 8 other attempts charged the caller before its deadline.
 --
 -- Numbers go to redis.call formatted as integers by hand: Lua would print those of more than 14
 -- digits in exponent form, and Redis formats every number it is given as a float, which costs
@@ -47,7 +47,7 @@ end
 -- The recent attempts of a counter or GCRA value: entries of 24 hex digits, the attempt id (16)
 -- then its deadline in whole seconds of store time, rounded up (8), oldest first. A value written
 -- by an earlier version holds one bare attempt id (16 digits, no deadline).
-local ENTRY, RECENT = 24, 16
+local ENTRY, RECENT = 24, 8
 local find = string.find
 -- the call's deadline and now, in whole seconds as entries hold them (set below)
 local until_hex, now_hex
