@@ -1027,3 +1027,117 @@ async fn a_claim_blocked_on_a_given_pool_is_cancelled_on_the_server() {
     let holder: String = watcher.query_one(&holder, &[]).await.unwrap().get(0);
     assert_eq!(holder, "old", "the cancelled claim did not happen");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_one_round_trip() {
+    let server = server().await;
+    let proxy = common::proxy::Proxy::start(server.addr()).await;
+    let direct = server.builder().connect().await.unwrap();
+    let store = PgStore::builder(format!("postgres://postgres@{}/postgres", proxy.addr()))
+        .schema(direct.schema())
+        .timeout(Duration::from_secs(5))
+        .pool_size(1)
+        .purge_interval(None)
+        .build()
+        .unwrap();
+    // prepared on the connection, the clock read
+    let claim = |key: &str| store.claim(key.into(), "a".into(), None, crate::common::soon());
+    assert!(claim("warm-up").await.unwrap().won);
+    // 30 ms each way: BEGIN, the claim and COMMIT one after the other would take 180 ms
+    proxy.delay(Duration::from_millis(30));
+    let started = Instant::now();
+    assert!(claim("timed").await.unwrap().won);
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(60) && elapsed < Duration::from_millis(110),
+        "{elapsed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_drops_the_functions_without_deadlines() {
+    let server = server().await;
+    let store = server.builder().connect().await.unwrap();
+    let s = store.schema();
+    let client = server.client().await;
+    // a schema of version 1, as far as it matters here: its version row and a function of it
+    client
+        .batch_execute(&format!(
+            "DELETE FROM \"{s}\".migrations;
+             INSERT INTO \"{s}\".migrations (version) VALUES (1);
+             CREATE FUNCTION \"{s}\".claim(
+               p_key text, p_holder text, p_ttl_ms bigint, OUT o_won boolean, OUT o_holder text
+             ) LANGUAGE sql AS $$ SELECT true, p_holder $$"
+        ))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let overloads = format!(
+        "SELECT p.pronargs::bigint FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = '{s}' AND p.proname = 'claim'"
+    );
+    let args: Vec<i64> = client
+        .query(&overloads, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(args, vec![4], "one claim: the one with a deadline");
+    let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
+    assert!(becomes(&client, &versions, 2, Duration::ZERO).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_waiting_for_a_standby_is_cancelled_at_the_deadline() {
+    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let store = server
+        .builder()
+        .timeout(Duration::from_millis(400))
+        .connect()
+        .await
+        .unwrap();
+    let claim =
+        |key: &str, who: &str| store.claim(key.into(), who.into(), None, crate::common::soon());
+    assert!(claim("warm-up", "w").await.unwrap().won);
+    // a synchronous standby that never answers: every commit that wrote waits for it
+    let admin = server.client().await;
+    let standby = |names: &'static str| {
+        let sql = format!("ALTER SYSTEM SET synchronous_standby_names = '{names}'");
+        let admin = &admin;
+        async move {
+            admin.batch_execute(&sql).await.unwrap();
+            admin
+                .batch_execute("SELECT pg_reload_conf()")
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    standby("nobody").await;
+    let started = Instant::now();
+    let error = claim("coupon", "first").await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    // the cancel request ended the wait; the commit stays, locally
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'";
+    assert!(becomes(&admin, waiting, 0, Duration::from_secs(2)).await);
+    standby("").await;
+    let kept = format!(
+        "SELECT count(*) FROM \"{}\".holds WHERE key = 'coupon' AND holder = 'first'",
+        store.schema()
+    );
+    assert!(becomes(&admin, &kept, 1, Duration::ZERO).await);
+    // the undo after the deadline finds it, and the coupon is won once after
+    assert!(
+        store
+            .delete_if_held("coupon".into(), "first".into())
+            .await
+            .unwrap()
+    );
+    assert_eq!(claims_won(&store, "coupon", 50).await, 1);
+}
