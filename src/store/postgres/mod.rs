@@ -121,7 +121,8 @@ use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 ///
 /// Not bounded by `statement_timeout`: a commit waiting for a synchronous standby (PostgreSQL
 /// switches the timeout off for the commit). When the deadline passes during the commit, the
-/// client sends a cancel request (without TLS: the server takes it before authentication) and
+/// client sends a cancel request (without TLS: PostgreSQL takes it before, and without,
+/// authentication; where only TLS gets through, e.g. a TLS-only proxy, it does not arrive) and
 /// the call fails with a timeout. The cancelled wait leaves the commit in place locally, not yet
 /// on the standby — a failover before the standby catches up may lose it. A cancel request that
 /// cannot reach the server bounds nothing there: the commit waits as long as the server lets it,
