@@ -44,8 +44,11 @@ pub(super) async fn migrate(
 }
 
 /// Whether `schema` is at this crate's version or a later one, its rate tables as `unlogged`
-/// asks: read from its `migrations` table and the catalog, with no lock on the store's tables.
-/// A schema that a later version of the crate migrated is left as it is.
+/// asks and no function of version 1 in it: read from its `migrations` table and the catalog,
+/// with no lock on the store's tables. A schema that a later version of the crate migrated is
+/// left as it is. (A copy of version 1 migrates on every start, whatever the version row says:
+/// one started after the upgrade puts its functions back — releases without the key's lock
+/// among them — and the next migration of this version runs its DDL again.)
 async fn is_current(
     client: &impl GenericClient,
     schema: &str,
@@ -67,7 +70,28 @@ async fn is_current(
     if version.is_none_or(|v| v < SCHEMA_VERSION) {
         return Ok(false);
     }
-    Ok(rate_tables_unlogged(client, schema).await? == Some(unlogged))
+    Ok(
+        rate_tables_unlogged(client, schema).await? == Some(unlogged)
+            && !version_1_functions(client, schema).await?,
+    )
+}
+
+/// Whether a function of version 1 is in `schema`: its `claim` without a deadline, which every
+/// migration of version 1 installs.
+async fn version_1_functions(
+    client: &impl GenericClient,
+    schema: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (
+               SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+               WHERE n.nspname = $1 AND p.proname = 'claim' AND p.pronargs = 3
+             )",
+            &[&schema],
+        )
+        .await?;
+    row.try_get(0)
 }
 
 async fn apply(
