@@ -2,8 +2,9 @@
 -- store's atomic operations. `__SCHEMA__` stands for the configured schema (quoted) and
 -- `__RATE_TABLES__` for `UNLOGGED` or nothing. Every statement is idempotent. PgStore::migrate
 -- first reads the version recorded in `migrations` (locking none of the tables below) and runs
--- this file only when the schema is older, or its rate tables are to change persistence: in
--- one transaction under an advisory lock, so copies may run it at once.
+-- this file only when the schema is older, its rate tables are to change persistence, or a
+-- function of version 1 is back (a copy of version 1 started since): in one transaction under
+-- an advisory lock, so copies may run it at once.
 --
 -- Lock order: every function, the purge and the migration lock tables in this order, so that
 -- no two of them can wait for each other in a cycle:
