@@ -73,7 +73,7 @@ async fn migrate_is_idempotent_and_safe_to_run_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1]);
+    assert_eq!(versions, vec![2]);
     let won = stores[2]
         .claim("k".into(), "a".into(), None, crate::common::soon())
         .await
@@ -785,4 +785,369 @@ fn one_limit_and_several_limits_decide_as_the_reference_does() {
             Ok(())
         })
     });
+}
+
+/// Polls `query` (one `bigint`) on `client` until it returns `want`, for at most `within`:
+/// whether it did.
+async fn becomes(
+    client: &tokio_postgres::Client,
+    query: &str,
+    want: i64,
+    within: Duration,
+) -> bool {
+    let until = Instant::now() + within;
+    loop {
+        let got: i64 = client.query_one(query, &[]).await.unwrap().get(0);
+        if got == want {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `n` parallel claims of `code` on `store`: how many won.
+async fn claims_won(store: &PgStore, code: &str, n: usize) -> usize {
+    let claims = (0..n).map(|i| {
+        store.claim(
+            code.to_owned(),
+            format!("redeemer-{i}"),
+            None,
+            crate::common::soon(),
+        )
+    });
+    futures_util::future::join_all(claims)
+        .await
+        .into_iter()
+        .filter(|outcome| outcome.as_ref().expect("every claim answers").won)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_held_by_a_partition_arrives_late_and_changes_nothing() {
+    let server = server().await;
+    let proxy = common::proxy::Proxy::start(server.addr()).await;
+    let direct = server.builder().connect().await.unwrap();
+    let schema = direct.schema().to_owned();
+    let held = PgStore::builder(format!("postgres://postgres@{}/postgres", proxy.addr()))
+        .schema(schema.clone())
+        .timeout(Duration::from_millis(400))
+        .pool_size(1)
+        .purge_interval(None)
+        .build()
+        .unwrap();
+    // its one connection has prepared the claim and read the clock: the claim below is sent
+    // whole into the partition
+    let warm_up = held.claim("warm-up".into(), "w".into(), None, crate::common::soon());
+    assert!(warm_up.await.unwrap().won);
+    let conn = held.pool().get().await.unwrap();
+    let pid: i32 = conn
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    drop(conn);
+    proxy.silence();
+    let coupon = "coupon:held";
+    let started = Instant::now();
+    let error = held
+        .claim(coupon.into(), "late".into(), None, crate::common::soon())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // the undo, on the connection that replaced the silenced one: nothing to undo yet
+    let undone = held.delete_if_held(coupon.into(), "late".into());
+    assert!(!undone.await.unwrap());
+    proxy.unsilence();
+    // the held bytes reach the server, which runs them in order, then ends the session
+    let client = server.client().await;
+    let gone = format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}");
+    assert!(becomes(&client, &gone, 0, Duration::from_secs(10)).await);
+    let kept = format!("SELECT count(*) FROM \"{schema}\".holds WHERE key = '{coupon}'");
+    assert!(
+        becomes(&client, &kept, 0, Duration::ZERO).await,
+        "the late claim wrote"
+    );
+    assert_eq!(claims_won(&direct, coupon, 50).await, 1, "redeemed once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_on_a_current_schema_takes_no_table_lock() {
+    let server = server().await;
+    let store = server
+        .builder()
+        .migration_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .unwrap();
+    let s = store.schema();
+    let mut client = server.client().await;
+    let tx = client.transaction().await.unwrap();
+    let tables = [
+        "rate_limits",
+        "rate_log",
+        "holds",
+        "fences",
+        "idempotency",
+        "releases",
+    ];
+    let names: Vec<String> = tables.iter().map(|t| format!("\"{s}\".{t}")).collect();
+    tx.batch_execute(&format!(
+        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+        names.join(", ")
+    ))
+    .await
+    .unwrap();
+    let started = Instant::now();
+    store
+        .migrate()
+        .await
+        .expect("no wait for the locked tables");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    tx.rollback().await.unwrap();
+    let versions: Vec<i32> = client
+        .query(&format!("SELECT version FROM \"{s}\".migrations"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, vec![2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_and_migrations_at_once_never_deadlock() {
+    let server = server().await;
+    let store = server
+        .builder()
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    let s = store.schema().to_owned();
+    let migrator = server.builder().schema(s.clone()).build().unwrap();
+    let p = policy(Algorithm::SlidingLog, Limit::per_minute("m", 100_000));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..6)
+        .map(|w| {
+            let (store, p, stop) = (store.clone(), p.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut i = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    i += 1;
+                    let name = format!("w{w}-{}", i % 4);
+                    if w % 2 == 0 {
+                        let check = store.check_rate(&p, RateCheck::new(caller(&name), 1));
+                        check.await.expect("a check during migrations");
+                    } else {
+                        let (key, lease) = (format!("idem:{name}"), Duration::from_secs(5));
+                        let begin = store.idempotency_begin(
+                            key.clone(),
+                            "fp".into(),
+                            "t".into(),
+                            lease,
+                            crate::common::soon(),
+                        );
+                        assert_eq!(begin.await.unwrap(), IdempotencyBegin::Claimed);
+                        let release = store.idempotency_release(key, "t".into());
+                        assert!(release.await.expect("a release during migrations"));
+                    }
+                }
+            })
+        })
+        .collect();
+    let client = server.client().await;
+    for _ in 0..15 {
+        // forgotten: the next migration runs its DDL
+        let forget = format!("DELETE FROM \"{s}\".migrations");
+        client.execute(&forget, &[]).await.unwrap();
+        migrator.migrate().await.expect("no deadlock");
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for worker in workers {
+        worker.await.expect("every call of the load succeeded");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_blocked_on_a_given_pool_is_cancelled_on_the_server() {
+    let server = server().await;
+    let mut config = deadpool_postgres::Config::new();
+    // no statement_timeout on the pool's connections
+    config.url = Some(server.url());
+    let pool = config
+        .create_pool(
+            Some(deadpool_postgres::Runtime::Tokio1),
+            tokio_postgres::NoTls,
+        )
+        .unwrap();
+    let store = PgStore::pool_builder(pool)
+        .schema(unique_schema())
+        .timeout(Duration::from_millis(300))
+        .purge_interval(None)
+        .connect()
+        .await
+        .unwrap();
+    let s = store.schema().to_owned();
+    // an expired claim, so free, whose row another session holds
+    let mut client = server.client().await;
+    let expired = format!("INSERT INTO \"{s}\".holds VALUES ('blocked', 'old', 1)");
+    client.execute(&expired, &[]).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let lock = format!("SELECT 1 FROM \"{s}\".holds WHERE key = 'blocked' FOR UPDATE");
+    tx.execute(&lock, &[]).await.unwrap();
+    let started = Instant::now();
+    let error = store
+        .claim("blocked".into(), "new".into(), None, crate::common::soon())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    assert!(
+        started.elapsed() < Duration::from_millis(800),
+        "{:?}",
+        started.elapsed()
+    );
+    // the server gave up on it too: nothing waits for the row
+    let watcher = server.client().await;
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE wait_event_type = 'Lock' AND query LIKE '%\"{s}\".claim(%'"
+    );
+    assert!(becomes(&watcher, &waiting, 0, Duration::from_secs(1)).await);
+    tx.commit().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let holder = format!("SELECT holder FROM \"{s}\".holds WHERE key = 'blocked'");
+    let holder: String = watcher.query_one(&holder, &[]).await.unwrap().get(0);
+    assert_eq!(holder, "old", "the cancelled claim did not happen");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_one_round_trip() {
+    let server = server().await;
+    let proxy = common::proxy::Proxy::start(server.addr()).await;
+    let direct = server.builder().connect().await.unwrap();
+    let store = PgStore::builder(format!("postgres://postgres@{}/postgres", proxy.addr()))
+        .schema(direct.schema())
+        .timeout(Duration::from_secs(5))
+        .pool_size(1)
+        .purge_interval(None)
+        .build()
+        .unwrap();
+    // prepared on the connection, the clock read
+    let claim = |key: &str| store.claim(key.into(), "a".into(), None, crate::common::soon());
+    assert!(claim("warm-up").await.unwrap().won);
+    // 50 ms each way: BEGIN, the claim and COMMIT one after the other would take 300 ms, two
+    // round trips 200 ms
+    proxy.delay(Duration::from_millis(50));
+    let started = Instant::now();
+    assert!(claim("timed").await.unwrap().won);
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(100) && elapsed < Duration::from_millis(200),
+        "{elapsed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_drops_the_functions_without_deadlines() {
+    let server = server().await;
+    let store = server.builder().connect().await.unwrap();
+    let s = store.schema();
+    let client = server.client().await;
+    // a schema of version 1, as far as it matters here: its version row and a function of it
+    let old_claim = format!(
+        "CREATE FUNCTION \"{s}\".claim(
+           p_key text, p_holder text, p_ttl_ms bigint, OUT o_won boolean, OUT o_holder text
+         ) LANGUAGE sql AS $$ SELECT true, p_holder $$"
+    );
+    client
+        .batch_execute(&format!(
+            "DELETE FROM \"{s}\".migrations;
+             INSERT INTO \"{s}\".migrations (version) VALUES (1);
+             {old_claim}"
+        ))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let overloads = format!(
+        "SELECT p.pronargs::bigint FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = '{s}' AND p.proname = 'claim'"
+    );
+    let args: Vec<i64> = client
+        .query(&overloads, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(args, vec![4], "one claim: the one with a deadline");
+    let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
+    assert!(becomes(&client, &versions, 2, Duration::ZERO).await);
+    // a copy of version 1 started since, which migrates whatever the version row says, put its
+    // functions back: the next migration finds them and runs its DDL again
+    client.batch_execute(&old_claim).await.unwrap();
+    store.migrate().await.unwrap();
+    let count = format!("SELECT count(*) FROM ({overloads}) AS o");
+    assert!(becomes(&client, &count, 1, Duration::ZERO).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_waiting_for_a_standby_is_cancelled_at_the_deadline() {
+    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let store = server
+        .builder()
+        .timeout(Duration::from_millis(400))
+        .connect()
+        .await
+        .unwrap();
+    let claim =
+        |key: &str, who: &str| store.claim(key.into(), who.into(), None, crate::common::soon());
+    assert!(claim("warm-up", "w").await.unwrap().won);
+    // a synchronous standby that never answers: every commit that wrote waits for it
+    let admin = server.client().await;
+    let standby = |names: &'static str| {
+        let sql = format!("ALTER SYSTEM SET synchronous_standby_names = '{names}'");
+        let admin = &admin;
+        async move {
+            admin.batch_execute(&sql).await.unwrap();
+            admin
+                .batch_execute("SELECT pg_reload_conf()")
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    standby("nobody").await;
+    let started = Instant::now();
+    let error = claim("coupon", "first").await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    // the cancel request ended the wait; the commit stays, locally
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'";
+    assert!(becomes(&admin, waiting, 0, Duration::from_secs(2)).await);
+    standby("").await;
+    let kept = format!(
+        "SELECT count(*) FROM \"{}\".holds WHERE key = 'coupon' AND holder = 'first'",
+        store.schema()
+    );
+    assert!(becomes(&admin, &kept, 1, Duration::ZERO).await);
+    // the undo after the deadline finds it, and the coupon is won once after
+    assert!(
+        store
+            .delete_if_held("coupon".into(), "first".into())
+            .await
+            .unwrap()
+    );
+    assert_eq!(claims_won(&store, "coupon", 50).await, 1);
 }

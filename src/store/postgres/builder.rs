@@ -104,9 +104,11 @@ impl PgStoreBuilder {
         }
     }
 
-    /// The bound of every call — pool checkout, statement preparation and execution together —
-    /// default 250 ms. A store made from a URL also sets the server's `statement_timeout` to
-    /// it, so that the server gives up on a statement when the caller does.
+    /// The bound of every call — pool checkout, statement preparation, execution and commit
+    /// together — default 250 ms, and the deadline of the rate checks. Every call also sets the
+    /// server's `statement_timeout` to what is left of it, in its own transaction (`SET
+    /// LOCAL`), on any pool, so that the server gives up on a statement when the caller does; a
+    /// store made from a URL sets it for its connections' other statements too.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.settings.timeout = timeout;
         self
@@ -184,7 +186,8 @@ impl PgStoreBuilder {
 }
 
 /// A pool of at most `settings.pool_size` connections to `url`, each with the store timeout as
-/// its `statement_timeout`. Without TLS: bring a pool made with a TLS connector for that.
+/// its `statement_timeout` (a call sets its own as well). Without TLS: bring a pool made with a
+/// TLS connector for that.
 fn pool_for(url: &str, settings: &Settings) -> Result<Pool, ConfigError> {
     // the URL is not repeated: it may carry a password
     let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {

@@ -1,49 +1,82 @@
-//! One statement on a pooled connection, bounded by the store timeout, and how its failures
-//! become [`StoreError`]s.
+//! One call of a store function on a pooled connection: in a transaction of its own, bounded by
+//! the store timeout on both sides, and how its failures become [`StoreError`]s.
+//!
+//! What bounds what:
+//! - the client gives up at the call's deadline (pool checkout, preparation, execution and
+//!   commit together) and never hands that connection out again;
+//! - the server gives up too: every call sets its own `statement_timeout` (`SET LOCAL`, in its
+//!   own transaction), on any pool — a function waiting for a lock is cancelled;
+//! - PostgreSQL switches `statement_timeout` off for the commit, so a commit waiting for a
+//!   synchronous standby is bounded only by the cancel request the client sends when the
+//!   deadline passes. A cancelled wait leaves the commit in place locally (not yet on the
+//!   standby); a release sent afterwards waits for it and sees it (see `lock_key` in
+//!   `schema.sql`). A cancel request that cannot reach the server (a partition) bounds nothing
+//!   there: the commit waits for the standby as long as the server lets it, the call has
+//!   failed with a timeout meanwhile, and a release of the key waits behind it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Object, Pool, PoolError};
+use deadpool_postgres::{Client, Object, Pool, PoolError};
+use futures_util::future::join3;
 use tokio::time::{Instant, timeout_at};
-use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
+use tokio_postgres::{CancelToken, NoTls, Row};
 
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::{StoreClock, StoreError, StoreErrorKind};
 
 /// A statement parameter, owned so that the call's future is `'static`.
 pub(super) type Param = Box<dyn ToSql + Send + Sync>;
 
-/// Runs statements on the pool, each within `timeout` all told: the pool checkout, the
-/// statement's preparation (once per connection, then cached) and its execution.
-#[derive(Clone)]
+/// How long a cancel request may take to reach the server.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Runs calls on the pool, each within `timeout` all told.
 pub(super) struct Calls {
     pub(super) pool: Pool,
     pub(super) timeout: Duration,
+    /// Readings of the database clock, on which write deadlines are sent.
+    pub(super) clock: Arc<StoreClock>,
+    /// The statement that reads the database clock.
+    pub(super) now: String,
 }
 
-/// How one try of a statement failed.
+/// A write's deadline on the caller's clock and, once mapped, on the database's: kept, so that
+/// a call sent again carries the same one.
+pub(super) struct WriteDeadline {
+    pub(super) local: Instant,
+    pub(super) store_us: Option<i64>,
+}
+
+/// How one try of a call failed.
 enum Failure {
-    /// The connection broke: the statement may or may not have run, and may be sent again.
+    /// The connection broke: the call may or may not have run, and may be sent again.
     Dropped(StoreError),
     Other(StoreError),
 }
 
 impl Calls {
-    /// Runs `sql` with `params` and returns its one row. A statement whose connection broke is
-    /// sent once more on another connection within the same timeout: every operation of the
-    /// store is safe to run twice (the second run answers as the first did).
+    /// Runs `sql` with `params` — and, for a write (`deadline`), the time of its deadline on
+    /// the database clock as the last parameter — and returns its one row. A call whose
+    /// connection broke is sent once more on another connection within the same timeout, with
+    /// the same deadline: every operation of the store is safe to run twice.
     pub(super) async fn row(
         &self,
         operation: &'static str,
         sql: &str,
         params: &[Param],
+        deadline: Option<Instant>,
     ) -> Result<Row, StoreError> {
         let started = std::time::Instant::now();
-        let deadline = Instant::now() + self.timeout;
-        let result = match self.once(sql, params, deadline).await {
+        let bound = Instant::now() + self.timeout;
+        let mut write = deadline.map(|d| WriteDeadline {
+            local: d.min(bound),
+            store_us: None,
+        });
+        let result = match self.once(sql, params, bound, write.as_mut()).await {
             Ok(row) => Ok(row),
-            Err(Failure::Dropped(_)) => match self.once(sql, params, deadline).await {
+            Err(Failure::Dropped(_)) => match self.once(sql, params, bound, write.as_mut()).await {
                 Ok(row) => Ok(row),
                 Err(Failure::Dropped(e) | Failure::Other(e)) => Err(e),
             },
@@ -57,33 +90,84 @@ impl Calls {
         result
     }
 
-    async fn once(&self, sql: &str, params: &[Param], deadline: Instant) -> Result<Row, Failure> {
-        let client = match timeout_at(deadline, self.pool.get()).await {
+    async fn once(
+        &self,
+        sql: &str,
+        params: &[Param],
+        bound: Instant,
+        write: Option<&mut WriteDeadline>,
+    ) -> Result<Row, Failure> {
+        let client = match timeout_at(bound, self.pool.get()).await {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => return Err(Failure::Other(pool_error(e))),
             Err(_) => return Err(Failure::Other(StoreError::timeout())),
         };
-        let refs: Vec<&(dyn ToSql + Sync)> =
-            params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
-        let run = async {
-            let statement = client.prepare_cached(sql).await?;
-            client.query_one(&statement, &refs).await
-        };
-        let outcome = timeout_at(deadline, run).await;
-        match outcome {
+        match timeout_at(bound, self.run(&client, sql, params, bound, write)).await {
             Ok(Ok(row)) => Ok(row),
-            Ok(Err(e)) if client.is_closed() => Err(Failure::Dropped(pg_error(e))),
-            Ok(Err(e)) => Err(Failure::Other(pg_error(e))),
+            Ok(Err(e)) if client.is_closed() => Err(Failure::Dropped(e)),
+            Ok(Err(e)) => Err(Failure::Other(e)),
             Err(_) => {
-                // its reply may still come, or never (a hung server): the connection is not
-                // handed to the next caller
+                // the server may still be running it — a commit waiting for a synchronous
+                // standby, which statement_timeout does not bound — or never hear of it (a
+                // partition): it is asked to cancel, and the connection is not handed out again
+                cancel_in_background(client.cancel_token());
                 drop(Object::take(client));
                 Err(Failure::Other(StoreError::timeout()))
             }
         }
     }
+
+    /// The call in a transaction of its own, with a `statement_timeout` of what is left of the
+    /// call: `BEGIN; SET LOCAL`, the function, `COMMIT`, in one round trip (tokio-postgres
+    /// pipelines requests polled together, and `join3` polls them in this order).
+    async fn run(
+        &self,
+        client: &Client,
+        sql: &str,
+        params: &[Param],
+        bound: Instant,
+        write: Option<&mut WriteDeadline>,
+    ) -> Result<Row, StoreError> {
+        let statement = client.prepare_cached(sql).await.map_err(pg_error)?;
+        let at = match write {
+            Some(write) => Some(self.store_deadline(client, write).await?),
+            None => None,
+        };
+        let mut refs: Vec<&(dyn ToSql + Sync)> =
+            params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
+        if let Some(at) = &at {
+            refs.push(at);
+        }
+        let left = bound.saturating_duration_since(Instant::now()).as_millis();
+        let begin = format!("BEGIN; SET LOCAL statement_timeout = {}", left.max(1));
+        let (begun, row, committed) = join3(
+            client.batch_execute(&begin),
+            client.query_one(&statement, &refs),
+            client.batch_execute("COMMIT"),
+        )
+        .await;
+        begun.map_err(pg_error)?;
+        // a failed function aborts the transaction: the COMMIT then rolls it back
+        let row = row.map_err(pg_error)?;
+        committed.map_err(pg_error)?;
+        Ok(row)
+    }
 }
 
+/// Asks the server to cancel what the connection of `token` runs, without waiting for it. The
+/// request goes without TLS: it carries only the backend's id and secret, and the server takes
+/// it before (and without) authentication.
+fn cancel_in_background(token: CancelToken) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let sent = tokio::time::timeout(CANCEL_TIMEOUT, token.cancel_query(NoTls)).await;
+        if !matches!(sent, Ok(Ok(()))) {
+            tracing::debug!(target: "tollgate::store", "could not send a cancel request");
+        }
+    });
+}
 /// A failure to get a connection from the pool.
 pub(super) fn pool_error(e: PoolError) -> StoreError {
     match e {

@@ -1,10 +1,15 @@
-//! `PgStore::migrate`: the schema brought up to date in one transaction, under an advisory
-//! lock, so that copies starting together wait for each other instead of racing on the
-//! catalog.
+//! `PgStore::migrate`: the schema's version read first, locking none of the store's tables, and
+//! only when it is behind, the schema brought up to date in one transaction under an advisory
+//! lock, so that copies starting together wait for each other instead of racing on the catalog.
+//!
+//! Every copy migrates at its start, so in a rolling deploy migrations run under load: one that
+//! finds the schema current does no DDL at all (`CREATE INDEX IF NOT EXISTS` alone would hold a
+//! SHARE lock on its table to the commit, stalling every write to it). One that runs DDL locks
+//! the tables in the order every function locks them (see `schema.sql`): none deadlocks.
 
 use std::time::Duration;
 
-use deadpool_postgres::{Pool, Transaction};
+use deadpool_postgres::{GenericClient, Pool, Transaction};
 use sha2::{Digest, Sha256};
 
 use super::call::{pg_error, pool_error};
@@ -20,6 +25,12 @@ pub(super) async fn migrate(
 ) -> Result<(), StoreError> {
     let run = async {
         let mut client = pool.get().await.map_err(pool_error)?;
+        if is_current(&client, schema, unlogged)
+            .await
+            .map_err(pg_error)?
+        {
+            return Ok(());
+        }
         let tx = client.transaction().await.map_err(pg_error)?;
         apply(&tx, schema, unlogged, timeout)
             .await
@@ -30,6 +41,57 @@ pub(super) async fn migrate(
         Ok(result) => result,
         Err(_) => Err(StoreError::timeout()),
     }
+}
+
+/// Whether `schema` is at this crate's version or a later one, its rate tables as `unlogged`
+/// asks and no function of version 1 in it: read from its `migrations` table and the catalog,
+/// with no lock on the store's tables. A schema that a later version of the crate migrated is
+/// left as it is. (A copy of version 1 migrates on every start, whatever the version row says:
+/// one started after the upgrade puts its functions back — releases without the key's lock
+/// among them — and the next migration of this version runs its DDL again.)
+async fn is_current(
+    client: &impl GenericClient,
+    schema: &str,
+    unlogged: bool,
+) -> Result<bool, tokio_postgres::Error> {
+    let s = quoted(schema);
+    // no error when there is no such table: an error would abort the migration's transaction
+    let exists = client
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[&format!("{s}.migrations")],
+        )
+        .await?;
+    if !exists.try_get::<_, bool>(0)? {
+        return Ok(false);
+    }
+    let version = format!("SELECT max(version) FROM {s}.migrations");
+    let version: Option<i32> = client.query_one(&version, &[]).await?.try_get(0)?;
+    if version.is_none_or(|v| v < SCHEMA_VERSION) {
+        return Ok(false);
+    }
+    Ok(
+        rate_tables_unlogged(client, schema).await? == Some(unlogged)
+            && !version_1_functions(client, schema).await?,
+    )
+}
+
+/// Whether a function of version 1 is in `schema`: its `claim` without a deadline, which every
+/// migration of version 1 installs.
+async fn version_1_functions(
+    client: &impl GenericClient,
+    schema: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (
+               SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+               WHERE n.nspname = $1 AND p.proname = 'claim' AND p.pronargs = 3
+             )",
+            &[&schema],
+        )
+        .await?;
+    row.try_get(0)
 }
 
 async fn apply(
@@ -47,6 +109,10 @@ async fn apply(
     .await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key(schema)])
         .await?;
+    // another copy may have migrated while this one waited for the lock
+    if is_current(tx, schema, unlogged).await? {
+        return Ok(());
+    }
     tx.batch_execute(&format!(
         "CREATE SCHEMA IF NOT EXISTS {s};
          CREATE TABLE IF NOT EXISTS {s}.migrations (
@@ -55,8 +121,7 @@ async fn apply(
          )"
     ))
     .await?;
-    // every statement is idempotent: the whole file runs each time, so that the functions are
-    // always this crate's
+    // every statement is idempotent: the whole file runs, whatever version the schema had
     tx.batch_execute(&migration(schema, unlogged)).await?;
     set_rate_persistence(tx, schema, unlogged).await?;
     tx.execute(
@@ -67,25 +132,35 @@ async fn apply(
     Ok(())
 }
 
-/// Makes the rate tables `UNLOGGED` or logged as asked, when they were created otherwise. A
-/// logged table may not reference an unlogged one: the log follows its parent table when it
-/// becomes logged, and goes first when they become unlogged.
-async fn set_rate_persistence(
-    tx: &Transaction<'_>,
+/// Whether `rate_limits` in `schema` is `UNLOGGED`; `None` when there is no such table. Read
+/// from the catalog: no lock on the table.
+async fn rate_tables_unlogged(
+    client: &impl GenericClient,
     schema: &str,
-    unlogged: bool,
-) -> Result<(), tokio_postgres::Error> {
-    let row = tx
-        .query_one(
+) -> Result<Option<bool>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
             "SELECT c.relpersistence FROM pg_class c
              JOIN pg_namespace n ON n.oid = c.relnamespace
              WHERE n.nspname = $1 AND c.relname = 'rate_limits'",
             &[&schema],
         )
         .await?;
+    let Some(row) = row else { return Ok(None) };
     let persistence: i8 = row.try_get(0)?;
-    let is_unlogged = persistence == b'u' as i8;
-    if is_unlogged == unlogged {
+    Ok(Some(persistence == b'u' as i8))
+}
+
+/// Makes the rate tables `UNLOGGED` or logged as asked, when they were created otherwise. A
+/// logged table may not reference an unlogged one: the log follows its parent table when it
+/// becomes logged, and goes first when they become unlogged. (The migration holds both tables'
+/// locks already.)
+async fn set_rate_persistence(
+    tx: &Transaction<'_>,
+    schema: &str,
+    unlogged: bool,
+) -> Result<(), tokio_postgres::Error> {
+    if rate_tables_unlogged(tx, schema).await? == Some(unlogged) {
         return Ok(());
     }
     let s = quoted(schema);

@@ -1,12 +1,15 @@
 //! [`PgStore`]: the store capabilities on PostgreSQL.
 //!
 //! Every operation is one round trip: one call of a PL/pgSQL function that
-//! [`PgStore::migrate`] installs (`schema.sql` beside this file), atomic as its transaction is.
-//! Each function locks the rows it decides on, then reads the database clock
-//! (`clock_timestamp()`, in microseconds) — so concurrent calls on one key are decided one after
-//! the other, each at its own instant, and no application clock ever decides a window or a
-//! lease. The functions mirror the Lua scripts of the Redis store line by line; the conformance
-//! suite runs unchanged on both.
+//! [`PgStore::migrate`] installs (`schema.sql` beside this file), in a transaction of its own
+//! (`BEGIN`, its `statement_timeout`, the call and `COMMIT`, pipelined). Each function locks the
+//! rows it decides on, then reads the database clock (`clock_timestamp()`, in microseconds) —
+//! so concurrent calls on one key are decided one after the other, each at its own instant, and
+//! no application clock ever decides a window or a lease. The functions decide what the Lua
+//! scripts of the Redis store decide, with the same replies in substance, but are written for
+//! PostgreSQL: row and advisory locks where Redis runs one script at a time, one locking read
+//! per row, the single-limit rate check inlined. The conformance suite, which runs unchanged on
+//! both, checks that they agree.
 //!
 //! The client is `tokio-postgres` with a `deadpool-postgres` pool: light, no compile-time
 //! database, prepared statements cached per connection. Bring your own pool (e.g. one with a
@@ -25,6 +28,7 @@ use tokio_postgres::Row;
 mod advisory;
 mod builder;
 mod call;
+mod clock;
 mod migrate;
 mod sql;
 
@@ -35,7 +39,7 @@ use sql::Sql;
 
 use super::{
     ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RELEASE_MARKER_TTL,
-    RateStore, Store, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
+    RateStore, Store, StoreClock, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
 };
 use crate::key::Key;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
@@ -43,8 +47,8 @@ use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 /// A store on PostgreSQL, shared by every copy of a service.
 ///
 /// Cheap to clone: clones share one connection pool. Every call — pool checkout, statement
-/// preparation (once per connection) and execution — is bounded by the store timeout (default
-/// 250 ms), and fails with a [`StoreError`] of kind [`Timeout`](StoreErrorKind::Timeout),
+/// preparation (once per connection), execution and commit — is bounded by the store timeout
+/// (default 250 ms), and fails with a [`StoreError`] of kind [`Timeout`](StoreErrorKind::Timeout),
 /// [`Unavailable`](StoreErrorKind::Unavailable) (no connection, a broken one, a server shutting
 /// down or read-only) or [`Protocol`](StoreErrorKind::Protocol) (any other error the server
 /// sent), never a hang. A call whose connection broke is sent once more on another connection
@@ -104,6 +108,25 @@ use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 /// | lease, renewal | yes ([`with_lock`](crate::lock::Locks::with_lock) keeps it alive) | none |
 /// | fencing token | strictly increasing per name | none |
 /// | use it for | work outside the database, or longer than a transaction | serialising writes that all happen inside that one transaction |
+///
+/// # Timeouts and deadlines
+///
+/// Each call bounds itself on the server as well, whatever pool it runs on: it sets its own
+/// `statement_timeout` (`SET LOCAL`, in its own transaction) to what is left of the store
+/// timeout, so a call waiting for a lock is cancelled when its caller gives up. Every write
+/// carries its deadline on the database clock (see [Deadlines](super#deadlines)) and checks it
+/// after taking its locks, right before it writes: received late, it does nothing. A call and
+/// the release of the same key are serialised by an advisory lock on the key, so a release
+/// sent after a write's deadline waits for that write, if it is still running, and sees it.
+///
+/// Not bounded by `statement_timeout`: a commit waiting for a synchronous standby (PostgreSQL
+/// switches the timeout off for the commit). When the deadline passes during the commit, the
+/// client sends a cancel request (without TLS: PostgreSQL takes it before, and without,
+/// authentication; where only TLS gets through, e.g. a TLS-only proxy, it does not arrive) and
+/// the call fails with a timeout. The cancelled wait leaves the commit in place locally, not yet
+/// on the standby — a failover before the standby catches up may lose it. A cancel request that
+/// cannot reach the server bounds nothing there: the commit waits as long as the server lets it,
+/// and a release of that key waits behind it.
 ///
 /// # Expired rows
 ///
@@ -191,12 +214,15 @@ impl PgStore {
     }
 
     fn new(pool: Pool, settings: Settings) -> Self {
+        let sql = Sql::new(&settings.schema);
         let shared = Arc::new(Shared {
             calls: Calls {
                 pool,
                 timeout: settings.timeout,
+                clock: Arc::new(StoreClock::default()),
+                now: sql.now.clone(),
             },
-            sql: Sql::new(&settings.schema),
+            sql,
             purge_batch: i32::try_from(settings.purge_batch).unwrap_or(i32::MAX),
         });
         let purge_task = settings
@@ -212,9 +238,15 @@ impl PgStore {
     }
 
     /// Creates the schema, its tables, indexes and functions, or brings them up to this
-    /// crate's version — in one transaction, under an advisory lock on the schema's name, so
-    /// that it is safe to run at every start of every copy, and from several copies at once.
-    /// Bounded by the [`migration_timeout`](PgStoreBuilder::migration_timeout) (default 30 s).
+    /// crate's version, so that it is safe to run at every start of every copy, and from
+    /// several copies at once. It first reads the schema's version, locking none of its
+    /// tables: a schema at this version (or a later one) with its rate tables as configured
+    /// is left alone, with no DDL. Otherwise it runs the DDL in one transaction, under an
+    /// advisory lock on the schema's name, after waiting for the running calls and locking
+    /// every table in the order the calls lock them (they wait for it meanwhile). A migration
+    /// drops the functions of earlier versions: copies still running an earlier version of this
+    /// crate then fail their calls with [`Protocol`](StoreErrorKind::Protocol) errors. Bounded
+    /// by the [`migration_timeout`](PgStoreBuilder::migration_timeout) (default 30 s).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let settings = &self.inner.settings;
         migrate::migrate(
@@ -250,21 +282,23 @@ impl PgStore {
         &self.inner.shared.calls.pool
     }
 
-    /// Runs the statement `sql` picks with `params` and decodes its one row.
+    /// Runs the statement `sql` picks with `params` — a write with its `deadline` — and
+    /// decodes its one row.
     fn call<T: Send + 'static>(
         &self,
         operation: &'static str,
         sql: fn(&Sql) -> &String,
         params: Vec<Param>,
-        decode: fn(&Row) -> Result<T, tokio_postgres::Error>,
+        deadline: Option<Instant>,
+        decode: fn(&Row) -> Result<T, StoreError>,
     ) -> StoreFuture<T> {
         let shared = Arc::clone(&self.inner.shared);
         Box::pin(async move {
             let row = shared
                 .calls
-                .row(operation, sql(&shared.sql), &params)
+                .row(operation, sql(&shared.sql), &params, deadline)
                 .await?;
-            decode(&row).map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))
+            decode(&row)
         })
     }
 }
@@ -276,7 +310,7 @@ async fn purge(shared: &Shared) -> Result<u64, StoreError> {
         let params: Vec<Param> = vec![Box::new(shared.purge_batch)];
         let row = shared
             .calls
-            .row("purge_expired", &shared.sql.purge_expired, &params)
+            .row("purge_expired", &shared.sql.purge_expired, &params, None)
             .await?;
         let decoded: Result<(i32, i64), _> = (|| Ok((row.try_get(0)?, row.try_get(1)?)))();
         let (most, deleted) = decoded
@@ -321,8 +355,70 @@ fn release_call_id() -> String {
     format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0)
 }
 
-fn boolean(row: &Row) -> Result<bool, tokio_postgres::Error> {
-    row.try_get(0)
+fn protocol(e: tokio_postgres::Error) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, e)
+}
+
+/// A release's answer.
+fn boolean(row: &Row) -> Result<bool, StoreError> {
+    row.try_get(0).map_err(protocol)
+}
+
+/// The tag that starts a write's reply; `-1`, received after its deadline, is an error: it did
+/// nothing.
+fn tag(row: &Row) -> Result<i16, StoreError> {
+    match row.try_get(0).map_err(protocol)? {
+        -1 => Err(StoreError::expired()),
+        tag => Ok(tag),
+    }
+}
+
+/// `1` or `0`: extend_hold, idem_complete, idem_extend.
+fn flag(row: &Row) -> Result<bool, StoreError> {
+    match tag(row)? {
+        1 => Ok(true),
+        0 => Ok(false),
+        other => Err(unexpected("a flag", other)),
+    }
+}
+
+fn unexpected(what: &str, tag: i16) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        format!("{what} answered tag {tag}"),
+    )
+}
+
+/// `(tag, holder)`: 1 claimed by this call, 2 held by this holder already, 0 by another.
+fn decode_claim(row: &Row) -> Result<ClaimOutcome, StoreError> {
+    let won = match tag(row)? {
+        1 | 2 => true,
+        0 => false,
+        other => return Err(unexpected("claim", other)),
+    };
+    Ok(ClaimOutcome {
+        won,
+        holder: row.try_get(1).map_err(protocol)?,
+        pending: false,
+    })
+}
+
+/// `(tag, value)`: 1 acquired with fence `value`, 0 held for `value` ms more (-1: no expiry).
+fn decode_lock(row: &Row) -> Result<LockAttempt, StoreError> {
+    let acquired = match tag(row)? {
+        1 => true,
+        0 => false,
+        other => return Err(unexpected("lock_acquire", other)),
+    };
+    let value: i64 = row.try_get(1).map_err(protocol)?;
+    let value = u64::try_from(value).unwrap_or(0);
+    Ok(if acquired {
+        LockAttempt::Acquired { fence: value }
+    } else {
+        LockAttempt::Held {
+            lease_left: Duration::from_millis(value),
+        }
+    })
 }
 
 impl RateStore for PgStore {
@@ -352,11 +448,18 @@ impl RateStore for PgStore {
             Box::new(signed(check.attempt())),
         ];
         let n = limits.len();
+        // a check sent late, or held up, charges nothing once its store timeout has passed
+        let deadline = Instant::now() + self.inner.settings.timeout;
         let shared = Arc::clone(&self.inner.shared);
         Box::pin(async move {
             let row = shared
                 .calls
-                .row("rate_check", &shared.sql.check_rate, &params)
+                .row(
+                    "rate_check",
+                    &shared.sql.check_rate,
+                    &params,
+                    Some(deadline),
+                )
                 .await?;
             let reply: Vec<i64> = row
                 .try_get(0)
@@ -367,12 +470,16 @@ impl RateStore for PgStore {
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
         let params: Vec<Param> = vec![Box::new(policy.store_keys(&key))];
-        self.call("reset_rate", |s| &s.reset_rate, params, |_| Ok(()))
+        self.call("reset_rate", |s| &s.reset_rate, params, None, |_| Ok(()))
     }
 }
 
-/// `{admitted, retry_after_us, then per limit remaining, reset_us}` for `n` limits.
+/// `{admitted, retry_after_us, then per limit remaining, reset_us}` for `n` limits, or
+/// `{-2, 0}`: received after its deadline, charged nothing.
 fn decode_rate(reply: &[i64], n: usize) -> Result<RateOutcome, StoreError> {
+    if reply == [-2, 0] {
+        return Err(StoreError::expired());
+    }
     if reply.len() != 2 + 2 * n {
         return Err(StoreError::new(
             StoreErrorKind::Protocol,
@@ -404,21 +511,10 @@ impl LockStore for PgStore {
         key: String,
         holder: String,
         ttl: Option<Duration>,
-        _deadline: Instant,
+        deadline: Instant,
     ) -> StoreFuture<ClaimOutcome> {
         let params: Vec<Param> = vec![Box::new(key), Box::new(holder), Box::new(ttl.map_or(0, ms))];
-        self.call(
-            "claim",
-            |s| &s.claim,
-            params,
-            |row| {
-                Ok(ClaimOutcome {
-                    won: row.try_get(0)?,
-                    holder: row.try_get(1)?,
-                    pending: false,
-                })
-            },
-        )
+        self.call("claim", |s| &s.claim, params, Some(deadline), decode_claim)
     }
 
     fn lock_acquire(
@@ -427,7 +523,7 @@ impl LockStore for PgStore {
         fence_key: String,
         token: String,
         lease: Duration,
-        _deadline: Instant,
+        deadline: Instant,
     ) -> StoreFuture<LockAttempt> {
         let params: Vec<Param> = vec![
             Box::new(key),
@@ -436,22 +532,8 @@ impl LockStore for PgStore {
             Box::new(ms(lease)),
             Box::new(ms(fence_ttl(lease))),
         ];
-        self.call(
-            "lock_acquire",
-            |s| &s.lock_acquire,
-            params,
-            |row| {
-                let acquired: bool = row.try_get(0)?;
-                let value = u64::try_from(row.try_get::<_, i64>(1)?).unwrap_or(0);
-                Ok(if acquired {
-                    LockAttempt::Acquired { fence: value }
-                } else {
-                    LockAttempt::Held {
-                        lease_left: Duration::from_millis(value),
-                    }
-                })
-            },
-        )
+        let sql: fn(&Sql) -> &String = |s| &s.lock_acquire;
+        self.call("lock_acquire", sql, params, Some(deadline), decode_lock)
     }
 
     fn extend_if_held(
@@ -459,10 +541,16 @@ impl LockStore for PgStore {
         key: String,
         token: String,
         lease: Duration,
-        _deadline: Instant,
+        deadline: Instant,
     ) -> StoreFuture<bool> {
         let params: Vec<Param> = vec![Box::new(key), Box::new(token), Box::new(ms(lease))];
-        self.call("lock_extend", |s| &s.extend_hold, params, boolean)
+        self.call(
+            "lock_extend",
+            |s| &s.extend_hold,
+            params,
+            Some(deadline),
+            flag,
+        )
     }
 
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
@@ -472,7 +560,7 @@ impl LockStore for PgStore {
             Box::new(release_call_id()),
             Box::new(ms(RELEASE_MARKER_TTL)),
         ];
-        self.call("lock_release", |s| &s.release_hold, params, boolean)
+        self.call("lock_release", |s| &s.release_hold, params, None, boolean)
     }
 }
 
@@ -487,7 +575,7 @@ impl IdempotencyStore for PgStore {
         fingerprint: String,
         token: String,
         lease: Duration,
-        _deadline: Instant,
+        deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
         let params: Vec<Param> = vec![
             Box::new(key),
@@ -495,14 +583,14 @@ impl IdempotencyStore for PgStore {
             Box::new(token),
             Box::new(ms(lease)),
         ];
-        let shared = Arc::clone(&self.inner.shared);
-        Box::pin(async move {
-            let row = shared
-                .calls
-                .row("idempotency_begin", &shared.sql.idem_begin, &params)
-                .await?;
-            decode_idem_begin(&row)
-        })
+        let sql: fn(&Sql) -> &String = |s| &s.idem_begin;
+        self.call(
+            "idempotency_begin",
+            sql,
+            params,
+            Some(deadline),
+            decode_idem_begin,
+        )
     }
 
     fn idempotency_complete(
@@ -511,7 +599,7 @@ impl IdempotencyStore for PgStore {
         token: String,
         response: Bytes,
         retention: Duration,
-        _deadline: Instant,
+        deadline: Instant,
     ) -> StoreFuture<bool> {
         let params: Vec<Param> = vec![
             Box::new(key),
@@ -519,12 +607,8 @@ impl IdempotencyStore for PgStore {
             Box::new(response.to_vec()),
             Box::new(ms(retention)),
         ];
-        self.call(
-            "idempotency_complete",
-            |s| &s.idem_complete,
-            params,
-            boolean,
-        )
+        let sql: fn(&Sql) -> &String = |s| &s.idem_complete;
+        self.call("idempotency_complete", sql, params, Some(deadline), flag)
     }
 
     fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
@@ -534,7 +618,8 @@ impl IdempotencyStore for PgStore {
             Box::new(release_call_id()),
             Box::new(ms(RELEASE_MARKER_TTL)),
         ];
-        self.call("idempotency_release", |s| &s.idem_release, params, boolean)
+        let sql: fn(&Sql) -> &String = |s| &s.idem_release;
+        self.call("idempotency_release", sql, params, None, boolean)
     }
 
     fn idempotency_extend(
@@ -542,19 +627,18 @@ impl IdempotencyStore for PgStore {
         key: String,
         token: String,
         lease: Duration,
-        _deadline: Instant,
+        deadline: Instant,
     ) -> StoreFuture<bool> {
         let params: Vec<Param> = vec![Box::new(key), Box::new(token), Box::new(ms(lease))];
-        self.call("idempotency_extend", |s| &s.idem_extend, params, boolean)
+        let sql: fn(&Sql) -> &String = |s| &s.idem_extend;
+        self.call("idempotency_extend", sql, params, Some(deadline), flag)
     }
 }
 
 /// `(tag, lease_left_ms, response)`: 0 claimed, 1 running elsewhere, 2 another fingerprint,
 /// 3 completed.
 fn decode_idem_begin(row: &Row) -> Result<IdempotencyBegin, StoreError> {
-    let protocol = |e: tokio_postgres::Error| StoreError::new(StoreErrorKind::Protocol, e);
-    let tag: i16 = row.try_get(0).map_err(protocol)?;
-    match tag {
+    match tag(row)? {
         0 => Ok(IdempotencyBegin::Claimed),
         1 => {
             let ms: Option<i64> = row.try_get(1).map_err(protocol)?;
@@ -571,16 +655,13 @@ fn decode_idem_begin(row: &Row) -> Result<IdempotencyBegin, StoreError> {
                 response.unwrap_or_default(),
             )))
         }
-        other => Err(StoreError::new(
-            StoreErrorKind::Protocol,
-            format!("idem_begin returned tag {other}"),
-        )),
+        other => Err(unexpected("idem_begin", other)),
     }
 }
 
 impl Store for PgStore {
     fn ping(&self) -> StoreFuture<()> {
-        self.call("ping", |s| &s.ping, Vec::new(), |_| Ok(()))
+        self.call("ping", |s| &s.ping, Vec::new(), None, |_| Ok(()))
     }
 }
 
@@ -612,6 +693,9 @@ mod tests {
         assert_eq!(outcome.limits[0].reset, Duration::ZERO);
         let short = decode_rate(&[1, 0, 1], 1).unwrap_err();
         assert_eq!(short.kind(), StoreErrorKind::Protocol);
+        // received after its deadline: charged nothing, a timeout
+        let late = decode_rate(&[-2, 0], 1).unwrap_err();
+        assert_eq!(late.kind(), StoreErrorKind::Timeout);
     }
 
     #[test]

@@ -1,7 +1,24 @@
--- tollgate on PostgreSQL, schema version 1: tables, indexes and the functions that are the
+-- tollgate on PostgreSQL, schema version 2: tables, indexes and the functions that are the
 -- store's atomic operations. `__SCHEMA__` stands for the configured schema (quoted) and
--- `__RATE_TABLES__` for `UNLOGGED` or nothing. Every statement is idempotent; PgStore::migrate
--- runs this file in one transaction under an advisory lock, so copies may run it at once.
+-- `__RATE_TABLES__` for `UNLOGGED` or nothing. Every statement is idempotent. PgStore::migrate
+-- first reads the version recorded in `migrations` (locking none of the tables below) and runs
+-- this file only when the schema is older, its rate tables are to change persistence, or a
+-- function of version 1 is back (a copy of version 1 started since): in one transaction under
+-- an advisory lock, so copies may run it at once.
+--
+-- Lock order: every function, the purge and the migration lock tables in this order, so that
+-- no two of them can wait for each other in a cycle:
+--   rate_limits, rate_log, holds, fences, idempotency, releases
+-- A rate check locks its rate_limits rows (in key order) before it touches rate_log. A claim,
+-- lock or idempotency call takes the advisory lock of its key (lock_key) before its holds or
+-- idempotency row; lock_acquire then writes fences; a release writes its releases row last.
+-- purge_expired deletes table after table in this order (skipping locked rows), and a
+-- migration locks every table that exists, in this order, before its first DDL.
+--
+-- Deadlines: every write function takes p_deadline_us, a time of the database clock in
+-- microseconds. A call that reads the clock at or past it — after it has taken its locks, right
+-- before it writes — changes nothing and answers "late": -1, or {-2, 0} from check_rate.
+-- Version 2 added them; the functions of version 1, without p_deadline_us, are dropped here.
 --
 -- Time is the database clock in microseconds since the Unix epoch (`now_us()`, read from
 -- `clock_timestamp()` after the rows an operation touches are locked). Every row has an
@@ -11,9 +28,39 @@
 -- Durations arrive in milliseconds, clamped by the client to at most 2^53 (MAX_EXPIRY), so
 -- that now + ms * 1000 stays below 2^63.
 
+-- A migration waits for every running operation, then runs alone: one ACCESS EXCLUSIVE lock
+-- per table, taken in the lock order above before any DDL (which would take weaker locks and
+-- strengthen them later, in the order of this file).
+DO $lock$
+DECLARE
+  t text;
+BEGIN
+  FOREACH t IN ARRAY ARRAY['rate_limits', 'rate_log', 'holds', 'fences', 'idempotency',
+                           'releases'] LOOP
+    IF to_regclass('__SCHEMA__.' || t) IS NOT NULL THEN
+      EXECUTE format('LOCK TABLE %s.%I IN ACCESS EXCLUSIVE MODE', '__SCHEMA__', t);
+    END IF;
+  END LOOP;
+END $lock$;
+
+DROP FUNCTION IF EXISTS __SCHEMA__.check_rate(smallint, text[], bigint[], bigint[], bigint, bigint);
+DROP FUNCTION IF EXISTS __SCHEMA__.claim(text, text, bigint);
+DROP FUNCTION IF EXISTS __SCHEMA__.lock_acquire(text, text, text, bigint, bigint);
+DROP FUNCTION IF EXISTS __SCHEMA__.extend_hold(text, text, bigint);
+DROP FUNCTION IF EXISTS __SCHEMA__.idem_begin(text, text, text, bigint);
+DROP FUNCTION IF EXISTS __SCHEMA__.idem_complete(text, text, bytea, bigint);
+DROP FUNCTION IF EXISTS __SCHEMA__.idem_extend(text, text, bigint);
+
 CREATE OR REPLACE FUNCTION __SCHEMA__.now_us() RETURNS bigint
 LANGUAGE sql VOLATILE AS $$
   SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+$$;
+
+-- Takes, for the rest of the transaction, the advisory lock of key p_key: every write and
+-- release of a claim, lock or idempotency record takes it first (see claim for why).
+CREATE OR REPLACE FUNCTION __SCHEMA__.lock_key(p_key text) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+  SELECT pg_advisory_xact_lock(hashtextextended(p_key, 8390043843661231205))
 $$;
 
 -- ceil(a / b) for 0 <= a, 0 < b
@@ -126,14 +173,16 @@ CREATE INDEX IF NOT EXISTS idempotency_expiry ON __SCHEMA__.idempotency (expires
 --                order (distinct keys)
 --   p_cost       >= 0; 0 only looks
 --   p_attempt    the attempt id: a re-sent attempt is admitted again without a second charge
--- Returns {admitted 0|1, retry_after_us, then per limit remaining, reset_us}.
+--   p_deadline_us  received at or after it (database clock), the check charges nothing
+-- Returns {admitted 0|1, retry_after_us, then per limit remaining, reset_us}, or {-2, 0} when
+-- received late.
 -- Locks every limit's row in key order (made first if missing), so that checks over
 -- overlapping keys cannot deadlock, then reads the clock: concurrent checks of one caller are
 -- decided one after the other, each at its own instant.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __SCHEMA__.check_rate(
   p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[],
-  p_cost bigint, p_attempt bigint
+  p_cost bigint, p_attempt bigint, p_deadline_us bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_locked int;
@@ -179,6 +228,8 @@ DECLARE
   v_wait bigint;
   v_reset bigint;
 BEGIN
+  -- late already: not even a placeholder row is made
+  IF __SCHEMA__.now_us() >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
   IF cardinality(p_keys) <> 1 THEN
     LOOP
       INSERT INTO __SCHEMA__.rate_limits (key)
@@ -190,15 +241,15 @@ BEGIN
       -- a row deleted (purged, reset) between the two statements is made again
       EXIT WHEN v_locked = cardinality(p_keys);
     END LOOP;
+    v_now := __SCHEMA__.now_us();
+    IF v_now >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
     IF p_algorithm = 1 THEN
-      RETURN __SCHEMA__.rate_sliding_log(p_keys, p_quotas, p_windows, p_cost, p_attempt,
-        __SCHEMA__.now_us());
+      RETURN __SCHEMA__.rate_sliding_log(p_keys, p_quotas, p_windows, p_cost, p_attempt, v_now);
     ELSIF p_algorithm = 2 THEN
       RETURN __SCHEMA__.rate_sliding_counter(p_keys, p_quotas, p_windows, p_cost, p_attempt,
-        __SCHEMA__.now_us());
+        v_now);
     END IF;
-    RETURN __SCHEMA__.rate_gcra(p_keys, p_quotas, p_windows, p_cost, p_attempt,
-      __SCHEMA__.now_us());
+    RETURN __SCHEMA__.rate_gcra(p_keys, p_quotas, p_windows, p_cost, p_attempt, v_now);
   END IF;
 
   -- One limit (the common policy), decided here as rate_sliding_log, rate_sliding_counter or
@@ -214,6 +265,7 @@ BEGIN
     INSERT INTO __SCHEMA__.rate_limits (key) VALUES (v_key) ON CONFLICT DO NOTHING;
   END LOOP;
   v_now := __SCHEMA__.now_us();
+  IF v_now >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
   q := p_quotas[1];
   w := p_windows[1];
 
@@ -661,87 +713,97 @@ $$;
 
 -- ---------------------------------------------------------------------------------------------
 -- claim: the holder is stored only if the key is free (absent or expired); the loser learns
--- the holder in the same step. The same holder again wins again. (claim.lua)
--- p_ttl_ms 0: kept until deleted. Returns (won, holder).
+-- the holder in the same step. The same holder again wins again. (as claim.lua)
+-- p_ttl_ms 0: kept until deleted. Returns (tag, holder): 1 this call claimed the key, 2 this
+-- holder held it already, 0 another holds it; -1 received at or after p_deadline_us, nothing
+-- done.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __SCHEMA__.claim(
-  p_key text, p_holder text, p_ttl_ms bigint, OUT o_won boolean, OUT o_holder text
+  p_key text, p_holder text, p_ttl_ms bigint, p_deadline_us bigint,
+  OUT o_tag smallint, OUT o_holder text
 ) LANGUAGE plpgsql AS $$
 DECLARE
   v_holder text;
   v_expires bigint;
+  v_found boolean;
   v_now bigint;
 BEGIN
-  LOOP
-    INSERT INTO __SCHEMA__.holds (key, holder, expires_at)
-      VALUES (p_key, p_holder,
-              CASE WHEN p_ttl_ms > 0 THEN __SCHEMA__.now_us() + p_ttl_ms * 1000 END)
-      ON CONFLICT DO NOTHING;
-    IF FOUND THEN
-      o_won := true; o_holder := p_holder;
-      RETURN;
-    END IF;
-    SELECT holder, expires_at INTO v_holder, v_expires
-      FROM __SCHEMA__.holds WHERE key = p_key FOR UPDATE;
-    EXIT WHEN FOUND;
-  END LOOP;
+  -- Why the key's lock: a caller undoes an unanswered claim (release_hold) only once its
+  -- deadline has passed. A claim that read the clock before its deadline may still be running
+  -- then, its INSERT not committed — and a DELETE neither sees nor waits for an uncommitted
+  -- INSERT, so the undo would miss it and the claim would stay. Every write and release of the
+  -- key takes this lock first: the undo waits until the claim's transaction has ended, then
+  -- reads what it committed. Held by whoever came first, it also makes the read below final.
+  PERFORM __SCHEMA__.lock_key(p_key);
+  SELECT holder, expires_at INTO v_holder, v_expires
+    FROM __SCHEMA__.holds WHERE key = p_key FOR UPDATE;
+  v_found := FOUND;
   v_now := __SCHEMA__.now_us();
-  IF v_expires IS NOT NULL AND v_expires <= v_now THEN
-    -- expired: free, as if absent
-    UPDATE __SCHEMA__.holds
-      SET holder = p_holder,
-          expires_at = CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * 1000 END
-      WHERE key = p_key;
-    o_won := true; o_holder := p_holder;
+  IF v_now >= p_deadline_us THEN
+    o_tag := -1;
     RETURN;
   END IF;
-  o_won := v_holder = p_holder;
-  o_holder := v_holder;
+  IF v_found AND (v_expires IS NULL OR v_expires > v_now) THEN
+    o_tag := CASE WHEN v_holder = p_holder THEN 2 ELSE 0 END;
+    o_holder := v_holder;
+    RETURN;
+  END IF;
+  -- absent, or expired: free, as if absent
+  INSERT INTO __SCHEMA__.holds (key, holder, expires_at)
+    VALUES (p_key, p_holder, CASE WHEN p_ttl_ms > 0 THEN v_now + p_ttl_ms * 1000 END)
+    ON CONFLICT (key) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at;
+  o_tag := 1;
+  o_holder := p_holder;
 END $$;
 
 -- ---------------------------------------------------------------------------------------------
 -- lock_acquire: sets the lock to p_token for the lease if it is free and only then draws the
 -- next fencing token, above both the counter's last value and the store time in µs. The same
 -- token again is acquired again with the same fencing token and a fresh lease.
--- (lock_acquire.lua) Returns (acquired, fence) or (false, lease_left_ms; -1 when it never
--- expires).
+-- (as lock_acquire.lua) Returns (1, fence) acquired, (0, lease_left_ms; -1 when it never
+-- expires) held by another, or (-1, NULL) received at or after p_deadline_us, nothing done.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __SCHEMA__.lock_acquire(
   p_key text, p_fence_key text, p_token text, p_lease_ms bigint, p_fence_ttl_ms bigint,
-  OUT o_acquired boolean, OUT o_value bigint
+  p_deadline_us bigint, OUT o_tag smallint, OUT o_value bigint
 ) LANGUAGE plpgsql AS $$
 DECLARE
   v_holder text;
   v_expires bigint;
+  v_found boolean;
   v_now bigint;
   v_drawn bigint;
 BEGIN
-  LOOP
-    -- a new row, expired at once, is this call's to fill in below
-    INSERT INTO __SCHEMA__.holds (key, holder, expires_at) VALUES (p_key, p_token, 0)
-      ON CONFLICT DO NOTHING;
-    SELECT holder, expires_at INTO v_holder, v_expires
-      FROM __SCHEMA__.holds WHERE key = p_key FOR UPDATE;
-    EXIT WHEN FOUND;
-  END LOOP;
+  -- serialised with the release of this key: see claim. The fencing counter of the lock is
+  -- written only under this lock too.
+  PERFORM __SCHEMA__.lock_key(p_key);
+  SELECT holder, expires_at INTO v_holder, v_expires
+    FROM __SCHEMA__.holds WHERE key = p_key FOR UPDATE;
+  v_found := FOUND;
   v_now := __SCHEMA__.now_us();
-  IF v_expires IS NULL OR v_expires > v_now THEN
+  IF v_now >= p_deadline_us THEN
+    o_tag := -1;
+    RETURN;
+  END IF;
+  IF v_found AND (v_expires IS NULL OR v_expires > v_now) THEN
     IF v_holder <> p_token THEN
-      o_acquired := false;
+      o_tag := 0;
       o_value := CASE WHEN v_expires IS NULL THEN -1 ELSE (v_expires - v_now) / 1000 END;
       RETURN;
     END IF;
     SELECT last INTO v_drawn FROM __SCHEMA__.fences
-      WHERE key = p_fence_key AND expires_at > v_now FOR UPDATE;
+      WHERE key = p_fence_key AND expires_at > v_now;
     IF FOUND THEN
       -- the same attempt again: acquired already, with the fence it drew
       UPDATE __SCHEMA__.holds SET expires_at = v_now + p_lease_ms * 1000 WHERE key = p_key;
-      o_acquired := true; o_value := v_drawn;
+      o_tag := 1;
+      o_value := v_drawn;
       RETURN;
     END IF;
   END IF;
-  UPDATE __SCHEMA__.holds SET holder = p_token, expires_at = v_now + p_lease_ms * 1000
-    WHERE key = p_key;
+  INSERT INTO __SCHEMA__.holds (key, holder, expires_at)
+    VALUES (p_key, p_token, v_now + p_lease_ms * 1000)
+    ON CONFLICT (key) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at;
   INSERT INTO __SCHEMA__.fences AS f (key, last, expires_at)
     VALUES (p_fence_key, v_now, v_now + p_fence_ttl_ms * 1000)
     ON CONFLICT (key) DO UPDATE
@@ -749,30 +811,35 @@ BEGIN
                       ELSE v_now END,
           expires_at = EXCLUDED.expires_at
     RETURNING last INTO o_value;
-  o_acquired := true;
+  o_tag := 1;
 END $$;
 
 -- extend_hold: resets a claim's or lock's expiry to p_lease_ms from now, only while it holds
--- p_token. (compare_and_pexpire.lua)
-CREATE OR REPLACE FUNCTION __SCHEMA__.extend_hold(p_key text, p_token text, p_lease_ms bigint)
-RETURNS boolean LANGUAGE plpgsql AS $$
+-- p_token: 1, else 0; -1 received at or after p_deadline_us, nothing done.
+-- (as compare_and_pexpire.lua) It only updates a row that exists: the row's lock serialises it
+-- with a release, which needs no advisory lock for that.
+CREATE OR REPLACE FUNCTION __SCHEMA__.extend_hold(
+  p_key text, p_token text, p_lease_ms bigint, p_deadline_us bigint
+) RETURNS smallint LANGUAGE plpgsql AS $$
 DECLARE
   v_holder text;
   v_expires bigint;
+  v_found boolean;
   v_now bigint;
 BEGIN
   SELECT holder, expires_at INTO v_holder, v_expires
     FROM __SCHEMA__.holds WHERE key = p_key FOR UPDATE;
-  IF NOT FOUND OR v_holder <> p_token THEN RETURN false; END IF;
+  v_found := FOUND;
   v_now := __SCHEMA__.now_us();
-  IF v_expires IS NOT NULL AND v_expires <= v_now THEN RETURN false; END IF;
+  IF v_now >= p_deadline_us THEN RETURN -1; END IF;
+  IF NOT v_found OR v_holder <> p_token OR v_expires <= v_now THEN RETURN 0; END IF;
   UPDATE __SCHEMA__.holds SET expires_at = v_now + p_lease_ms * 1000 WHERE key = p_key;
-  RETURN true;
+  RETURN 1;
 END $$;
 
 -- release_hold: deletes a claim or lock only while it holds p_token, leaving a marker naming
 -- this release call (p_call), so that the call re-sent answers true again.
--- (compare_and_delete.lua)
+-- (as compare_and_delete.lua)
 CREATE OR REPLACE FUNCTION __SCHEMA__.release_hold(
   p_key text, p_token text, p_call text, p_marker_ms bigint
 ) RETURNS boolean LANGUAGE plpgsql AS $$
@@ -782,6 +849,8 @@ DECLARE
   v_found boolean;
   v_now bigint;
 BEGIN
+  -- after every write of this key still running, and seeing what it committed: see claim
+  PERFORM __SCHEMA__.lock_key(p_key);
   SELECT holder, expires_at INTO v_holder, v_expires
     FROM __SCHEMA__.holds WHERE key = p_key FOR UPDATE;
   v_found := FOUND;
@@ -809,32 +878,33 @@ RETURNS boolean LANGUAGE sql AS $$
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- Idempotency records (idem_*.lua).
+-- Idempotency records (as idem_*.lua).
 -- idem_begin returns (tag, lease_left_ms, response): 0 claimed for this request; 1 another
--- request with this key runs; 2 the key was used with another fingerprint; 3 completed.
+-- request with this key runs; 2 the key was used with another fingerprint; 3 completed; -1
+-- received at or after p_deadline_us, nothing done.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __SCHEMA__.idem_begin(
-  p_key text, p_fingerprint text, p_token text, p_lease_ms bigint,
+  p_key text, p_fingerprint text, p_token text, p_lease_ms bigint, p_deadline_us bigint,
   OUT o_tag smallint, OUT o_lease_left bigint, OUT o_response bytea
 ) LANGUAGE plpgsql AS $$
 DECLARE
   v_row __SCHEMA__.idempotency;
+  v_found boolean;
   v_now bigint;
 BEGIN
-  LOOP
-    -- a new row, expired at once, is this call's to fill in below
-    INSERT INTO __SCHEMA__.idempotency (key, done, fingerprint, token, expires_at)
-      VALUES (p_key, false, p_fingerprint, p_token, 0)
-      ON CONFLICT DO NOTHING;
-    SELECT * INTO v_row FROM __SCHEMA__.idempotency WHERE key = p_key FOR UPDATE;
-    EXIT WHEN FOUND;
-  END LOOP;
+  -- serialised with the release of this key, as a claim is: see claim
+  PERFORM __SCHEMA__.lock_key(p_key);
+  SELECT * INTO v_row FROM __SCHEMA__.idempotency WHERE key = p_key FOR UPDATE;
+  v_found := FOUND;
   v_now := __SCHEMA__.now_us();
-  IF v_row.expires_at <= v_now THEN
-    UPDATE __SCHEMA__.idempotency
-      SET done = false, fingerprint = p_fingerprint, token = p_token, response = NULL,
-          expires_at = v_now + p_lease_ms * 1000
-      WHERE key = p_key;
+  IF v_now >= p_deadline_us THEN
+    o_tag := -1;
+  ELSIF NOT v_found OR v_row.expires_at <= v_now THEN
+    INSERT INTO __SCHEMA__.idempotency (key, done, fingerprint, token, response, expires_at)
+      VALUES (p_key, false, p_fingerprint, p_token, NULL, v_now + p_lease_ms * 1000)
+      ON CONFLICT (key) DO UPDATE
+        SET done = false, fingerprint = EXCLUDED.fingerprint, token = EXCLUDED.token,
+            response = NULL, expires_at = EXCLUDED.expires_at;
     o_tag := 0;
   ELSIF v_row.fingerprint <> p_fingerprint THEN
     o_tag := 2;
@@ -851,23 +921,28 @@ BEGIN
 END $$;
 
 -- idem_complete: stores the response only while p_token owns the running claim; a record this
--- token completed with this very response answers true again.
+-- token completed with this very response answers 1 again. 1 stored, 0 not; -1 received at or
+-- after p_deadline_us, nothing done. It updates only a row that exists, under its row lock.
 CREATE OR REPLACE FUNCTION __SCHEMA__.idem_complete(
-  p_key text, p_token text, p_response bytea, p_retention_ms bigint
-) RETURNS boolean LANGUAGE plpgsql AS $$
+  p_key text, p_token text, p_response bytea, p_retention_ms bigint, p_deadline_us bigint
+) RETURNS smallint LANGUAGE plpgsql AS $$
 DECLARE
   v_row __SCHEMA__.idempotency;
+  v_found boolean;
   v_now bigint;
 BEGIN
   SELECT * INTO v_row FROM __SCHEMA__.idempotency WHERE key = p_key FOR UPDATE;
-  IF NOT FOUND OR v_row.token <> p_token THEN RETURN false; END IF;
+  v_found := FOUND;
   v_now := __SCHEMA__.now_us();
-  IF v_row.expires_at <= v_now THEN RETURN false; END IF;
-  IF v_row.done THEN RETURN v_row.response = p_response; END IF;
+  IF v_now >= p_deadline_us THEN RETURN -1; END IF;
+  IF NOT v_found OR v_row.token <> p_token OR v_row.expires_at <= v_now THEN RETURN 0; END IF;
+  IF v_row.done THEN
+    RETURN CASE WHEN v_row.response = p_response THEN 1 ELSE 0 END;
+  END IF;
   UPDATE __SCHEMA__.idempotency
     SET done = true, response = p_response, expires_at = v_now + p_retention_ms * 1000
     WHERE key = p_key;
-  RETURN true;
+  RETURN 1;
 END $$;
 
 -- idem_release: deletes a running claim p_token owns, with a release marker as release_hold.
@@ -879,6 +954,8 @@ DECLARE
   v_found boolean;
   v_now bigint;
 BEGIN
+  -- after every write of this key still running, and seeing what it committed: see claim
+  PERFORM __SCHEMA__.lock_key(p_key);
   SELECT * INTO v_row FROM __SCHEMA__.idempotency WHERE key = p_key FOR UPDATE;
   v_found := FOUND;
   v_now := __SCHEMA__.now_us();
@@ -890,26 +967,32 @@ BEGIN
   RETURN __SCHEMA__.released_by(p_key, p_call, v_now);
 END $$;
 
--- idem_extend: extends a running claim p_token owns to p_lease_ms from now.
-CREATE OR REPLACE FUNCTION __SCHEMA__.idem_extend(p_key text, p_token text, p_lease_ms bigint)
-RETURNS boolean LANGUAGE plpgsql AS $$
+-- idem_extend: extends a running claim p_token owns to p_lease_ms from now: 1, else 0; -1
+-- received at or after p_deadline_us, nothing done.
+CREATE OR REPLACE FUNCTION __SCHEMA__.idem_extend(
+  p_key text, p_token text, p_lease_ms bigint, p_deadline_us bigint
+) RETURNS smallint LANGUAGE plpgsql AS $$
 DECLARE
   v_row __SCHEMA__.idempotency;
+  v_found boolean;
   v_now bigint;
 BEGIN
   SELECT * INTO v_row FROM __SCHEMA__.idempotency WHERE key = p_key FOR UPDATE;
-  IF NOT FOUND OR v_row.done OR v_row.token <> p_token THEN RETURN false; END IF;
+  v_found := FOUND;
   v_now := __SCHEMA__.now_us();
-  IF v_row.expires_at <= v_now THEN RETURN false; END IF;
+  IF v_now >= p_deadline_us THEN RETURN -1; END IF;
+  IF NOT v_found OR v_row.done OR v_row.token <> p_token OR v_row.expires_at <= v_now THEN
+    RETURN 0;
+  END IF;
   UPDATE __SCHEMA__.idempotency SET expires_at = v_now + p_lease_ms * 1000 WHERE key = p_key;
-  RETURN true;
+  RETURN 1;
 END $$;
 
 -- ---------------------------------------------------------------------------------------------
 -- purge_expired: deletes at most p_limit expired rows of each table, found through the expiry
 -- indexes (rate_limits: its purge mark, never before the expiry; a sliding log's rows go with
--- their limit's row). Rows locked by a running operation
--- are skipped, so that a purge never waits for a check, nor makes one wait in a cycle.
+-- their limit's row), table after table in the lock order (see the header). Rows locked by a
+-- running operation are skipped, so that a purge never waits for a check, nor makes one wait in a cycle.
 -- Returns the most rows deleted from one table (the caller runs it again while that equals
 -- p_limit) and the rows deleted in all. Cost: O(rows deleted).
 -- ---------------------------------------------------------------------------------------------
@@ -940,14 +1023,14 @@ BEGIN
   ));
   GET DIAGNOSTICS v_count = ROW_COUNT;
   o_most := greatest(o_most, v_count); o_total := o_total + v_count;
-  DELETE FROM __SCHEMA__.releases WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM __SCHEMA__.releases WHERE expires_at <= v_now
+  DELETE FROM __SCHEMA__.idempotency WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM __SCHEMA__.idempotency WHERE expires_at <= v_now
     LIMIT p_limit FOR UPDATE SKIP LOCKED
   ));
   GET DIAGNOSTICS v_count = ROW_COUNT;
   o_most := greatest(o_most, v_count); o_total := o_total + v_count;
-  DELETE FROM __SCHEMA__.idempotency WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM __SCHEMA__.idempotency WHERE expires_at <= v_now
+  DELETE FROM __SCHEMA__.releases WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM __SCHEMA__.releases WHERE expires_at <= v_now
     LIMIT p_limit FOR UPDATE SKIP LOCKED
   ));
   GET DIAGNOSTICS v_count = ROW_COUNT;

@@ -10,7 +10,7 @@ pub(super) const DEFAULT_SCHEMA: &str = "tollgate";
 const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// The version `schema.sql` brings a schema to, recorded in its `migrations` table.
-pub(super) const SCHEMA_VERSION: i32 = 1;
+pub(super) const SCHEMA_VERSION: i32 = 2;
 
 /// Checks a schema name: 1 to 63 lowercase ASCII letters, digits and `_`, not starting with a
 /// digit — a name PostgreSQL takes as it is, quoted or not.
@@ -45,7 +45,8 @@ pub(super) fn quoted(schema: &str) -> String {
     format!("\"{schema}\"")
 }
 
-/// Every statement the store sends, for one schema.
+/// Every statement the store sends, for one schema. A write's last parameter is its deadline on
+/// the database clock (see `call.rs`).
 #[derive(Debug)]
 pub(super) struct Sql {
     pub(super) check_rate: String,
@@ -60,24 +61,26 @@ pub(super) struct Sql {
     pub(super) idem_extend: String,
     pub(super) purge_expired: String,
     pub(super) ping: String,
+    pub(super) now: String,
 }
 
 impl Sql {
     pub(super) fn new(schema: &str) -> Self {
         let s = quoted(schema);
         Self {
-            check_rate: format!("SELECT {s}.check_rate($1, $2, $3, $4, $5, $6)"),
+            check_rate: format!("SELECT {s}.check_rate($1, $2, $3, $4, $5, $6, $7)"),
             reset_rate: format!("SELECT 1 FROM {s}.reset_rate($1)"),
-            claim: format!("SELECT * FROM {s}.claim($1, $2, $3)"),
-            lock_acquire: format!("SELECT * FROM {s}.lock_acquire($1, $2, $3, $4, $5)"),
-            extend_hold: format!("SELECT {s}.extend_hold($1, $2, $3)"),
+            claim: format!("SELECT * FROM {s}.claim($1, $2, $3, $4)"),
+            lock_acquire: format!("SELECT * FROM {s}.lock_acquire($1, $2, $3, $4, $5, $6)"),
+            extend_hold: format!("SELECT {s}.extend_hold($1, $2, $3, $4)"),
             release_hold: format!("SELECT {s}.release_hold($1, $2, $3, $4)"),
-            idem_begin: format!("SELECT * FROM {s}.idem_begin($1, $2, $3, $4)"),
-            idem_complete: format!("SELECT {s}.idem_complete($1, $2, $3, $4)"),
+            idem_begin: format!("SELECT * FROM {s}.idem_begin($1, $2, $3, $4, $5)"),
+            idem_complete: format!("SELECT {s}.idem_complete($1, $2, $3, $4, $5)"),
             idem_release: format!("SELECT {s}.idem_release($1, $2, $3, $4)"),
-            idem_extend: format!("SELECT {s}.idem_extend($1, $2, $3)"),
+            idem_extend: format!("SELECT {s}.idem_extend($1, $2, $3, $4)"),
             purge_expired: format!("SELECT * FROM {s}.purge_expired($1)"),
             ping: "SELECT 1".to_owned(),
+            now: format!("SELECT {s}.now_us()"),
         }
     }
 }
