@@ -50,6 +50,8 @@ DROP FUNCTION IF EXISTS __SCHEMA__.extend_hold(text, text, bigint);
 DROP FUNCTION IF EXISTS __SCHEMA__.idem_begin(text, text, text, bigint);
 DROP FUNCTION IF EXISTS __SCHEMA__.idem_complete(text, text, bytea, bigint);
 DROP FUNCTION IF EXISTS __SCHEMA__.idem_extend(text, text, bigint);
+DROP FUNCTION IF EXISTS __SCHEMA__.rate_sliding_counter(text[], bigint[], bigint[], bigint, bigint, bigint);
+DROP FUNCTION IF EXISTS __SCHEMA__.rate_gcra(text[], bigint[], bigint[], bigint, bigint, bigint);
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.now_us() RETURNS bigint
 LANGUAGE sql VOLATILE AS $$
@@ -84,8 +86,11 @@ $$;
 --   sliding log      a = units of cost in the log (its rows in rate_log)
 --   sliding counter  a = window index, b = cost of that window, c = cost of the one before
 --   GCRA             a = theoretical arrival time (µs), b = remainder in 1/quota µs
--- `attempt` is the attempt that last charged the row (counter, GCRA). A row with expires_at 0
--- is a placeholder, made only to be locked.
+-- `recent` and `recent_until` are the attempts that charged the row lately and until when each
+-- is remembered (its deadline, µs), oldest first, on a policy's first limit (counter, GCRA): a
+-- re-sent attempt is found among them whatever charged the caller in between (see remember).
+-- `attempt` is no longer written. A row with expires_at 0 is a placeholder, made only to be
+-- locked.
 -- ---------------------------------------------------------------------------------------------
 CREATE __RATE_TABLES__ TABLE IF NOT EXISTS __SCHEMA__.rate_limits (
   key text PRIMARY KEY,
@@ -94,7 +99,9 @@ CREATE __RATE_TABLES__ TABLE IF NOT EXISTS __SCHEMA__.rate_limits (
   c bigint NOT NULL DEFAULT 0,
   attempt bigint NOT NULL DEFAULT 0,
   expires_at bigint NOT NULL DEFAULT 0,
-  purge_at bigint NOT NULL DEFAULT 0
+  purge_at bigint NOT NULL DEFAULT 0,
+  recent bigint[] NOT NULL DEFAULT '{}',
+  recent_until bigint[] NOT NULL DEFAULT '{}'
 ) WITH (fillfactor = 80);
 -- `purge_at` is where purge_expired finds the row: never before `expires_at` (a row it finds
 -- has expired) and at most 1/16 of the limit's window after it. It moves only when the expiry
@@ -112,6 +119,9 @@ BEGIN
     UPDATE __SCHEMA__.rate_limits SET purge_at = expires_at;
   END IF;
 END $migrate$;
+ALTER TABLE __SCHEMA__.rate_limits
+  ADD COLUMN IF NOT EXISTS recent bigint[] NOT NULL DEFAULT '{}',
+  ADD COLUMN IF NOT EXISTS recent_until bigint[] NOT NULL DEFAULT '{}';
 ALTER TABLE __SCHEMA__.rate_limits SET (fillfactor = 80);
 DROP INDEX IF EXISTS __SCHEMA__.rate_limits_expiry;
 CREATE INDEX IF NOT EXISTS rate_limits_purge ON __SCHEMA__.rate_limits (purge_at);
@@ -166,6 +176,23 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.idempotency (
 );
 CREATE INDEX IF NOT EXISTS idempotency_expiry ON __SCHEMA__.idempotency (expires_at);
 
+-- The recent attempts of a row once p_attempt charged it at p_now: those still remembered
+-- (until after p_now), at most 7 of them, then p_attempt until p_until_new — as rate.lua keeps
+-- them.
+CREATE OR REPLACE FUNCTION __SCHEMA__.remember(
+  p_ids bigint[], p_until bigint[], p_attempt bigint, p_until_new bigint, p_now bigint,
+  OUT o_ids bigint[], OUT o_until bigint[]
+) LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  n int := coalesce(cardinality(p_ids), 0);
+  i int := 1;
+BEGIN
+  WHILE i <= n AND p_until[i] <= p_now LOOP i := i + 1; END LOOP;
+  IF n - i + 1 > 7 THEN i := n - 6; END IF;
+  o_ids := p_ids[i:n] || p_attempt;
+  o_until := p_until[i:n] || p_until_new;
+END $$;
+
 -- ---------------------------------------------------------------------------------------------
 -- check_rate: one rate check, all limits of a policy at once (mirrors scripts/rate.lua).
 --   p_algorithm  1 sliding log, 2 sliding counter, 3 GCRA
@@ -190,7 +217,10 @@ DECLARE
   r_a bigint;
   r_b bigint;
   r_c bigint;
-  r_attempt bigint;
+  r_recent bigint[];
+  r_until bigint[];
+  v_ids bigint[];
+  v_untils bigint[];
   r_expires bigint;
   v_now bigint;
   q bigint;
@@ -247,9 +277,10 @@ BEGIN
       RETURN __SCHEMA__.rate_sliding_log(p_keys, p_quotas, p_windows, p_cost, p_attempt, v_now);
     ELSIF p_algorithm = 2 THEN
       RETURN __SCHEMA__.rate_sliding_counter(p_keys, p_quotas, p_windows, p_cost, p_attempt,
-        v_now);
+        v_now, p_deadline_us);
     END IF;
-    RETURN __SCHEMA__.rate_gcra(p_keys, p_quotas, p_windows, p_cost, p_attempt, v_now);
+    RETURN __SCHEMA__.rate_gcra(p_keys, p_quotas, p_windows, p_cost, p_attempt, v_now,
+      p_deadline_us);
   END IF;
 
   -- One limit (the common policy), decided here as rate_sliding_log, rate_sliding_counter or
@@ -257,8 +288,8 @@ BEGIN
   -- this cannot deadlock), and read once.
   v_key := p_keys[1];
   LOOP
-    SELECT l.a, l.b, l.c, l.attempt, l.expires_at
-      INTO r_a, r_b, r_c, r_attempt, r_expires
+    SELECT l.a, l.b, l.c, l.recent, l.recent_until, l.expires_at
+      INTO r_a, r_b, r_c, r_recent, r_until, r_expires
       FROM __SCHEMA__.rate_limits AS l WHERE l.key = v_key FOR UPDATE;
     EXIT WHEN FOUND;
     -- missing, or deleted (purged, reset) before it could be locked: made, then locked
@@ -268,6 +299,8 @@ BEGIN
   IF v_now >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
   q := p_quotas[1];
   w := p_windows[1];
+  -- an expired row remembers nothing, as an expired Redis key holds nothing
+  IF r_expires <= v_now THEN r_recent := '{}'; r_until := '{}'; END IF;
 
   IF p_algorithm = 1 THEN
     IF r_expires <= v_now THEN
@@ -345,7 +378,7 @@ BEGIN
       ELSIF r_a = idx - 1 THEN
         prev := r_b;
       END IF;
-      v_replay := r_attempt = p_attempt;
+      v_replay := p_attempt = ANY (r_recent);
     END IF;
     IF v_replay THEN
       NULL; -- charged by the first run of this attempt: admitted, nothing charged
@@ -362,14 +395,16 @@ BEGIN
       v_retry := ceil(greatest(dwait, 0) * 1000)::bigint;
     ELSIF p_cost > 0 THEN
       cur := cur + dcost;
+      SELECT o_ids, o_until INTO v_ids, v_untils
+        FROM __SCHEMA__.remember(r_recent, r_until, p_attempt, p_deadline_us, v_now);
       IF v_same THEN
-        UPDATE __SCHEMA__.rate_limits SET b = cur::bigint, attempt = p_attempt
+        UPDATE __SCHEMA__.rate_limits SET b = cur::bigint, recent = v_ids, recent_until = v_untils
           WHERE key = v_key;
       ELSE
         v_expires := (v_now / 1000) * 1000 + ceil(2 * dw - el)::bigint * 1000;
         UPDATE __SCHEMA__.rate_limits
-          SET a = idx::bigint, b = cur::bigint, c = prev::bigint, attempt = p_attempt,
-              expires_at = v_expires,
+          SET a = idx::bigint, b = cur::bigint, c = prev::bigint, recent = v_ids,
+              recent_until = v_untils, expires_at = v_expires,
               purge_at = __SCHEMA__.purge_mark(purge_at, v_expires, w)
           WHERE key = v_key;
       END IF;
@@ -390,7 +425,7 @@ BEGIN
   tat := v_now; rem := 0;
   IF r_expires > v_now THEN
     IF r_a >= v_now THEN tat := r_a; rem := r_b; END IF;
-    v_replay := r_attempt = p_attempt;
+    v_replay := p_attempt = ANY (r_recent);
   END IF;
   IF v_replay THEN
     NULL; -- charged by the first run of this attempt: admitted, nothing charged
@@ -408,8 +443,10 @@ BEGIN
       tat := tat + whole;
       rem := units - whole * q;
       v_expires := v_now + ((tat - v_now + 999) / 1000 + 1) * 1000;
+      SELECT o_ids, o_until INTO v_ids, v_untils
+        FROM __SCHEMA__.remember(r_recent, r_until, p_attempt, p_deadline_us, v_now);
       UPDATE __SCHEMA__.rate_limits
-        SET a = tat, b = rem, attempt = p_attempt, expires_at = v_expires,
+        SET a = tat, b = rem, recent = v_ids, recent_until = v_untils, expires_at = v_expires,
             purge_at = __SCHEMA__.purge_mark(purge_at, v_expires, w)
         WHERE key = v_key;
     END IF;
@@ -523,7 +560,7 @@ END $$;
 -- sliding one).
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_sliding_counter(
   p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
-  p_now bigint
+  p_now bigint, p_deadline bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   n int := cardinality(p_keys);
@@ -539,6 +576,11 @@ DECLARE
   v_retry double precision := 0;
   v_out bigint[];
   v_row __SCHEMA__.rate_limits;
+  -- the first limit's recent attempts, and what they become
+  v_recent bigint[] := '{}';
+  v_until bigint[] := '{}';
+  v_ids bigint[];
+  v_untils bigint[];
   q double precision;
   w double precision;
   idx double precision;
@@ -565,7 +607,10 @@ BEGIN
       ELSIF v_row.a = idx - 1 THEN
         prev := v_row.b;
       END IF;
-      IF i = 1 AND v_row.attempt = p_attempt THEN v_replay := true; END IF;
+      IF i = 1 THEN
+        v_recent := v_row.recent; v_until := v_row.recent_until;
+        v_replay := p_attempt = ANY (v_recent);
+      END IF;
     END IF;
     v_indexes[i] := idx; v_elapsed[i] := el; v_curs[i] := cur; v_prevs[i] := prev;
     v_sames[i] := v_same;
@@ -597,13 +642,19 @@ BEGIN
     idx := v_indexes[i]; el := v_elapsed[i]; cur := v_curs[i]; prev := v_prevs[i];
     IF v_admitted AND NOT v_replay AND p_cost > 0 THEN
       cur := cur + v_cost;
+      v_ids := '{}'; v_untils := '{}';
+      IF i = 1 THEN
+        SELECT o_ids, o_until INTO v_ids, v_untils
+          FROM __SCHEMA__.remember(v_recent, v_until, p_attempt, p_deadline, p_now);
+      END IF;
       IF v_sames[i] THEN
         -- the same window: its expiry (the end of the next window) stands
-        UPDATE __SCHEMA__.rate_limits SET b = cur::bigint, attempt = p_attempt
+        UPDATE __SCHEMA__.rate_limits SET b = cur::bigint, recent = v_ids, recent_until = v_untils
           WHERE key = p_keys[i];
       ELSE
         UPDATE __SCHEMA__.rate_limits
-          SET a = idx::bigint, b = cur::bigint, c = prev::bigint, attempt = p_attempt,
+          SET a = idx::bigint, b = cur::bigint, c = prev::bigint, recent = v_ids,
+              recent_until = v_untils,
               expires_at = (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000,
               purge_at = __SCHEMA__.purge_mark(purge_at,
                 (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000, p_windows[i])
@@ -628,7 +679,7 @@ END $$;
 -- now are counted in 1/quota microseconds, where T is exactly `window` units.
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_gcra(
   p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
-  p_now bigint
+  p_now bigint, p_deadline bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   n int := cardinality(p_keys);
@@ -639,6 +690,11 @@ DECLARE
   v_retry bigint := 0;
   v_out bigint[];
   v_row __SCHEMA__.rate_limits;
+  -- the first limit's recent attempts, and what they become
+  v_recent bigint[] := '{}';
+  v_until bigint[] := '{}';
+  v_ids bigint[];
+  v_untils bigint[];
   q bigint;
   w bigint;
   tat bigint;
@@ -655,7 +711,10 @@ BEGIN
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
     IF v_row.expires_at > p_now THEN
       IF v_row.a >= p_now THEN tat := v_row.a; rem := v_row.b; END IF;
-      IF i = 1 AND v_row.attempt = p_attempt THEN v_replay := true; END IF;
+      IF i = 1 THEN
+        v_recent := v_row.recent; v_until := v_row.recent_until;
+        v_replay := p_attempt = ANY (v_recent);
+      END IF;
     END IF;
     v_tats[i] := tat; v_rems[i] := rem;
     IF v_replay THEN
@@ -685,8 +744,13 @@ BEGIN
       whole := units / q;
       tat := tat + whole;
       rem := units - whole * q;
+      v_ids := '{}'; v_untils := '{}';
+      IF i = 1 THEN
+        SELECT o_ids, o_until INTO v_ids, v_untils
+          FROM __SCHEMA__.remember(v_recent, v_until, p_attempt, p_deadline, p_now);
+      END IF;
       UPDATE __SCHEMA__.rate_limits
-        SET a = tat, b = rem, attempt = p_attempt,
+        SET a = tat, b = rem, recent = v_ids, recent_until = v_untils,
             expires_at = p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000,
             purge_at = __SCHEMA__.purge_mark(purge_at,
               p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000, w)
