@@ -26,8 +26,11 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// A replica of the primary at `port`, killed on drop.
-struct Replica(Child, tempfile::TempDir);
+/// A replica of the primary at `port`, killed on drop (its directory removed with it).
+struct Replica {
+    child: Child,
+    _dir: tempfile::TempDir,
+}
 
 impl Replica {
     fn of(port: u16) -> Self {
@@ -47,14 +50,14 @@ impl Replica {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server on PATH (sudo apt-get install redis-server)");
-        Self(child, dir)
+        Self { child, _dir: dir }
     }
 }
 
 impl Drop for Replica {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -101,6 +101,15 @@ struct Effect<R> {
     made: fn(&R) -> bool,
 }
 
+// two function pointers: copied, whatever `R` is
+impl<R> Clone for Effect<R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R> Copy for Effect<R> {}
+
 /// The pending marker of a durable write, dropped once replicas acknowledged it.
 struct Pending {
     marker: String,
