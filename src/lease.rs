@@ -38,7 +38,7 @@ impl Owner {
             }
             Self::Idempotency => tracing::warn!(
                 target: "tollgate::idempotency",
-                "lost the claim on an idempotency key while its handler ran"
+                "the store lost this request's claim on its idempotency key while the handler ran"
             ),
         }
     }

@@ -426,7 +426,7 @@ async fn complete(settings: &Settings, key: String, token: String, record: Bytes
             Ok(false) => {
                 tracing::warn!(
                     target: "tollgate::idempotency",
-                    "the lease of this request ran out and another request took the key over; its response was not stored"
+                    "the store lost this request's claim (its lease ran out, or the store lost the record); its response was not stored and the caller is told so"
                 );
                 return false;
             }
