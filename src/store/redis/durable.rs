@@ -215,12 +215,13 @@ impl DurableWrites {
             Ok(Err(e)) => {
                 let error = store_error(e);
                 if error.kind() == StoreErrorKind::Unavailable {
-                    link.unreachable();
+                    self.unreachable();
                 }
                 return fail(group, &error);
             }
             Err(_) => {
                 link.timed_out();
+                self.unreachable();
                 return fail(group, &StoreError::timeout());
             }
         };
@@ -240,6 +241,17 @@ impl DurableWrites {
                 reply => Ok((reply, acked)),
             };
             let _ = write.reply.send(answer);
+        }
+    }
+}
+
+impl DurableWrites {
+    /// One connection found the store unreachable: all of them go to look for it (behind
+    /// sentinels, each asks them where the primary is now), so that none is left on a primary
+    /// that is gone until a write of its own fails there.
+    fn unreachable(&self) {
+        for link in &self.links {
+            link.unreachable();
         }
     }
 }
