@@ -1151,3 +1151,128 @@ async fn a_commit_waiting_for_a_standby_is_cancelled_at_the_deadline() {
     );
     assert_eq!(claims_won(&store, "coupon", 50).await, 1);
 }
+
+/// Sends `write` on `store`'s one connection while the proxy holds its bytes, so that it times
+/// out; then heals the partition and waits until the server has run the held bytes and ended
+/// that session.
+async fn held_then_delivered<T: std::fmt::Debug>(
+    store: &PgStore,
+    proxy: &common::proxy::Proxy,
+    client: &tokio_postgres::Client,
+    write: tollgate::store::StoreFuture<T>,
+) {
+    let conn = store.pool().get().await.unwrap();
+    let pid: i32 = conn
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    drop(conn);
+    proxy.silence();
+    let error = write.await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    // a call on the connection that replaced the silenced one
+    store.ping().await.unwrap();
+    proxy.unsilence();
+    let gone = format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}");
+    assert!(becomes(client, &gone, 0, Duration::from_secs(10)).await);
+}
+
+/// A lock acquisition, an idempotency claim and a rate check held by a partition and delivered
+/// after their connection was replaced change nothing: the lock and the key are free, and the
+/// caller's quota is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_a_record_and_a_rate_check_held_by_a_partition_change_nothing() {
+    let server = server().await;
+    let proxy = common::proxy::Proxy::start(server.addr()).await;
+    let direct = server.builder().connect().await.unwrap();
+    let held = PgStore::builder(format!("postgres://postgres@{}/postgres", proxy.addr()))
+        .schema(direct.schema().to_owned())
+        .timeout(Duration::from_millis(400))
+        .pool_size(1)
+        .purge_interval(None)
+        .build()
+        .unwrap();
+    let client = server.client().await;
+    let policy = Arc::new(
+        RatePolicy::new("held:rl", Algorithm::Gcra, vec![Limit::per_minute("m", 10)]).unwrap(),
+    );
+    let caller = Key::new("held", b"caller");
+    let lease = Duration::from_secs(600);
+    // every statement prepared and the clock read on the one connection, before the partition
+    assert!(
+        held.claim("warm".into(), "w".into(), None, crate::common::soon())
+            .await
+            .unwrap()
+            .won
+    );
+    held.lock_acquire(
+        "warm-l".into(),
+        "warm-f".into(),
+        "w".into(),
+        lease,
+        crate::common::soon(),
+    )
+    .await
+    .unwrap();
+    held.idempotency_begin(
+        "warm-i".into(),
+        "f".into(),
+        "w".into(),
+        lease,
+        crate::common::soon(),
+    )
+    .await
+    .unwrap();
+    held.check_rate(&policy, RateCheck::new(Key::new("held", b"warm"), 1))
+        .await
+        .unwrap();
+
+    let lock = held.lock_acquire(
+        "l".into(),
+        "f".into(),
+        "t".into(),
+        lease,
+        crate::common::soon(),
+    );
+    held_then_delivered(&held, &proxy, &client, lock).await;
+    let begin = held.idempotency_begin(
+        "i".into(),
+        "f".into(),
+        "t".into(),
+        lease,
+        crate::common::soon(),
+    );
+    held_then_delivered(&held, &proxy, &client, begin).await;
+    let check = held.check_rate(&policy, RateCheck::new(caller, 4));
+    held_then_delivered(&held, &proxy, &client, check).await;
+
+    let other = direct.lock_acquire(
+        "l".into(),
+        "f".into(),
+        "u".into(),
+        lease,
+        crate::common::soon(),
+    );
+    assert!(
+        matches!(other.await.unwrap(), LockAttempt::Acquired { .. }),
+        "the lock is free"
+    );
+    let begin = direct.idempotency_begin(
+        "i".into(),
+        "f".into(),
+        "u".into(),
+        lease,
+        crate::common::soon(),
+    );
+    assert_eq!(
+        begin.await.unwrap(),
+        IdempotencyBegin::Claimed,
+        "the key is free"
+    );
+    let look = direct
+        .check_rate(&policy, RateCheck::new(caller, 0))
+        .await
+        .unwrap();
+    assert_eq!(look.limits[0].remaining, 10, "the late check charged");
+}
