@@ -21,7 +21,7 @@ pub mod env;
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use app::{AppConfig, AppState};
@@ -178,30 +178,6 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{:08x}", rand::random::<u32>())
 }
 
-/// Everything `server` runs from now on, as `MONITOR` reports it (one line per command,
-/// commands that scripts call included), gathered in the background.
-async fn monitor(server: &RedisServer) -> Arc<Mutex<String>> {
-    let mut conn = TcpStream::connect(server.addr()).await.unwrap();
-    conn.write_all(b"MONITOR\r\n").await.unwrap();
-    let seen = Arc::new(Mutex::new(String::new()));
-    let sink = seen.clone();
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 16 * 1024];
-        while let Ok(n @ 1..) = conn.read(&mut buf).await {
-            sink.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    // the `+OK`: from here on, every command is seen
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !seen.lock().unwrap().starts_with("+OK") {
-        assert!(Instant::now() < deadline, "MONITOR did not start");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    seen
-}
-
 /// A raw RESP `PING` on `conn`: whether `+PONG` came back within `wait`.
 async fn pings(conn: &mut TcpStream, wait: Duration) -> bool {
     if conn.write_all(b"PING\r\n").await.is_err() {
@@ -241,7 +217,7 @@ async fn a_late_answered_coupon_redeems_exactly_once() {
             "setup: warming copy {i} up: {warm}"
         );
     }
-    let commands = monitor(&server).await;
+    let commands = common::monitor(server.addr()).await;
     let mark = commands.lock().unwrap().len();
 
     let code = unique("C");

@@ -16,8 +16,6 @@ use std::time::Duration;
 
 use common::RedisServer;
 use common::proxy::Proxy;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tollgate::claim::Claims;
 use tollgate::key::Key;
@@ -30,28 +28,6 @@ const STORE_TIMEOUT: Duration = Duration::from_millis(500);
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{:08x}", rand::random::<u32>())
-}
-
-/// Every command the node at `addr` runs from now on, as `MONITOR` reports it.
-async fn monitor(addr: std::net::SocketAddr) -> Arc<Mutex<String>> {
-    let mut conn = TcpStream::connect(addr).await.unwrap();
-    conn.write_all(b"MONITOR\r\n").await.unwrap();
-    let seen = Arc::new(Mutex::new(String::new()));
-    let sink = seen.clone();
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 16 * 1024];
-        while let Ok(n @ 1..) = conn.read(&mut buf).await {
-            sink.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !seen.lock().unwrap().starts_with("+OK") {
-        assert!(Instant::now() < deadline, "MONITOR did not start");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    seen
 }
 
 /// How many script calls the monitors have seen so far.
@@ -246,7 +222,7 @@ async fn writes_held_by_a_partition_change_nothing_when_they_arrive_late() {
             .unwrap()
             .won()
     );
-    let monitors = [monitor(server.addr()).await];
+    let monitors = [common::monitor(server.addr()).await];
     let held = send_into_the_partition(&store, &proxies).await;
     wait_for_a_new_connection(&store).await;
     // the undos of the claim and the lock ran by now, on the new connection
@@ -295,7 +271,7 @@ async fn cluster_writes_held_by_a_partition_change_nothing_when_they_arrive_late
     }
     let mut monitors = Vec::new();
     for &port in &ports {
-        monitors.push(monitor(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await);
+        monitors.push(common::monitor(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await);
     }
     let held = send_into_the_partition(&store, &proxies).await;
     wait_for_a_new_connection(&store).await;

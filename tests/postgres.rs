@@ -15,6 +15,18 @@ use tollgate::store::{
     StoreErrorKind,
 };
 
+/// A pool the application would make itself on `server`: plain connections, no settings.
+fn given_pool(server: &PgServer) -> deadpool_postgres::Pool {
+    let mut config = deadpool_postgres::Config::new();
+    config.url = Some(server.url());
+    config
+        .create_pool(
+            Some(deadpool_postgres::Runtime::Tokio1),
+            tokio_postgres::NoTls,
+        )
+        .unwrap()
+}
+
 async fn server() -> &'static PgServer {
     tokio::task::spawn_blocking(shared).await.unwrap()
 }
@@ -599,14 +611,7 @@ async fn invalid_settings_are_config_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_from_a_given_pool_works_in_its_schema() {
     let server = server().await;
-    let mut config = deadpool_postgres::Config::new();
-    config.url = Some(server.url());
-    let pool = config
-        .create_pool(
-            Some(deadpool_postgres::Runtime::Tokio1),
-            tokio_postgres::NoTls,
-        )
-        .unwrap();
+    let pool = given_pool(server);
     let schema = unique_schema();
     let store = PgStore::pool_builder(pool)
         .schema(schema.clone())
@@ -979,15 +984,8 @@ async fn checks_and_migrations_at_once_never_deadlock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_blocked_on_a_given_pool_is_cancelled_on_the_server() {
     let server = server().await;
-    let mut config = deadpool_postgres::Config::new();
     // no statement_timeout on the pool's connections
-    config.url = Some(server.url());
-    let pool = config
-        .create_pool(
-            Some(deadpool_postgres::Runtime::Tokio1),
-            tokio_postgres::NoTls,
-        )
-        .unwrap();
+    let pool = given_pool(server);
     let store = PgStore::pool_builder(pool)
         .schema(unique_schema())
         .timeout(Duration::from_millis(300))

@@ -232,24 +232,32 @@ impl MemoryStore {
     }
 
     /// Applies `on_match` to `key` only if `matches` its live value; whether it did. (Nothing
-    /// here is ever re-sent, so a release needs no marker.)
+    /// here is ever re-sent, so a release needs no marker.) An extension comes with its
+    /// `deadline`; a release takes none: it is never regretted.
     fn token_checked(
         &self,
         key: &str,
         matches: impl Fn(&Value) -> bool,
         on_match: OnMatch,
+        deadline: Option<Instant>,
     ) -> StoreFuture<bool> {
-        let now = self.now_us();
-        done(self.inner.entries.run(key, None, now, |held| {
-            let matched = held.live(key, now).is_some_and(|v| matches(v));
-            if matched {
-                match on_match {
-                    OnMatch::Release => held.remove(key),
-                    OnMatch::Expire(lease) => held.set_expiry(key, expiry(now, lease)),
+        let check = || {
+            let now = self.now_us();
+            self.inner.entries.run(key, None, now, |held| {
+                let matched = held.live(key, now).is_some_and(|v| matches(v));
+                if matched {
+                    match on_match {
+                        OnMatch::Release => held.remove(key),
+                        OnMatch::Expire(lease) => held.set_expiry(key, expiry(now, lease)),
+                    }
                 }
-            }
-            Ok(matched)
-        }))
+                Ok(matched)
+            })
+        };
+        match deadline {
+            Some(deadline) => before(deadline, check),
+            None => done(check()),
+        }
     }
 }
 
@@ -547,9 +555,17 @@ fn expiry(now: u64, d: Duration) -> u64 {
 /// callers give their writes.
 const NOMINAL_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Whether a write with `deadline` comes too late to run.
-fn past(deadline: Instant) -> bool {
-    Instant::now() >= deadline
+/// Runs `write` unless its `deadline` has passed: a write that comes later does nothing (see
+/// [Deadlines](super#deadlines)).
+fn before<T: Send + 'static>(
+    deadline: Instant,
+    write: impl FnOnce() -> Result<T, StoreError>,
+) -> StoreFuture<T> {
+    done(if Instant::now() >= deadline {
+        Err(StoreError::expired())
+    } else {
+        write()
+    })
 }
 
 fn ready<T: Send + 'static>(value: T) -> StoreFuture<T> {
@@ -598,33 +614,32 @@ impl LockStore for MemoryStore {
         ttl: Option<Duration>,
         deadline: Instant,
     ) -> StoreFuture<ClaimOutcome> {
-        if past(deadline) {
-            return done(Err(StoreError::expired()));
-        }
-        let now = self.now_us();
-        done(self.inner.entries.run(&key, None, now, |held| {
-            Ok(match held.live(&key, now) {
-                Some(Value::Str(current)) => ClaimOutcome {
-                    won: *current == holder,
-                    holder: current.clone(),
-                    pending: false,
-                },
-                Some(_) => ClaimOutcome {
-                    won: false,
-                    holder: String::new(),
-                    pending: false,
-                },
-                None => {
-                    let expires_at = ttl.map_or(u64::MAX, |ttl| expiry(now, ttl));
-                    held.put(&key, Value::Str(holder.clone()), expires_at)?;
-                    ClaimOutcome {
-                        won: true,
-                        holder: holder.clone(),
+        before(deadline, || {
+            let now = self.now_us();
+            self.inner.entries.run(&key, None, now, |held| {
+                Ok(match held.live(&key, now) {
+                    Some(Value::Str(current)) => ClaimOutcome {
+                        won: *current == holder,
+                        holder: current.clone(),
                         pending: false,
+                    },
+                    Some(_) => ClaimOutcome {
+                        won: false,
+                        holder: String::new(),
+                        pending: false,
+                    },
+                    None => {
+                        let expires_at = ttl.map_or(u64::MAX, |ttl| expiry(now, ttl));
+                        held.put(&key, Value::Str(holder.clone()), expires_at)?;
+                        ClaimOutcome {
+                            won: true,
+                            holder: holder.clone(),
+                            pending: false,
+                        }
                     }
-                }
+                })
             })
-        }))
+        })
     }
 
     fn lock_acquire(
@@ -635,38 +650,37 @@ impl LockStore for MemoryStore {
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<LockAttempt> {
-        if past(deadline) {
-            return done(Err(StoreError::expired()));
-        }
-        let now = self.now_us();
-        done(self.inner.entries.run(&key, Some(&fence_key), now, |held| {
-            let drawn = match held.live(&fence_key, now) {
-                Some(Value::Fence(last)) => Some(*last),
-                _ => None,
-            };
-            Ok(match held.live(&key, now) {
-                // the same attempt again: acquired already, with the fence it drew
-                Some(v) if v.held_by(&token) && drawn.is_some() => {
-                    let fence = drawn.unwrap_or(now);
-                    held.set_expiry(&key, expiry(now, lease));
-                    LockAttempt::Acquired { fence }
-                }
-                Some(v) if !v.held_by(&token) => LockAttempt::Held {
-                    lease_left: held.left(&key, now),
-                },
-                _ => {
-                    // both keys or neither
-                    held.make_room(&[&key, &fence_key])?;
-                    held.put(&key, Value::Str(token.clone()), expiry(now, lease))?;
-                    // above both the last token and the store time: a stale counter cannot
-                    // repeat one
-                    let fence = drawn.map_or(now, |last| now.max(last.saturating_add(1)));
-                    let fence_expiry = expiry(now, fence_ttl(lease));
-                    held.put(&fence_key, Value::Fence(fence), fence_expiry)?;
-                    LockAttempt::Acquired { fence }
-                }
+        before(deadline, || {
+            let now = self.now_us();
+            self.inner.entries.run(&key, Some(&fence_key), now, |held| {
+                let drawn = match held.live(&fence_key, now) {
+                    Some(Value::Fence(last)) => Some(*last),
+                    _ => None,
+                };
+                Ok(match held.live(&key, now) {
+                    // the same attempt again: acquired already, with the fence it drew
+                    Some(v) if v.held_by(&token) && drawn.is_some() => {
+                        let fence = drawn.unwrap_or(now);
+                        held.set_expiry(&key, expiry(now, lease));
+                        LockAttempt::Acquired { fence }
+                    }
+                    Some(v) if !v.held_by(&token) => LockAttempt::Held {
+                        lease_left: held.left(&key, now),
+                    },
+                    _ => {
+                        // both keys or neither
+                        held.make_room(&[&key, &fence_key])?;
+                        held.put(&key, Value::Str(token.clone()), expiry(now, lease))?;
+                        // above both the last token and the store time: a stale counter cannot
+                        // repeat one
+                        let fence = drawn.map_or(now, |last| now.max(last.saturating_add(1)));
+                        let fence_expiry = expiry(now, fence_ttl(lease));
+                        held.put(&fence_key, Value::Fence(fence), fence_expiry)?;
+                        LockAttempt::Acquired { fence }
+                    }
+                })
             })
-        }))
+        })
     }
 
     fn extend_if_held(
@@ -676,14 +690,12 @@ impl LockStore for MemoryStore {
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
-        if past(deadline) {
-            return done(Err(StoreError::expired()));
-        }
-        self.token_checked(&key, |v| v.held_by(&token), OnMatch::Expire(lease))
+        let expire = OnMatch::Expire(lease);
+        self.token_checked(&key, |v| v.held_by(&token), expire, Some(deadline))
     }
 
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.token_checked(&key, |v| v.held_by(&token), OnMatch::Release)
+        self.token_checked(&key, |v| v.held_by(&token), OnMatch::Release, None)
     }
 }
 
@@ -700,37 +712,36 @@ impl IdempotencyStore for MemoryStore {
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
-        if past(deadline) {
-            return done(Err(StoreError::expired()));
-        }
-        let now = self.now_us();
-        done(self.inner.entries.run(&key, None, now, |held| {
-            let lease_left = held.left(&key, now);
-            Ok(match held.live(&key, now) {
-                None => {
-                    let record = IdemRecord {
-                        fingerprint: fingerprint.clone(),
-                        token: token.clone(),
-                        response: None,
-                    };
-                    held.put(&key, Value::Idem(record), expiry(now, lease))?;
-                    IdempotencyBegin::Claimed
-                }
-                Some(Value::Idem(record)) if record.fingerprint != fingerprint => {
-                    IdempotencyBegin::Mismatch
-                }
-                Some(Value::Idem(IdemRecord {
-                    response: Some(response),
-                    ..
-                })) => IdempotencyBegin::Completed(response.clone()),
-                // the same attempt again: claimed already
-                Some(v) if v.owned_by(&token) => {
-                    held.set_expiry(&key, expiry(now, lease));
-                    IdempotencyBegin::Claimed
-                }
-                Some(_) => IdempotencyBegin::InFlight { lease_left },
+        before(deadline, || {
+            let now = self.now_us();
+            self.inner.entries.run(&key, None, now, |held| {
+                let lease_left = held.left(&key, now);
+                Ok(match held.live(&key, now) {
+                    None => {
+                        let record = IdemRecord {
+                            fingerprint: fingerprint.clone(),
+                            token: token.clone(),
+                            response: None,
+                        };
+                        held.put(&key, Value::Idem(record), expiry(now, lease))?;
+                        IdempotencyBegin::Claimed
+                    }
+                    Some(Value::Idem(record)) if record.fingerprint != fingerprint => {
+                        IdempotencyBegin::Mismatch
+                    }
+                    Some(Value::Idem(IdemRecord {
+                        response: Some(response),
+                        ..
+                    })) => IdempotencyBegin::Completed(response.clone()),
+                    // the same attempt again: claimed already
+                    Some(v) if v.owned_by(&token) => {
+                        held.set_expiry(&key, expiry(now, lease));
+                        IdempotencyBegin::Claimed
+                    }
+                    Some(_) => IdempotencyBegin::InFlight { lease_left },
+                })
             })
-        }))
+        })
     }
 
     fn idempotency_complete(
@@ -741,29 +752,28 @@ impl IdempotencyStore for MemoryStore {
         retention: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
-        if past(deadline) {
-            return done(Err(StoreError::expired()));
-        }
-        let now = self.now_us();
-        done(self.inner.entries.run(&key, None, now, |held| {
-            let Some(Value::Idem(record)) = held.live(&key, now) else {
-                return Ok(false);
-            };
-            if record.token != token {
-                return Ok(false);
-            }
-            if let Some(stored) = &record.response {
-                // a second run of the same completion stored this very response
-                return Ok(*stored == response);
-            }
-            record.response = Some(response.clone());
-            held.set_expiry(&key, expiry(now, retention));
-            Ok(true)
-        }))
+        before(deadline, || {
+            let now = self.now_us();
+            self.inner.entries.run(&key, None, now, |held| {
+                let Some(Value::Idem(record)) = held.live(&key, now) else {
+                    return Ok(false);
+                };
+                if record.token != token {
+                    return Ok(false);
+                }
+                if let Some(stored) = &record.response {
+                    // a second run of the same completion stored this very response
+                    return Ok(*stored == response);
+                }
+                record.response = Some(response.clone());
+                held.set_expiry(&key, expiry(now, retention));
+                Ok(true)
+            })
+        })
     }
 
     fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.token_checked(&key, |v| v.owned_by(&token), OnMatch::Release)
+        self.token_checked(&key, |v| v.owned_by(&token), OnMatch::Release, None)
     }
 
     fn idempotency_extend(
@@ -773,10 +783,8 @@ impl IdempotencyStore for MemoryStore {
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
-        if past(deadline) {
-            return done(Err(StoreError::expired()));
-        }
-        self.token_checked(&key, |v| v.owned_by(&token), OnMatch::Expire(lease))
+        let expire = OnMatch::Expire(lease);
+        self.token_checked(&key, |v| v.owned_by(&token), expire, Some(deadline))
     }
 }
 

@@ -279,3 +279,28 @@ pub fn assert_quota_problem(body: impl AsRef<[u8]>, violated: &[&str]) {
 pub fn soon() -> tokio::time::Instant {
     tokio::time::Instant::now() + Duration::from_secs(1)
 }
+
+/// Everything the Redis node at `addr` runs from now on, as `MONITOR` reports it (one line per
+/// command, commands that scripts call included), gathered in the background.
+pub async fn monitor(addr: SocketAddr) -> std::sync::Arc<std::sync::Mutex<String>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"MONITOR\r\n").await.unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = seen.clone();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n @ 1..) = conn.read(&mut buf).await {
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    // the `+OK`: from here on, every command is seen
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !seen.lock().unwrap().starts_with("+OK") {
+        assert!(Instant::now() < deadline, "MONITOR did not start");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    seen
+}
