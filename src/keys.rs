@@ -90,6 +90,18 @@ pub(crate) fn write_rate(out: &mut String, policy: &RatePolicy, key: &Key, limit
     out.push_str(policy.algorithm().tag());
 }
 
+/// Writes the record of the rate call `call` whose first check is caller `key`'s under
+/// `policy` into `out`: `<namespace>:{<digest>}:charged:<call, 16 hex digits>`, in the slot of that
+/// caller's keys (a Cluster call holds one caller's checks).
+pub(crate) fn write_rate_record(out: &mut String, policy: &RatePolicy, key: &Key, call: u64) {
+    use std::fmt::Write as _;
+    out.clear();
+    out.push_str(policy.namespace());
+    out.push_str(":{");
+    key.write_encoded(out);
+    let _ = write!(out, "}}:charged:{call:016x}");
+}
+
 /// The key of claim `name`: `<prefix>:claim:{<digest>}`.
 pub(crate) fn claim(prefix: &str, name: &[u8]) -> String {
     tagged(&format!("{prefix}:claim"), &Key::new("claim", name), 0)

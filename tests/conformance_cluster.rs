@@ -35,15 +35,16 @@ async fn callers_spread_over_all_masters() {
                 .admitted
         );
     }
+    // per caller its two limits' keys and the record of the call that charged them
     let added = cluster.key_counts(&format!("{ns}:*"));
-    assert_eq!(added.iter().sum::<usize>(), 600, "{added:?}");
+    assert_eq!(added.iter().sum::<usize>(), 900, "{added:?}");
     for (node, n) in added.iter().enumerate() {
         // 300 callers over ~5461 slots each: every master gets a fair share
-        assert!(*n >= 100, "master {node} got only {n} keys: {added:?}");
+        assert!(*n >= 150, "master {node} got only {n} keys: {added:?}");
         assert_eq!(
-            n % 2,
+            n % 3,
             0,
-            "a caller's two keys live on one master: {added:?}"
+            "a caller's three keys live on one master: {added:?}"
         );
     }
 }

@@ -430,3 +430,76 @@ async fn two_hundred_concurrent_durable_claims_are_acknowledged_in_time() {
         .collect();
     assert_eq!(won, 200, "acknowledged in time; first failures: {failed:?}");
 }
+
+/// Whether `server` knows `command` (`WAITAOF`: Redis 7.2 and later, Valkey).
+fn knows_command(server: &RedisServer, command: &str) -> bool {
+    let docs: redis::Value = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg(command)
+        .query(&mut server.conn())
+        .unwrap();
+    matches!(docs, redis::Value::Array(ref entries) if entries.iter().any(|e| *e != redis::Value::Nil))
+}
+
+/// `wait_aof(true, 0)` on a primary with an fsynced append-only file: where the server has
+/// `WAITAOF`, a claim counts once the file has it, and exactly one of two claims wins; where it
+/// has not (Redis 7.0), every durable write fails with a configuration error that names the
+/// command — and, like any unacknowledged write, is undone before the failure is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_aof_counts_a_write_once_on_disk_or_says_why_it_cannot() {
+    let server = RedisServer::start_with_aof();
+    let store = RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(4))
+        .wait_aof(true, 0)
+        .build()
+        .unwrap();
+    assert_eq!(store.wait_replicas(), 0);
+    let claims = Claims::new(store.clone());
+    let name = unique("coupon");
+    let first = claims.claim_once(&name, None).await;
+    if knows_command(&server, "waitaof") {
+        assert!(first.unwrap().won(), "the first claim, on disk");
+        assert!(!claims.claim_once(&name, None).await.unwrap().won());
+    } else {
+        let error = first.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Config, "{error}");
+        assert!(
+            error.to_string().contains("WAITAOF needs Redis 7.2"),
+            "{error}"
+        );
+        assert!(
+            Claims::new(server.store())
+                .claim_once(&name, None)
+                .await
+                .unwrap()
+                .won(),
+            "a claim whose wait was refused still holds the coupon"
+        );
+    }
+}
+
+/// `wait_aof(true, ..)` against a primary without an append-only file: no write can ever be
+/// acknowledged, and the error says what to change rather than "unavailable".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_aof_on_a_primary_without_an_append_only_file_says_so() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(4))
+        .wait_aof(true, 0)
+        .build()
+        .unwrap();
+    let error = Locks::new(store)
+        .try_acquire(unique("lock"), Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    let LockError::Store(error) = error else {
+        panic!("a store error, not {error:?}");
+    };
+    assert_eq!(error.kind(), StoreErrorKind::Config, "{error}");
+    let hint = if knows_command(&server, "waitaof") {
+        "appendonly"
+    } else {
+        "WAITAOF needs Redis 7.2"
+    };
+    assert!(error.to_string().contains(hint), "{error}");
+}

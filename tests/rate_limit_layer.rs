@@ -503,7 +503,12 @@ async fn hostile_keys_get_their_own_bucket_and_tidy_redis_keys() {
     }
 
     let mut conn = server.conn();
-    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    let all: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    // the records of the calls that charged them, each in its first caller's slot and short-lived
+    let (records, keys): (Vec<_>, Vec<_>) = all
+        .into_iter()
+        .partition(|k| k.windows(9).any(|w| w == b":charged:"));
+    assert!(!records.is_empty(), "calls that charged leave records");
     assert_eq!(keys.len(), values.len(), "one key per caller and limit");
     let mut tags = std::collections::HashSet::new();
     for key in &keys {
@@ -532,6 +537,16 @@ async fn hostile_keys_get_their_own_bucket_and_tidy_redis_keys() {
         let pttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
         assert!(pttl > 0, "key {text} has no expiry (PTTL {pttl})");
         assert!(pttl <= 60_000, "key {text} expires after its window");
+    }
+    for record in &records {
+        let text = std::str::from_utf8(record).expect("keys are ASCII");
+        let tag = &text[text.find('{').unwrap() + 1..text.find('}').unwrap()];
+        assert!(
+            tags.contains(tag),
+            "a record outside its callers' slots: {text}"
+        );
+        let pttl: i64 = redis::cmd("PTTL").arg(record).query(&mut conn).unwrap();
+        assert!(pttl > 0 && pttl <= 10_000, "record {text}: PTTL {pttl}");
     }
 }
 

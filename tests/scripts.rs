@@ -285,6 +285,24 @@ fn rate_state(conn: &mut Connection, script: &str, key: &str) -> Vec<String> {
     }
 }
 
+/// Runs `rate.lua` as one call whose record is `record`: `args` as the script takes them less the
+/// records' number and retention: the deadline, the policies, then per check its policy, cost and
+/// attempt.
+fn rate(conn: &mut Connection, record: &str, keys: &[&str], args: &[&str]) -> Value {
+    let mut full: Vec<&str> = vec![args[0], "1", "60000"];
+    let policies: usize = args[1].parse().unwrap();
+    let mut at = 2;
+    for _ in 0..policies {
+        let limits: usize = args[at + 1].parse().unwrap();
+        at += 2 + 2 * limits;
+    }
+    full.extend(&args[1..at]);
+    full.extend(&args[at..]);
+    let mut all = vec![record];
+    all.extend(keys);
+    run(conn, "rate", &all, &full)
+}
+
 /// The algorithm codes of `rate.lua`.
 const ALGORITHMS: [(&str, &str); 3] = [
     ("sliding_log", "1"),
@@ -316,12 +334,12 @@ fn rate_checks_run_twice_are_charged_once() {
                 cost,
                 "00000000000000a1",
             ];
-            let first = items(run(&mut conn, "rate", &keys, &args));
+            let first = items(rate(&mut conn, &format!("rec:{name}{cost}"), &keys, &args));
             let state = [
                 rate_state(&mut conn, name, keys[0]),
                 rate_state(&mut conn, name, keys[1]),
             ];
-            let second = items(run(&mut conn, "rate", &keys, &args));
+            let second = items(rate(&mut conn, &format!("rec:{name}{cost}"), &keys, &args));
             assert_eq!(int(&first[0]), 1, "{name} cost {cost}: admitted");
             assert_eq!(int(&second[0]), 1, "{name} cost {cost}: admitted again");
             // remaining of each limit, as the first run left it
@@ -336,6 +354,79 @@ fn rate_checks_run_twice_are_charged_once() {
             ];
             assert_eq!(after, state, "{name} cost {cost}: the second run wrote");
         }
+    }
+}
+
+/// A call re-sent after other calls charged the caller reads its own record, and a check sent
+/// again in a later call reads the record of the call it went out in: neither charges twice,
+/// whatever ran in between; a record that names nothing charged changes nothing.
+#[test]
+fn checks_sent_again_after_others_are_charged_once() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    for (name, code) in ALGORITHMS {
+        let key = format!("r:{{again-{name}}}:a");
+        let record = |call: &str| format!("r:{{again-{name}}}:charged:{call}");
+        // 10 per minute; one check per call: policy 1, cost 1, the attempt (and where it went)
+        let call = |attempt: &'static str| {
+            vec![
+                LATER, "0", "60000", "1", code, "1", "10", "60000000", "1", "1", attempt,
+            ]
+        };
+        let remaining = |reply: Value| {
+            let reply = items(reply);
+            assert_eq!(int(&reply[0]), 1, "{name}: admitted");
+            int(&reply[2])
+        };
+        let (a, b) = (record("a"), record("b"));
+        let mut first = call("00000000000000e1");
+        first[1] = "1";
+        assert_eq!(remaining(run(&mut conn, "rate", &[&a, &key], &first)), 9);
+        let mut second = call("00000000000000e2");
+        second[1] = "1";
+        assert_eq!(remaining(run(&mut conn, "rate", &[&b, &key], &second)), 8);
+        // the first call again, as a connection re-sends it
+        assert_eq!(remaining(run(&mut conn, "rate", &[&a, &key], &first)), 8);
+        // the first check again, in a third call that names the first call's record
+        let c = record("c");
+        let mut third = call("00000000000000e1@2:1");
+        third[1] = "2";
+        assert_eq!(
+            remaining(run(&mut conn, "rate", &[&c, &a, &key], &third)),
+            8
+        );
+        // and once more, naming the third call's record: the mark was carried over
+        let mut fourth = call("00000000000000e1@2:1");
+        fourth[1] = "2";
+        assert_eq!(
+            remaining(run(&mut conn, "rate", &[&record("d"), &c, &key], &fourth)),
+            8
+        );
+        // a check that names a record of another attempt's call is a new charge
+        let mut fifth = call("00000000000000e3@2:1");
+        fifth[1] = "2";
+        let missing = record("none");
+        assert_eq!(
+            remaining(run(
+                &mut conn,
+                "rate",
+                &[&record("e"), &missing, &key],
+                &fifth
+            )),
+            7
+        );
+        // one attempt twice in one call, the second naming the first: charged once
+        let mut twice = call("00000000000000f1");
+        twice[1] = "1";
+        twice.extend(["1", "1", "00000000000000f1@1:1"]);
+        let both = items(run(&mut conn, "rate", &[&record("f"), &key, &key], &twice));
+        assert_eq!(
+            [int(&both[0]), int(&both[2]), int(&both[4]), int(&both[6])],
+            [1, 6, 1, 6],
+            "{name}: the same attempt twice in one call"
+        );
+        let ttl: i64 = redis::cmd("PTTL").arg(&a).query(&mut conn).unwrap();
+        assert!(ttl > 0, "{name}: a record expires ({ttl})");
     }
 }
 
@@ -368,10 +459,10 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
             "1",
             "00000000000000b2",
         ];
-        run(&mut conn, "rate", &[&key], &once);
-        let first = items(run(&mut conn, "rate", &[&key], &last));
+        rate(&mut conn, &format!("rec:{name}:once"), &[&key], &once);
+        let first = items(rate(&mut conn, &format!("rec:{name}:last"), &[&key], &last));
         let state = rate_state(&mut conn, name, &key);
-        let second = items(run(&mut conn, "rate", &[&key], &last));
+        let second = items(rate(&mut conn, &format!("rec:{name}:last"), &[&key], &last));
         assert_eq!(
             [int(&first[0]), int(&first[2])],
             [1, 0],
@@ -398,7 +489,12 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
             "1",
             "00000000000000b3",
         ];
-        let denied = items(run(&mut conn, "rate", &[&key], &other));
+        let denied = items(rate(
+            &mut conn,
+            &format!("rec:{name}:other"),
+            &[&key],
+            &other,
+        ));
         assert_eq!(int(&denied[0]), 0, "{name}: another attempt is denied");
     }
 }
@@ -427,7 +523,7 @@ fn a_batch_decides_its_checks_in_turn_and_a_failing_one_alone() {
             args.extend(["1", "1", attempt]);
         }
         let keys = [&key[..], &wrong, &key, &key];
-        let reply = items(run(&mut conn, "rate", &keys, &args));
+        let reply = items(rate(&mut conn, &format!("rec:{name}:batch"), &keys, &args));
         assert_eq!(reply.len(), 3 * 4 + 2, "{name}: {reply:?}");
         assert_eq!([int(&reply[0]), int(&reply[2])], [1, 1], "{name}: first");
         assert_eq!(int(&reply[4]), -1, "{name}: the failing check");
@@ -510,7 +606,12 @@ fn a_script_received_after_its_deadline_does_nothing() {
             args.extend(["1", "1", "00000000000000d1", "1", "1", "00000000000000d2"]);
             args
         };
-        let late = items(run(&mut conn, "rate", &[&key, &key], &call(EARLIER)));
+        let late = items(rate(
+            &mut conn,
+            &format!("rec:{name}:late"),
+            &[&key, &key],
+            &call(EARLIER),
+        ));
         assert_eq!(
             late,
             vec![Value::Int(-2), Value::Int(0), Value::Int(-2), Value::Int(0)],
@@ -520,7 +621,12 @@ fn a_script_received_after_its_deadline_does_nothing() {
             rate_state(&mut conn, name, &key).is_empty(),
             "{name}: the late call wrote"
         );
-        let reply = items(run(&mut conn, "rate", &[&key, &key], &call(LATER)));
+        let reply = items(rate(
+            &mut conn,
+            &format!("rec:{name}:on-time"),
+            &[&key, &key],
+            &call(LATER),
+        ));
         assert_eq!(reply.len(), 4 + 4, "{name}: {reply:?}");
         assert_eq!([int(&reply[0]), int(&reply[2])], [1, 1], "{name}: first");
         assert_eq!(

@@ -9,7 +9,7 @@ use redis::RedisError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::connection::{Connection, Link, Opener, PrimaryClient, ask_sentinels, open_single};
-use super::durable;
+use super::durable::{self, Ack};
 use super::rates::DEFAULT_MAX_BATCH;
 use super::{RedisStore, store_error};
 use crate::error::{ConfigError, ConfigErrorKind};
@@ -20,7 +20,7 @@ use crate::store::{StoreError, StoreErrorKind};
 pub struct RedisStoreBuilder {
     url: String,
     timeout: Duration,
-    wait_replicas: u32,
+    ack: Option<Ack>,
     max_batch: usize,
     #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
     tls: Option<Tls>,
@@ -96,7 +96,7 @@ macro_rules! tls_setters {
 pub struct RedisClusterBuilder {
     nodes: Vec<String>,
     timeout: Duration,
-    wait_replicas: u32,
+    ack: Option<Ack>,
     max_batch: usize,
     #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
     tls: Option<Tls>,
@@ -114,14 +114,14 @@ pub struct RedisSentinelBuilder {
     sentinels: Vec<String>,
     master: String,
     timeout: Duration,
-    wait_replicas: u32,
+    ack: Option<Ack>,
     max_batch: usize,
     #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
     tls: Option<Tls>,
 }
 
-/// The `wait_replicas` setter every builder has.
-macro_rules! wait_replicas_setter {
+/// The durable-write setters every builder has.
+macro_rules! durability_setters {
     () => {
         /// Durable writes (default 0: off): claims, lock acquisitions and extensions, and
         /// idempotency claims and records succeed only once `replicas` replicas acknowledged them
@@ -129,7 +129,19 @@ macro_rules! wait_replicas_setter {
         /// the caller undoes what it can and reports no success. Rate checks never wait. These
         /// writes use a connection of their own, so that a `WAIT` never holds up rate decisions.
         pub fn wait_replicas(mut self, replicas: u32) -> Self {
-            self.wait_replicas = replicas;
+            self.ack = Ack::replicas(replicas);
+            self
+        }
+
+        /// Durable writes on disk (`WAITAOF`, Redis 7.2 or later, or Valkey): as
+        /// [`wait_replicas`](Self::wait_replicas), but a write counts only once it is in the
+        /// primary's append-only file (when `local`; the primary needs `appendonly yes`) and in
+        /// that of `replicas` replicas, fsynced. A server without `WAITAOF` fails every durable
+        /// write with a [`StoreErrorKind::Config`](crate::store::StoreErrorKind::Config) error
+        /// that says so. `wait_aof(false, 0)` turns durable writes off; the last of the two
+        /// setters called wins.
+        pub fn wait_aof(mut self, local: bool, replicas: u32) -> Self {
+            self.ack = Ack::aof(local, replicas);
             self
         }
     };
@@ -176,7 +188,7 @@ impl RedisStoreBuilder {
         Self {
             url,
             timeout: DEFAULT_TIMEOUT,
-            wait_replicas: 0,
+            ack: None,
             max_batch: DEFAULT_MAX_BATCH,
             #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
             tls: None,
@@ -190,7 +202,7 @@ impl RedisStoreBuilder {
         self
     }
 
-    wait_replicas_setter!();
+    durability_setters!();
     max_batch_setter!();
     tls_setters!();
 
@@ -232,7 +244,7 @@ impl RedisStoreBuilder {
         };
         Ok(RedisStore::new(
             open()?,
-            durable(self.wait_replicas, open)?,
+            durable(self.ack, open)?,
             self.settings(),
         ))
     }
@@ -243,7 +255,7 @@ impl RedisClusterBuilder {
         Self {
             nodes,
             timeout: DEFAULT_TIMEOUT,
-            wait_replicas: 0,
+            ack: None,
             max_batch: DEFAULT_MAX_BATCH,
             #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
             tls: None,
@@ -257,7 +269,7 @@ impl RedisClusterBuilder {
         self
     }
 
-    wait_replicas_setter!();
+    durability_setters!();
     max_batch_setter!();
     tls_setters!();
 
@@ -294,14 +306,14 @@ impl RedisClusterBuilder {
             };
             Ok::<_, StoreError>(Link::new(Connection::Cluster(conn), opener))
         };
-        let durable = match self.wait_replicas {
-            0 => None,
-            replicas => {
+        let durable = match self.ack {
+            None => None,
+            Some(ack) => {
                 let mut links = Vec::with_capacity(durable::CONNECTIONS);
                 for _ in 0..durable::CONNECTIONS {
                     links.push(open().await?);
                 }
-                Some((replicas, links))
+                Some((ack, links))
             }
         };
         let settings = Settings {
@@ -318,7 +330,7 @@ impl RedisSentinelBuilder {
             sentinels,
             master,
             timeout: DEFAULT_TIMEOUT,
-            wait_replicas: 0,
+            ack: None,
             max_batch: DEFAULT_MAX_BATCH,
             #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
             tls: None,
@@ -332,7 +344,7 @@ impl RedisSentinelBuilder {
         self
     }
 
-    wait_replicas_setter!();
+    durability_setters!();
     max_batch_setter!();
     tls_setters!();
 
@@ -389,11 +401,7 @@ impl RedisSentinelBuilder {
                 .map(|conn| Link::to(conn, opener.clone(), primary.clone()))
                 .map_err(store_error)
         };
-        Ok(RedisStore::new(
-            open()?,
-            durable(self.wait_replicas, open)?,
-            settings,
-        ))
+        Ok(RedisStore::new(open()?, durable(self.ack, open)?, settings))
     }
 }
 
@@ -409,16 +417,12 @@ fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
 
 /// With durable writes, their connections of their own (opened by `open`, as the store's is).
 fn durable<E>(
-    replicas: u32,
+    ack: Option<Ack>,
     open: impl Fn() -> Result<Link, E>,
-) -> Result<Option<(u32, Vec<Link>)>, E> {
-    match replicas {
-        0 => Ok(None),
-        replicas => {
-            let links = (0..durable::CONNECTIONS)
-                .map(|_| open())
-                .collect::<Result<_, _>>()?;
-            Ok(Some((replicas, links)))
-        }
-    }
+) -> Result<Option<(Ack, Vec<Link>)>, E> {
+    let Some(ack) = ack else { return Ok(None) };
+    let links = (0..durable::CONNECTIONS)
+        .map(|_| open())
+        .collect::<Result<_, _>>()?;
+    Ok(Some((ack, links)))
 }

@@ -9,6 +9,10 @@
 //!
 //! On Cluster a pipeline holds the writes of one hash tag (one slot, hence one node): writes of
 //! other slots go in pipelines of their own, on the same connections.
+//!
+//! `WAITAOF` works the same way (it too counts every earlier write of its connection), for a
+//! write that must be on disk — the primary's append-only file, the replicas', or both — rather
+//! than in the replicas' memory.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -31,13 +35,125 @@ pub(super) const CONNECTIONS: usize = 2;
 /// The most writes one pipeline carries.
 const MAX_GROUP: usize = 64;
 
-/// A script's reply and how many replicas acknowledged it.
-pub(super) type Acked = (Value, u32);
+/// A script's reply, and the failure to report if it counts only once acknowledged (`None`:
+/// acknowledged).
+pub(super) type Acked = (Value, Option<StoreError>);
+
+/// What acknowledges a durable write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ack {
+    /// `WAIT`: `n` replicas received it.
+    Replicas(u32),
+    /// `WAITAOF`: the primary's append-only file (when `local`) and `replicas` replicas' have
+    /// it on disk.
+    Aof { local: bool, replicas: u32 },
+}
+
+impl Ack {
+    /// The acknowledgement of `wait_replicas(replicas)`; none for 0.
+    pub(super) fn replicas(replicas: u32) -> Option<Self> {
+        (replicas > 0).then_some(Self::Replicas(replicas))
+    }
+
+    /// The acknowledgement of `wait_aof(local, replicas)`; none when it asks for nothing.
+    pub(super) fn aof(local: bool, replicas: u32) -> Option<Self> {
+        (local || replicas > 0).then_some(Self::Aof { local, replicas })
+    }
+
+    /// How many replicas must acknowledge.
+    pub(super) fn replica_count(self) -> u32 {
+        match self {
+            Self::Replicas(n) | Self::Aof { replicas: n, .. } => n,
+        }
+    }
+
+    /// Adds the command that waits for this acknowledgement up to `wait_ms` to `pipe`.
+    fn add_wait(self, pipe: &mut Pipeline, wait_ms: u64) {
+        match self {
+            Self::Replicas(n) => {
+                pipe.cmd("WAIT").arg(n).arg(wait_ms);
+            }
+            Self::Aof { local, replicas } => {
+                pipe.cmd("WAITAOF")
+                    .arg(u32::from(local))
+                    .arg(replicas)
+                    .arg(wait_ms);
+            }
+        }
+    }
+
+    /// What the wait's `reply` says: `None` when the writes before it are acknowledged, else
+    /// the failure their callers get (the writes ran: each undoes what it made). An answer
+    /// that is no count at all is an error of the whole pipeline.
+    fn judge(self, reply: Value) -> Result<Option<StoreError>, StoreError> {
+        let count = |v: &Value| match v {
+            Value::Int(n) => u32::try_from(*n).ok(),
+            _ => None,
+        };
+        let short = |what: String| {
+            Some(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("the write reached {what} in time"),
+            ))
+        };
+        match (self, reply) {
+            (_, Value::ServerError(e)) => Ok(Some(wait_refused(self, &e.to_string()))),
+            (Self::Replicas(n), reply) => {
+                let acked = count(&reply)
+                    .ok_or_else(|| protocol("WAIT answered otherwise than with a count"))?;
+                Ok(if acked < n {
+                    short(format!("{acked} of {n} replicas"))
+                } else {
+                    None
+                })
+            }
+            (Self::Aof { local, replicas }, Value::Array(counts)) => {
+                let (on_primary, on_replicas) = match counts.as_slice() {
+                    [p, r] => (count(p), count(r)),
+                    _ => (None, None),
+                };
+                let (Some(on_primary), Some(on_replicas)) = (on_primary, on_replicas) else {
+                    return Err(protocol("WAITAOF answered otherwise than with two counts"));
+                };
+                Ok(if on_primary < u32::from(local) {
+                    short("the append-only file of the primary".to_owned())
+                } else if on_replicas < replicas {
+                    short(format!(
+                        "the append-only file of {on_replicas} of {replicas} replicas"
+                    ))
+                } else {
+                    None
+                })
+            }
+            (Self::Aof { .. }, _) => {
+                Err(protocol("WAITAOF answered otherwise than with two counts"))
+            }
+        }
+    }
+}
+
+/// The server refused the wait itself: no `WAITAOF` before Redis 7.2, none with `local` while
+/// `appendonly` is off. Said so, as a configuration error: no retry helps.
+fn wait_refused(ack: Ack, message: &str) -> StoreError {
+    let hint = match ack {
+        Ack::Aof { .. } if message.to_ascii_lowercase().contains("unknown command") => {
+            " (WAITAOF needs Redis 7.2 or later, or Valkey; on an older server use wait_replicas)"
+        }
+        Ack::Aof { .. } if message.contains("appendonly") => {
+            " (wait_aof with `local` needs `appendonly yes` on the primary)"
+        }
+        _ => "",
+    };
+    StoreError::new(
+        StoreErrorKind::Config,
+        format!("the server refused the durable writes' wait: {message}{hint}"),
+    )
+}
 
 /// The durable writes of one store.
 pub(super) struct DurableWrites {
     links: Vec<Arc<Link>>,
-    replicas: u32,
+    ack: Ack,
     /// On Cluster, a pipeline holds writes of one hash tag.
     per_tag: bool,
     queue: Mutex<Queue>,
@@ -61,21 +177,21 @@ struct Write {
 }
 
 impl DurableWrites {
-    pub(super) fn new(links: Vec<Link>, replicas: u32) -> Self {
+    pub(super) fn new(links: Vec<Link>, ack: Ack) -> Self {
         let per_tag = links
             .first()
             .is_some_and(|l| matches!(l.get(), Connection::Cluster(_)));
         Self {
             links: links.into_iter().map(Arc::new).collect(),
-            replicas,
+            ack,
             per_tag,
             queue: Mutex::default(),
             queued: Notify::new(),
         }
     }
 
-    pub(super) fn replicas(&self) -> u32 {
-        self.replicas
+    pub(super) fn ack(&self) -> Ack {
+        self.ack
     }
 
     /// Runs the script of `source` with `call` in the next pipeline; its reply and how many
@@ -183,8 +299,9 @@ impl DurableWrites {
         }
     }
 
-    /// One pipeline: the group's scripts, then `WAIT` until the earliest deadline among them
-    /// (less room for the reply); tells each caller its reply and the count.
+    /// One pipeline: the group's scripts, then `WAIT` (or `WAITAOF`) until the earliest deadline
+    /// among them (less room for the reply); tells each caller its reply and whether it was
+    /// acknowledged.
     async fn send(&self, link: &Arc<Link>, group: Vec<Write>) {
         let earliest = group.iter().map(|w| w.deadline).min();
         let left = earliest.map_or(Duration::ZERO, |d| {
@@ -198,7 +315,7 @@ impl DurableWrites {
         for write in &group {
             write.call.add_eval(&mut pipe, write.source);
         }
-        pipe.cmd("WAIT").arg(self.replicas).arg(wait_ms);
+        self.ack.add_wait(&mut pipe, wait_ms);
         let mut conn = link.get();
         let sent = tokio::time::timeout(left, pipe.query_async::<Vec<Value>>(&mut conn)).await;
         let replies = match sent {
@@ -226,19 +343,15 @@ impl DurableWrites {
             }
         };
         let mut replies = replies.into_iter();
-        let acked = match replies.next_back() {
-            Some(Value::Int(n)) => u32::try_from(n).unwrap_or(0),
-            _ => {
-                return fail(
-                    group,
-                    &protocol("WAIT answered otherwise than with a count"),
-                );
-            }
+        let short = match replies.next_back().map(|reply| self.ack.judge(reply)) {
+            Some(Ok(short)) => short,
+            Some(Err(error)) => return fail(group, &error),
+            None => return fail(group, &protocol("a pipeline without its wait's reply")),
         };
         for (write, reply) in group.into_iter().zip(replies) {
             let answer = match reply {
                 Value::ServerError(e) => Err(store_error(e.into())),
-                reply => Ok((reply, acked)),
+                reply => Ok((reply, short.as_ref().map(StoreError::shared))),
             };
             let _ = write.reply.send(answer);
         }

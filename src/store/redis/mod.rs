@@ -16,12 +16,13 @@ mod connection;
 mod durable;
 mod rates;
 mod script_call;
+mod sent;
 
 use builder::Settings;
 pub use builder::{RedisClusterBuilder, RedisSentinelBuilder, RedisStoreBuilder};
 use clock::store_deadline;
 use connection::{Connection, Link};
-use durable::DurableWrites;
+use durable::{Ack, DurableWrites};
 use rates::{Rates, bounded};
 use script_call::ScriptCall;
 
@@ -269,7 +270,7 @@ impl RedisStore {
         Self::builder(url).build()
     }
 
-    fn new(link: Link, durable: Option<(u32, Vec<Link>)>, settings: Settings) -> Self {
+    fn new(link: Link, durable: Option<(Ack, Vec<Link>)>, settings: Settings) -> Self {
         let link = Arc::new(link);
         let clock = Arc::new(StoreClock::default());
         let rates = Rates::new(
@@ -280,7 +281,7 @@ impl RedisStore {
         );
         Self {
             link,
-            durable: durable.map(|(replicas, links)| Arc::new(DurableWrites::new(links, replicas))),
+            durable: durable.map(|(ack, links)| Arc::new(DurableWrites::new(links, ack))),
             timeout: settings.timeout,
             scripts: Arc::new(Scripts::new()),
             rates: Arc::new(rates),
@@ -306,7 +307,7 @@ impl RedisStore {
 
     /// How many replicas must acknowledge a claim, lock or idempotency write (0: none).
     pub fn wait_replicas(&self) -> u32 {
-        self.durable.as_ref().map_or(0, |d| d.replicas())
+        self.durable.as_ref().map_or(0, |d| d.ack().replica_count())
     }
 
     /// Runs a write script — a claim, a lock acquisition or extension, an idempotency claim or
@@ -353,10 +354,9 @@ impl RedisStore {
         measured(operation, timeout, async move {
             let at = store_deadline(&clock, &link, &mut conn, deadline).await?;
             let source = script(&scripts).source;
-            let (reply, acked) = durable.write(source, call.arg(at), deadline).await?;
+            let (reply, short) = durable.write(source, call.arg(at), deadline).await?;
             let reply: R = unexpired(reply)?;
-            let replicas = durable.replicas();
-            if acked < replicas && (effect.counts)(&reply) {
+            if let Some(short) = short.filter(|_| (effect.counts)(&reply)) {
                 // undone before the failure is told: the write ran (its reply is here), so the
                 // undo cannot overtake it, on any connection
                 if let Some(undo) = undo.filter(|_| (effect.made)(&reply)) {
@@ -366,10 +366,7 @@ impl RedisStore {
                         tracing::warn!(target: "tollgate::store", %error, "could not undo an unacknowledged write");
                     }
                 }
-                return Err(StoreError::new(
-                    StoreErrorKind::Unavailable,
-                    format!("the write reached {acked} of {replicas} replicas in time"),
-                ));
+                return Err(short);
             }
             if let Some(pending) = pending {
                 settle_in_background(&scripts, conn, pending);

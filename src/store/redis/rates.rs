@@ -17,6 +17,11 @@
 //!
 //! On Redis Cluster a call holds the checks of one caller key, hence of one hash slot; the calls
 //! for different keys of one batch go out together, each to its node.
+//!
+//! Every call leaves a record of the checks it charged (see `rate.lua`), kept for twice the store
+//! timeout past its deadline: a call re-sent reads its own, and a check sent again in a later call
+//! names the record of the call it went out in before ([`SentChecks`]), so that neither is charged
+//! twice. The record is one key per call, in the slot of its first check.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -33,6 +38,7 @@ use tokio::time::Instant;
 
 use super::clock::store_deadline;
 use super::connection::{Connection, Link};
+use super::sent::{Place, SentChecks};
 use super::{Lua, store_error};
 use crate::keys;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
@@ -57,6 +63,8 @@ pub(super) struct Rates {
     max_batch: usize,
     /// On Cluster, calls are split per caller key.
     per_key: bool,
+    /// Where recent checks went out, for a check sent again.
+    sent: SentChecks,
     queue: Mutex<Queue>,
     /// Tells the driver that a check queued.
     queued: Notify,
@@ -96,6 +104,7 @@ impl Rates {
             timeout,
             max_batch: max_batch.max(1),
             per_key,
+            sent: SentChecks::new(retention(timeout)),
             queue: Mutex::default(),
             queued: Notify::new(),
         }
@@ -212,11 +221,18 @@ impl Rates {
             let earliest = checks.iter().map(|(_, _, d)| *d).min();
             let earliest = earliest.unwrap_or_else(|| Instant::now() + self.timeout);
             let deadline = store_deadline(&self.clock, &self.link, &mut conn, earliest).await?;
-            let evalsha = command("EVALSHA", self.script.get_hash(), checks, deadline);
+            let records = self.records(checks);
+            let evalsha = command(
+                "EVALSHA",
+                self.script.get_hash(),
+                checks,
+                deadline,
+                &records,
+            );
             match send(&mut conn, &evalsha).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     // loads the script as it runs it
-                    let eval = command("EVAL", self.script.source, checks, deadline);
+                    let eval = command("EVAL", self.script.source, checks, deadline, &records);
                     send(&mut conn, &eval).await
                 }
                 sent => sent,
@@ -226,6 +242,55 @@ impl Rates {
         .await?;
         decode(reply, checks)
     }
+}
+
+impl Rates {
+    /// The records a call of `checks` names: a new one of its own, and where each check went
+    /// before, if it did lately; each check is kept as going out in this call.
+    fn records(&self, checks: &[Sent<'_>]) -> Records {
+        let mut own = String::new();
+        if let Some((policy, check, _)) = checks.first() {
+            let call = uuid::Uuid::new_v4().as_u64_pair().0;
+            keys::write_rate_record(&mut own, policy, &check.key(), call);
+        }
+        let own: Arc<str> = Arc::from(own);
+        let mut records = Records {
+            keys: vec![Arc::clone(&own)],
+            before: Vec::with_capacity(checks.len()),
+            retain_ms: u64::try_from(retention(self.timeout).as_millis()).unwrap_or(u64::MAX),
+        };
+        let now = Instant::now();
+        for (i, (_, check, _)) in checks.iter().enumerate() {
+            let here = Place {
+                record: Arc::clone(&own),
+                check: i + 1,
+            };
+            let before = self.sent.went(check.attempt(), here, now).map(|place| {
+                let at = records.keys.iter().position(|k| *k == place.record);
+                let number = at.unwrap_or_else(|| {
+                    records.keys.push(place.record);
+                    records.keys.len() - 1
+                });
+                (number + 1, place.check)
+            });
+            records.before.push(before);
+        }
+        records
+    }
+}
+
+/// How long a call's record outlives its deadline, and a check's place is kept: twice the store
+/// timeout, so that a caller that retries a check as soon as its call timed out names it in time.
+fn retention(timeout: Duration) -> Duration {
+    timeout * 2
+}
+
+/// The records a call names (see `rate.lua`): its own first, then those of the calls its checks
+/// went out in before; per check, the number of that record and the check's place in that call.
+struct Records {
+    keys: Vec<Arc<str>>,
+    before: Vec<Option<(usize, usize)>>,
+    retain_ms: u64,
 }
 
 /// Sends `cmd`; an error reply is an error (Cluster connections hand it over as a value).
@@ -341,13 +406,17 @@ fn per_key(batch: Vec<Waiting>) -> Vec<Vec<Waiting>> {
     parts
 }
 
-/// `<verb> <script> numkeys keys... args...` for `checks` (see `rate.lua`): every check's keys,
-/// then the call's `deadline` (on the store's clock), each distinct policy once, then per check
-/// its policy, cost and attempt.
-fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64) -> Cmd {
+/// `<verb> <script> numkeys keys... args...` for `checks` (see `rate.lua`): the `records`, every
+/// check's keys, then the call's `deadline` (on the store's clock), the records' number and
+/// retention, each distinct policy once, then per check its policy, cost and attempt (with where
+/// it went before, if it did).
+fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records: &Records) -> Cmd {
     let keys: usize = checks.iter().map(|(p, _, _)| p.limits().len()).sum();
     let mut cmd = redis::cmd(verb);
-    cmd.arg(script).arg(keys);
+    cmd.arg(script).arg(records.keys.len() + keys);
+    for record in &records.keys {
+        cmd.arg(&**record);
+    }
     let mut key = String::new();
     for (policy, check, _) in checks {
         for limit in policy.limits() {
@@ -367,7 +436,10 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64) -> Cmd 
             })
         })
         .collect();
-    cmd.arg(deadline).arg(policies.len());
+    cmd.arg(deadline)
+        .arg(records.keys.len())
+        .arg(records.retain_ms)
+        .arg(policies.len());
     for policy in &policies {
         let algorithm: u8 = match policy.algorithm() {
             Algorithm::SlidingLog => 1,
@@ -379,10 +451,15 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64) -> Cmd 
             cmd.arg(limit.quota()).arg(limit.window_us());
         }
     }
-    for ((_, check, _), number) in checks.iter().zip(numbers) {
-        cmd.arg(number)
-            .arg(check.cost())
-            .arg(&check.attempt_hex()[..]);
+    for (((_, check, _), number), before) in checks.iter().zip(numbers).zip(&records.before) {
+        cmd.arg(number).arg(check.cost());
+        match before {
+            Some((record, place)) => {
+                let attempt = String::from_utf8_lossy(&check.attempt_hex()).into_owned();
+                cmd.arg(format!("{attempt}@{record}:{place}"))
+            }
+            None => cmd.arg(&check.attempt_hex()[..]),
+        };
     }
     cmd
 }

@@ -3,25 +3,29 @@
 -- per-call cost (parsing, the script call, one TIME) once per batch. Each check is decided
 -- exactly as it would be alone at this instant of store time, after the checks before it.
 --
--- KEYS        every check's limit keys, check after check (one check's keys share a hash tag;
---             on Cluster a batch holds keys of one slot)
+-- KEYS        m record keys, then every check's limit keys, check after check (one check's keys
+--             share a hash tag; on Cluster a call holds keys of one slot, its records too):
+--             the first record is this call's own, the others those of calls that carried one
+--             of its checks before
 -- ARGV        the call's deadline in microseconds of store time (the earliest of its checks':
---             a call received from then on decides nothing, its callers gave up on it), the
---             number of policies, then per policy its algorithm (1 sliding log, 2 sliding
---             counter, 3 GCRA), its number of limits n and per limit the quota and the window in
+--             a call received from then on decides nothing, its callers gave up on it), m (0:
+--             no records), how long a record outlives the deadline in milliseconds, the number
+--             of policies, then per policy its algorithm (1 sliding log, 2 sliding counter, 3
+--             GCRA), its number of limits n and per limit the quota and the window in
 --             microseconds; then per check its policy (1-based), its cost (integer >= 0; 0 only
---             looks) and its attempt id (16 hex digits)
+--             looks) and its attempt id (16 hex digits), followed, for a check sent before, by
+--             where it went: '@j:p', the p-th check of the call of record j (1: this call)
 -- Returns     per check: admitted (0|1), retry_after_us, then per limit remaining and reset_us;
 --             or -1 and the error of a check that failed (the checks around it stand); or -2, 0
 --             for every check of a call received after its deadline, which charged nothing
 --
--- Safe to run twice: a check whose attempt already charged its limits (the call was re-sent, or
--- its reply lost and the check retried) is admitted again without a second charge, whatever other
--- checks charged the caller in between. The log finds the attempt among its entries; the counter
--- and GCRA keep, in the first limit's value, the recent attempts that charged it, each with its
--- deadline: an entry is dropped once its deadline has passed (a re-send is refused from then on
--- anyway), and at most RECENT (8) of them are kept, so a re-send is recognised as long as fewer
--- than 8 other attempts charged the caller before its deadline.
+-- Safe to run twice: a check whose attempt already charged its limits is admitted again without
+-- a second charge, whatever other checks charged the caller in between. A call keeps its record:
+-- a string with a digit per check, 1 for each that charged, kept until the call's deadline plus
+-- the retention; the same call re-sent (a dropped connection, a Cluster retry) reads its own,
+-- and a check sent again in another call (its caller retrying) reads the record of the call it
+-- went out in before. One GET and at most one SET per call, whatever its checks: a re-send costs
+-- the decisions nothing. The log also finds its attempt among its entries.
 --
 -- Numbers go to redis.call formatted as integers by hand: Lua would print those of more than 14
 -- digits in exponent form, and Redis formats every number it is given as a float, which costs
@@ -44,38 +48,6 @@ local function int(s)
   return tonumber(sub(s, 1, n - 8)) * 100000000 + tonumber(sub(s, n - 7))
 end
 
--- The recent attempts of a counter or GCRA value: entries of 24 hex digits, the attempt id (16)
--- then its deadline in whole seconds of store time, rounded up (8), oldest first. A value written
--- by an earlier version holds one bare attempt id (16 digits, no deadline).
-local ENTRY, RECENT = 24, 8
-local find = string.find
--- the call's deadline and now, in whole seconds as entries hold them (set below)
-local until_hex, now_hex
-
--- whether `attempt` is among the recent attempts `tail`
-local function seen(tail, attempt)
-  local p = find(tail, attempt, 1, true)
-  while p do
-    if (p - 1) % ENTRY == 0 then return true end
-    p = find(tail, attempt, p + 1, true)
-  end
-  return false
-end
-
--- `tail` without the entries whose deadline passed (fixed-width hex compares as numbers do), at
--- most RECENT - 1 of them, and then `attempt` with the call's deadline
-local function remember(tail, attempt)
-  local n = #tail
-  if n % ENTRY ~= 0 then tail, n = '', 0 end
-  local from = 1
-  while from <= n and sub(tail, from + 16, from + 23) <= now_hex do
-    from = from + ENTRY
-  end
-  local most = (RECENT - 1) * ENTRY
-  if n - from + 1 > most then from = n - most + 1 end
-  return sub(tail, from) .. attempt .. until_hex
-end
-
 local function push(a, b)
   out[len + 1], out[len + 2] = a, b
   len = len + 2
@@ -94,9 +66,9 @@ end
 -- left the window is the log trimmed. A new caller costs ZRANGE, ZADD, PEXPIRE; a known one adds
 -- ZCARD. A re-sent attempt finds its own entries: they are never added twice (ZADD NX), and only
 -- a log that would deny is searched for them (ZSCORE).
-local function sliding_log(k, n, q, w, cost, attempt)
+local function sliding_log(k, n, q, w, cost, attempt, replay)
   local counts, oldests = s1, s2
-  local admitted, retry, replay = 1, 0, false
+  local admitted, retry = 1, 0
   local first_member = attempt
   if cost > 1 then first_member = attempt .. ':1' end
   for i = 1, n do
@@ -175,15 +147,14 @@ local function sliding_log(k, n, q, w, cost, attempt)
   end
 end
 
--- Sliding-window counter: O(1) memory. Per limit one string
--- "<window index>:<current>:<previous>:<recent attempts>" (the attempts on the first limit only);
--- the estimate is current + previous * (share of the previous window still inside the sliding
--- one). GET, plus SET when admitted (KEEPTTL within a window). A re-sent attempt finds its id
--- among the first limit's recent attempts.
-local function sliding_counter(k, n, q, w, cost, attempt)
+-- Sliding-window counter: O(1) memory. Per limit one string "<window index>:<current>:<previous>"
+-- (anything after it, as an earlier version wrote, is ignored); the estimate is current +
+-- previous * (share of the previous window still inside the sliding one). GET, plus SET when
+-- admitted (KEEPTTL within a window).
+local function sliding_counter(k, n, q, w, cost, _, replay)
   local now = now_ms
   local indexes, elapsed_ms, curs, prevs, sames = s1, s2, s3, s4, s5
-  local admitted, retry, replay, recent = 1, 0, false, ''
+  local admitted, retry = 1, 0
   for i = 1, n do
     local quota = q[i]
     local window = w[i] / 1000
@@ -192,18 +163,15 @@ local function sliding_counter(k, n, q, w, cost, attempt)
     local cur, prev, same = 0, 0, false
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
-      -- the recent attempts are cut off, not matched: a pattern walks them a digit at a time
-      local idx, c, p, at = match(raw, '^(%d+):(%d+):(%d+):?()')
-      local by = sub(raw, at)
+      local idx, c, p = match(raw, '^(%d+):(%d+):(%d+)')
       idx = tonumber(idx)
       if idx == index then cur, prev, same = tonumber(c), tonumber(p), true
       elseif idx == index - 1 then prev = tonumber(c) end
-      if i == 1 then recent, replay = by, seen(by, attempt) end
     end
     indexes[i], elapsed_ms[i], curs[i], prevs[i], sames[i] = index, elapsed, cur, prev, same
     -- scaled by window: used * window = cur * window + prev * (window - elapsed)
     if replay then
-      -- charged by the first run of this attempt: nothing to decide
+      -- charged by an earlier run of this attempt: nothing to decide
     elseif (cur + cost) * window + prev * (window - elapsed) > quota * window then
       admitted = 0
       local wait
@@ -227,9 +195,7 @@ local function sliding_counter(k, n, q, w, cost, attempt)
     local index, elapsed, cur, prev = indexes[i], elapsed_ms[i], curs[i], prevs[i]
     if admitted == 1 and not replay and cost > 0 then
       cur = cur + cost
-      local tail = ''
-      if i == 1 then tail = remember(recent, attempt) end
-      local value = format('%d:%d:%d:%s', index, cur, prev, tail)
+      local value = format('%d:%d:%d', index, cur, prev)
       if sames[i] then
         -- the same window: its expiry (the end of the next window) stands
         redis.call('SET', KEYS[k + i], value, 'KEEPTTL')
@@ -256,30 +222,27 @@ end
 
 -- GCRA (generic cell rate algorithm): O(1) memory, smooth. Emission interval T = window / quota;
 -- a request of cost c is admitted when max(TAT, now) + c*T - now <= window (a fresh caller may
--- spend the whole quota at once). Kept exact in integers: per limit one string
--- "<tat>:<rem>:<recent attempts>", the theoretical arrival time in whole microseconds of store
--- time plus rem/quota of a microsecond, and (on the first limit only) the attempts that charged it
--- lately. Offsets from now are counted in 1/quota microseconds, where T is exactly `window`
--- units (quota * window < 2^52). GET, plus SET PX when admitted. A re-sent attempt finds its id
--- among the first limit's recent attempts.
-local function gcra(k, n, q, w, cost, attempt)
+-- spend the whole quota at once). Kept exact in integers: per limit one string "<tat>:<rem>", the
+-- theoretical arrival time in whole microseconds of store time plus rem/quota of a microsecond
+-- (anything after it, as an earlier version wrote, is ignored). Offsets from now are counted in
+-- 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52). GET, plus SET
+-- PX when admitted.
+local function gcra(k, n, q, w, cost, _, replay)
   local now = now_us
   local tats, rems = s1, s2
-  local admitted, retry, replay, recent = 1, 0, false, ''
+  local admitted, retry = 1, 0
   for i = 1, n do
     local quota, window = q[i], w[i]
     local tat, rem = now, 0
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
-      local stored, r, at = match(raw, '^(%d+):(%d+):?()')
-      local by = sub(raw, at)
+      local stored, r = match(raw, '^(%d+):(%d+)')
       stored = int(stored)
       if stored >= now then tat, rem = stored, tonumber(r) end
-      if i == 1 then recent, replay = by, seen(by, attempt) end
     end
     tats[i], rems[i] = tat, rem
     if replay then
-      -- charged by the first run of this attempt: nothing to decide
+      -- charged by an earlier run of this attempt: nothing to decide
     elseif cost > quota then
       admitted = 0
       if window > retry then retry = window end
@@ -303,10 +266,8 @@ local function gcra(k, n, q, w, cost, attempt)
       if whole * quota > units then whole = whole - 1 end
       tat = tat + whole
       rem = units - whole * quota
-      local tail = ''
-      if i == 1 then tail = remember(recent, attempt) end
       redis.call('PSETEX', KEYS[k + i], format('%d', ceil((tat - now) / 1000) + 1),
-        format('%d:%d:%s', tat, rem, tail))
+        format('%d:%d', tat, rem))
     end
     local ahead = (tat - now) * quota + rem
     local used = ceil_div(ahead, window)
@@ -322,12 +283,33 @@ end
 local algorithms = {sliding_log, sliding_counter, gcra}
 local deadline = int(ARGV[1])
 local late = now_us >= deadline
--- eight digits last until 2106; a later deadline is kept as that
-local until_s = ceil(deadline / 1000000)
-if until_s > 4294967295 then until_s = 4294967295 end
-until_hex, now_hex = format('%08x', until_s), format('%08x', floor(now_us / 1000000))
-local policies, a = {}, 2
-for p = 1, tonumber(ARGV[2]) do
+local records, retain_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
+-- this call's record, when it ran before; those of earlier calls, read once each
+local before, earlier = false, {}
+if records > 0 and not late then before = redis.call('GET', KEYS[1]) end
+-- per check, '1' when its attempt charged, in this run or an earlier one
+local charged, any = {}, false
+
+-- whether the `c`-th check charged in an earlier run: this call's, or, sent as `p`-th check of
+-- the call of record `j` before (`where` is 'j:p'), that call's
+local function replayed(c, where)
+  if before and sub(before, c, c) == '1' then return true end
+  if not where then return false end
+  local j, p = match(where, '^(%d+):(%d+)$')
+  j, p = tonumber(j), tonumber(p)
+  if not j or j > records then return false end
+  -- record 1 is this call's: an attempt sent twice in one call
+  if j == 1 then return charged[p] == '1' end
+  local record = earlier[j]
+  if record == nil then
+    record = redis.call('GET', KEYS[j])
+    earlier[j] = record
+  end
+  return record and sub(record, p, p) == '1'
+end
+
+local policies, a = {}, 4
+for p = 1, tonumber(ARGV[4]) do
   local n, q, w = tonumber(ARGV[a + 2]), {}, {}
   for i = 1, n do
     q[i], w[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i])
@@ -335,16 +317,25 @@ for p = 1, tonumber(ARGV[2]) do
   policies[p] = {algorithms[tonumber(ARGV[a + 1])], n, q, w}
   a = a + 2 + 2 * n
 end
-local k, args = 0, #ARGV
+local k, c, args = records, 0, #ARGV
 while a < args do
   local policy = policies[tonumber(ARGV[a + 1])]
   local n = policy[2]
+  local cost, attempt, where = tonumber(ARGV[a + 2]), ARGV[a + 3], nil
+  -- an attempt sent before carries where: '<attempt>@j:p'
+  if #attempt > 16 then attempt, where = sub(attempt, 1, 16), sub(attempt, 18) end
   local start = len
   local ok, err = true, nil
+  c = c + 1
+  charged[c] = '0'
   if late then
     push(-2, 0)
   else
-    ok, err = pcall(policy[1], k, n, policy[3], policy[4], tonumber(ARGV[a + 2]), ARGV[a + 3])
+    local replay = cost > 0 and replayed(c, where)
+    ok, err = pcall(policy[1], k, n, policy[3], policy[4], cost, attempt, replay)
+    if ok and cost > 0 and out[start + 1] == 1 then
+      charged[c], any = '1', true
+    end
   end
   if not ok then
     -- this check's partial answer gives way to its error
@@ -354,5 +345,11 @@ while a < args do
     push(-1, tostring(err))
   end
   k, a = k + n, a + 3
+end
+if any and records > 0 then
+  local record = table.concat(charged)
+  if record ~= before then
+    redis.call('PSETEX', KEYS[1], format('%d', ceil((deadline - now_us) / 1000) + retain_ms), record)
+  end
 end
 return out
