@@ -43,7 +43,8 @@ impl State {
     }
 }
 
-/// How many recent attempts a counter or GCRA state keeps, as `rate.lua` does.
+/// How many recent attempts a counter or GCRA state keeps, as the PostgreSQL functions do (on
+/// Redis, each call keeps a record of the checks it charged instead: see `rate.lua`).
 const RECENT: usize = 8;
 
 /// How long an attempt is remembered: the deadline of a check on the memory store, after
