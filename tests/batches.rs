@@ -350,3 +350,192 @@ fn under_light_load_a_check_does_not_wait_for_the_call_in_flight() {
     });
     assert_eq!(evals(&server), 3, "calls: [1], [2], then [3, 4, 5]");
 }
+
+/// What `n` checks of one cost each, one caller each, sent at a steady `per_second` by
+/// `store`, came to: per check its caller's number, when it was sent (from the first) and its
+/// outcome (`Ok(admitted)`).
+async fn steady_load(
+    store: &RedisStore,
+    policy: &Arc<RatePolicy>,
+    n: u32,
+    per_second: u32,
+) -> Vec<(u32, Duration, Result<bool, tollgate::store::StoreError>)> {
+    let started = tokio::time::Instant::now();
+    let mut ticker = tokio::time::interval(Duration::from_secs(1) / per_second);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        ticker.tick().await;
+        let (store, policy) = (store.clone(), Arc::clone(policy));
+        tasks.push(tokio::spawn(async move {
+            let sent = started.elapsed();
+            let check = RateCheck::new(far_caller(i), 1);
+            let outcome = store.check_rate(&policy, check).await;
+            (i, sent, outcome.map(|o| o.admitted))
+        }));
+    }
+    let mut results = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    results
+}
+
+fn far_caller(i: u32) -> Key {
+    Key::new("far", &i.to_be_bytes())
+}
+
+/// With the store 5 ms away each way, one call of `max_batch(8)` decides at most 800 checks a
+/// second. Offered twice that for 3 s, calls are pipelined: of the checks sent after the first
+/// second, at least 90% are decided; and a check reported failed charged nothing, whenever its
+/// call arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_a_distance_load_beyond_one_call_is_decided_and_no_failed_check_is_charged() {
+    let server = RedisServer::start();
+    let proxy = common::proxy::Proxy::start(server.addr()).await;
+    proxy.delay(Duration::from_millis(5));
+    let store = RedisStore::builder(proxy.url())
+        .timeout(Duration::from_millis(300))
+        .max_batch(8)
+        .build()
+        .unwrap();
+    let policy = Arc::new(
+        RatePolicy::new("far:rl", Algorithm::Gcra, vec![Limit::per_minute("m", 10)]).unwrap(),
+    );
+    // the connection open and the store's clock read before the load starts
+    let warm = RateCheck::new(Key::new("far", b"warm"), 0);
+    store.check_rate(&policy, warm).await.unwrap();
+
+    let results = steady_load(&store, &policy, 4800, 1600).await;
+    let steady: Vec<_> = results
+        .iter()
+        .filter(|(_, sent, _)| *sent >= Duration::from_secs(1))
+        .collect();
+    let decided = steady.iter().filter(|(_, _, o)| o.is_ok()).count();
+    assert!(
+        decided * 10 >= steady.len() * 9,
+        "{decided} of {} checks decided in steady state",
+        steady.len()
+    );
+    assert!(
+        results.iter().all(|(_, _, o)| !matches!(o, Ok(false))),
+        "a caller of its first check was denied"
+    );
+
+    // whatever was held in flight has arrived (and was refused past its deadline)
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let direct = server.store();
+    let failed: Vec<u32> = results
+        .iter()
+        .filter(|(_, _, o)| o.is_err())
+        .map(|(i, _, _)| *i)
+        .collect();
+    for chunk in failed.chunks(64) {
+        let looks = join_all(chunk.iter().map(|&i| {
+            let (direct, policy) = (direct.clone(), Arc::clone(&policy));
+            async move {
+                let look = RateCheck::new(far_caller(i), 0);
+                (i, direct.check_rate(&policy, look).await.unwrap())
+            }
+        }))
+        .await;
+        for (i, look) in looks {
+            assert_eq!(
+                look.limits[0].remaining, 10,
+                "caller {i}: its check was reported failed, and charged"
+            );
+        }
+    }
+}
+
+/// base64url without padding, as the store writes a caller's digest into its keys' hash tag.
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// On a three-master Cluster with one master stopped (SIGSTOP), callers whose keys the other
+/// two serve are decided as before: at least 90% of their checks, while every check of the
+/// stopped master's callers fails; none waits for another's node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_cluster_master_holds_up_only_its_own_callers() {
+    use common::cluster::{RedisCluster, key_slot};
+    let cluster = tokio::task::spawn_blocking(|| {
+        RedisCluster::start_announcing(&RedisCluster::free_ports(), None)
+    })
+    .await
+    .unwrap();
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let policy = Arc::new(
+        RatePolicy::new("far:rl", Algorithm::Gcra, vec![Limit::per_minute("m", 10)]).unwrap(),
+    );
+    let master_of = |i: u32| {
+        let tag = base64url(far_caller(i).as_bytes());
+        cluster.master_of_slot(key_slot(&format!("{{{tag}}}")))
+    };
+    // every master answers before one stops, and the slot of a known key is where it lives
+    let stopped = master_of(0).unwrap();
+    assert!(
+        store
+            .check_rate(&policy, RateCheck::new(far_caller(0), 1))
+            .await
+            .unwrap()
+            .admitted
+    );
+    let masters: Vec<Option<u16>> = (0..1200).map(master_of).collect();
+    let pid: String = {
+        let mut conn = redis::Client::open(format!("redis://127.0.0.1:{stopped}/"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let info: String = redis::cmd("INFO").arg("server").query(&mut conn).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    let signal = |sig: &str| {
+        let status = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    // 1.2 s of load: over before the other masters would call the stopped one failing (2 s)
+    let results = steady_load(&store, &policy, 1200, 1000).await;
+    signal("-CONT");
+    let (mut others, mut decided, mut its_own) = (0, 0, 0);
+    for (i, _, outcome) in &results {
+        if masters[*i as usize] == Some(stopped) {
+            its_own += 1;
+            assert!(
+                outcome.is_err(),
+                "caller {i} of the stopped master was decided"
+            );
+        } else {
+            others += 1;
+            decided += usize::from(outcome.is_ok());
+        }
+    }
+    assert!(its_own > 0 && others > 0, "{its_own} / {others}");
+    assert!(
+        decided * 10 >= others * 9,
+        "{decided} of {others} checks of the other masters' callers decided"
+    );
+}

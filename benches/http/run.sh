@@ -15,6 +15,9 @@
 #            QUIET_PCT=10 QUIET_MAX_WAIT=900 OTHER_MAX=0.4 TRIES=6 (foreign-load guard, below)
 #            REDIS_PORT / APP_PORT (default: first free port from 6431 / 3131)
 #            ONLY="limited plain" (restrict to these labels; extras always run)
+#            DELAY_MS=1 (the servers reach Redis through delay/, a proxy adding that many ms to
+#            every chunk each way; 0 is the proxy alone; unset: no proxy). At a distance wrk needs
+#            more connections to keep the servers busy: CONNS=256 is a fair start.
 # Output: raw/<UTC timestamp>/{runs.csv,summary.md,wrk_*.txt,cmdstats_*.txt,*.log};
 #         summary.md is also printed. Nothing but 127.0.0.1 is contacted.
 set -euo pipefail
@@ -26,7 +29,7 @@ T="$CARGO_TARGET_DIR/release"
 APP_BIN="$REPO/target/release/examples/app"     # the repository's example app, built in its target/
 LUA="$HERE/rand_key.lua"
 ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8s}; WARM=${WARM:-2s}; CONNS=${CONNS:-50}; THREADS=${THREADS:-1}
-BUILD=${BUILD:-1}; ONLY=${ONLY:-}
+BUILD=${BUILD:-1}; ONLY=${ONLY:-}; DELAY_MS=${DELAY_MS:-}
 for tool in wrk redis-server redis-cli curl bc ss python3; do
   command -v "$tool" >/dev/null || { echo "needs $tool on PATH (apt-get install -y wrk redis-server)"; exit 2; }
 done
@@ -59,6 +62,7 @@ if [ "$BUILD" = 1 ]; then
   fi
   echo "== $TRL_NOTE"
   build tollgate cargo build --release -p bench-tollgate
+  [ -z "$DELAY_MS" ] || build delay cargo build --release -p bench-delay
   echo "== building the example app (cargo build --release --example app in $REPO)"
   (cd "$REPO" && build app env -u CARGO_TARGET_DIR cargo build --release --example app)
 fi
@@ -93,9 +97,9 @@ done
 
 # ---------------------------------------------------------------- redis
 # only our own children, by pid; each pid is cleared as soon as it has been reaped
-RPID=""; SPID=""
+RPID=""; SPID=""; PPID_DELAY=""
 stop() { if [ -n "$1" ]; then kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; fi; }
-cleanup() { stop "$SPID"; SPID=""; stop "$RPID"; RPID=""; }
+cleanup() { stop "$SPID"; SPID=""; stop "$PPID_DELAY"; PPID_DELAY=""; stop "$RPID"; RPID=""; }
 trap cleanup EXIT INT TERM
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
   >"$OUT/redis.log" 2>&1 &
@@ -103,9 +107,18 @@ RPID=$!
 R="redis-cli -h 127.0.0.1 -p $REDIS_PORT"
 for i in $(seq 50); do $R ping >/dev/null 2>&1 && break; sleep 0.1; done
 export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/"
+if [ -n "$DELAY_MS" ]; then
+  # the servers reach Redis through the proxy; this script's own redis-cli calls do not
+  PROXY_PORT=$(free_port $((REDIS_PORT + 100)))
+  LISTEN="127.0.0.1:$PROXY_PORT" UPSTREAM="127.0.0.1:$REDIS_PORT" DELAY_MS="$DELAY_MS" \
+    "$T/delay" >"$OUT/delay.log" 2>&1 &
+  PPID_DELAY=$!
+  for i in $(seq 50); do redis-cli -h 127.0.0.1 -p "$PROXY_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  export REDIS_URL="redis://127.0.0.1:$PROXY_PORT/"
+fi
 
 {
-  echo "date_utc=$(date -u +%FT%TZ) host_cpus=$(nproc) rounds=$ROUNDS dur=$DUR warm=$WARM conns=$CONNS threads=$THREADS"
+  echo "date_utc=$(date -u +%FT%TZ) host_cpus=$(nproc) rounds=$ROUNDS dur=$DUR warm=$WARM conns=$CONNS threads=$THREADS delay_ms=${DELAY_MS:-none}"
   echo "redis_port=$REDIS_PORT app_port=$APP_PORT $(redis-server --version)"
   echo "$(rustc --version); $(wrk -v 2>&1 | head -1)"
   echo "$TRL_NOTE"
@@ -128,7 +141,7 @@ busy_pct_1s() {
 }
 wait_quiet() { local t=0; while [ "$(busy_pct_1s)" -ge "$QUIET_PCT" ] && [ $t -lt "$QUIET_MAX_WAIT" ]; do t=$((t + 1)); done; echo $t; }
 
-HDR="label,round,rps,p50,p99,non2xx,sock_err,requests,server_cpu_s,redis_cpu_s,wrk_cpu_s,other_cpu_s,redis_cmds,evalsha,load1,waited_s,try"
+HDR="label,round,rps,p50,p99,non2xx,sock_err,requests,server_cpu_s,redis_cpu_s,wrk_cpu_s,other_cpu_s,redis_cmds,evalsha,load1,waited_s,try,proxy_cpu_s"
 echo "$HDR" >"$OUT/runs.csv"; echo "$HDR" >"$OUT/discarded.csv"
 run_one() { # label round
   local label=$1 round=$2 pid
@@ -150,11 +163,14 @@ run_one() { # label round
     local load1; load1=$(cut -d' ' -f1 /proc/loadavg)
     local s0 r0 b0 s1 r1 b1 wt
     local W="$OUT/wrk_${label}_r${round}.txt" C="$OUT/cmdstats_${label}_r${round}.txt"
+    local p0=0 p1=0
+    [ -z "$PPID_DELAY" ] || p0=$(ticks "$PPID_DELAY")
     s0=$(ticks "$pid"); r0=$(ticks "$RPID"); b0=$(busy)
     local TIMEFORMAT='%U %S'
     wt=$( { time wrk -t"$THREADS" -c"$CONNS" -d"$DUR" --latency -s "$LUA" \
             "http://127.0.0.1:$APP_PORT/api/hello" >"$W"; } 2>&1 )
     s1=$(ticks "$pid"); r1=$(ticks "$RPID"); b1=$(busy)
+    [ -z "$PPID_DELAY" ] || p1=$(ticks "$PPID_DELAY")
     $R info commandstats >"$C"
     local rps p50 p99 non2xx serr reqs cmds evsha
     rps=$(awk '/Requests\/sec/{print $2}' "$W")
@@ -169,8 +185,9 @@ run_one() { # label round
     local scpu rcpu wcpu ocpu
     scpu=$(echo "scale=2;($s1-$s0)/$HZ" | bc); rcpu=$(echo "scale=2;($r1-$r0)/$HZ" | bc)
     wcpu=$(echo "$wt" | awk '{printf "%.2f", $1+$2}')
-    ocpu=$(echo "scale=2;($b1-$b0)/$HZ-$scpu-$rcpu-$wcpu" | bc)
-    line="$label,$round,$rps,$p50,$p99,$non2xx,$serr,$reqs,$scpu,$rcpu,$wcpu,$ocpu,$cmds,$evsha,$load1,$waited,$try"
+    local pcpu; pcpu=$(echo "scale=2;($p1-$p0)/$HZ" | bc)
+    ocpu=$(echo "scale=2;($b1-$b0)/$HZ-$scpu-$rcpu-$wcpu-$pcpu" | bc)
+    line="$label,$round,$rps,$p50,$p99,$non2xx,$serr,$reqs,$scpu,$rcpu,$wcpu,$ocpu,$cmds,$evsha,$load1,$waited,$try,$pcpu"
     if [ "$try" -lt "$TRIES" ] && [ "$(echo "$ocpu > $OTHER_MAX" | bc)" = 1 ]; then
       echo "   (discarded, other_cpu_s=$ocpu) $line"; echo "$line" >>"$OUT/discarded.csv"
       cat "$W" >>"$OUT/discarded_wrk.txt"; continue

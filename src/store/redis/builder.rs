@@ -153,9 +153,10 @@ macro_rules! max_batch_setter {
         /// The most rate checks one call to Redis carries (default 32). Checks that wait for
         /// the store at the same moment go out together, as one call of one script that
         /// decides them in turn — each exactly as it would be decided alone — so that Redis and
-        /// the client pay the cost of a call once per batch. The first check goes at once; only
-        /// checks that arrive while a call is in flight wait, for the next one. 1 sends every
-        /// check alone.
+        /// the client pay the cost of a call once per batch. The first check goes at once; checks
+        /// that arrive while calls are in flight wait for the next one, which goes out as soon as
+        /// it is full (calls are pipelined, however many are in flight), when a call returns, or
+        /// after half a millisecond. 1 sends every check alone.
         pub fn max_batch(mut self, checks: usize) -> Self {
             self.max_batch = checks.max(1);
             self

@@ -2,12 +2,20 @@
 //! one call of `rate.lua`.
 //!
 //! A check goes out at once when no call is in flight, and while the load is light: fewer than
-//! four checks in flight, in at most two calls. Otherwise it queues, and when a call returns,
-//! what queued meanwhile goes out as the next call (up to `max_batch` checks). With no load that
-//! is one check per call, as without batching; under load a batch holds the arrivals of one
-//! round trip, and Redis pays its cost per call (reading and parsing the command, the script
+//! four checks in flight, in at most two calls. Otherwise it queues: a full batch (`max_batch`
+//! checks) goes out as soon as it has formed, whatever is in flight — calls are pipelined on the
+//! multiplexed connection, so throughput does not depend on the distance to the store — and what
+//! queued short of a full batch goes out when a call returns, or once its first check has waited
+//! half a millisecond (at a distance a call takes longer). With no load that is one check per
+//! call, as without batching; under load a batch holds the arrivals of one round trip (or
+//! `max_batch`), and Redis pays its cost per call (reading and parsing the command, the script
 //! call, `TIME`, the reply) once per batch, as the client pays its encoding, write and wake-up.
-//! One call in flight under load keeps batches large: a second would halve them.
+//!
+//! A check goes out only if its caller has time left for the answer: the store's round trips are
+//! measured (a moving average of the calls' durations), and a check whose deadline is nearer than
+//! one round trip fails at once, unsent and uncharged, rather than in flight. Under overload the
+//! queue thus sheds what cannot be answered in time, and what is sent comes back: decisions go on
+//! at the store's capacity instead of every call timing out.
 //!
 //! The script decides the checks in turn, each exactly as it would be decided alone at that
 //! instant of store time after the ones before it. A check whose script step fails fails alone; a
@@ -16,7 +24,8 @@
 //! went out is left out of it.
 //!
 //! On Redis Cluster a call holds the checks of one caller key, hence of one hash slot; the calls
-//! for different keys of one batch go out together, each to its node.
+//! for different keys of one batch go out together, each to its node, and each is answered on its
+//! own: a stalled node holds up only the callers whose keys it serves.
 //!
 //! Every call leaves a record of the checks it charged (see `rate.lua`), kept for twice the store
 //! timeout past its deadline: a call re-sent reads its own, and a check sent again in a later call
@@ -25,11 +34,11 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
@@ -47,8 +56,17 @@ use crate::store::{StoreClock, StoreError, StoreErrorKind, StoreFuture};
 /// The most checks one call carries unless configured otherwise.
 pub(super) const DEFAULT_MAX_BATCH: usize = 32;
 
-/// The most calls in flight at once.
+/// The most calls in flight at once while the load is light.
 const MAX_CALLS: usize = 2;
+
+/// The longest a check waits for a short batch to fill while calls are in flight (unless one of
+/// them returns first): at a distance a call takes milliseconds, and waiting for it would add
+/// them to every check's latency; close by, a call returns sooner.
+const LINGER: Duration = Duration::from_micros(500);
+
+/// The most checks in flight at once, in as many calls as they fill: a bound on what a store
+/// that stopped answering holds, not on throughput.
+const MAX_CARRIED: usize = 4096;
 
 /// Below this many checks in flight the load is light: a check goes out at once, in a second call
 /// beside the one in flight, rather than wait for it.
@@ -65,6 +83,8 @@ pub(super) struct Rates {
     per_key: bool,
     /// Where recent checks went out, for a check sent again.
     sent: SentChecks,
+    /// A moving average of the calls' round trips, in microseconds (0: none measured yet).
+    round_trip_us: AtomicU64,
     queue: Mutex<Queue>,
     /// Tells the driver that a check queued.
     queued: Notify,
@@ -73,8 +93,11 @@ pub(super) struct Rates {
 #[derive(Default)]
 struct Queue {
     waiting: VecDeque<Waiting>,
-    /// A call is in flight: new checks wait for the next one.
+    /// A driver is sending: new checks wait for it.
     sending: bool,
+    /// The driver would send a check now, whatever the batch: it wants to hear of every one
+    /// (otherwise only of full batches).
+    eager: bool,
 }
 
 /// A check waiting for its batch.
@@ -84,6 +107,15 @@ struct Waiting {
     /// When its caller gives up: received later, the check charges nothing.
     deadline: Instant,
     reply: oneshot::Sender<Result<RateOutcome, StoreError>>,
+}
+
+/// What goes out next.
+enum Next {
+    Batch(Vec<Waiting>),
+    /// A short batch waits, at most until then.
+    Hold(Instant),
+    /// Nothing waits.
+    Idle,
 }
 
 /// A check as sent: its policy, the check, and its caller's deadline.
@@ -105,6 +137,7 @@ impl Rates {
             max_batch: max_batch.max(1),
             per_key,
             sent: SentChecks::new(retention(timeout)),
+            round_trip_us: AtomicU64::new(0),
             queue: Mutex::default(),
             queued: Notify::new(),
         }
@@ -153,38 +186,77 @@ impl Rates {
         let mut queue = self.queue();
         queue.waiting.push_back(waiting);
         let start = !std::mem::replace(&mut queue.sending, true);
+        let wake = !start && (queue.eager || queue.waiting.len().is_multiple_of(self.max_batch));
         drop(queue);
-        if !start {
+        if wake {
             self.queued.notify_one();
         }
         start
     }
 
-    /// The checks that go out next, leaving out callers that gave up; `None` when none waits,
-    /// and then, when the driver is `idle` (nothing in flight), it stops.
-    fn next_batch(&self, idle: bool) -> Option<Vec<Waiting>> {
+    /// The checks that go out next: a full batch, or, when `any` (nothing in flight, or the load
+    /// is light) or once the first has waited [`LINGER`], whatever waits; leaving out callers
+    /// that gave up and failing those with too little time left. When nothing goes out: until
+    /// when a short batch may wait, or, when nothing waits, `Idle` (and then, when the driver is
+    /// `idle`, nothing in flight, it stops).
+    fn next_batch(&self, idle: bool, any: bool) -> Next {
+        let now = Instant::now();
+        let round_trip = self.round_trip();
         let mut queue = self.queue();
+        queue.eager = any;
+        if !any && queue.waiting.len() < self.max_batch {
+            // a caller's deadline is its arrival plus the timeout
+            let first = queue
+                .waiting
+                .front()
+                .map(|w| w.deadline.checked_sub(self.timeout).unwrap_or(now) + LINGER);
+            match first {
+                Some(until) if until > now => return Next::Hold(until),
+                Some(_) => {}
+                None => return Next::Idle,
+            }
+        }
         let mut batch = Vec::with_capacity(queue.waiting.len().min(self.max_batch));
         while batch.len() < self.max_batch {
             match queue.waiting.pop_front() {
                 Some(waiting) if waiting.reply.is_closed() => {}
+                Some(waiting) if waiting.deadline.saturating_duration_since(now) < round_trip => {
+                    let _ = waiting.reply.send(Err(too_late(round_trip)));
+                }
                 Some(waiting) => batch.push(waiting),
                 None => break,
             }
         }
         if batch.is_empty() {
-            queue.sending = !idle;
-            return None;
+            queue.sending = !(idle && queue.waiting.is_empty());
+            return Next::Idle;
         }
-        Some(batch)
+        Next::Batch(batch)
     }
 
-    /// Sends `batch` (on Cluster, a call per caller key) and tells each caller its answer.
-    async fn send(&self, batch: Vec<Waiting>) {
-        if self.per_key && batch.len() > 1 {
-            join_all(per_key(batch).into_iter().map(|b| self.send_one(b))).await;
+    /// The calls' round trip as measured lately (zero before the first).
+    fn round_trip(&self) -> Duration {
+        Duration::from_micros(self.round_trip_us.load(Ordering::Relaxed))
+    }
+
+    /// Learns that a call took `took`.
+    fn measured(&self, took: Duration) {
+        let took = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let was = self.round_trip_us.load(Ordering::Relaxed);
+        let now = if was == 0 {
+            took
         } else {
-            self.send_one(batch).await;
+            was - was / 8 + took / 8
+        };
+        self.round_trip_us.store(now, Ordering::Relaxed);
+    }
+
+    /// The calls `batch` goes out as: one, or on Cluster one per caller key.
+    fn calls_of(&self, batch: Vec<Waiting>) -> Vec<Vec<Waiting>> {
+        if self.per_key && batch.len() > 1 {
+            per_key(batch)
+        } else {
+            vec![batch]
         }
     }
 
@@ -194,7 +266,12 @@ impl Rates {
             .iter()
             .map(|w| (&*w.policy, w.check, w.deadline))
             .collect();
-        match self.call(&checks).await {
+        let started = Instant::now();
+        let decided = self.call(&checks).await;
+        if decided.is_ok() {
+            self.measured(started.elapsed());
+        }
+        match decided {
             Ok(decided) => {
                 for (waiting, outcome) in batch.into_iter().zip(decided) {
                     // a caller that gave up meanwhile has no one to tell
@@ -217,9 +294,12 @@ impl Rates {
     ) -> Result<Vec<Result<RateOutcome, StoreError>>, StoreError> {
         let mut conn = self.link.get();
         let reply = bounded("rate_check", &self.link, self.timeout, async {
-            // the earliest caller's: a call that comes later than that decides nothing
+            // the earliest caller's, less the reply's way back (half a round trip): a call that
+            // comes later than that decides nothing, and one decided in time is answered in time
             let earliest = checks.iter().map(|(_, _, d)| *d).min();
             let earliest = earliest.unwrap_or_else(|| Instant::now() + self.timeout);
+            let back = self.round_trip() / 2;
+            let earliest = earliest.checked_sub(back).unwrap_or(earliest);
             let deadline = store_deadline(&self.clock, &self.link, &mut conn, earliest).await?;
             let records = self.records(checks);
             let evalsha = command(
@@ -349,28 +429,41 @@ impl Driver {
         // the checks the calls in flight carry
         let mut carried = 0;
         loop {
-            while calls.is_empty() || light(calls.len(), carried) {
-                let Some(batch) = rates.next_batch(calls.is_empty()) else {
-                    break;
+            let mut hold = None;
+            while carried < MAX_CARRIED {
+                let any = calls.is_empty() || light(calls.len(), carried);
+                let batch = match rates.next_batch(calls.is_empty(), any) {
+                    Next::Batch(batch) => batch,
+                    Next::Hold(until) => {
+                        hold = Some(until);
+                        break;
+                    }
+                    Next::Idle => break,
                 };
-                carried += batch.len();
-                calls.push(async move {
-                    let checks = batch.len();
-                    rates.send(batch).await;
-                    checks
-                });
+                for call in rates.calls_of(batch) {
+                    carried += call.len();
+                    calls.push(async move {
+                        let checks = call.len();
+                        rates.send_one(call).await;
+                        checks
+                    });
+                }
             }
             if calls.is_empty() {
                 break;
             }
-            if light(calls.len(), carried) {
-                // a check that queues meanwhile goes out at once
-                tokio::select! {
-                    Some(checks) = calls.next() => carried -= checks,
-                    () = rates.queued.notified() => {}
+            // a call that returns frees its checks' room; a check that queues may make a full
+            // batch, or go out at once while the load is light; a short batch waits so long
+            let linger = async move {
+                match hold {
+                    Some(until) => tokio::time::sleep_until(until).await,
+                    None => std::future::pending().await,
                 }
-            } else if let Some(checks) = calls.next().await {
-                carried -= checks;
+            };
+            tokio::select! {
+                Some(checks) = calls.next() => carried -= checks,
+                () = rates.queued.notified() => {}
+                () = linger => {}
             }
         }
         self.done = true;
@@ -539,6 +632,18 @@ impl Reply {
 
 fn protocol(message: &str) -> StoreError {
     StoreError::new(StoreErrorKind::Protocol, message.to_owned())
+}
+
+/// The error of a check not sent because its caller's deadline is nearer than a `round_trip`.
+fn too_late(round_trip: Duration) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Timeout,
+        format!(
+            "the rate check was not sent: its caller had less time left than a round trip to \
+             the store ({} µs); nothing was charged",
+            round_trip.as_micros()
+        ),
+    )
 }
 
 /// The error of a caller whose batch went away unanswered (its driver was stopped).
