@@ -85,7 +85,7 @@ async fn migrate_is_idempotent_and_safe_to_run_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![2]);
+    assert_eq!(versions, vec![3]);
     let won = stores[2]
         .claim("k".into(), "a".into(), None, crate::common::soon())
         .await
@@ -924,7 +924,7 @@ async fn migrate_on_a_current_schema_takes_no_table_lock() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![2]);
+    assert_eq!(versions, vec![3]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1087,7 +1087,7 @@ async fn an_upgrade_drops_the_functions_without_deadlines() {
         .collect();
     assert_eq!(args, vec![4], "one claim: the one with a deadline");
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 2, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 3, Duration::ZERO).await);
     // a copy of version 1 started since, which migrates whatever the version row says, put its
     // functions back: the next migration finds them and runs its DDL again
     client.batch_execute(&old_claim).await.unwrap();
@@ -1273,4 +1273,62 @@ async fn a_lock_a_record_and_a_rate_check_held_by_a_partition_change_nothing() {
         .await
         .unwrap();
     assert_eq!(look.limits[0].remaining, 10, "the late check charged");
+}
+
+/// Checks that wait together go out as one call of `check_rates`, each decided as alone: two
+/// copies, 20 callers with a quota of 5 and two limits, 400 checks at once, every algorithm —
+/// exactly 5 admitted per caller, the last of them with nothing left, and no deadlock between
+/// batches that lock the same callers' rows in one transaction each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checks_in_batches_admit_exactly_each_quota() {
+    let server = server().await;
+    let schema = unique_schema();
+    let copies: Vec<PgStore> = futures_util::future::join_all((0..2).map(|_| {
+        server
+            .builder()
+            .schema(schema.clone())
+            .timeout(Duration::from_secs(5))
+            .connect()
+    }))
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let ns = format!("t{}:rl", rand::random::<u32>());
+        let limits = vec![Limit::per_minute("m", 5), Limit::per_hour("h", 50)];
+        let p = Arc::new(RatePolicy::new(ns, algorithm, limits).unwrap());
+        let checks = (0..400u32).map(|i| {
+            let (store, p) = (copies[i as usize % 2].clone(), Arc::clone(&p));
+            async move {
+                let who = format!("c{}", i % 20);
+                let out = store.check_rate(&p, RateCheck::new(caller(&who), 1)).await;
+                (who, out.unwrap())
+            }
+        });
+        let outcomes = futures_util::future::join_all(checks).await;
+        let mut admitted = std::collections::HashMap::<String, Vec<u64>>::new();
+        for (who, out) in outcomes {
+            if out.admitted {
+                admitted
+                    .entry(who)
+                    .or_default()
+                    .push(out.limits[0].remaining);
+            } else {
+                assert!(
+                    out.retry_after > Duration::ZERO,
+                    "{algorithm}: a denial waits"
+                );
+            }
+        }
+        assert_eq!(admitted.len(), 20, "{algorithm}");
+        for (who, mut remaining) in admitted {
+            remaining.sort_unstable();
+            assert_eq!(remaining, [0, 1, 2, 3, 4], "{algorithm}: {who}");
+        }
+    }
 }

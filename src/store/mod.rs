@@ -53,6 +53,8 @@ use tokio::time::Instant;
 use crate::key::Key;
 use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) mod coalesce;
 pub(crate) mod deadline;
 mod error;
 mod memory;

@@ -9,6 +9,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use super::PgStore;
 use super::sql::{DEFAULT_SCHEMA, check_schema};
 use crate::error::{ConfigError, ConfigErrorKind};
+use crate::store::coalesce::DEFAULT_MAX_BATCH;
 use crate::store::{StoreError, StoreErrorKind, millis};
 
 /// The per-call timeout unless configured otherwise.
@@ -59,6 +60,7 @@ pub(super) struct Settings {
     pub(super) purge_interval: Option<Duration>,
     pub(super) purge_batch: u32,
     pub(super) migration_timeout: Duration,
+    pub(super) max_batch: usize,
 }
 
 impl Default for Settings {
@@ -71,6 +73,7 @@ impl Default for Settings {
             purge_interval: Some(DEFAULT_PURGE_INTERVAL),
             purge_batch: DEFAULT_PURGE_BATCH,
             migration_timeout: DEFAULT_MIGRATION_TIMEOUT,
+            max_batch: DEFAULT_MAX_BATCH,
         }
     }
 }
@@ -111,6 +114,18 @@ impl PgStoreBuilder {
     /// store made from a URL sets it for its connections' other statements too.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.settings.timeout = timeout;
+        self
+    }
+
+    /// The most rate checks one call carries (default 32). Checks that wait for the store at
+    /// the same moment go out as one call of one function (`check_rates`) that decides them in
+    /// turn, each exactly as it would be decided alone, in one transaction: the database pays
+    /// for a round trip, a transaction and a commit once per batch. The first check goes at
+    /// once; checks that arrive while calls are in flight wait for the next one, which goes out
+    /// as soon as it is full, when a call returns, or after half a millisecond. 1 sends every
+    /// check alone.
+    pub fn max_batch(mut self, checks: usize) -> Self {
+        self.settings.max_batch = checks.max(1);
         self
     }
 

@@ -16,6 +16,7 @@
 //! TLS connector) with [`PgStore::from_pool`] or [`PgStore::pool_builder`].
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,6 +44,7 @@ use super::{
 };
 use crate::key::Key;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
+use crate::store::coalesce::{BatchCall, Coalescer, Decided, Sent};
 
 /// A store on PostgreSQL, shared by every copy of a service.
 ///
@@ -144,6 +146,8 @@ pub struct PgStore {
 struct Inner {
     shared: Arc<Shared>,
     settings: Settings,
+    /// Rate checks, coalesced into calls of `check_rates`.
+    rates: Arc<Coalescer<RateCall>>,
     /// The background purge, stopped when the last clone of the store goes.
     purge_task: Option<JoinHandle<()>>,
 }
@@ -228,10 +232,19 @@ impl PgStore {
         let purge_task = settings
             .purge_interval
             .and_then(|every| spawn_purge(&shared, every));
+        let rates = Coalescer::new(
+            RateCall {
+                shared: Arc::clone(&shared),
+                timeout: settings.timeout,
+            },
+            settings.timeout,
+            settings.max_batch,
+        );
         Self {
             inner: Arc::new(Inner {
                 shared,
                 settings,
+                rates: Arc::new(rates),
                 purge_task,
             }),
         }
@@ -423,40 +436,37 @@ fn decode_lock(row: &Row) -> Result<LockAttempt, StoreError> {
 
 impl RateStore for PgStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
-        let algorithm: i16 = match policy.algorithm() {
-            Algorithm::SlidingLog => 1,
-            Algorithm::SlidingCounter => 2,
-            Algorithm::Gcra => 3,
-        };
-        let limits = policy.limits();
-        let quotas: Vec<i64> = limits
-            .iter()
-            .map(|l| i64::try_from(l.quota()).unwrap_or(i64::MAX))
-            .collect();
-        let windows: Vec<i64> = limits
-            .iter()
-            .map(|l| i64::try_from(l.window_us()).unwrap_or(i64::MAX))
-            .collect();
-        // any cost above every quota is denied alike; this one cannot overflow a sum
-        let cost = i64::try_from(check.cost().min(1 << 62)).unwrap_or(1 << 62);
-        let params: Vec<Param> = vec![
-            Box::new(algorithm),
-            Box::new(policy.store_keys(&check.key())),
-            Box::new(quotas),
-            Box::new(windows),
-            Box::new(cost),
-            Box::new(signed(check.attempt())),
-        ];
-        let n = limits.len();
-        // a check sent late, or held up, charges nothing once its store timeout has passed
-        let deadline = Instant::now() + self.inner.settings.timeout;
-        let shared = Arc::clone(&self.inner.shared);
-        Box::pin(async move {
+        self.inner.rates.check(policy, check)
+    }
+
+    fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
+        let params: Vec<Param> = vec![Box::new(policy.store_keys(&key))];
+        self.call("reset_rate", |s| &s.reset_rate, params, None, |_| Ok(()))
+    }
+}
+
+/// One call of `check_rates`: a batch of checks in one transaction.
+struct RateCall {
+    shared: Arc<Shared>,
+    timeout: Duration,
+}
+
+impl BatchCall for RateCall {
+    fn decide(&self, checks: &[Sent<'_>], back: Duration) -> impl Future<Output = Decided> + Send {
+        let params = rate_params(checks);
+        let policies: Vec<usize> = checks.iter().map(|(p, _, _)| p.limits().len()).collect();
+        // the earliest caller's, less the reply's way back: a check sent late, or held up,
+        // charges nothing once it has passed
+        let earliest = checks.iter().map(|(_, _, d)| *d).min();
+        let earliest = earliest.unwrap_or_else(|| Instant::now() + self.timeout);
+        let deadline = earliest.checked_sub(back).unwrap_or(earliest);
+        let shared = Arc::clone(&self.shared);
+        async move {
             let row = shared
                 .calls
                 .row(
                     "rate_check",
-                    &shared.sql.check_rate,
+                    &shared.sql.check_rates,
                     &params,
                     Some(deadline),
                 )
@@ -464,14 +474,76 @@ impl RateStore for PgStore {
             let reply: Vec<i64> = row
                 .try_get(0)
                 .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?;
-            decode_rate(&reply, n)
-        })
+            decode_rates(&reply, &policies)
+        }
     }
+}
 
-    fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
-        let params: Vec<Param> = vec![Box::new(policy.store_keys(&key))];
-        self.call("reset_rate", |s| &s.reset_rate, params, None, |_| Ok(()))
+/// The parameters of `check_rates` for `checks` (its deadline aside): per check its algorithm,
+/// number of limits, cost and attempt, and every check's keys, quotas and windows in turn.
+fn rate_params(checks: &[Sent<'_>]) -> Vec<Param> {
+    let mut algorithms: Vec<i16> = Vec::with_capacity(checks.len());
+    let mut counts: Vec<i32> = Vec::with_capacity(checks.len());
+    let (mut keys, mut quotas, mut windows) = (Vec::new(), Vec::new(), Vec::new());
+    let mut costs: Vec<i64> = Vec::with_capacity(checks.len());
+    let mut attempts: Vec<i64> = Vec::with_capacity(checks.len());
+    for (policy, check, _) in checks {
+        algorithms.push(match policy.algorithm() {
+            Algorithm::SlidingLog => 1,
+            Algorithm::SlidingCounter => 2,
+            Algorithm::Gcra => 3,
+        });
+        let limits = policy.limits();
+        counts.push(i32::try_from(limits.len()).unwrap_or(i32::MAX));
+        keys.extend(policy.store_keys(&check.key()));
+        for limit in limits {
+            quotas.push(i64::try_from(limit.quota()).unwrap_or(i64::MAX));
+            windows.push(i64::try_from(limit.window_us()).unwrap_or(i64::MAX));
+        }
+        // any cost above every quota is denied alike; this one cannot overflow a sum
+        costs.push(i64::try_from(check.cost().min(1 << 62)).unwrap_or(1 << 62));
+        attempts.push(signed(check.attempt()));
     }
+    vec![
+        Box::new(algorithms),
+        Box::new(counts),
+        Box::new(keys),
+        Box::new(quotas),
+        Box::new(windows),
+        Box::new(costs),
+        Box::new(attempts),
+    ]
+}
+
+/// Each check's outcome from the reply of `check_rates`: per check decided, its number, its
+/// reply's length and the reply; `limits` holds each check's number of limits, as sent.
+fn decode_rates(reply: &[i64], limits: &[usize]) -> Decided {
+    let garbled = || {
+        StoreError::new(
+            StoreErrorKind::Protocol,
+            "check_rates returned a reply of the wrong shape",
+        )
+    };
+    let mut decided: Vec<Option<Result<RateOutcome, StoreError>>> = Vec::new();
+    decided.resize_with(limits.len(), || None);
+    let mut rest = reply;
+    while let [number, len, tail @ ..] = rest {
+        let check = usize::try_from(*number - 1).map_err(|_| garbled())?;
+        let len = usize::try_from(*len).map_err(|_| garbled())?;
+        let (Some(n), Some(one)) = (limits.get(check), tail.get(..len)) else {
+            return Err(garbled());
+        };
+        let slot = decided.get_mut(check).ok_or_else(garbled)?;
+        *slot = Some(decode_rate(one, *n));
+        rest = &tail[len..];
+    }
+    if !rest.is_empty() {
+        return Err(garbled());
+    }
+    decided
+        .into_iter()
+        .map(|outcome| outcome.ok_or_else(garbled))
+        .collect()
 }
 
 /// `{admitted, retry_after_us, then per limit remaining, reset_us}` for `n` limits, or

@@ -1,4 +1,4 @@
--- tollgate on PostgreSQL, schema version 2: tables, indexes and the functions that are the
+-- tollgate on PostgreSQL, schema version 3: tables, indexes and the functions that are the
 -- store's atomic operations. `__SCHEMA__` stands for the configured schema (quoted) and
 -- `__RATE_TABLES__` for `UNLOGGED` or nothing. Every statement is idempotent. PgStore::migrate
 -- first reads the version recorded in `migrations` (locking none of the tables below) and runs
@@ -19,6 +19,7 @@
 -- microseconds. A call that reads the clock at or past it — after it has taken its locks, right
 -- before it writes — changes nothing and answers "late": -1, or {-2, 0} from check_rate.
 -- Version 2 added them; the functions of version 1, without p_deadline_us, are dropped here.
+-- Version 3 added check_rates, a batch of rate checks in one call.
 --
 -- Time is the database clock in microseconds since the Unix epoch (`now_us()`, read from
 -- `clock_timestamp()` after the rows an operation touches are locked). Every row has an
@@ -456,6 +457,41 @@ BEGIN
   RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry,
     greatest(q - used, 0),
     CASE WHEN used > 0 THEN (ahead - (used - 1) * w + q - 1) / q ELSE 0 END];
+END $$;
+
+-- A batch of rate checks in one call (version 3): checks that wait for the store at the same
+-- moment, each decided by check_rate exactly as alone, in the order of their first key and, for
+-- one key, as sent, so that two batches lock the keys they share in the same order (a check's
+-- keys share its caller's prefix and sort together). Per check (1-based, as sent): its
+-- algorithm, its number of limits, its cost and attempt; p_keys, p_quotas and p_windows hold the
+-- checks' limits one after another. Returns, per check in the order decided: its number, the
+-- length of its reply, then check_rate's reply.
+CREATE OR REPLACE FUNCTION __SCHEMA__.check_rates(
+  p_algorithms smallint[], p_counts int[], p_keys text[], p_quotas bigint[],
+  p_windows bigint[], p_costs bigint[], p_attempts bigint[], p_deadline_us bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  v_first int[] := '{}';
+  v_at int := 1;
+  v_out bigint[] := '{}';
+  v_reply bigint[];
+  v_last int;
+  c int;
+BEGIN
+  FOR c IN 1 .. coalesce(array_length(p_algorithms, 1), 0) LOOP
+    v_first := v_first || v_at;
+    v_at := v_at + p_counts[c];
+  END LOOP;
+  FOR c IN
+    SELECT i FROM generate_subscripts(p_algorithms, 1) AS i ORDER BY p_keys[v_first[i]], i
+  LOOP
+    v_last := v_first[c] + p_counts[c] - 1;
+    v_reply := __SCHEMA__.check_rate(p_algorithms[c], p_keys[v_first[c]:v_last],
+      p_quotas[v_first[c]:v_last], p_windows[v_first[c]:v_last], p_costs[c], p_attempts[c],
+      p_deadline_us);
+    v_out := v_out || ARRAY[c, cardinality(v_reply)]::bigint[] || v_reply;
+  END LOOP;
+  RETURN v_out;
 END $$;
 
 -- Sliding log: exact. The oldest rows leave the window first; a check trims what left it.

@@ -10,7 +10,7 @@ pub(super) const DEFAULT_SCHEMA: &str = "tollgate";
 const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// The version `schema.sql` brings a schema to, recorded in its `migrations` table.
-pub(super) const SCHEMA_VERSION: i32 = 2;
+pub(super) const SCHEMA_VERSION: i32 = 3;
 
 /// Checks a schema name: 1 to 63 lowercase ASCII letters, digits and `_`, not starting with a
 /// digit — a name PostgreSQL takes as it is, quoted or not.
@@ -49,7 +49,7 @@ pub(super) fn quoted(schema: &str) -> String {
 /// the database clock (see `call.rs`).
 #[derive(Debug)]
 pub(super) struct Sql {
-    pub(super) check_rate: String,
+    pub(super) check_rates: String,
     pub(super) reset_rate: String,
     pub(super) claim: String,
     pub(super) lock_acquire: String,
@@ -68,7 +68,7 @@ impl Sql {
     pub(super) fn new(schema: &str) -> Self {
         let s = quoted(schema);
         Self {
-            check_rate: format!("SELECT {s}.check_rate($1, $2, $3, $4, $5, $6, $7)"),
+            check_rates: format!("SELECT {s}.check_rates($1, $2, $3, $4, $5, $6, $7, $8)"),
             reset_rate: format!("SELECT 1 FROM {s}.reset_rate($1)"),
             claim: format!("SELECT * FROM {s}.claim($1, $2, $3, $4)"),
             lock_acquire: format!("SELECT * FROM {s}.lock_acquire($1, $2, $3, $4, $5, $6)"),

@@ -10,9 +10,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::connection::{Connection, Link, Opener, PrimaryClient, ask_sentinels, open_single};
 use super::durable::{self, Ack};
-use super::rates::DEFAULT_MAX_BATCH;
 use super::{RedisStore, store_error};
 use crate::error::{ConfigError, ConfigErrorKind};
+use crate::store::coalesce::DEFAULT_MAX_BATCH;
 use crate::store::{StoreError, StoreErrorKind};
 
 /// Configures a [`RedisStore`] on a standalone Redis; made by [`RedisStore::builder`].

@@ -23,7 +23,7 @@ pub use builder::{RedisClusterBuilder, RedisSentinelBuilder, RedisStoreBuilder};
 use clock::store_deadline;
 use connection::{Connection, Link};
 use durable::{Ack, DurableWrites};
-use rates::{Rates, bounded};
+use rates::{Rates, bounded, rates};
 use script_call::ScriptCall;
 
 use super::{
@@ -273,7 +273,7 @@ impl RedisStore {
     fn new(link: Link, durable: Option<(Ack, Vec<Link>)>, settings: Settings) -> Self {
         let link = Arc::new(link);
         let clock = Arc::new(StoreClock::default());
-        let rates = Rates::new(
+        let rates = rates(
             Arc::clone(&link),
             Arc::clone(&clock),
             settings.timeout,
@@ -293,7 +293,7 @@ impl RedisStore {
     /// [`RedisStoreBuilder::max_batch`]); for a store on a given connection.
     #[must_use]
     pub fn with_max_batch(self, checks: usize) -> Self {
-        let rates = Rates::new(
+        let rates = rates(
             Arc::clone(&self.link),
             Arc::clone(&self.clock),
             self.timeout,
