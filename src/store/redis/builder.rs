@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::RedisError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::io::tcp::TcpSettings;
 
 use super::connection::{Connection, Link, Opener, PrimaryClient, ask_sentinels, open_single};
 use super::durable::{self, Ack};
@@ -216,11 +217,12 @@ impl RedisStoreBuilder {
 
     /// The client of the builder's URL, with its certificates for `rediss://`.
     fn client(&self) -> Result<redis::Client, RedisError> {
+        let info = no_delay(self.url.as_str())?;
         #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
         if let Some(tls) = &self.tls {
-            return redis::Client::build_with_tls(self.url.as_str(), tls.certificates());
+            return redis::Client::build_with_tls(info, tls.certificates());
         }
-        redis::Client::open(self.url.as_str())
+        redis::Client::open(info)
     }
 
     /// Builds the store. Connects lazily, so a Redis that is down now is not an error: calls fail
@@ -278,6 +280,7 @@ impl RedisClusterBuilder {
     /// must answer now. A node URL that does not parse is a [`StoreErrorKind::Config`] error.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         let builder = redis::cluster::ClusterClient::builder(self.nodes)
+            .tcp_settings(TcpSettings::default().set_nodelay(true))
             .connection_timeout(self.timeout)
             .response_timeout(self.timeout)
             .retries(2);
@@ -362,10 +365,10 @@ impl RedisSentinelBuilder {
         #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
         if let Some(tls) = self.tls.clone() {
             return Arc::new(move |url: &str| {
-                redis::Client::build_with_tls(url, tls.certificates())
+                redis::Client::build_with_tls(no_delay(url)?, tls.certificates())
             });
         }
-        Arc::new(|url: &str| redis::Client::open(url))
+        Arc::new(|url: &str| redis::Client::open(no_delay(url)?))
     }
 
     /// Asks the sentinels for the primary and connects to it; a sentinel must answer now. A
@@ -414,6 +417,16 @@ fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
         .set_response_timeout(Some(timeout))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500))
+}
+
+/// `url` with `TCP_NODELAY` on: calls are pipelined on one connection, and with Nagle's algorithm
+/// a call written while another is unacknowledged would wait for that ACK — which a server a few
+/// milliseconds away sends with its reply — so that calls would go out one round trip apart.
+fn no_delay(url: &str) -> redis::RedisResult<redis::ConnectionInfo> {
+    use redis::IntoConnectionInfo;
+    Ok(url
+        .into_connection_info()?
+        .set_tcp_settings(TcpSettings::default().set_nodelay(true)))
 }
 
 /// With durable writes, their connections of their own (opened by `open`, as the store's is).
