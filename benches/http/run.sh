@@ -62,7 +62,7 @@ if [ "$BUILD" = 1 ]; then
   fi
   echo "== $TRL_NOTE"
   build tollgate cargo build --release -p bench-tollgate
-  [ -z "$DELAY_MS" ] || build delay cargo build --release -p bench-delay
+  build delay cargo build --release -p bench-delay
   echo "== building the example app (cargo build --release --example app in $REPO)"
   (cd "$REPO" && build app env -u CARGO_TARGET_DIR cargo build --release --example app)
 fi
