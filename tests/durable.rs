@@ -431,6 +431,16 @@ async fn two_hundred_concurrent_durable_claims_are_acknowledged_in_time() {
     assert_eq!(won, 200, "acknowledged in time; first failures: {failed:?}");
 }
 
+/// A store on `server` whose writes count once in the primary's append-only file
+/// (`wait_aof(true, 0)`), within a timeout a busy machine's fsyncs fit in.
+fn on_disk(server: &RedisServer) -> RedisStore {
+    RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(4))
+        .wait_aof(true, 0)
+        .build()
+        .unwrap()
+}
+
 /// Whether `server` knows `command` (`WAITAOF`: Redis 7.2 and later, Valkey).
 fn knows_command(server: &RedisServer, command: &str) -> bool {
     let docs: redis::Value = redis::cmd("COMMAND")
@@ -448,11 +458,7 @@ fn knows_command(server: &RedisServer, command: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_aof_counts_a_write_once_on_disk_or_says_why_it_cannot() {
     let server = RedisServer::start_with_aof();
-    let store = RedisStore::builder(server.url())
-        .timeout(Duration::from_secs(4))
-        .wait_aof(true, 0)
-        .build()
-        .unwrap();
+    let store = on_disk(&server);
     assert_eq!(store.wait_replicas(), 0);
     let claims = Claims::new(store.clone());
     let name = unique("coupon");
@@ -483,11 +489,7 @@ async fn wait_aof_counts_a_write_once_on_disk_or_says_why_it_cannot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_aof_on_a_primary_without_an_append_only_file_says_so() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .timeout(Duration::from_secs(4))
-        .wait_aof(true, 0)
-        .build()
-        .unwrap();
+    let store = on_disk(&server);
     let error = Locks::new(store)
         .try_acquire(unique("lock"), Duration::from_secs(5))
         .await

@@ -69,10 +69,13 @@ pub(crate) type Decided = Result<Vec<Result<RateOutcome, StoreError>>, StoreErro
 
 /// A store's call that decides a batch of checks.
 pub(crate) trait BatchCall: Send + Sync + 'static {
-    /// Decides `checks` in one call, in turn, each as it would be decided alone; tells the store
-    /// the earliest caller's deadline less `back` (the time a reply takes to come back), past
-    /// which the call decides nothing.
-    fn decide(&self, checks: &[Sent<'_>], back: Duration) -> impl Future<Output = Decided> + Send;
+    /// Decides `checks` in one call, in turn, each as it would be decided alone; the store
+    /// decides nothing of a call it receives from `deadline` on.
+    fn decide(
+        &self,
+        checks: &[Sent<'_>],
+        deadline: Instant,
+    ) -> impl Future<Output = Decided> + Send;
 
     /// Whether one call serves one caller key at a time (Redis Cluster: one slot per script).
     fn per_key(&self) -> bool {
@@ -167,10 +170,16 @@ impl<C: BatchCall> Coalescer<C> {
         })
     }
 
-    /// One call for `checks`, its round trip measured.
+    /// One call for `checks`, its round trip measured. Its deadline is the earliest caller's,
+    /// less the reply's way back (half a round trip): a call that reaches the store later decides
+    /// nothing, and one decided in time is answered in time.
     async fn decide(&self, checks: &[Sent<'_>]) -> Decided {
         let started = Instant::now();
-        let decided = self.call.decide(checks, self.round_trip() / 2).await;
+        let earliest = checks.iter().map(|(_, _, d)| *d).min();
+        let earliest = earliest.unwrap_or(started + self.timeout);
+        let back = self.round_trip() / 2;
+        let deadline = earliest.checked_sub(back).unwrap_or(earliest);
+        let decided = self.call.decide(checks, deadline).await;
         if decided.is_ok() {
             self.measured(started.elapsed());
         }

@@ -235,7 +235,6 @@ impl PgStore {
         let rates = Coalescer::new(
             RateCall {
                 shared: Arc::clone(&shared),
-                timeout: settings.timeout,
             },
             settings.timeout,
             settings.max_batch,
@@ -448,18 +447,16 @@ impl RateStore for PgStore {
 /// One call of `check_rates`: a batch of checks in one transaction.
 struct RateCall {
     shared: Arc<Shared>,
-    timeout: Duration,
 }
 
 impl BatchCall for RateCall {
-    fn decide(&self, checks: &[Sent<'_>], back: Duration) -> impl Future<Output = Decided> + Send {
+    fn decide(
+        &self,
+        checks: &[Sent<'_>],
+        deadline: Instant,
+    ) -> impl Future<Output = Decided> + Send {
         let params = rate_params(checks);
-        let policies: Vec<usize> = checks.iter().map(|(p, _, _)| p.limits().len()).collect();
-        // the earliest caller's, less the reply's way back: a check sent late, or held up,
-        // charges nothing once it has passed
-        let earliest = checks.iter().map(|(_, _, d)| *d).min();
-        let earliest = earliest.unwrap_or_else(|| Instant::now() + self.timeout);
-        let deadline = earliest.checked_sub(back).unwrap_or(earliest);
+        let limits: Vec<usize> = checks.iter().map(|(p, _, _)| p.limits().len()).collect();
         let shared = Arc::clone(&self.shared);
         async move {
             let row = shared
@@ -474,7 +471,7 @@ impl BatchCall for RateCall {
             let reply: Vec<i64> = row
                 .try_get(0)
                 .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?;
-            decode_rates(&reply, &policies)
+            decode_rates(&reply, &limits)
         }
     }
 }

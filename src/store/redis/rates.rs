@@ -58,8 +58,12 @@ pub(super) struct RateCall {
 }
 
 impl BatchCall for RateCall {
-    fn decide(&self, checks: &[Sent<'_>], back: Duration) -> impl Future<Output = Decided> + Send {
-        self.call(checks, back)
+    fn decide(
+        &self,
+        checks: &[Sent<'_>],
+        deadline: Instant,
+    ) -> impl Future<Output = Decided> + Send {
+        self.call(checks, deadline)
     }
 
     fn per_key(&self) -> bool {
@@ -68,17 +72,12 @@ impl BatchCall for RateCall {
 }
 
 impl RateCall {
-    /// One call of the script for `checks`, bounded by the store timeout, with the earliest
-    /// caller's deadline less `back`; the link's watch learns whether a reply came.
-    async fn call(&self, checks: &[Sent<'_>], back: Duration) -> Decided {
+    /// One call of the script for `checks`, bounded by the store timeout, `deadline` sent on
+    /// Redis's clock; the link's watch learns whether a reply came.
+    async fn call(&self, checks: &[Sent<'_>], deadline: Instant) -> Decided {
         let mut conn = self.link.get();
         let reply = bounded("rate_check", &self.link, self.timeout, async {
-            // the earliest caller's, less the reply's way back (half a round trip): a call that
-            // comes later than that decides nothing, and one decided in time is answered in time
-            let earliest = checks.iter().map(|(_, _, d)| *d).min();
-            let earliest = earliest.unwrap_or_else(|| Instant::now() + self.timeout);
-            let earliest = earliest.checked_sub(back).unwrap_or(earliest);
-            let deadline = store_deadline(&self.clock, &self.link, &mut conn, earliest).await?;
+            let deadline = store_deadline(&self.clock, &self.link, &mut conn, deadline).await?;
             let records = self.records(checks);
             let evalsha = command(
                 "EVALSHA",
