@@ -170,8 +170,10 @@
 //!    [`RateStore`](store::RateStore), [`LockStore`](store::LockStore) and
 //!    [`IdempotencyStore`](store::IdempotencyStore) — and [`Store`](store::Store), all three plus
 //!    a health check. A backend implements what it serves; [`RedisStore`](store::RedisStore)
-//!    (Lua scripts in `src/store/scripts/`) and [`MemoryStore`](store::MemoryStore) implement all
-//!    of them and pass one conformance suite.
+//!    (Lua scripts in `src/store/scripts/`), [`PgStore`](store::PgStore) (PL/pgSQL in
+//!    `src/store/postgres/schema.sql`) and [`MemoryStore`](store::MemoryStore) implement all of
+//!    them and pass one conformance suite, which ships with the crate (feature `conformance`,
+//!    `tollgate::conformance`) for stores written outside it.
 //! 3. **[`claim`] and [`lock`].** Claims and locks over a [`LockStore`](store::LockStore), and the
 //!    lease keeper and background release that locks and idempotency claims share.
 //! 4. **HTTP glue.** The [`key`] extractors (headers, peer IP, trusted-proxy forwarded IP,
@@ -211,6 +213,9 @@ pub mod rate;
 pub mod store;
 // built on the store
 pub mod claim;
+#[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
+pub mod conformance;
 mod lease;
 pub mod lock;
 pub mod metrics;

@@ -9,7 +9,7 @@ use tollgate::key::Key;
 use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
 use tollgate::store::RateStore;
 
-conformance_suite!((RedisCluster::shared().store().await, ()));
+tollgate::store_suite!((RedisCluster::shared().store().await, ()));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_spread_over_all_masters() {

@@ -1,7 +1,4 @@
 //! The conformance suite on [`MemoryStore`].
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-mod common;
-
 use tollgate::store::MemoryStore;
 
-conformance_suite!((MemoryStore::new(), ()));
+tollgate::store_suite!((MemoryStore::new(), ()));

@@ -3,4 +3,4 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
-conformance_suite!((common::postgres::store().await, ()));
+tollgate::store_suite!((common::postgres::store().await, ()));

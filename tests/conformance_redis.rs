@@ -4,7 +4,7 @@ mod common;
 
 use common::RedisServer;
 
-conformance_suite!({
+tollgate::store_suite!({
     let server = RedisServer::start();
     (server.store(), server)
 });

@@ -248,28 +248,49 @@ pub enum LockAttempt {
     },
 }
 
-/// How long a lock name's fencing counter is kept after its last acquisition. A counter that
-/// expires restarts above every earlier token (see `scripts/lock_acquire.lua`).
-pub(crate) const FENCE_TTL: Duration = Duration::from_secs(30 * 86_400);
+/// How long a lock name's fencing counter is kept after its last acquisition (part of the store
+/// contract: see [`fence_ttl`]). A counter that expires restarts above every earlier token: a
+/// store hands out the larger of the counter plus one and its clock in microseconds.
+pub const FENCE_TTL: Duration = Duration::from_secs(30 * 86_400);
 
-/// How long a release marker outlives the release it records: longer than any re-sent command
-/// or background retry of that release.
-pub(crate) const RELEASE_MARKER_TTL: Duration = Duration::from_secs(60);
+/// How long a release marker outlives the release it records (part of the store contract):
+/// longer than any re-sent command or background retry of that release, which the marker
+/// answers as the release did.
+pub const RELEASE_MARKER_TTL: Duration = Duration::from_secs(60);
 
 /// The longest expiry a store sets, about 285,000 years: every duration is clamped to it, in
 /// every backend alike. Redis refuses expiries near `i64::MAX` milliseconds, and `2^53` stays
 /// exact in the scripts' doubles.
 pub const MAX_EXPIRY: Duration = Duration::from_millis(1 << 53);
 
-/// Milliseconds for a store command: at least 1 (0 would mean "no expiry" or be refused), at most
-/// [`MAX_EXPIRY`].
-pub(crate) fn millis(d: Duration) -> u64 {
+/// A duration as a store keeps it, in milliseconds: at least 1 (0 would mean "no expiry" or be
+/// refused), at most [`MAX_EXPIRY`]. Every store clamps alike.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::store::millis;
+///
+/// assert_eq!(millis(Duration::ZERO), 1);
+/// assert_eq!(millis(Duration::from_micros(2_500)), 2);
+/// assert_eq!(millis(Duration::MAX), 1 << 53);
+/// ```
+pub fn millis(d: Duration) -> u64 {
     let max = 1u64 << 53;
     u64::try_from(d.as_millis()).unwrap_or(max).clamp(1, max)
 }
 
-/// The lifetime of a fencing counter for a lock taken for `lease`: it outlives the lock.
-pub(crate) fn fence_ttl(lease: Duration) -> Duration {
+/// The lifetime a store gives a lock's fencing counter when the lock is taken for `lease`:
+/// [`FENCE_TTL`], or twice the lease if longer, so that the counter outlives the lock.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::store::{FENCE_TTL, fence_ttl};
+///
+/// assert_eq!(fence_ttl(Duration::from_secs(30)), FENCE_TTL);
+/// let year = Duration::from_secs(365 * 86_400);
+/// assert_eq!(fence_ttl(year), year * 2);
+/// ```
+pub fn fence_ttl(lease: Duration) -> Duration {
     FENCE_TTL.max(lease.saturating_mul(2))
 }
 

@@ -3,7 +3,6 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod cluster;
-pub mod conformance;
 pub mod postgres;
 pub mod proxy;
 pub mod sentinel;

@@ -1,0 +1,350 @@
+//! The rules of [`IdempotencyStore`]: one claim per key, tokens, retention, attempts run twice,
+//! deadlines.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{soon, unique};
+use crate::store::{IdempotencyBegin, IdempotencyStore, StoreErrorKind};
+
+fn idem_key() -> String {
+    format!("t:idem:{{{}}}", unique("k"))
+}
+
+/// Idempotency records: lifecycle.
+pub async fn lifecycle(store: &(impl IdempotencyStore + Clone)) {
+    let key = idem_key();
+    let lease = Duration::from_secs(30);
+    let begin = |fp: &str, token: &str| {
+        store.idempotency_begin(key.clone(), fp.to_owned(), token.to_owned(), lease, soon())
+    };
+    assert_eq!(begin("fp", "a").await.unwrap(), IdempotencyBegin::Claimed);
+    match begin("fp", "b").await.unwrap() {
+        IdempotencyBegin::InFlight { lease_left } => {
+            assert!(
+                lease_left > Duration::from_secs(29) && lease_left <= lease,
+                "{lease_left:?}"
+            );
+        }
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+    assert_eq!(
+        begin("other", "b").await.unwrap(),
+        IdempotencyBegin::Mismatch
+    );
+    let response = Bytes::from_static(b"\x00binary\xffresponse");
+    assert!(
+        store
+            .idempotency_complete(
+                key.clone(),
+                "a".into(),
+                response.clone(),
+                Duration::from_secs(60),
+                soon()
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        begin("fp", "c").await.unwrap(),
+        IdempotencyBegin::Completed(response)
+    );
+    assert_eq!(
+        begin("other", "c").await.unwrap(),
+        IdempotencyBegin::Mismatch
+    );
+    // a completed record is no longer anybody's claim
+    assert!(
+        !store
+            .idempotency_release(key.clone(), "a".into())
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .idempotency_extend(key.clone(), "a".into(), lease, soon())
+            .await
+            .unwrap()
+    );
+}
+
+/// Idempotency records: exactly one claim among concurrent.
+pub async fn exactly_one_claim_among_concurrent(store: &(impl IdempotencyStore + Clone)) {
+    let key = idem_key();
+    let attempts = (0..100).map(|i| {
+        store.idempotency_begin(
+            key.clone(),
+            "fp".into(),
+            format!("t{i}"),
+            Duration::from_secs(30),
+            soon(),
+        )
+    });
+    let results = futures_util::future::join_all(attempts).await;
+    let claimed = results
+        .iter()
+        .filter(|r| matches!(r, Ok(IdempotencyBegin::Claimed)))
+        .count();
+    let in_flight = results
+        .iter()
+        .filter(|r| matches!(r, Ok(IdempotencyBegin::InFlight { .. })))
+        .count();
+    assert_eq!((claimed, in_flight), (1, 99));
+}
+
+/// Idempotency records: token checks and takeover.
+pub async fn token_checks_and_takeover(store: &(impl IdempotencyStore + Clone)) {
+    let key = idem_key();
+    let begin = |token: &str, lease: Duration| {
+        store.idempotency_begin(key.clone(), "fp".into(), token.to_owned(), lease, soon())
+    };
+    assert_eq!(
+        begin("stale", Duration::from_millis(200)).await.unwrap(),
+        IdempotencyBegin::Claimed
+    );
+    assert!(
+        !store
+            .idempotency_extend(
+                key.clone(),
+                "intruder".into(),
+                Duration::from_secs(1),
+                soon()
+            )
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .idempotency_release(key.clone(), "intruder".into())
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(260)).await;
+    // the stalled owner's lease ran out: another request takes the key over
+    assert_eq!(
+        begin("fresh", Duration::from_secs(30)).await.unwrap(),
+        IdempotencyBegin::Claimed
+    );
+    let stale = Bytes::from_static(b"stale");
+    let fresh = Bytes::from_static(b"fresh");
+    assert!(
+        !store
+            .idempotency_complete(
+                key.clone(),
+                "stale".into(),
+                stale,
+                Duration::from_secs(60),
+                soon()
+            )
+            .await
+            .unwrap(),
+        "stale completion refused"
+    );
+    assert!(
+        !store
+            .idempotency_extend(key.clone(), "stale".into(), Duration::from_secs(30), soon())
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .idempotency_complete(
+                key.clone(),
+                "fresh".into(),
+                fresh.clone(),
+                Duration::from_secs(60),
+                soon()
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        begin("late", Duration::from_secs(30)).await.unwrap(),
+        IdempotencyBegin::Completed(fresh)
+    );
+}
+
+/// Idempotency records: retention and release.
+pub async fn retention_and_release(store: &(impl IdempotencyStore + Clone)) {
+    let key = idem_key();
+    let begin = |token: &str| {
+        store.idempotency_begin(
+            key.clone(),
+            "fp".into(),
+            token.to_owned(),
+            Duration::from_secs(30),
+            soon(),
+        )
+    };
+    assert_eq!(begin("a").await.unwrap(), IdempotencyBegin::Claimed);
+    assert!(
+        store
+            .idempotency_extend(key.clone(), "a".into(), Duration::from_secs(30), soon())
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .idempotency_release(key.clone(), "a".into())
+            .await
+            .unwrap()
+    );
+    // released: the next request runs
+    assert_eq!(begin("b").await.unwrap(), IdempotencyBegin::Claimed);
+    let done = Bytes::from_static(b"done");
+    assert!(
+        store
+            .idempotency_complete(
+                key.clone(),
+                "b".into(),
+                done.clone(),
+                Duration::from_millis(200),
+                soon()
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(begin("c").await.unwrap(), IdempotencyBegin::Completed(done));
+    tokio::time::sleep(Duration::from_millis(260)).await;
+    assert_eq!(
+        begin("d").await.unwrap(),
+        IdempotencyBegin::Claimed,
+        "retention over"
+    );
+}
+
+/// Idempotency operations run twice answer alike.
+pub async fn operations_run_twice_answer_alike(store: &(impl IdempotencyStore + Clone)) {
+    let key = idem_key();
+    let lease = Duration::from_secs(30);
+    let retention = Duration::from_secs(60);
+    let begin = |token: &str| {
+        store.idempotency_begin(key.clone(), "fp".into(), token.to_owned(), lease, soon())
+    };
+    assert_eq!(begin("a").await.unwrap(), IdempotencyBegin::Claimed);
+    assert_eq!(
+        begin("a").await.unwrap(),
+        IdempotencyBegin::Claimed,
+        "the second run of a claim claims again, not 409 to its own request"
+    );
+    assert!(matches!(
+        begin("b").await.unwrap(),
+        IdempotencyBegin::InFlight { .. }
+    ));
+    let record = Bytes::from_static(b"record");
+    for run in ["first", "second"] {
+        assert!(
+            store
+                .idempotency_complete(key.clone(), "a".into(), record.clone(), retention, soon())
+                .await
+                .unwrap(),
+            "{run} run of the completion"
+        );
+    }
+    assert_eq!(
+        begin("b").await.unwrap(),
+        IdempotencyBegin::Completed(record.clone())
+    );
+    // a completed record is neither released nor cut short by its owner's token
+    assert!(
+        !store
+            .idempotency_release(key.clone(), "a".into())
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .idempotency_extend(key.clone(), "a".into(), Duration::from_millis(50), soon())
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(
+        begin("c").await.unwrap(),
+        IdempotencyBegin::Completed(record)
+    );
+    // a release frees the key
+    let other = idem_key();
+    let claim = store
+        .idempotency_begin(other.clone(), "fp".into(), "d".into(), lease, soon())
+        .await
+        .unwrap();
+    assert_eq!(claim, IdempotencyBegin::Claimed);
+    assert!(
+        store
+            .idempotency_release(other.clone(), "d".into())
+            .await
+            .unwrap()
+    );
+    let after = store
+        .idempotency_begin(other, "fp".into(), "e".into(), lease, soon())
+        .await
+        .unwrap();
+    assert_eq!(after, IdempotencyBegin::Claimed, "the released key is free");
+}
+
+/// Durations past what a store keeps (`Duration::MAX`) are clamped, never an error.
+pub async fn huge_durations_are_clamped_alike(store: &(impl IdempotencyStore + Clone)) {
+    let forever = Duration::MAX;
+    let key = idem_key();
+    let claimed = store
+        .idempotency_begin(key.clone(), "fp".into(), "a".into(), forever, soon())
+        .await
+        .unwrap();
+    assert_eq!(claimed, IdempotencyBegin::Claimed);
+    assert!(
+        store
+            .idempotency_extend(key.clone(), "a".into(), forever, soon())
+            .await
+            .unwrap()
+    );
+    let record = Bytes::from_static(b"kept");
+    assert!(
+        store
+            .idempotency_complete(key.clone(), "a".into(), record.clone(), forever, soon())
+            .await
+            .unwrap()
+    );
+    let replay = store
+        .idempotency_begin(key, "fp".into(), "b".into(), forever, soon())
+        .await
+        .unwrap();
+    assert_eq!(replay, IdempotencyBegin::Completed(record), "written whole");
+}
+
+/// A write that reaches the store after its deadline does nothing and fails as a timeout: its
+/// caller gave up on it, so it must neither take a key nor touch one held.
+pub async fn writes_after_their_deadline_change_nothing(store: &(impl IdempotencyStore + Clone)) {
+    let passed = tokio::time::Instant::now();
+    let late = |what: &str, error: Option<crate::store::StoreError>| {
+        let error = error.unwrap_or_else(|| panic!("{what}: a late write answered"));
+        assert_eq!(error.kind(), StoreErrorKind::Timeout, "{what}: {error}");
+    };
+    let lease = Duration::from_secs(30);
+    let record = format!("t:idem:{{{}}}", unique("late"));
+    let begin = store.idempotency_begin(record.clone(), "fp".into(), "a".into(), lease, passed);
+    late("idempotency_begin", begin.await.err());
+    let begin = store.idempotency_begin(record.clone(), "fp".into(), "b".into(), lease, soon());
+    assert_eq!(
+        begin.await.unwrap(),
+        IdempotencyBegin::Claimed,
+        "the record was left free"
+    );
+    let complete =
+        store.idempotency_complete(record.clone(), "b".into(), "r".into(), lease, passed);
+    late("idempotency_complete", complete.await.err());
+    late(
+        "idempotency_extend",
+        store
+            .idempotency_extend(record.clone(), "b".into(), lease, passed)
+            .await
+            .err(),
+    );
+    let begin = store.idempotency_begin(record.clone(), "fp".into(), "c".into(), lease, soon());
+    assert!(
+        matches!(begin.await.unwrap(), IdempotencyBegin::InFlight { .. }),
+        "the late completion stored nothing"
+    );
+    assert!(store.idempotency_release(record, "b".into()).await.unwrap());
+}

@@ -1,0 +1,178 @@
+//! The conformance suite every store passes (feature `conformance`): the behaviour the layers
+//! rely on, one test per rule, for each capability of [`crate::store`].
+//!
+//! # Writing a store
+//!
+//! A backend implements the capabilities it serves — [`RateStore`](crate::store::RateStore),
+//! [`LockStore`](crate::store::LockStore), [`IdempotencyStore`](crate::store::IdempotencyStore) —
+//! and each of its operations must be one atomic step on the shared server, decided on the
+//! server's clock, and safe to run twice. The rules, as the suite checks them:
+//!
+//! - **Rate checks** decide as the three [`Algorithm`](crate::rate::Algorithm)s do, all of a
+//!   check's limits or none; the same [`RateCheck`](crate::rate::RateCheck) run again (its
+//!   attempt id) is admitted without a second charge, whatever was charged in between; a cost
+//!   of 0 only looks.
+//! - **Claims and locks**: one winner per key; a lock's holder alone extends or deletes it (its
+//!   token); fencing tokens strictly increase per key, past a stale counter, across releases.
+//! - **Idempotency records**: one claim among concurrent begins; a completion or extension by
+//!   a stale token is refused; a completed record is replayed for the fingerprint it was made
+//!   with and is a mismatch for any other.
+//! - **Deadlines**: a write received after its `deadline` changes nothing and fails as
+//!   [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind::Timeout) (see the store docs'
+//!   "Deadlines").
+//! - **Durations** are clamped to [`MAX_EXPIRY`](crate::store::MAX_EXPIRY), never an error; a
+//!   fence key lives at least [`FENCE_TTL`](crate::store::FENCE_TTL) past its last lease, and a
+//!   release marker [`RELEASE_MARKER_TTL`](crate::store::RELEASE_MARKER_TTL).
+//!
+//! # Running it
+//!
+//! One macro per capability, each expanding to a module of `#[test]`s, given an expression
+//! (it may `.await`) that makes a `(store, guard)` pair for each test: the guard (a server
+//! process, say, or `()`) lives as long as the test. [`store_suite!`](crate::store_suite) runs
+//! all three. A store that delegates to [`MemoryStore`](crate::store::MemoryStore) passes it:
+//!
+//! ```ignore
+//! // tests/my_store.rs, with tollgate's `conformance` feature on
+//! tollgate::store_suite!((MyStore::new(), ()));
+//! // or one capability only
+//! tollgate::rate_store_suite!((MyStore::new(), ()));
+//! ```
+//!
+//! The crate's own backends run it the same way; `tests/outside_store.rs` is such a store, as
+//! an outside crate writes it. Each test runs on a tokio runtime of two workers, with time and
+//! I/O, and keeps its keys apart from other tests' (random names), so that the tests of a binary
+//! may share one server.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub mod idempotency;
+pub mod lock;
+pub mod rate;
+
+/// Runs one test of the suite on its own runtime: two worker threads, time and I/O enabled.
+/// Used by the suite's macros.
+#[doc(hidden)]
+pub fn block_on<F: Future>(test: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the conformance test")
+        .block_on(test)
+}
+
+/// A name no other test uses: `name-<random>`.
+fn unique(name: &str) -> String {
+    format!("{name}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A deadline a healthy store meets: a second from now.
+fn soon() -> Instant {
+    Instant::now() + Duration::from_secs(1)
+}
+
+/// Expands to the module `rate_store` of one `#[test]` per rule of
+/// [`RateStore`](crate::store::RateStore), each on a store from `$make`, an expression (it may
+/// `.await`) that gives `(store, guard)`.
+#[macro_export]
+macro_rules! rate_store_suite {
+    ($make:expr) => {
+        $crate::__conformance_tests!(rate_store, rate, $make;
+            admits_exactly_the_quota_then_denies,
+            remaining_counts_down_and_resets_are_sane,
+            limits_are_all_or_nothing,
+            cost_is_charged_and_oversized_cost_never_fits,
+            callers_do_not_share_quota,
+            window_slides_and_retry_after_is_honest,
+            concurrent_callers_get_exactly_the_quota,
+            gcra_spaces_requests_after_the_burst,
+            counter_weights_the_previous_window,
+            log_is_exact_across_the_window_boundary,
+            rate_checks_run_twice_are_charged_once,
+            counter_reset_is_the_retry_after_at_a_window_start,
+            cost_zero_looks_without_charging,
+            reset_forgets_a_callers_limits_and_nothing_else,
+            rate_checks_resent_after_others_are_charged_once,
+        );
+    };
+}
+
+/// Expands to the module `lock_store` of one `#[test]` per rule of
+/// [`LockStore`](crate::store::LockStore) (claims, locks, fencing tokens), each on a store from
+/// `$make`, an expression (it may `.await`) that gives `(store, guard)`; the store is `Clone`.
+#[macro_export]
+macro_rules! lock_store_suite {
+    ($make:expr) => {
+        $crate::__conformance_tests!(lock_store, lock, $make;
+            claim_has_exactly_one_winner,
+            claim_expires_only_when_asked,
+            claim_release_is_the_winners_alone,
+            lock_excludes_and_expiry_frees,
+            stale_owner_cannot_extend_or_release,
+            fencing_tokens_strictly_increase,
+            fencing_tokens_increase_under_contention,
+            with_lock_keeps_the_lease_alive,
+            claims_run_twice_win_twice,
+            lock_acquisitions_run_twice_keep_their_fence,
+            fencing_tokens_pass_a_stale_counter_and_the_store_clock,
+            a_release_frees_the_key_once,
+            huge_durations_are_clamped_alike,
+            writes_after_their_deadline_change_nothing,
+        );
+    };
+}
+
+/// Expands to the module `idempotency_store` of one `#[test]` per rule of
+/// [`IdempotencyStore`](crate::store::IdempotencyStore), each on a store from `$make`, an
+/// expression (it may `.await`) that gives `(store, guard)`; the store is `Clone`.
+#[macro_export]
+macro_rules! idempotency_store_suite {
+    ($make:expr) => {
+        $crate::__conformance_tests!(idempotency_store, idempotency, $make;
+            lifecycle,
+            exactly_one_claim_among_concurrent,
+            token_checks_and_takeover,
+            retention_and_release,
+            operations_run_twice_answer_alike,
+            huge_durations_are_clamped_alike,
+            writes_after_their_deadline_change_nothing,
+        );
+    };
+}
+
+/// The whole suite: [`rate_store_suite!`](crate::rate_store_suite),
+/// [`lock_store_suite!`](crate::lock_store_suite) and
+/// [`idempotency_store_suite!`](crate::idempotency_store_suite) on stores from `$make`.
+#[macro_export]
+macro_rules! store_suite {
+    ($make:expr) => {
+        $crate::rate_store_suite!($make);
+        $crate::lock_store_suite!($make);
+        $crate::idempotency_store_suite!($make);
+    };
+}
+
+/// The tests of one capability, in a module of their own.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($module:ident, $rules:ident, $make:expr; $($name:ident),* $(,)?) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[test]
+                fn $name() {
+                    $crate::conformance::block_on(async {
+                        let (store, _guard) = $make;
+                        $crate::conformance::$rules::$name(&store).await;
+                    });
+                }
+            )*
+        }
+    };
+}

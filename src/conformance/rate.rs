@@ -1,0 +1,450 @@
+//! The rules of [`RateStore`]: the three algorithms, several limits, costs, attempts run twice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::unique;
+use crate::key::Key;
+use crate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
+use crate::store::RateStore;
+
+/// The three algorithms, each rule run under every one.
+const ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::SlidingLog,
+    Algorithm::SlidingCounter,
+    Algorithm::Gcra,
+];
+
+/// A policy of `limits` in a namespace of its own.
+fn policy(algorithm: Algorithm, limits: Vec<Limit>) -> Arc<RatePolicy> {
+    let ns = format!("t{}:rl", uuid::Uuid::new_v4().as_u64_pair().0 >> 32);
+    Arc::new(RatePolicy::new(ns, algorithm, limits).expect("valid policy"))
+}
+
+fn key(name: &str) -> Key {
+    Key::new("test", name.as_bytes())
+}
+
+async fn check(
+    store: &impl RateStore,
+    policy: &Arc<RatePolicy>,
+    key: Key,
+    cost: u64,
+) -> RateOutcome {
+    run(store, policy, RateCheck::new(key, cost)).await
+}
+
+async fn run(store: &impl RateStore, policy: &Arc<RatePolicy>, check: RateCheck) -> RateOutcome {
+    store
+        .check_rate(policy, check)
+        .await
+        .expect("store answers")
+}
+
+/// Admits exactly the quota then denies.
+pub async fn admits_exactly_the_quota_then_denies(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![Limit::per_minute("m", 5)]);
+        for i in 0..5 {
+            let out = check(store, &p, key("a"), 1).await;
+            assert!(out.admitted, "{algorithm}: request {i} should be admitted");
+            assert_eq!(out.retry_after, Duration::ZERO);
+            assert_eq!(
+                out.limits[0].remaining,
+                4 - i,
+                "{algorithm}: remaining after {i}"
+            );
+        }
+        for _ in 0..3 {
+            let out = check(store, &p, key("a"), 1).await;
+            assert!(!out.admitted, "{algorithm}: over the quota");
+            assert_eq!(out.limits[0].remaining, 0);
+            // the counter may have to wait out the rest of this fixed window and part of the
+            // next, in which these requests still weigh
+            let longest = if algorithm == Algorithm::SlidingCounter {
+                120
+            } else {
+                60
+            };
+            assert!(
+                out.retry_after > Duration::ZERO && out.retry_after <= Duration::from_secs(longest),
+                "{algorithm}: retry_after {:?}",
+                out.retry_after
+            );
+        }
+    }
+}
+
+/// Remaining counts down and resets are sane.
+pub async fn remaining_counts_down_and_resets_are_sane(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(
+            algorithm,
+            vec![Limit::new("w", 10, Duration::from_secs(10))],
+        );
+        let first = check(store, &p, key("r"), 1).await;
+        assert_eq!(first.limits[0].remaining, 9, "{algorithm}");
+        let reset = first.limits[0].reset;
+        // the counter's unit weighs in the next window too, fading until its end
+        let longest = if algorithm == Algorithm::SlidingCounter {
+            Duration::from_secs(20)
+        } else {
+            Duration::from_secs(10)
+        };
+        assert!(
+            reset > Duration::ZERO && reset <= longest,
+            "{algorithm}: reset {reset:?}"
+        );
+        if algorithm == Algorithm::SlidingLog {
+            // the only entry leaves the window a full window from now
+            assert!(
+                reset > Duration::from_millis(9_900),
+                "{algorithm}: reset {reset:?}"
+            );
+        }
+        if algorithm == Algorithm::Gcra {
+            // one emission interval (1 s) until a unit frees
+            assert!(
+                reset > Duration::from_millis(900) && reset <= Duration::from_secs(1),
+                "gcra reset {reset:?}"
+            );
+        }
+    }
+}
+
+/// Limits are all or nothing.
+pub async fn limits_are_all_or_nothing(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(
+            algorithm,
+            vec![Limit::per_minute("wide", 5), Limit::per_minute("narrow", 2)],
+        );
+        assert!(check(store, &p, key("k"), 1).await.admitted);
+        assert!(check(store, &p, key("k"), 1).await.admitted);
+        let denied = check(store, &p, key("k"), 1).await;
+        assert!(!denied.admitted, "{algorithm}");
+        // denied by "narrow": "wide" was not charged and shows its real remainder
+        assert_eq!(denied.limits[0].remaining, 3, "{algorithm}: wide");
+        assert_eq!(denied.limits[1].remaining, 0, "{algorithm}: narrow");
+        // a second policy over the same names and key sees the same counters
+        let again = check(store, &p, key("k"), 1).await;
+        assert_eq!(
+            again.limits[0].remaining, 3,
+            "{algorithm}: denials never charge"
+        );
+    }
+}
+
+/// Cost is charged and oversized cost never fits.
+pub async fn cost_is_charged_and_oversized_cost_never_fits(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![Limit::per_minute("m", 5)]);
+        let out = check(store, &p, key("c"), 3).await;
+        assert!(out.admitted, "{algorithm}");
+        assert_eq!(out.limits[0].remaining, 2, "{algorithm}");
+        assert!(
+            !check(store, &p, key("c"), 3).await.admitted,
+            "{algorithm}: 3 > 2 left"
+        );
+        let out = check(store, &p, key("c"), 2).await;
+        assert!(out.admitted, "{algorithm}: 2 fits");
+        assert_eq!(out.limits[0].remaining, 0, "{algorithm}");
+
+        let huge = check(store, &p, key("fresh"), 6).await;
+        assert!(!huge.admitted, "{algorithm}: cost above the quota");
+        assert_eq!(huge.retry_after, Duration::from_secs(60), "{algorithm}");
+        assert_eq!(huge.limits[0].remaining, 5, "{algorithm}: nothing charged");
+    }
+}
+
+/// Callers do not share quota.
+pub async fn callers_do_not_share_quota(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![Limit::per_minute("m", 1)]);
+        assert!(check(store, &p, key("x"), 1).await.admitted);
+        assert!(!check(store, &p, key("x"), 1).await.admitted);
+        assert!(check(store, &p, key("y"), 1).await.admitted, "{algorithm}");
+        // another policy namespace is another set of counters
+        let other = policy(algorithm, vec![Limit::per_minute("m", 1)]);
+        assert!(
+            check(store, &other, key("x"), 1).await.admitted,
+            "{algorithm}"
+        );
+    }
+}
+
+/// Window slides and retry after is honest.
+pub async fn window_slides_and_retry_after_is_honest(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(
+            algorithm,
+            vec![Limit::new("s", 2, Duration::from_millis(400))],
+        );
+        assert!(check(store, &p, key("w"), 1).await.admitted);
+        assert!(check(store, &p, key("w"), 1).await.admitted);
+        let denied = check(store, &p, key("w"), 1).await;
+        assert!(!denied.admitted, "{algorithm}");
+        assert!(
+            denied.retry_after > Duration::ZERO && denied.retry_after <= Duration::from_millis(800),
+            "{algorithm}: retry_after {:?}",
+            denied.retry_after
+        );
+        tokio::time::sleep(denied.retry_after + Duration::from_millis(30)).await;
+        assert!(
+            check(store, &p, key("w"), 1).await.admitted,
+            "{algorithm}: admitted after retry_after"
+        );
+    }
+}
+
+/// Concurrent callers get exactly the quota.
+pub async fn concurrent_callers_get_exactly_the_quota(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![Limit::per_minute("m", 50)]);
+        let checks = (0..300).map(|_| store.check_rate(&p, RateCheck::new(key("hot"), 1)));
+        let results = futures_util::future::join_all(checks).await;
+        let admitted = results
+            .into_iter()
+            .filter(|r| r.as_ref().expect("store answers").admitted)
+            .count();
+        assert_eq!(admitted, 50, "{algorithm}");
+    }
+}
+
+/// Gcra spaces requests after the burst.
+pub async fn gcra_spaces_requests_after_the_burst(store: &impl RateStore) {
+    let p = policy(
+        Algorithm::Gcra,
+        vec![Limit::new("g", 4, Duration::from_millis(800))],
+    );
+    for _ in 0..4 {
+        assert!(check(store, &p, key("g"), 1).await.admitted);
+    }
+    let denied = check(store, &p, key("g"), 1).await;
+    assert!(!denied.admitted);
+    // one emission interval (200 ms) frees one unit, not the whole burst
+    assert!(
+        denied.retry_after <= Duration::from_millis(200),
+        "{:?}",
+        denied.retry_after
+    );
+    tokio::time::sleep(Duration::from_millis(230)).await;
+    assert!(check(store, &p, key("g"), 1).await.admitted);
+    assert!(!check(store, &p, key("g"), 1).await.admitted);
+}
+
+/// Counter weights the previous window.
+pub async fn counter_weights_the_previous_window(store: &impl RateStore) {
+    let p = policy(
+        Algorithm::SlidingCounter,
+        vec![Limit::new("c", 10, Duration::from_millis(1000))],
+    );
+    // wait for the start of a window, to know where its boundary falls
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis();
+    tokio::time::sleep(Duration::from_millis((1000 - ms % 1000) as u64 + 20)).await;
+    for _ in 0..10 {
+        assert!(check(store, &p, key("c"), 1).await.admitted);
+    }
+    // early in the next window the previous ten still weigh nearly fully
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let out = check(store, &p, key("c"), 1).await;
+    assert!(!out.admitted, "previous window still weighs ~95%: {out:?}");
+}
+
+/// Log is exact across the window boundary.
+pub async fn log_is_exact_across_the_window_boundary(store: &impl RateStore) {
+    let p = policy(
+        Algorithm::SlidingLog,
+        vec![Limit::new("l", 3, Duration::from_millis(600))],
+    );
+    assert!(check(store, &p, key("l"), 2).await.admitted);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(check(store, &p, key("l"), 1).await.admitted);
+    let denied = check(store, &p, key("l"), 1).await;
+    assert!(!denied.admitted);
+    // the first two leave ~300 ms from now; the wait names exactly that, not the window
+    assert!(
+        denied.retry_after <= Duration::from_millis(310),
+        "{:?}",
+        denied.retry_after
+    );
+    tokio::time::sleep(denied.retry_after + Duration::from_millis(20)).await;
+    let out = check(store, &p, key("l"), 2).await;
+    assert!(out.admitted, "two slots freed");
+    assert!(!check(store, &p, key("l"), 1).await.admitted, "and no more");
+}
+
+/// Rate checks run twice are charged once.
+pub async fn rate_checks_run_twice_are_charged_once(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(
+            algorithm,
+            vec![Limit::per_minute("m", 4), Limit::per_hour("h", 10)],
+        );
+        for cost in [1, 2] {
+            let caller = key(&unique("twice"));
+            let attempt = RateCheck::new(caller, cost);
+            let first = run(store, &p, attempt).await;
+            let second = run(store, &p, attempt).await;
+            assert!(first.admitted && second.admitted, "{algorithm} cost {cost}");
+            let remaining = |o: &RateOutcome| [o.limits[0].remaining, o.limits[1].remaining];
+            assert_eq!(
+                remaining(&first),
+                [4 - cost, 10 - cost],
+                "{algorithm} cost {cost}"
+            );
+            assert_eq!(
+                remaining(&second),
+                remaining(&first),
+                "{algorithm} cost {cost}: the second run charged again"
+            );
+            let next = check(store, &p, caller, cost).await;
+            assert_eq!(
+                remaining(&next),
+                [4 - 2 * cost, 10 - 2 * cost],
+                "{algorithm} cost {cost}: a new attempt is charged"
+            );
+        }
+        // an attempt admitted with the last of the quota is admitted again, not denied
+        let caller = key(&unique("last"));
+        let p = policy(algorithm, vec![Limit::per_minute("m", 2)]);
+        check(store, &p, caller, 1).await;
+        let last = RateCheck::new(caller, 1);
+        assert!(run(store, &p, last).await.admitted, "{algorithm}");
+        let again = run(store, &p, last).await;
+        assert!(
+            again.admitted,
+            "{algorithm}: the second run of an admitted attempt"
+        );
+        assert_eq!(again.limits[0].remaining, 0, "{algorithm}");
+        assert!(!check(store, &p, caller, 1).await.admitted, "{algorithm}");
+    }
+}
+
+/// Counter reset is the retry after at a window start.
+pub async fn counter_reset_is_the_retry_after_at_a_window_start(store: &impl RateStore) {
+    // 10 per 60 s, all 10 spent at once: the quota grows again when the first unit of this
+    // window's weight has faded from the next one — the same moment a denial names (at a
+    // window's start, t=66 and Retry-After: 66, where t used to say 60)
+    let p = policy(
+        Algorithm::SlidingCounter,
+        vec![Limit::new("m", 10, Duration::from_secs(60))],
+    );
+    let caller = key(&unique("edge"));
+    let spent = check(store, &p, caller, 10).await;
+    assert!(spent.admitted);
+    let denied = check(store, &p, caller, 1).await;
+    assert!(!denied.admitted);
+    let (reset, retry) = (denied.limits[0].reset, denied.retry_after);
+    let apart = reset.abs_diff(retry);
+    assert!(
+        apart <= Duration::from_millis(2),
+        "t says {reset:?} but Retry-After says {retry:?}"
+    );
+}
+
+/// Cost zero looks without charging.
+pub async fn cost_zero_looks_without_charging(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![Limit::per_minute("m", 5)]);
+        let caller = key(&unique("peek"));
+        let fresh = check(store, &p, caller, 0).await;
+        assert!(fresh.admitted, "{algorithm}");
+        assert_eq!(fresh.limits[0].remaining, 5, "{algorithm}");
+        assert_eq!(
+            fresh.limits[0].reset,
+            Duration::ZERO,
+            "{algorithm}: nothing in use"
+        );
+        check(store, &p, caller, 1).await;
+        let look = check(store, &p, caller, 0).await;
+        assert_eq!(look.limits[0].remaining, 4, "{algorithm}");
+        assert!(look.limits[0].reset > Duration::ZERO, "{algorithm}");
+        let next = check(store, &p, caller, 1).await;
+        assert_eq!(
+            next.limits[0].remaining, 3,
+            "{algorithm}: a look charges nothing"
+        );
+    }
+}
+
+/// Reset forgets a callers limits and nothing else.
+pub async fn reset_forgets_a_callers_limits_and_nothing_else(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let limits = vec![Limit::per_minute("m", 3), Limit::per_hour("h", 5)];
+        let p = policy(algorithm, limits.clone());
+        // the same namespace and limit names under another algorithm: other keys
+        let other_algorithm = ALGORITHMS
+            .into_iter()
+            .find(|a| *a != algorithm)
+            .expect("three algorithms");
+        let q = Arc::new(RatePolicy::new(p.namespace(), other_algorithm, limits).unwrap());
+        let (a, b) = (key(&unique("reset-a")), key(&unique("reset-b")));
+        for _ in 0..3 {
+            check(store, &p, a, 1).await;
+            check(store, &p, b, 1).await;
+            check(store, &q, a, 1).await;
+        }
+        assert!(!check(store, &p, a, 1).await.admitted, "{algorithm}: spent");
+        store.reset_rate(&p, a).await.expect("store answers");
+        let after = check(store, &p, a, 0).await;
+        assert_eq!(
+            [after.limits[0].remaining, after.limits[1].remaining],
+            [3, 5],
+            "{algorithm}: as never seen"
+        );
+        assert_eq!(after.limits[0].reset, Duration::ZERO, "{algorithm}");
+        assert!(check(store, &p, a, 1).await.admitted, "{algorithm}");
+        assert!(
+            !check(store, &p, b, 1).await.admitted,
+            "{algorithm}: another caller stays"
+        );
+        assert!(
+            !check(store, &q, a, 1).await.admitted,
+            "{algorithm}: another policy stays"
+        );
+        // a caller never seen resets to nothing
+        store
+            .reset_rate(&p, key(&unique("reset-c")))
+            .await
+            .expect("store answers");
+    }
+}
+
+/// A re-sent check is charged once whatever other checks charged the caller in between: `a, b,
+/// a` leaves 10 - 2, and a whole series sent again (a re-sent batch) charges nothing more.
+pub async fn rate_checks_resent_after_others_are_charged_once(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(
+            algorithm,
+            vec![Limit::per_minute("m", 10), Limit::per_hour("h", 100)],
+        );
+        let caller = key(&unique("interleaved"));
+        let (a, b) = (RateCheck::new(caller, 1), RateCheck::new(caller, 1));
+        run(store, &p, a).await;
+        run(store, &p, b).await;
+        let again = run(store, &p, a).await;
+        assert!(again.admitted, "{algorithm}");
+        assert_eq!(
+            [again.limits[0].remaining, again.limits[1].remaining],
+            [8, 98],
+            "{algorithm}: a, b, a"
+        );
+        let series: Vec<RateCheck> = (0..5).map(|_| RateCheck::new(caller, 1)).collect();
+        for check in &series {
+            run(store, &p, *check).await;
+        }
+        for check in &series {
+            assert!(run(store, &p, *check).await.admitted, "{algorithm}");
+        }
+        let look = check(store, &p, caller, 0).await;
+        assert_eq!(
+            [look.limits[0].remaining, look.limits[1].remaining],
+            [3, 93],
+            "{algorithm}: the series sent again charged again"
+        );
+    }
+}

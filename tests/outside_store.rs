@@ -1,0 +1,115 @@
+//! A store written outside the crate, as a user writes one: a newtype that implements the three
+//! store capabilities by delegating every call to a [`MemoryStore`], run against the
+//! conformance suite that ships with the crate (feature `conformance`).
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+use tollgate::key::Key;
+use tollgate::rate::{RateCheck, RateOutcome, RatePolicy};
+use tollgate::store::{
+    ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, MemoryStore,
+    RateStore, StoreFuture,
+};
+
+/// The outside store: every operation handed to the memory store it wraps.
+#[derive(Debug, Clone, Default)]
+struct Delegating(MemoryStore);
+
+impl RateStore for Delegating {
+    fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
+        self.0.check_rate(policy, check)
+    }
+
+    fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
+        self.0.reset_rate(policy, key)
+    }
+}
+
+impl LockStore for Delegating {
+    fn timeout(&self) -> Duration {
+        LockStore::timeout(&self.0)
+    }
+
+    fn claim(
+        &self,
+        key: String,
+        holder: String,
+        ttl: Option<Duration>,
+        deadline: Instant,
+    ) -> StoreFuture<ClaimOutcome> {
+        self.0.claim(key, holder, ttl, deadline)
+    }
+
+    fn lock_acquire(
+        &self,
+        key: String,
+        fence_key: String,
+        token: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<LockAttempt> {
+        self.0.lock_acquire(key, fence_key, token, lease, deadline)
+    }
+
+    fn extend_if_held(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        self.0.extend_if_held(key, token, lease, deadline)
+    }
+
+    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
+        self.0.delete_if_held(key, token)
+    }
+}
+
+impl IdempotencyStore for Delegating {
+    fn timeout(&self) -> Duration {
+        IdempotencyStore::timeout(&self.0)
+    }
+
+    fn idempotency_begin(
+        &self,
+        key: String,
+        fingerprint: String,
+        token: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<IdempotencyBegin> {
+        self.0
+            .idempotency_begin(key, fingerprint, token, lease, deadline)
+    }
+
+    fn idempotency_complete(
+        &self,
+        key: String,
+        token: String,
+        response: Bytes,
+        retention: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        self.0
+            .idempotency_complete(key, token, response, retention, deadline)
+    }
+
+    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
+        self.0.idempotency_release(key, token)
+    }
+
+    fn idempotency_extend(
+        &self,
+        key: String,
+        token: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        self.0.idempotency_extend(key, token, lease, deadline)
+    }
+}
+
+tollgate::store_suite!((Delegating::default(), ()));
