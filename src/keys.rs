@@ -90,6 +90,7 @@ pub(crate) fn write_rate(out: &mut String, policy: &RatePolicy, key: &Key, limit
     out.push_str(policy.algorithm().tag());
 }
 
+#[cfg(feature = "redis")]
 /// Writes the record of the rate call `call` whose first check is caller `key`'s under
 /// `policy` into `out`: `<namespace>:{<digest>}:charged:<call, 16 hex digits>`, in the slot of that
 /// caller's keys (a Cluster call holds one caller's checks).
@@ -114,6 +115,7 @@ pub(crate) fn lock(prefix: &str, name: &[u8]) -> (String, String) {
     (key, fence)
 }
 
+#[cfg(feature = "redis")]
 /// The release marker of a lock, claim or idempotency record `key`: `<key>:released`, in the
 /// same slot. It names the release call that deleted the key, so that the same call re-sent
 /// still answers "released".
@@ -121,6 +123,7 @@ pub(crate) fn release_marker(key: &str) -> String {
     format!("{key}:released")
 }
 
+#[cfg(feature = "redis")]
 /// The pending marker of `key` (same hash tag): a durable write that replicas have not
 /// acknowledged yet.
 pub(crate) fn pending_marker(key: &str) -> String {

@@ -17,9 +17,6 @@
 #[cfg(any(feature = "redis", feature = "postgres"))]
 use std::time::Duration;
 
-#[cfg(any(feature = "redis", feature = "postgres"))]
-use crate::store::StoreErrorKind;
-
 /// Counter: rate-limit decisions.
 pub const RATE_LIMIT_DECISIONS: &str = "tollgate_rate_limit_decisions_total";
 /// Histogram: seconds per store call.
@@ -44,25 +41,16 @@ pub(crate) fn rate_decision(limiter: &std::sync::Arc<str>, admitted: bool, sourc
     .increment(1);
 }
 
-/// A store call of `operation` that took `elapsed` and failed with `error`, if it failed.
+/// A store call of `operation` that took `elapsed` and failed with an error of kind `error`
+/// (`timeout`, `unavailable`, …), if it failed.
 #[cfg(any(feature = "redis", feature = "postgres"))]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn store_call(
-    operation: &'static str,
-    elapsed: Duration,
-    error: Option<StoreErrorKind>,
-) {
+pub(crate) fn store_call(operation: &'static str, elapsed: Duration, error: Option<&'static str>) {
     #[cfg(feature = "metrics")]
     {
         metrics::histogram!(STORE_CALL_DURATION, "operation" => operation)
             .record(elapsed.as_secs_f64());
         if let Some(kind) = error {
-            let kind = match kind {
-                StoreErrorKind::Timeout => "timeout",
-                StoreErrorKind::Unavailable => "unavailable",
-                StoreErrorKind::Protocol => "protocol",
-                _ => "config",
-            };
             metrics::counter!(STORE_ERRORS, "operation" => operation, "kind" => kind).increment(1);
         }
     }

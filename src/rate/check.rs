@@ -50,6 +50,7 @@ impl RateCheck {
         self.attempt
     }
 
+    #[cfg(feature = "redis")]
     /// The id as the Redis scripts store it: 16 hexadecimal digits, written without an
     /// allocation (a check is on every request's path).
     pub(crate) fn attempt_hex(&self) -> [u8; 16] {

@@ -42,6 +42,12 @@ impl StoreError {
         }
     }
 
+    /// The store answered with an error, or with something this crate does not understand.
+    #[cfg(any(feature = "redis", feature = "postgres"))]
+    pub(crate) fn protocol(source: impl Into<BoxError>) -> Self {
+        Self::new(StoreErrorKind::Protocol, source)
+    }
+
     /// A write that the store received after its deadline, and so did not run: the caller had
     /// given up on it already.
     pub(crate) fn expired() -> Self {
@@ -57,10 +63,29 @@ impl StoreError {
     }
 
     /// The same failure again, for another caller of the call that failed.
+    #[cfg(any(feature = "redis", feature = "postgres"))]
     pub(crate) fn shared(&self) -> Self {
         Self {
             kind: self.kind,
             source: self.source.as_ref().map(|s| s.to_string().into()),
+        }
+    }
+}
+
+impl StoreErrorKind {
+    /// The kind as the metrics label it: `timeout`, `unavailable`, `protocol` or `config`.
+    ///
+    /// ```
+    /// use tollgate::store::StoreErrorKind;
+    ///
+    /// assert_eq!(StoreErrorKind::Unavailable.as_str(), "unavailable");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Unavailable => "unavailable",
+            Self::Protocol => "protocol",
+            Self::Config => "config",
         }
     }
 }

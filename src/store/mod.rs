@@ -55,14 +55,18 @@ use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) mod coalesce;
+#[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) mod deadline;
 mod error;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod kit;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) use deadline::StoreClock;
 pub use error::{StoreError, StoreErrorKind};
 pub use memory::MemoryStore;

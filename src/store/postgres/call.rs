@@ -24,7 +24,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{CancelToken, NoTls, Row};
 
-use crate::store::{StoreClock, StoreError, StoreErrorKind};
+use crate::store::{StoreClock, StoreError, StoreErrorKind, kit};
 
 /// A statement parameter, owned so that the call's future is `'static`.
 pub(super) type Param = Box<dyn ToSql + Send + Sync>;
@@ -82,11 +82,7 @@ impl Calls {
             },
             Err(Failure::Other(e)) => Err(e),
         };
-        crate::metrics::store_call(
-            operation,
-            started.elapsed(),
-            result.as_ref().err().map(StoreError::kind),
-        );
+        kit::observed(operation, started, &result);
         result
     }
 

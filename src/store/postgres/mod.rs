@@ -45,6 +45,7 @@ use super::{
 use crate::key::Key;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::coalesce::{BatchCall, Coalescer, Decided, Sent};
+use crate::store::kit;
 
 /// A store on PostgreSQL, shared by every copy of a service.
 ///
@@ -362,13 +363,8 @@ fn signed(id: u64) -> i64 {
     i64::from_ne_bytes(id.to_ne_bytes())
 }
 
-/// A random id of one release call: the call re-sent carries the same one.
-fn release_call_id() -> String {
-    format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0)
-}
-
 fn protocol(e: tokio_postgres::Error) -> StoreError {
-    StoreError::new(StoreErrorKind::Protocol, e)
+    StoreError::protocol(e)
 }
 
 /// A release's answer.
@@ -390,15 +386,8 @@ fn flag(row: &Row) -> Result<bool, StoreError> {
     match tag(row)? {
         1 => Ok(true),
         0 => Ok(false),
-        other => Err(unexpected("a flag", other)),
+        other => Err(kit::unexpected("a flag", other.into())),
     }
-}
-
-fn unexpected(what: &str, tag: i16) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Protocol,
-        format!("{what} answered tag {tag}"),
-    )
 }
 
 /// `(tag, holder)`: 1 claimed by this call, 2 held by this holder already, 0 by another.
@@ -406,7 +395,7 @@ fn decode_claim(row: &Row) -> Result<ClaimOutcome, StoreError> {
     let won = match tag(row)? {
         1 | 2 => true,
         0 => false,
-        other => return Err(unexpected("claim", other)),
+        other => return Err(kit::unexpected("claim", other.into())),
     };
     Ok(ClaimOutcome {
         won,
@@ -420,17 +409,12 @@ fn decode_lock(row: &Row) -> Result<LockAttempt, StoreError> {
     let acquired = match tag(row)? {
         1 => true,
         0 => false,
-        other => return Err(unexpected("lock_acquire", other)),
+        other => return Err(kit::unexpected("lock_acquire", other.into())),
     };
-    let value: i64 = row.try_get(1).map_err(protocol)?;
-    let value = u64::try_from(value).unwrap_or(0);
-    Ok(if acquired {
-        LockAttempt::Acquired { fence: value }
-    } else {
-        LockAttempt::Held {
-            lease_left: Duration::from_millis(value),
-        }
-    })
+    Ok(kit::lock_attempt(
+        acquired,
+        row.try_get(1).map_err(protocol)?,
+    ))
 }
 
 impl RateStore for PgStore {
@@ -626,7 +610,7 @@ impl LockStore for PgStore {
         let params: Vec<Param> = vec![
             Box::new(key),
             Box::new(token),
-            Box::new(release_call_id()),
+            Box::new(kit::release_call_id()),
             Box::new(ms(RELEASE_MARKER_TTL)),
         ];
         self.call("lock_release", |s| &s.release_hold, params, None, boolean)
@@ -684,7 +668,7 @@ impl IdempotencyStore for PgStore {
         let params: Vec<Param> = vec![
             Box::new(key),
             Box::new(token),
-            Box::new(release_call_id()),
+            Box::new(kit::release_call_id()),
             Box::new(ms(RELEASE_MARKER_TTL)),
         ];
         let sql: fn(&Sql) -> &String = |s| &s.idem_release;
@@ -707,25 +691,10 @@ impl IdempotencyStore for PgStore {
 /// `(tag, lease_left_ms, response)`: 0 claimed, 1 running elsewhere, 2 another fingerprint,
 /// 3 completed.
 fn decode_idem_begin(row: &Row) -> Result<IdempotencyBegin, StoreError> {
-    match tag(row)? {
-        0 => Ok(IdempotencyBegin::Claimed),
-        1 => {
-            let ms: Option<i64> = row.try_get(1).map_err(protocol)?;
-            Ok(IdempotencyBegin::InFlight {
-                lease_left: Duration::from_millis(
-                    ms.and_then(|v| u64::try_from(v).ok()).unwrap_or(0),
-                ),
-            })
-        }
-        2 => Ok(IdempotencyBegin::Mismatch),
-        3 => {
-            let response: Option<Vec<u8>> = row.try_get(2).map_err(protocol)?;
-            Ok(IdempotencyBegin::Completed(Bytes::from(
-                response.unwrap_or_default(),
-            )))
-        }
-        other => Err(unexpected("idem_begin", other)),
-    }
+    let tag = tag(row)?;
+    let lease_left_ms: Option<i64> = row.try_get(1).map_err(protocol)?;
+    let response: Option<Vec<u8>> = row.try_get(2).map_err(protocol)?;
+    kit::idempotency_begin(tag.into(), lease_left_ms, response.map(Bytes::from))
 }
 
 impl Store for PgStore {

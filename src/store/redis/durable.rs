@@ -99,8 +99,9 @@ impl Ack {
         match (self, reply) {
             (_, Value::ServerError(e)) => Ok(Some(wait_refused(self, &e.to_string()))),
             (Self::Replicas(n), reply) => {
-                let acked = count(&reply)
-                    .ok_or_else(|| protocol("WAIT answered otherwise than with a count"))?;
+                let acked = count(&reply).ok_or_else(|| {
+                    StoreError::protocol("WAIT answered otherwise than with a count")
+                })?;
                 Ok(if acked < n {
                     short(format!("{acked} of {n} replicas"))
                 } else {
@@ -113,7 +114,9 @@ impl Ack {
                     _ => (None, None),
                 };
                 let (Some(on_primary), Some(on_replicas)) = (on_primary, on_replicas) else {
-                    return Err(protocol("WAITAOF answered otherwise than with two counts"));
+                    return Err(StoreError::protocol(
+                        "WAITAOF answered otherwise than with two counts",
+                    ));
                 };
                 Ok(if on_primary < u32::from(local) {
                     short("the append-only file of the primary".to_owned())
@@ -125,9 +128,9 @@ impl Ack {
                     None
                 })
             }
-            (Self::Aof { .. }, _) => {
-                Err(protocol("WAITAOF answered otherwise than with two counts"))
-            }
+            (Self::Aof { .. }, _) => Err(StoreError::protocol(
+                "WAITAOF answered otherwise than with two counts",
+            )),
         }
     }
 }
@@ -326,7 +329,7 @@ impl DurableWrites {
             Ok(Ok(_)) => {
                 return fail(
                     group,
-                    &protocol("WAIT pipeline: a reply of the wrong length"),
+                    &StoreError::protocol("WAIT pipeline: a reply of the wrong length"),
                 );
             }
             Ok(Err(e)) => {
@@ -346,7 +349,12 @@ impl DurableWrites {
         let short = match replies.next_back().map(|reply| self.ack.judge(reply)) {
             Some(Ok(short)) => short,
             Some(Err(error)) => return fail(group, &error),
-            None => return fail(group, &protocol("a pipeline without its wait's reply")),
+            None => {
+                return fail(
+                    group,
+                    &StoreError::protocol("a pipeline without its wait's reply"),
+                );
+            }
         };
         for (write, reply) in group.into_iter().zip(replies) {
             let answer = match reply {
@@ -387,8 +395,4 @@ fn fail(group: Vec<Write>, error: &StoreError) {
     for write in group {
         let _ = write.reply.send(Err(error.shared()));
     }
-}
-
-fn protocol(message: &str) -> StoreError {
-    StoreError::new(StoreErrorKind::Protocol, message.to_owned())
 }

@@ -28,7 +28,7 @@ use script_call::ScriptCall;
 
 use super::{
     ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RELEASE_MARKER_TTL,
-    RateStore, Store, StoreClock, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
+    RateStore, Store, StoreClock, StoreError, StoreErrorKind, StoreFuture, fence_ttl, kit, millis,
 };
 use crate::error::ConfigError;
 use crate::key::Key;
@@ -448,16 +448,7 @@ fn measured<T: Send + 'static>(
     timeout: Duration,
     op: impl Future<Output = Result<T, StoreError>> + Send + 'static,
 ) -> StoreFuture<T> {
-    Box::pin(async move {
-        let started = std::time::Instant::now();
-        let result = match tokio::time::timeout(timeout, op).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::timeout()),
-        };
-        let kind = result.as_ref().err().map(StoreError::kind);
-        crate::metrics::store_call(operation, started.elapsed(), kind);
-        result
-    })
+    Box::pin(kit::timed(operation, timeout, op))
 }
 
 /// Drops the pending marker of an acknowledged write, on `conn`, in the background: the caller
@@ -484,7 +475,7 @@ fn release_call(key: &str, token: &str) -> ScriptCall {
         .key(keys::release_marker(key))
         .arg(token)
         .arg(millis(RELEASE_MARKER_TTL))
-        .arg(format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0))
+        .arg(kit::release_call_id())
 }
 
 /// The arguments of a token-checked extension (`compare_and_pexpire.lua`, `idem_extend.lua`):
@@ -517,10 +508,6 @@ fn unexpired<R: FromRedisValue>(reply: Value) -> Result<R, StoreError> {
         return Err(StoreError::expired());
     }
     R::from_redis_value(reply).map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))
-}
-
-fn protocol(msg: &str) -> StoreError {
-    StoreError::new(StoreErrorKind::Protocol, msg.to_owned())
 }
 
 impl RateStore for RedisStore {
@@ -612,16 +599,7 @@ impl LockStore for RedisStore {
                 counts: |(tag, _): &(i64, i64)| *tag >= 1,
                 made: |(tag, _)| *tag == 1,
             },
-            |(acquired, value)| {
-                let value = u64::try_from(value).unwrap_or(0);
-                Ok(if acquired >= 1 {
-                    LockAttempt::Acquired { fence: value }
-                } else {
-                    LockAttempt::Held {
-                        lease_left: Duration::from_millis(value),
-                    }
-                })
-            },
+            |(acquired, value)| Ok(kit::lock_attempt(acquired >= 1, value)),
             Some(undo),
             None,
         )
@@ -781,17 +759,16 @@ impl Store for RedisStore {
 fn decode_idem_begin(reply: Vec<Value>) -> Result<IdempotencyBegin, StoreError> {
     let mut reply = reply.into_iter();
     let Some(Value::Int(tag)) = reply.next() else {
-        return Err(protocol("idempotency script returned no tag"));
+        return Err(StoreError::protocol("idempotency script returned no tag"));
     };
     match (tag, reply.next()) {
-        (0 | 4, None) => Ok(IdempotencyBegin::Claimed),
-        (1, Some(Value::Int(ms))) => Ok(IdempotencyBegin::InFlight {
-            lease_left: Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
-        }),
-        (2, None) => Ok(IdempotencyBegin::Mismatch),
+        (0 | 2 | 4, None) => kit::idempotency_begin(tag, None, None),
+        (1, Some(Value::Int(ms))) => kit::idempotency_begin(tag, Some(ms), None),
         (3, Some(Value::BulkString(response))) => {
-            Ok(IdempotencyBegin::Completed(Bytes::from(response)))
+            kit::idempotency_begin(tag, None, Some(Bytes::from(response)))
         }
-        _ => Err(protocol("idempotency script returned an unexpected reply")),
+        _ => Err(StoreError::protocol(
+            "idempotency script returned an unexpected reply",
+        )),
     }
 }

@@ -22,6 +22,7 @@ use super::{Lua, store_error};
 use crate::keys;
 use crate::rate::{Algorithm, LimitState, RateOutcome, RatePolicy};
 use crate::store::coalesce::{BatchCall, Coalescer, Decided, Sent};
+use crate::store::kit;
 use crate::store::{StoreClock, StoreError, StoreErrorKind};
 
 /// The rate checks of one store, coalesced into calls of `rate.lua`.
@@ -166,16 +167,7 @@ pub(super) async fn bounded<T>(
     timeout: Duration,
     op: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    let started = std::time::Instant::now();
-    let result = match tokio::time::timeout(timeout, op).await {
-        Ok(result) => result,
-        Err(_) => Err(StoreError::timeout()),
-    };
-    crate::metrics::store_call(
-        operation,
-        started.elapsed(),
-        result.as_ref().err().map(StoreError::kind),
-    );
+    let result = kit::timed(operation, timeout, op).await;
     match &result {
         Err(e) if e.kind() == StoreErrorKind::Timeout => link.timed_out(),
         Err(e) if e.kind() == StoreErrorKind::Unavailable => link.unreachable(),
@@ -248,7 +240,7 @@ fn decode(
     checks: &[Sent<'_>],
 ) -> Result<Vec<Result<RateOutcome, StoreError>>, StoreError> {
     let Value::Array(items) = reply else {
-        return Err(protocol("the rate script returned no array"));
+        return Err(StoreError::protocol("the rate script returned no array"));
     };
     let mut reply = Reply(items.into_iter());
     let mut decided = Vec::with_capacity(checks.len());
@@ -282,7 +274,9 @@ fn decode(
     }
     match reply.0.next() {
         None => Ok(decided),
-        Some(_) => Err(protocol("the rate script returned a reply too long")),
+        Some(_) => Err(StoreError::protocol(
+            "the rate script returned a reply too long",
+        )),
     }
 }
 
@@ -293,7 +287,7 @@ impl Reply {
     fn int(&mut self) -> Result<i64, StoreError> {
         match self.0.next() {
             Some(Value::Int(v)) => Ok(v),
-            _ => Err(protocol(
+            _ => Err(StoreError::protocol(
                 "the rate script returned a reply of the wrong shape",
             )),
         }
@@ -313,8 +307,4 @@ impl Reply {
             _ => String::from("the rate script failed"),
         }
     }
-}
-
-fn protocol(message: &str) -> StoreError {
-    StoreError::new(StoreErrorKind::Protocol, message.to_owned())
 }

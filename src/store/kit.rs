@@ -1,0 +1,81 @@
+//! What every networked backend shares: the timed call with its metrics, the reply tags of the
+//! write operations and their decoding, the ids of release calls. A backend reads its own wire
+//! format into the plain values here; what they mean is decided once.
+
+#[cfg(feature = "redis")]
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{IdempotencyBegin, LockAttempt, StoreError};
+
+/// Runs `op`, store operation `operation`, within `timeout`, and tells the metrics how long it
+/// took and how it failed.
+#[cfg(feature = "redis")]
+pub(crate) async fn timed<T>(
+    operation: &'static str,
+    timeout: Duration,
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let started = std::time::Instant::now();
+    let result = match tokio::time::timeout(timeout, op).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::timeout()),
+    };
+    observed(operation, started, &result);
+    result
+}
+
+/// Tells the metrics that store operation `operation`, started at `started`, ended in `result`.
+pub(crate) fn observed<T>(
+    operation: &'static str,
+    started: std::time::Instant,
+    result: &Result<T, StoreError>,
+) {
+    let kind = result.as_ref().err().map(|e| e.kind().as_str());
+    crate::metrics::store_call(operation, started.elapsed(), kind);
+}
+
+/// A random id of one release call, as the scripts and functions keep it (16 hex digits): the
+/// call re-sent carries the same one, and its marker answers it as the release did.
+pub(crate) fn release_call_id() -> String {
+    format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0)
+}
+
+/// The tags of `idempotency_begin`'s reply, the same in every backend: `0` claimed (`4`: claimed
+/// again by its owner), `1` running elsewhere, with the lease left, `2` another fingerprint,
+/// `3` completed, with the response.
+pub(crate) fn idempotency_begin(
+    tag: i64,
+    lease_left_ms: Option<i64>,
+    response: Option<Bytes>,
+) -> Result<IdempotencyBegin, StoreError> {
+    match (tag, lease_left_ms, response) {
+        (0 | 4, _, _) => Ok(IdempotencyBegin::Claimed),
+        (1, ms, _) => Ok(IdempotencyBegin::InFlight {
+            lease_left: Duration::from_millis(ms.and_then(|v| u64::try_from(v).ok()).unwrap_or(0)),
+        }),
+        (2, _, _) => Ok(IdempotencyBegin::Mismatch),
+        (3, _, response) => Ok(IdempotencyBegin::Completed(response.unwrap_or_default())),
+        (tag, _, _) => Err(unexpected("idempotency_begin", tag)),
+    }
+}
+
+/// The reply of `lock_acquire`, the same in every backend: `acquired` with fencing token
+/// `value`, or held by another owner for `value` ms more.
+pub(crate) fn lock_attempt(acquired: bool, value: i64) -> LockAttempt {
+    let value = u64::try_from(value).unwrap_or(0);
+    if acquired {
+        LockAttempt::Acquired { fence: value }
+    } else {
+        LockAttempt::Held {
+            lease_left: Duration::from_millis(value),
+        }
+    }
+}
+
+/// A reply of `operation` whose tag this crate does not know.
+pub(crate) fn unexpected(operation: &str, tag: i64) -> StoreError {
+    StoreError::protocol(format!("{operation} answered tag {tag}"))
+}
