@@ -26,11 +26,24 @@ pub(crate) enum Code {
     Unavailable = 14,
 }
 
-/// Whether `headers` belong to a gRPC call.
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+/// What a request speaks, and so how a layer answers it: an HTTP response with problem details,
+/// or a gRPC status in a trailers-only response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wire {
+    /// Plain HTTP.
+    Http,
+    /// A gRPC call (`content-type: application/grpc…`).
+    Grpc,
+}
+
+impl Wire {
+    /// What the request with `headers` speaks.
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        let grpc = headers
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        if grpc { Self::Grpc } else { Self::Http }
+    }
 }
 
 /// A trailers-only response carrying `code` and `message` (percent-encoded as gRPC requires),
@@ -79,16 +92,16 @@ mod tests {
     #[test]
     fn detects_grpc_content_types() {
         let mut h = HeaderMap::new();
-        assert!(!is_grpc(&h));
+        assert_eq!(Wire::of(&h), Wire::Http);
         h.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/grpc+proto"),
         );
-        assert!(is_grpc(&h));
+        assert_eq!(Wire::of(&h), Wire::Grpc);
         h.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        assert!(!is_grpc(&h));
+        assert_eq!(Wire::of(&h), Wire::Http);
     }
 }

@@ -6,6 +6,7 @@ use std::fmt::Write;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::body::Complete;
+use crate::grpc::Wire;
 use crate::grpc::{self, Code};
 
 /// The problem type of a rate-limit denial (draft-ietf-httpapi-ratelimit-headers).
@@ -23,19 +24,19 @@ pub(crate) struct Rejection {
 
 impl Rejection {
     /// The response, for a gRPC call when `grpc`: problem details of type `about:blank`.
-    pub(crate) fn into_response(self, grpc: bool) -> Response<Complete> {
-        self.into_problem(grpc, "about:blank", &[])
+    pub(crate) fn into_response(self, wire: Wire) -> Response<Complete> {
+        self.into_problem(wire, "about:blank", &[])
     }
 
     /// The response with problem type `kind`; for a quota problem, the names of the
     /// `violated` policies as the draft's `violated-policies` member.
     pub(crate) fn into_problem(
         self,
-        grpc: bool,
+        wire: Wire,
         kind: &str,
         violated: &[&str],
     ) -> Response<Complete> {
-        if grpc {
+        if wire == Wire::Grpc {
             return grpc::trailers_only(self.code, self.message);
         }
         // Every string here is a constant of the crate or a validated limit name
@@ -75,7 +76,7 @@ mod tests {
             code: Code::ResourceExhausted,
             message: "rate limit exceeded",
         };
-        let http = rejection.into_response(false);
+        let http = rejection.into_response(Wire::Http);
         assert_eq!(http.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(http.headers()["content-type"], "application/problem+json");
         assert_eq!(
@@ -83,14 +84,14 @@ mod tests {
             "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\
              \"detail\":\"rate limit exceeded\"}\n"
         );
-        let quota = rejection.into_problem(false, QUOTA_EXCEEDED, &["burst", "hourly"]);
+        let quota = rejection.into_problem(Wire::Http, QUOTA_EXCEEDED, &["burst", "hourly"]);
         assert!(
             quota
                 .body()
                 .data()
                 .ends_with(b"\"violated-policies\":[\"burst\",\"hourly\"]}\n")
         );
-        let grpc = rejection.into_response(true);
+        let grpc = rejection.into_response(Wire::Grpc);
         assert_eq!(grpc.status(), StatusCode::OK);
         assert_eq!(grpc.headers()["grpc-status"], "8");
         assert!(grpc.body().is_end_stream());

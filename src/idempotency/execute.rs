@@ -21,6 +21,7 @@ use super::record::StoredResponse;
 use super::rejection::Rejection;
 use super::service::{Handler, HttpBody, RequestBody};
 use crate::BoxError;
+use crate::grpc::Wire;
 use crate::lease::{self, Owner};
 use crate::task::AbortOnDrop;
 
@@ -38,7 +39,7 @@ pub(super) async fn execute<S, ReqBody, ResBody>(
     request: Request<RequestBody<ReqBody>>,
     key: String,
     token: String,
-    grpc: bool,
+    wire: Wire,
     answer: oneshot::Sender<Answer<ResBody, S::Error>>,
 ) where
     S: Handler<ReqBody, ResBody>,
@@ -63,7 +64,7 @@ pub(super) async fn execute<S, ReqBody, ResBody>(
         }
     };
     let (parts, body) = response.into_parts();
-    deliver(&settings, claim, parts, body, answer, grpc).await;
+    deliver(&settings, claim, parts, body, answer, wire).await;
 }
 
 /// Records the response and then answers the caller, or streams it and releases the key — by
@@ -74,13 +75,13 @@ async fn deliver<B, E>(
     parts: response::Parts,
     body: B,
     answer: oneshot::Sender<Answer<B, E>>,
-    grpc: bool,
+    wire: Wire,
 ) where
     B: HttpBody,
 {
     let Ok(record) = record_of(settings, &parts) else {
         claim.release("store_when panicked").await;
-        let _ = answer.send(Ok(Rejection::HandlerFailed.into_response(settings, grpc)));
+        let _ = answer.send(Ok(Rejection::HandlerFailed.into_response(settings, wire)));
         return;
     };
     let exact_len = body.size_hint().exact();
@@ -90,7 +91,7 @@ async fn deliver<B, E>(
     let head = Head { answer, response };
     let body = std::pin::pin!(body);
     match record {
-        Some(record) => record_then_answer(claim, record, body, head, &frames_tx, grpc).await,
+        Some(record) => record_then_answer(claim, record, body, head, &frames_tx, wire).await,
         None => {
             // a response that is all head is settled before the head goes out, like the last
             // frame of any other
@@ -185,8 +186,8 @@ impl<B, E> Head<B, E> {
     }
 
     /// Answers `Unrecorded` instead: the caller never sees the handler's head.
-    fn refuse(self, settings: &Settings, grpc: bool) {
-        let refusal = Rejection::Unrecorded.into_response(settings, grpc);
+    fn refuse(self, settings: &Settings, wire: Wire) {
+        let refusal = Rejection::Unrecorded.into_response(settings, wire);
         let _ = self.answer.send(Ok(refusal));
     }
 }
@@ -211,7 +212,7 @@ async fn record_then_answer<B, RB, E>(
     mut body: Pin<&mut B>,
     head: Head<RB, E>,
     frames: &Frames,
-    grpc: bool,
+    wire: Wire,
 ) where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -247,7 +248,7 @@ async fn record_then_answer<B, RB, E>(
     if !grpc_succeeded(&settings, &record) {
         claim.release("the response is not stored").await;
     } else if !claim.complete(record.encode()).await {
-        head.refuse(&settings, grpc);
+        head.refuse(&settings, wire);
         return;
     }
     head.send();

@@ -21,6 +21,7 @@ use super::rejection::Rejection;
 use super::service::{Handler, HttpBody, RequestBody};
 use crate::BoxError;
 use crate::body::Complete;
+use crate::grpc::Wire;
 use crate::lease::{Owner, UndoUnanswered};
 use crate::store::IdempotencyBegin;
 
@@ -31,7 +32,7 @@ pub(super) async fn handle<S, ReqBody, ResBody>(
     parts: Parts,
     body: ReqBody,
     key: String,
-    grpc: bool,
+    wire: Wire,
 ) -> Answer<ResBody, S::Error>
 where
     S: Handler<ReqBody, ResBody>,
@@ -40,17 +41,17 @@ where
 {
     let (body, buffered) = match buffer_body(body, settings.body_limit, &settings.buffered).await {
         Ok(buffered) => buffered,
-        Err(rejection) => return Ok(rejection.into_response(&settings, grpc)),
+        Err(rejection) => return Ok(rejection.into_response(&settings, wire)),
     };
     let fingerprint = fingerprint(&parts, &settings.fingerprint_headers, &body);
     let token = uuid::Uuid::new_v4().to_string();
-    if let Err(refused) = claim(&settings, &key, &fingerprint, &token, grpc).await {
+    if let Err(refused) = claim(&settings, &key, &fingerprint, &token, wire).await {
         return Ok(refused);
     }
     crate::metrics::idempotency("executed");
     let request = Request::from_parts(parts, Either::Left(Full::new(body)));
     // the body's share of the buffer budget goes with it, until its execution ends
-    spawn_execution(settings, service, request, key, token, grpc, buffered).await
+    spawn_execution(settings, service, request, key, token, wire, buffered).await
 }
 
 /// The whole request body, if it is readable and within `limit`, and its share of the layer's
@@ -99,7 +100,7 @@ async fn claim<B>(
     key: &str,
     fingerprint: &str,
     token: &str,
-    grpc: bool,
+    wire: Wire,
 ) -> Result<(), Response<IdempotencyBody<B>>> {
     let wait_until = wait_deadline(settings.on_concurrent);
     let mut pause = Duration::from_millis(10);
@@ -135,22 +136,22 @@ async fn claim<B>(
             // the claim is ours: the execution task owns it from here
             Ok(IdempotencyBegin::Claimed) => return Ok(()),
             Ok(IdempotencyBegin::Mismatch) => {
-                return Err(Rejection::Mismatch.into_response(settings, grpc));
+                return Err(Rejection::Mismatch.into_response(settings, wire));
             }
             Ok(IdempotencyBegin::Completed(record)) => {
                 crate::metrics::idempotency("replayed");
-                return Err(replay(settings, &record, grpc));
+                return Err(replay(settings, &record, wire));
             }
             Ok(IdempotencyBegin::InFlight { .. }) => match wait_until {
                 Some(until) if Instant::now() < until => {
                     tokio::time::sleep(pause.min(until - Instant::now())).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
-                _ => return Err(Rejection::InFlight.into_response(settings, grpc)),
+                _ => return Err(Rejection::InFlight.into_response(settings, wire)),
             },
             Err(error) => {
                 tracing::warn!(target: "tollgate::idempotency", %error, "idempotency store failed; refusing the request");
-                return Err(Rejection::StoreUnavailable.into_response(settings, grpc));
+                return Err(Rejection::StoreUnavailable.into_response(settings, wire));
             }
         }
     }
@@ -174,7 +175,7 @@ async fn spawn_execution<S, ReqBody, ResBody>(
     request: Request<RequestBody<ReqBody>>,
     key: String,
     token: String,
-    grpc: bool,
+    wire: Wire,
     buffered: Option<OwnedSemaphorePermit>,
 ) -> Answer<ResBody, S::Error>
 where
@@ -188,7 +189,7 @@ where
     // in the caller's span: a `TraceLayer` span's fields stay on the handler's events
     let task_settings = Arc::clone(&settings);
     let execution = async move {
-        execute(task_settings, service, request, key, token, grpc, head_tx).await;
+        execute(task_settings, service, request, key, token, wire, head_tx).await;
         // the body's share of the buffer budget is given back once its execution ends
         drop(buffered);
     };
@@ -199,15 +200,15 @@ where
     match head_rx.await {
         Ok(answer) => answer,
         // the task ended without a response: the handler panicked (the key was released)
-        Err(_) => Ok(Rejection::HandlerFailed.into_response(&settings, grpc)),
+        Err(_) => Ok(Rejection::HandlerFailed.into_response(&settings, wire)),
     }
 }
 
 /// A completed response, replayed byte for byte plus `Idempotent-Replayed: true`.
-fn replay<B>(settings: &Settings, record: &[u8], grpc: bool) -> Response<IdempotencyBody<B>> {
+fn replay<B>(settings: &Settings, record: &[u8], wire: Wire) -> Response<IdempotencyBody<B>> {
     let Some(stored) = StoredResponse::decode(record) else {
         tracing::error!(target: "tollgate::idempotency", "a stored response could not be decoded");
-        return Rejection::StoreUnavailable.into_response(settings, grpc);
+        return Rejection::StoreUnavailable.into_response(settings, wire);
     };
     let body = Complete::new(stored.body, stored.trailers);
     let mut response = Response::new(IdempotencyBody::from(body));

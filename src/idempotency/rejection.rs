@@ -13,6 +13,7 @@ use super::key_header::KeyProblem;
 use super::layer::Settings;
 use crate::body::Complete;
 use crate::grpc::Code;
+use crate::grpc::Wire;
 use crate::rejection;
 
 /// A response the layer gives instead of the handler's.
@@ -93,7 +94,7 @@ impl Rejection {
     pub(super) fn into_response<B>(
         self,
         settings: &Settings,
-        grpc: bool,
+        wire: Wire,
     ) -> Response<IdempotencyBody<B>> {
         crate::metrics::idempotency(match self {
             Self::InFlight => "conflict",
@@ -101,7 +102,7 @@ impl Rejection {
             _ => "rejected",
         });
         let mut response = match &settings.rejection {
-            Some(custom) if !grpc => custom(&IdempotencyRejection(self))
+            Some(custom) if wire == Wire::Http => custom(&IdempotencyRejection(self))
                 .map(|body| IdempotencyBody::from(Complete::new(body, None))),
             _ => {
                 let (status, code, message) = self.parts();
@@ -110,7 +111,7 @@ impl Rejection {
                     code,
                     message,
                 };
-                rejection.into_response(grpc).map(IdempotencyBody::from)
+                rejection.into_response(wire).map(IdempotencyBody::from)
             }
         };
         if self.retry_after().is_some() {

@@ -18,7 +18,7 @@ use super::key_header::{self, KeyProblem};
 use super::layer::Settings;
 use super::rejection::Rejection;
 use crate::BoxError;
-use crate::grpc;
+use crate::grpc::Wire;
 use crate::key::{Global, KeyExtractor};
 use crate::keys;
 
@@ -127,7 +127,7 @@ where
         if !settings.methods.contains(request.method()) {
             return ResponseFuture::passthrough(self.inner.call(request.map(Either::Right)));
         }
-        let grpc = grpc::is_grpc(request.headers());
+        let wire = Wire::of(request.headers());
         let mut values = request.headers().get_all(&settings.header).iter();
         let parsed = match (values.next(), values.next()) {
             (None, _) if !settings.required => {
@@ -141,12 +141,12 @@ where
             Ok(key) => key,
             Err(problem) => {
                 return ResponseFuture::ready(
-                    Rejection::BadKey(problem).into_response(settings, grpc),
+                    Rejection::BadKey(problem).into_response(settings, wire),
                 );
             }
         };
         if declared_length(&request).is_some_and(|len| len > settings.body_limit as u64) {
-            return ResponseFuture::ready(Rejection::TooLarge.into_response(settings, grpc));
+            return ResponseFuture::ready(Rejection::TooLarge.into_response(settings, wire));
         }
         let (parts, body) = request.into_parts();
         let record_key = keys::idempotency_record(
@@ -164,7 +164,7 @@ where
             parts,
             body,
             record_key,
-            grpc,
+            wire,
         )))
     }
 }

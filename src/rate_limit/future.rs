@@ -16,6 +16,7 @@ use super::rejection::Rejection;
 use super::settings::Settings;
 use super::tiers::Tier;
 use crate::body::ResponseBody;
+use crate::grpc::Wire;
 use crate::rate::{RateCheck, RateOutcome};
 use crate::store::StoreFuture;
 
@@ -43,7 +44,7 @@ pin_project! {
             check: RateCheck,
             // when the check went to the store: a cached denial counts from then
             sent_at: Instant,
-            grpc: bool,
+            wire: Wire,
         },
         Inner {
             #[pin]
@@ -52,7 +53,7 @@ pin_project! {
         },
         Reject {
             rejection: Rejection,
-            grpc: bool,
+            wire: Wire,
         },
         Done,
     }
@@ -69,7 +70,7 @@ where
         settings: Arc<Settings>,
         tier: Arc<Tier>,
         check: RateCheck,
-        grpc: bool,
+        wire: Wire,
     ) -> Self {
         Self {
             state: State::Check {
@@ -79,7 +80,7 @@ where
                 tier,
                 check,
                 sent_at: Instant::now(),
-                grpc,
+                wire,
             },
             settings,
         }
@@ -95,9 +96,9 @@ where
         }
     }
 
-    pub(super) fn reject(rejection: Rejection, settings: Arc<Settings>, grpc: bool) -> Self {
+    pub(super) fn reject(rejection: Rejection, settings: Arc<Settings>, wire: Wire) -> Self {
         Self {
-            state: State::Reject { rejection, grpc },
+            state: State::Reject { rejection, wire },
             settings,
         }
     }
@@ -121,7 +122,7 @@ where
                         tier,
                         check,
                         sent_at,
-                        grpc,
+                        wire,
                         ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
@@ -138,7 +139,7 @@ where
                     } else {
                         this.state.set(State::Reject {
                             rejection: Rejection::Denied(decision),
-                            grpc,
+                            wire,
                         });
                     }
                 }
@@ -154,12 +155,12 @@ where
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Reject { .. } => {
-                    let StateOwned::Reject { rejection, grpc } =
+                    let StateOwned::Reject { rejection, wire } =
                         this.state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("the state was Reject");
                     };
-                    return Poll::Ready(Ok(rejection.into_response(this.settings, grpc)));
+                    return Poll::Ready(Ok(rejection.into_response(this.settings, wire)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }

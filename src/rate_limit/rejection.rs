@@ -7,6 +7,7 @@ use super::headers;
 use super::settings::Settings;
 use crate::body::{Complete, ResponseBody};
 use crate::grpc::Code;
+use crate::grpc::Wire;
 use crate::rejection;
 
 /// A response the layer gives instead of calling the inner service.
@@ -38,10 +39,10 @@ impl Rejection {
     pub(crate) fn into_response<B>(
         self,
         settings: &Settings,
-        grpc: bool,
+        wire: Wire,
     ) -> Response<ResponseBody<B>> {
         let decision = match self {
-            Self::MissingKey => return MISSING_KEY.into_response(grpc).map(Into::into),
+            Self::MissingKey => return MISSING_KEY.into_response(wire).map(Into::into),
             Self::Denied(decision) => decision,
         };
         let rejection = if decision.source == DecisionSource::StoreUnavailable {
@@ -50,16 +51,18 @@ impl Rejection {
             DENIED
         };
         let mut response = match &settings.rejection {
-            Some(custom) if !grpc && rejection.status == StatusCode::TOO_MANY_REQUESTS => {
+            Some(custom)
+                if wire == Wire::Http && rejection.status == StatusCode::TOO_MANY_REQUESTS =>
+            {
                 custom(&decision).map(|body| ResponseBody::from(Complete::new(body, None)))
             }
             _ if rejection.status == StatusCode::TOO_MANY_REQUESTS => {
                 let violated = decision.violated();
                 rejection
-                    .into_problem(grpc, rejection::QUOTA_EXCEEDED, &violated)
+                    .into_problem(wire, rejection::QUOTA_EXCEEDED, &violated)
                     .map(ResponseBody::from)
             }
-            _ => rejection.into_response(grpc).map(ResponseBody::from),
+            _ => rejection.into_response(wire).map(ResponseBody::from),
         };
         let headers = response.headers_mut();
         headers.insert(
@@ -67,7 +70,9 @@ impl Rejection {
             headers::retry_after(decision.retry_after),
         );
         decision.write_headers(settings, headers);
-        if grpc && let Some(metadata) = &settings.grpc_metadata {
+        if wire == Wire::Grpc
+            && let Some(metadata) = &settings.grpc_metadata
+        {
             metadata(&decision, headers);
         }
         decision::record(response.extensions_mut(), decision);

@@ -11,7 +11,7 @@ use super::future::ResponseFuture;
 use super::rejection::Rejection;
 use super::settings::{MissingKey, Settings};
 use crate::body::ResponseBody;
-use crate::grpc;
+use crate::grpc::Wire;
 use crate::key::{Global, KeyExtractor};
 use crate::rate::RateCheck;
 
@@ -75,7 +75,7 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let settings = Arc::clone(&self.settings);
         let (parts, body) = request.into_parts();
-        let grpc = grpc::is_grpc(&parts.headers);
+        let wire = Wire::of(&parts.headers);
         let key = self.extractor.extract(&parts);
         let cost = settings.cost.as_ref().map_or(1, |cost| cost(&parts));
         let tier = Arc::clone(settings.tiers.for_request(&parts));
@@ -84,7 +84,7 @@ where
         let Some(key) = key else {
             return match settings.missing_key {
                 MissingKey::Reject if !settings.shadow => {
-                    ResponseFuture::reject(Rejection::MissingKey, settings, grpc)
+                    ResponseFuture::reject(Rejection::MissingKey, settings, wire)
                 }
                 _ => ResponseFuture::unchecked(self.inner.call(request), settings),
             };
@@ -100,13 +100,13 @@ where
             .filter(|denied| Arc::ptr_eq(&denied.tier, &tier))
         {
             crate::metrics::rate_decision(&tier.limiter, false, denied.source.label());
-            return ResponseFuture::reject(Rejection::Denied(denied), settings, grpc);
+            return ResponseFuture::reject(Rejection::Denied(denied), settings, wire);
         }
         let check = RateCheck::new(key, cost);
         let pending = settings.store.check_rate(&tier.policy, check);
         // The clone goes on serving; the instance that `poll_ready` readied handles this request.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::check(pending, ready, request, settings, tier, check, grpc)
+        ResponseFuture::check(pending, ready, request, settings, tier, check, wire)
     }
 }
