@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use crate::error::ConfigError;
 use crate::keys;
-use crate::lease::{Owner, UndoUnanswered};
+use crate::lease::{self, Owner};
 use crate::store::{LockStore, StoreError};
 
 /// Makes claims in a shared [`LockStore`]. Cheap to clone.
@@ -113,16 +113,12 @@ impl Claims {
         let holder = uuid::Uuid::new_v4().to_string();
         let key = keys::claim(&self.prefix, name.as_ref());
         let deadline = Instant::now() + self.store.timeout();
-        let mut unanswered = {
+        let undo = {
             let (store, key, holder) = (Arc::clone(&self.store), key.clone(), holder.clone());
-            let why = "a claim attempt went unanswered";
-            UndoUnanswered::new(Owner::Claim, why, deadline, move || {
-                store.delete_if_held(key.clone(), holder.clone())
-            })
+            move || store.delete_if_held(key.clone(), holder.clone())
         };
-        let claim = self.claim_key(key, holder, ttl.into(), deadline).await?;
-        unanswered.disarm();
-        Ok(claim)
+        let attempt = self.claim_key(key, holder, ttl.into(), deadline);
+        lease::attempt_with_undo(Owner::Claim, deadline, undo, attempt).await
     }
 
     /// Claims `name` for `holder` (an order id, say), so that losers can tell who won.

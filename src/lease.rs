@@ -1,6 +1,7 @@
 //! Leases held in the store — a lock, an idempotency claim — kept alive while their work runs,
 //! and given back in the background when their owner goes away.
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -139,6 +140,31 @@ pub(crate) async fn log_release(owner: Owner, why: &'static str, release: StoreF
     if let Err(error) = release.await {
         owner.release_failed(&error, why);
     }
+}
+
+/// Sends `attempt` (a write that carries `deadline`), with `undo` armed: should it go unanswered
+/// — an error, or the caller dropping this future mid-call — the store may have made it, and
+/// `undo` (token-checked) runs in the background once the deadline has passed (see
+/// [`UndoUnanswered`]).
+pub(crate) async fn attempt_with_undo<T, F>(
+    owner: Owner,
+    deadline: Instant,
+    undo: F,
+    attempt: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> StoreFuture<bool> + Send + 'static,
+{
+    let why = match owner {
+        Owner::Lock => "a lock attempt went unanswered",
+        Owner::Claim | Owner::Idempotency => "a claim attempt went unanswered",
+    };
+    let mut unanswered = UndoUnanswered::new(owner, why, deadline, undo);
+    let answer = attempt.await;
+    if answer.is_ok() {
+        unanswered.disarm();
+    }
+    answer
 }
 
 /// Undoes an attempt in the background unless [disarmed](Self::disarm): an attempt that got no

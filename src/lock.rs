@@ -59,7 +59,7 @@ use tokio::time::Instant;
 
 use crate::error::ConfigError;
 use crate::keys;
-use crate::lease::{self, Owner, UndoUnanswered};
+use crate::lease::{self, Owner};
 use crate::store::{LockAttempt, LockStore, StoreError};
 use crate::task::AbortOnDrop;
 
@@ -149,19 +149,16 @@ impl Locks {
         // An attempt without an answer (an error, a timeout, a caller gone mid-call) may have
         // taken the lock: it is given back in the background, token-checked, once its deadline
         // has passed.
-        let mut unanswered = {
+        let undo = {
             let (store, key, token) = (Arc::clone(&self.store), key.clone(), token.clone());
-            let why = "a lock attempt went unanswered";
-            UndoUnanswered::new(Owner::Lock, why, deadline, move || {
-                store.delete_if_held(key.clone(), token.clone())
-            })
+            move || store.delete_if_held(key.clone(), token.clone())
         };
-        let attempt = self
-            .store
-            .lock_acquire(key.clone(), fence_key, token.clone(), lease, deadline)
+        let acquire =
+            self.store
+                .lock_acquire(key.clone(), fence_key, token.clone(), lease, deadline);
+        let attempt = lease::attempt_with_undo(Owner::Lock, deadline, undo, acquire)
             .await
             .inspect_err(|_| crate::metrics::lock("error"))?;
-        unanswered.disarm();
         crate::metrics::lock(match attempt {
             LockAttempt::Acquired { .. } => "acquired",
             LockAttempt::Held { .. } => "busy",

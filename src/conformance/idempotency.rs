@@ -93,76 +93,57 @@ pub async fn exactly_one_claim_among_concurrent(store: &(impl IdempotencyStore +
     assert_eq!((claimed, in_flight), (1, 99));
 }
 
-/// Idempotency records: token checks and takeover.
+/// Idempotency records: only the owning token extends, releases or completes a claim, and a
+/// claim whose lease ran out is taken over by the next request.
 pub async fn token_checks_and_takeover(store: &(impl IdempotencyStore + Clone)) {
     let key = idem_key();
     let begin = |token: &str, lease: Duration| {
         store.idempotency_begin(key.clone(), "fp".into(), token.to_owned(), lease, soon())
     };
-    assert_eq!(
-        begin("stale", Duration::from_millis(200)).await.unwrap(),
-        IdempotencyBegin::Claimed
-    );
-    assert!(
-        !store
-            .idempotency_extend(
-                key.clone(),
-                "intruder".into(),
-                Duration::from_secs(1),
-                soon()
-            )
-            .await
-            .unwrap()
-    );
-    assert!(
-        !store
-            .idempotency_release(key.clone(), "intruder".into())
-            .await
-            .unwrap()
-    );
+    let claimed = begin("stale", Duration::from_millis(200)).await.unwrap();
+    assert_eq!(claimed, IdempotencyBegin::Claimed);
+    assert!(!extend(store, &key, "intruder", Duration::from_secs(1)).await);
+    assert!(!release(store, &key, "intruder").await);
     tokio::time::sleep(Duration::from_millis(260)).await;
     // the stalled owner's lease ran out: another request takes the key over
-    assert_eq!(
-        begin("fresh", Duration::from_secs(30)).await.unwrap(),
-        IdempotencyBegin::Claimed
-    );
-    let stale = Bytes::from_static(b"stale");
+    let taken = begin("fresh", Duration::from_secs(30)).await.unwrap();
+    assert_eq!(taken, IdempotencyBegin::Claimed);
     let fresh = Bytes::from_static(b"fresh");
     assert!(
-        !store
-            .idempotency_complete(
-                key.clone(),
-                "stale".into(),
-                stale,
-                Duration::from_secs(60),
-                soon()
-            )
-            .await
-            .unwrap(),
+        !complete(store, &key, "stale", Bytes::from_static(b"stale")).await,
         "stale completion refused"
     );
-    assert!(
-        !store
-            .idempotency_extend(key.clone(), "stale".into(), Duration::from_secs(30), soon())
-            .await
-            .unwrap()
-    );
-    assert!(
-        store
-            .idempotency_complete(
-                key.clone(),
-                "fresh".into(),
-                fresh.clone(),
-                Duration::from_secs(60),
-                soon()
-            )
-            .await
-            .unwrap()
-    );
+    assert!(!extend(store, &key, "stale", Duration::from_secs(30)).await);
+    assert!(complete(store, &key, "fresh", fresh.clone()).await);
     assert_eq!(
         begin("late", Duration::from_secs(30)).await.unwrap(),
         IdempotencyBegin::Completed(fresh)
     );
+}
+
+/// `idempotency_extend` of `key` by `token` to `lease`.
+async fn extend(store: &impl IdempotencyStore, key: &str, token: &str, lease: Duration) -> bool {
+    let extend = store.idempotency_extend(key.to_owned(), token.to_owned(), lease, soon());
+    extend.await.expect("store answers")
+}
+
+/// `idempotency_release` of `key` by `token`.
+async fn release(store: &impl IdempotencyStore, key: &str, token: &str) -> bool {
+    let release = store.idempotency_release(key.to_owned(), token.to_owned());
+    release.await.expect("store answers")
+}
+
+/// `idempotency_complete` of `key` by `token` with `response`, kept for a minute.
+async fn complete(store: &impl IdempotencyStore, key: &str, token: &str, response: Bytes) -> bool {
+    let retention = Duration::from_secs(60);
+    let complete = store.idempotency_complete(
+        key.to_owned(),
+        token.to_owned(),
+        response,
+        retention,
+        soon(),
+    );
+    complete.await.expect("store answers")
 }
 
 /// Idempotency records: retention and release.
@@ -214,11 +195,12 @@ pub async fn retention_and_release(store: &(impl IdempotencyStore + Clone)) {
     );
 }
 
-/// Idempotency operations run twice answer alike.
+/// Idempotency operations run twice (a call re-sent after a lost reply) answer as their first
+/// run did: a claim claims again, a completion completes again, and a completed record is
+/// neither released nor cut short.
 pub async fn operations_run_twice_answer_alike(store: &(impl IdempotencyStore + Clone)) {
     let key = idem_key();
     let lease = Duration::from_secs(30);
-    let retention = Duration::from_secs(60);
     let begin = |token: &str| {
         store.idempotency_begin(key.clone(), "fp".into(), token.to_owned(), lease, soon())
     };
@@ -234,31 +216,14 @@ pub async fn operations_run_twice_answer_alike(store: &(impl IdempotencyStore + 
     ));
     let record = Bytes::from_static(b"record");
     for run in ["first", "second"] {
-        assert!(
-            store
-                .idempotency_complete(key.clone(), "a".into(), record.clone(), retention, soon())
-                .await
-                .unwrap(),
-            "{run} run of the completion"
-        );
+        let completed = complete(store, &key, "a", record.clone()).await;
+        assert!(completed, "{run} run of the completion");
     }
-    assert_eq!(
-        begin("b").await.unwrap(),
-        IdempotencyBegin::Completed(record.clone())
-    );
+    let replay = begin("b").await.unwrap();
+    assert_eq!(replay, IdempotencyBegin::Completed(record.clone()));
     // a completed record is neither released nor cut short by its owner's token
-    assert!(
-        !store
-            .idempotency_release(key.clone(), "a".into())
-            .await
-            .unwrap()
-    );
-    assert!(
-        !store
-            .idempotency_extend(key.clone(), "a".into(), Duration::from_millis(50), soon())
-            .await
-            .unwrap()
-    );
+    assert!(!release(store, &key, "a").await);
+    assert!(!extend(store, &key, "a", Duration::from_millis(50)).await);
     tokio::time::sleep(Duration::from_millis(120)).await;
     assert_eq!(
         begin("c").await.unwrap(),
@@ -266,21 +231,12 @@ pub async fn operations_run_twice_answer_alike(store: &(impl IdempotencyStore + 
     );
     // a release frees the key
     let other = idem_key();
-    let claim = store
-        .idempotency_begin(other.clone(), "fp".into(), "d".into(), lease, soon())
-        .await
-        .unwrap();
-    assert_eq!(claim, IdempotencyBegin::Claimed);
-    assert!(
-        store
-            .idempotency_release(other.clone(), "d".into())
-            .await
-            .unwrap()
-    );
-    let after = store
-        .idempotency_begin(other, "fp".into(), "e".into(), lease, soon())
-        .await
-        .unwrap();
+    let begin_other = |token: &str| {
+        store.idempotency_begin(other.clone(), "fp".into(), token.to_owned(), lease, soon())
+    };
+    assert_eq!(begin_other("d").await.unwrap(), IdempotencyBegin::Claimed);
+    assert!(release(store, &other, "d").await);
+    let after = begin_other("e").await.unwrap();
     assert_eq!(after, IdempotencyBegin::Claimed, "the released key is free");
 }
 

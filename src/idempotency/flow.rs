@@ -22,7 +22,7 @@ use super::service::{Handler, HttpBody, RequestBody};
 use crate::BoxError;
 use crate::body::Complete;
 use crate::grpc::Wire;
-use crate::lease::{Owner, UndoUnanswered};
+use crate::lease::{self, Owner};
 use crate::store::IdempotencyBegin;
 
 /// One keyed request: buffer and fingerprint it, then claim, replay or refuse.
@@ -110,29 +110,19 @@ async fn claim<B>(
         // passed (token-checked, so harmlessly if it was not made) instead of leaving the key
         // blocked for a whole lease.
         let deadline = Instant::now() + settings.store.timeout();
-        let mut unanswered = {
+        let undo = {
             let (settings, key, token) = (Arc::clone(settings), key.to_owned(), token.to_owned());
-            let why = "a claim attempt went unanswered";
-            UndoUnanswered::new(Owner::Idempotency, why, deadline, move || {
-                settings
-                    .store
-                    .idempotency_release(key.clone(), token.clone())
-            })
+            move || {
+                let store = &settings.store;
+                store.idempotency_release(key.clone(), token.clone())
+            }
         };
-        let begin = settings
-            .store
-            .idempotency_begin(
-                key.to_owned(),
-                fingerprint.to_owned(),
-                token.to_owned(),
-                settings.lease,
-                deadline,
-            )
-            .await;
-        if begin.is_ok() {
-            unanswered.disarm();
-        }
-        match begin {
+        let (key, fingerprint, token) = (key.to_owned(), fingerprint.to_owned(), token.to_owned());
+        let begin =
+            settings
+                .store
+                .idempotency_begin(key, fingerprint, token, settings.lease, deadline);
+        match lease::attempt_with_undo(Owner::Idempotency, deadline, undo, begin).await {
             // the claim is ours: the execution task owns it from here
             Ok(IdempotencyBegin::Claimed) => return Ok(()),
             Ok(IdempotencyBegin::Mismatch) => {

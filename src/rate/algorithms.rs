@@ -219,15 +219,7 @@ fn sliding_counter(
         };
         if !attempt.replay && (cur + costf) * window + prev * (window - elapsed) > quota * window {
             admitted = false;
-            let room = quota - costf - cur;
-            let wait = if costf > quota {
-                window
-            } else if room >= 0.0 {
-                (window - elapsed) - room * window / prev
-            } else {
-                (window - elapsed) + window - (quota - costf) * window / cur
-            };
-            retry = retry.max(wait);
+            retry = retry.max(counter_wait(quota, window, elapsed, costf, cur, prev));
         }
         states.push((quota, window, index, elapsed, cur, prev));
     }
@@ -249,6 +241,19 @@ fn sliding_counter(
         limits.push(counter_state(quota, window, elapsed, cur, prev));
     }
     outcome(admitted, ceil_us(retry * 1000.0), limits)
+}
+
+/// How long a sliding counter denies `cost` (milliseconds): until the previous window's share
+/// has faded enough, or, when this window's count alone leaves no room, into the next window.
+fn counter_wait(quota: f64, window: f64, elapsed: f64, cost: f64, cur: f64, prev: f64) -> f64 {
+    let room = quota - cost - cur;
+    if cost > quota {
+        window
+    } else if room >= 0.0 {
+        (window - elapsed) - room * window / prev
+    } else {
+        (window - elapsed) + window - (quota - cost) * window / cur
+    }
 }
 
 /// A sliding counter's remainder and reset, window and elapsed time in milliseconds.
@@ -330,18 +335,25 @@ fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> 
             });
             slot.expires_at = now.saturating_add(ttl_ms * 1000);
         }
-        let ahead = u128::from(tat - now) * quota + u128::from(rem);
-        let used = ahead.div_ceil(window);
-        let remaining = quota.saturating_sub(used);
-        let reset = if used > 0 {
-            (ahead - (used - 1) * window).div_ceil(quota)
-        } else {
-            0
-        };
-        limits.push(state(
-            u64::try_from(remaining).unwrap_or(0),
-            u64::try_from(reset).unwrap_or(u64::MAX),
-        ));
+        limits.push(gcra_state(tat - now, rem, quota, window));
     }
     outcome(admitted, retry, limits)
+}
+
+/// A GCRA limit's remainder and reset, its theoretical arrival time `offset` µs (and `rem` /
+/// `quota` of one more) from now.
+fn gcra_state(offset: u64, rem: u64, quota: u128, window: u128) -> LimitState {
+    let ahead = u128::from(offset) * quota + u128::from(rem);
+    let used = ahead.div_ceil(window);
+    let remaining = quota.saturating_sub(used);
+    // the next unit frees when the offset drops to (used - 1) emission intervals
+    let reset = if used > 0 {
+        (ahead - (used - 1) * window).div_ceil(quota)
+    } else {
+        0
+    };
+    state(
+        u64::try_from(remaining).unwrap_or(0),
+        u64::try_from(reset).unwrap_or(u64::MAX),
+    )
 }

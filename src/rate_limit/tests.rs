@@ -60,14 +60,17 @@ fn service(builder: RateLimitLayerBuilder) -> Svc {
     tower_layer::Layer::layer(&layer, service_fn(ok as fn(_) -> _))
 }
 
-async fn status(svc: &mut Svc, caller: &str) -> StatusCode {
+async fn respond(svc: &mut Svc, caller: &str) -> <Svc as Service<Request<()>>>::Response {
     svc.ready()
         .await
         .unwrap()
         .call(request(caller))
         .await
         .unwrap()
-        .status()
+}
+
+async fn status(svc: &mut Svc, caller: &str) -> StatusCode {
+    respond(svc, caller).await.status()
 }
 
 #[tokio::test(start_paused = true)]
@@ -156,13 +159,7 @@ async fn failure_policies() {
 
     let mut allow = build(OnStoreError::Allow);
     for _ in 0..10 {
-        let res = allow
-            .ready()
-            .await
-            .unwrap()
-            .call(request("a"))
-            .await
-            .unwrap();
+        let res = respond(&mut allow, "a").await;
         assert_eq!(res.status(), StatusCode::OK);
         let decision = res.extensions().get::<RateLimitDecision>().unwrap();
         assert_eq!(decision.source(), DecisionSource::StoreUnavailable);
@@ -170,28 +167,14 @@ async fn failure_policies() {
     }
 
     let mut deny = build(OnStoreError::Deny);
-    let res = deny
-        .ready()
-        .await
-        .unwrap()
-        .call(request("a"))
-        .await
-        .unwrap();
+    let res = respond(&mut deny, "a").await;
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()["retry-after"], "1");
 
     let mut fallback = build(OnStoreError::LocalFallback { copies: 2 });
     let statuses: Vec<_> = futures_util::future::join_all((0..4).map(|_| {
         let mut svc = fallback.clone();
-        async move {
-            svc.ready()
-                .await
-                .unwrap()
-                .call(request("a"))
-                .await
-                .unwrap()
-                .status()
-        }
+        async move { status(&mut svc, "a").await }
     }))
     .await;
     assert_eq!(
@@ -199,13 +182,7 @@ async fn failure_policies() {
         2,
         "4 / 2 copies"
     );
-    let res = fallback
-        .ready()
-        .await
-        .unwrap()
-        .call(request("a"))
-        .await
-        .unwrap();
+    let res = respond(&mut fallback, "a").await;
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         res.extensions()
