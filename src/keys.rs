@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::Key;
-use crate::rate::{Limit, RatePolicy};
 
 /// The prefix of every key unless configured otherwise.
 pub(crate) const DEFAULT_PREFIX: &str = "tollgate";
@@ -63,41 +62,34 @@ pub(crate) fn rate_namespace(prefix: &str) -> String {
     format!("{prefix}:rl")
 }
 
-/// The key of each limit of `policy` for caller `key`:
+/// Writes the key of limit `limit` under `algorithm` (its tag) in `namespace` for caller `key`
+/// into `out`, in place of what it held (one buffer serves every key of a call):
 /// `<namespace>:{<key>}:<limit>:<algorithm>`.
-pub(crate) fn rate(policy: &RatePolicy, key: &Key) -> Vec<String> {
-    policy
-        .limits()
-        .iter()
-        .map(|limit| {
-            let mut out = String::new();
-            write_rate(&mut out, policy, key, limit);
-            out
-        })
-        .collect()
-}
-
-/// Writes the key of `limit` of `policy` for caller `key` into `out`, in place of what it held:
-/// one buffer serves every key of a call.
-pub(crate) fn write_rate(out: &mut String, policy: &RatePolicy, key: &Key, limit: &Limit) {
+pub(crate) fn write_rate(
+    out: &mut String,
+    namespace: &str,
+    key: &Key,
+    limit: &str,
+    algorithm: &str,
+) {
     out.clear();
-    out.push_str(policy.namespace());
+    out.push_str(namespace);
     out.push_str(":{");
     key.write_encoded(out);
     out.push_str("}:");
-    out.push_str(limit.name());
+    out.push_str(limit);
     out.push(':');
-    out.push_str(policy.algorithm().tag());
+    out.push_str(algorithm);
 }
 
 #[cfg(feature = "redis")]
-/// Writes the record of the rate call `call` whose first check is caller `key`'s under
-/// `policy` into `out`: `<namespace>:{<digest>}:charged:<call, 16 hex digits>`, in the slot of that
+/// Writes the record of the rate call `call` whose first check is caller `key`'s in `namespace`
+/// into `out`: `<namespace>:{<digest>}:charged:<call, 16 hex digits>`, in the slot of that
 /// caller's keys (a Cluster call holds one caller's checks).
-pub(crate) fn write_rate_record(out: &mut String, policy: &RatePolicy, key: &Key, call: u64) {
+pub(crate) fn write_rate_record(out: &mut String, namespace: &str, key: &Key, call: u64) {
     use std::fmt::Write as _;
     out.clear();
-    out.push_str(policy.namespace());
+    out.push_str(namespace);
     out.push_str(":{");
     key.write_encoded(out);
     let _ = write!(out, "}}:charged:{call:016x}");
@@ -152,20 +144,13 @@ pub(crate) fn idempotency_record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate::{Algorithm, Limit};
 
     #[test]
     fn every_kind_of_key_has_one_hash_tag_after_its_prefix() {
         let caller = Key::new("test", b"alice");
-        let policy = RatePolicy::new(
-            rate_namespace("app"),
-            Algorithm::Gcra,
-            vec![Limit::per_second("s", 1), Limit::per_hour("h", 9)],
-        )
-        .unwrap();
-        let rates = rate(&policy, &caller);
-        assert_eq!(rates[0], format!("app:rl:{{{caller}}}:s:gcra"));
-        assert_eq!(rates[1], format!("app:rl:{{{caller}}}:h:gcra"));
+        let mut rate = String::from("left over");
+        write_rate(&mut rate, &rate_namespace("app"), &caller, "s", "gcra");
+        assert_eq!(rate, format!("app:rl:{{{caller}}}:s:gcra"));
         let (lock, fence) = lock("app", b"report");
         assert_eq!(fence, format!("{lock}:fence"));
         assert_eq!(release_marker(&lock), format!("{lock}:released"));

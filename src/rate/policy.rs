@@ -261,7 +261,24 @@ impl RatePolicy {
     /// All of one caller's keys share the hash tag `{<key>}`, so one script may touch them on
     /// Redis Cluster.
     pub fn store_keys(&self, key: &Key) -> Vec<String> {
-        keys::rate(self, key)
+        let write = |limit| {
+            let mut out = String::new();
+            self.write_store_key(&mut out, key, limit);
+            out
+        };
+        self.limits().iter().map(write).collect()
+    }
+
+    /// Writes the store key of `limit` (one of this policy's) for caller `key` into `out`, in
+    /// place of what it held: one buffer serves every key of a call.
+    pub(crate) fn write_store_key(&self, out: &mut String, key: &Key, limit: &Limit) {
+        keys::write_rate(
+            out,
+            &self.namespace,
+            key,
+            limit.name(),
+            self.algorithm.tag(),
+        );
     }
 }
 

@@ -516,7 +516,7 @@ impl RateStore for RedisStore {
     }
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
-        let keys = keys::rate(policy, &key);
+        let keys = policy.store_keys(&key);
         self.call("reset_rate", move |mut conn, _| async move {
             redis::cmd("DEL")
                 .arg(&keys)

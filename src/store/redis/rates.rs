@@ -109,7 +109,7 @@ impl RateCall {
         let mut own = String::new();
         if let Some((policy, check, _)) = checks.first() {
             let call = uuid::Uuid::new_v4().as_u64_pair().0;
-            keys::write_rate_record(&mut own, policy, &check.key(), call);
+            keys::write_rate_record(&mut own, policy.namespace(), &check.key(), call);
         }
         let own: Arc<str> = Arc::from(own);
         let mut records = Records {
@@ -190,7 +190,7 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records
     let mut key = String::new();
     for (policy, check, _) in checks {
         for limit in policy.limits() {
-            keys::write_rate(&mut key, policy, &check.key(), limit);
+            policy.write_store_key(&mut key, &check.key(), limit);
             cmd.arg(key.as_str());
         }
     }
