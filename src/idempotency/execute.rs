@@ -16,10 +16,10 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::IdempotencyBody;
-use super::layer::Settings;
+use super::handler::{Handler, HttpBody, RequestBody};
 use super::record::StoredResponse;
 use super::rejection::Rejection;
-use super::service::{Handler, HttpBody, RequestBody};
+use super::settings::Settings;
 use crate::BoxError;
 use crate::grpc::Wire;
 use crate::lease::{self, Owner};
@@ -81,7 +81,7 @@ async fn deliver<B, E>(
 {
     let Ok(record) = record_of(settings, &parts) else {
         claim.release("store_when panicked").await;
-        let _ = answer.send(Ok(Rejection::HandlerFailed.into_response(settings, wire)));
+        let _ = answer.send(Ok(settings.reject(Rejection::HandlerFailed, wire)));
         return;
     };
     let exact_len = body.size_hint().exact();
@@ -187,7 +187,7 @@ impl<B, E> Head<B, E> {
 
     /// Answers `Unrecorded` instead: the caller never sees the handler's head.
     fn refuse(self, settings: &Settings, wire: Wire) {
-        let refusal = Rejection::Unrecorded.into_response(settings, wire);
+        let refusal = settings.reject(Rejection::Unrecorded, wire);
         let _ = self.answer.send(Ok(refusal));
     }
 }

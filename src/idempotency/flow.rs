@@ -15,10 +15,10 @@ use tokio::time::Instant;
 use super::body::IdempotencyBody;
 use super::execute::{Answer, execute};
 use super::fingerprint::fingerprint;
-use super::layer::{OnConcurrent, Settings};
+use super::handler::{Handler, HttpBody, RequestBody};
 use super::record::StoredResponse;
 use super::rejection::Rejection;
-use super::service::{Handler, HttpBody, RequestBody};
+use super::settings::{OnConcurrent, Settings};
 use crate::BoxError;
 use crate::body::Complete;
 use crate::grpc::Wire;
@@ -41,7 +41,7 @@ where
 {
     let (body, buffered) = match buffer_body(body, settings.body_limit, &settings.buffered).await {
         Ok(buffered) => buffered,
-        Err(rejection) => return Ok(rejection.into_response(&settings, wire)),
+        Err(rejection) => return Ok(settings.reject(rejection, wire)),
     };
     let fingerprint = fingerprint(&parts, &settings.fingerprint_headers, &body);
     let token = uuid::Uuid::new_v4().to_string();
@@ -126,7 +126,7 @@ async fn claim<B>(
             // the claim is ours: the execution task owns it from here
             Ok(IdempotencyBegin::Claimed) => return Ok(()),
             Ok(IdempotencyBegin::Mismatch) => {
-                return Err(Rejection::Mismatch.into_response(settings, wire));
+                return Err(settings.reject(Rejection::Mismatch, wire));
             }
             Ok(IdempotencyBegin::Completed(record)) => {
                 crate::metrics::idempotency("replayed");
@@ -137,11 +137,11 @@ async fn claim<B>(
                     tokio::time::sleep(pause.min(until - Instant::now())).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
-                _ => return Err(Rejection::InFlight.into_response(settings, wire)),
+                _ => return Err(settings.reject(Rejection::InFlight, wire)),
             },
             Err(error) => {
                 tracing::warn!(target: "tollgate::idempotency", %error, "idempotency store failed; refusing the request");
-                return Err(Rejection::StoreUnavailable.into_response(settings, wire));
+                return Err(settings.reject(Rejection::StoreUnavailable, wire));
             }
         }
     }
@@ -190,7 +190,7 @@ where
     match head_rx.await {
         Ok(answer) => answer,
         // the task ended without a response: the handler panicked (the key was released)
-        Err(_) => Ok(Rejection::HandlerFailed.into_response(&settings, wire)),
+        Err(_) => Ok(settings.reject(Rejection::HandlerFailed, wire)),
     }
 }
 
@@ -198,7 +198,7 @@ where
 fn replay<B>(settings: &Settings, record: &[u8], wire: Wire) -> Response<IdempotencyBody<B>> {
     let Some(stored) = StoredResponse::decode(record) else {
         tracing::error!(target: "tollgate::idempotency", "a stored response could not be decoded");
-        return Rejection::StoreUnavailable.into_response(settings, wire);
+        return settings.reject(Rejection::StoreUnavailable, wire);
     };
     let body = Complete::new(stored.body, stored.trailers);
     let mut response = Response::new(IdempotencyBody::from(body));

@@ -7,80 +7,16 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode, header};
 use tower_layer::Layer;
 
-use super::rejection::{IdempotencyRejection, RejectionFn};
+use super::rejection::IdempotencyRejection;
 use super::service::Idempotency;
+use super::settings::{OnConcurrent, Settings, grpc_outcome_is_final};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::{Global, KeyExtractor};
 use crate::keys::{self, check_prefix};
 use crate::store::IdempotencyStore;
 
-/// Decides from its status whether a response is stored for replay.
-pub(crate) type StoreWhen = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
-
-/// Decides from its `grpc-status` whether a gRPC response is stored for replay.
-pub(crate) type StoreGrpcWhen = Arc<dyn Fn(i32) -> bool + Send + Sync>;
-
-/// The gRPC codes of failures a retry may cure: CANCELLED, UNKNOWN, DEADLINE_EXCEEDED,
-/// RESOURCE_EXHAUSTED, ABORTED, INTERNAL, UNAVAILABLE, DATA_LOSS.
-fn grpc_outcome_is_final(code: i32) -> bool {
-    !matches!(code, 1 | 2 | 4 | 8 | 10 | 13 | 14 | 15)
-}
-
 /// The bytes of request bodies the layer buffers across all requests at once, by default.
 const DEFAULT_BUFFER_BUDGET: usize = 64 << 20;
-
-/// What a request does when another request with the same key is still running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum OnConcurrent {
-    /// Answer `409 Conflict` with `Retry-After: 1` at once (gRPC: ABORTED).
-    #[default]
-    Reject,
-    /// Wait up to this long for the first request to finish, then replay its response (or run,
-    /// if it failed and released the key); `409` when it is still running then.
-    Wait(Duration),
-}
-
-/// Everything a request needs besides the scope extractor; shared by every clone.
-pub(crate) struct Settings {
-    pub(crate) store: Arc<dyn IdempotencyStore>,
-    pub(crate) prefix: String,
-    pub(crate) header: HeaderName,
-    pub(crate) required: bool,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) fingerprint_headers: Vec<HeaderName>,
-    /// Response headers never stored, so never replayed: `Set-Cookie` and the configured ones.
-    pub(crate) unstored_headers: Vec<HeaderName>,
-    pub(crate) body_limit: usize,
-    /// The bytes of request bodies buffered across all requests at once.
-    pub(crate) buffered: Arc<tokio::sync::Semaphore>,
-    pub(crate) response_limit: usize,
-    pub(crate) lease: Duration,
-    pub(crate) retention: Duration,
-    pub(crate) on_concurrent: OnConcurrent,
-    pub(crate) store_when: StoreWhen,
-    pub(crate) store_grpc_when: StoreGrpcWhen,
-    /// Builds rejections' HTTP responses instead of the problem details.
-    pub(crate) rejection: Option<RejectionFn>,
-}
-
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("store", &self.store)
-            .field("prefix", &self.prefix)
-            .field("header", &self.header)
-            .field("required", &self.required)
-            .field("methods", &self.methods)
-            .field("fingerprint_headers", &self.fingerprint_headers)
-            .field("body_limit", &self.body_limit)
-            .field("response_limit", &self.response_limit)
-            .field("lease", &self.lease)
-            .field("retention", &self.retention)
-            .field("on_concurrent", &self.on_concurrent)
-            .finish_non_exhaustive()
-    }
-}
 
 /// Applies [`Idempotency`] to a service: `Idempotency-Key` records kept in a shared
 /// [`IdempotencyStore`].

@@ -10,7 +10,6 @@ use http::{HeaderValue, Response, StatusCode, header};
 
 use super::body::IdempotencyBody;
 use super::key_header::KeyProblem;
-use super::layer::Settings;
 use crate::body::Complete;
 use crate::grpc::Code;
 use crate::grpc::Wire;
@@ -89,11 +88,11 @@ impl fmt::Debug for IdempotencyRejection {
 }
 
 impl Rejection {
-    /// The response: problem details (or what `settings`' rejection closure builds) for HTTP,
-    /// trailers-only for a gRPC call.
+    /// The response: problem details (or what the layer's `custom` rejection closure builds) for
+    /// HTTP, trailers-only for a gRPC call.
     pub(super) fn into_response<B>(
         self,
-        settings: &Settings,
+        custom: Option<&RejectionFn>,
         wire: Wire,
     ) -> Response<IdempotencyBody<B>> {
         crate::metrics::idempotency(match self {
@@ -101,7 +100,7 @@ impl Rejection {
             Self::Mismatch => "mismatch",
             _ => "rejected",
         });
-        let mut response = match &settings.rejection {
+        let mut response = match custom {
             Some(custom) if wire == Wire::Http => custom(&IdempotencyRejection(self))
                 .map(|body| IdempotencyBody::from(Complete::new(body, None))),
             _ => {

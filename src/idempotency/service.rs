@@ -8,57 +8,20 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response, header};
 use http_body::Body;
-use http_body_util::{Either, Full};
+use http_body_util::Either;
 use tower_service::Service;
 
 use super::body::IdempotencyBody;
 use super::flow::handle;
 use super::future::ResponseFuture;
+use super::handler::RequestBody;
 use super::key_header::{self, KeyProblem};
-use super::layer::Settings;
 use super::rejection::Rejection;
+use super::settings::Settings;
 use crate::BoxError;
 use crate::grpc::Wire;
 use crate::key::{Global, KeyExtractor};
 use crate::keys;
-
-/// The request body the inner service receives: the buffered body of a keyed request, or the
-/// original body of a request the layer passes through.
-pub type RequestBody<B> = Either<Full<Bytes>, B>;
-
-/// An inner service whose keyed requests run in a task of their own: what the request flow and
-/// the execution need of it. Implemented for every service with these bounds.
-pub(super) trait Handler<ReqBody, ResBody>:
-    Service<
-        Request<RequestBody<ReqBody>>,
-        Response = Response<ResBody>,
-        Future: Send + 'static,
-        Error: Send + 'static,
-    > + Send
-    + 'static
-{
-}
-
-impl<S, ReqBody, ResBody> Handler<ReqBody, ResBody> for S
-where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-{
-}
-
-/// A request or response body the layer reads or forwards: bytes, with an error it can box.
-pub(super) trait HttpBody:
-    Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
-{
-}
-
-impl<B> HttpBody for B
-where
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-}
 
 /// Runs each keyed request once across all copies of a service and replays its response to
 /// retries; made by [`IdempotencyLayer`](super::IdempotencyLayer).
@@ -140,13 +103,11 @@ where
         let idempotency_key = match parsed {
             Ok(key) => key,
             Err(problem) => {
-                return ResponseFuture::ready(
-                    Rejection::BadKey(problem).into_response(settings, wire),
-                );
+                return ResponseFuture::ready(settings.reject(Rejection::BadKey(problem), wire));
             }
         };
         if declared_length(&request).is_some_and(|len| len > settings.body_limit as u64) {
-            return ResponseFuture::ready(Rejection::TooLarge.into_response(settings, wire));
+            return ResponseFuture::ready(settings.reject(Rejection::TooLarge, wire));
         }
         let (parts, body) = request.into_parts();
         let record_key = keys::idempotency_record(

@@ -1,18 +1,14 @@
-//! [`RateLimitDecision`]: what the layer decided for a request, and how a store's answer — or
-//! its failure — becomes one.
+//! [`RateLimitDecision`]: what the layer decided for a request.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderMap;
-use tokio::time::Instant;
 
 use super::headers::{self, RATELIMIT, RATELIMIT_POLICY};
-use super::settings::{OnStoreError, Settings};
 use super::tiers::Tier;
 use crate::key::Key;
-use crate::rate::{Limit, LimitState, RateCheck, RateOutcome, RatePolicy};
-use crate::store::StoreError;
+use crate::rate::{Limit, LimitState, RatePolicy};
 
 /// Where a [`RateLimitDecision`] came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +16,7 @@ use crate::store::StoreError;
 pub enum DecisionSource {
     /// The shared store decided.
     Store,
-    /// The store failed; [`OnStoreError::Allow`] or [`OnStoreError::Deny`] decided.
+    /// The store failed; [`OnStoreError::Allow`](super::OnStoreError::Allow) or [`OnStoreError::Deny`](super::OnStoreError::Deny) decided.
     StoreUnavailable,
     /// The store failed; the in-process fallback limiter decided.
     LocalFallback,
@@ -127,7 +123,9 @@ impl RateLimitDecision {
             .collect()
     }
 
-    pub(crate) fn write_headers(&self, settings: &Settings, headers: &mut HeaderMap) {
+    /// Appends the `RateLimit-Policy` and `RateLimit` fields of this decision to `headers`,
+    /// naming the caller's partition key when `partition_key`.
+    pub(crate) fn write_headers(&self, partition_key: bool, headers: &mut HeaderMap) {
         if self.states.is_empty() {
             return;
         }
@@ -139,102 +137,10 @@ impl RateLimitDecision {
         // appended, not inserted: a layer stacked outside another (per IP around per key) adds its
         // members to the inner one's (RFC 9651 lists may span several field lines)
         headers.append(RATELIMIT_POLICY, policy_header.clone());
-        let partition = settings.partition_key.then_some(self.key);
+        let partition = partition_key.then_some(self.key);
         if let Some(value) = headers::state(self.policy(), &self.states, partition) {
             headers.append(RATELIMIT, value);
         }
-    }
-}
-
-impl Settings {
-    /// Turns the store's answer for `tier`, or its failure, into a decision, as the failure
-    /// policy says; `sent_at` is when the check went to the store.
-    pub(crate) fn decide(
-        &self,
-        result: Result<RateOutcome, StoreError>,
-        tier: Arc<Tier>,
-        check: RateCheck,
-        sent_at: Instant,
-    ) -> RateLimitDecision {
-        let (key, cost) = (check.key(), check.cost());
-        let (outcome, source) = match result {
-            Ok(outcome) => (outcome, DecisionSource::Store),
-            Err(error) => self.on_store_failure(&error, &tier, check),
-        };
-        let decision = RateLimitDecision {
-            admitted: outcome.admitted,
-            shadow: self.shadow,
-            source,
-            key,
-            cost,
-            retry_after: outcome.retry_after,
-            tier,
-            states: outcome.limits,
-        };
-        tracing::debug!(
-            target: "tollgate::rate_limit",
-            %key, cost, admitted = decision.admitted, source = ?decision.source,
-            retry_after_ms = decision.retry_after.as_millis() as u64,
-            "rate-limit decision"
-        );
-        crate::metrics::rate_decision(
-            &decision.tier.limiter,
-            decision.admitted,
-            decision.source.label(),
-        );
-        if self.shadow && !decision.admitted {
-            tracing::info!(
-                target: "tollgate::rate_limit",
-                %key, cost, source = ?decision.source,
-                retry_after_ms = decision.retry_after.as_millis() as u64,
-                "shadow mode: a request that would be denied goes through"
-            );
-        }
-        if let Some(cache) = &self.deny_cache
-            && !decision.admitted
-            && decision.source == DecisionSource::Store
-        {
-            cache.remember(&decision, sent_at);
-        }
-        decision
-    }
-
-    /// The outcome the failure policy gives when the store failed to check `tier`, and who
-    /// gave it.
-    fn on_store_failure(
-        &self,
-        error: &StoreError,
-        tier: &Tier,
-        check: RateCheck,
-    ) -> (RateOutcome, DecisionSource) {
-        let key = check.key();
-        if self.last_warning.ready() {
-            tracing::warn!(
-                target: "tollgate::rate_limit",
-                %error, %key, policy = ?self.on_store_error,
-                "rate-limit store failed; applying the failure policy (logged at most once a second)"
-            );
-        } else {
-            tracing::debug!(
-                target: "tollgate::rate_limit",
-                %error, %key, policy = ?self.on_store_error,
-                "rate-limit store failed; applying the failure policy"
-            );
-        }
-        if let Some(fallback) = &tier.fallback {
-            return (fallback.check(check), DecisionSource::LocalFallback);
-        }
-        let admitted = self.on_store_error != OnStoreError::Deny;
-        let outcome = RateOutcome {
-            admitted,
-            retry_after: if admitted {
-                Duration::ZERO
-            } else {
-                Duration::from_secs(1)
-            },
-            limits: Vec::new(),
-        };
-        (outcome, DecisionSource::StoreUnavailable)
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::HeaderValue;
 
 use super::headers::{self, QuotaUnit};
-use super::settings::OncePerSecond;
+use super::policies::OncePerSecond;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::rate::{Clock, LocalRates, RateCheck, RateOutcome, RatePolicy};
 

@@ -11,6 +11,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_service::Service;
 
+use super::decide;
 use super::decision::{self, RateLimitDecision};
 use super::rejection::Rejection;
 use super::settings::Settings;
@@ -128,7 +129,7 @@ where
                     else {
                         unreachable!("the state was Check");
                     };
-                    let decision = this.settings.decide(result, tier, check, sent_at);
+                    let decision = decide::decide(this.settings, result, tier, check, sent_at);
                     if decision.admitted() || this.settings.shadow {
                         decision::record(request.extensions_mut(), decision.clone());
                         let future = service.call(request);
@@ -147,7 +148,8 @@ where
                     let mut response = ready!(future.poll(cx))?.map(ResponseBody::inner);
                     if let Some(decision) = decision.take() {
                         if this.settings.headers {
-                            decision.write_headers(this.settings, response.headers_mut());
+                            decision
+                                .write_headers(this.settings.partition_key, response.headers_mut());
                         }
                         decision::record(response.extensions_mut(), decision);
                     }

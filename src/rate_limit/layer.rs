@@ -10,10 +10,9 @@ use super::decision::RateLimitDecision;
 use super::deny_cache::DenyCache;
 use super::fallback;
 use super::headers::QuotaUnit;
+use super::policies::{MissingKey, OnStoreError, OncePerSecond};
 use super::service::RateLimit;
-use super::settings::{
-    CostFn, GrpcMetadataFn, MissingKey, OnStoreError, OncePerSecond, RejectionFn, Settings,
-};
+use super::settings::{CostFn, GrpcMetadataFn, RejectionFn, Settings};
 use super::tiers::{Tier, TierFn, TierOptions, Tiers};
 use crate::error::ConfigError;
 use crate::key::{Global, Key, KeyExtractor};

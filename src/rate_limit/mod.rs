@@ -78,12 +78,14 @@
 
 #[cfg(feature = "serde")]
 mod config;
+mod decide;
 mod decision;
 mod deny_cache;
 mod fallback;
 mod future;
 mod headers;
 mod layer;
+mod policies;
 mod rejection;
 mod service;
 mod settings;
@@ -97,7 +99,7 @@ pub use decision::{DecisionSource, RateLimitDecision, RateLimitDecisions};
 pub use future::ResponseFuture;
 pub use headers::QuotaUnit;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use policies::{MissingKey, OnStoreError};
 pub use service::RateLimit;
-pub use settings::{MissingKey, OnStoreError};
 
 pub use crate::rate::{Algorithm, Limit, LimitState, MAX_LOG_QUOTA};

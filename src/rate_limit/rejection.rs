@@ -69,7 +69,7 @@ impl Rejection {
             header::RETRY_AFTER,
             headers::retry_after(decision.retry_after),
         );
-        decision.write_headers(settings, headers);
+        decision.write_headers(settings.partition_key, headers);
         if wire == Wire::Grpc
             && let Some(metadata) = &settings.grpc_metadata
         {

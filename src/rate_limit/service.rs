@@ -8,8 +8,9 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
+use super::policies::MissingKey;
 use super::rejection::Rejection;
-use super::settings::{MissingKey, Settings};
+use super::settings::Settings;
 use crate::body::ResponseBody;
 use crate::grpc::Wire;
 use crate::key::{Global, KeyExtractor};

@@ -14,7 +14,7 @@ use http::request::Parts;
 
 use super::fallback::Fallback;
 use super::headers::{self, QuotaUnit};
-use super::settings::{OnStoreError, OncePerSecond};
+use super::policies::{OnStoreError, OncePerSecond};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::rate::{Algorithm, Limit, RatePolicy};
 

@@ -1,0 +1,103 @@
+//! How a store's answer — or its failure — becomes a [`RateLimitDecision`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::decision::{DecisionSource, RateLimitDecision};
+use super::policies::OnStoreError;
+use super::settings::Settings;
+use super::tiers::Tier;
+use crate::rate::{RateCheck, RateOutcome};
+use crate::store::StoreError;
+
+/// Turns the store's answer for `tier`, or its failure, into a decision, as `settings`' failure
+/// policy says; `sent_at` is when the check went to the store.
+pub(crate) fn decide(
+    settings: &Settings,
+    result: Result<RateOutcome, StoreError>,
+    tier: Arc<Tier>,
+    check: RateCheck,
+    sent_at: Instant,
+) -> RateLimitDecision {
+    let (key, cost) = (check.key(), check.cost());
+    let (outcome, source) = match result {
+        Ok(outcome) => (outcome, DecisionSource::Store),
+        Err(error) => on_store_failure(settings, &error, &tier, check),
+    };
+    let decision = RateLimitDecision {
+        admitted: outcome.admitted,
+        shadow: settings.shadow,
+        source,
+        key,
+        cost,
+        retry_after: outcome.retry_after,
+        tier,
+        states: outcome.limits,
+    };
+    tracing::debug!(
+        target: "tollgate::rate_limit",
+        %key, cost, admitted = decision.admitted, source = ?decision.source,
+        retry_after_ms = decision.retry_after.as_millis() as u64,
+        "rate-limit decision"
+    );
+    crate::metrics::rate_decision(
+        &decision.tier.limiter,
+        decision.admitted,
+        decision.source.label(),
+    );
+    if settings.shadow && !decision.admitted {
+        tracing::info!(
+            target: "tollgate::rate_limit",
+            %key, cost, source = ?decision.source,
+            retry_after_ms = decision.retry_after.as_millis() as u64,
+            "shadow mode: a request that would be denied goes through"
+        );
+    }
+    if let Some(cache) = &settings.deny_cache
+        && !decision.admitted
+        && decision.source == DecisionSource::Store
+    {
+        cache.remember(&decision, sent_at);
+    }
+    decision
+}
+
+/// The outcome the failure policy gives when the store failed to check `tier`, and who
+/// gave it.
+fn on_store_failure(
+    settings: &Settings,
+    error: &StoreError,
+    tier: &Tier,
+    check: RateCheck,
+) -> (RateOutcome, DecisionSource) {
+    let key = check.key();
+    if settings.last_warning.ready() {
+        tracing::warn!(
+            target: "tollgate::rate_limit",
+            %error, %key, policy = ?settings.on_store_error,
+            "rate-limit store failed; applying the failure policy (logged at most once a second)"
+        );
+    } else {
+        tracing::debug!(
+            target: "tollgate::rate_limit",
+            %error, %key, policy = ?settings.on_store_error,
+            "rate-limit store failed; applying the failure policy"
+        );
+    }
+    if let Some(fallback) = &tier.fallback {
+        return (fallback.check(check), DecisionSource::LocalFallback);
+    }
+    let admitted = settings.on_store_error != OnStoreError::Deny;
+    let outcome = RateOutcome {
+        admitted,
+        retry_after: if admitted {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(1)
+        },
+        limits: Vec::new(),
+    };
+    (outcome, DecisionSource::StoreUnavailable)
+}
