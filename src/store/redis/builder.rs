@@ -1,6 +1,5 @@
 //! [`RedisStoreBuilder`], [`RedisClusterBuilder`] and [`RedisSentinelBuilder`].
 
-#[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,23 +19,74 @@ use crate::store::{StoreError, StoreErrorKind};
 #[derive(Debug, Clone)]
 pub struct RedisStoreBuilder {
     url: String,
+    common: Common,
+}
+
+/// Configures a [`RedisStore`] on a Redis Cluster; made by [`RedisStore::cluster_builder`].
+///
+/// A cluster store connects when it is built, as it reads the slot map:
+/// [`connect`](Self::connect) is async and needs the cluster to answer.
+#[derive(Debug, Clone)]
+pub struct RedisClusterBuilder {
+    nodes: Vec<String>,
+    common: Common,
+}
+
+/// Configures a [`RedisStore`] on a Redis behind Sentinel; made by
+/// [`RedisStore::sentinel_builder`].
+///
+/// The store asks the sentinels for the primary when it connects, and again whenever the primary
+/// stops answering — a refused or dropped connection, a `READONLY` error from a primary demoted
+/// to a replica, timeouts — and moves to the one they name. Calls in between fail within the
+/// store timeout, and the calling layer applies its failure policy.
+#[derive(Debug, Clone)]
+pub struct RedisSentinelBuilder {
+    sentinels: Vec<String>,
+    master: String,
+    common: Common,
+}
+
+/// What every builder is configured with besides where the servers are.
+#[derive(Debug, Clone)]
+struct Common {
     timeout: Duration,
     ack: Option<Ack>,
     max_batch: usize,
-    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-    tls: Option<Tls>,
+    tls: Tls,
 }
 
-/// The certificates of a `rediss://` connection: the CA to trust instead of the platform's
-/// roots, and the client's own certificate and key for mutual TLS.
-#[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+impl Default for Common {
+    fn default() -> Self {
+        Self {
+            timeout: DEFAULT_TIMEOUT,
+            ack: None,
+            max_batch: DEFAULT_MAX_BATCH,
+            tls: Tls::default(),
+        }
+    }
+}
+
+impl Common {
+    fn settings(&self) -> Settings {
+        Settings {
+            timeout: self.timeout,
+            max_batch: self.max_batch,
+        }
+    }
+}
+
+/// The certificates of `rediss://` connections: the CA to trust instead of the platform's
+/// roots, and the client's own certificate and key for mutual TLS. Set only with a TLS feature.
 #[derive(Clone, Default)]
+#[cfg_attr(
+    not(any(feature = "tls-rustls", feature = "tls-native-tls")),
+    allow(dead_code)
+)]
 struct Tls {
     ca_cert: Option<Vec<u8>>,
     client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
-#[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
 impl fmt::Debug for Tls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // the client key is a secret: neither certificate is printed
@@ -47,8 +97,22 @@ impl fmt::Debug for Tls {
     }
 }
 
-#[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
 impl Tls {
+    fn is_set(&self) -> bool {
+        self.ca_cert.is_some() || self.client.is_some()
+    }
+
+    /// The client of `url` (`TCP_NODELAY` on), with these certificates for `rediss://`.
+    fn client(&self, url: &str) -> redis::RedisResult<redis::Client> {
+        let info = no_delay(url)?;
+        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+        if self.is_set() {
+            return redis::Client::build_with_tls(info, self.certificates());
+        }
+        redis::Client::open(info)
+    }
+
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
     fn certificates(&self) -> redis::TlsCertificates {
         redis::TlsCertificates {
             client_tls: self
@@ -71,7 +135,7 @@ macro_rules! tls_setters {
         /// certificate is signed by its own CA.
         #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
         pub fn tls_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
-            self.tls.get_or_insert_with(Tls::default).ca_cert = Some(pem.into());
+            self.common.tls.ca_cert = Some(pem.into());
             self
         }
 
@@ -83,42 +147,10 @@ macro_rules! tls_setters {
             cert: impl Into<Vec<u8>>,
             key: impl Into<Vec<u8>>,
         ) -> Self {
-            self.tls.get_or_insert_with(Tls::default).client = Some((cert.into(), key.into()));
+            self.common.tls.client = Some((cert.into(), key.into()));
             self
         }
     };
-}
-
-/// Configures a [`RedisStore`] on a Redis Cluster; made by [`RedisStore::cluster_builder`].
-///
-/// A cluster store connects when it is built, as it reads the slot map:
-/// [`connect`](Self::connect) is async and needs the cluster to answer.
-#[derive(Debug, Clone)]
-pub struct RedisClusterBuilder {
-    nodes: Vec<String>,
-    timeout: Duration,
-    ack: Option<Ack>,
-    max_batch: usize,
-    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-    tls: Option<Tls>,
-}
-
-/// Configures a [`RedisStore`] on a Redis behind Sentinel; made by
-/// [`RedisStore::sentinel_builder`].
-///
-/// The store asks the sentinels for the primary when it connects, and again whenever the primary
-/// stops answering — a refused or dropped connection, a `READONLY` error from a primary demoted
-/// to a replica, timeouts — and moves to the one they name. Calls in between fail within the
-/// store timeout, and the calling layer applies its failure policy.
-#[derive(Debug, Clone)]
-pub struct RedisSentinelBuilder {
-    sentinels: Vec<String>,
-    master: String,
-    timeout: Duration,
-    ack: Option<Ack>,
-    max_batch: usize,
-    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-    tls: Option<Tls>,
 }
 
 /// The durable-write setters every builder has.
@@ -130,7 +162,7 @@ macro_rules! durability_setters {
         /// the caller undoes what it can and reports no success. Rate checks never wait. These
         /// writes use a connection of their own, so that a `WAIT` never holds up rate decisions.
         pub fn wait_replicas(mut self, replicas: u32) -> Self {
-            self.ack = Ack::replicas(replicas);
+            self.common.ack = Ack::replicas(replicas);
             self
         }
 
@@ -142,7 +174,7 @@ macro_rules! durability_setters {
         /// that says so. `wait_aof(false, 0)` turns durable writes off; the last of the two
         /// setters called wins.
         pub fn wait_aof(mut self, local: bool, replicas: u32) -> Self {
-            self.ack = Ack::aof(local, replicas);
+            self.common.ack = Ack::aof(local, replicas);
             self
         }
     };
@@ -159,7 +191,7 @@ macro_rules! max_batch_setter {
         /// it is full (calls are pipelined, however many are in flight), when a call returns, or
         /// after half a millisecond. 1 sends every check alone.
         pub fn max_batch(mut self, checks: usize) -> Self {
-            self.max_batch = checks.max(1);
+            self.common.max_batch = checks.max(1);
             self
         }
     };
@@ -189,41 +221,20 @@ impl RedisStoreBuilder {
     pub(super) fn new(url: String) -> Self {
         Self {
             url,
-            timeout: DEFAULT_TIMEOUT,
-            ack: None,
-            max_batch: DEFAULT_MAX_BATCH,
-            #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-            tls: None,
+            common: Common::default(),
         }
     }
 
     /// The bound on every store call, connecting included (default 250 ms). Keep it well below
     /// the request timeouts of the service: it is how long a request may wait while Redis is down.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.common.timeout = timeout;
         self
     }
 
     durability_setters!();
     max_batch_setter!();
     tls_setters!();
-
-    fn settings(&self) -> Settings {
-        Settings {
-            timeout: self.timeout,
-            max_batch: self.max_batch,
-        }
-    }
-
-    /// The client of the builder's URL, with its certificates for `rediss://`.
-    fn client(&self) -> Result<redis::Client, RedisError> {
-        let info = no_delay(self.url.as_str())?;
-        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-        if let Some(tls) = &self.tls {
-            return redis::Client::build_with_tls(info, tls.certificates());
-        }
-        redis::Client::open(info)
-    }
 
     /// Builds the store. Connects lazily, so a Redis that is down now is not an error: calls fail
     /// (within the timeout) until it is back. [`ConfigError`] when the URL does not parse.
@@ -232,8 +243,8 @@ impl RedisStoreBuilder {
         let invalid = |e: RedisError| {
             ConfigError::new(ConfigErrorKind::Store, format!("invalid Redis URL: {e}"))
         };
-        let client = self.client().map_err(invalid)?;
-        let config = manager_config(self.timeout);
+        let client = self.common.tls.client(&self.url).map_err(invalid)?;
+        let config = manager_config(self.common.timeout);
         let open = || {
             ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
                 .map(|manager| {
@@ -247,8 +258,8 @@ impl RedisStoreBuilder {
         };
         Ok(RedisStore::new(
             open()?,
-            durable(self.ack, open)?,
-            self.settings(),
+            durable(self.common.ack, open)?,
+            self.common.settings(),
         ))
     }
 }
@@ -257,18 +268,14 @@ impl RedisClusterBuilder {
     pub(super) fn new(nodes: Vec<String>) -> Self {
         Self {
             nodes,
-            timeout: DEFAULT_TIMEOUT,
-            ack: None,
-            max_batch: DEFAULT_MAX_BATCH,
-            #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-            tls: None,
+            common: Common::default(),
         }
     }
 
     /// The bound on every store call (default 250 ms); connecting may take up to eight times as
     /// long.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.common.timeout = timeout;
         self
     }
 
@@ -281,16 +288,17 @@ impl RedisClusterBuilder {
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         let builder = redis::cluster::ClusterClient::builder(self.nodes)
             .tcp_settings(TcpSettings::default().set_nodelay(true))
-            .connection_timeout(self.timeout)
-            .response_timeout(self.timeout)
+            .connection_timeout(self.common.timeout)
+            .response_timeout(self.common.timeout)
             .retries(2);
+        let tls = &self.common.tls;
         #[cfg(feature = "tls-rustls")]
-        let builder = match &self.tls {
-            Some(tls) => builder.certs(tls.certificates()),
-            None => builder,
+        let builder = match tls.is_set() {
+            true => builder.certs(tls.certificates()),
+            false => builder,
         };
-        #[cfg(all(feature = "tls-native-tls", not(feature = "tls-rustls")))]
-        if self.tls.is_some() {
+        #[cfg(not(feature = "tls-rustls"))]
+        if tls.is_set() {
             return Err(StoreError::new(
                 StoreErrorKind::Config,
                 "certificates for a Redis Cluster need the `tls-rustls` feature",
@@ -299,18 +307,19 @@ impl RedisClusterBuilder {
         let client = builder
             .build()
             .map_err(|e| StoreError::new(StoreErrorKind::Config, e))?;
+        let timeout = self.common.timeout;
         let open = || async {
-            let conn = tokio::time::timeout(self.timeout * 8, client.get_async_connection())
+            let conn = tokio::time::timeout(timeout * 8, client.get_async_connection())
                 .await
                 .map_err(|_| StoreError::timeout())?
                 .map_err(store_error)?;
             let opener = Opener::Cluster {
                 client: client.clone(),
-                timeout: self.timeout,
+                timeout,
             };
             Ok::<_, StoreError>(Link::new(Connection::Cluster(conn), opener))
         };
-        let durable = match self.ack {
+        let durable = match self.common.ack {
             None => None,
             Some(ack) => {
                 let mut links = Vec::with_capacity(durable::CONNECTIONS);
@@ -320,11 +329,11 @@ impl RedisClusterBuilder {
                 Some((ack, links))
             }
         };
-        let settings = Settings {
-            timeout: self.timeout,
-            max_batch: self.max_batch,
-        };
-        Ok(RedisStore::new(open().await?, durable, settings))
+        Ok(RedisStore::new(
+            open().await?,
+            durable,
+            self.common.settings(),
+        ))
     }
 }
 
@@ -333,18 +342,14 @@ impl RedisSentinelBuilder {
         Self {
             sentinels,
             master,
-            timeout: DEFAULT_TIMEOUT,
-            ack: None,
-            max_batch: DEFAULT_MAX_BATCH,
-            #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-            tls: None,
+            common: Common::default(),
         }
     }
 
     /// The bound on every store call (default 250 ms); asking the sentinels may take that long
     /// per sentinel.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.common.timeout = timeout;
         self
     }
 
@@ -352,29 +357,17 @@ impl RedisSentinelBuilder {
     max_batch_setter!();
     tls_setters!();
 
-    fn settings(&self) -> Settings {
-        Settings {
-            timeout: self.timeout,
-            max_batch: self.max_batch,
-        }
-    }
-
     /// The client of `url`, a sentinel or a primary, with the builder's certificates for
     /// `rediss://`.
     fn client_maker(&self) -> PrimaryClient {
-        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-        if let Some(tls) = self.tls.clone() {
-            return Arc::new(move |url: &str| {
-                redis::Client::build_with_tls(no_delay(url)?, tls.certificates())
-            });
-        }
-        Arc::new(|url: &str| redis::Client::open(no_delay(url)?))
+        let tls = self.common.tls.clone();
+        Arc::new(move |url: &str| tls.client(url))
     }
 
     /// Asks the sentinels for the primary and connects to it; a sentinel must answer now. A
     /// sentinel URL that does not parse is a [`StoreErrorKind::Config`] error.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
-        let settings = self.settings();
+        let (settings, timeout) = (self.common.settings(), self.common.timeout);
         let client = self.client_maker();
         let sentinels = self
             .sentinels
@@ -385,18 +378,18 @@ impl RedisSentinelBuilder {
         if sentinels.is_empty() {
             return Err(StoreError::new(StoreErrorKind::Config, "no sentinel given"));
         }
-        let Some(primary) = ask_sentinels(&sentinels, &self.master, self.timeout).await else {
+        let Some(primary) = ask_sentinels(&sentinels, &self.master, timeout).await else {
             return Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 format!("no sentinel named a primary for {:?}", self.master),
             ));
         };
-        let config = manager_config(self.timeout);
+        let config = manager_config(timeout);
         let opener = Opener::Sentinel {
             sentinels: sentinels.into(),
             master: self.master.into(),
             config: config.clone(),
-            timeout: self.timeout,
+            timeout,
             primary_client: Arc::clone(&client),
         };
         let open = || {
@@ -405,7 +398,11 @@ impl RedisSentinelBuilder {
                 .map(|conn| Link::to(conn, opener.clone(), primary.clone()))
                 .map_err(store_error)
         };
-        Ok(RedisStore::new(open()?, durable(self.ack, open)?, settings))
+        Ok(RedisStore::new(
+            open()?,
+            durable(self.common.ack, open)?,
+            settings,
+        ))
     }
 }
 
