@@ -10,6 +10,7 @@ use redis::io::tcp::TcpSettings;
 
 use super::connection::{Connection, Link, Opener, PrimaryClient, ask_sentinels, open_single};
 use super::durable::{self, Ack};
+use super::url;
 use super::{RedisStore, store_error};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::coalesce::DEFAULT_MAX_BATCH;
@@ -243,6 +244,10 @@ impl RedisStoreBuilder {
         let invalid = |e: RedisError| {
             ConfigError::new(ConfigErrorKind::Store, format!("invalid Redis URL: {e}"))
         };
+        if let Some(problem) = url::problem(&self.url) {
+            let message = format!("invalid Redis URL: {problem}");
+            return Err(ConfigError::new(ConfigErrorKind::Store, message));
+        }
         let client = self.common.tls.client(&self.url).map_err(invalid)?;
         let config = manager_config(self.common.timeout);
         let open = || {
@@ -286,6 +291,7 @@ impl RedisClusterBuilder {
     /// Connects to the cluster through the builder's nodes and reads its slot map; the cluster
     /// must answer now. A node URL that does not parse is a [`StoreErrorKind::Config`] error.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
+        check_urls("node", &self.nodes)?;
         let builder = redis::cluster::ClusterClient::builder(self.nodes)
             .tcp_settings(TcpSettings::default().set_nodelay(true))
             .connection_timeout(self.common.timeout)
@@ -367,6 +373,7 @@ impl RedisSentinelBuilder {
     /// Asks the sentinels for the primary and connects to it; a sentinel must answer now. A
     /// sentinel URL that does not parse is a [`StoreErrorKind::Config`] error.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
+        check_urls("sentinel", &self.sentinels)?;
         let (settings, timeout) = (self.common.settings(), self.common.timeout);
         let client = self.client_maker();
         let sentinels = self
@@ -436,4 +443,16 @@ fn durable<E>(
         .map(|_| open())
         .collect::<Result<_, _>>()?;
     Ok(Some((ack, links)))
+}
+
+/// Refuses the first malformed URL among `urls` (of a Cluster `node` or a `sentinel`), saying
+/// what is wrong with it.
+fn check_urls(what: &str, urls: &[String]) -> Result<(), StoreError> {
+    for (i, url) in urls.iter().enumerate() {
+        if let Some(problem) = url::problem(url) {
+            let message = format!("invalid Redis URL of {what} {}: {problem}", i + 1);
+            return Err(StoreError::new(StoreErrorKind::Config, message));
+        }
+    }
+    Ok(())
 }

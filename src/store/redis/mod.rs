@@ -17,6 +17,7 @@ mod durable;
 mod rates;
 mod script_call;
 mod sent;
+mod url;
 
 use builder::Settings;
 pub use builder::{RedisClusterBuilder, RedisSentinelBuilder, RedisStoreBuilder};
