@@ -21,7 +21,9 @@ pub enum StoreErrorKind {
     Unavailable,
     /// The store answered with an error or with something this crate does not understand.
     Protocol,
-    /// The store cannot be reached as configured: a node URL of a cluster does not parse.
+    /// The store cannot be used as configured, and retrying will not help: a URL that does not
+    /// parse, a wrong password or database name, a role without the rights it needs, a server
+    /// without a command the configuration asks for.
     Config,
 }
 

@@ -168,8 +168,12 @@ fn cancel_in_background(token: CancelToken) {
 pub(super) fn pool_error(e: PoolError) -> StoreError {
     match e {
         PoolError::Timeout(_) => StoreError::timeout(),
-        // the connection could not be made: refused, reset, or turned away by the server
-        PoolError::Backend(e) => StoreError::new(StoreErrorKind::Unavailable, e),
+        // the connection could not be made: refused, reset, or turned away by the server (a
+        // wrong password or database name is configuration, and says so)
+        PoolError::Backend(e) => match e.code() {
+            Some(_) => pg_error(e),
+            None => StoreError::new(StoreErrorKind::Unavailable, PgFailure::new(e)),
+        },
         PoolError::Closed => {
             StoreError::new(StoreErrorKind::Unavailable, "the connection pool is closed")
         }
@@ -185,12 +189,75 @@ pub(super) fn pg_error(e: tokio_postgres::Error) -> StoreError {
         None if e.is_closed() || caused_by_io(&e) => StoreErrorKind::Unavailable,
         None => StoreErrorKind::Protocol,
     };
-    StoreError::new(kind, e)
+    StoreError::new(kind, PgFailure::new(e))
+}
+
+/// A failure of PostgreSQL, displayed with what the server said (`db error` alone, as
+/// tokio-postgres displays it, hides the cause) or with the I/O error beneath; the
+/// `tokio_postgres::Error` is its source.
+#[derive(Debug)]
+struct PgFailure {
+    message: String,
+    source: tokio_postgres::Error,
+}
+
+impl PgFailure {
+    fn new(source: tokio_postgres::Error) -> Self {
+        let message = match source.as_db_error() {
+            Some(db) => {
+                let mut message = format!(
+                    "{}: {} (SQLSTATE {})",
+                    db.severity(),
+                    db.message(),
+                    db.code().code()
+                );
+                for (what, text) in [("detail", db.detail()), ("hint", db.hint())] {
+                    if let Some(text) = text {
+                        message.push_str(&format!("; {what}: {text}"));
+                    }
+                }
+                message
+            }
+            None => chain(&source),
+        };
+        Self { message, source }
+    }
+}
+
+/// `e` and its causes, `: `-separated.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !message.contains(&cause_text) {
+            message.push_str(": ");
+            message.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
+impl std::fmt::Display for PgFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PgFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
 }
 
 fn sqlstate_kind(code: &SqlState) -> StoreErrorKind {
     let class = &code.code()[..2.min(code.code().len())];
-    if *code == SqlState::QUERY_CANCELED {
+    if matches!(class, "28" | "3D") || *code == SqlState::INSUFFICIENT_PRIVILEGE {
+        // a wrong password, role or database name, or a role without the rights: retrying will
+        // not help, the configuration must change
+        StoreErrorKind::Config
+    } else if *code == SqlState::QUERY_CANCELED {
         // statement_timeout: the server gave up as the client would have
         StoreErrorKind::Timeout
     } else if matches!(class, "08" | "53" | "57")
@@ -244,5 +311,13 @@ mod tests {
             sqlstate_kind(&SqlState::UNDEFINED_FUNCTION),
             StoreErrorKind::Protocol
         );
+        for configuration in [
+            SqlState::INVALID_PASSWORD,
+            SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+            SqlState::INVALID_CATALOG_NAME,
+            SqlState::INSUFFICIENT_PRIVILEGE,
+        ] {
+            assert_eq!(sqlstate_kind(&configuration), StoreErrorKind::Config);
+        }
     }
 }

@@ -1,0 +1,78 @@
+//! Errors that name their cause: what a user sees when a store is misconfigured or out of reach.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+mod common;
+
+use std::time::Duration;
+
+use common::postgres::PgServer;
+use tollgate::store::{PgStore, StoreError, StoreErrorKind};
+
+/// A server where role `pwuser` (password `right`) must give its password over TCP.
+async fn server_with_a_password() -> PgServer {
+    let server = PgServer::start();
+    let client = server.client().await;
+    client
+        .batch_execute(
+            "CREATE ROLE pwuser LOGIN PASSWORD 'right'; \
+             GRANT CREATE ON DATABASE postgres TO pwuser",
+        )
+        .await
+        .unwrap();
+    let hba: String = client.query_one("SHOW hba_file", &[]).await.unwrap().get(0);
+    let rules = "host all pwuser 127.0.0.1/32 scram-sha-256\n\
+                 local all all trust\n\
+                 host all all 127.0.0.1/32 trust\n\
+                 host all all ::1/128 trust";
+    let write = format!(
+        "COPY (SELECT unnest(string_to_array('{rules}', E'\\n'))) TO '{}'",
+        hba.replace('\'', "''")
+    );
+    client.batch_execute(&write).await.unwrap();
+    client
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    server
+}
+
+async fn connect_error(url: String) -> StoreError {
+    let store = PgStore::builder(url)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await;
+    store.expect_err("the store must not connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresql_says_why_it_turned_the_connection_away() {
+    let server = server_with_a_password().await;
+    let port = server.port();
+    let wrong = connect_error(format!("postgres://pwuser:wrong@127.0.0.1:{port}/postgres")).await;
+    assert_eq!(wrong.kind(), StoreErrorKind::Config, "{wrong}");
+    let said = wrong.to_string();
+    assert!(
+        said.contains("password authentication failed for user \"pwuser\""),
+        "the server's own words: {said}"
+    );
+    assert!(
+        !said.contains("wrong"),
+        "the password is not repeated: {said}"
+    );
+    let missing = connect_error(format!("postgres://postgres@127.0.0.1:{port}/nosuchdb")).await;
+    assert_eq!(missing.kind(), StoreErrorKind::Config, "{missing}");
+    assert!(
+        missing
+            .to_string()
+            .contains("database \"nosuchdb\" does not exist"),
+        "{missing}"
+    );
+    // the right password still connects
+    let url = format!("postgres://pwuser:right@127.0.0.1:{port}/postgres");
+    let right = PgStore::builder(url)
+        .schema("pwuser_schema")
+        .connect()
+        .await;
+    if let Err(e) = right {
+        panic!("the right password connects: {e}");
+    }
+}
