@@ -76,3 +76,44 @@ async fn postgresql_says_why_it_turned_the_connection_away() {
         panic!("the right password connects: {e}");
     }
 }
+
+/// The first error of a store at `url`, as a rate check meets it.
+async fn first_redis_error(url: &str) -> StoreError {
+    use std::sync::Arc;
+    use tollgate::key::Key;
+    use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
+    use tollgate::store::{RateStore, RedisStore};
+    let store = RedisStore::builder(url)
+        .timeout(Duration::from_millis(250))
+        .build()
+        .unwrap();
+    let policy = RatePolicy::new("t:rl", Algorithm::Gcra, vec![Limit::per_minute("m", 5)]);
+    let check = RateCheck::new(Key::new("t", b"caller"), 1);
+    let outcome = store.check_rate(&Arc::new(policy.unwrap()), check).await;
+    outcome.expect_err("the store must not answer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_says_why_it_cannot_be_reached() {
+    let closed = common::free_port();
+    let refused = first_redis_error(&format!("redis://127.0.0.1:{closed}/")).await;
+    assert_eq!(refused.kind(), StoreErrorKind::Unavailable, "{refused}");
+    assert!(
+        refused.to_string().contains("Connection refused"),
+        "{refused}"
+    );
+    let unresolvable = first_redis_error("redis://no-such-host.invalid:6379/").await;
+    assert_eq!(
+        unresolvable.kind(),
+        StoreErrorKind::Unavailable,
+        "{unresolvable}"
+    );
+    assert!(
+        unresolvable.to_string().contains("lookup address"),
+        "{unresolvable}"
+    );
+    let server = common::RedisServer::start();
+    let db = first_redis_error(&format!("redis://{}/99", server.addr())).await;
+    assert_eq!(db.kind(), StoreErrorKind::Config, "{db}");
+    assert!(db.to_string().contains("DB index is out of range"), "{db}");
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use redis::{FromRedisValue, RedisError, Script, Value};
+use redis::{ErrorKind, FromRedisValue, RedisError, Script, Value};
 use tokio::time::Instant;
 
 mod builder;
@@ -486,14 +486,22 @@ fn extend_call(key: String, token: String, lease: Duration) -> ScriptCall {
 }
 
 pub(super) fn store_error(e: RedisError) -> StoreError {
-    let kind = if e.is_timeout() {
+    let text = e.to_string();
+    let kind = if e.kind() == ErrorKind::AuthenticationFailed
+        || ["refused to switch database", "WRONGPASS", "NOAUTH"]
+            .iter()
+            .any(|refusal| text.contains(refusal))
+    {
+        // a wrong password or database: retrying will not help, the configuration must change
+        StoreErrorKind::Config
+    } else if e.is_timeout() {
         StoreErrorKind::Timeout
     } else if e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_cluster_error()
         // a primary demoted to a replica: the write did not happen, the store is elsewhere now
-        || e.to_string().contains("READONLY")
+        || text.contains("READONLY")
     {
         StoreErrorKind::Unavailable
     } else {
