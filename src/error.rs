@@ -43,6 +43,12 @@ impl ConfigError {
     pub fn kind(&self) -> ConfigErrorKind {
         self.kind
     }
+
+    /// The same error, said of `place` (`tier "paid"`, say): `<place>: <message>`.
+    pub(crate) fn within(mut self, place: &str) -> Self {
+        self.message = format!("{place}: {}", self.message);
+        self
+    }
 }
 
 impl fmt::Display for ConfigError {

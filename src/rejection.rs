@@ -1,6 +1,7 @@
 //! The one builder of the responses a layer gives instead of the inner service's: problem
 //! details (RFC 9457, `application/problem+json`) for HTTP, trailers-only for gRPC.
 
+use std::borrow::Cow;
 use std::fmt::Write;
 
 use http::{HeaderValue, Response, StatusCode, header};
@@ -15,11 +16,11 @@ pub(crate) const QUOTA_EXCEEDED: &str =
 
 /// A response the layers answer with themselves: `status` with `message` as problem details, or
 /// for a gRPC call a trailers-only response with `code` and `message`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Rejection {
     pub(crate) status: StatusCode,
     pub(crate) code: Code,
-    pub(crate) message: &'static str,
+    pub(crate) message: Cow<'static, str>,
 }
 
 impl Rejection {
@@ -37,15 +38,15 @@ impl Rejection {
         violated: &[&str],
     ) -> Response<Complete> {
         if wire == Wire::Grpc {
-            return grpc::trailers_only(self.code, self.message);
+            return grpc::trailers_only(self.code, &self.message);
         }
-        // Every string here is a constant of the crate or a validated limit name
-        // ([A-Za-z0-9_.-]): nothing needs escaping.
+        // The type, the title and the violated limits' names ([A-Za-z0-9_.-]) need no escaping;
+        // the detail may name what the key is read from, which the application wrote.
         let mut body = format!(
             "{{\"type\":\"{kind}\",\"title\":\"{}\",\"status\":{},\"detail\":\"{}\"",
             self.status.canonical_reason().unwrap_or(""),
             self.status.as_u16(),
-            self.message
+            json_escaped(&self.message)
         );
         if !violated.is_empty() {
             body.push_str(",\"violated-policies\":[");
@@ -65,6 +66,28 @@ impl Rejection {
     }
 }
 
+/// `text` as the inside of a JSON string.
+fn json_escaped(text: &str) -> Cow<'_, str> {
+    if !text
+        .chars()
+        .any(|c| c == '"' || c == '\\' || c.is_control())
+    {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,9 +97,9 @@ mod tests {
         let rejection = Rejection {
             status: StatusCode::TOO_MANY_REQUESTS,
             code: Code::ResourceExhausted,
-            message: "rate limit exceeded",
+            message: Cow::Borrowed("rate limit exceeded"),
         };
-        let http = rejection.into_response(Wire::Http);
+        let http = rejection.clone().into_response(Wire::Http);
         assert_eq!(http.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(http.headers()["content-type"], "application/problem+json");
         assert_eq!(
@@ -84,7 +107,10 @@ mod tests {
             "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\
              \"detail\":\"rate limit exceeded\"}\n"
         );
-        let quota = rejection.into_problem(Wire::Http, QUOTA_EXCEEDED, &["burst", "hourly"]);
+        let quota =
+            rejection
+                .clone()
+                .into_problem(Wire::Http, QUOTA_EXCEEDED, &["burst", "hourly"]);
         assert!(
             quota
                 .body()
@@ -95,5 +121,14 @@ mod tests {
         assert_eq!(grpc.status(), StatusCode::OK);
         assert_eq!(grpc.headers()["grpc-status"], "8");
         assert!(grpc.body().is_end_stream());
+    }
+
+    #[test]
+    fn details_are_escaped_as_json() {
+        assert_eq!(json_escaped("header x-api-key"), "header x-api-key");
+        assert_eq!(
+            json_escaped("the function \"tenant\"\n\\"),
+            "the function \\\"tenant\\\"\\u000a\\\\"
+        );
     }
 }

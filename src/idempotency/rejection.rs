@@ -108,7 +108,7 @@ impl Rejection {
                 let rejection = rejection::Rejection {
                     status,
                     code,
-                    message,
+                    message: message.into(),
                 };
                 rejection.into_response(wire).map(IdempotencyBody::from)
             }

@@ -17,6 +17,12 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// The key of this request, if it has one.
     fn extract(&self, parts: &Parts) -> Option<Key>;
 
+    /// Where the key comes from, for messages such as a rejected request's: `header
+    /// x-api-key`, `the peer address`. The default says only "the request".
+    fn describe(&self) -> String {
+        String::from("the request")
+    }
+
     /// Uses `self`, or `other` where `self` finds nothing.
     fn or<O: KeyExtractor>(self, other: O) -> Or<Self, O>
     where
@@ -77,6 +83,10 @@ where
     fn extract(&self, parts: &Parts) -> Option<Key> {
         (self.f)(parts).map(|value| Key::new(&self.domain, value.as_ref()))
     }
+
+    fn describe(&self) -> String {
+        format!("the function {:?}", self.domain)
+    }
 }
 
 /// One bucket shared by every request.
@@ -86,6 +96,10 @@ pub struct Global;
 impl KeyExtractor for Global {
     fn extract(&self, _parts: &Parts) -> Option<Key> {
         Some(Key::new("global", b""))
+    }
+
+    fn describe(&self) -> String {
+        String::from("one key shared by every request")
     }
 }
 
@@ -134,6 +148,10 @@ impl KeyExtractor for Header {
         let value = parts.headers.get(&self.name)?.as_bytes();
         (!value.is_empty()).then(|| Key::new(&self.domain, value))
     }
+
+    fn describe(&self) -> String {
+        format!("header {}", self.name)
+    }
 }
 
 /// Tries one extractor, then another: made by [`KeyExtractor::or`].
@@ -148,5 +166,9 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
         self.first
             .extract(parts)
             .or_else(|| self.second.extract(parts))
+    }
+
+    fn describe(&self) -> String {
+        format!("{}, else {}", self.first.describe(), self.second.describe())
     }
 }

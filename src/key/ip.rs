@@ -145,6 +145,10 @@ impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts) -> Option<Key> {
         peer_ip(parts).map(|ip| self.networks.key(ip))
     }
+
+    fn describe(&self) -> String {
+        String::from("the peer address")
+    }
 }
 
 /// A network in CIDR notation, e.g. `10.0.0.0/8` or `::1/128`; a bare address is a /32 or /128.
@@ -377,5 +381,9 @@ fn parse_ip(s: &str) -> Option<IpAddr> {
 impl KeyExtractor for ForwardedIp {
     fn extract(&self, parts: &Parts) -> Option<Key> {
         self.client_ip(parts).map(|ip| self.networks.key(ip))
+    }
+
+    fn describe(&self) -> String {
+        String::from("the client address forwarded by a trusted proxy")
     }
 }

@@ -45,13 +45,48 @@ struct LimitSpec {
     window: WindowSpec,
 }
 
-/// A window: `"250ms"`, `"1s"`, `"5m"`, `"1h"`, `"1d"`, or whole seconds.
+/// A window: `"250ms"`, `"1s"`, `"5m"`, `"1h"`, `"1d"`, or whole seconds; anything else is
+/// refused with what to write instead.
 #[cfg(feature = "serde")]
-#[derive(serde::Deserialize)]
-#[serde(untagged)]
-enum WindowSpec {
-    Seconds(u64),
-    Text(String),
+struct WindowSpec(Duration);
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for WindowSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(WindowVisitor).map(WindowSpec)
+    }
+}
+
+#[cfg(feature = "serde")]
+struct WindowVisitor;
+
+#[cfg(feature = "serde")]
+impl serde::de::Visitor<'_> for WindowVisitor {
+    type Value = Duration;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a window: whole seconds (60) or a duration such as \"250ms\", \"1s\", \"5m\", \"1h\" or \"1d\"")
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, secs: u64) -> Result<Duration, E> {
+        Ok(Duration::from_secs(secs))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, secs: i64) -> Result<Duration, E> {
+        u64::try_from(secs)
+            .map(Duration::from_secs)
+            .map_err(|_| E::custom(format!("invalid window {secs}: a window is not negative")))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, secs: f64) -> Result<Duration, E> {
+        Err(E::custom(format!(
+            "invalid window {secs}: write whole seconds, or a duration such as \"1500ms\""
+        )))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Duration, E> {
+        parse_window(text).map_err(E::custom)
+    }
 }
 
 #[cfg(feature = "serde")]
@@ -59,11 +94,7 @@ impl TryFrom<LimitSpec> for Limit {
     type Error = String;
 
     fn try_from(spec: LimitSpec) -> Result<Self, String> {
-        let window = match spec.window {
-            WindowSpec::Seconds(secs) => Duration::from_secs(secs),
-            WindowSpec::Text(text) => parse_window(&text)?,
-        };
-        Ok(Self::new(spec.name, spec.quota, window))
+        Ok(Self::new(spec.name, spec.quota, spec.window.0))
     }
 }
 
@@ -116,6 +147,18 @@ impl Limit {
     /// `quota` per hour.
     pub fn per_hour(name: impl Into<String>, quota: u64) -> Self {
         Self::new(name, quota, Duration::from_secs(3600))
+    }
+
+    /// `quota` per day (24 hours, as `"1d"` in a configuration file).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::rate::Limit;
+    ///
+    /// assert_eq!(Limit::per_day("daily", 10_000).window(), Duration::from_secs(86_400));
+    /// ```
+    pub fn per_day(name: impl Into<String>, quota: u64) -> Self {
+        Self::new(name, quota, Duration::from_secs(86_400))
     }
 
     /// The name in headers and keys.

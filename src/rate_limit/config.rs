@@ -95,3 +95,55 @@ impl<K> RateLimitLayerBuilder<K> {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rate_limit::RateLimitLayer;
+    use crate::store::MemoryStore;
+
+    fn build(toml: &str) -> Result<(), String> {
+        let config: RateLimitConfig = toml::from_str(toml).map_err(|e| e.to_string())?;
+        let layer = RateLimitLayer::builder(MemoryStore::new())
+            .config(config)
+            .tier_by(|_| None::<&str>)
+            .build();
+        layer.map(drop).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_window_that_is_not_one_says_what_to_write_and_where() {
+        let error = build(
+            "[[limits]]\nname = \"burst\"\nquota = 10\nwindow = \"1s\"\n\n\
+             [[limits]]\nname = \"hourly\"\nquota = 100\nwindow = 1.5\n",
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("invalid window 1.5: write whole seconds"),
+            "{error}"
+        );
+        assert!(error.contains("line 9"), "the entry's line: {error}");
+        let error =
+            build("limits = [{ name = \"m\", quota = 1, window = \"5 minutes\" }]").unwrap_err();
+        assert!(error.contains("invalid window \"5 minutes\""), "{error}");
+    }
+
+    #[test]
+    fn errors_name_the_tier_and_the_prefix_as_written() {
+        let error = build(
+            "limits = [{ name = \"m\", quota = 5, window = 60 }]\n\
+             [tiers]\npaid = [{ name = \"burst\", quota = 0, window = \"1s\" }]\n",
+        )
+        .unwrap_err();
+        assert_eq!(error, "tier \"paid\": limit \"burst\" has a zero quota");
+        let error = build(
+            "prefix = \"myapp:{api}\"\nlimits = [{ name = \"m\", quota = 5, window = 60 }]\n",
+        )
+        .unwrap_err();
+        assert!(error.contains("\"myapp:{api}\""), "{error}");
+        assert!(
+            !error.contains(":rl"),
+            "a namespace the user never wrote: {error}"
+        );
+    }
+}

@@ -86,6 +86,48 @@ impl RateLimitDecision {
         self.retry_after
     }
 
+    /// [`retry_after`](Self::retry_after) in whole seconds as the `Retry-After` header says
+    /// them: rounded up, and at least 1 for a denied request (a client told 0 would retry at
+    /// once); 0 for an admitted one. Use it in a custom rejection's body, so that body and
+    /// header agree.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    ///
+    /// use http::{Request, Response};
+    /// use tollgate::key::Global;
+    /// use tollgate::rate_limit::{Limit, RateLimitDecision, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    /// use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_minute("m", 1))
+    ///     .key(Global)
+    ///     .build()
+    ///     .unwrap();
+    /// let ok = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) };
+    /// let mut svc = ServiceBuilder::new().layer(layer).service(service_fn(ok));
+    /// let mut call = async || svc.ready().await.unwrap().call(Request::new(())).await.unwrap();
+    /// let decision = |res: &Response<_>| res.extensions().get::<RateLimitDecision>().cloned();
+    ///
+    /// let admitted = call().await;
+    /// assert_eq!(decision(&admitted).unwrap().retry_after_secs(), 0);
+    /// let denied = call().await;
+    /// let secs = decision(&denied).unwrap().retry_after_secs();
+    /// assert_eq!(denied.headers()["retry-after"], secs.to_string().as_str());
+    /// assert!((59..=60).contains(&secs));
+    /// # }
+    /// ```
+    pub fn retry_after_secs(&self) -> u64 {
+        if self.admitted {
+            0
+        } else {
+            headers::ceil_secs(self.retry_after).max(1)
+        }
+    }
+
     /// The tier whose limits decided, as [`tier_by`](super::RateLimitLayerBuilder::tier_by)
     /// named it; `None` for the layer's own limits.
     pub fn tier(&self) -> Option<&str> {

@@ -488,8 +488,13 @@ impl<K> RateLimitLayerBuilder<K> {
     }
 
     /// Validates the configuration.
-    pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError> {
+    pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError>
+    where
+        K: KeyExtractor,
+    {
         let draft = self.draft;
+        // checked as written: the namespace adds `:rl`, which the user never wrote
+        keys::check_prefix(&draft.prefix)?;
         let options = TierOptions {
             namespace: keys::rate_namespace(&draft.prefix),
             algorithm: draft.algorithm,
@@ -519,6 +524,11 @@ impl<K> RateLimitLayerBuilder<K> {
                 cost: draft.cost,
                 on_store_error: draft.on_store_error,
                 missing_key: draft.missing_key,
+                missing_key_message: format!(
+                    "the request carries no rate-limit key: it is read from {}",
+                    self.extractor.describe()
+                )
+                .into(),
                 headers: draft.headers,
                 shadow: draft.shadow,
                 partition_key: draft.partition_key,

@@ -1,5 +1,7 @@
 //! The responses the rate-limit layer gives instead of calling the inner service.
 
+use std::borrow::Cow;
+
 use http::{Response, StatusCode, header};
 
 use super::decision::{self, DecisionSource, RateLimitDecision};
@@ -17,22 +19,16 @@ pub(crate) enum Rejection {
     MissingKey,
 }
 
-const MISSING_KEY: rejection::Rejection = rejection::Rejection {
-    status: StatusCode::BAD_REQUEST,
-    code: Code::InvalidArgument,
-    message: "the request carries no rate-limit key",
-};
-
 const DENIED: rejection::Rejection = rejection::Rejection {
     status: StatusCode::TOO_MANY_REQUESTS,
     code: Code::ResourceExhausted,
-    message: "rate limit exceeded",
+    message: Cow::Borrowed("rate limit exceeded"),
 };
 
 const STORE_UNAVAILABLE: rejection::Rejection = rejection::Rejection {
     status: StatusCode::SERVICE_UNAVAILABLE,
     code: Code::Unavailable,
-    message: "rate-limit store unavailable",
+    message: Cow::Borrowed("rate-limit store unavailable"),
 };
 
 impl Rejection {
@@ -42,7 +38,14 @@ impl Rejection {
         wire: Wire,
     ) -> Response<ResponseBody<B>> {
         let decision = match self {
-            Self::MissingKey => return MISSING_KEY.into_response(wire).map(Into::into),
+            Self::MissingKey => {
+                let missing = rejection::Rejection {
+                    status: StatusCode::BAD_REQUEST,
+                    code: Code::InvalidArgument,
+                    message: Cow::Owned(settings.missing_key_message.to_string()),
+                };
+                return missing.into_response(wire).map(Into::into);
+            }
             Self::Denied(decision) => decision,
         };
         let rejection = if decision.source == DecisionSource::StoreUnavailable {

@@ -29,6 +29,8 @@ pub(crate) struct Settings {
     pub(crate) cost: Option<CostFn>,
     pub(crate) on_store_error: OnStoreError,
     pub(crate) missing_key: MissingKey,
+    /// The detail of a rejected request without a key: where the key is read from.
+    pub(crate) missing_key_message: Box<str>,
     pub(crate) headers: bool,
     /// Decide and count, never reject.
     pub(crate) shadow: bool,

@@ -326,3 +326,33 @@ async fn stacked_layers_append_their_members_and_decisions() {
     let outermost = response.extensions().get::<RateLimitDecision>().unwrap();
     assert_eq!(outermost.limits()[0].0, "per-caller");
 }
+
+#[tokio::test]
+async fn a_request_without_a_key_learns_where_the_key_is_read_from() {
+    use http_body_util::{BodyExt, Full};
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .limit(Limit::per_minute("m", 1))
+        .key(Header::from_static("x-caller"))
+        .build()
+        .unwrap();
+    let inner = service_fn(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::new())))
+    });
+    let mut svc = tower_layer::Layer::layer(&layer, inner);
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.contains(
+            "\"detail\":\"the request carries no rate-limit key: it is read from header x-caller\""
+        ),
+        "{body}"
+    );
+}

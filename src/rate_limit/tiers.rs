@@ -68,7 +68,11 @@ impl Tier {
                 format!("{}:{name}", options.namespace)
             }
         };
-        let policy = RatePolicy::new(namespace, options.algorithm, limits)?;
+        let policy =
+            RatePolicy::new(namespace, options.algorithm, limits).map_err(|e| match &name {
+                Some(name) => e.within(&format!("tier {name:?}")),
+                None => e,
+            })?;
         let fallback = match options.on_store_error {
             OnStoreError::LocalFallback { copies: 0 } => {
                 return Err(ConfigError::new(
