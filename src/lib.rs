@@ -230,6 +230,11 @@ pub mod rate_limit;
 // docs
 pub mod guide;
 
+/// The README's code, compiled and run as doctests so that it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use error::{ConfigError, ConfigErrorKind};
 pub use rate_limit::{Limit, RateLimitLayer};
 
