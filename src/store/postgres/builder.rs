@@ -8,6 +8,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
 use super::PgStore;
 use super::sql::{DEFAULT_SCHEMA, check_schema};
+use super::tls;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::coalesce::DEFAULT_MAX_BATCH;
 use crate::store::{StoreError, StoreErrorKind, millis};
@@ -201,11 +202,12 @@ impl PgStoreBuilder {
 }
 
 /// A pool of at most `settings.pool_size` connections to `url`, each with the store timeout as
-/// its `statement_timeout` (a call sets its own as well). Without TLS: bring a pool made with a
-/// TLS connector for that.
+/// its `statement_timeout` (a call sets its own as well); over TLS as the URL's `sslmode` says
+/// (see `tls.rs`).
 fn pool_for(url: &str, settings: &Settings) -> Result<Pool, ConfigError> {
+    let tls = tls::split(url)?;
     // the URL is not repeated: it may carry a password
-    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
+    let mut config = tokio_postgres::Config::from_str(&tls.url).map_err(|e| {
         ConfigError::new(
             ConfigErrorKind::Store,
             format!("invalid PostgreSQL URL: {e}"),
@@ -220,13 +222,7 @@ fn pool_for(url: &str, settings: &Settings) -> Result<Pool, ConfigError> {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(settings.timeout);
     }
-    let manager = Manager::from_config(
-        config,
-        tokio_postgres::NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
+    let manager = manager(config, &tls)?;
     Pool::builder(manager)
         .max_size(settings.pool_size)
         .runtime(Runtime::Tokio1)
@@ -237,4 +233,46 @@ fn pool_for(url: &str, settings: &Settings) -> Result<Pool, ConfigError> {
                 format!("could not make the connection pool: {e}"),
             )
         })
+}
+
+/// The pool's manager: plain, or over TLS as `tls` asks.
+fn manager(mut config: tokio_postgres::Config, tls: &tls::Split) -> Result<Manager, ConfigError> {
+    let recycling = ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    if tls.mode == tls::Mode::Disable {
+        return Ok(Manager::from_config(
+            config,
+            tokio_postgres::NoTls,
+            recycling,
+        ));
+    }
+    #[cfg(feature = "postgres-tls")]
+    {
+        use tokio_postgres::config::SslMode;
+        let mode = if tls.mode == tls::Mode::Prefer {
+            SslMode::Prefer
+        } else {
+            SslMode::Require
+        };
+        config.ssl_mode(mode);
+        let connector = tls::connector(tls.mode, tls.root_cert.as_deref())?;
+        Ok(Manager::from_config(config, connector, recycling))
+    }
+    #[cfg(not(feature = "postgres-tls"))]
+    {
+        if tls.mode == tls::Mode::Prefer && tls.root_cert.is_none() {
+            // no TLS to offer: plain text, as `prefer` allows
+            config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+            return Ok(Manager::from_config(
+                config,
+                tokio_postgres::NoTls,
+                recycling,
+            ));
+        }
+        Err(ConfigError::new(
+            ConfigErrorKind::Store,
+            "the PostgreSQL URL asks for TLS (sslmode): enable the tollgate feature `postgres-tls`",
+        ))
+    }
 }

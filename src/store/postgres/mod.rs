@@ -32,6 +32,7 @@ mod call;
 mod clock;
 mod migrate;
 mod sql;
+mod tls;
 
 pub use builder::PgStoreBuilder;
 use builder::Settings;
