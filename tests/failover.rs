@@ -1,7 +1,7 @@
 //! Failovers, as users of the example app (`examples/app`) meet them: the primary behind Sentinel
 //! killed and a replica promoted, a Redis Cluster master killed and its replica taking over.
-//! Two copies of the app run in-process (as in `tests/app.rs`), each with a store of its own,
-//! and are never restarted: they must find the new primary by themselves.
+//! Two copies of the app run in-process (as in `tests/app/app.rs`), each with a store of its
+//! own, and are never restarted: they must find the new primary by themselves.
 //!
 //! With durable writes (`wait_replicas(1)`) a coupon is redeemed exactly once across the
 //! failover — a redemption a replica did not acknowledge is refused (503) and undone, never
@@ -10,7 +10,8 @@
 //!
 //! Topologies: a primary with two replicas (so that the promoted one still has a replica to
 //! acknowledge `WAIT 1`), three sentinels; a cluster of three masters with two replicas each
-//! (the same reason, per shard). The tests run one at a time: they measure failover times.
+//! (the same reason, per shard). The tests run one at a time, in a binary of their own: they
+//! measure failover times.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

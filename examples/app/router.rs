@@ -1,10 +1,11 @@
 //! The example app's routes, shared state and configuration.
 //!
 //! Kept apart from `main.rs` so that integration tests can build several copies of the app on one
-//! Redis (`#[path = "../examples/app/router.rs"] pub mod app;` — `pub`, so that
-//! `unreachable_pub` and `dead_code` stay quiet), exactly as several processes would run. The
-//! configuration is read with the examples' shared `crate::env` (`examples/shared/env.rs`), which
-//! an including crate declares at its root: `#[path = "../examples/shared/env.rs"] pub mod env;`.
+//! Redis, exactly as several processes would run: a test binary declares it at its root (in
+//! `tests/app/main.rs`, `#[path = "../../examples/app/router.rs"] pub mod router;` — `pub`, so
+//! that `unreachable_pub` and `dead_code` stay quiet). The configuration is read with the
+//! examples' shared `crate::env` (`examples/shared/env.rs`), which an including crate declares at
+//! its root too: `#[path = "../../examples/shared/env.rs"] pub mod env;`.
 //!
 //! Routes:
 //!

@@ -1,5 +1,5 @@
 //! The `config` example's service: its file's shape, its store and its routes; `main.rs` runs
-//! it, and `tests/config_example.rs` drives it.
+//! it, and `tests/layers/config_example.rs` drives it.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -26,7 +26,8 @@
 //!
 //! An invalid variable exits with status 2 and a message naming it; other startup failures (the
 //! port is taken) exit with status 1. The generated code in `helloworld.rs` comes from
-//! `proto/helloworld.proto` (see `tests/grpc_codegen.rs`); no protoc or build script is needed.
+//! `proto/helloworld.proto` (see `tests/layers/grpc_codegen.rs`); no protoc or build script is
+//! needed.
 
 pub mod client;
 pub mod config;

@@ -2,8 +2,9 @@
 //! idempotency layers, on tonic 0.14.
 //!
 //! Kept apart from `main.rs` so that tests can serve it — with their own `Greeter` if they
-//! like — on a listener of their choosing: `#[path = "../examples/grpc/server.rs"] pub mod
-//! server;` (`pub`, so that `unreachable_pub` and `dead_code` stay quiet).
+//! like — on a listener of their choosing: the `layers` test binary declares it at its root,
+//! `#[path = "../../examples/grpc/server.rs"] pub mod grpc_server;` (`pub`, so that
+//! `unreachable_pub` and `dead_code` stay quiet).
 //!
 //! - Rate limit: per caller, the caller being the `x-api-key` metadata entry (gRPC metadata
 //!   arrives as an HTTP/2 header), else the peer IP address. Over the limit, a call fails with
@@ -30,8 +31,8 @@ use tonic::{Request, Response, Status};
 use helloworld::greeter_server::{Greeter, GreeterServer};
 use helloworld::{HelloReply, HelloRequest};
 
-/// The code generated from `proto/helloworld.proto` (committed; `tests/grpc_codegen.rs` checks
-/// that it is up to date and says how to refresh it).
+/// The code generated from `proto/helloworld.proto` (committed;
+/// `tests/layers/grpc_codegen.rs` checks that it is up to date and says how to refresh it).
 #[rustfmt::skip]
 pub mod helloworld {
     #![allow(missing_docs, unreachable_pub, missing_debug_implementations, clippy::all)]

@@ -1,8 +1,9 @@
 //! The hyper example's server: plain hyper 1 (no framework), tollgate's layers applied with
 //! `tower::ServiceBuilder` and handed to hyper through `TowerToHyperService`.
 //!
-//! Kept apart from `main.rs` so that tests can serve it on a listener of their choosing:
-//! `#[path = "../examples/hyper/server.rs"] pub mod server;`.
+//! Kept apart from `main.rs` so that tests can serve it on a listener of their choosing: the
+//! `layers` test binary declares it at its root,
+//! `#[path = "../../examples/hyper/server.rs"] pub mod hyper_server;`.
 //!
 //! | route          | what it does                                                             |
 //! | -------------- | ------------------------------------------------------------------------ |

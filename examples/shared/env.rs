@@ -3,10 +3,11 @@
 //! startup steps around them (listening, exit statuses).
 //!
 //! Each example includes this file at its crate root, `#[path = "../shared/env.rs"] pub mod
-//! env;`, and so must every test that includes a module of an example that reads its
-//! configuration (`examples/app/router.rs`, `examples/grpc/config.rs`): `#[path =
-//! "../examples/shared/env.rs"] pub mod env;` — `pub`, so that `unreachable_pub` and `dead_code`
-//! stay quiet. This directory has no `main.rs`, so it is no example of its own.
+//! env;`, and so must every test binary that includes a module of an example that reads its
+//! configuration (`examples/app/router.rs`, `examples/grpc/config.rs`), e.g. from
+//! `tests/app/main.rs`: `#[path = "../../examples/shared/env.rs"] pub mod env;` — `pub`, so
+//! that `unreachable_pub` and `dead_code` stay quiet. This directory has no `main.rs`, so it is
+//! no example of its own.
 //!
 //! A variable that is unset or empty takes its default; an invalid one is an [`EnvError`] naming
 //! it, and the examples then exit with status 2.

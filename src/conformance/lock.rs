@@ -367,7 +367,7 @@ pub async fn a_release_frees_the_key_once(store: &(impl LockStore + Clone)) {
             .await
             .unwrap()
     );
-    // another call (not the same call re-sent: `tests/scripts.rs` runs those) finds it gone
+    // another call (not the same call re-sent: `tests/store/scripts.rs` runs those) finds it gone
     assert!(
         !store
             .delete_if_held(lock.clone(), "a".into())

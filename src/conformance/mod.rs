@@ -38,10 +38,10 @@
 //! tollgate::rate_store_suite!((MyStore::new(), ()));
 //! ```
 //!
-//! The crate's own backends run it the same way; `tests/outside_store.rs` is such a store, as
-//! an outside crate writes it. Each test runs on a tokio runtime of two workers, with time and
-//! I/O, and keeps its keys apart from other tests' (random names), so that the tests of a binary
-//! may share one server.
+//! The crate's own backends run it the same way; `tests/store/outside_store.rs` is such a
+//! store, as an outside crate writes it. Each test runs on a tokio runtime of two workers, with
+//! time and I/O, and keeps its keys apart from other tests' (random names), so that the tests of
+//! a binary may share one server.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::future::Future;

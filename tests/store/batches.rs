@@ -2,7 +2,7 @@
 //! out as one call, and every caller's decision is exactly the one it gets alone.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The conformance suite on a real redis-server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-mod common;
+use crate::common;
 
 use common::RedisServer;
 

@@ -3,7 +3,7 @@
 //! client's certificate, and neither a missing CA nor plain `redis://` gets through.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -4,9 +4,8 @@
 //! and one layer value serves axum, tonic and hyper side by side.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../examples/grpc/server.rs"]
-pub mod server;
+use crate::common;
+use crate::grpc_server as server;
 
 use std::collections::HashSet;
 use std::convert::Infallible;

@@ -1,7 +1,7 @@
 //! PgStore beyond the conformance suite: migrations, table persistence, purging expired rows,
 //! outages and timeouts, advisory locks, configuration errors.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! API on a `MemoryStore` and on a real `redis-server` (one per property).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::convert::Infallible;

@@ -1,6 +1,6 @@
 //! The conformance suite on a three-master Redis Cluster, and the spread of keys over it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

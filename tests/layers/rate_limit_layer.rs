@@ -5,7 +5,7 @@
 //! extensions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -9,7 +9,7 @@
 //! `MONITOR` on every node proves that the held commands did reach Redis.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -138,8 +138,10 @@ async fn deliver_late(proxies: &[Proxy], monitors: &[Arc<Mutex<String>>]) {
 
 /// The setup held: the claim's undo ran on another connection before the held claim arrived.
 fn assert_undone_first(monitors: &[Arc<Mutex<String>>]) {
-    let claim = redis::Script::new(include_str!("../src/store/scripts/claim.lua"));
-    let release = redis::Script::new(include_str!("../src/store/scripts/compare_and_delete.lua"));
+    let claim = redis::Script::new(include_str!("../../src/store/scripts/claim.lua"));
+    let release = redis::Script::new(include_str!(
+        "../../src/store/scripts/compare_and_delete.lua"
+    ));
     let seen: String = monitors.iter().map(|m| m.lock().unwrap().clone()).collect();
     // the client address of a MONITOR line: `+<time> [<db> <addr>] ...`
     let client = |line: &str| line.split(['[', ']']).nth(1).map(str::to_owned);

@@ -4,7 +4,7 @@
 //! a coupon is redeemed exactly once, a payment reported as done is replayed and never run again,
 //! and a dead connection is replaced rather than waited on forever.
 //!
-//! The app runs in-process (as in `tests/app.rs`) on real redis-server processes, its store
+//! The app runs in-process (as in `app.rs`) on real redis-server processes, its store
 //! reaching Redis through the test's [`Proxy`].
 //!
 //! The silenced-connection test has a Cluster variant: its nodes announce the ports of proxies
@@ -12,12 +12,8 @@
 //! opens, to any node, runs through a proxy the test can silence.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-#[path = "../examples/app/router.rs"]
-pub mod app;
-#[path = "../examples/shared/env.rs"]
-pub mod env;
+use crate::common;
+use crate::router as app;
 
 use std::collections::BTreeSet;
 use std::fmt;

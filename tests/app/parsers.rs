@@ -1,15 +1,11 @@
 //! Property tests of the parsers that configuration and requests reach, beyond those of
-//! `tests/hostile_input.rs` (Idempotency-Key, Forwarded / X-Forwarded-For): CIDRs, limits and
-//! failure policies read from the environment. Arbitrary input never panics; well-formed input
-//! reads back what was written.
+//! `tests/layers/hostile_input.rs` (Idempotency-Key, Forwarded / X-Forwarded-For): CIDRs, limits
+//! and failure policies read from the environment. Arbitrary input never panics; well-formed
+//! input reads back what was written.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-#[path = "../examples/app/router.rs"]
-pub mod app;
-#[path = "../examples/shared/env.rs"]
-pub mod env;
+use crate::common;
+use crate::{env, router as app};
 
 use std::net::IpAddr;
 

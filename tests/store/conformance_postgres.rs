@@ -1,6 +1,6 @@
 //! The conformance suite on PostgreSQL: one server for the binary, each test in a schema of its
 //! own.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-mod common;
+use crate::common;
 
 tollgate::store_suite!((common::postgres::store().await, ()));

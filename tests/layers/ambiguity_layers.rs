@@ -3,7 +3,7 @@
 //! late) or cuts the connection. Each test fails without the handling it names.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::sync::Arc;

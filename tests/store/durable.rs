@@ -3,7 +3,7 @@
 //! them — and undoes what it wrote — while rate checks on the same store go on unhindered.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

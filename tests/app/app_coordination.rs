@@ -3,12 +3,8 @@
 //! one success — and outages of either store.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-#[path = "../examples/app/router.rs"]
-pub mod app;
-#[path = "../examples/shared/env.rs"]
-pub mod env;
+use crate::common;
+use crate::router as app;
 
 use std::sync::Arc;
 use std::time::Duration;

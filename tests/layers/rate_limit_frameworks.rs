@@ -4,7 +4,7 @@
 //! arrive on the wire. Peer and forwarded-address keys are exercised over real connections.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -1,9 +1,8 @@
 //! The `config` example as a user starts from it: its own TOML file, on the memory store, on
 //! Redis and on PostgreSQL by URL.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-mod common;
-#[path = "../examples/config/service.rs"]
-pub mod service;
+use crate::common;
+use crate::config_service as service;
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -18,7 +17,7 @@ use tower::ServiceExt;
 /// The example's own file, as shipped, each limit's window stretched to at least a minute: a
 /// busy machine then cannot spread a test's requests over two of the burst's 1 s windows.
 fn config() -> service::Config {
-    let text = include_str!("../examples/config/tollgate.toml");
+    let text = include_str!("../../examples/config/tollgate.toml");
     let mut config: service::Config = toml::from_str(text).expect("the shipped file parses");
     let minute = |limits: &mut Vec<Limit>| {
         for limit in limits.iter_mut() {

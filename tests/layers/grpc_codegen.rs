@@ -5,7 +5,7 @@
 //! After changing the proto, or upgrading tonic / prost, refresh the committed file with:
 //!
 //! ```text
-//! UPDATE_GENERATED=1 cargo test --test grpc_codegen
+//! UPDATE_GENERATED=1 cargo test --test layers -- grpc_codegen::
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -58,7 +58,8 @@ fn committed_grpc_code_matches_the_proto() {
             );
         panic!(
             "{COMMITTED} is out of date with {PROTO} ({first_difference}; committed {} bytes, \
-             generated {} bytes).\nRefresh it with:\n\n    {UPDATE}=1 cargo test --test grpc_codegen\n\n\
+             generated {} bytes).\nRefresh it with:\n\n    {UPDATE}=1 cargo test --test layers -- \
+             grpc_codegen::\n\n\
              and commit the result.",
             committed.len(),
             generated.len(),

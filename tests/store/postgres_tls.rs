@@ -1,7 +1,7 @@
 //! PgStore over TLS from the URL (`sslmode`, `sslrootcert`), against a PostgreSQL server the
 //! test starts that takes TLS connections only, with a CA made for the test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

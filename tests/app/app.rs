@@ -2,12 +2,8 @@
 //! copies, caller keys, response headers, health, configuration parsing and the binary's exit codes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-#[path = "../examples/app/router.rs"]
-pub mod app;
-#[path = "../examples/shared/env.rs"]
-pub mod env;
+use crate::common;
+use crate::router as app;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -7,7 +7,7 @@
 //! axum.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -3,13 +3,8 @@
 //! replays with `Idempotent-Replayed: true`; and the examples' environment parsing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "../examples/grpc/config.rs"]
-pub mod config;
-#[path = "../examples/shared/env.rs"]
-pub mod env;
-#[path = "../examples/hyper/server.rs"]
-pub mod server;
+use crate::common;
+use crate::{grpc_config as config, hyper_server as server};
 
 use std::sync::Arc;
 

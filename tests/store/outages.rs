@@ -3,7 +3,7 @@
 //! the store timeout, each layer's failure policy holds, no handler runs twice, and service
 //! resumes by itself once the store is back.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::sync::Arc;

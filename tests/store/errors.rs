@@ -1,6 +1,6 @@
 //! Errors that name their cause: what a user sees when a store is misconfigured or out of reach.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,0 +1,32 @@
+//! The layers: rate limits and idempotency in tower, axum, hyper and tonic (the `grpc` and
+//! `hyper` examples' servers), their configuration (the `config` example's service from its
+//! TOML file), ambiguous store answers below them, hostile input, and the committed gRPC code.
+//!
+//! One test binary, a module per theme.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+// The examples' modules the tests serve, declared once at the root, where `grpc_config` finds
+// `crate::env`.
+#[path = "../../examples/config/service.rs"]
+pub mod config_service;
+#[path = "../../examples/shared/env.rs"]
+pub mod env;
+#[path = "../../examples/grpc/config.rs"]
+pub mod grpc_config;
+#[path = "../../examples/grpc/server.rs"]
+pub mod grpc_server;
+#[path = "../../examples/hyper/server.rs"]
+pub mod hyper_server;
+
+mod ambiguity_layers;
+mod config;
+mod config_example;
+mod grpc;
+mod grpc_codegen;
+mod hostile_input;
+mod hyper;
+mod idempotency;
+mod rate_limit_frameworks;
+mod rate_limit_layer;
