@@ -73,15 +73,22 @@ fn case() -> impl Strategy<Value = (Vec<PolicySpec>, Vec<Vec<Op>>)> {
     })
 }
 
+/// The policies of `specs`, in one namespace, each limit named after its policy: two policies
+/// never share a key under different quotas and windows, whose state each would read under its
+/// own (a GCRA remainder kept in 1/quota units of another quota), where a microsecond between
+/// the two runs could change an outcome.
 fn policies(specs: &[PolicySpec]) -> Vec<Arc<RatePolicy>> {
     let namespace = format!("b{}:rl", rand::random::<u64>());
     specs
         .iter()
-        .map(|(algorithm, limits)| {
+        .enumerate()
+        .map(|(p, (algorithm, limits))| {
             let limits = limits
                 .iter()
                 .enumerate()
-                .map(|(i, &(quota, days))| Limit::new(format!("l{i}"), quota, DAY * days as u32))
+                .map(|(i, &(quota, days))| {
+                    Limit::new(format!("p{p}l{i}"), quota, DAY * days as u32)
+                })
                 .collect();
             Arc::new(RatePolicy::new(namespace.clone(), *algorithm, limits).unwrap())
         })
