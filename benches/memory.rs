@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use http::{HeaderName, HeaderValue, Request, Response};
-use tollgate::body::ResponseBody;
 use tollgate::key::{Header, Key};
 use tollgate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
+use tollgate::rate_limit::ResponseBody;
 use tollgate::rate_limit::{OnStoreError, RateLimitLayer};
 use tollgate::store::{MemoryStore, RateStore, StoreError, StoreErrorKind, StoreFuture};
 use tower::{Service, ServiceBuilder};

@@ -221,7 +221,7 @@ pub mod lock;
 pub mod metrics;
 mod task;
 // HTTP glue
-pub mod body;
+mod body;
 mod grpc;
 mod rejection;
 // the layers

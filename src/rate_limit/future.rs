@@ -11,12 +11,12 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_service::Service;
 
+use super::body::ResponseBody;
 use super::decide;
 use super::decision::{self, RateLimitDecision};
 use super::rejection::Rejection;
 use super::settings::Settings;
 use super::tiers::Tier;
-use crate::body::ResponseBody;
 use crate::grpc::Wire;
 use crate::rate::{RateCheck, RateOutcome};
 use crate::store::StoreFuture;

@@ -77,6 +77,7 @@
 //! enforce what callers may ask of the service as a whole.
 
 #[cfg(feature = "serde")]
+mod body;
 mod config;
 mod decide;
 mod decision;
@@ -94,6 +95,7 @@ mod tests;
 mod tiers;
 
 #[cfg(feature = "serde")]
+pub use body::ResponseBody;
 pub use config::RateLimitConfig;
 pub use decision::{DecisionSource, RateLimitDecision, RateLimitDecisions};
 pub use future::ResponseFuture;

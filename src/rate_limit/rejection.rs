@@ -4,10 +4,11 @@ use std::borrow::Cow;
 
 use http::{Response, StatusCode, header};
 
+use super::body::ResponseBody;
 use super::decision::{self, DecisionSource, RateLimitDecision};
 use super::headers;
 use super::settings::Settings;
-use crate::body::{Complete, ResponseBody};
+use crate::body::Complete;
 use crate::grpc::Code;
 use crate::grpc::Wire;
 use crate::rejection;

@@ -7,11 +7,11 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::body::ResponseBody;
 use super::future::ResponseFuture;
 use super::policies::MissingKey;
 use super::rejection::Rejection;
 use super::settings::Settings;
-use crate::body::ResponseBody;
 use crate::grpc::Wire;
 use crate::key::{Global, KeyExtractor};
 use crate::rate::RateCheck;

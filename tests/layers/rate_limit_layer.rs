@@ -21,8 +21,8 @@ use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
 use common::RedisServer;
-use tollgate::body::ResponseBody;
 use tollgate::key::{Header, KeyExtractor};
+use tollgate::rate_limit::ResponseBody;
 use tollgate::rate_limit::{
     Algorithm, DecisionSource, Limit, MissingKey, OnStoreError, QuotaUnit, RateLimitDecision,
     RateLimitLayer,

@@ -280,7 +280,8 @@ type Reply = (StatusCode, http::HeaderMap, RateLimitDecision);
 
 async fn send<S>(svc: &S, who: &str) -> Reply
 where
-    S: tower::Service<Request<()>, Response = Response<tollgate::body::ResponseBody<()>>> + Clone,
+    S: tower::Service<Request<()>, Response = Response<tollgate::rate_limit::ResponseBody<()>>>
+        + Clone,
     S::Error: std::fmt::Debug,
 {
     let request = Request::get("/").header("x-caller", who).body(()).unwrap();

@@ -39,7 +39,7 @@ fn rate_limited(
     quota: u64,
 ) -> impl tower::Service<
     Request<Full<bytes::Bytes>>,
-    Response = Response<tollgate::body::ResponseBody<Full<bytes::Bytes>>>,
+    Response = Response<tollgate::rate_limit::ResponseBody<Full<bytes::Bytes>>>,
     Error = Infallible,
     Future: Send,
 > + Clone
@@ -69,7 +69,7 @@ async fn timed<S>(svc: &S, caller: &str) -> Timed
 where
     S: tower::Service<
             Request<Full<bytes::Bytes>>,
-            Response = Response<tollgate::body::ResponseBody<Full<bytes::Bytes>>>,
+            Response = Response<tollgate::rate_limit::ResponseBody<Full<bytes::Bytes>>>,
             Error = Infallible,
         > + Clone,
 {
@@ -87,7 +87,7 @@ async fn recovery<S>(svc: &S) -> Duration
 where
     S: tower::Service<
             Request<Full<bytes::Bytes>>,
-            Response = Response<tollgate::body::ResponseBody<Full<bytes::Bytes>>>,
+            Response = Response<tollgate::rate_limit::ResponseBody<Full<bytes::Bytes>>>,
             Error = Infallible,
         > + Clone,
 {
@@ -116,7 +116,7 @@ fn under_load<S>(svc: &S, workers: usize, stop: &Arc<std::sync::atomic::AtomicBo
 where
     S: tower::Service<
             Request<Full<bytes::Bytes>>,
-            Response = Response<tollgate::body::ResponseBody<Full<bytes::Bytes>>>,
+            Response = Response<tollgate::rate_limit::ResponseBody<Full<bytes::Bytes>>>,
             Error = Infallible,
             Future: Send,
         > + Clone
