@@ -189,7 +189,7 @@ mod tests {
 
     async fn decision<S>(svc: &mut S) -> RateLimitDecision
     where
-        S: Service<Request<()>, Response = Response<super::body::ResponseBody<()>>>,
+        S: Service<Request<()>, Response = Response<crate::rate_limit::ResponseBody<()>>>,
         S::Error: std::fmt::Debug,
     {
         let request = Request::get("/").header("x-caller", "a").body(()).unwrap();
