@@ -76,8 +76,8 @@
 //! Use tower's to smooth what one instance sends to a fragile dependency; use this one to
 //! enforce what callers may ask of the service as a whole.
 
-#[cfg(feature = "serde")]
 mod body;
+#[cfg(feature = "serde")]
 mod config;
 mod decide;
 mod decision;
@@ -94,8 +94,8 @@ mod settings;
 mod tests;
 mod tiers;
 
-#[cfg(feature = "serde")]
 pub use body::ResponseBody;
+#[cfg(feature = "serde")]
 pub use config::RateLimitConfig;
 pub use decision::{DecisionSource, RateLimitDecision, RateLimitDecisions};
 pub use future::ResponseFuture;
