@@ -107,6 +107,14 @@ pub(crate) fn lock(prefix: &str, name: &[u8]) -> (String, String) {
     (key, fence)
 }
 
+/// The permits of caller `key` under a concurrency limit, and their fencing counter, in the same
+/// slot: `<prefix>:cc:{<key>}` and `<prefix>:cc:{<key>}:fence`.
+pub(crate) fn permits(prefix: &str, key: &Key) -> (String, String) {
+    let permits = tagged(&format!("{prefix}:cc"), key, 6);
+    let fence = format!("{permits}:fence");
+    (permits, fence)
+}
+
 #[cfg(feature = "redis")]
 /// The release marker of a lock, claim or idempotency record `key`: `<key>:released`, in the
 /// same slot. It names the release call that deleted the key, so that the same call re-sent
@@ -154,9 +162,13 @@ mod tests {
         let (lock, fence) = lock("app", b"report");
         assert_eq!(fence, format!("{lock}:fence"));
         assert_eq!(release_marker(&lock), format!("{lock}:released"));
+        let (permits, permit_fence) = permits("app", &caller);
+        assert_eq!(permits, format!("app:cc:{{{caller}}}"));
+        assert_eq!(permit_fence, format!("{permits}:fence"));
         for key in [
             claim("app", b"c"),
             lock,
+            permits,
             idempotency_record("app", None, "k"),
         ] {
             assert_eq!(key.matches('{').count(), 1, "{key}");

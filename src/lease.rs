@@ -17,6 +17,8 @@ pub(crate) enum Owner {
     Claim,
     /// The claim on an idempotency key while its handler runs.
     Idempotency,
+    /// A permit of a concurrency limit while its request runs.
+    Permit,
 }
 
 impl Owner {
@@ -29,6 +31,10 @@ impl Owner {
                 target: "tollgate::idempotency",
                 %error, "could not extend an idempotency lease"
             ),
+            Self::Permit => tracing::warn!(
+                target: "tollgate::concurrency",
+                %error, "could not extend a permit's lease"
+            ),
         }
     }
 
@@ -40,6 +46,10 @@ impl Owner {
             Self::Idempotency => tracing::warn!(
                 target: "tollgate::idempotency",
                 "the store lost this request's claim on its idempotency key while the handler ran"
+            ),
+            Self::Permit => tracing::warn!(
+                target: "tollgate::concurrency",
+                "the store lost this request's permit while it ran: the limit may be exceeded"
             ),
         }
     }
@@ -59,6 +69,11 @@ impl Owner {
                 target: "tollgate::idempotency",
                 %error, why,
                 "could not release an idempotency key; it frees itself when its lease ends"
+            ),
+            Self::Permit => tracing::warn!(
+                target: "tollgate::concurrency",
+                %error, why,
+                "could not give a permit back; it frees itself when its lease ends"
             ),
         }
     }
@@ -116,7 +131,9 @@ pub(crate) fn release_in_background<F>(
         return;
     };
     runtime.spawn(async move {
-        tokio::time::sleep_until(after).await;
+        if after > Instant::now() {
+            tokio::time::sleep_until(after).await;
+        }
         let deadline = Instant::now() + RELEASE_PATIENCE;
         let mut pause = Duration::from_millis(50);
         loop {
@@ -158,6 +175,7 @@ where
     let why = match owner {
         Owner::Lock => "a lock attempt went unanswered",
         Owner::Claim | Owner::Idempotency => "a claim attempt went unanswered",
+        Owner::Permit => "a permit attempt went unanswered",
     };
     let mut unanswered = UndoUnanswered::new(owner, why, deadline, undo);
     let answer = attempt.await;

@@ -219,12 +219,14 @@ pub mod conformance;
 mod lease;
 pub mod lock;
 pub mod metrics;
+mod pace;
 mod task;
 // HTTP glue
 mod body;
 mod grpc;
 mod rejection;
 // the layers
+pub mod concurrency;
 pub mod idempotency;
 pub mod rate_limit;
 // docs

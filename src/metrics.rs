@@ -9,10 +9,11 @@
 //! | [`STORE_ERRORS`] | counter | `operation`, `kind` | failed store calls; `kind` `timeout`, `unavailable`, `protocol` or `config` |
 //! | [`IDEMPOTENCY_REQUESTS`] | counter | `outcome` | keyed requests: `executed` (claimed, the handler ran), `replayed`, `conflict` (another request holds the key), `mismatch` (the key was used with another request), `rejected` (any other refusal: bad key, too large, store down, ...) |
 //! | [`LOCK_ACQUISITIONS`] | counter | `outcome` | lock attempts: `acquired`, `busy` or `error` |
+//! | [`CONCURRENCY_DECISIONS`] | counter | `limiter`, `outcome`, `source` | concurrency-limit decisions; `limiter` is the layer's key namespace (`<prefix>:cc`), `outcome` `admitted` or `denied`, `source` `store`, `local_fallback` or `store_unavailable` |
 //!
 //! Store operations: `rate_check`, `reset_rate`, `claim`, `lock_acquire`, `lock_extend`,
 //! `lock_release`, `idempotency_begin`, `idempotency_complete`, `idempotency_release`,
-//! `idempotency_extend`, `ping`; on PostgreSQL also `purge_expired` (one per batch).
+//! `idempotency_extend`, `permit_acquire`, `permit_extend`, `permit_release`, `ping`; on PostgreSQL also `purge_expired` (one per batch).
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
 use std::time::Duration;
@@ -27,6 +28,9 @@ pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
 pub const IDEMPOTENCY_REQUESTS: &str = "tollgate_idempotency_requests_total";
 /// Counter: lock acquisition attempts.
 pub const LOCK_ACQUISITIONS: &str = "tollgate_lock_acquisitions_total";
+
+/// Counter: concurrency-limit decisions.
+pub const CONCURRENCY_DECISIONS: &str = "tollgate_concurrency_decisions_total";
 
 /// A rate-limit decision of `limiter`.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
@@ -68,4 +72,21 @@ pub(crate) fn idempotency(outcome: &'static str) {
 pub(crate) fn lock(outcome: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!(LOCK_ACQUISITIONS, "outcome" => outcome).increment(1);
+}
+
+/// A concurrency-limit decision of `limiter`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn concurrency_decision(
+    limiter: &std::sync::Arc<str>,
+    admitted: bool,
+    source: &'static str,
+) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        CONCURRENCY_DECISIONS,
+        "limiter" => metrics::SharedString::from(std::sync::Arc::clone(limiter)),
+        "outcome" => if admitted { "admitted" } else { "denied" },
+        "source" => source,
+    )
+    .increment(1);
 }

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::fmt::Write;
+use std::time::Duration;
 
 use http::{HeaderValue, Response, StatusCode, header};
 
@@ -13,6 +14,16 @@ use crate::grpc::{self, Code};
 /// The problem type of a rate-limit denial (draft-ietf-httpapi-ratelimit-headers).
 pub(crate) const QUOTA_EXCEEDED: &str =
     "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// A duration in whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// `Retry-After`: whole seconds, rounded up, at least 1 — a client told 0 would retry at once.
+pub(crate) fn retry_after(d: Duration) -> HeaderValue {
+    HeaderValue::from(ceil_secs(d).max(1))
+}
 
 /// A response the layers answer with themselves: `status` with `message` as problem details, or
 /// for a gRPC call a trailers-only response with `code` and `message`.

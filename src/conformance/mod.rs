@@ -4,7 +4,8 @@
 //! # Writing a store
 //!
 //! A backend implements the capabilities it serves — [`RateStore`](crate::store::RateStore),
-//! [`LockStore`](crate::store::LockStore), [`IdempotencyStore`](crate::store::IdempotencyStore) —
+//! [`LockStore`](crate::store::LockStore), [`IdempotencyStore`](crate::store::IdempotencyStore),
+//! [`PermitStore`](crate::store::PermitStore) —
 //! and each of its operations must be one atomic step on the shared server, decided on the
 //! server's clock, and safe to run twice. The rules, as the suite checks them:
 //!
@@ -17,6 +18,9 @@
 //! - **Idempotency records**: one claim among concurrent begins; a completion or extension by
 //!   a stale token is refused; a completed record is replayed for the fingerprint it was made
 //!   with and is a mismatch for any other.
+//! - **Permits**: at most `limit` unexpired holders per key among concurrent acquisitions; a
+//!   holder alone extends or gives back its permit; fencing tokens strictly increase per key;
+//!   the same acquisition run twice takes one permit.
 //! - **Deadlines**: a write received after its `deadline` changes nothing and fails as
 //!   [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind::Timeout) (see the store docs'
 //!   "Deadlines").
@@ -29,7 +33,7 @@
 //! One macro per capability, each expanding to a module of `#[test]`s, given an expression
 //! (it may `.await`) that makes a `(store, guard)` pair for each test: the guard (a server
 //! process, say, or `()`) lives as long as the test. [`store_suite!`](crate::store_suite) runs
-//! all three. A store that delegates to [`MemoryStore`](crate::store::MemoryStore) passes it:
+//! all four. A store that delegates to [`MemoryStore`](crate::store::MemoryStore) passes it:
 //!
 //! ```ignore
 //! // tests/my_store.rs, with tollgate's `conformance` feature on
@@ -51,6 +55,7 @@ use tokio::time::Instant;
 
 pub mod idempotency;
 pub mod lock;
+pub mod permit;
 pub mod rate;
 
 /// Runs one test of the suite on its own runtime: two worker threads, time and I/O enabled.
@@ -144,15 +149,37 @@ macro_rules! idempotency_store_suite {
     };
 }
 
+/// Expands to the module `permit_store` of one `#[test]` per rule of
+/// [`PermitStore`](crate::store::PermitStore), each on a store from `$make`, an expression (it
+/// may `.await`) that gives `(store, guard)`; the store is `Clone`.
+#[macro_export]
+macro_rules! permit_store_suite {
+    ($make:expr) => {
+        $crate::__conformance_tests!(permit_store, permit, $make;
+            exactly_limit_permits_among_concurrent,
+            keys_do_not_share_permits,
+            a_release_gives_back_one_permit_once,
+            leases_end_unless_extended,
+            fencing_tokens_strictly_increase,
+            acquisitions_run_twice_take_one_permit,
+            a_limit_of_zero_is_always_full,
+            huge_durations_are_clamped_alike,
+            writes_after_their_deadline_change_nothing,
+        );
+    };
+}
+
 /// The whole suite: [`rate_store_suite!`](crate::rate_store_suite),
-/// [`lock_store_suite!`](crate::lock_store_suite) and
-/// [`idempotency_store_suite!`](crate::idempotency_store_suite) on stores from `$make`.
+/// [`lock_store_suite!`](crate::lock_store_suite),
+/// [`idempotency_store_suite!`](crate::idempotency_store_suite) and
+/// [`permit_store_suite!`](crate::permit_store_suite) on stores from `$make`.
 #[macro_export]
 macro_rules! store_suite {
     ($make:expr) => {
         $crate::rate_store_suite!($make);
         $crate::lock_store_suite!($make);
         $crate::idempotency_store_suite!($make);
+        $crate::permit_store_suite!($make);
     };
 }
 

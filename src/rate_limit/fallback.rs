@@ -6,8 +6,8 @@ use std::time::Duration;
 use http::HeaderValue;
 
 use super::headers::{self, QuotaUnit};
-use super::policies::OncePerSecond;
 use crate::error::{ConfigError, ConfigErrorKind};
+use crate::pace::OncePerSecond;
 use crate::rate::{Clock, LocalRates, RateCheck, RateOutcome, RatePolicy};
 
 /// How many callers a fallback holds unless configured otherwise.

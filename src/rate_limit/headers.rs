@@ -2,7 +2,6 @@
 //! (draft-ietf-httpapi-ratelimit-headers; Structured Field Lists per RFC 9651).
 
 use std::fmt::Write;
-use std::time::Duration;
 
 use bytes::BytesMut;
 use http::{HeaderName, HeaderValue};
@@ -14,15 +13,7 @@ use crate::rate::{LimitState, RatePolicy};
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
-/// Whole seconds, rounded up.
-pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
-
-/// `Retry-After`: whole seconds, rounded up, at least 1 — a client told 0 would retry at once.
-pub(crate) fn retry_after(d: Duration) -> HeaderValue {
-    HeaderValue::from(ceil_secs(d).max(1))
-}
+pub(crate) use crate::rejection::{ceil_secs, retry_after};
 
 /// What a quota counts, the `qu` parameter of `RateLimit-Policy`
 /// (draft-ietf-httpapi-ratelimit-headers).
@@ -113,6 +104,8 @@ fn partition_key(key: Key) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::rate::{Algorithm, Limit};
 

@@ -10,13 +10,14 @@ use super::decision::RateLimitDecision;
 use super::deny_cache::DenyCache;
 use super::fallback;
 use super::headers::QuotaUnit;
-use super::policies::{MissingKey, OnStoreError, OncePerSecond};
+use super::policies::{MissingKey, OnStoreError};
 use super::service::RateLimit;
 use super::settings::{CostFn, GrpcMetadataFn, RejectionFn, Settings};
 use super::tiers::{Tier, TierFn, TierOptions, Tiers};
 use crate::error::ConfigError;
 use crate::key::{Global, Key, KeyExtractor};
 use crate::keys;
+use crate::pace::OncePerSecond;
 use crate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
 use crate::store::{RateStore, StoreError};
 

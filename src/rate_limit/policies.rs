@@ -1,4 +1,4 @@
-//! The policies for a failing store and a missing key, and the pace of their warnings.
+//! The policies for a failing store and a missing key.
 
 /// What a rate-limit layer does when its store fails or does not answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -32,33 +32,4 @@ pub enum MissingKey {
     Reject,
     /// Let the request through unlimited.
     Allow,
-}
-
-/// Lets one event through per second.
-#[derive(Debug)]
-pub(crate) struct OncePerSecond {
-    start: std::time::Instant,
-    last: std::sync::atomic::AtomicU64,
-}
-
-impl OncePerSecond {
-    pub(crate) fn new() -> Self {
-        Self {
-            start: std::time::Instant::now(),
-            last: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    /// Whether a second has passed since the last event let through.
-    pub(crate) fn ready(&self) -> bool {
-        use std::sync::atomic::Ordering;
-        // +1: the first call is let through at once
-        let now = self.start.elapsed().as_secs() + 1;
-        let last = self.last.load(Ordering::Relaxed);
-        now > last
-            && self
-                .last
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-    }
 }

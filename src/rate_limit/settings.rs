@@ -6,8 +6,9 @@ use std::sync::Arc;
 use http::request::Parts;
 
 use super::deny_cache::DenyCache;
-use super::policies::{MissingKey, OnStoreError, OncePerSecond};
+use super::policies::{MissingKey, OnStoreError};
 use super::tiers::Tiers;
+use crate::pace::OncePerSecond;
 use crate::store::RateStore;
 
 /// The response to a denied HTTP request, built from its decision.

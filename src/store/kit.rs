@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{IdempotencyBegin, LockAttempt, StoreError};
+use super::{IdempotencyBegin, LockAttempt, PermitAttempt, StoreError};
 
 /// Runs `op`, store operation `operation`, within `timeout`, and tells the metrics how long it
 /// took and how it failed.
@@ -72,6 +72,20 @@ pub(crate) fn lock_attempt(acquired: bool, value: i64) -> LockAttempt {
         LockAttempt::Held {
             lease_left: Duration::from_millis(value),
         }
+    }
+}
+
+/// The tags of `permit_acquire`'s reply, the same in every backend: `1` taken (`2`: taken again
+/// by its holder) with fencing token `value`, `0` every permit held, the first free in `value`
+/// ms.
+pub(crate) fn permit_attempt(tag: i64, value: i64) -> Result<PermitAttempt, StoreError> {
+    let value = u64::try_from(value).unwrap_or(0);
+    match tag {
+        1 | 2 => Ok(PermitAttempt::Acquired { fence: value }),
+        0 => Ok(PermitAttempt::Full {
+            next_free: Duration::from_millis(value),
+        }),
+        tag => Err(unexpected("permit_acquire", tag)),
     }
 }
 

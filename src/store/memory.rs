@@ -22,8 +22,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::{
-    ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RateStore, Store,
-    StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
+    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, PermitAttempt,
+    PermitStore, RateStore, Store, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
 };
 use crate::key::Key;
 use crate::rate::{Clock, LimitState, LocalRates, RateCheck, RateOutcome, RatePolicy};
@@ -150,6 +150,15 @@ enum Value {
     Fence(u64),
     /// An idempotency record.
     Idem(IdemRecord),
+    /// The permits held under a concurrency limit.
+    Permits(Vec<Permit>),
+}
+
+#[derive(Debug)]
+struct Permit {
+    token: String,
+    /// Store time in microseconds when its lease ends.
+    ends: u64,
 }
 
 #[derive(Debug)]
@@ -785,6 +794,118 @@ impl IdempotencyStore for MemoryStore {
     ) -> StoreFuture<bool> {
         let expire = OnMatch::Expire(lease);
         self.token_checked(&key, |v| v.owned_by(&token), expire, Some(deadline))
+    }
+}
+
+impl PermitStore for MemoryStore {
+    fn timeout(&self) -> Duration {
+        NOMINAL_TIMEOUT
+    }
+
+    fn permit_acquire(
+        &self,
+        hold: Hold,
+        fence_key: String,
+        limit: u32,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<PermitAttempt> {
+        before(deadline, || {
+            let now = self.now_us();
+            let key = hold.key.as_str();
+            self.inner.entries.run(key, Some(&fence_key), now, |held| {
+                if let Some(first) = first_free(held, &hold, limit, now) {
+                    let next_free = Duration::from_millis(first.saturating_sub(now).div_ceil(1000));
+                    return Ok(PermitAttempt::Full { next_free });
+                }
+                held.make_room(&[key, &fence_key])?;
+                let ends = expiry(now, lease);
+                let last_end = match held.live(key, now) {
+                    Some(Value::Permits(permits)) => {
+                        match permits.iter_mut().find(|p| p.token == hold.token) {
+                            Some(permit) => permit.ends = ends,
+                            None => permits.push(Permit {
+                                token: hold.token.clone(),
+                                ends,
+                            }),
+                        }
+                        permits.iter().map(|p| p.ends).max().unwrap_or(ends)
+                    }
+                    _ => {
+                        let permit = Permit {
+                            token: hold.token.clone(),
+                            ends,
+                        };
+                        held.put(key, Value::Permits(vec![permit]), ends)?;
+                        ends
+                    }
+                };
+                held.set_expiry(key, last_end);
+                let fence = match held.live(&fence_key, now) {
+                    Some(Value::Fence(last)) => now.max(last.saturating_add(1)),
+                    _ => now,
+                };
+                held.put(
+                    &fence_key,
+                    Value::Fence(fence),
+                    expiry(now, fence_ttl(lease)),
+                )?;
+                Ok(PermitAttempt::Acquired { fence })
+            })
+        })
+    }
+
+    fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        before(deadline, || {
+            let now = self.now_us();
+            self.inner.entries.run(&hold.key, None, now, |held| {
+                let Some(Value::Permits(permits)) = held.live(&hold.key, now) else {
+                    return Ok(false);
+                };
+                let Some(permit) = permits
+                    .iter_mut()
+                    .find(|p| p.token == hold.token && p.ends > now)
+                else {
+                    return Ok(false);
+                };
+                permit.ends = expiry(now, lease);
+                let last_end = permits.iter().map(|p| p.ends).max().unwrap_or(now);
+                held.set_expiry(&hold.key, last_end);
+                Ok(true)
+            })
+        })
+    }
+
+    fn permit_release(&self, hold: Hold) -> StoreFuture<bool> {
+        let now = self.now_us();
+        done(self.inner.entries.run(&hold.key, None, now, |held| {
+            let Some(Value::Permits(permits)) = held.live(&hold.key, now) else {
+                return Ok(false);
+            };
+            let released = permits
+                .iter()
+                .any(|p| p.token == hold.token && p.ends > now);
+            permits.retain(|p| p.token != hold.token && p.ends > now);
+            if permits.is_empty() {
+                held.remove(&hold.key);
+            }
+            Ok(released)
+        }))
+    }
+}
+
+/// When `hold` cannot take one of `limit` permits: the end of the first lease among the held
+/// ones (`now` when the limit is 0); `None` when it can. Drops the permits whose lease ended.
+fn first_free(held: &mut Locked<'_>, hold: &Hold, limit: u32, now: u64) -> Option<u64> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    match held.live(&hold.key, now) {
+        Some(Value::Permits(permits)) => {
+            permits.retain(|p| p.ends > now);
+            let holds_one = permits.iter().any(|p| p.token == hold.token);
+            (!holds_one && permits.len() >= limit)
+                .then(|| permits.iter().map(|p| p.ends).min().unwrap_or(now))
+        }
+        _ => (limit == 0).then_some(now),
     }
 }
 

@@ -5,7 +5,7 @@
 //! comes from the store (`TIME` inside the scripts, `clock_timestamp()` in the functions), so
 //! clock skew between copies of a service cannot change a decision.
 //!
-//! The operations come in three capabilities, one trait each, so that a backend or a wrapper
+//! The operations come in four capabilities, one trait each, so that a backend or a wrapper
 //! implements what it serves and a layer asks only for what it uses:
 //!
 //! | trait | operations | used by |
@@ -13,8 +13,9 @@
 //! | [`RateStore`] | [`check_rate`](RateStore::check_rate) | rate limits |
 //! | [`LockStore`] | claims, lock acquisition, token-checked extend and delete | claims and locks |
 //! | [`IdempotencyStore`] | begin, complete, release and extend a record | idempotency keys |
+//! | [`PermitStore`] | acquire, extend and release one of N permits | concurrency limits |
 //!
-//! [`Store`] is all three plus a health check: what [`RedisStore`], [`PgStore`] and
+//! [`Store`] is all four plus a health check: what [`RedisStore`], [`PgStore`] and
 //! [`MemoryStore`] provide, and what `Arc<dyn Store>` shares between layers.
 //!
 //! - [`RedisStore`] (feature `redis`): Redis or Valkey, shared by every copy of the service.
@@ -148,6 +149,42 @@ pub trait LockStore: fmt::Debug + Send + Sync + 'static {
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool>;
 }
 
+/// Permits: at most `limit` holders of a key at once, each with a lease and a fencing token —
+/// the capability the [concurrency-limit layer](crate::concurrency) needs.
+///
+/// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`]. A write
+/// that takes a `deadline` runs only if the store receives it before then: see
+/// [Deadlines](self#deadlines).
+pub trait PermitStore: fmt::Debug + Send + Sync + 'static {
+    /// How long a call may take before it fails with [`StoreErrorKind::Timeout`]: the
+    /// deadline callers give their writes.
+    fn timeout(&self) -> Duration;
+
+    /// Takes one of the `limit` permits of `hold.key` for `hold.token`, for `lease`, if fewer
+    /// than `limit` permits are held (expired ones do not count) and, only then, draws a fencing
+    /// token from `fence_key` (same hash slot) as [`LockStore::lock_acquire`] does: strictly
+    /// increasing per key. A permit that `hold.token` holds already is taken again with a fresh
+    /// lease and a fresh fencing token: the same attempt run twice takes one permit. Received
+    /// after `deadline`, it does nothing.
+    fn permit_acquire(
+        &self,
+        hold: Hold,
+        fence_key: String,
+        limit: u32,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<PermitAttempt>;
+
+    /// Resets the permit's lease to `lease` from now, only while `hold.token` holds one of
+    /// `hold.key`'s permits; `false` when it does not (released or expired). Received after
+    /// `deadline`, it does nothing.
+    fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool>;
+
+    /// Gives the permit back, only while `hold.token` holds one; `false` when it does not. A
+    /// call re-sent after a lost reply answers as its first run did.
+    fn permit_release(&self, hold: Hold) -> StoreFuture<bool>;
+}
+
 /// Idempotency records claimed with a token and a lease: the capability the idempotency layer
 /// needs.
 ///
@@ -202,7 +239,7 @@ pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
 }
 
 /// Every capability, plus a health check: a store that can back every layer of this crate.
-pub trait Store: RateStore + LockStore + IdempotencyStore {
+pub trait Store: RateStore + LockStore + IdempotencyStore + PermitStore {
     /// Succeeds when the store answers.
     fn ping(&self) -> StoreFuture<()>;
 }
@@ -249,6 +286,43 @@ pub enum LockAttempt {
     Held {
         /// The other owner's remaining lease.
         lease_left: Duration,
+    },
+}
+
+/// A key held with a random token: what every token-checked operation names. It acts only
+/// while `key` still holds `token`, so an owner whose lease ran out can never touch what another
+/// owner took over.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Hold {
+    /// The store key.
+    pub key: String,
+    /// The owner's random token.
+    pub token: String,
+}
+
+impl Hold {
+    /// `key` held with `token`.
+    pub fn new(key: impl Into<String>, token: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            token: token.into(),
+        }
+    }
+}
+
+/// The answer to [`PermitStore::permit_acquire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermitAttempt {
+    /// A permit is ours; the fencing token of this acquisition.
+    Acquired {
+        /// Strictly greater than every earlier token of the same key.
+        fence: u64,
+    },
+    /// Every permit is held; the first of them ends its lease in about this long, unless
+    /// extended or given back.
+    Full {
+        /// The shortest remaining lease among the held permits.
+        next_free: Duration,
     },
 }
 
@@ -346,6 +420,31 @@ impl<T: LockStore + ?Sized> LockStore for Arc<T> {
 
     fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
         (**self).delete_if_held(key, token)
+    }
+}
+
+impl<T: PermitStore + ?Sized> PermitStore for Arc<T> {
+    fn timeout(&self) -> Duration {
+        (**self).timeout()
+    }
+
+    fn permit_acquire(
+        &self,
+        hold: Hold,
+        fence_key: String,
+        limit: u32,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<PermitAttempt> {
+        (**self).permit_acquire(hold, fence_key, limit, lease, deadline)
+    }
+
+    fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        (**self).permit_extend(hold, lease, deadline)
+    }
+
+    fn permit_release(&self, hold: Hold) -> StoreFuture<bool> {
+        (**self).permit_release(hold)
     }
 }
 

@@ -1,4 +1,4 @@
-//! A store written outside the crate, as a user writes one: a newtype that implements the three
+//! A store written outside the crate, as a user writes one: a newtype that implements the four
 //! store capabilities by delegating every call to a [`MemoryStore`], run against the
 //! conformance suite that ships with the crate (feature `conformance`).
 use std::sync::Arc;
@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use tollgate::key::Key;
 use tollgate::rate::{RateCheck, RateOutcome, RatePolicy};
 use tollgate::store::{
-    ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, MemoryStore,
-    RateStore, StoreFuture,
+    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, MemoryStore,
+    PermitAttempt, PermitStore, RateStore, StoreFuture,
 };
 
 /// The outside store: every operation handed to the memory store it wraps.
@@ -109,6 +109,32 @@ impl IdempotencyStore for Delegating {
         deadline: Instant,
     ) -> StoreFuture<bool> {
         self.0.idempotency_extend(key, token, lease, deadline)
+    }
+}
+
+impl PermitStore for Delegating {
+    fn timeout(&self) -> Duration {
+        PermitStore::timeout(&self.0)
+    }
+
+    fn permit_acquire(
+        &self,
+        hold: Hold,
+        fence_key: String,
+        limit: u32,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<PermitAttempt> {
+        self.0
+            .permit_acquire(hold, fence_key, limit, lease, deadline)
+    }
+
+    fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        self.0.permit_extend(hold, lease, deadline)
+    }
+
+    fn permit_release(&self, hold: Hold) -> StoreFuture<bool> {
+        self.0.permit_release(hold)
     }
 }
 

@@ -40,8 +40,9 @@ use call::{Calls, Param};
 use sql::Sql;
 
 use super::{
-    ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RELEASE_MARKER_TTL,
-    RateStore, Store, StoreClock, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
+    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, PermitAttempt,
+    PermitStore, RELEASE_MARKER_TTL, RateStore, Store, StoreClock, StoreError, StoreErrorKind,
+    StoreFuture, fence_ttl, millis,
 };
 use crate::key::Key;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
@@ -418,6 +419,11 @@ fn decode_lock(row: &Row) -> Result<LockAttempt, StoreError> {
     ))
 }
 
+/// `(tag, value)`: see [`kit::permit_attempt`].
+fn decode_permit(row: &Row) -> Result<PermitAttempt, StoreError> {
+    kit::permit_attempt(tag(row)?.into(), row.try_get(1).map_err(protocol)?)
+}
+
 impl RateStore for PgStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
         self.inner.rates.check(policy, check)
@@ -615,6 +621,53 @@ impl LockStore for PgStore {
             Box::new(ms(RELEASE_MARKER_TTL)),
         ];
         self.call("lock_release", |s| &s.release_hold, params, None, boolean)
+    }
+}
+
+impl PermitStore for PgStore {
+    fn timeout(&self) -> Duration {
+        self.inner.settings.timeout
+    }
+
+    fn permit_acquire(
+        &self,
+        hold: Hold,
+        fence_key: String,
+        limit: u32,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<PermitAttempt> {
+        let params: Vec<Param> = vec![
+            Box::new(hold.key),
+            Box::new(fence_key),
+            Box::new(hold.token),
+            Box::new(i64::from(limit)),
+            Box::new(ms(lease)),
+            Box::new(ms(fence_ttl(lease))),
+        ];
+        let sql: fn(&Sql) -> &String = |s| &s.permit_acquire;
+        self.call("permit_acquire", sql, params, Some(deadline), decode_permit)
+    }
+
+    fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        let params: Vec<Param> = vec![
+            Box::new(hold.key),
+            Box::new(hold.token),
+            Box::new(ms(lease)),
+        ];
+        let sql: fn(&Sql) -> &String = |s| &s.permit_extend;
+        self.call("permit_extend", sql, params, Some(deadline), flag)
+    }
+
+    fn permit_release(&self, hold: Hold) -> StoreFuture<bool> {
+        let params: Vec<Param> = vec![
+            Box::new(hold.key),
+            Box::new(hold.token),
+            Box::new(kit::release_call_id()),
+            Box::new(ms(RELEASE_MARKER_TTL)),
+        ];
+        let sql: fn(&Sql) -> &String = |s| &s.permit_release;
+        self.call("permit_release", sql, params, None, boolean)
     }
 }
 

@@ -8,10 +8,11 @@
 --
 -- Lock order: every function, the purge and the migration lock tables in this order, so that
 -- no two of them can wait for each other in a cycle:
---   rate_limits, rate_log, holds, fences, idempotency, releases
+--   rate_limits, rate_log, holds, permits, fences, idempotency, releases
 -- A rate check locks its rate_limits rows (in key order) before it touches rate_log. A claim,
--- lock or idempotency call takes the advisory lock of its key (lock_key) before its holds or
--- idempotency row; lock_acquire then writes fences; a release writes its releases row last.
+-- lock, permit or idempotency call takes the advisory lock of its key (lock_key) before its
+-- holds, permits or idempotency rows; lock_acquire and permit_acquire then write fences; a
+-- release writes its releases row last.
 -- purge_expired deletes table after table in this order (skipping locked rows), and a
 -- migration locks every table that exists, in this order, before its first DDL.
 --
@@ -36,8 +37,8 @@ DO $lock$
 DECLARE
   t text;
 BEGIN
-  FOREACH t IN ARRAY ARRAY['rate_limits', 'rate_log', 'holds', 'fences', 'idempotency',
-                           'releases'] LOOP
+  FOREACH t IN ARRAY ARRAY['rate_limits', 'rate_log', 'holds', 'permits', 'fences',
+                           'idempotency', 'releases'] LOOP
     IF to_regclass('__SCHEMA__.' || t) IS NOT NULL THEN
       EXECUTE format('LOCK TABLE %s.%I IN ACCESS EXCLUSIVE MODE', '__SCHEMA__', t);
     END IF;
@@ -147,6 +148,16 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.holds (
 );
 CREATE INDEX IF NOT EXISTS holds_expiry ON __SCHEMA__.holds (expires_at)
   WHERE expires_at IS NOT NULL;
+
+-- Permits of a concurrency limit: one row per holder of one of a key's permits, until its lease
+-- ends.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.permits (
+  key text NOT NULL,
+  token text NOT NULL,
+  expires_at bigint NOT NULL,
+  PRIMARY KEY (key, token)
+);
+CREATE INDEX IF NOT EXISTS permits_expiry ON __SCHEMA__.permits (expires_at);
 
 -- Fencing counters: the last token drawn per lock name.
 CREATE TABLE IF NOT EXISTS __SCHEMA__.fences (
@@ -978,6 +989,99 @@ RETURNS boolean LANGUAGE sql AS $$
 $$;
 
 -- ---------------------------------------------------------------------------------------------
+-- Permits (as permit_*.lua): at most p_limit unexpired rows per key in `permits`.
+-- permit_acquire takes one for p_token if fewer than p_limit are held and only then draws the
+-- next fencing token, as lock_acquire does. A token that holds one already keeps it, with a
+-- fresh lease and a fresh fencing token. Returns (1, fence) taken by this call, (2, fence) held
+-- by this token already, (0, ms until the first lease ends) every permit held, or (-1, NULL)
+-- received at or after p_deadline_us, nothing done.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __SCHEMA__.permit_acquire(
+  p_key text, p_fence_key text, p_token text, p_limit bigint, p_lease_ms bigint,
+  p_fence_ttl_ms bigint, p_deadline_us bigint, OUT o_tag smallint, OUT o_value bigint
+) LANGUAGE plpgsql AS $$
+DECLARE
+  v_now bigint;
+  v_held bigint;
+  v_mine boolean;
+  v_first bigint;
+BEGIN
+  -- serialised with every acquisition and release of the key (see claim): the count is final
+  PERFORM __SCHEMA__.lock_key(p_key);
+  v_now := __SCHEMA__.now_us();
+  IF v_now >= p_deadline_us THEN
+    o_tag := -1;
+    RETURN;
+  END IF;
+  -- leases that ended give their permits back
+  DELETE FROM __SCHEMA__.permits WHERE key = p_key AND expires_at <= v_now;
+  SELECT count(*), coalesce(bool_or(token = p_token), false), min(expires_at)
+    INTO v_held, v_mine, v_first
+    FROM __SCHEMA__.permits WHERE key = p_key;
+  IF NOT v_mine AND v_held >= p_limit THEN
+    o_tag := 0;
+    o_value := CASE WHEN v_first IS NULL THEN 0
+                    ELSE __SCHEMA__.ceil_div(v_first - v_now, 1000) END;
+    RETURN;
+  END IF;
+  INSERT INTO __SCHEMA__.permits (key, token, expires_at)
+    VALUES (p_key, p_token, v_now + p_lease_ms * 1000)
+    ON CONFLICT (key, token) DO UPDATE SET expires_at = EXCLUDED.expires_at;
+  INSERT INTO __SCHEMA__.fences AS f (key, last, expires_at)
+    VALUES (p_fence_key, v_now, v_now + p_fence_ttl_ms * 1000)
+    ON CONFLICT (key) DO UPDATE
+      SET last = CASE WHEN f.expires_at > v_now AND f.last >= v_now THEN f.last + 1
+                      ELSE v_now END,
+          expires_at = EXCLUDED.expires_at
+    RETURNING last INTO o_value;
+  o_tag := CASE WHEN v_mine THEN 2 ELSE 1 END;
+END $$;
+
+-- permit_extend: resets p_token's permit to p_lease_ms from now while it holds an unexpired
+-- one: 1, else 0; -1 received at or after p_deadline_us, nothing done. (as permit_extend.lua)
+-- Like extend_hold, the row's lock serialises it with a release.
+CREATE OR REPLACE FUNCTION __SCHEMA__.permit_extend(
+  p_key text, p_token text, p_lease_ms bigint, p_deadline_us bigint
+) RETURNS smallint LANGUAGE plpgsql AS $$
+DECLARE
+  v_expires bigint;
+  v_found boolean;
+  v_now bigint;
+BEGIN
+  SELECT expires_at INTO v_expires
+    FROM __SCHEMA__.permits WHERE key = p_key AND token = p_token FOR UPDATE;
+  v_found := FOUND;
+  v_now := __SCHEMA__.now_us();
+  IF v_now >= p_deadline_us THEN RETURN -1; END IF;
+  IF NOT v_found OR v_expires <= v_now THEN RETURN 0; END IF;
+  UPDATE __SCHEMA__.permits SET expires_at = v_now + p_lease_ms * 1000
+    WHERE key = p_key AND token = p_token;
+  RETURN 1;
+END $$;
+
+-- permit_release: gives p_token's permit back while it holds an unexpired one, leaving a marker
+-- naming this release call (p_call) under `<key> <token>`, so that the call re-sent answers
+-- true again. (as permit_release.lua)
+CREATE OR REPLACE FUNCTION __SCHEMA__.permit_release(
+  p_key text, p_token text, p_call text, p_marker_ms bigint
+) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  v_expires bigint;
+  v_now bigint;
+BEGIN
+  -- after every acquisition of this key still running, and seeing what it committed: see claim
+  PERFORM __SCHEMA__.lock_key(p_key);
+  v_now := __SCHEMA__.now_us();
+  DELETE FROM __SCHEMA__.permits WHERE key = p_key AND token = p_token
+    RETURNING expires_at INTO v_expires;
+  IF FOUND AND v_expires > v_now THEN
+    PERFORM __SCHEMA__.mark_release(p_key || ' ' || p_token, p_call, v_now + p_marker_ms * 1000);
+    RETURN true;
+  END IF;
+  RETURN __SCHEMA__.released_by(p_key || ' ' || p_token, p_call, v_now);
+END $$;
+
+-- ---------------------------------------------------------------------------------------------
 -- Idempotency records (as idem_*.lua).
 -- idem_begin returns (tag, lease_left_ms, response): 0 claimed for this request; 1 another
 -- request with this key runs; 2 the key was used with another fingerprint; 3 completed; -1
@@ -1113,6 +1217,12 @@ BEGIN
   o_most := greatest(o_most, v_count); o_total := o_total + v_count;
   DELETE FROM __SCHEMA__.holds WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM __SCHEMA__.holds WHERE expires_at <= v_now
+    LIMIT p_limit FOR UPDATE SKIP LOCKED
+  ));
+  GET DIAGNOSTICS v_count = ROW_COUNT;
+  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
+  DELETE FROM __SCHEMA__.permits WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM __SCHEMA__.permits WHERE expires_at <= v_now
     LIMIT p_limit FOR UPDATE SKIP LOCKED
   ));
   GET DIAGNOSTICS v_count = ROW_COUNT;

@@ -28,8 +28,9 @@ use rates::{Rates, bounded, rates};
 use script_call::ScriptCall;
 
 use super::{
-    ClaimOutcome, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, RELEASE_MARKER_TTL,
-    RateStore, Store, StoreClock, StoreError, StoreErrorKind, StoreFuture, fence_ttl, kit, millis,
+    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, PermitAttempt,
+    PermitStore, RELEASE_MARKER_TTL, RateStore, Store, StoreClock, StoreError, StoreErrorKind,
+    StoreFuture, fence_ttl, kit, millis,
 };
 use crate::error::ConfigError;
 use crate::key::Key;
@@ -159,6 +160,9 @@ struct Scripts {
     idem_complete: Lua,
     idem_release: Lua,
     idem_extend: Lua,
+    permit_acquire: Lua,
+    permit_extend: Lua,
+    permit_release: Lua,
     settle: Lua,
 }
 
@@ -173,6 +177,9 @@ impl Scripts {
             idem_complete: Lua::new(include_str!("../scripts/idem_complete.lua")),
             idem_release: Lua::new(include_str!("../scripts/idem_release.lua")),
             idem_extend: Lua::new(include_str!("../scripts/idem_extend.lua")),
+            permit_acquire: Lua::new(include_str!("../scripts/permit_acquire.lua")),
+            permit_extend: Lua::new(include_str!("../scripts/permit_extend.lua")),
+            permit_release: Lua::new(include_str!("../scripts/permit_release.lua")),
             settle: Lua::new(include_str!("../scripts/settle.lua")),
         }
     }
@@ -479,6 +486,18 @@ fn release_call(key: &str, token: &str) -> ScriptCall {
         .arg(kit::release_call_id())
 }
 
+/// The arguments of `permit_release.lua`: the permits, their recent release calls, the token,
+/// the lifetime of a call's note and a random id of this call, so that the call re-sent answers
+/// as it did.
+fn permit_release_call(hold: &Hold) -> ScriptCall {
+    ScriptCall::default()
+        .key(&hold.key)
+        .key(keys::release_marker(&hold.key))
+        .arg(&hold.token)
+        .arg(millis(RELEASE_MARKER_TTL))
+        .arg(kit::release_call_id())
+}
+
 /// The arguments of a token-checked extension (`compare_and_pexpire.lua`, `idem_extend.lua`):
 /// the key, the token and the new lease.
 fn extend_call(key: String, token: String, lease: Duration) -> ScriptCall {
@@ -641,6 +660,71 @@ impl LockStore for RedisStore {
             "lock_release",
             |s| &s.compare_and_delete,
             release_call(&key, &token),
+        )
+    }
+}
+
+impl PermitStore for RedisStore {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn permit_acquire(
+        &self,
+        hold: Hold,
+        fence_key: String,
+        limit: u32,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<PermitAttempt> {
+        let undo = Undo {
+            script: |s| &s.permit_release,
+            call: permit_release_call(&hold),
+        };
+        let call = ScriptCall::default()
+            .key(hold.key)
+            .key(fence_key)
+            .arg(hold.token)
+            .arg(limit)
+            .arg(millis(lease))
+            .arg(millis(fence_ttl(lease)));
+        self.write(
+            "permit_acquire",
+            |s| &s.permit_acquire,
+            call,
+            deadline,
+            // 2: held by this holder already, only its lease reset
+            Effect {
+                counts: |(tag, _): &(i64, i64)| *tag >= 1,
+                made: |(tag, _)| *tag == 1,
+            },
+            |(tag, value)| kit::permit_attempt(tag, value),
+            Some(undo),
+            None,
+        )
+    }
+
+    fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        self.write(
+            "permit_extend",
+            |s| &s.permit_extend,
+            extend_call(hold.key, hold.token, lease),
+            deadline,
+            Effect {
+                counts: |held: &i64| *held == 1,
+                made: |_| false,
+            },
+            |held| Ok(held == 1),
+            None,
+            None,
+        )
+    }
+
+    fn permit_release(&self, hold: Hold) -> StoreFuture<bool> {
+        self.token_checked(
+            "permit_release",
+            |s| &s.permit_release,
+            permit_release_call(&hold),
         )
     }
 }

@@ -1,0 +1,271 @@
+//! [`ConcurrencyLimitLayer`] and its builder.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::permit::LocalPermits;
+use super::service::ConcurrencyLimit;
+use super::{MissingKey, OnStoreError};
+use crate::error::{ConfigError, ConfigErrorKind};
+use crate::key::{Global, KeyExtractor};
+use crate::keys;
+use crate::pace::OncePerSecond;
+use crate::store::PermitStore;
+
+/// Applies [`ConcurrencyLimit`] to a service: at most `limit` requests in flight per key, counted
+/// in a shared [`PermitStore`].
+///
+/// Clones share their configuration; every permit lives in the store, so every clone — and every
+/// copy of the service on the same store — enforces the same bound.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::concurrency::ConcurrencyLimitLayer;
+/// use tollgate::key::Header;
+/// use tollgate::store::MemoryStore;
+///
+/// let layer = ConcurrencyLimitLayer::builder(MemoryStore::new())
+///     .limit(2)
+///     .key(Header::from_static("x-tenant"))
+///     .lease(Duration::from_secs(3))
+///     .retry_after(Duration::from_secs(1))
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+pub struct ConcurrencyLimitLayer<K = Global> {
+    pub(super) settings: Arc<Settings>,
+    extractor: Arc<K>,
+}
+
+impl<K> Clone for ConcurrencyLimitLayer<K> {
+    fn clone(&self) -> Self {
+        Self {
+            settings: Arc::clone(&self.settings),
+            extractor: Arc::clone(&self.extractor),
+        }
+    }
+}
+
+impl<K: fmt::Debug> fmt::Debug for ConcurrencyLimitLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLimitLayer")
+            .field("settings", &self.settings)
+            .field("key", &self.extractor)
+            .finish()
+    }
+}
+
+/// How long a permit's lease runs unless configured otherwise.
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+impl ConcurrencyLimitLayer {
+    /// Starts a builder on `store` (a [`RedisStore`](crate::store::RedisStore) or
+    /// [`PgStore`](crate::store::PgStore) to share the bound between copies). Set the
+    /// [`limit`](ConcurrencyLimitLayerBuilder::limit); every request counts against one global
+    /// key until a [`key`](ConcurrencyLimitLayerBuilder::key) extractor is set.
+    pub fn builder(store: impl PermitStore) -> ConcurrencyLimitLayerBuilder {
+        ConcurrencyLimitLayerBuilder {
+            store: Arc::new(store),
+            limit: None,
+            lease: DEFAULT_LEASE,
+            retry_after: None,
+            on_store_error: OnStoreError::Allow,
+            missing_key: MissingKey::Reject,
+            prefix: keys::DEFAULT_PREFIX.to_owned(),
+            extractor: Global,
+        }
+    }
+}
+
+impl<K> ConcurrencyLimitLayer<K> {
+    /// At most this many requests per key in flight.
+    pub fn limit(&self) -> u32 {
+        self.settings.limit
+    }
+}
+
+impl<S, K> Layer<S> for ConcurrencyLimitLayer<K> {
+    type Service = ConcurrencyLimit<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ConcurrencyLimit::new(
+            inner,
+            Arc::clone(&self.settings),
+            Arc::clone(&self.extractor),
+        )
+    }
+}
+
+/// Builds a [`ConcurrencyLimitLayer`].
+pub struct ConcurrencyLimitLayerBuilder<K = Global> {
+    store: Arc<dyn PermitStore>,
+    limit: Option<u32>,
+    lease: Duration,
+    retry_after: Option<Duration>,
+    on_store_error: OnStoreError,
+    missing_key: MissingKey,
+    prefix: String,
+    extractor: K,
+}
+
+impl<K: fmt::Debug> fmt::Debug for ConcurrencyLimitLayerBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLimitLayerBuilder")
+            .field("store", &self.store)
+            .field("limit", &self.limit)
+            .field("lease", &self.lease)
+            .field("key", &self.extractor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> ConcurrencyLimitLayerBuilder<K> {
+    /// At most `limit` (at least 1) requests per key in flight, across every copy.
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// Counts requests per key as `extractor` finds it (the same extractors as the rate limit).
+    pub fn key<K2: KeyExtractor>(self, extractor: K2) -> ConcurrencyLimitLayerBuilder<K2> {
+        ConcurrencyLimitLayerBuilder {
+            store: self.store,
+            limit: self.limit,
+            lease: self.lease,
+            retry_after: self.retry_after,
+            on_store_error: self.on_store_error,
+            missing_key: self.missing_key,
+            prefix: self.prefix,
+            extractor,
+        }
+    }
+
+    /// The lease of a permit (default 10 s): extended every third of it while the request runs,
+    /// so it bounds how long a copy that died keeps its permits.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The `Retry-After` of a refused request: about how long a request takes. Without it, the
+    /// time until the first held permit's lease ends (an upper bound while its request runs on,
+    /// since the lease is extended).
+    pub fn retry_after(mut self, hint: Duration) -> Self {
+        self.retry_after = Some(hint);
+        self
+    }
+
+    /// What to do when the store fails or does not answer in time (default:
+    /// [`OnStoreError::Allow`]).
+    pub fn on_store_error(mut self, policy: OnStoreError) -> Self {
+        self.on_store_error = policy;
+        self
+    }
+
+    /// What to do with a request without a key (default: [`MissingKey::Reject`]).
+    pub fn missing_key(mut self, policy: MissingKey) -> Self {
+        self.missing_key = policy;
+        self
+    }
+
+    /// The prefix of the store keys (default `tollgate`): permits live under `<prefix>:cc:`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The layer, or what is wrong with its configuration.
+    pub fn build(self) -> Result<ConcurrencyLimitLayer<K>, ConfigError>
+    where
+        K: KeyExtractor,
+    {
+        let limit = match self.limit {
+            Some(limit) if limit >= 1 => limit,
+            limit => {
+                return Err(ConfigError::new(
+                    ConfigErrorKind::Limit,
+                    format!("a concurrency limit needs .limit(n) with n >= 1, got {limit:?}"),
+                ));
+            }
+        };
+        if self.lease < Duration::from_millis(3) {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Duration,
+                format!(
+                    "a permit's lease must be at least 3 ms, got {:?}",
+                    self.lease
+                ),
+            ));
+        }
+        keys::check_prefix(&self.prefix)?;
+        let local = match self.on_store_error {
+            OnStoreError::LocalFallback { copies: 0 } => {
+                return Err(ConfigError::new(
+                    ConfigErrorKind::FailurePolicy,
+                    "the local fallback needs copies >= 1",
+                ));
+            }
+            OnStoreError::LocalFallback { copies } => {
+                Some(Arc::new(LocalPermits::new(limit.div_ceil(copies))))
+            }
+            _ => None,
+        };
+        let settings = Settings {
+            store: self.store,
+            limit,
+            lease: self.lease,
+            retry_after: self.retry_after,
+            on_store_error: self.on_store_error,
+            local,
+            missing_key: self.missing_key,
+            missing_key_message: format!(
+                "the request carries no concurrency-limit key: it is read from {}",
+                self.extractor.describe()
+            )
+            .into(),
+            limiter: Arc::from(format!("{}:cc", self.prefix)),
+            prefix: self.prefix.into(),
+            store_warning: OncePerSecond::new(),
+        };
+        Ok(ConcurrencyLimitLayer {
+            settings: Arc::new(settings),
+            extractor: Arc::new(self.extractor),
+        })
+    }
+}
+
+/// What every clone of a layer shares.
+pub(crate) struct Settings {
+    pub(crate) store: Arc<dyn PermitStore>,
+    pub(crate) limit: u32,
+    pub(crate) lease: Duration,
+    pub(crate) retry_after: Option<Duration>,
+    pub(crate) on_store_error: OnStoreError,
+    /// The local fallback's permits, with [`OnStoreError::LocalFallback`].
+    pub(crate) local: Option<Arc<LocalPermits>>,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) missing_key_message: Box<str>,
+    pub(crate) prefix: Arc<str>,
+    /// The metrics label: `<prefix>:cc`.
+    pub(crate) limiter: Arc<str>,
+    /// A failing store is logged at warn at most once a second.
+    pub(crate) store_warning: OncePerSecond,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("store", &self.store)
+            .field("limit", &self.limit)
+            .field("lease", &self.lease)
+            .field("retry_after", &self.retry_after)
+            .field("on_store_error", &self.on_store_error)
+            .field("missing_key", &self.missing_key)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,249 @@
+//! The layer on a [`MemoryStore`], and its failure policies on a store that always fails.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tokio::time::Instant;
+use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+
+use super::*;
+use crate::error::ConfigErrorKind;
+use crate::key::Header;
+use crate::store::{Hold, MemoryStore, PermitAttempt, StoreError, StoreFuture};
+
+/// A store that is always down.
+#[derive(Debug)]
+struct Down;
+
+impl PermitStore for Down {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(50)
+    }
+
+    fn permit_acquire(
+        &self,
+        _: Hold,
+        _: String,
+        _: u32,
+        _: Duration,
+        _: Instant,
+    ) -> StoreFuture<PermitAttempt> {
+        Box::pin(async { Err(StoreError::timeout()) })
+    }
+
+    fn permit_extend(&self, _: Hold, _: Duration, _: Instant) -> StoreFuture<bool> {
+        Box::pin(async { Err(StoreError::timeout()) })
+    }
+
+    fn permit_release(&self, _: Hold) -> StoreFuture<bool> {
+        Box::pin(async { Err(StoreError::timeout()) })
+    }
+}
+
+use crate::store::PermitStore;
+
+type Svc = tower::util::BoxCloneService<
+    Request<Full<Bytes>>,
+    Response<PermitBody<Full<Bytes>>>,
+    Infallible,
+>;
+
+/// A service behind `layer` that answers with the fencing token of its permit (or `none`).
+fn service(layer: ConcurrencyLimitLayer<Header>) -> Svc {
+    let inner = service_fn(|req: Request<Full<Bytes>>| async move {
+        let fence = req
+            .extensions()
+            .get::<Permit>()
+            .map_or_else(|| "none".to_owned(), |p| p.fencing_token().to_string());
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(fence))))
+    });
+    tower::util::BoxCloneService::new(ServiceBuilder::new().layer(layer).service(inner))
+}
+
+fn builder(store: impl PermitStore) -> ConcurrencyLimitLayerBuilder<Header> {
+    ConcurrencyLimitLayer::builder(store).key(Header::from_static("x-tenant"))
+}
+
+fn call(tenant: &str) -> Request<Full<Bytes>> {
+    Request::post("/jobs")
+        .header("x-tenant", tenant)
+        .body(Full::default())
+        .unwrap()
+}
+
+async fn text(response: Response<PermitBody<Full<Bytes>>>) -> String {
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+/// Lets the background releases run.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(20)).await;
+}
+
+#[tokio::test]
+async fn at_most_limit_in_flight_per_key_and_a_permit_per_response() {
+    let layer = builder(MemoryStore::new())
+        .limit(2)
+        .retry_after(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let svc = service(layer);
+    let first = svc.clone().oneshot(call("acme")).await.unwrap();
+    let second = svc.clone().oneshot(call("acme")).await.unwrap();
+    assert_eq!(
+        (first.status(), second.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    let refused = svc.clone().oneshot(call("acme")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "2");
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert!(text(refused).await.contains("at most 2"));
+    // another tenant is not affected
+    assert_eq!(
+        svc.clone().oneshot(call("other")).await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    // a body read to its end gives its permit back
+    let fence: u64 = text(first).await.parse().unwrap();
+    settle().await;
+    let third = svc.clone().oneshot(call("acme")).await.unwrap();
+    assert_eq!(third.status(), StatusCode::OK);
+    assert!(text(third).await.parse::<u64>().unwrap() > fence);
+    drop(second);
+}
+
+#[tokio::test]
+async fn a_dropped_response_gives_its_permit_back() {
+    let layer = builder(MemoryStore::new()).limit(1).build().unwrap();
+    let svc = service(layer);
+    let held = svc.clone().oneshot(call("acme")).await.unwrap();
+    let refused = svc.clone().oneshot(call("acme")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // without a hint, the first lease's end (10 s by default)
+    assert_eq!(refused.headers()["retry-after"], "10");
+    drop(held);
+    settle().await;
+    assert_eq!(
+        svc.oneshot(call("acme")).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_failed_handler_gives_its_permit_back() {
+    let layer = builder(MemoryStore::new()).limit(1).build().unwrap();
+    let failing = service_fn(|_: Request<Full<Bytes>>| async {
+        Err::<Response<Full<Bytes>>, _>("handler failed")
+    });
+    let mut svc = ServiceBuilder::new().layer(layer.clone()).service(failing);
+    assert!(svc.ready().await.unwrap().call(call("acme")).await.is_err());
+    settle().await;
+    let ok = service(layer).oneshot(call("acme")).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn grpc_calls_are_refused_with_resource_exhausted() {
+    let svc = service(builder(MemoryStore::new()).limit(1).build().unwrap());
+    let grpc = || {
+        Request::post("/pkg.Jobs/Run")
+            .header("x-tenant", "acme")
+            .header("content-type", "application/grpc")
+            .body(Full::default())
+            .unwrap()
+    };
+    let _held = svc.clone().oneshot(grpc()).await.unwrap();
+    let refused = svc.oneshot(grpc()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::OK);
+    assert_eq!(refused.headers()["grpc-status"], "8");
+}
+
+#[tokio::test]
+async fn a_request_without_a_key_is_refused_or_let_through() {
+    let no_key = || Request::post("/jobs").body(Full::default()).unwrap();
+    let svc = service(builder(MemoryStore::new()).limit(1).build().unwrap());
+    let refused = svc.oneshot(no_key()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    assert!(text(refused).await.contains("header x-tenant"));
+    let layer = builder(MemoryStore::new())
+        .limit(1)
+        .missing_key(MissingKey::Allow)
+        .build()
+        .unwrap();
+    let svc = service(layer);
+    let _first = svc.clone().oneshot(no_key()).await.unwrap();
+    let second = svc.oneshot(no_key()).await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    assert_eq!(text(second).await, "none", "unlimited, without a permit");
+}
+
+#[tokio::test]
+async fn a_store_that_fails_is_met_by_the_failure_policy() {
+    let allow = service(builder(Down).limit(1).build().unwrap());
+    let let_through = allow.oneshot(call("acme")).await.unwrap();
+    assert_eq!(let_through.status(), StatusCode::OK);
+    assert_eq!(text(let_through).await, "none");
+
+    let deny = builder(Down).limit(1).on_store_error(OnStoreError::Deny);
+    let refused = service(deny.build().unwrap())
+        .oneshot(call("acme"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.headers()["retry-after"], "1");
+
+    // 5 permits over 2 copies: 3 in this one
+    let fallback = OnStoreError::LocalFallback { copies: 2 };
+    let layer = builder(Down)
+        .limit(5)
+        .on_store_error(fallback)
+        .build()
+        .unwrap();
+    let local = Arc::clone(layer.settings.local.as_ref().unwrap());
+    let svc = service(layer);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let admitted = svc.clone().oneshot(call("acme")).await.unwrap();
+        assert_eq!(admitted.status(), StatusCode::OK);
+        held.push(admitted);
+    }
+    let refused = svc.clone().oneshot(call("acme")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let key = Header::from_static("x-tenant").key(b"acme");
+    assert_eq!(local.held(key), 3);
+    held.clear();
+    assert_eq!(local.held(key), 0, "given back as the responses went");
+    assert_eq!(
+        svc.oneshot(call("acme")).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
+
+#[test]
+fn configurations_that_cannot_work_are_refused() {
+    let kind = |b: ConcurrencyLimitLayerBuilder<Header>| b.build().unwrap_err().kind();
+    assert_eq!(kind(builder(MemoryStore::new())), ConfigErrorKind::Limit);
+    assert_eq!(
+        kind(builder(MemoryStore::new()).limit(0)),
+        ConfigErrorKind::Limit
+    );
+    let brief = builder(MemoryStore::new())
+        .limit(1)
+        .lease(Duration::from_millis(1));
+    assert_eq!(kind(brief), ConfigErrorKind::Duration);
+    let nobody = OnStoreError::LocalFallback { copies: 0 };
+    let fallback = builder(MemoryStore::new()).limit(1).on_store_error(nobody);
+    assert_eq!(kind(fallback), ConfigErrorKind::FailurePolicy);
+    let braces = builder(MemoryStore::new()).limit(1).prefix("a{b}");
+    assert_eq!(kind(braces), ConfigErrorKind::Prefix);
+}

@@ -1,0 +1,185 @@
+//! The rules of [`PermitStore`]: at most `limit` holders per key, leases, fencing tokens,
+//! attempts run twice, deadlines.
+
+use std::time::Duration;
+
+use super::{soon, unique};
+use crate::store::{Hold, PermitAttempt, PermitStore, StoreErrorKind};
+
+/// A fresh key of one hash slot and its fence key: `(permits, fence)`.
+fn raw_keys() -> (String, String) {
+    let permits = format!("t:cc:{{{}}}", unique("permits"));
+    let fence = format!("{permits}:fence");
+    (permits, fence)
+}
+
+/// Tries to take one of `limit` permits of `key` for `token`.
+async fn acquire(
+    store: &impl PermitStore,
+    (key, fence): &(String, String),
+    token: &str,
+    limit: u32,
+    lease: Duration,
+) -> PermitAttempt {
+    store
+        .permit_acquire(Hold::new(key, token), fence.clone(), limit, lease, soon())
+        .await
+        .expect("store answers")
+}
+
+fn fence_of(attempt: PermitAttempt) -> u64 {
+    match attempt {
+        PermitAttempt::Acquired { fence } => fence,
+        PermitAttempt::Full { .. } => panic!("expected a permit, got {attempt:?}"),
+    }
+}
+
+/// Of many concurrent acquisitions, exactly `limit` get a permit; the rest learn when the first
+/// lease ends.
+pub async fn exactly_limit_permits_among_concurrent(store: &(impl PermitStore + Clone)) {
+    let lease = Duration::from_secs(30);
+    for limit in [1, 3] {
+        let keys = raw_keys();
+        let attempts = (0..50).map(|i| {
+            let (store, keys) = (store.clone(), keys.clone());
+            async move { acquire(&store, &keys, &format!("t{i}"), limit, lease).await }
+        });
+        let results = futures_util::future::join_all(attempts).await;
+        let taken = results
+            .iter()
+            .filter(|a| matches!(a, PermitAttempt::Acquired { .. }))
+            .count();
+        assert_eq!(taken, usize::try_from(limit).unwrap(), "limit {limit}");
+        for attempt in results {
+            if let PermitAttempt::Full { next_free } = attempt {
+                assert!(
+                    next_free > Duration::from_secs(29) && next_free <= lease,
+                    "{next_free:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Keys do not share permits.
+pub async fn keys_do_not_share_permits(store: &(impl PermitStore + Clone)) {
+    let lease = Duration::from_secs(30);
+    let (a, b) = (raw_keys(), raw_keys());
+    fence_of(acquire(store, &a, "x", 1, lease).await);
+    fence_of(acquire(store, &b, "y", 1, lease).await);
+    let full = acquire(store, &a, "z", 1, lease).await;
+    assert!(matches!(full, PermitAttempt::Full { .. }), "{full:?}");
+}
+
+/// A release gives exactly its own permit back, once; another token's release, or a second
+/// release call, gives nothing back.
+pub async fn a_release_gives_back_one_permit_once(store: &(impl PermitStore + Clone)) {
+    let lease = Duration::from_secs(30);
+    let keys = raw_keys();
+    fence_of(acquire(store, &keys, "a", 2, lease).await);
+    fence_of(acquire(store, &keys, "b", 2, lease).await);
+    let release = |token: &str| store.permit_release(Hold::new(&keys.0, token));
+    assert!(!release("stranger").await.unwrap(), "not a holder");
+    assert!(release("a").await.unwrap());
+    assert!(!release("a").await.unwrap(), "released already");
+    fence_of(acquire(store, &keys, "c", 2, lease).await);
+    let full = acquire(store, &keys, "d", 2, lease).await;
+    assert!(matches!(full, PermitAttempt::Full { .. }), "{full:?}");
+}
+
+/// A lease that ends gives its permit back; an extension keeps it, while it has not ended.
+pub async fn leases_end_unless_extended(store: &(impl PermitStore + Clone)) {
+    let lease = Duration::from_millis(1000);
+    let keys = raw_keys();
+    fence_of(acquire(store, &keys, "kept", 2, lease).await);
+    fence_of(acquire(store, &keys, "dropped", 2, lease).await);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let extend = |token: &str| store.permit_extend(Hold::new(&keys.0, token), lease, soon());
+    assert!(extend("kept").await.unwrap());
+    assert!(!extend("stranger").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // 1200 ms in: "dropped" has ended, "kept" runs until 1600 ms or later
+    assert!(
+        !extend("dropped").await.unwrap(),
+        "an ended lease is not extended"
+    );
+    fence_of(acquire(store, &keys, "next", 2, lease).await);
+    let full = acquire(store, &keys, "more", 2, lease).await;
+    assert!(matches!(full, PermitAttempt::Full { .. }), "{full:?}");
+    let released = store.permit_release(Hold::new(&keys.0, "dropped"));
+    assert!(!released.await.unwrap(), "an ended lease is not released");
+}
+
+/// Fencing tokens strictly increase per key, across releases and holders.
+pub async fn fencing_tokens_strictly_increase(store: &(impl PermitStore + Clone)) {
+    let lease = Duration::from_secs(30);
+    let keys = raw_keys();
+    let mut last = 0;
+    for i in 0..20 {
+        let token = format!("t{i}");
+        let fence = fence_of(acquire(store, &keys, &token, 2, lease).await);
+        assert!(fence > last, "{fence} after {last}");
+        last = fence;
+        if i % 2 == 1 {
+            let release = store.permit_release(Hold::new(&keys.0, &token));
+            assert!(release.await.unwrap());
+            let earlier = store.permit_release(Hold::new(&keys.0, format!("t{}", i - 1)));
+            assert!(earlier.await.unwrap());
+        }
+    }
+}
+
+/// The same acquisition run twice (a re-sent command) takes one permit: the holder keeps it,
+/// with a fresh lease and a higher fencing token.
+pub async fn acquisitions_run_twice_take_one_permit(store: &(impl PermitStore + Clone)) {
+    let lease = Duration::from_secs(30);
+    let keys = raw_keys();
+    let first = fence_of(acquire(store, &keys, "a", 2, lease).await);
+    let again = fence_of(acquire(store, &keys, "a", 2, lease).await);
+    assert!(again > first);
+    fence_of(acquire(store, &keys, "b", 2, lease).await);
+    let full = acquire(store, &keys, "c", 2, lease).await;
+    assert!(matches!(full, PermitAttempt::Full { .. }), "{full:?}");
+    // the holder's own retry is no newcomer, even when every permit is held
+    fence_of(acquire(store, &keys, "a", 2, lease).await);
+}
+
+/// A limit of 0 admits nobody, with nothing to wait for.
+pub async fn a_limit_of_zero_is_always_full(store: &(impl PermitStore + Clone)) {
+    let attempt = acquire(store, &raw_keys(), "a", 0, Duration::from_secs(1)).await;
+    assert_eq!(
+        attempt,
+        PermitAttempt::Full {
+            next_free: Duration::ZERO
+        }
+    );
+}
+
+/// A lease of `Duration::MAX` is clamped, not refused, and is held.
+pub async fn huge_durations_are_clamped_alike(store: &(impl PermitStore + Clone)) {
+    let keys = raw_keys();
+    fence_of(acquire(store, &keys, "a", 1, Duration::MAX).await);
+    let full = acquire(store, &keys, "b", 1, Duration::MAX).await;
+    assert!(matches!(full, PermitAttempt::Full { .. }), "{full:?}");
+    let extended = store.permit_extend(Hold::new(&keys.0, "a"), Duration::MAX, soon());
+    assert!(extended.await.unwrap());
+    assert!(store.permit_release(Hold::new(&keys.0, "a")).await.unwrap());
+}
+
+/// An acquisition or extension that reaches the store after its deadline does nothing and
+/// fails as a timeout.
+pub async fn writes_after_their_deadline_change_nothing(store: &(impl PermitStore + Clone)) {
+    let passed = tokio::time::Instant::now();
+    let lease = Duration::from_millis(500);
+    let keys = raw_keys();
+    let late = store.permit_acquire(Hold::new(&keys.0, "a"), keys.1.clone(), 1, lease, passed);
+    let error = late.await.expect_err("a late acquisition answered");
+    assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    fence_of(acquire(store, &keys, "b", 1, lease).await);
+    let late = store.permit_extend(Hold::new(&keys.0, "b"), Duration::from_secs(60), passed);
+    let error = late.await.expect_err("a late extension answered");
+    assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // the late extension did not keep "b"
+    fence_of(acquire(store, &keys, "c", 1, lease).await);
+}
