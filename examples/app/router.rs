@@ -16,6 +16,7 @@
 //! | `POST /coupons/{code}/redeem` | `200` for exactly one redemption across all copies, `409` for every other (with `Retry-After` while one awaits its replicas), `503` when the store does not answer |
 //! | `POST /reports/{name}/rebuild` | rebuilds under a lock: `200` with the fencing token, `409` while another copy holds it |
 //! | `POST /payments` | `201 {"id",...}` once per `Idempotency-Key` across all copies; retries replay it |
+//! | `POST /jobs/{tenant}/run` | runs a job for `APP_JOB_MS`: `200 {"tenant","permit"}` for at most `APP_JOB_CONCURRENCY` per tenant at once across all copies, `429` with `Retry-After` beyond |
 //! | `GET /metrics`   | the crate's series in Prometheus text, not rate-limited             |
 //!
 //! A caller is the `x-api-key` header when present, otherwise the peer IP address. New groups of
@@ -28,6 +29,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::header::CONTENT_TYPE;
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -37,8 +39,9 @@ use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 use tollgate::ConfigError;
 use tollgate::claim::Claims;
+use tollgate::concurrency::{ConcurrencyLimitLayer, Permit};
 use tollgate::idempotency::IdempotencyLayer;
-use tollgate::key::{Cidr, ForwardedIp, Header, Key, KeyExtractor, Or};
+use tollgate::key::{self, Cidr, ForwardedIp, FromFn, Header, Key, KeyExtractor, Or};
 use tollgate::lock::{LockError, Locks};
 use tollgate::rate_limit::{Algorithm, Limit, OnStoreError, RateLimitDecision, RateLimitLayer};
 use tollgate::store::Store;
@@ -107,6 +110,30 @@ pub struct AppConfig {
     pub on_store_error: OnStoreError,
     /// `APP_PAYMENT_DELAY_MS`: how long `POST /payments` works before it answers.
     pub payment_delay: Duration,
+    /// `APP_JOB_*`: the jobs of `POST /jobs/{tenant}/run`.
+    pub jobs: JobConfig,
+}
+
+/// The jobs of `POST /jobs/{tenant}/run`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobConfig {
+    /// `APP_JOB_MS` (default 200): how long a job runs.
+    pub duration: Duration,
+    /// `APP_JOB_CONCURRENCY` (default 2): at most this many jobs per tenant at once, across
+    /// every copy.
+    pub concurrency: u32,
+    /// `APP_JOB_LEASE_MS` (default 3000): how soon a copy that dies gives its jobs' permits back.
+    pub lease: Duration,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        Self {
+            duration: Duration::from_millis(200),
+            concurrency: 2,
+            lease: Duration::from_millis(3000),
+        }
+    }
 }
 
 /// What `APP_TRUSTED_PROXIES` must look like.
@@ -234,18 +261,37 @@ impl AppConfig {
                 })?,
             None => 0,
         };
-        let payment_delay = match vars.get("APP_PAYMENT_DELAY_MS") {
-            Some(value) => whole_number(value.trim())
-                .map(Duration::from_millis)
-                .ok_or_else(|| {
-                    EnvError::new(
-                        "APP_PAYMENT_DELAY_MS",
-                        &value,
-                        "not a whole number of milliseconds",
-                        "milliseconds, e.g. APP_PAYMENT_DELAY_MS=100",
-                    )
-                })?,
-            None => DEFAULT_PAYMENT_DELAY,
+        let payment_ms = u64::try_from(DEFAULT_PAYMENT_DELAY.as_millis()).unwrap_or(100);
+        let ms = "milliseconds, e.g. 200";
+        let payment_delay = vars.number("APP_PAYMENT_DELAY_MS", payment_ms, ms)?;
+        let default = JobConfig::default();
+        let default_ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let jobs = JobConfig {
+            duration: Duration::from_millis(vars.number(
+                "APP_JOB_MS",
+                default_ms(default.duration),
+                ms,
+            )?),
+            concurrency: match vars.number(
+                "APP_JOB_CONCURRENCY",
+                u64::from(default.concurrency),
+                "a number of jobs, e.g. 2",
+            )? {
+                n @ 1..=0xFFFF_FFFF => u32::try_from(n).unwrap_or(u32::MAX),
+                _ => {
+                    return Err(EnvError::new(
+                        "APP_JOB_CONCURRENCY",
+                        "0",
+                        "at least one job must run",
+                        "a number of jobs, e.g. 2",
+                    ));
+                }
+            },
+            lease: Duration::from_millis(vars.number(
+                "APP_JOB_LEASE_MS",
+                default_ms(default.lease),
+                ms,
+            )?),
         };
         Ok(Self {
             port,
@@ -259,7 +305,8 @@ impl AppConfig {
             wait_replicas,
             trusted_proxies,
             on_store_error,
-            payment_delay,
+            payment_delay: Duration::from_millis(payment_delay),
+            jobs,
         })
     }
 }
@@ -287,6 +334,20 @@ pub struct AppState {
     pub locks: Locks,
     /// Idempotency of `POST /payments`, scoped by API key.
     payments: IdempotencyLayer<Header>,
+    /// At most `APP_JOB_CONCURRENCY` jobs per tenant at once.
+    jobs: ConcurrencyLimitLayer<TenantKey>,
+}
+
+/// The tenant of `/jobs/{tenant}/run`: its path's second segment.
+pub type TenantKey = FromFn<fn(&Parts) -> Option<String>>;
+
+/// The tenant named by a `/jobs/{tenant}/...` path.
+fn tenant_of(parts: &Parts) -> Option<String> {
+    let mut segments = parts.uri.path().split('/').skip(1);
+    match (segments.next(), segments.next()) {
+        (Some("jobs"), Some(tenant)) if !tenant.is_empty() => Some(tenant.to_owned()),
+        _ => None,
+    }
 }
 
 impl AppState {
@@ -304,6 +365,16 @@ impl AppState {
             .required(true)
             .scope(Header::new(API_KEY_HEADER))
             .build()?;
+        let jobs = ConcurrencyLimitLayer::builder(Arc::clone(&store))
+            .prefix("tollgate-app")
+            .limit(config.jobs.concurrency)
+            .lease(config.jobs.lease)
+            .retry_after(config.jobs.duration)
+            .key(key::from_fn(
+                "tenant",
+                tenant_of as fn(&Parts) -> Option<String>,
+            ))
+            .build()?;
         Ok(Self {
             claims: Claims::new(Arc::clone(&store)).with_prefix("tollgate-app")?,
             locks: Locks::new(Arc::clone(&store)).with_prefix("tollgate-app")?,
@@ -311,6 +382,7 @@ impl AppState {
             config: Arc::new(config),
             api_limit,
             payments,
+            jobs,
         })
     }
 }
@@ -324,6 +396,7 @@ pub fn router(state: AppState) -> Router {
         .merge(coupon_routes())
         .merge(report_routes())
         .merge(payment_routes(&state))
+        .merge(job_routes(&state))
         // Outermost, so that the rate limits below see the peer address.
         .layer(MapRequestLayer::new(peer_addr_extension))
         .with_state(state)
@@ -374,6 +447,29 @@ fn payment_routes(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/payments", post(create_payment))
         .route_layer(state.payments.clone())
+}
+
+/// Jobs: at most `APP_JOB_CONCURRENCY` per tenant at once across all copies — permits with
+/// leases in the store.
+fn job_routes(state: &AppState) -> Router<AppState> {
+    Router::new()
+        .route("/jobs/{tenant}/run", post(run_job))
+        .route_layer(state.jobs.clone())
+}
+
+/// `POST /jobs/{tenant}/run`: runs for `APP_JOB_MS` holding one of the tenant's permits, then
+/// answers `200` with the permit's fencing token. Beyond the limit the layer answers `429`.
+async fn run_job(
+    State(state): State<AppState>,
+    Path(tenant): Path<String>,
+    permit: Option<Extension<Permit>>,
+) -> (StatusCode, Json<Value>) {
+    tokio::time::sleep(state.config.jobs.duration).await;
+    let permit = permit.map(|Extension(p)| p.fencing_token());
+    (
+        StatusCode::OK,
+        Json(json!({ "tenant": tenant, "permit": permit })),
+    )
 }
 
 /// `POST /coupons/{code}/redeem`: exactly one `200` per coupon across every copy of the app. The

@@ -100,6 +100,21 @@ impl<L: Fn(&str) -> Option<String>> Vars<L> {
         }
     }
 
+    /// `name`, a whole number, or `default` when unset; `expected` says what it should look
+    /// like (`milliseconds, e.g. APP_JOB_MS=200`).
+    pub fn number(
+        &self,
+        name: &'static str,
+        default: u64,
+        expected: &'static str,
+    ) -> Result<u64, EnvError> {
+        match self.get(name) {
+            Some(value) => whole_number(value.trim())
+                .ok_or_else(|| EnvError::new(name, &value, "not a whole number", expected)),
+            None => Ok(default),
+        }
+    }
+
     /// `name` as a comma-separated list, entries trimmed, empty ones dropped; empty when unset.
     pub fn list(&self, name: &str) -> Vec<String> {
         self.get(name)

@@ -43,6 +43,7 @@ fn config(limits: &str, algorithm: Algorithm, redis_url: Option<String>) -> AppC
         trusted_proxies: Vec::new(),
         on_store_error: tollgate::rate_limit::OnStoreError::Allow,
         payment_delay: app::DEFAULT_PAYMENT_DELAY,
+        jobs: app::JobConfig::default(),
     }
 }
 
@@ -558,6 +559,7 @@ fn config_defaults_and_overrides() {
             trusted_proxies: Vec::new(),
             on_store_error: tollgate::rate_limit::OnStoreError::Allow,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
+            jobs: app::JobConfig::default(),
         }
     );
     // empty counts as unset
@@ -592,6 +594,7 @@ fn config_defaults_and_overrides() {
             trusted_proxies: Vec::new(),
             on_store_error: tollgate::rate_limit::OnStoreError::Allow,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
+            jobs: app::JobConfig::default(),
         }
     );
 }
@@ -755,7 +758,18 @@ fn passwords_are_redacted_from_urls() {
 fn app_binary() -> &'static PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
-        let output = Command::new(env!("CARGO"))
+        let mut build = Command::new(env!("CARGO"));
+        // the variables cargo sets for this test (CARGO_PKG_*, CARGO_MANIFEST_DIR, ...) would make
+        // the build of the example differ from the test's own, and rebuild the dependencies
+        for (var, _) in std::env::vars_os() {
+            let var = var.to_string_lossy().into_owned();
+            if var.starts_with("CARGO_")
+                && !matches!(var.as_str(), "CARGO_HOME" | "CARGO_TARGET_DIR")
+            {
+                build.env_remove(var);
+            }
+        }
+        let output = build
             .args(["build", "--example", "app", "--message-format=json"])
             .arg("--manifest-path")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
@@ -773,7 +787,7 @@ fn app_binary() -> &'static PathBuf {
 }
 
 /// The binary with only `vars` set among the variables the app reads.
-fn app_command(vars: &[(&str, &str)]) -> Command {
+pub(crate) fn app_command(vars: &[(&str, &str)]) -> Command {
     let mut command = Command::new(app_binary());
     for var in [
         "PORT",
@@ -783,6 +797,9 @@ fn app_command(vars: &[(&str, &str)]) -> Command {
         "DATABASE_URL",
         "APP_LIMITS",
         "APP_ALGORITHM",
+        "APP_JOB_MS",
+        "APP_JOB_CONCURRENCY",
+        "APP_JOB_LEASE_MS",
         "RUST_LOG",
     ] {
         command.env_remove(var);
@@ -842,7 +859,7 @@ fn the_binary_exits_2_on_bad_configuration() {
 }
 
 /// Kills the child on drop, so a failing assertion leaves no server behind.
-struct Running(Child);
+pub(crate) struct Running(pub(crate) Child);
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -852,7 +869,7 @@ impl Drop for Running {
 }
 
 /// Starts the binary with `vars` (and `PORT=0`); the running child and the URL it announced.
-fn serve(vars: &[(&str, &str)]) -> (Running, String) {
+pub(crate) fn serve(vars: &[(&str, &str)]) -> (Running, String) {
     let mut vars = vars.to_vec();
     vars.push(("PORT", "0"));
     let mut child = Running(

@@ -35,6 +35,7 @@ fn config(payment_delay: Duration) -> AppConfig {
         trusted_proxies: Vec::new(),
         on_store_error: tollgate::rate_limit::OnStoreError::Allow,
         payment_delay,
+        jobs: app::JobConfig::default(),
     }
 }
 

@@ -19,4 +19,5 @@ pub mod router;
 mod ambiguity;
 mod app;
 mod app_coordination;
+mod jobs;
 mod parsers;
