@@ -21,7 +21,10 @@ use tollgate::claim::Claims;
 use tollgate::key::Key;
 use tollgate::lock::Locks;
 use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
-use tollgate::store::{IdempotencyStore, RateStore, RedisStore, Store, StoreErrorKind};
+use tollgate::store::{
+    Hold, IdempotencyStore, PermitAttempt, PermitStore, RateStore, RedisStore, Store,
+    StoreErrorKind,
+};
 
 /// The store timeout in these tests.
 const STORE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -38,16 +41,18 @@ fn script_calls(monitors: &[Arc<Mutex<String>>]) -> usize {
         .sum()
 }
 
-/// What the partition held: four writes whose callers all gave up.
+/// What the partition held: five writes whose callers all gave up.
 struct Held {
     coupon: String,
     lock: String,
     record: String,
+    permits: String,
     caller: Key,
     policy: Arc<RatePolicy>,
 }
 
-/// Sends a claim, a lock acquisition, an idempotency claim and a rate check into the dark
+/// Sends a claim, a lock acquisition, an idempotency claim, a permit acquisition and a rate
+/// check into the dark
 /// connection, as the last calls before the store replaces it: each times out once the store has
 /// a new connection, so that the undos of the claim and the lock run on the new connection —
 /// before the held writes.
@@ -60,6 +65,7 @@ async fn send_into_the_partition(store: &RedisStore, proxies: &[Proxy]) -> Held 
         coupon: unique("coupon"),
         lock: unique("lock"),
         record: format!("late:idem:{{{}}}", unique("record")),
+        permits: format!("late:cc:{{{}}}", unique("permits")),
         caller: Key::new("late", unique("caller").as_bytes()),
         policy: Arc::new(
             RatePolicy::new("late:rl", Algorithm::Gcra, vec![Limit::per_minute("m", 10)]).unwrap(),
@@ -85,7 +91,7 @@ async fn send_into_the_partition(store: &RedisStore, proxies: &[Proxy]) -> Held 
     tokio::time::sleep_until(silenced + Duration::from_millis(1450)).await;
     let claims = Claims::new(store.clone());
     let locks = Locks::new(store.clone());
-    let (claim, lock, begin, check) = tokio::join!(
+    let (claim, lock, begin, permit, check) = tokio::join!(
         claims.claim_once(&held.coupon, None),
         locks.try_acquire(&held.lock, Duration::from_secs(600)),
         store.idempotency_begin(
@@ -95,12 +101,24 @@ async fn send_into_the_partition(store: &RedisStore, proxies: &[Proxy]) -> Held 
             Duration::from_secs(600),
             Instant::now() + STORE_TIMEOUT,
         ),
+        store.permit_acquire(
+            Hold::new(&held.permits, "t"),
+            format!("{}:fence", held.permits),
+            1,
+            Duration::from_secs(600),
+            Instant::now() + STORE_TIMEOUT,
+        ),
         store.check_rate(&held.policy, RateCheck::new(held.caller, 4)),
     );
     pings.await.unwrap();
     assert_eq!(claim.unwrap_err().kind(), StoreErrorKind::Timeout, "claim");
     assert!(lock.is_err(), "lock: {lock:?}");
     assert_eq!(begin.unwrap_err().kind(), StoreErrorKind::Timeout, "begin");
+    assert_eq!(
+        permit.unwrap_err().kind(),
+        StoreErrorKind::Timeout,
+        "permit"
+    );
     assert_eq!(check.unwrap_err().kind(), StoreErrorKind::Timeout, "check");
     held
 }
@@ -117,17 +135,17 @@ async fn wait_for_a_new_connection(store: &RedisStore) {
     }
 }
 
-/// Heals the partition and waits until the four held writes have reached Redis.
+/// Heals the partition and waits until the five held writes have reached Redis.
 async fn deliver_late(proxies: &[Proxy], monitors: &[Arc<Mutex<String>>]) {
     let before = script_calls(monitors);
     for proxy in proxies {
         proxy.unsilence();
     }
     let deadline = Instant::now() + Duration::from_secs(5);
-    while script_calls(monitors) < before + 4 {
+    while script_calls(monitors) < before + 5 {
         assert!(
             Instant::now() < deadline,
-            "setup: the held writes did not reach Redis after the partition healed ({} of 4)",
+            "setup: the held writes did not reach Redis after the partition healed ({} of 5)",
             script_calls(monitors) - before
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -160,7 +178,8 @@ fn assert_undone_first(monitors: &[Arc<Mutex<String>>]) {
 }
 
 /// After the late delivery: the coupon is won exactly once by 50 parallel redemptions over two
-/// copies, the lock is free, the idempotency key is free and the rate check charged nothing.
+/// copies, the lock is free, the idempotency key is free, the one permit is free and the rate
+/// check charged nothing.
 async fn assert_nothing_changed(copies: [&RedisStore; 2], held: &Held) {
     let claims = copies.map(|s| Claims::new(s.clone()));
     let redemptions = (0..50).map(|i| {
@@ -197,6 +216,21 @@ async fn assert_nothing_changed(copies: [&RedisStore; 2], held: &Held) {
         .await
         .unwrap();
     assert_eq!(begin, tollgate::store::IdempotencyBegin::Claimed);
+
+    let permit = copies[1]
+        .permit_acquire(
+            Hold::new(&held.permits, "u"),
+            format!("{}:fence", held.permits),
+            1,
+            Duration::from_secs(5),
+            common::soon(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(permit, PermitAttempt::Acquired { .. }),
+        "the late acquisition took the one permit: {permit:?}"
+    );
 
     let look = copies[1]
         .check_rate(&held.policy, RateCheck::new(held.caller, 0))
