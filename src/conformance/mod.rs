@@ -12,7 +12,8 @@
 //! - **Rate checks** decide as the three [`Algorithm`](crate::rate::Algorithm)s do, all of a
 //!   check's limits or none; the same [`RateCheck`](crate::rate::RateCheck) run again (its
 //!   attempt id) is admitted without a second charge, whatever was charged in between; a cost
-//!   of 0 only looks.
+//!   of 0 only looks. A [settlement](crate::rate::RateCheck::settle) corrects an admitted
+//!   check's charge to its actual cost, once, past the quota by at most one more.
 //! - **Claims and locks**: one winner per key; a lock's holder alone extends or deletes it (its
 //!   token); fencing tokens strictly increase per key, past a stale counter, across releases.
 //! - **Idempotency records**: one claim among concurrent begins; a completion or extension by
@@ -102,6 +103,9 @@ macro_rules! rate_store_suite {
             cost_zero_looks_without_charging,
             reset_forgets_a_callers_limits_and_nothing_else,
             rate_checks_resent_after_others_are_charged_once,
+            settlements_refund_or_charge_the_difference,
+            an_overrun_denies_until_the_debt_is_gone,
+            settlements_run_twice_apply_once,
         );
     };
 }

@@ -448,3 +448,81 @@ pub async fn rate_checks_resent_after_others_are_charged_once(store: &impl RateS
         );
     }
 }
+
+/// A limit whose quota does not visibly refill while a test runs.
+fn daily(name: &str, quota: u64) -> Limit {
+    Limit::new(name, quota, Duration::from_secs(86_400))
+}
+
+/// Checks `reserved`, which must be admitted, then settles it for `actual`: the settlement's
+/// outcome.
+async fn reserve_then_settle(
+    store: &impl RateStore,
+    policy: &Arc<RatePolicy>,
+    key: Key,
+    reserved: u64,
+    actual: u64,
+) -> RateOutcome {
+    let check = RateCheck::new(key, reserved);
+    assert!(run(store, policy, check).await.admitted, "the reservation");
+    let settled = run(store, policy, check.settle(actual)).await;
+    assert!(settled.admitted, "a settlement is always admitted");
+    settled
+}
+
+/// A settlement refunds or charges the difference between what its check reserved and the
+/// actual cost, under every algorithm and on every limit.
+pub async fn settlements_refund_or_charge_the_difference(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![daily("day", 1000), daily("team", 5000)]);
+        let out = reserve_then_settle(store, &p, key("a"), 300, 100).await;
+        assert_eq!(out.limits[0].remaining, 900, "{algorithm}: refunded");
+        assert_eq!(out.limits[1].remaining, 4900, "{algorithm}: refunded");
+        let out = reserve_then_settle(store, &p, key("a"), 300, 500).await;
+        assert_eq!(out.limits[0].remaining, 400, "{algorithm}: charged the rest");
+        let out = reserve_then_settle(store, &p, key("a"), 1, 1).await;
+        assert_eq!(out.limits[0].remaining, 399, "{algorithm}: as reserved");
+        let out = reserve_then_settle(store, &p, key("a"), 10, 0).await;
+        assert_eq!(out.limits[0].remaining, 399, "{algorithm}: all refunded");
+        let look = check(store, &p, key("a"), 0).await;
+        assert_eq!(look.limits[0].remaining, 399, "{algorithm}: as settled");
+        assert_eq!(look.limits[1].remaining, 4399, "{algorithm}: as settled");
+    }
+}
+
+/// An overrun takes the balance past the quota: the caller is denied, even the smallest cost.
+pub async fn an_overrun_denies_until_the_debt_is_gone(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![daily("day", 1000)]);
+        for _ in 0..3 {
+            reserve_then_settle(store, &p, key("a"), 1, 300).await;
+        }
+        // 900 used: one more reservation of 1 fits, and its 300 overrun
+        let out = reserve_then_settle(store, &p, key("a"), 1, 300).await;
+        assert_eq!(out.limits[0].remaining, 0, "{algorithm}: 1200 of 1000");
+        let denied = check(store, &p, key("a"), 1).await;
+        assert!(!denied.admitted, "{algorithm}: in debt");
+        assert!(denied.retry_after > Duration::ZERO, "{algorithm}");
+        // a refund of the debt makes room again
+        let out = reserve_then_settle(store, &p, key("b"), 100, 100).await;
+        assert_eq!(out.limits[0].remaining, 900, "{algorithm}: another caller");
+    }
+}
+
+/// The same settlement run twice (re-sent, or made again) is applied once.
+pub async fn settlements_run_twice_apply_once(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![daily("day", 1000)]);
+        for (reserved, actual, left) in [(300, 100, 900), (300, 500, 400)] {
+            let check = RateCheck::new(key("a"), reserved);
+            assert!(run(store, &p, check).await.admitted);
+            let settlement = check.settle(actual);
+            let first = run(store, &p, settlement).await;
+            let again = run(store, &p, settlement).await;
+            assert_eq!(first.limits[0].remaining, left, "{algorithm}");
+            assert_eq!(again.limits[0].remaining, left, "{algorithm}: applied once");
+            let made_again = run(store, &p, check.settle(actual)).await;
+            assert_eq!(made_again.limits[0].remaining, left, "{algorithm}: applied once");
+        }
+    }
+}

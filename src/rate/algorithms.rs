@@ -7,13 +7,17 @@
 
 use std::collections::VecDeque;
 
-use super::{LimitState, RateCheck, RateOutcome, RatePolicy};
+use super::{LimitState, RateCheck, RateOutcome, RatePolicy, Settlement};
 
 /// One caller's state for one limit, with the attempts that charged it lately.
 #[derive(Debug)]
 pub(crate) enum State {
-    /// A sliding log: per unit of admitted cost its score and attempt, ascending by score.
-    Log(VecDeque<(u64, u64)>),
+    /// A sliding log: per unit of admitted cost its score and attempt, ascending by score; and
+    /// the settlements applied to it lately.
+    Log {
+        entries: VecDeque<(u64, u64)>,
+        recent: Recent,
+    },
     /// A sliding counter: window index, current and previous window's cost.
     Counter {
         index: u64,
@@ -29,16 +33,20 @@ impl State {
     /// Whether `attempt` charged this state: a second run of it is admitted without a charge.
     fn charged_by(&self, attempt: u64) -> bool {
         match self {
-            Self::Log(log) => log.iter().any(|&(_, a)| a == attempt),
+            Self::Log { entries, recent } => {
+                recent.contains(attempt) || entries.iter().any(|&(_, a)| a == attempt)
+            }
             Self::Counter { recent, .. } | Self::Tat { recent, .. } => recent.contains(attempt),
         }
     }
 
-    /// The recent attempts of a counter or GCRA state (none for a log).
+    /// The recent attempts of a state: of a counter or GCRA, those that charged it; of a log,
+    /// its settlements.
     fn take_recent(&mut self) -> Recent {
         match self {
-            Self::Log(_) => Recent::default(),
-            Self::Counter { recent, .. } | Self::Tat { recent, .. } => std::mem::take(recent),
+            Self::Log { recent, .. } | Self::Counter { recent, .. } | Self::Tat { recent, .. } => {
+                std::mem::take(recent)
+            }
         }
     }
 }
@@ -97,6 +105,7 @@ pub(crate) fn check(
     let attempt = Attempt {
         cost: check.cost(),
         id: check.attempt(),
+        settles: check.settles(),
         replay: slots
             .first()
             .and_then(|slot| slot.state.as_ref())
@@ -112,8 +121,11 @@ pub(crate) fn check(
 /// The attempt being decided.
 #[derive(Debug, Clone, Copy)]
 struct Attempt {
+    /// Of a settlement: the actual cost.
     cost: u64,
     id: u64,
+    /// A settlement: always admitted, it corrects what the settled attempt charged.
+    settles: Option<Settlement>,
     /// A second run: admitted, nothing charged.
     replay: bool,
 }
@@ -145,8 +157,8 @@ fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attem
     let mut retry = 0u64;
     for (slot, limit) in slots.iter_mut().zip(policy.limits()) {
         let window = limit.window_us();
-        let mut log = match slot.state.take() {
-            Some(State::Log(log)) => log,
+        let mut log = match &mut slot.state {
+            Some(State::Log { entries, .. }) => std::mem::take(entries),
             _ => VecDeque::new(),
         };
         let horizon = now.saturating_sub(window);
@@ -154,7 +166,8 @@ fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attem
             log.pop_front();
         }
         let count = log.len() as u64;
-        if !attempt.replay && count.saturating_add(cost) > limit.quota() {
+        let decides = !attempt.replay && attempt.settles.is_none();
+        if decides && count.saturating_add(cost) > limit.quota() {
             admitted = false;
             let wait = if cost <= limit.quota() {
                 let idx = (count + cost - limit.quota() - 1) as usize;
@@ -167,10 +180,24 @@ fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attem
         logs.push(log);
     }
     let mut limits = Vec::with_capacity(slots.len());
-    for ((slot, limit), mut log) in slots.iter_mut().zip(policy.limits()).zip(logs) {
+    let kept = slots.iter_mut().zip(policy.limits()).zip(logs).enumerate();
+    for (i, ((slot, limit), mut log)) in kept {
         let window = limit.window_us();
-        // a cost of 0 only looks: nothing is written
-        if admitted && !attempt.replay && cost > 0 {
+        let mut recent = slot
+            .state
+            .as_mut()
+            .map(State::take_recent)
+            .unwrap_or_default();
+        if let Some(settled) = attempt.settles.filter(|_| !attempt.replay) {
+            let cap = limit.quota().saturating_mul(2);
+            if settle_log(&mut log, settled, attempt, cap, now) {
+                slot.expires_at = now + window.div_ceil(1000) * 1000;
+            }
+            if i == 0 {
+                recent = recent.remember(attempt.id, now);
+            }
+        } else if admitted && !attempt.replay && cost > 0 {
+            // a cost of 0 only looks: nothing is written
             // admitted: count + cost <= quota, so cost is small
             let entry = (now, attempt.id);
             log.extend(std::iter::repeat_n(
@@ -182,9 +209,43 @@ fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attem
         let reset = log.front().map_or(0, |&(oldest, _)| oldest + window - now);
         limits.push(state(limit.quota().saturating_sub(log.len() as u64), reset));
         // an empty log is deleted; a denied request keeps the trimmed log and its expiry
-        slot.state = (!log.is_empty()).then_some(State::Log(log));
+        slot.state = (!log.is_empty()).then_some(State::Log {
+            entries: log,
+            recent,
+        });
     }
     outcome(admitted, retry, limits)
+}
+
+/// Mirrors `settle_log` of `scripts/rate.lua`: the units of the settled attempt go from its
+/// reserved count to the actual one — added with score `now` (at most `cap` units in the log, and
+/// named after the settlement) or removed, those the log still holds. Whether units were added.
+fn settle_log(
+    log: &mut VecDeque<(u64, u64)>,
+    settled: Settlement,
+    attempt: Attempt,
+    cap: u64,
+    now: u64,
+) -> bool {
+    let (reserved, actual) = (settled.reserved, attempt.cost);
+    if actual > reserved {
+        let room = cap.saturating_sub(log.len() as u64);
+        let added = (actual - reserved).min(room);
+        let added = usize::try_from(added).unwrap_or(0);
+        log.extend(std::iter::repeat_n((now, attempt.id), added));
+        return added > 0;
+    }
+    let mut refund = reserved - actual;
+    // all of the settled attempt's units share one score: the newest such ones go
+    let mut i = log.len();
+    while refund > 0 && i > 0 {
+        i -= 1;
+        if log[i].1 == settled.of {
+            log.remove(i);
+            refund -= 1;
+        }
+    }
+    false
 }
 
 /// Mirrors `sliding_counter` of `scripts/rate.lua` (milliseconds of store time).
@@ -217,18 +278,26 @@ fn sliding_counter(
             }
             _ => (0.0, 0.0),
         };
-        if !attempt.replay && (cur + costf) * window + prev * (window - elapsed) > quota * window {
+        let decides = !attempt.replay && attempt.settles.is_none();
+        if decides && (cur + costf) * window + prev * (window - elapsed) > quota * window {
             admitted = false;
             retry = retry.max(counter_wait(quota, window, elapsed, costf, cur, prev));
         }
         states.push((quota, window, index, elapsed, cur, prev));
     }
     let mut limits = Vec::with_capacity(slots.len());
-    for (i, (slot, (quota, window, index, elapsed, mut cur, prev))) in
+    for (i, (slot, (quota, window, index, elapsed, mut cur, mut prev))) in
         slots.iter_mut().zip(states).enumerate()
     {
-        if admitted && !attempt.replay && cost > 0 {
+        let mut write = admitted && !attempt.replay && cost > 0 && attempt.settles.is_none();
+        if write {
             cur += costf;
+        }
+        if let Some(settled) = attempt.settles.filter(|_| !attempt.replay) {
+            (cur, prev) = settle_counter(cur, prev, settled.reserved, cost, quota);
+            write = true;
+        }
+        if write {
             let ttl_ms = (2.0 * window - elapsed).ceil();
             slot.state = Some(State::Counter {
                 index: index as u64,
@@ -241,6 +310,23 @@ fn sliding_counter(
         limits.push(counter_state(quota, window, elapsed, cur, prev));
     }
     outcome(admitted, ceil_us(retry * 1000.0), limits)
+}
+
+/// A sliding counter's (current, previous) counts once a settlement of `reserved` for `actual`
+/// is applied: the difference goes to this window (past the quota by at most one more quota); a
+/// refund beyond it comes out of the previous one.
+fn settle_counter(cur: f64, prev: f64, reserved: u64, actual: u64, quota: f64) -> (f64, f64) {
+    if actual >= reserved {
+        let delta = (actual - reserved) as f64;
+        ((cur + delta).min(cur.max(2.0 * quota)), prev)
+    } else {
+        let refund = (reserved - actual) as f64;
+        if cur >= refund {
+            (cur - refund, prev)
+        } else {
+            (0.0, (prev + cur - refund).max(0.0))
+        }
+    }
 }
 
 /// How long a sliding counter denies `cost` (milliseconds): until the previous window's share
@@ -300,7 +386,7 @@ fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> 
             _ => (now, 0),
         };
         states.push((tat, rem));
-        if attempt.replay {
+        if attempt.replay || attempt.settles.is_some() {
             continue;
         }
         if cost > limit.quota() {
@@ -323,10 +409,20 @@ fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> 
         .enumerate();
     for (i, ((slot, limit), (mut tat, mut rem))) in charged {
         let (quota, window) = (u128::from(limit.quota()), u128::from(limit.window_us()));
-        if admitted && !attempt.replay && cost > 0 {
+        let mut write = admitted && !attempt.replay && cost > 0 && attempt.settles.is_none();
+        if write {
             let units = u128::from(rem) + u128::from(cost) * window;
             tat += u64::try_from(units / quota).unwrap_or(u64::MAX / 2);
             rem = u64::try_from(units % quota).unwrap_or(0);
+        }
+        if let Some(settled) = attempt.settles.filter(|_| !attempt.replay) {
+            let ahead = u128::from(tat - now) * quota + u128::from(rem);
+            let ahead = settle_gcra(ahead, settled.reserved, cost, quota, window);
+            tat = now + u64::try_from(ahead / quota).unwrap_or(u64::MAX / 2);
+            rem = u64::try_from(ahead % quota).unwrap_or(0);
+            write = true;
+        }
+        if write {
             let ttl_ms = (tat - now).div_ceil(1000) + 1;
             slot.state = Some(State::Tat {
                 tat,
@@ -338,6 +434,17 @@ fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> 
         limits.push(gcra_state(tat - now, rem, quota, window));
     }
     outcome(admitted, retry, limits)
+}
+
+/// A GCRA offset from now (in 1/quota µs) once a settlement of `reserved` for `actual` is
+/// applied: moved by the difference, to at least now and, past the quota, by at most one more.
+fn settle_gcra(ahead: u128, reserved: u64, actual: u64, quota: u128, window: u128) -> u128 {
+    if actual >= reserved {
+        let moved = ahead + u128::from(actual - reserved) * window;
+        moved.min(ahead.max(2 * window * quota))
+    } else {
+        ahead.saturating_sub(u128::from(reserved - actual) * window)
+    }
 }
 
 /// A GCRA limit's remainder and reset, its theoretical arrival time `offset` µs (and `rem` /

@@ -24,7 +24,9 @@ mod local;
 mod outcome;
 mod policy;
 
-pub use check::RateCheck;
+#[cfg(feature = "redis")]
+pub(crate) use check::hex;
+pub use check::{RateCheck, Settlement};
 pub(crate) use local::{Clock, LocalRates};
 pub use outcome::{LimitState, RateOutcome};
 pub use policy::{Algorithm, Limit, MAX_LOG_QUOTA, RatePolicy};

@@ -178,8 +178,8 @@ pub(super) async fn bounded<T>(
 
 /// `<verb> <script> numkeys keys... args...` for `checks` (see `rate.lua`): the `records`, every
 /// check's keys, then the call's `deadline` (on the store's clock), the records' number and
-/// retention, each distinct policy once, then per check its policy, cost and attempt (with where
-/// it went before, if it did).
+/// retention, each distinct policy once, then per check its policy, cost (of a settlement: what it
+/// settles) and attempt (with where it went before, if it did).
 fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records: &Records) -> Cmd {
     let keys: usize = checks.iter().map(|(p, _, _)| p.limits().len()).sum();
     let mut cmd = redis::cmd(verb);
@@ -222,7 +222,16 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records
         }
     }
     for (((_, check, _), number), before) in checks.iter().zip(numbers).zip(&records.before) {
-        cmd.arg(number).arg(check.cost());
+        cmd.arg(number);
+        match check.settles() {
+            // a settlement: `s<reserved>:<actual>:<the settled attempt>`
+            Some(settled) => {
+                let of = crate::rate::hex(settled.of);
+                let of = String::from_utf8_lossy(&of);
+                cmd.arg(format!("s{}:{}:{of}", settled.reserved, check.cost()))
+            }
+            None => cmd.arg(check.cost()),
+        };
         match before {
             Some((record, place)) => {
                 let attempt = String::from_utf8_lossy(&check.attempt_hex()).into_owned();

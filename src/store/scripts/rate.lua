@@ -13,8 +13,9 @@
 --             of policies, then per policy its algorithm (1 sliding log, 2 sliding counter, 3
 --             GCRA), its number of limits n and per limit the quota and the window in
 --             microseconds; then per check its policy (1-based), its cost (integer >= 0; 0 only
---             looks) and its attempt id (16 hex digits), followed, for a check sent before, by
---             where it went: '@j:p', the p-th check of the call of record j (1: this call)
+--             looks; a settlement: 's<reserved>:<actual>:<settled attempt id>') and its attempt
+--             id (16 hex digits), followed, for a check sent before, by where it went: '@j:p',
+--             the p-th check of the call of record j (1: this call)
 -- Returns     per check: admitted (0|1), retry_after_us, then per limit remaining and reset_us;
 --             or -1 and the error of a check that failed (the checks around it stand); or -2, 0
 --             for every check of a call received after its deadline, which charged nothing
@@ -26,6 +27,11 @@
 -- and a check sent again in another call (its caller retrying) reads the record of the call it
 -- went out in before. One GET and at most one SET per call, whatever its checks: a re-send costs
 -- the decisions nothing. The log also finds its attempt among its entries.
+--
+-- A settlement corrects what an admitted check charged to its actual cost, the difference
+-- refunded or added whatever the balance (an overrun goes past the quota by at most one more
+-- quota): always admitted, it answers the limits as they stand after it. Its own attempt id and
+-- record make it count once, however often it is sent.
 --
 -- Numbers go to redis.call formatted as integers by hand: Lua would print those of more than 14
 -- digits in exponent form, and Redis formats every number it is given as a float, which costs
@@ -66,7 +72,37 @@ end
 -- left the window is the log trimmed. A new caller costs ZRANGE, ZADD, PEXPIRE; a known one adds
 -- ZCARD. A re-sent attempt finds its own entries: they are never added twice (ZADD NX), and only
 -- a log that would deny is searched for them (ZSCORE).
-local function sliding_log(k, n, q, w, cost, attempt, replay)
+-- The members of the log of the `u`-th unit of a check of `cost` by `attempt`.
+local function unit(attempt, cost, u)
+  if cost == 1 and u == 1 then return attempt end
+  return attempt .. ':' .. u
+end
+
+-- Settles the units the attempt of a settlement `s` keeps in log `key`: from its reserved
+-- count to its actual one (at most `cap` units in the log), added with `score` or removed, by
+-- name, so that a settlement run twice changes nothing more. The change in the log's size.
+local function settle_log(key, s, count, cap, score)
+  local reserved, actual, of = s[1], s[2], s[3]
+  local change, args, verb = 0, {}, 'ZREM'
+  local from, to = actual + 1, reserved
+  if actual > reserved then
+    verb, args = 'ZADD', {'NX'}
+    from, to = reserved + 1, math.min(actual, reserved + cap - count)
+  end
+  for u = from, to do
+    if verb == 'ZADD' then args[#args + 1] = score end
+    args[#args + 1] = unit(of, reserved, u)
+    if #args >= 1000 then
+      change = change + redis.call(verb, key, unpack(args))
+      args = verb == 'ZADD' and {'NX'} or {}
+    end
+  end
+  if #args > (verb == 'ZADD' and 1 or 0) then change = change + redis.call(verb, key, unpack(args)) end
+  if verb == 'ZREM' then return -change end
+  return change
+end
+
+local function sliding_log(k, n, q, w, cost, attempt, replay, settle)
   local counts, oldests = s1, s2
   local admitted, retry = 1, 0
   local first_member = attempt
@@ -87,7 +123,7 @@ local function sliding_log(k, n, q, w, cost, attempt, replay)
       if oldest then count = redis.call('ZCARD', key) end
     end
     counts[i], oldests[i] = count, oldest
-    if not replay and count + cost > quota then
+    if not replay and not settle and count + cost > quota then
       if cost > 0 and count > 0 and redis.call('ZSCORE', key, first_member) then
         -- charged by the first run of this attempt
         replay = true
@@ -117,7 +153,21 @@ local function sliding_log(k, n, q, w, cost, attempt, replay)
     local count, oldest = counts[i], oldests[i]
     local reset = 0
     if oldest then reset = oldest + window - now_us end
-    if admitted == 1 and cost > 0 then
+    if settle then
+      if not replay then
+        local change = settle_log(key, settle, count, 2 * quota, score)
+        count = count + change
+        if change > 0 then
+          redis.call('PEXPIRE', key, format('%d', ceil(window / 1000)))
+          if not oldest then reset = window end
+        elseif change < 0 then
+          -- the oldest entry may have been one of those refunded
+          local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+          reset = 0
+          if first[2] then reset = int(first[2]) + window - now_us end
+        end
+      end
+    elseif admitted == 1 and cost > 0 then
       local added
       if cost == 1 then
         added = redis.call('ZADD', key, 'NX', score, attempt)
@@ -151,7 +201,7 @@ end
 -- (anything after it, as an earlier version wrote, is ignored); the estimate is current +
 -- previous * (share of the previous window still inside the sliding one). GET, plus SET when
 -- admitted (KEEPTTL within a window).
-local function sliding_counter(k, n, q, w, cost, _, replay)
+local function sliding_counter(k, n, q, w, cost, _, replay, settle)
   local now = now_ms
   local indexes, elapsed_ms, curs, prevs, sames = s1, s2, s3, s4, s5
   local admitted, retry = 1, 0
@@ -170,8 +220,8 @@ local function sliding_counter(k, n, q, w, cost, _, replay)
     end
     indexes[i], elapsed_ms[i], curs[i], prevs[i], sames[i] = index, elapsed, cur, prev, same
     -- scaled by window: used * window = cur * window + prev * (window - elapsed)
-    if replay then
-      -- charged by an earlier run of this attempt: nothing to decide
+    if replay or settle then
+      -- charged by an earlier run of this attempt, or a settlement: nothing to decide
     elseif (cur + cost) * window + prev * (window - elapsed) > quota * window then
       admitted = 0
       local wait
@@ -193,8 +243,22 @@ local function sliding_counter(k, n, q, w, cost, _, replay)
   for i = 1, n do
     local quota, window = q[i], w[i] / 1000
     local index, elapsed, cur, prev = indexes[i], elapsed_ms[i], curs[i], prevs[i]
-    if admitted == 1 and not replay and cost > 0 then
-      cur = cur + cost
+    local write = admitted == 1 and not replay and cost > 0
+    if write then cur = cur + cost end
+    if settle and not replay then
+      -- the difference goes to this window; a refund beyond it comes out of the previous one
+      local delta = settle[2] - settle[1]
+      if delta >= 0 then
+        cur = math.min(cur + delta, math.max(cur, 2 * quota))
+      elseif cur >= -delta then
+        cur = cur + delta
+      else
+        prev = math.max(0, prev + cur + delta)
+        cur = 0
+      end
+      write = true
+    end
+    if write then
       local value = format('%d:%d:%d', index, cur, prev)
       if sames[i] then
         -- the same window: its expiry (the end of the next window) stands
@@ -227,7 +291,7 @@ end
 -- (anything after it, as an earlier version wrote, is ignored). Offsets from now are counted in
 -- 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52). GET, plus SET
 -- PX when admitted.
-local function gcra(k, n, q, w, cost, _, replay)
+local function gcra(k, n, q, w, cost, _, replay, settle)
   local now = now_us
   local tats, rems = s1, s2
   local admitted, retry = 1, 0
@@ -241,8 +305,8 @@ local function gcra(k, n, q, w, cost, _, replay)
       if stored >= now then tat, rem = stored, tonumber(r) end
     end
     tats[i], rems[i] = tat, rem
-    if replay then
-      -- charged by an earlier run of this attempt: nothing to decide
+    if replay or settle then
+      -- charged by an earlier run of this attempt, or a settlement: nothing to decide
     elseif cost > quota then
       admitted = 0
       if window > retry then retry = window end
@@ -260,12 +324,25 @@ local function gcra(k, n, q, w, cost, _, replay)
   for i = 1, n do
     local quota, window = q[i], w[i]
     local tat, rem = tats[i], rems[i]
-    if admitted == 1 and not replay and cost > 0 then
+    local write = admitted == 1 and not replay and cost > 0
+    if write then
       local units = rem + cost * window
       local whole = floor(units / quota)
       if whole * quota > units then whole = whole - 1 end
       tat = tat + whole
       rem = units - whole * quota
+    end
+    if settle and not replay then
+      -- the offset from now moves by the difference, to at least now and, past the quota, by at
+      -- most one more (2 * window * quota < 2^53 stays exact)
+      local ahead = (tat - now) * quota + rem + (settle[2] - settle[1]) * window
+      ahead = math.max(0, math.min(ahead, math.max((tat - now) * quota + rem, 2 * window * quota)))
+      local whole = floor(ahead / quota)
+      if whole * quota > ahead then whole = whole - 1 end
+      tat, rem = now + whole, ahead - whole * quota
+      write = true
+    end
+    if write then
       redis.call('PSETEX', KEYS[k + i], format('%d', ceil((tat - now) / 1000) + 1),
         format('%d:%d', tat, rem))
     end
@@ -322,6 +399,12 @@ while a < args do
   local policy = policies[tonumber(ARGV[a + 1])]
   local n = policy[2]
   local cost, attempt, where = tonumber(ARGV[a + 2]), ARGV[a + 3], nil
+  -- a settlement: what it settles, and nothing to decide
+  local settle = nil
+  if not cost then
+    local reserved, actual, of = match(ARGV[a + 2], '^s(%d+):(%d+):(%x+)$')
+    settle, cost = {int(reserved), int(actual), of}, 0
+  end
   -- an attempt sent before carries where: '<attempt>@j:p'
   if #attempt > 16 then attempt, where = sub(attempt, 1, 16), sub(attempt, 18) end
   local start = len
@@ -331,9 +414,10 @@ while a < args do
   if late then
     push(-2, 0)
   else
-    local replay = cost > 0 and replayed(c, where)
-    ok, err = pcall(policy[1], k, n, policy[3], policy[4], cost, attempt, replay)
-    if ok and cost > 0 and out[start + 1] == 1 then
+    local counts = cost > 0 or settle ~= nil
+    local replay = counts and replayed(c, where)
+    ok, err = pcall(policy[1], k, n, policy[3], policy[4], cost, attempt, replay, settle)
+    if ok and counts and out[start + 1] == 1 then
       charged[c], any = '1', true
     end
   end

@@ -2,6 +2,8 @@
 // shared bucket, `Global`, when absent, like the peers' "anon"). Everything else at the crate's
 // defaults: RateLimit / RateLimit-Policy headers on every response, the deny cache, allow when
 // Redis is down.
+// ALGO=concurrency: a ConcurrencyLimitLayer instead (at most QUOTA, default 1e6, requests per
+// x-api-key in flight: never refused here), to price a permit taken and given back per request.
 // ALGO=log (default, sliding log) | counter (sliding counter) | gcra. One limit of QUOTA per
 // WINDOW_S seconds (default 60 s) that never denies here; the baseline's 1e9 per 60 s where the
 // algorithm accepts it (counter), else the largest round quota it accepts for 60 s: the log keeps
@@ -11,6 +13,7 @@
 use std::time::Duration;
 
 use axum::{Router, routing::get};
+use tollgate::concurrency::ConcurrencyLimitLayer;
 use tollgate::key::{Global, Header, KeyExtractor};
 use tollgate::rate_limit::{Algorithm, Limit, MAX_LOG_QUOTA, RateLimitLayer};
 use tollgate::store::RedisStore;
@@ -22,6 +25,19 @@ fn env_u64(name: &str) -> Option<u64> {
 #[tokio::main]
 async fn main() {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6390/".into());
+    let routes = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/api/hello", get(|| async { "hello" }));
+    if std::env::var("ALGO").as_deref() == Ok("concurrency") {
+        let limit = env_u64("QUOTA").unwrap_or(1_000_000);
+        let layer = ConcurrencyLimitLayer::builder(RedisStore::open(url).unwrap())
+            .limit(u32::try_from(limit).expect("QUOTA fits a u32"))
+            .key(Header::from_static("x-api-key").or(Global))
+            .build()
+            .unwrap();
+        return serve(routes.layer(layer)).await;
+    }
     let (algorithm, quota) = match std::env::var("ALGO").as_deref().unwrap_or("log") {
         "log" => (Algorithm::SlidingLog, MAX_LOG_QUOTA),
         "counter" => (Algorithm::SlidingCounter, 1_000_000_000),
@@ -38,11 +54,10 @@ async fn main() {
         .build()
         .unwrap();
     // `.layer` on the whole router, as the baseline: every route is limited.
-    let app = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/api/hello", get(|| async { "hello" }))
-        .layer(layer);
+    serve(routes.layer(layer)).await;
+}
+
+async fn serve(app: Router) {
     let port = std::env::var("PORT").unwrap_or_else(|_| "3000".into());
     let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}"))
         .await
