@@ -20,6 +20,7 @@
 //! | `APP_TRUSTED_PROXIES` | unset: none trusted   | CIDRs of proxies whose `X-Forwarded-For` names the client |
 //! | `APP_ON_STORE_ERROR` | `allow`                | `/api/*` while the store is down: `allow`, `deny` or `fallback:N` (N copies) |
 //! | `APP_PAYMENT_DELAY_MS` | `100`                | how long `POST /payments` works                 |
+//! | `APP_TOKEN_LIMITS` | `tokens:1000/60s`        | token budget of `POST /llm/complete` per `x-api-key` (syntax of `APP_LIMITS`) |
 //! | `APP_JOB_MS`    | `200`                       | how long a job of `POST /jobs/{tenant}/run` runs |
 //! | `APP_JOB_CONCURRENCY` | `2`                   | jobs per tenant at once, across all copies     |
 //! | `APP_JOB_LEASE_MS` | `3000`                   | how soon a dead copy's job permits come back   |

@@ -16,6 +16,7 @@
 //! | `POST /coupons/{code}/redeem` | `200` for exactly one redemption across all copies, `409` for every other (with `Retry-After` while one awaits its replicas), `503` when the store does not answer |
 //! | `POST /reports/{name}/rebuild` | rebuilds under a lock: `200` with the fencing token, `409` while another copy holds it |
 //! | `POST /payments` | `201 {"id",...}` once per `Idempotency-Key` across all copies; retries replay it |
+//! | `POST /llm/complete` | `200 {"tokens": N}` for JSON `{"tokens": N}` with `x-api-key`; reserves `x-max-tokens` (default 1) of the key's `APP_TOKEN_LIMITS` budget and is charged the N it used; `429` with `Retry-After` when the reservation does not fit |
 //! | `POST /jobs/{tenant}/run` | runs a job for `APP_JOB_MS`: `200 {"tenant","permit"}` for at most `APP_JOB_CONCURRENCY` per tenant at once across all copies, `429` with `Retry-After` beyond |
 //! | `GET /metrics`   | the crate's series in Prometheus text, not rate-limited             |
 //!
@@ -112,7 +113,20 @@ pub struct AppConfig {
     pub payment_delay: Duration,
     /// `APP_JOB_*`: the jobs of `POST /jobs/{tenant}/run`.
     pub jobs: JobConfig,
+    /// `APP_TOKEN_LIMITS`: the token budget of `POST /llm/complete`, per API key, counted with
+    /// `APP_ALGORITHM`.
+    pub token_limits: Vec<Limit>,
 }
+
+/// The token budget when `APP_TOKEN_LIMITS` is not set.
+pub const DEFAULT_TOKEN_LIMITS: &str = "tokens:1000/60s";
+
+/// The header in which a caller of `POST /llm/complete` says how many tokens it may use: what
+/// it reserves (1 when absent).
+pub const MAX_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-max-tokens");
+
+/// The header in which `POST /llm/complete` reports the tokens it used: what it is charged.
+pub const TOKENS_USED_HEADER: HeaderName = HeaderName::from_static("x-tokens-used");
 
 /// The jobs of `POST /jobs/{tenant}/run`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,6 +321,7 @@ impl AppConfig {
             on_store_error,
             payment_delay: Duration::from_millis(payment_delay),
             jobs,
+            token_limits: vars.limits_of("APP_TOKEN_LIMITS", DEFAULT_TOKEN_LIMITS)?,
         })
     }
 }
@@ -336,6 +351,8 @@ pub struct AppState {
     payments: IdempotencyLayer<Header>,
     /// At most `APP_JOB_CONCURRENCY` jobs per tenant at once.
     jobs: ConcurrencyLimitLayer<TenantKey>,
+    /// The token budget of `POST /llm/complete`: reserve, then settle.
+    tokens: RateLimitLayer<Header>,
 }
 
 /// The tenant of `/jobs/{tenant}/run`: its path's second segment.
@@ -375,6 +392,15 @@ impl AppState {
                 tenant_of as fn(&Parts) -> Option<String>,
             ))
             .build()?;
+        let tokens = RateLimitLayer::builder(Arc::clone(&store))
+            .prefix("tollgate-app:llm")
+            .limits(config.token_limits.iter().cloned())
+            .algorithm(config.algorithm)
+            .key(Header::new(API_KEY_HEADER))
+            .on_store_error(config.on_store_error)
+            .cost(|request| header_number(&request.headers, &MAX_TOKENS_HEADER).unwrap_or(1))
+            .settle(|response| header_number(&response.headers, &TOKENS_USED_HEADER))
+            .build()?;
         Ok(Self {
             claims: Claims::new(Arc::clone(&store)).with_prefix("tollgate-app")?,
             locks: Locks::new(Arc::clone(&store)).with_prefix("tollgate-app")?,
@@ -383,6 +409,7 @@ impl AppState {
             api_limit,
             payments,
             jobs,
+            tokens,
         })
     }
 }
@@ -397,6 +424,7 @@ pub fn router(state: AppState) -> Router {
         .merge(report_routes())
         .merge(payment_routes(&state))
         .merge(job_routes(&state))
+        .merge(llm_routes(&state))
         // Outermost, so that the rate limits below see the peer address.
         .layer(MapRequestLayer::new(peer_addr_extension))
         .with_state(state)
@@ -470,6 +498,43 @@ async fn run_job(
         StatusCode::OK,
         Json(json!({ "tenant": tenant, "permit": permit })),
     )
+}
+
+/// `name` as a whole number, if it is one.
+fn header_number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// The LLM gateway: a token budget per API key, charged what each completion used.
+fn llm_routes(state: &AppState) -> Router<AppState> {
+    Router::new()
+        .route("/llm/complete", post(complete))
+        .route_layer(state.tokens.clone())
+}
+
+/// The body of `POST /llm/complete`.
+#[derive(Debug, serde::Deserialize)]
+struct Completion {
+    tokens: u64,
+}
+
+/// `POST /llm/complete`: "uses" the tokens the body names and reports them in `x-tokens-used`,
+/// which the budget is charged after the response (it reserved `x-max-tokens`).
+async fn complete(body: Bytes) -> Response {
+    match serde_json::from_slice::<Completion>(&body) {
+        Ok(Completion { tokens }) => (
+            StatusCode::OK,
+            [(TOKENS_USED_HEADER, tokens.to_string())],
+            Json(json!({ "tokens": tokens })),
+        )
+            .into_response(),
+        Err(error) => (
+            StatusCode::BAD_REQUEST,
+            [(TOKENS_USED_HEADER, "0".to_owned())],
+            Json(json!({ "error": format!("invalid completion: {error}") })),
+        )
+            .into_response(),
+    }
 }
 
 /// `POST /coupons/{code}/redeem`: exactly one `200` per coupon across every copy of the app. The

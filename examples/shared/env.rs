@@ -83,11 +83,13 @@ impl<L: Fn(&str) -> Option<String>> Vars<L> {
 
     /// `APP_LIMITS`, else [`DEFAULT_LIMITS`].
     pub fn limits(&self) -> Result<Vec<Limit>, EnvError> {
-        let value = self
-            .get("APP_LIMITS")
-            .unwrap_or_else(|| DEFAULT_LIMITS.to_owned());
-        parse_limits(&value)
-            .map_err(|problem| EnvError::new("APP_LIMITS", &value, problem, LIMITS_FORMAT))
+        self.limits_of("APP_LIMITS", DEFAULT_LIMITS)
+    }
+
+    /// Limits in the syntax of `APP_LIMITS` from `name`, else `default`.
+    pub fn limits_of(&self, name: &'static str, default: &str) -> Result<Vec<Limit>, EnvError> {
+        let value = self.get(name).unwrap_or_else(|| default.to_owned());
+        parse_limits(&value).map_err(|problem| EnvError::new(name, &value, problem, LIMITS_FORMAT))
     }
 
     /// `APP_ALGORITHM`, else the default algorithm (`sliding-log`).

@@ -479,7 +479,10 @@ pub async fn settlements_refund_or_charge_the_difference(store: &impl RateStore)
         assert_eq!(out.limits[0].remaining, 900, "{algorithm}: refunded");
         assert_eq!(out.limits[1].remaining, 4900, "{algorithm}: refunded");
         let out = reserve_then_settle(store, &p, key("a"), 300, 500).await;
-        assert_eq!(out.limits[0].remaining, 400, "{algorithm}: charged the rest");
+        assert_eq!(
+            out.limits[0].remaining, 400,
+            "{algorithm}: charged the rest"
+        );
         let out = reserve_then_settle(store, &p, key("a"), 1, 1).await;
         assert_eq!(out.limits[0].remaining, 399, "{algorithm}: as reserved");
         let out = reserve_then_settle(store, &p, key("a"), 10, 0).await;
@@ -522,7 +525,10 @@ pub async fn settlements_run_twice_apply_once(store: &impl RateStore) {
             assert_eq!(first.limits[0].remaining, left, "{algorithm}");
             assert_eq!(again.limits[0].remaining, left, "{algorithm}: applied once");
             let made_again = run(store, &p, check.settle(actual)).await;
-            assert_eq!(made_again.limits[0].remaining, left, "{algorithm}: applied once");
+            assert_eq!(
+                made_again.limits[0].remaining, left,
+                "{algorithm}: applied once"
+            );
         }
     }
 }

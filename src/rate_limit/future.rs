@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::decide;
-use super::decision::{self, RateLimitDecision};
+use super::decision::{self, DecisionSource, RateLimitDecision};
 use super::rejection::Rejection;
 use super::settings::Settings;
 use super::tiers::Tier;
@@ -28,7 +28,7 @@ pin_project! {
         S: Service<Request<ReqBody>>,
     {
         #[pin]
-        state: State<S::Future, S, Request<ReqBody>>,
+        state: State<S::Future, S, Request<ReqBody>, S::Response>,
         settings: Arc<Settings>,
     }
 }
@@ -36,7 +36,7 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     #[project_replace = StateOwned]
-    enum State<F, S, R> {
+    enum State<F, S, R, B> {
         Check {
             pending: StoreFuture<RateOutcome>,
             service: S,
@@ -51,6 +51,14 @@ pin_project! {
             #[pin]
             future: F,
             decision: Option<RateLimitDecision>,
+            // the check to settle once the response tells the actual cost
+            settle: Option<RateCheck>,
+        },
+        Settle {
+            pending: StoreFuture<RateOutcome>,
+            response: B,
+            decision: Option<RateLimitDecision>,
+            actual: u64,
         },
         Reject {
             rejection: Rejection,
@@ -92,6 +100,7 @@ where
             state: State::Inner {
                 future,
                 decision: None,
+                settle: None,
             },
             settings,
         }
@@ -131,11 +140,16 @@ where
                     };
                     let decision = decide::decide(this.settings, result, tier, check, sent_at);
                     if decision.admitted() || this.settings.shadow {
+                        // only what the store charged is settled there
+                        let charged =
+                            decision.admitted() && decision.source == DecisionSource::Store;
+                        let settle = (charged && this.settings.settle.is_some()).then_some(check);
                         decision::record(request.extensions_mut(), decision.clone());
                         let future = service.call(request);
                         this.state.set(State::Inner {
                             future,
                             decision: Some(decision),
+                            settle,
                         });
                     } else {
                         this.state.set(State::Reject {
@@ -144,17 +158,56 @@ where
                         });
                     }
                 }
-                StateProj::Inner { future, decision } => {
-                    let mut response = ready!(future.poll(cx))?.map(ResponseBody::inner);
-                    if let Some(decision) = decision.take() {
-                        if this.settings.headers {
-                            decision
-                                .write_headers(this.settings.partition_key, response.headers_mut());
+                StateProj::Inner {
+                    future,
+                    decision,
+                    settle,
+                } => {
+                    let response = ready!(future.poll(cx))?;
+                    let decision = decision.take();
+                    let settling = settle.take().zip(decision.as_ref());
+                    let Some((check, charged)) = settling else {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Ok(finish(this.settings, response, decision)));
+                    };
+                    let (response, actual) = actual_cost(this.settings, response);
+                    let Some(actual) = actual.filter(|actual| *actual != check.cost()) else {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Ok(finish(this.settings, response, decision)));
+                    };
+                    let policy = &charged.tier.policy;
+                    let pending = this.settings.store.check_rate(policy, check.settle(actual));
+                    this.state.set(State::Settle {
+                        pending,
+                        response,
+                        decision,
+                        actual,
+                    });
+                }
+                StateProj::Settle { pending, .. } => {
+                    let settled = ready!(pending.as_mut().poll(cx));
+                    let StateOwned::Settle {
+                        response,
+                        mut decision,
+                        actual,
+                        ..
+                    } = this.state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("the state was Settle");
+                    };
+                    match (settled, decision.as_mut()) {
+                        (Ok(outcome), Some(decision)) => {
+                            decision.cost = actual;
+                            decision.states = outcome.limits;
                         }
-                        decision::record(response.extensions_mut(), decision);
+                        (Err(error), _) => tracing::warn!(
+                            target: "tollgate::rate_limit",
+                            %error, actual,
+                            "could not settle a request's actual cost: it stays charged what it reserved"
+                        ),
+                        (Ok(_), None) => {}
                     }
-                    this.state.set(State::Done);
-                    return Poll::Ready(Ok(response));
+                    return Poll::Ready(Ok(finish(this.settings, response, decision)));
                 }
                 StateProj::Reject { .. } => {
                     let StateOwned::Reject { rejection, wire } =
@@ -170,6 +223,29 @@ where
     }
 }
 
+/// `response`, and the actual cost the layer's settle function reads from its head.
+fn actual_cost<B>(settings: &Settings, response: Response<B>) -> (Response<B>, Option<u64>) {
+    let (parts, body) = response.into_parts();
+    let actual = settings.settle.as_ref().and_then(|settle| settle(&parts));
+    (Response::from_parts(parts, body), actual)
+}
+
+/// The response to send: the inner service's, with the decision's headers and record.
+fn finish<B>(
+    settings: &Settings,
+    response: Response<B>,
+    decision: Option<RateLimitDecision>,
+) -> Response<ResponseBody<B>> {
+    let mut response = response.map(ResponseBody::inner);
+    if let Some(decision) = decision {
+        if settings.headers {
+            decision.write_headers(settings.partition_key, response.headers_mut());
+        }
+        decision::record(response.extensions_mut(), decision);
+    }
+    response
+}
+
 impl<S, ReqBody> fmt::Debug for ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
@@ -178,6 +254,7 @@ where
         let state = match &self.state {
             State::Check { .. } => "checking",
             State::Inner { .. } => "calling inner service",
+            State::Settle { .. } => "settling the actual cost",
             State::Reject { .. } => "rejecting",
             State::Done => "done",
         };

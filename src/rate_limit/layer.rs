@@ -12,7 +12,7 @@ use super::fallback;
 use super::headers::QuotaUnit;
 use super::policies::{MissingKey, OnStoreError};
 use super::service::RateLimit;
-use super::settings::{CostFn, GrpcMetadataFn, RejectionFn, Settings};
+use super::settings::{CostFn, GrpcMetadataFn, RejectionFn, Settings, SettleFn};
 use super::tiers::{Tier, TierFn, TierOptions, Tiers};
 use crate::error::ConfigError;
 use crate::key::{Global, Key, KeyExtractor};
@@ -76,6 +76,7 @@ impl RateLimitLayer {
                 algorithm: Algorithm::default(),
                 prefix: keys::DEFAULT_PREFIX.to_owned(),
                 cost: None,
+                settle: None,
                 on_store_error: OnStoreError::Allow,
                 missing_key: MissingKey::Reject,
                 headers: true,
@@ -205,6 +206,7 @@ struct Draft {
     algorithm: Algorithm,
     prefix: String,
     cost: Option<CostFn>,
+    settle: Option<SettleFn>,
     on_store_error: OnStoreError,
     missing_key: MissingKey,
     headers: bool,
@@ -338,9 +340,67 @@ impl<K> RateLimitLayerBuilder<K> {
         }
     }
 
-    /// The cost of each request (default 1). A cost of 0 passes without a store call.
+    /// The cost of each request (default 1). A cost of 0 passes without a store call. With
+    /// [`settle`](Self::settle), the amount a request reserves: it is admitted only when that
+    /// fits.
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
         self.draft.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Reserve, then settle: once the inner service has answered an admitted request, its
+    /// charge is corrected from what it reserved ([`cost`](Self::cost)) to the actual amount
+    /// `actual` reads from the response head (a header, an extension the handler set) — the
+    /// difference refunded or added, in one atomic store step applied once
+    /// ([`RateCheck::settle`](crate::rate::RateCheck::settle)). An overrun takes the balance
+    /// past the quota (by at most one more quota per limit): the caller is then denied until
+    /// the debt has left the window.
+    ///
+    /// The settlement is made before the response head goes out, so that its `RateLimit`
+    /// headers (and its [`RateLimitDecision`]) show the settled balance. A request is charged
+    /// what it reserved when `actual` answers `None`, when the inner service fails without a
+    /// response, when the store cannot settle (logged), and when the store did not decide it
+    /// (the local fallback, shadow denials).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use http::{Request, Response};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tollgate::key::Header;
+    /// use tollgate::rate_limit::{Limit, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let tokens = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_minute("tokens", 1000))
+    ///     .key(Header::from_static("x-api-key"))
+    ///     // reserve what the caller says it may use...
+    ///     .cost(|req| {
+    ///         let max = req.headers.get("x-max-tokens").and_then(|v| v.to_str().ok()?.parse().ok());
+    ///         max.unwrap_or(1)
+    ///     })
+    ///     // ...and charge what the handler reports it used
+    ///     .settle(|res| res.headers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
+    ///     .build()
+    ///     .unwrap();
+    /// let llm = ServiceBuilder::new().layer(tokens).service_fn(|_req: Request<String>| async {
+    ///     let response = Response::builder().header("x-tokens-used", "120").body(String::new());
+    ///     Ok::<_, std::convert::Infallible>(response.unwrap())
+    /// });
+    /// let call = Request::post("/complete")
+    ///     .header("x-api-key", "alice")
+    ///     .header("x-max-tokens", "300")
+    ///     .body(String::new())
+    ///     .unwrap();
+    /// let response = llm.oneshot(call).await.unwrap();
+    /// // charged 120, not the 300 reserved
+    /// assert_eq!(response.headers()["ratelimit"], r#""tokens";r=880;t=60"#);
+    /// # }
+    /// ```
+    pub fn settle(
+        mut self,
+        actual: impl Fn(&http::response::Parts) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.draft.settle = Some(Arc::new(actual));
         self
     }
 
@@ -523,6 +583,7 @@ impl<K> RateLimitLayerBuilder<K> {
                 store: draft.store,
                 tiers: Tiers::new(own, named, draft.tier_by)?,
                 cost: draft.cost,
+                settle: draft.settle,
                 on_store_error: draft.on_store_error,
                 missing_key: draft.missing_key,
                 missing_key_message: format!(

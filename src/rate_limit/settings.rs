@@ -22,12 +22,17 @@ pub(crate) type GrpcMetadataFn =
 /// The cost of a request, computed from its head.
 pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
+/// The actual cost of an admitted request, read from its response head.
+pub(crate) type SettleFn = Arc<dyn Fn(&http::response::Parts) -> Option<u64> + Send + Sync>;
+
 /// Everything a request needs besides the key extractor; shared by every clone of the service.
 pub(crate) struct Settings {
     pub(crate) store: Arc<dyn RateStore>,
     /// The policies a request is checked against, one per request.
     pub(crate) tiers: Tiers,
     pub(crate) cost: Option<CostFn>,
+    /// Reads the actual cost from the response, to settle what the request reserved.
+    pub(crate) settle: Option<SettleFn>,
     pub(crate) on_store_error: OnStoreError,
     pub(crate) missing_key: MissingKey,
     /// The detail of a rejected request without a key: where the key is read from.

@@ -60,6 +60,7 @@ fn config(payment_delay: Duration) -> AppConfig {
         on_store_error: tollgate::rate_limit::OnStoreError::Allow,
         payment_delay,
         jobs: app::JobConfig::default(),
+        token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
     }
 }
 

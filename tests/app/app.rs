@@ -44,6 +44,7 @@ fn config(limits: &str, algorithm: Algorithm, redis_url: Option<String>) -> AppC
         on_store_error: tollgate::rate_limit::OnStoreError::Allow,
         payment_delay: app::DEFAULT_PAYMENT_DELAY,
         jobs: app::JobConfig::default(),
+        token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
     }
 }
 
@@ -560,6 +561,7 @@ fn config_defaults_and_overrides() {
             on_store_error: tollgate::rate_limit::OnStoreError::Allow,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
             jobs: app::JobConfig::default(),
+            token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
         }
     );
     // empty counts as unset
@@ -595,6 +597,7 @@ fn config_defaults_and_overrides() {
             on_store_error: tollgate::rate_limit::OnStoreError::Allow,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
             jobs: app::JobConfig::default(),
+            token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
         }
     );
 }

@@ -45,6 +45,7 @@ fn config() -> AppConfig {
             concurrency: 2,
             lease: Duration::from_millis(3000),
         },
+        token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
     }
 }
 

@@ -21,3 +21,4 @@ mod app;
 mod app_coordination;
 mod jobs;
 mod parsers;
+mod tokens;
