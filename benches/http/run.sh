@@ -9,8 +9,9 @@
 #   127.0.0.1:$PORT. Examples:
 #     ./run.sh 'gcra_alive=ALGO=gcra QUOTA=65535 WINDOW_S=65535 target/release/tollgate'
 #     ./run.sh 'gcra1ms=GCRA_EMISSION_MS=1 target/release/trl_redis'
-# servers (default: all but plain and tollgate_concurrency): limited trl_redis trl
-#            tollgate_gcra tollgate_counter tollgate_log app plain tollgate_concurrency
+# servers (default: all but plain, tollgate_concurrency and tollgate_settle): limited trl_redis
+#            trl tollgate_gcra tollgate_counter tollgate_log app plain tollgate_concurrency
+#            tollgate_settle
 # env knobs: ROUNDS=3 DUR=8s WARM=2s CONNS=50 THREADS=1 BUILD=1 (0 skips cargo builds)
 #            QUIET_PCT=10 QUIET_MAX_WAIT=900 OTHER_MAX=0.4 TRIES=6 (foreign-load guard, below)
 #            REDIS_PORT / APP_PORT (default: first free port from 6431 / 3131)
@@ -78,6 +79,7 @@ declare -A CMD=(
   [tollgate_counter]="ALGO=counter $T/tollgate"
   [tollgate_log]="ALGO=log $T/tollgate"
   [tollgate_concurrency]="ALGO=concurrency $T/tollgate"
+  [tollgate_settle]="ALGO=gcra QUOTA=65535 WINDOW_S=65535 SETTLE=1 $T/tollgate"
   # the sliding log caps a quota at 100,000 (the baseline's is 1e9 per 60 s)
   [app]="APP_ALGORITHM=sliding-log APP_LIMITS=minute:100000/60s $APP_BIN"
   [plain]="$T/plain"

@@ -4,6 +4,8 @@
 // Redis is down.
 // ALGO=concurrency: a ConcurrencyLimitLayer instead (at most QUOTA, default 1e6, requests per
 // x-api-key in flight: never refused here), to price a permit taken and given back per request.
+// SETTLE=1: each request reserves 2 and is settled to 1 after its response (reserve, then
+// settle), to price the settlement.
 // ALGO=log (default, sliding log) | counter (sliding counter) | gcra. One limit of QUOTA per
 // WINDOW_S seconds (default 60 s) that never denies here; the baseline's 1e9 per 60 s where the
 // algorithm accepts it (counter), else the largest round quota it accepts for 60 s: the log keeps
@@ -50,9 +52,13 @@ async fn main() {
         .limit(Limit::new("api", quota, window))
         .algorithm(algorithm)
         .key(Header::from_static("x-api-key").or(Global))
-        .headers_on_success(std::env::var("HEADERS").map_or(true, |v| v != "0"))
-        .build()
-        .unwrap();
+        .headers_on_success(std::env::var("HEADERS").map_or(true, |v| v != "0"));
+    let layer = if std::env::var("SETTLE").as_deref() == Ok("1") {
+        layer.cost(|_| 2).settle(|_| Some(1))
+    } else {
+        layer
+    };
+    let layer = layer.build().unwrap();
     // `.layer` on the whole router, as the baseline: every route is limited.
     serve(routes.layer(layer)).await;
 }
