@@ -13,7 +13,9 @@
 //! | claim | `<prefix>:claim:{<digest of name>}` |
 //! | lock, fencing counter | `<prefix>:lock:{<digest of name>}`, the same plus `:fence` |
 //! | idempotency record | `<prefix>:idem:{<digest of scope and key>}` |
-//! | release marker of a claim, lock or record | its key plus `:released` |
+//! | permits of a concurrency limit, fencing counter | `<prefix>:cc:{<caller>}`, the same plus `:fence` |
+//! | their queue of waiters, the waiters' places | the permits' key plus `:queue`, `:waiting` |
+//! | release marker of a claim, lock, record or permits | its key plus `:released` |
 
 use std::sync::Arc;
 
@@ -121,6 +123,13 @@ pub(crate) fn permits(prefix: &str, key: &Key) -> (String, String) {
 /// still answers "released".
 pub(crate) fn release_marker(key: &str) -> String {
     format!("{key}:released")
+}
+
+#[cfg(feature = "redis")]
+/// The queue of waiters for the permits `key`, and their places: `<key>:queue` and
+/// `<key>:waiting`, in the same slot.
+pub(crate) fn permit_queue(key: &str) -> (String, String) {
+    (format!("{key}:queue"), format!("{key}:waiting"))
 }
 
 #[cfg(feature = "redis")]

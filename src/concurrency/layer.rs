@@ -73,6 +73,7 @@ impl ConcurrencyLimitLayer {
             limit: None,
             lease: DEFAULT_LEASE,
             retry_after: None,
+            queue: None,
             on_store_error: OnStoreError::Allow,
             missing_key: MissingKey::Reject,
             prefix: keys::DEFAULT_PREFIX.to_owned(),
@@ -106,6 +107,7 @@ pub struct ConcurrencyLimitLayerBuilder<K = Global> {
     limit: Option<u32>,
     lease: Duration,
     retry_after: Option<Duration>,
+    queue: Option<Duration>,
     on_store_error: OnStoreError,
     missing_key: MissingKey,
     prefix: String,
@@ -137,6 +139,7 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             limit: self.limit,
             lease: self.lease,
             retry_after: self.retry_after,
+            queue: self.queue,
             on_store_error: self.on_store_error,
             missing_key: self.missing_key,
             prefix: self.prefix,
@@ -156,6 +159,17 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
     /// since the lease is extended).
     pub fn retry_after(mut self, hint: Duration) -> Self {
         self.retry_after = Some(hint);
+        self
+    }
+
+    /// Lets a request that finds no permit free wait for one, for up to `patience`, in the key's
+    /// queue: permits go to waiters in the order they arrived, across every copy (a waiter
+    /// tries again after a pause of 5 ms, doubling up to 100 ms, and keeps its place meanwhile);
+    /// past `patience`, `429`. A waiter that goes away gives its place up. Without it (the
+    /// default) a request is refused at once — behind any waiters of other layers on the same
+    /// key.
+    pub fn queue(mut self, patience: Duration) -> Self {
+        self.queue = Some(patience);
         self
     }
 
@@ -219,6 +233,7 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             limit,
             lease: self.lease,
             retry_after: self.retry_after,
+            queue: self.queue,
             on_store_error: self.on_store_error,
             local,
             missing_key: self.missing_key,
@@ -244,6 +259,8 @@ pub(crate) struct Settings {
     pub(crate) limit: u32,
     pub(crate) lease: Duration,
     pub(crate) retry_after: Option<Duration>,
+    /// How long a request may wait in the queue for a permit.
+    pub(crate) queue: Option<Duration>,
     pub(crate) on_store_error: OnStoreError,
     /// The local fallback's permits, with [`OnStoreError::LocalFallback`].
     pub(crate) local: Option<Arc<LocalPermits>>,
@@ -263,6 +280,7 @@ impl fmt::Debug for Settings {
             .field("limit", &self.limit)
             .field("lease", &self.lease)
             .field("retry_after", &self.retry_after)
+            .field("queue", &self.queue)
             .field("on_store_error", &self.on_store_error)
             .field("missing_key", &self.missing_key)
             .field("prefix", &self.prefix)

@@ -20,7 +20,7 @@ use crate::body::Complete;
 use crate::grpc::{Code, Wire};
 use crate::key::{Global, Key, KeyExtractor};
 use crate::keys;
-use crate::lease::{self, Owner};
+use crate::lease::{self, Owner, UndoUnanswered};
 use crate::rejection::{self, Rejection};
 use crate::store::{Hold, PermitAttempt, StoreError};
 
@@ -137,32 +137,91 @@ enum Admission {
     Refused(Response<Complete>),
 }
 
-/// Takes one of `key`'s permits, or says why not.
+/// Takes one of `key`'s permits — waiting for one in the key's queue, if so configured — or
+/// says why not.
 async fn admit(settings: &Settings, key: Key, wire: Wire) -> Admission {
     let (permits, fence_key) = keys::permits(&settings.prefix, &key);
     let hold = Hold::new(permits, uuid::Uuid::new_v4().to_string());
+    let give_up_at = settings.queue.map(|patience| Instant::now() + patience);
+    // a waiter that goes away (cancelled, or giving up) leaves the queue at once
+    let mut leave = None;
+    let mut pause = FIRST_PAUSE;
+    loop {
+        match acquire(settings, &hold, &fence_key).await {
+            Ok(PermitAttempt::Acquired { fence }) => {
+                if let Some(mut leave) = leave.take() {
+                    UndoUnanswered::disarm(&mut leave);
+                }
+                crate::metrics::concurrency_decision(&settings.limiter, true, "store");
+                let store = Arc::clone(&settings.store);
+                let (held, permit) = StorePermit::new(store, hold, settings.lease, fence);
+                return Admission::Admitted(Held::Store { _permit: held }, Some(permit));
+            }
+            Ok(PermitAttempt::Full { next_free, .. }) => {
+                let now = Instant::now();
+                match give_up_at {
+                    Some(at) if now + pause < at => {
+                        leave.get_or_insert_with(|| leave_queue(settings, &hold));
+                        tokio::time::sleep(jittered(pause)).await;
+                        pause = (pause * 2).min(LAST_PAUSE);
+                    }
+                    _ => {
+                        crate::metrics::concurrency_decision(&settings.limiter, false, "store");
+                        return Admission::Refused(full(settings, next_free, wire));
+                    }
+                }
+            }
+            Err(error) => return unavailable(settings, key, &error, wire),
+        }
+    }
+}
+
+/// The first pause of a waiter between attempts; it doubles up to [`LAST_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(5);
+/// The longest pause of a waiter between attempts.
+const LAST_PAUSE: Duration = Duration::from_millis(100);
+
+/// One attempt at a permit for `hold`: should it go unanswered, it may have taken one, which is
+/// given back in the background, token-checked, once its deadline has passed (the store
+/// refuses it from then on).
+async fn acquire(
+    settings: &Settings,
+    hold: &Hold,
+    fence_key: &str,
+) -> Result<PermitAttempt, StoreError> {
     let store = &settings.store;
     let deadline = Instant::now() + store.timeout();
-    // An attempt without an answer may have taken a permit: it is given back in the background,
-    // token-checked, once its deadline has passed (the store refuses it from then on).
     let undo = {
         let (store, hold) = (Arc::clone(store), hold.clone());
         move || store.permit_release(hold.clone())
     };
+    // a waiter's place outlives the pauses between its attempts and a slow answer
+    let place = settings.queue.map(|_| LAST_PAUSE * 4 + store.timeout() * 2);
     let (limit, lease) = (settings.limit, settings.lease);
-    let acquire = store.permit_acquire(hold.clone(), fence_key, limit, lease, deadline);
-    match lease::attempt_with_undo(Owner::Permit, deadline, undo, acquire).await {
-        Ok(PermitAttempt::Acquired { fence }) => {
-            crate::metrics::concurrency_decision(&settings.limiter, true, "store");
-            let (held, permit) = StorePermit::new(Arc::clone(store), hold, lease, fence);
-            Admission::Admitted(Held::Store { _permit: held }, Some(permit))
-        }
-        Ok(PermitAttempt::Full { next_free }) => {
-            crate::metrics::concurrency_decision(&settings.limiter, false, "store");
-            Admission::Refused(full(settings, next_free, wire))
-        }
-        Err(error) => unavailable(settings, key, &error, wire),
-    }
+    let fence_key = fence_key.to_owned();
+    let attempt = store.permit_acquire(hold.clone(), fence_key, limit, lease, place, deadline);
+    lease::attempt_with_undo(Owner::Permit, deadline, undo, attempt).await
+}
+
+/// Gives up `hold`'s place in the queue when dropped (unless disarmed).
+fn leave_queue(
+    settings: &Settings,
+    hold: &Hold,
+) -> UndoUnanswered<impl FnMut() -> crate::store::StoreFuture<bool> + Send + 'static> {
+    let (store, hold) = (Arc::clone(&settings.store), hold.clone());
+    let release = move || store.permit_release(hold.clone());
+    UndoUnanswered::new(
+        Owner::Permit,
+        "a waiter left the queue",
+        Instant::now(),
+        release,
+    )
+}
+
+/// `pause`, less a random part of up to half of it: waiters of many copies do not try in step.
+fn jittered(pause: Duration) -> Duration {
+    let unit = (uuid::Uuid::new_v4().as_u64_pair().0 >> 11) as f64 / (1u64 << 53) as f64;
+    pause.mul_f64(1.0 - unit / 2.0)
 }
 
 /// What the failure policy makes of a request whose permit the store could not decide.

@@ -30,6 +30,7 @@ impl PermitStore for Down {
         _: String,
         _: u32,
         _: Duration,
+        _: Option<Duration>,
         _: Instant,
     ) -> StoreFuture<PermitAttempt> {
         Box::pin(async { Err(StoreError::timeout()) })
@@ -246,4 +247,50 @@ fn configurations_that_cannot_work_are_refused() {
     assert_eq!(kind(fallback), ConfigErrorKind::FailurePolicy);
     let braces = builder(MemoryStore::new()).limit(1).prefix("a{b}");
     assert_eq!(kind(braces), ConfigErrorKind::Prefix);
+}
+
+#[tokio::test]
+async fn waiters_are_admitted_in_arrival_order_within_their_patience() {
+    let layer = builder(MemoryStore::new())
+        .limit(1)
+        .queue(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let svc = service(layer);
+    let first = svc.clone().oneshot(call("acme")).await.unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        waiters.push(tokio::spawn(svc.clone().oneshot(call("acme"))));
+        // each one queued before the next arrives
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let mut last: u64 = text(first).await.parse().unwrap();
+    for waiter in waiters {
+        let admitted = waiter.await.unwrap().unwrap();
+        assert_eq!(admitted.status(), StatusCode::OK);
+        // its body read to the end gives the permit to the next waiter
+        let fence: u64 = text(admitted).await.parse().unwrap();
+        assert!(fence > last);
+        last = fence;
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_past_its_patience_is_refused_and_leaves_the_queue() {
+    let layer = builder(MemoryStore::new())
+        .limit(1)
+        .queue(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let svc = service(layer);
+    let held = svc.clone().oneshot(call("acme")).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let refused = svc.clone().oneshot(call("acme")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(started.elapsed() >= Duration::from_millis(100), "it waited");
+    drop(held);
+    settle().await;
+    // nobody is left waiting ahead: the next request gets the permit
+    let next = svc.oneshot(call("acme")).await.unwrap();
+    assert_eq!(next.status(), StatusCode::OK);
 }

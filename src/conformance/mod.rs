@@ -21,7 +21,8 @@
 //!   with and is a mismatch for any other.
 //! - **Permits**: at most `limit` unexpired holders per key among concurrent acquisitions; a
 //!   holder alone extends or gives back its permit; fencing tokens strictly increase per key;
-//!   the same acquisition run twice takes one permit.
+//!   the same acquisition run twice takes one permit; waiters get the permits that free up in
+//!   arrival order, and a place lapses unless renewed.
 //! - **Deadlines**: a write received after its `deadline` changes nothing and fails as
 //!   [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind::Timeout) (see the store docs'
 //!   "Deadlines").
@@ -169,6 +170,8 @@ macro_rules! permit_store_suite {
             a_limit_of_zero_is_always_full,
             huge_durations_are_clamped_alike,
             writes_after_their_deadline_change_nothing,
+            permits_go_to_waiters_in_arrival_order,
+            a_lapsed_place_leaves_the_queue,
         );
     };
 }

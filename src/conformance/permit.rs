@@ -22,7 +22,14 @@ async fn acquire(
     lease: Duration,
 ) -> PermitAttempt {
     store
-        .permit_acquire(Hold::new(key, token), fence.clone(), limit, lease, soon())
+        .permit_acquire(
+            Hold::new(key, token),
+            fence.clone(),
+            limit,
+            lease,
+            None,
+            soon(),
+        )
         .await
         .expect("store answers")
 }
@@ -51,7 +58,7 @@ pub async fn exactly_limit_permits_among_concurrent(store: &(impl PermitStore + 
             .count();
         assert_eq!(taken, usize::try_from(limit).unwrap(), "limit {limit}");
         for attempt in results {
-            if let PermitAttempt::Full { next_free } = attempt {
+            if let PermitAttempt::Full { next_free, .. } = attempt {
                 assert!(
                     next_free > Duration::from_secs(29) && next_free <= lease,
                     "{next_free:?}"
@@ -150,7 +157,8 @@ pub async fn a_limit_of_zero_is_always_full(store: &(impl PermitStore + Clone)) 
     assert_eq!(
         attempt,
         PermitAttempt::Full {
-            next_free: Duration::ZERO
+            next_free: Duration::ZERO,
+            ahead: 0
         }
     );
 }
@@ -172,7 +180,14 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl PermitStor
     let passed = tokio::time::Instant::now();
     let lease = Duration::from_millis(500);
     let keys = raw_keys();
-    let late = store.permit_acquire(Hold::new(&keys.0, "a"), keys.1.clone(), 1, lease, passed);
+    let late = store.permit_acquire(
+        Hold::new(&keys.0, "a"),
+        keys.1.clone(),
+        1,
+        lease,
+        None,
+        passed,
+    );
     let error = late.await.expect_err("a late acquisition answered");
     assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
     fence_of(acquire(store, &keys, "b", 1, lease).await);
@@ -182,4 +197,69 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl PermitStor
     tokio::time::sleep(Duration::from_millis(600)).await;
     // the late extension did not keep "b"
     fence_of(acquire(store, &keys, "c", 1, lease).await);
+}
+
+/// Tries to take one of `limit` permits of `key` for `token`, keeping its place in the queue for
+/// `wait` should it have to wait.
+async fn queue(
+    store: &impl PermitStore,
+    (key, fence): &(String, String),
+    token: &str,
+    limit: u32,
+    wait: Duration,
+) -> PermitAttempt {
+    let lease = Duration::from_secs(30);
+    let hold = Hold::new(key, token);
+    store
+        .permit_acquire(hold, fence.clone(), limit, lease, Some(wait), soon())
+        .await
+        .expect("store answers")
+}
+
+fn ahead_of(attempt: PermitAttempt) -> u32 {
+    match attempt {
+        PermitAttempt::Full { ahead, .. } => ahead,
+        PermitAttempt::Acquired { .. } => panic!("expected to wait, got {attempt:?}"),
+    }
+}
+
+/// Waiters get the permits that free up in the order they arrived; a holder that does not
+/// queue waits behind all of them; giving up (a release) leaves the queue.
+pub async fn permits_go_to_waiters_in_arrival_order(store: &(impl PermitStore + Clone)) {
+    let (keys, wait) = (raw_keys(), Duration::from_secs(30));
+    fence_of(queue(store, &keys, "a", 1, wait).await);
+    assert_eq!(ahead_of(queue(store, &keys, "b", 1, wait).await), 0);
+    assert_eq!(ahead_of(queue(store, &keys, "c", 1, wait).await), 1);
+    assert_eq!(ahead_of(queue(store, &keys, "d", 1, wait).await), 2);
+    let release = |token: &str| store.permit_release(Hold::new(&keys.0, token));
+    assert!(release("a").await.unwrap());
+    // free, but b came first
+    assert_eq!(ahead_of(queue(store, &keys, "c", 1, wait).await), 1);
+    let unqueued = acquire(store, &keys, "e", 1, wait).await;
+    assert!(
+        matches!(unqueued, PermitAttempt::Full { ahead: 3, .. }),
+        "{unqueued:?}"
+    );
+    fence_of(queue(store, &keys, "b", 1, wait).await);
+    // c gives up: d is next
+    assert!(!release("c").await.unwrap(), "a waiter holds no permit");
+    assert!(release("b").await.unwrap());
+    fence_of(queue(store, &keys, "d", 1, wait).await);
+}
+
+/// A waiter that stops trying loses its place once it lapses.
+pub async fn a_lapsed_place_leaves_the_queue(store: &(impl PermitStore + Clone)) {
+    let keys = raw_keys();
+    let (long, brief) = (Duration::from_secs(30), Duration::from_millis(300));
+    fence_of(queue(store, &keys, "a", 1, long).await);
+    assert_eq!(ahead_of(queue(store, &keys, "b", 1, brief).await), 0);
+    assert_eq!(ahead_of(queue(store, &keys, "c", 1, long).await), 1);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        ahead_of(queue(store, &keys, "c", 1, long).await),
+        0,
+        "b's place lapsed"
+    );
+    assert!(store.permit_release(Hold::new(&keys.0, "a")).await.unwrap());
+    fence_of(queue(store, &keys, "c", 1, long).await);
 }

@@ -75,15 +75,20 @@ pub(crate) fn lock_attempt(acquired: bool, value: i64) -> LockAttempt {
     }
 }
 
-/// The tags of `permit_acquire`'s reply, the same in every backend: `1` taken (`2`: taken again
-/// by its holder) with fencing token `value`, `0` every permit held, the first free in `value`
-/// ms.
-pub(crate) fn permit_attempt(tag: i64, value: i64) -> Result<PermitAttempt, StoreError> {
+/// The reply of `permit_acquire`, the same in every backend: tag `1` taken (`2`: taken again by
+/// its holder) with fencing token `value`; tag `0` no permit free for it, the first held one
+/// free in `value` ms, `ahead` waiters before it.
+pub(crate) fn permit_attempt(
+    tag: i64,
+    value: i64,
+    ahead: i64,
+) -> Result<PermitAttempt, StoreError> {
     let value = u64::try_from(value).unwrap_or(0);
     match tag {
         1 | 2 => Ok(PermitAttempt::Acquired { fence: value }),
         0 => Ok(PermitAttempt::Full {
             next_free: Duration::from_millis(value),
+            ahead: u32::try_from(ahead).unwrap_or(u32::MAX),
         }),
         tag => Err(unexpected("permit_acquire", tag)),
     }

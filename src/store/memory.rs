@@ -150,8 +150,15 @@ enum Value {
     Fence(u64),
     /// An idempotency record.
     Idem(IdemRecord),
-    /// The permits held under a concurrency limit.
-    Permits(Vec<Permit>),
+    /// The permits held under a concurrency limit, and the queue of waiters for them.
+    Permits(Permits),
+}
+
+#[derive(Debug, Default)]
+struct Permits {
+    held: Vec<Permit>,
+    /// In arrival order.
+    queue: Vec<Waiter>,
 }
 
 #[derive(Debug)]
@@ -159,6 +166,71 @@ struct Permit {
     token: String,
     /// Store time in microseconds when its lease ends.
     ends: u64,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    token: String,
+    /// Store time in microseconds when its place lapses.
+    until: u64,
+}
+
+impl Permits {
+    /// Drops the permits whose lease ended and the places that lapsed at `now`.
+    fn expire(&mut self, now: u64) {
+        self.held.retain(|p| p.ends > now);
+        self.queue.retain(|w| w.until > now);
+    }
+
+    /// When the entry may go: once every lease has ended and every place lapsed.
+    fn last_end(&self) -> u64 {
+        let leases = self.held.iter().map(|p| p.ends);
+        leases
+            .chain(self.queue.iter().map(|w| w.until))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Why `token` cannot take one of `limit` permits now: the first lease's end (`now` when
+    /// none is held) and the waiters ahead of it; `None` when it can.
+    fn refusal(&self, token: &str, limit: u32, now: u64) -> Option<(u64, usize)> {
+        if self.held.iter().any(|p| p.token == token) {
+            return None;
+        }
+        let free = usize::try_from(limit)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(self.held.len());
+        let ahead = self
+            .queue
+            .iter()
+            .position(|w| w.token == token)
+            .unwrap_or(self.queue.len());
+        let first = self.held.iter().map(|p| p.ends).min().unwrap_or(now);
+        (ahead >= free).then_some((first, ahead))
+    }
+
+    /// `token` keeps (or takes) its place in the queue until `until`.
+    fn wait(&mut self, token: &str, until: u64) {
+        match self.queue.iter_mut().find(|w| w.token == token) {
+            Some(waiter) => waiter.until = until,
+            None => self.queue.push(Waiter {
+                token: token.to_owned(),
+                until,
+            }),
+        }
+    }
+
+    /// `token` holds a permit until `ends` (leaving the queue).
+    fn hold(&mut self, token: &str, ends: u64) {
+        self.queue.retain(|w| w.token != token);
+        match self.held.iter_mut().find(|p| p.token == token) {
+            Some(permit) => permit.ends = ends,
+            None => self.held.push(Permit {
+                token: token.to_owned(),
+                ends,
+            }),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -808,39 +880,44 @@ impl PermitStore for MemoryStore {
         fence_key: String,
         limit: u32,
         lease: Duration,
+        wait: Option<Duration>,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
         before(deadline, || {
             let now = self.now_us();
             let key = hold.key.as_str();
             self.inner.entries.run(key, Some(&fence_key), now, |held| {
-                if let Some(first) = first_free(held, &hold, limit, now) {
-                    let next_free = Duration::from_millis(first.saturating_sub(now).div_ceil(1000));
-                    return Ok(PermitAttempt::Full { next_free });
-                }
                 held.make_room(&[key, &fence_key])?;
-                let ends = expiry(now, lease);
-                let last_end = match held.live(key, now) {
-                    Some(Value::Permits(permits)) => {
-                        match permits.iter_mut().find(|p| p.token == hold.token) {
-                            Some(permit) => permit.ends = ends,
-                            None => permits.push(Permit {
-                                token: hold.token.clone(),
-                                ends,
-                            }),
-                        }
-                        permits.iter().map(|p| p.ends).max().unwrap_or(ends)
-                    }
-                    _ => {
-                        let permit = Permit {
-                            token: hold.token.clone(),
-                            ends,
-                        };
-                        held.put(key, Value::Permits(vec![permit]), ends)?;
-                        ends
-                    }
+                if !matches!(held.live(key, now), Some(Value::Permits(_))) {
+                    held.put(key, Value::Permits(Permits::default()), now + 1)?;
+                }
+                let Some(Value::Permits(permits)) = held.live(key, now) else {
+                    return Ok(PermitAttempt::Full {
+                        next_free: Duration::ZERO,
+                        ahead: 0,
+                    });
                 };
-                held.set_expiry(key, last_end);
+                permits.expire(now);
+                let refused = permits.refusal(&hold.token, limit, now);
+                match refused {
+                    Some(_) => {
+                        if let Some(wait) = wait {
+                            permits.wait(&hold.token, expiry(now, wait));
+                        }
+                    }
+                    None => permits.hold(&hold.token, expiry(now, lease)),
+                }
+                let last_end = permits.last_end();
+                if last_end > now {
+                    held.set_expiry(key, last_end);
+                } else {
+                    held.remove(key);
+                }
+                if let Some((first, ahead)) = refused {
+                    let next_free = Duration::from_millis(first.saturating_sub(now).div_ceil(1000));
+                    let ahead = u32::try_from(ahead).unwrap_or(u32::MAX);
+                    return Ok(PermitAttempt::Full { next_free, ahead });
+                }
                 let fence = match held.live(&fence_key, now) {
                     Some(Value::Fence(last)) => now.max(last.saturating_add(1)),
                     _ => now,
@@ -863,13 +940,14 @@ impl PermitStore for MemoryStore {
                     return Ok(false);
                 };
                 let Some(permit) = permits
+                    .held
                     .iter_mut()
                     .find(|p| p.token == hold.token && p.ends > now)
                 else {
                     return Ok(false);
                 };
                 permit.ends = expiry(now, lease);
-                let last_end = permits.iter().map(|p| p.ends).max().unwrap_or(now);
+                let last_end = permits.last_end();
                 held.set_expiry(&hold.key, last_end);
                 Ok(true)
             })
@@ -883,29 +961,17 @@ impl PermitStore for MemoryStore {
                 return Ok(false);
             };
             let released = permits
+                .held
                 .iter()
                 .any(|p| p.token == hold.token && p.ends > now);
-            permits.retain(|p| p.token != hold.token && p.ends > now);
-            if permits.is_empty() {
+            permits.held.retain(|p| p.token != hold.token);
+            permits.queue.retain(|w| w.token != hold.token);
+            permits.expire(now);
+            if permits.held.is_empty() && permits.queue.is_empty() {
                 held.remove(&hold.key);
             }
             Ok(released)
         }))
-    }
-}
-
-/// When `hold` cannot take one of `limit` permits: the end of the first lease among the held
-/// ones (`now` when the limit is 0); `None` when it can. Drops the permits whose lease ended.
-fn first_free(held: &mut Locked<'_>, hold: &Hold, limit: u32, now: u64) -> Option<u64> {
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    match held.live(&hold.key, now) {
-        Some(Value::Permits(permits)) => {
-            permits.retain(|p| p.ends > now);
-            let holds_one = permits.iter().any(|p| p.token == hold.token);
-            (!holds_one && permits.len() >= limit)
-                .then(|| permits.iter().map(|p| p.ends).min().unwrap_or(now))
-        }
-        _ => (limit == 0).then_some(now),
     }
 }
 

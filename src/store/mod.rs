@@ -160,18 +160,24 @@ pub trait PermitStore: fmt::Debug + Send + Sync + 'static {
     /// deadline callers give their writes.
     fn timeout(&self) -> Duration;
 
-    /// Takes one of the `limit` permits of `hold.key` for `hold.token`, for `lease`, if fewer
-    /// than `limit` permits are held (expired ones do not count) and, only then, draws a fencing
-    /// token from `fence_key` (same hash slot) as [`LockStore::lock_acquire`] does: strictly
-    /// increasing per key. A permit that `hold.token` holds already is taken again with a fresh
-    /// lease and a fresh fencing token: the same attempt run twice takes one permit. Received
-    /// after `deadline`, it does nothing.
+    /// Takes one of the `limit` permits of `hold.key` for `hold.token`, for `lease`, if one is
+    /// free for it and, only then, draws a fencing token from `fence_key` (same hash slot) as
+    /// [`LockStore::lock_acquire`] does: strictly increasing per key. A permit that
+    /// `hold.token` holds already is taken again with a fresh lease and a fresh fencing token:
+    /// the same attempt run twice takes one permit. Received after `deadline`, it does nothing.
+    ///
+    /// Permits go to waiters first, in arrival order. With `wait` set, a holder that finds no
+    /// permit free for it keeps a place in the key's queue for `wait` from now (each attempt
+    /// renews it; [`permit_release`](Self::permit_release) gives it up); a permit is free for
+    /// it while fewer waiters arrived before it than permits are free (leases that ended do
+    /// not count). Without `wait`, a permit is free only when more are free than waiters queue.
     fn permit_acquire(
         &self,
         hold: Hold,
         fence_key: String,
         limit: u32,
         lease: Duration,
+        wait: Option<Duration>,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt>;
 
@@ -181,7 +187,8 @@ pub trait PermitStore: fmt::Debug + Send + Sync + 'static {
     fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool>;
 
     /// Gives the permit back, only while `hold.token` holds one; `false` when it does not. A
-    /// call re-sent after a lost reply answers as its first run did.
+    /// call re-sent after a lost reply answers as its first run did. A place `hold.token` keeps
+    /// in the key's queue is given up too.
     fn permit_release(&self, hold: Hold) -> StoreFuture<bool>;
 }
 
@@ -318,11 +325,13 @@ pub enum PermitAttempt {
         /// Strictly greater than every earlier token of the same key.
         fence: u64,
     },
-    /// Every permit is held; the first of them ends its lease in about this long, unless
-    /// extended or given back.
+    /// No permit is free for this holder: every permit is held, or waiters that arrived
+    /// before it take those that are free.
     Full {
-        /// The shortest remaining lease among the held permits.
+        /// The shortest remaining lease among the held permits (zero when none is held).
         next_free: Duration,
+        /// How many waiters are ahead of this holder in the key's queue.
+        ahead: u32,
     },
 }
 
@@ -434,9 +443,10 @@ impl<T: PermitStore + ?Sized> PermitStore for Arc<T> {
         fence_key: String,
         limit: u32,
         lease: Duration,
+        wait: Option<Duration>,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
-        (**self).permit_acquire(hold, fence_key, limit, lease, deadline)
+        (**self).permit_acquire(hold, fence_key, limit, lease, wait, deadline)
     }
 
     fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {

@@ -106,6 +106,7 @@ async fn send_into_the_partition(store: &RedisStore, proxies: &[Proxy]) -> Held 
             format!("{}:fence", held.permits),
             1,
             Duration::from_secs(600),
+            None,
             Instant::now() + STORE_TIMEOUT,
         ),
         store.check_rate(&held.policy, RateCheck::new(held.caller, 4)),
@@ -223,6 +224,7 @@ async fn assert_nothing_changed(copies: [&RedisStore; 2], held: &Held) {
             format!("{}:fence", held.permits),
             1,
             Duration::from_secs(5),
+            None,
             common::soon(),
         )
         .await

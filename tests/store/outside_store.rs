@@ -123,10 +123,11 @@ impl PermitStore for Delegating {
         fence_key: String,
         limit: u32,
         lease: Duration,
+        wait: Option<Duration>,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
         self.0
-            .permit_acquire(hold, fence_key, limit, lease, deadline)
+            .permit_acquire(hold, fence_key, limit, lease, wait, deadline)
     }
 
     fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {

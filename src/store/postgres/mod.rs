@@ -419,9 +419,14 @@ fn decode_lock(row: &Row) -> Result<LockAttempt, StoreError> {
     ))
 }
 
-/// `(tag, value)`: see [`kit::permit_attempt`].
+/// `(tag, value, ahead)`: see [`kit::permit_attempt`].
 fn decode_permit(row: &Row) -> Result<PermitAttempt, StoreError> {
-    kit::permit_attempt(tag(row)?.into(), row.try_get(1).map_err(protocol)?)
+    let ahead: Option<i64> = row.try_get(2).map_err(protocol)?;
+    kit::permit_attempt(
+        tag(row)?.into(),
+        row.try_get(1).map_err(protocol)?,
+        ahead.unwrap_or(0),
+    )
 }
 
 impl RateStore for PgStore {
@@ -635,6 +640,7 @@ impl PermitStore for PgStore {
         fence_key: String,
         limit: u32,
         lease: Duration,
+        wait: Option<Duration>,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
         let params: Vec<Param> = vec![
@@ -644,6 +650,7 @@ impl PermitStore for PgStore {
             Box::new(i64::from(limit)),
             Box::new(ms(lease)),
             Box::new(ms(fence_ttl(lease))),
+            Box::new(wait.map_or(0, ms)),
         ];
         let sql: fn(&Sql) -> &String = |s| &s.permit_acquire;
         self.call("permit_acquire", sql, params, Some(deadline), decode_permit)

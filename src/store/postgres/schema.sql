@@ -8,7 +8,7 @@
 --
 -- Lock order: every function, the purge and the migration lock tables in this order, so that
 -- no two of them can wait for each other in a cycle:
---   rate_limits, rate_log, holds, permits, fences, idempotency, releases
+--   rate_limits, rate_log, holds, permits, permit_queue, fences, idempotency, releases
 -- A rate check locks its rate_limits rows (in key order) before it touches rate_log. A claim,
 -- lock, permit or idempotency call takes the advisory lock of its key (lock_key) before its
 -- holds, permits or idempotency rows; lock_acquire and permit_acquire then write fences; a
@@ -37,8 +37,8 @@ DO $lock$
 DECLARE
   t text;
 BEGIN
-  FOREACH t IN ARRAY ARRAY['rate_limits', 'rate_log', 'holds', 'permits', 'fences',
-                           'idempotency', 'releases'] LOOP
+  FOREACH t IN ARRAY ARRAY['rate_limits', 'rate_log', 'holds', 'permits', 'permit_queue',
+                           'fences', 'idempotency', 'releases'] LOOP
     IF to_regclass('__SCHEMA__.' || t) IS NOT NULL THEN
       EXECUTE format('LOCK TABLE %s.%I IN ACCESS EXCLUSIVE MODE', '__SCHEMA__', t);
     END IF;
@@ -158,6 +158,17 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.permits (
   PRIMARY KEY (key, token)
 );
 CREATE INDEX IF NOT EXISTS permits_expiry ON __SCHEMA__.permits (expires_at);
+-- The queue of waiters for a key's permits: arrival order (`arrived`, then the token), each
+-- place kept until `expires_at`.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.permit_queue (
+  key text NOT NULL,
+  token text NOT NULL,
+  arrived bigint NOT NULL,
+  expires_at bigint NOT NULL,
+  PRIMARY KEY (key, token)
+);
+CREATE INDEX IF NOT EXISTS permit_queue_order ON __SCHEMA__.permit_queue (key, arrived, token);
+CREATE INDEX IF NOT EXISTS permit_queue_expiry ON __SCHEMA__.permit_queue (expires_at);
 
 -- Fencing counters: the last token drawn per lock name.
 CREATE TABLE IF NOT EXISTS __SCHEMA__.fences (
@@ -989,22 +1000,28 @@ RETURNS boolean LANGUAGE sql AS $$
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- Permits (as permit_*.lua): at most p_limit unexpired rows per key in `permits`.
--- permit_acquire takes one for p_token if fewer than p_limit are held and only then draws the
--- next fencing token, as lock_acquire does. A token that holds one already keeps it, with a
--- fresh lease and a fresh fencing token. Returns (1, fence) taken by this call, (2, fence) held
--- by this token already, (0, ms until the first lease ends) every permit held, or (-1, NULL)
--- received at or after p_deadline_us, nothing done.
+-- Permits (as permit_*.lua): at most p_limit unexpired rows per key in `permits`; waiters queue
+-- in `permit_queue`, and a permit is free for a holder while fewer waiters arrived before it than
+-- permits are free (one that does not queue counts every waiter as before it).
+-- permit_acquire takes one for p_token if one is free for it and only then draws the next
+-- fencing token, as lock_acquire does; else, with p_wait_ms > 0, it keeps the token's place in
+-- the queue for p_wait_ms. A token that holds one already keeps it, with a fresh lease and a
+-- fresh fencing token. Returns (1, fence, NULL) taken by this call, (2, fence, NULL) held by this
+-- token already, (0, ms until the first lease ends or 0, waiters ahead) none free for it, or
+-- (-1, NULL, NULL) received at or after p_deadline_us, nothing done.
 -- ---------------------------------------------------------------------------------------------
+DROP FUNCTION IF EXISTS __SCHEMA__.permit_acquire(text, text, text, bigint, bigint, bigint, bigint);
 CREATE OR REPLACE FUNCTION __SCHEMA__.permit_acquire(
   p_key text, p_fence_key text, p_token text, p_limit bigint, p_lease_ms bigint,
-  p_fence_ttl_ms bigint, p_deadline_us bigint, OUT o_tag smallint, OUT o_value bigint
+  p_fence_ttl_ms bigint, p_wait_ms bigint, p_deadline_us bigint,
+  OUT o_tag smallint, OUT o_value bigint, OUT o_ahead bigint
 ) LANGUAGE plpgsql AS $$
 DECLARE
   v_now bigint;
   v_held bigint;
   v_mine boolean;
   v_first bigint;
+  v_arrived bigint;
 BEGIN
   -- serialised with every acquisition and release of the key (see claim): the count is final
   PERFORM __SCHEMA__.lock_key(p_key);
@@ -1013,17 +1030,31 @@ BEGIN
     o_tag := -1;
     RETURN;
   END IF;
-  -- leases that ended give their permits back
+  -- leases that ended give their permits back; places that lapsed leave the queue
   DELETE FROM __SCHEMA__.permits WHERE key = p_key AND expires_at <= v_now;
+  DELETE FROM __SCHEMA__.permit_queue WHERE key = p_key AND expires_at <= v_now;
   SELECT count(*), coalesce(bool_or(token = p_token), false), min(expires_at)
     INTO v_held, v_mine, v_first
     FROM __SCHEMA__.permits WHERE key = p_key;
-  IF NOT v_mine AND v_held >= p_limit THEN
-    o_tag := 0;
-    o_value := CASE WHEN v_first IS NULL THEN 0
-                    ELSE __SCHEMA__.ceil_div(v_first - v_now, 1000) END;
-    RETURN;
+  IF NOT v_mine THEN
+    SELECT arrived INTO v_arrived FROM __SCHEMA__.permit_queue
+      WHERE key = p_key AND token = p_token;
+    SELECT count(*) INTO o_ahead FROM __SCHEMA__.permit_queue
+      WHERE key = p_key AND (v_arrived IS NULL OR (arrived, token) < (v_arrived, p_token));
+    IF o_ahead >= p_limit - v_held THEN
+      IF p_wait_ms > 0 THEN
+        INSERT INTO __SCHEMA__.permit_queue (key, token, arrived, expires_at)
+          VALUES (p_key, p_token, v_now, v_now + p_wait_ms * 1000)
+          ON CONFLICT (key, token) DO UPDATE SET expires_at = EXCLUDED.expires_at;
+      END IF;
+      o_tag := 0;
+      o_value := CASE WHEN v_first IS NULL THEN 0
+                      ELSE __SCHEMA__.ceil_div(v_first - v_now, 1000) END;
+      RETURN;
+    END IF;
+    DELETE FROM __SCHEMA__.permit_queue WHERE key = p_key AND token = p_token;
   END IF;
+  o_ahead := NULL;
   INSERT INTO __SCHEMA__.permits (key, token, expires_at)
     VALUES (p_key, p_token, v_now + p_lease_ms * 1000)
     ON CONFLICT (key, token) DO UPDATE SET expires_at = EXCLUDED.expires_at;
@@ -1059,7 +1090,8 @@ BEGIN
   RETURN 1;
 END $$;
 
--- permit_release: gives p_token's permit back while it holds an unexpired one, leaving a marker
+-- permit_release: gives p_token's permit back while it holds an unexpired one (and its place in
+-- the queue, if it waits), leaving a marker
 -- naming this release call (p_call) under `<key> <token>`, so that the call re-sent answers
 -- true again. (as permit_release.lua)
 CREATE OR REPLACE FUNCTION __SCHEMA__.permit_release(
@@ -1072,6 +1104,7 @@ BEGIN
   -- after every acquisition of this key still running, and seeing what it committed: see claim
   PERFORM __SCHEMA__.lock_key(p_key);
   v_now := __SCHEMA__.now_us();
+  DELETE FROM __SCHEMA__.permit_queue WHERE key = p_key AND token = p_token;
   DELETE FROM __SCHEMA__.permits WHERE key = p_key AND token = p_token
     RETURNING expires_at INTO v_expires;
   IF FOUND AND v_expires > v_now THEN
@@ -1223,6 +1256,12 @@ BEGIN
   o_most := greatest(o_most, v_count); o_total := o_total + v_count;
   DELETE FROM __SCHEMA__.permits WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM __SCHEMA__.permits WHERE expires_at <= v_now
+    LIMIT p_limit FOR UPDATE SKIP LOCKED
+  ));
+  GET DIAGNOSTICS v_count = ROW_COUNT;
+  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
+  DELETE FROM __SCHEMA__.permit_queue WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM __SCHEMA__.permit_queue WHERE expires_at <= v_now
     LIMIT p_limit FOR UPDATE SKIP LOCKED
   ));
   GET DIAGNOSTICS v_count = ROW_COUNT;

@@ -77,7 +77,9 @@ impl Sql {
             lock_acquire: format!("SELECT * FROM {s}.lock_acquire($1, $2, $3, $4, $5, $6)"),
             extend_hold: format!("SELECT {s}.extend_hold($1, $2, $3, $4)"),
             release_hold: format!("SELECT {s}.release_hold($1, $2, $3, $4)"),
-            permit_acquire: format!("SELECT * FROM {s}.permit_acquire($1, $2, $3, $4, $5, $6, $7)"),
+            permit_acquire: format!(
+                "SELECT * FROM {s}.permit_acquire($1, $2, $3, $4, $5, $6, $7, $8)"
+            ),
             permit_extend: format!("SELECT {s}.permit_extend($1, $2, $3, $4)"),
             permit_release: format!("SELECT {s}.permit_release($1, $2, $3, $4)"),
             idem_begin: format!("SELECT * FROM {s}.idem_begin($1, $2, $3, $4, $5)"),

@@ -490,9 +490,12 @@ fn release_call(key: &str, token: &str) -> ScriptCall {
 /// the lifetime of a call's note and a random id of this call, so that the call re-sent answers
 /// as it did.
 fn permit_release_call(hold: &Hold) -> ScriptCall {
+    let (queue, waiting) = keys::permit_queue(&hold.key);
     ScriptCall::default()
         .key(&hold.key)
         .key(keys::release_marker(&hold.key))
+        .key(queue)
+        .key(waiting)
         .arg(&hold.token)
         .arg(millis(RELEASE_MARKER_TTL))
         .arg(kit::release_call_id())
@@ -675,19 +678,24 @@ impl PermitStore for RedisStore {
         fence_key: String,
         limit: u32,
         lease: Duration,
+        wait: Option<Duration>,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
         let undo = Undo {
             script: |s| &s.permit_release,
             call: permit_release_call(&hold),
         };
+        let (queue, waiting) = keys::permit_queue(&hold.key);
         let call = ScriptCall::default()
             .key(hold.key)
             .key(fence_key)
+            .key(queue)
+            .key(waiting)
             .arg(hold.token)
             .arg(limit)
             .arg(millis(lease))
-            .arg(millis(fence_ttl(lease)));
+            .arg(millis(fence_ttl(lease)))
+            .arg(wait.map_or(0, millis));
         self.write(
             "permit_acquire",
             |s| &s.permit_acquire,
@@ -695,10 +703,16 @@ impl PermitStore for RedisStore {
             deadline,
             // 2: held by this holder already, only its lease reset
             Effect {
-                counts: |(tag, _): &(i64, i64)| *tag >= 1,
-                made: |(tag, _)| *tag == 1,
+                counts: |reply: &Vec<i64>| reply.first().is_some_and(|tag| *tag >= 1),
+                made: |reply| reply.first() == Some(&1),
             },
-            |(tag, value)| kit::permit_attempt(tag, value),
+            |reply| match reply[..] {
+                [tag, value] => kit::permit_attempt(tag, value, 0),
+                [tag, value, ahead] => kit::permit_attempt(tag, value, ahead),
+                _ => Err(StoreError::protocol(format!(
+                    "permit_acquire answered {reply:?}"
+                ))),
+            },
             Some(undo),
             None,
         )

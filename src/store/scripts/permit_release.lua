@@ -1,5 +1,5 @@
 -- Permit release: give a permit back, only while the holder still has it, and note this release
--- call among the recent ones.
+-- call among the recent ones; a place the holder keeps in the queue is given up too.
 --
 -- Safe to run twice: a second run of the same call (a re-sent command) finds itself noted and
 -- answers "released" again instead of "not held"; another release call answers 0. The notes are
@@ -8,15 +8,18 @@
 --
 -- KEYS[1]  the permits (see permit_acquire.lua)
 -- KEYS[2]  the recent release calls (same hash tag)
+-- KEYS[3]  the queue, KEYS[4] the waiters' places (see permit_acquire.lua)
 -- ARGV[1]  the holder's token
 -- ARGV[2]  lifetime of a note in milliseconds
 -- ARGV[3]  a random id of this release call
 -- Returns  1 when given back (now, or by an earlier run of this call), 0 when the holder has no
 --          unexpired permit
--- Cost     O(log n + expired notes): TIME, ZSCORE, plus ZREM, ZREMRANGEBYSCORE, ZADD, PEXPIRE
+-- Cost     O(log n + expired notes): TIME, ZREM twice, ZSCORE, plus ZREM, ZREMRANGEBYSCORE, ZADD, PEXPIRE
 --          on a match, or ZSCORE of the note otherwise.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
 local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if ends then
   redis.call('ZREM', KEYS[1], ARGV[1])
