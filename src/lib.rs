@@ -164,8 +164,9 @@
 //! 1. **Core vocabulary.** [`ConfigError`] and the [`store::StoreError`] kinds; the caller digest
 //!    [`key::Key`]; what a rate limit is and answers ([`rate`]: [`rate::RatePolicy`],
 //!    [`rate::RateOutcome`], and the three algorithms in process for `MemoryStore` and the local
-//!    fallback); and the store-key layout — every key, with its Cluster hash tag, is built in one
-//!    private module, which also checks prefixes.
+//!    fallback); the store-key layout — every key, with its Cluster hash tag, is built in one
+//!    private module, which also checks prefixes; and the sharded, bounded map of expiring
+//!    entries that `MemoryStore` and the local fallback keep their state in.
 //! 2. **[`store`].** The atomic operations, as three capability traits —
 //!    [`RateStore`](store::RateStore), [`LockStore`](store::LockStore) and
 //!    [`IdempotencyStore`](store::IdempotencyStore) — and [`Store`](store::Store), all three plus
@@ -206,6 +207,7 @@ mod macros;
 
 // core vocabulary
 pub mod error;
+mod expiring;
 pub mod key;
 mod keys;
 pub mod rate;

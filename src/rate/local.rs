@@ -1,29 +1,29 @@
 //! [`LocalRates`]: rate-limit state inside one process, decided by the in-process algorithms.
 //!
-//! The state is bounded and shared between threads without one global lock:
+//! The callers are kept in an [`ExpiringMap`] (see `crate::expiring`: shards, an expiry index,
+//! a capacity counted over all shards), so the state is bounded and shared between threads
+//! without one global lock:
 //!
-//! - **Shards**: callers are spread over [`SHARDS`] tables by a hash of their [`Key`], each behind
-//!   its own lock, so decisions for different callers seldom wait for each other. All limits of a
-//!   caller live in its shard: a decision over several limits is one step under one lock.
-//! - **Expiry index**: each table orders its callers by expiry, and every operation first removes
-//!   the callers whose time is up — exactly those, never a scan of the live ones. A caller's
-//!   entry is moved when it comes due and the caller turns out to live longer (not on every
-//!   decision that pushes its expiry later), so the index costs O(log n) per caller and lifetime,
-//!   amortised.
-//! - **Capacity**: at most `capacity` callers over all shards, counted together (not per shard).
-//!   A new caller beyond that is refused ([`Full`]) once the expired callers of every shard have
-//!   been removed. A live caller is never evicted to make room: that would hand it a fresh quota.
+//! - Callers are routed to a shard by their [`Key`] alone, so all limits of a caller — under
+//!   every policy namespace — live in one shard: a decision over several limits is one step
+//!   under one lock.
+//! - A caller's expiry is the latest of its slots'. A decision that pushes it later does not
+//!   move the caller in the expiry index; the index moves it when it comes due and the caller
+//!   turns out to live longer. A caller left without slots is removed at once.
+//! - At most `capacity` callers: a new caller beyond that is refused ([`Full`]) once the expired
+//!   callers of every shard have been removed. A live caller is never evicted to make room: that
+//!   would hand it a fresh quota. A check that keeps nothing (a look at cost 0, a cost beyond
+//!   the quota) needs no room.
+//! - Namespaces and limit names are numbered per shard, under its lock.
 
-use std::collections::{BTreeSet, HashMap};
-use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
 use super::algorithms::{self, Slot};
 use super::{Algorithm, RateCheck, RateOutcome, RatePolicy};
+use crate::expiring::{Expiring, ExpiringMap, Full};
 use crate::key::Key;
 
 /// A store clock in one process: the wall clock when it was made plus tokio's monotonic clock
@@ -52,10 +52,6 @@ impl Clock {
     }
 }
 
-/// The number of shards: enough that a few cores seldom meet on one lock, few enough that an
-/// empty table stays small (a few kilobytes).
-pub(crate) const SHARDS: usize = 32;
-
 /// Callers' rate state kept in process, with the semantics of the store scripts.
 ///
 /// A caller is a policy namespace and a [`Key`]; it holds one slot per limit name and algorithm.
@@ -64,37 +60,13 @@ pub(crate) const SHARDS: usize = 32;
 #[derive(Debug)]
 pub(crate) struct LocalRates {
     clock: Clock,
-    shards: Box<[Shard]>,
-    /// Picks a caller's shard; keyed at random, so that nobody can aim callers at one shard.
-    hasher: RandomState,
-    capacity: usize,
-    /// Callers held over all shards, the expired ones not removed yet included.
-    held: AtomicUsize,
+    callers: ExpiringMap<CallerId, Caller, Names>,
 }
 
-/// A new caller refused: the table holds its capacity of live callers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Full;
-
-// One shard per cache line: threads locking neighbouring shards do not slow each other down.
+/// Namespaces and limit names by number, in each shard. They come from configuration, never
+/// from requests, so there are few, and they are kept as long as the table.
 #[derive(Debug, Default)]
-#[repr(align(64))]
-struct Shard {
-    table: Mutex<Table>,
-    /// At most the earliest expiry in the table (`u64::MAX` when empty), readable without the
-    /// lock: a full table skips the shards where nothing has expired.
-    next_expiry: AtomicU64,
-}
-
-#[derive(Debug, Default)]
-struct Table {
-    callers: HashMap<CallerId, Caller>,
-    /// Every caller once, at its `indexed_at`, earliest first.
-    by_expiry: BTreeSet<(u64, CallerId)>,
-    /// Namespaces and limit names by number. They come from configuration, never from requests,
-    /// so there are few, and they are kept as long as the table.
-    names: HashMap<Box<str>, u32>,
-}
+struct Names(HashMap<Box<str>, u32>);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct CallerId {
@@ -106,8 +78,6 @@ struct CallerId {
 struct Caller {
     /// The latest expiry of its slots: the caller is gone after it.
     expires_at: u64,
-    /// Its place in the expiry index: never after `expires_at`.
-    indexed_at: u64,
     slots: Vec<Limited>,
 }
 
@@ -124,10 +94,7 @@ impl LocalRates {
     pub(crate) fn new(clock: Clock, capacity: usize) -> Self {
         Self {
             clock,
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            hasher: RandomState::new(),
-            capacity,
-            held: AtomicUsize::new(0),
+            callers: ExpiringMap::new(capacity),
         }
     }
 
@@ -136,205 +103,85 @@ impl LocalRates {
     /// not held yet is [`Full`] when `capacity` live callers are held.
     pub(crate) fn check(&self, policy: &RatePolicy, check: RateCheck) -> Result<RateOutcome, Full> {
         let now = self.clock.now_us();
-        let shard = self.shard(check.key());
-        if let Some(outcome) = self.decide_in(shard, policy, now, check) {
+        let shard = self.callers.shard(check.key().as_bytes());
+        if let Ok(outcome) = self.decide_in(shard, policy, now, check) {
             return Ok(outcome);
         }
         // Expired callers in other shards do not count against the capacity either. They are
         // removed with this shard's lock released: holding two shard locks could deadlock.
-        self.remove_expired_everywhere(now);
-        self.decide_in(shard, policy, now, check).ok_or(Full)
+        self.callers.remove_expired_everywhere(now);
+        self.decide_in(shard, policy, now, check)
     }
 
     /// Forgets caller `key`'s state for every limit of `policy`, and nothing else: what deleting
     /// its store keys does.
     pub(crate) fn reset(&self, policy: &RatePolicy, key: Key) {
-        self.shard(key).with(|table| {
-            let id = CallerId {
-                namespace: table.name(policy.namespace()),
-                key: *key.as_bytes(),
-            };
-            let limits: Vec<u32> = policy
-                .limits()
-                .iter()
-                .map(|l| table.name(l.name()))
-                .collect();
-            let Some(caller) = table.callers.get_mut(&id) else {
-                return;
-            };
+        let shard = self.callers.shard(key.as_bytes());
+        let mut callers = self.callers.lock(shard, self.clock.now_us());
+        let (id, limits) = callers.side().number(policy, key);
+        callers.update(&id, |caller| {
             caller
                 .slots
                 .retain(|s| s.algorithm != policy.algorithm() || !limits.contains(&s.name));
-            if !table.settle(id) {
-                self.give_back(1);
-            }
         });
     }
 
     /// The number of live callers.
     pub(crate) fn len(&self) -> usize {
-        let now = self.clock.now_us();
-        self.shards
-            .iter()
-            .map(|shard| shard.with(|table| table.live(now)))
-            .sum()
+        self.callers.live(self.clock.now_us())
     }
 
-    fn shard(&self, key: Key) -> &Shard {
-        let at = self.hasher.hash_one(key.as_bytes()) as usize % SHARDS;
-        &self.shards[at]
-    }
-
-    /// Decides under `shard`'s lock; `None` for a new caller when there is no room for it.
+    /// Decides under `shard`'s lock; [`Full`] for a new caller when there is no room for it.
     fn decide_in(
         &self,
-        shard: &Shard,
+        shard: usize,
         policy: &RatePolicy,
         now: u64,
         check: RateCheck,
-    ) -> Option<RateOutcome> {
-        shard.with(|table| {
-            self.give_back(table.remove_expired(now));
-            let id = CallerId {
-                namespace: table.name(policy.namespace()),
-                key: *check.key().as_bytes(),
-            };
-            let limits: Vec<u32> = policy
-                .limits()
-                .iter()
-                .map(|l| table.name(l.name()))
-                .collect();
-            let Some(caller) = table.callers.get_mut(&id) else {
-                return self.decide_new(table, id, policy, &limits, now, check);
-            };
-            let outcome = caller.decide(policy, &limits, now, check);
-            if !table.settle(id) {
-                self.give_back(1);
-            }
-            Some(outcome)
-        })
-    }
-
-    /// Decides for a caller not held yet, and keeps it if it has state to keep and there is
-    /// room; `None` when there is not.
-    fn decide_new(
-        &self,
-        table: &mut Table,
-        id: CallerId,
-        policy: &RatePolicy,
-        limits: &[u32],
-        now: u64,
-        check: RateCheck,
-    ) -> Option<RateOutcome> {
-        let mut caller = Caller::new(limits.len());
-        // The algorithms only compute, so the outcome can be thrown away with the state. One
-        // that keeps nothing (a look at cost 0, a cost beyond the quota) needs no room.
-        let outcome = caller.decide(policy, limits, now, check);
-        if caller.slots.is_empty() {
-            return Some(outcome);
-        }
-        if !self.take_room() {
-            return None;
-        }
-        caller.indexed_at = caller.expires_at;
-        table.by_expiry.insert((caller.indexed_at, id));
-        table.callers.insert(id, caller);
-        Some(outcome)
-    }
-
-    fn remove_expired_everywhere(&self, now: u64) {
-        for shard in &*self.shards {
-            if shard.next_expiry.load(Ordering::Relaxed) <= now {
-                shard.with(|table| self.give_back(table.remove_expired(now)));
-            }
-        }
-    }
-
-    /// Counts one more caller, if there is room for it.
-    fn take_room(&self) -> bool {
-        self.held
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
-                (held < self.capacity).then_some(held + 1)
-            })
-            .is_ok()
-    }
-
-    fn give_back(&self, callers: usize) {
-        if callers > 0 {
-            self.held.fetch_sub(callers, Ordering::Relaxed);
-        }
+    ) -> Result<RateOutcome, Full> {
+        let mut callers = self.callers.lock(shard, now);
+        let (id, limits) = callers.side().number(policy, check.key());
+        // A new caller's outcome is thrown away with its state when there is no room for it:
+        // the algorithms only compute. One that keeps nothing (a look at cost 0, a cost beyond
+        // the quota) needs no room.
+        callers.upsert(
+            id,
+            || Caller::new(limits.len()),
+            |caller| caller.decide(policy, &limits, now, check),
+        )
     }
 }
 
-impl Shard {
-    /// Runs `f` on the table under its lock, then publishes the table's earliest expiry.
-    fn with<R>(&self, f: impl FnOnce(&mut Table) -> R) -> R {
-        // The algorithms do not panic (huge costs and durations are tested). If one did, its
-        // caller's slots would be left empty — that caller's count lost — but the slots are
-        // whole values and the index moves only after a decision, so the table stays usable.
-        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-        let out = f(&mut table);
-        let earliest = table.by_expiry.first().map_or(u64::MAX, |&(at, _)| at);
-        self.next_expiry.store(earliest, Ordering::Relaxed);
-        out
-    }
-}
-
-impl Table {
-    /// Removes the callers expired at `now`; how many. A caller whose expiry moved later since
-    /// it was indexed is indexed again at its expiry instead.
-    fn remove_expired(&mut self, now: u64) -> usize {
-        let mut removed = 0;
-        while let Some(&(at, id)) = self.by_expiry.first()
-            && at <= now
-        {
-            self.by_expiry.pop_first();
-            match self.callers.get_mut(&id) {
-                Some(caller) if caller.expires_at > now => {
-                    caller.indexed_at = caller.expires_at;
-                    self.by_expiry.insert((caller.indexed_at, id));
-                }
-                _ => removed += usize::from(self.callers.remove(&id).is_some()),
-            }
-        }
-        removed
-    }
-
-    /// Keeps the index in step after `id`'s caller was decided; whether it is still held (a
-    /// caller left without state is dropped).
-    fn settle(&mut self, id: CallerId) -> bool {
-        let Some(caller) = self.callers.get_mut(&id) else {
-            return false;
+impl Names {
+    /// The caller of `key` under `policy`'s namespace, and `policy`'s limit names, by number.
+    fn number(&mut self, policy: &RatePolicy, key: Key) -> (CallerId, Vec<u32>) {
+        let id = CallerId {
+            namespace: self.of(policy.namespace()),
+            key: *key.as_bytes(),
         };
-        if caller.slots.is_empty() {
-            let at = caller.indexed_at;
-            self.callers.remove(&id);
-            self.by_expiry.remove(&(at, id));
-            return false;
-        }
-        // A later expiry is left to `remove_expired`, which finds it when the index entry comes
-        // due: one index move per lifetime, not per decision. An earlier one moves now, or the
-        // caller would count against the capacity after it expired.
-        if caller.expires_at < caller.indexed_at {
-            self.by_expiry.remove(&(caller.indexed_at, id));
-            caller.indexed_at = caller.expires_at;
-            self.by_expiry.insert((caller.indexed_at, id));
-        }
-        true
+        let limits = policy.limits().iter().map(|l| self.of(l.name())).collect();
+        (id, limits)
     }
 
     /// The number of `name`, numbered on first sight.
-    fn name(&mut self, name: &str) -> u32 {
-        if let Some(&id) = self.names.get(name) {
+    fn of(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.0.get(name) {
             return id;
         }
-        let id = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
-        self.names.insert(Box::from(name), id);
+        let id = u32::try_from(self.0.len()).unwrap_or(u32::MAX);
+        self.0.insert(Box::from(name), id);
         id
     }
+}
 
-    fn live(&self, now: u64) -> usize {
-        self.callers.values().filter(|c| c.expires_at > now).count()
+impl Expiring for Caller {
+    /// A caller without slots keeps nothing: it is gone.
+    fn expires_at(&self) -> u64 {
+        if self.slots.is_empty() {
+            0
+        } else {
+            self.expires_at
+        }
     }
 }
 
@@ -342,7 +189,6 @@ impl Caller {
     fn new(limits: usize) -> Self {
         Self {
             expires_at: 0,
-            indexed_at: 0,
             slots: Vec::with_capacity(limits),
         }
     }
@@ -464,21 +310,12 @@ mod tests {
         }
     }
 
-    /// The index, the maps and the count agree: every held caller is indexed once, at its expiry.
+    /// The index, the maps and the count agree, and every caller held has state.
     fn assert_consistent(rates: &LocalRates) {
-        let mut total = 0;
-        for shard in &*rates.shards {
-            shard.with(|table| {
-                assert_eq!(table.callers.len(), table.by_expiry.len());
-                for (id, caller) in &table.callers {
-                    assert!(table.by_expiry.contains(&(caller.indexed_at, *id)));
-                    assert!(caller.indexed_at <= caller.expires_at);
-                    assert!(!caller.slots.is_empty());
-                }
-                total += table.callers.len();
-            });
-        }
-        assert_eq!(rates.held.load(Ordering::Relaxed), total);
+        rates.callers.assert_consistent(|_, _, caller| {
+            assert!(!caller.slots.is_empty());
+            assert_eq!(caller.expires_at(), caller.expires_at);
+        });
     }
 
     /// A caller with several limits is one entry; one whose limits all expired is removed by the
@@ -506,8 +343,10 @@ mod tests {
         );
         tokio::time::advance(std::time::Duration::from_secs(61)).await;
         assert_eq!(rates.len(), 0);
-        rates.remove_expired_everywhere(rates.clock.now_us());
-        assert_eq!(rates.held.load(Ordering::Relaxed), 0);
+        rates
+            .callers
+            .remove_expired_everywhere(rates.clock.now_us());
+        assert_eq!(rates.callers.held(), 0);
         assert_consistent(&rates);
     }
 
@@ -544,7 +383,7 @@ mod tests {
         )
         .unwrap();
         assert!(!admitted(&rates, &policy, Key::new("t", b"a"), 3));
-        assert_eq!(rates.held.load(Ordering::Relaxed), 0);
+        assert_eq!(rates.callers.held(), 0);
         assert!(admitted(&rates, &policy, Key::new("t", b"b"), 1));
         let look = rates.check(&policy, RateCheck::new(Key::new("t", b"c"), 0));
         assert_eq!(look.map(|o| o.limits[0].remaining), Ok(2));

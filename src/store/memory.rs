@@ -1,21 +1,18 @@
 //! [`MemoryStore`]: the store semantics inside one process.
 //!
 //! Its claims, locks, fencing counters and idempotency records are kept as the rate state is
-//! (see `rate::local`): in [`SHARDS`] maps, each behind its own lock, each indexed by expiry so
-//! that an operation removes exactly the keys that have expired (amortised O(log n) per key ever
-//! stored, never a scan of the live ones), and bounded by one count over all shards.
+//! (see `rate::local`), in an [`ExpiringMap`] — shards, each behind its own lock and indexed by
+//! expiry, bounded by one count over all of them (see `crate::expiring`) — but apart from the
+//! rate state, with a capacity of its own.
 //!
 //! A key's shard is picked by its hash tag — the text between the first `{` and the next `}`, or
 //! the whole key when there is none — as Redis Cluster picks a slot: a lock and its fencing
 //! counter (`<key>` and `<key>:fence`) share a shard, so acquiring a lock takes one shard lock.
 //! An operation on two keys of different shards locks both, in shard order, so that two such
-//! operations cannot deadlock.
+//! operations cannot deadlock. A lock needs room for both of its keys or neither.
 
-use std::collections::{BTreeSet, HashMap};
 use std::future;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,6 +22,7 @@ use super::{
     ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, PermitAttempt,
     PermitStore, RateStore, Store, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
 };
+use crate::expiring::{Expiring, ExpiringMap, Full, Locked, Room};
 use crate::key::Key;
 use crate::rate::{Clock, LimitState, LocalRates, RateCheck, RateOutcome, RatePolicy};
 
@@ -104,35 +102,10 @@ struct Inner {
     entries: Entries,
 }
 
-/// The number of shards of the claims, locks and records (the rate state has its own).
-const SHARDS: usize = 32;
-
 /// Claims, locks, fencing counters and idempotency records, sharded by hash tag.
 #[derive(Debug)]
 struct Entries {
-    shards: Box<[Shard]>,
-    /// Picks a key's shard; keyed at random, so that nobody can aim keys at one shard.
-    hasher: RandomState,
-    capacity: usize,
-    /// Keys held over all shards, the expired ones not removed yet included.
-    held: AtomicUsize,
-}
-
-// One shard per cache line: threads locking neighbouring shards do not slow each other down.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-struct Shard {
-    map: Mutex<Map>,
-    /// At most the earliest expiry in the map (`u64::MAX` when empty), readable without the
-    /// lock: a full store skips the shards where nothing has expired.
-    next_expiry: AtomicU64,
-}
-
-#[derive(Debug, Default)]
-struct Map {
-    entries: HashMap<Arc<str>, Entry>,
-    /// Every key by expiry, earliest first.
-    by_expiry: BTreeSet<(u64, Arc<str>)>,
+    map: ExpiringMap<Arc<str>, Entry>,
 }
 
 #[derive(Debug)]
@@ -262,10 +235,6 @@ enum OnMatch {
     Expire(Duration),
 }
 
-/// No room for a new key: the store holds its capacity of live keys.
-#[derive(Debug)]
-struct Full;
-
 impl Default for MemoryStore {
     fn default() -> Self {
         Self::new()
@@ -300,7 +269,7 @@ impl MemoryStore {
     /// The number of live entries: rate-limit callers plus claim, lock, fencing-counter and
     /// idempotency keys (for tests of expiry and capacity).
     pub fn len(&self) -> usize {
-        self.inner.rates.len() + self.inner.entries.live(self.now_us())
+        self.inner.rates.len() + self.inner.entries.map.live(self.now_us())
     }
 
     /// Whether the store holds no live entry.
@@ -325,7 +294,7 @@ impl MemoryStore {
         let check = || {
             let now = self.now_us();
             self.inner.entries.run(key, None, now, |held| {
-                let matched = held.live(key, now).is_some_and(|v| matches(v));
+                let matched = held.live(key, now).is_some_and(&matches);
                 if matched {
                     match on_match {
                         OnMatch::Release => held.remove(key),
@@ -345,10 +314,7 @@ impl MemoryStore {
 impl Entries {
     fn new(capacity: usize) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            hasher: RandomState::new(),
-            capacity,
-            held: AtomicUsize::new(0),
+            map: ExpiringMap::new(capacity),
         }
     }
 
@@ -361,189 +327,104 @@ impl Entries {
         key: &str,
         other: Option<&str>,
         now: u64,
-        mut op: impl FnMut(&mut Locked<'_>) -> Result<T, Full>,
+        mut op: impl FnMut(&mut Held<'_>) -> Result<T, Full>,
     ) -> Result<T, StoreError> {
-        if let Ok(done) = self.attempt(key, other, now, &mut op) {
+        if let Ok(done) = op(&mut self.lock(key, other, now)) {
             return Ok(done);
         }
         // with this operation's locks released: holding them while taking others could deadlock
-        self.remove_expired_everywhere(now);
-        self.attempt(key, other, now, &mut op).map_err(|Full| {
+        self.map.remove_expired_everywhere(now);
+        op(&mut self.lock(key, other, now)).map_err(|Full| {
             StoreError::new(
                 StoreErrorKind::Protocol,
                 format!(
                     "MemoryStore full: {} live keys held, a new key is refused (see MemoryStore::with_capacity)",
-                    self.capacity
+                    self.map.capacity()
                 ),
             )
         })
     }
 
-    fn attempt<T>(
-        &self,
-        key: &str,
-        other: Option<&str>,
-        now: u64,
-        op: &mut impl FnMut(&mut Locked<'_>) -> Result<T, Full>,
-    ) -> Result<T, Full> {
-        let mut locked = self.lock(key, other);
-        locked.remove_expired(now);
-        op(&mut locked)
-    }
-
     /// Locks the shards of `key` and `other`, in ascending order.
-    fn lock(&self, key: &str, other: Option<&str>) -> Locked<'_> {
-        let a = self.index(key);
-        let (low, high) = match other.map(|k| self.index(k)) {
+    fn lock(&self, key: &str, other: Option<&str>, now: u64) -> Held<'_> {
+        let a = self.shard(key);
+        let (low, high) = match other.map(|k| self.shard(k)) {
             Some(b) if b < a => (b, Some(a)),
             Some(b) if b > a => (a, Some(b)),
             _ => (a, None),
         };
-        Locked {
+        Held {
             entries: self,
-            first: self.hold(low),
-            second: high.map(|i| self.hold(i)),
-            reserved: 0,
+            first: self.map.lock(low, now),
+            second: high.map(|i| self.map.lock(i, now)),
+            room: self.map.room(),
         }
     }
 
-    fn hold(&self, index: usize) -> Held<'_> {
-        let shard = &self.shards[index];
-        // A panic while holding the lock cannot leave an entry half-written (every update is a
-        // single assignment, its index entry beside it), so a poisoned map is still consistent.
-        let map = shard.map.lock().unwrap_or_else(PoisonError::into_inner);
-        Held { index, shard, map }
-    }
-
-    fn index(&self, key: &str) -> usize {
-        self.hasher.hash_one(hash_tag(key)) as usize % SHARDS
-    }
-
-    fn remove_expired_everywhere(&self, now: u64) {
-        for index in 0..SHARDS {
-            if self.shards[index].next_expiry.load(Ordering::Relaxed) <= now {
-                self.lock_index(index).remove_expired(now);
-            }
-        }
-    }
-
-    fn lock_index(&self, index: usize) -> Locked<'_> {
-        Locked {
-            entries: self,
-            first: self.hold(index),
-            second: None,
-            reserved: 0,
-        }
-    }
-
-    /// The number of live keys.
-    fn live(&self, now: u64) -> usize {
-        (0..SHARDS)
-            .map(|i| {
-                self.hold(i)
-                    .map
-                    .entries
-                    .values()
-                    .filter(|e| e.expires_at > now)
-                    .count()
-            })
-            .sum()
-    }
-
-    /// Counts `keys` more keys held, if there is room for all of them.
-    fn take_room(&self, keys: usize) -> bool {
-        keys == 0
-            || self
-                .held
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
-                    held.checked_add(keys)
-                        .filter(|&total| total <= self.capacity)
-                })
-                .is_ok()
-    }
-
-    fn give_back(&self, keys: usize) {
-        if keys > 0 {
-            self.held.fetch_sub(keys, Ordering::Relaxed);
-        }
+    fn shard(&self, key: &str) -> usize {
+        self.map.shard(hash_tag(key))
     }
 }
 
 /// The part of `key` that picks its shard: the text between the first `{` and the next `}` if
 /// that is not empty, else the whole key (Redis Cluster's hash tag rule).
 fn hash_tag(key: &str) -> &str {
-    let Some(open) = key.find('{') else {
+    // Both braces are ASCII: a byte search is exact, and cheaper than a char searcher.
+    let Some(open) = key.bytes().position(|b| b == b'{') else {
         return key;
     };
     let rest = &key[open + 1..];
-    match rest.find('}') {
+    match rest.bytes().position(|b| b == b'}') {
         Some(len) if len > 0 => &rest[..len],
         _ => key,
     }
 }
 
+/// One locked shard of the entries.
+type Shard<'a> = Locked<'a, Arc<str>, Entry>;
+
 /// The locked shards of one operation's keys, with the room it took for keys not yet added.
-struct Locked<'a> {
-    entries: &'a Entries,
-    first: Held<'a>,
-    second: Option<Held<'a>>,
-    reserved: usize,
-}
-
-/// One locked shard; unlocking publishes its earliest expiry.
 struct Held<'a> {
-    index: usize,
-    shard: &'a Shard,
-    map: MutexGuard<'a, Map>,
+    entries: &'a Entries,
+    first: Shard<'a>,
+    second: Option<Shard<'a>>,
+    room: Room<'a>,
 }
 
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        let earliest = self.map.by_expiry.first().map_or(u64::MAX, |(at, _)| *at);
-        self.shard.next_expiry.store(earliest, Ordering::Relaxed);
-    }
-}
-
-impl Drop for Locked<'_> {
-    fn drop(&mut self) {
-        // room taken for keys that were not added after all
-        self.entries.give_back(self.reserved);
-    }
-}
-
-impl Locked<'_> {
-    /// The map of `key`'s shard: one of the locked ones, as `key` is one of the operation's.
-    fn map(&mut self, key: &str) -> &mut Map {
-        let entries = self.entries;
-        match &mut self.second {
-            Some(held) if held.index == entries.index(key) => &mut held.map,
-            _ => &mut self.first.map,
+impl<'a> Held<'a> {
+    /// The shard of `key`: one of the locked ones, as `key` is one of the operation's.
+    fn shard(&self, key: &str) -> &Shard<'a> {
+        match &self.second {
+            Some(second) if second.shard() == self.entries.shard(key) => second,
+            _ => &self.first,
         }
     }
 
-    fn remove_expired(&mut self, now: u64) {
-        let mut removed = self.first.map.remove_expired(now);
-        if let Some(held) = &mut self.second {
-            removed += held.map.remove_expired(now);
-        }
-        self.entries.give_back(removed);
+    fn shard_mut(&mut self, key: &str) -> &mut Shard<'a> {
+        pick(self.entries, &mut self.first, &mut self.second, key)
     }
 
-    fn live(&mut self, key: &str, now: u64) -> Option<&mut Value> {
-        match self.map(key).entries.get_mut(key) {
-            Some(e) if e.expires_at > now => Some(&mut e.value),
+    /// `key`'s live value.
+    fn live(&self, key: &str, now: u64) -> Option<&Value> {
+        match self.shard(key).get(key) {
+            Some(e) if e.expires_at > now => Some(&e.value),
             _ => None,
         }
     }
 
     /// The time a live entry has left, in whole milliseconds.
-    fn left(&mut self, key: &str, now: u64) -> Duration {
-        let expires_at = self.map(key).entries.get(key).map_or(now, |e| e.expires_at);
+    fn left(&self, key: &str, now: u64) -> Duration {
+        let expires_at = self.shard(key).get(key).map_or(now, |e| e.expires_at);
         Duration::from_millis(expires_at.saturating_sub(now) / 1000)
     }
 
     fn set_expiry(&mut self, key: &str, expires_at: u64) {
-        self.map(key).set_expiry(key, expires_at);
+        self.update(key, |entry| entry.expires_at = expires_at);
+    }
+
+    /// Runs `f` on `key`'s entry, if held.
+    fn update<R>(&mut self, key: &str, f: impl FnOnce(&mut Entry) -> R) -> Option<R> {
+        self.shard_mut(key).update(key, f)
     }
 
     /// Takes room for those of `keys` not held yet, all or none, for the [`put`](Self::put)s
@@ -551,79 +432,58 @@ impl Locked<'_> {
     fn make_room(&mut self, keys: &[&str]) -> Result<(), Full> {
         let absent = keys
             .iter()
-            .filter(|k| !self.map(k).entries.contains_key(**k))
+            .filter(|k| !self.shard(k).contains_key(**k))
             .count();
-        if !self.entries.take_room(absent) {
-            return Err(Full);
-        }
-        self.reserved += absent;
-        Ok(())
+        self.room.take(absent)
     }
 
     /// Sets `key`; a key not held yet needs room, taken now or by [`make_room`](Self::make_room).
     fn put(&mut self, key: &str, value: Value, expires_at: u64) -> Result<(), Full> {
-        if !self.map(key).entries.contains_key(key) {
-            if self.reserved > 0 {
-                self.reserved -= 1;
-            } else if !self.entries.take_room(1) {
-                return Err(Full);
-            }
-        }
-        self.map(key).insert(key, value, expires_at);
-        Ok(())
+        let shard = pick(self.entries, &mut self.first, &mut self.second, key);
+        shard.insert(key, Entry { value, expires_at }, &mut self.room)
     }
 
     fn remove(&mut self, key: &str) {
-        if self.map(key).remove(key) {
-            self.entries.give_back(1);
-        }
+        self.shard_mut(key).remove(key);
     }
 }
 
-impl Map {
-    /// Removes the keys expired at `now`; how many.
-    fn remove_expired(&mut self, now: u64) -> usize {
-        let mut removed = 0;
-        while self.by_expiry.first().is_some_and(|(at, _)| *at <= now) {
-            if let Some((_, key)) = self.by_expiry.pop_first() {
-                self.entries.remove(&key);
-                removed += 1;
-            }
-        }
-        removed
+/// The shard of `key` among an operation's locked `first` and `second`.
+fn pick<'s, 'a>(
+    entries: &Entries,
+    first: &'s mut Shard<'a>,
+    second: &'s mut Option<Shard<'a>>,
+    key: &str,
+) -> &'s mut Shard<'a> {
+    match second {
+        Some(second) if second.shard() == entries.shard(key) => second,
+        _ => first,
     }
+}
 
-    fn insert(&mut self, key: &str, value: Value, expires_at: u64) {
-        let name = match self.entries.remove_entry(key) {
-            Some((name, old)) => {
-                self.by_expiry.remove(&(old.expires_at, Arc::clone(&name)));
-                name
-            }
-            None => Arc::from(key),
+impl Entry {
+    /// Stores `response` in the running idempotency record that `token` owns, kept until
+    /// `expires_at`; whether it is stored (or was: a second run of the same completion stored
+    /// this very response).
+    fn complete(&mut self, token: &str, response: &Bytes, expires_at: u64) -> bool {
+        let Value::Idem(record) = &mut self.value else {
+            return false;
         };
-        self.by_expiry.insert((expires_at, Arc::clone(&name)));
-        self.entries.insert(name, Entry { value, expires_at });
-    }
-
-    fn set_expiry(&mut self, key: &str, expires_at: u64) {
-        if let Some((name, entry)) = self.entries.remove_entry(key) {
-            self.by_expiry
-                .remove(&(entry.expires_at, Arc::clone(&name)));
-            self.by_expiry.insert((expires_at, Arc::clone(&name)));
-            let value = entry.value;
-            self.entries.insert(name, Entry { value, expires_at });
+        if record.token != token {
+            return false;
         }
-    }
-
-    /// Deletes `key`; whether it was there.
-    fn remove(&mut self, key: &str) -> bool {
-        match self.entries.remove_entry(key) {
-            Some((name, entry)) => {
-                self.by_expiry.remove(&(entry.expires_at, name));
-                true
-            }
-            None => false,
+        if let Some(stored) = &record.response {
+            return stored == response;
         }
+        record.response = Some(response.clone());
+        self.expires_at = expires_at;
+        true
+    }
+}
+
+impl Expiring for Entry {
+    fn expires_at(&self) -> u64 {
+        self.expires_at
     }
 }
 
@@ -836,19 +696,9 @@ impl IdempotencyStore for MemoryStore {
         before(deadline, || {
             let now = self.now_us();
             self.inner.entries.run(&key, None, now, |held| {
-                let Some(Value::Idem(record)) = held.live(&key, now) else {
-                    return Ok(false);
-                };
-                if record.token != token {
-                    return Ok(false);
-                }
-                if let Some(stored) = &record.response {
-                    // a second run of the same completion stored this very response
-                    return Ok(*stored == response);
-                }
-                record.response = Some(response.clone());
-                held.set_expiry(&key, expiry(now, retention));
-                Ok(true)
+                let retained = expiry(now, retention);
+                let stored = held.update(&key, |entry| entry.complete(&token, &response, retained));
+                Ok(stored.unwrap_or(false))
             })
         })
     }
@@ -1009,24 +859,12 @@ mod tests {
         );
     }
 
-    /// Every key is indexed once, at its expiry, and counted once.
+    /// Every key is indexed once, not after its expiry, counted once, and in its shard.
     fn assert_consistent(store: &MemoryStore) {
         let entries = &store.inner.entries;
-        let mut total = 0;
-        for i in 0..SHARDS {
-            let held = entries.hold(i);
-            assert_eq!(held.map.entries.len(), held.map.by_expiry.len());
-            for (key, entry) in &held.map.entries {
-                assert!(
-                    held.map
-                        .by_expiry
-                        .contains(&(entry.expires_at, Arc::clone(key)))
-                );
-                assert_eq!(entries.index(key), i, "{key} in its shard");
-            }
-            total += held.map.entries.len();
-        }
-        assert_eq!(entries.held.load(Ordering::Relaxed), total);
+        entries.map.assert_consistent(|shard, key, _| {
+            assert_eq!(entries.shard(key), shard, "{key} in its shard");
+        });
     }
 
     #[test]
@@ -1040,7 +878,7 @@ mod tests {
         let store = MemoryStore::new();
         let (lock, fence) = keys::lock("app", b"report");
         let entries = &store.inner.entries;
-        assert_eq!(entries.index(&lock), entries.index(&fence));
+        assert_eq!(entries.shard(&lock), entries.shard(&fence));
     }
 
     /// Keys without a common hash tag may fall in two shards: both are locked, and the lock
@@ -1051,7 +889,7 @@ mod tests {
         let entries = &store.inner.entries;
         let Some(key) = (0..1000)
             .map(|i| format!("lock{i}"))
-            .find(|k| entries.index(k) != entries.index(&format!("{k}:fence")))
+            .find(|k| entries.shard(k) != entries.shard(&format!("{k}:fence")))
         else {
             panic!("no two keys in different shards");
         };
