@@ -741,29 +741,10 @@ impl PermitStore for MemoryStore {
                 if !matches!(held.live(key, now), Some(Value::Permits(_))) {
                     held.put(key, Value::Permits(Permits::default()), now + 1)?;
                 }
-                let Some(Value::Permits(permits)) = held.live(key, now) else {
-                    return Ok(PermitAttempt::Full {
-                        next_free: Duration::ZERO,
-                        ahead: 0,
-                    });
-                };
-                permits.expire(now);
-                let refused = permits.refusal(&hold.token, limit, now);
-                match refused {
-                    Some(_) => {
-                        if let Some(wait) = wait {
-                            permits.wait(&hold.token, expiry(now, wait));
-                        }
-                    }
-                    None => permits.hold(&hold.token, expiry(now, lease)),
-                }
-                let last_end = permits.last_end();
-                if last_end > now {
-                    held.set_expiry(key, last_end);
-                } else {
-                    held.remove(key);
-                }
-                if let Some((first, ahead)) = refused {
+                let (ends, until) = (expiry(now, lease), wait.map(|wait| expiry(now, wait)));
+                let take =
+                    |entry: &mut Entry| take_permit(entry, &hold.token, limit, ends, until, now);
+                if let Some((first, ahead)) = held.update(key, take).unwrap_or(Some((now, 0))) {
                     let next_free = Duration::from_millis(first.saturating_sub(now).div_ceil(1000));
                     let ahead = u32::try_from(ahead).unwrap_or(u32::MAX);
                     return Ok(PermitAttempt::Full { next_free, ahead });
@@ -772,11 +753,8 @@ impl PermitStore for MemoryStore {
                     Some(Value::Fence(last)) => now.max(last.saturating_add(1)),
                     _ => now,
                 };
-                held.put(
-                    &fence_key,
-                    Value::Fence(fence),
-                    expiry(now, fence_ttl(lease)),
-                )?;
+                let fence_expiry = expiry(now, fence_ttl(lease));
+                held.put(&fence_key, Value::Fence(fence), fence_expiry)?;
                 Ok(PermitAttempt::Acquired { fence })
             })
         })
@@ -786,20 +764,19 @@ impl PermitStore for MemoryStore {
         before(deadline, || {
             let now = self.now_us();
             self.inner.entries.run(&hold.key, None, now, |held| {
-                let Some(Value::Permits(permits)) = held.live(&hold.key, now) else {
-                    return Ok(false);
+                let extend = |entry: &mut Entry| {
+                    let Value::Permits(permits) = &mut entry.value else {
+                        return false;
+                    };
+                    let mine = permits.held.iter_mut().find(|p| p.token == hold.token);
+                    let Some(permit) = mine.filter(|p| p.ends > now) else {
+                        return false;
+                    };
+                    permit.ends = expiry(now, lease);
+                    entry.expires_at = permits.last_end();
+                    true
                 };
-                let Some(permit) = permits
-                    .held
-                    .iter_mut()
-                    .find(|p| p.token == hold.token && p.ends > now)
-                else {
-                    return Ok(false);
-                };
-                permit.ends = expiry(now, lease);
-                let last_end = permits.last_end();
-                held.set_expiry(&hold.key, last_end);
-                Ok(true)
+                Ok(held.update(&hold.key, extend).unwrap_or(false))
             })
         })
     }
@@ -807,22 +784,49 @@ impl PermitStore for MemoryStore {
     fn permit_release(&self, hold: Hold) -> StoreFuture<bool> {
         let now = self.now_us();
         done(self.inner.entries.run(&hold.key, None, now, |held| {
-            let Some(Value::Permits(permits)) = held.live(&hold.key, now) else {
-                return Ok(false);
+            let release = |entry: &mut Entry| {
+                let Value::Permits(permits) = &mut entry.value else {
+                    return false;
+                };
+                let released = permits
+                    .held
+                    .iter()
+                    .any(|p| p.token == hold.token && p.ends > now);
+                permits.held.retain(|p| p.token != hold.token);
+                permits.queue.retain(|w| w.token != hold.token);
+                permits.expire(now);
+                // with no permit held and nobody waiting, the entry goes
+                entry.expires_at = permits.last_end();
+                released
             };
-            let released = permits
-                .held
-                .iter()
-                .any(|p| p.token == hold.token && p.ends > now);
-            permits.held.retain(|p| p.token != hold.token);
-            permits.queue.retain(|w| w.token != hold.token);
-            permits.expire(now);
-            if permits.held.is_empty() && permits.queue.is_empty() {
-                held.remove(&hold.key);
-            }
-            Ok(released)
+            Ok(held.update(&hold.key, release).unwrap_or(false))
         }))
     }
+}
+
+/// Takes one of `limit` permits of `entry` for `token` until `lease` (store time), or, when none
+/// is free for it, keeps its place in the queue until `wait` (if set); the entry then lives as
+/// long as its last lease or place. Why it cannot: see [`Permits::refusal`].
+fn take_permit(
+    entry: &mut Entry,
+    token: &str,
+    limit: u32,
+    lease: u64,
+    wait: Option<u64>,
+    now: u64,
+) -> Option<(u64, usize)> {
+    let Value::Permits(permits) = &mut entry.value else {
+        return Some((now, 0));
+    };
+    permits.expire(now);
+    let refused = permits.refusal(token, limit, now);
+    match (refused, wait) {
+        (None, _) => permits.hold(token, lease),
+        (Some(_), Some(until)) => permits.wait(token, until),
+        (Some(_), None) => {}
+    }
+    entry.expires_at = permits.last_end();
+    refused
 }
 
 impl Store for MemoryStore {
