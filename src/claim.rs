@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use crate::error::ConfigError;
 use crate::keys;
 use crate::lease::{self, Owner};
-use crate::store::{LockStore, StoreError};
+use crate::store::{Hold, LockStore, StoreError};
 
 /// Makes claims in a shared [`LockStore`]. Cheap to clone.
 #[derive(Clone)]
@@ -115,7 +115,7 @@ impl Claims {
         let deadline = Instant::now() + self.store.timeout();
         let undo = {
             let (store, key, holder) = (Arc::clone(&self.store), key.clone(), holder.clone());
-            move || store.delete_if_held(key.clone(), holder.clone())
+            move || store.delete_if_held(Hold::new(key.clone(), holder.clone()))
         };
         let attempt = self.claim_key(key, holder, ttl.into(), deadline);
         lease::attempt_with_undo(Owner::Claim, deadline, undo, attempt).await
@@ -165,7 +165,7 @@ impl Claims {
             return Ok(false);
         }
         self.store
-            .delete_if_held(claim.key.clone(), claim.holder.clone())
+            .delete_if_held(Hold::new(claim.key.clone(), claim.holder.clone()))
             .await
     }
 }

@@ -60,7 +60,7 @@ use tokio::time::Instant;
 use crate::error::ConfigError;
 use crate::keys;
 use crate::lease::{self, Owner};
-use crate::store::{LockAttempt, LockStore, StoreError};
+use crate::store::{Hold, LockAttempt, LockStore, StoreError};
 use crate::task::AbortOnDrop;
 
 /// Takes locks in a shared [`LockStore`]. Cheap to clone.
@@ -151,11 +151,14 @@ impl Locks {
         // has passed.
         let undo = {
             let (store, key, token) = (Arc::clone(&self.store), key.clone(), token.clone());
-            move || store.delete_if_held(key.clone(), token.clone())
+            move || store.delete_if_held(Hold::new(key.clone(), token.clone()))
         };
-        let acquire =
-            self.store
-                .lock_acquire(key.clone(), fence_key, token.clone(), lease, deadline);
+        let acquire = self.store.lock_acquire(
+            Hold::new(key.clone(), token.clone()),
+            fence_key,
+            lease,
+            deadline,
+        );
         let attempt = lease::attempt_with_undo(Owner::Lock, deadline, undo, acquire)
             .await
             .inspect_err(|_| crate::metrics::lock("error"))?;
@@ -261,7 +264,7 @@ async fn keep_alive(
 ) {
     lease::keep_alive(Owner::Lock, lease, || {
         let deadline = Instant::now() + store.timeout();
-        store.extend_if_held(key.clone(), token.clone(), lease, deadline)
+        store.extend_if_held(Hold::new(key.clone(), token.clone()), lease, deadline)
     })
     .await;
     let _ = lost.send(true);
@@ -341,7 +344,11 @@ impl LockGuard {
         let deadline = Instant::now() + self.store.timeout();
         let held = self
             .store
-            .extend_if_held(self.key.clone(), self.token.clone(), lease, deadline)
+            .extend_if_held(
+                Hold::new(self.key.clone(), self.token.clone()),
+                lease,
+                deadline,
+            )
             .await?;
         if held { Ok(()) } else { Err(LockError::Lost) }
     }
@@ -355,7 +362,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), LockError> {
         let answer = self
             .store
-            .delete_if_held(self.key.clone(), self.token.clone())
+            .delete_if_held(Hold::new(self.key.clone(), self.token.clone()))
             .await;
         // only an answer settles it; on an error the drop below releases in the background
         self.released = answer.is_ok();
@@ -379,7 +386,7 @@ impl Drop for LockGuard {
         let store = Arc::clone(&self.store);
         let why = "the guard was dropped";
         lease::release_in_background(Owner::Lock, why, Instant::now(), move || {
-            store.delete_if_held(key.clone(), token.clone())
+            store.delete_if_held(Hold::new(key.clone(), token.clone()))
         });
     }
 }
@@ -413,26 +420,19 @@ mod tests {
         }
         fn lock_acquire(
             &self,
-            k: String,
+            h: Hold,
             f: String,
-            t: String,
             l: Duration,
             d: Instant,
         ) -> StoreFuture<LockAttempt> {
-            self.inner.lock_acquire(k, f, t, l, d)
+            self.inner.lock_acquire(h, f, l, d)
         }
-        fn extend_if_held(
-            &self,
-            k: String,
-            t: String,
-            l: Duration,
-            d: Instant,
-        ) -> StoreFuture<bool> {
-            self.inner.extend_if_held(k, t, l, d)
+        fn extend_if_held(&self, h: Hold, l: Duration, d: Instant) -> StoreFuture<bool> {
+            self.inner.extend_if_held(h, l, d)
         }
-        fn delete_if_held(&self, k: String, t: String) -> StoreFuture<bool> {
+        fn delete_if_held(&self, h: Hold) -> StoreFuture<bool> {
             if self.hung.swap(true, Ordering::SeqCst) {
-                self.inner.delete_if_held(k, t)
+                self.inner.delete_if_held(h)
             } else {
                 Box::pin(std::future::pending())
             }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{soon, unique};
-use crate::store::{IdempotencyBegin, IdempotencyStore, StoreErrorKind};
+use crate::store::{Hold, IdempotencyBegin, IdempotencyStore, StoreErrorKind};
 
 fn idem_key() -> String {
     format!("t:idem:{{{}}}", unique("k"))
@@ -17,7 +17,12 @@ pub async fn lifecycle(store: &(impl IdempotencyStore + Clone)) {
     let key = idem_key();
     let lease = Duration::from_secs(30);
     let begin = |fp: &str, token: &str| {
-        store.idempotency_begin(key.clone(), fp.to_owned(), token.to_owned(), lease, soon())
+        store.idempotency_begin(
+            Hold::new(key.clone(), token.to_owned()),
+            fp.to_owned(),
+            lease,
+            soon(),
+        )
     };
     assert_eq!(begin("fp", "a").await.unwrap(), IdempotencyBegin::Claimed);
     match begin("fp", "b").await.unwrap() {
@@ -37,8 +42,7 @@ pub async fn lifecycle(store: &(impl IdempotencyStore + Clone)) {
     assert!(
         store
             .idempotency_complete(
-                key.clone(),
-                "a".into(),
+                Hold::new(key.clone(), "a"),
                 response.clone(),
                 Duration::from_secs(60),
                 soon()
@@ -57,13 +61,13 @@ pub async fn lifecycle(store: &(impl IdempotencyStore + Clone)) {
     // a completed record is no longer anybody's claim
     assert!(
         !store
-            .idempotency_release(key.clone(), "a".into())
+            .idempotency_release(Hold::new(key.clone(), "a"))
             .await
             .unwrap()
     );
     assert!(
         !store
-            .idempotency_extend(key.clone(), "a".into(), lease, soon())
+            .idempotency_extend(Hold::new(key.clone(), "a"), lease, soon())
             .await
             .unwrap()
     );
@@ -74,9 +78,8 @@ pub async fn exactly_one_claim_among_concurrent(store: &(impl IdempotencyStore +
     let key = idem_key();
     let attempts = (0..100).map(|i| {
         store.idempotency_begin(
-            key.clone(),
+            Hold::new(key.clone(), format!("t{i}")),
             "fp".into(),
-            format!("t{i}"),
             Duration::from_secs(30),
             soon(),
         )
@@ -98,7 +101,12 @@ pub async fn exactly_one_claim_among_concurrent(store: &(impl IdempotencyStore +
 pub async fn token_checks_and_takeover(store: &(impl IdempotencyStore + Clone)) {
     let key = idem_key();
     let begin = |token: &str, lease: Duration| {
-        store.idempotency_begin(key.clone(), "fp".into(), token.to_owned(), lease, soon())
+        store.idempotency_begin(
+            Hold::new(key.clone(), token.to_owned()),
+            "fp".into(),
+            lease,
+            soon(),
+        )
     };
     let claimed = begin("stale", Duration::from_millis(200)).await.unwrap();
     assert_eq!(claimed, IdempotencyBegin::Claimed);
@@ -123,13 +131,14 @@ pub async fn token_checks_and_takeover(store: &(impl IdempotencyStore + Clone)) 
 
 /// `idempotency_extend` of `key` by `token` to `lease`.
 async fn extend(store: &impl IdempotencyStore, key: &str, token: &str, lease: Duration) -> bool {
-    let extend = store.idempotency_extend(key.to_owned(), token.to_owned(), lease, soon());
+    let extend =
+        store.idempotency_extend(Hold::new(key.to_owned(), token.to_owned()), lease, soon());
     extend.await.expect("store answers")
 }
 
 /// `idempotency_release` of `key` by `token`.
 async fn release(store: &impl IdempotencyStore, key: &str, token: &str) -> bool {
-    let release = store.idempotency_release(key.to_owned(), token.to_owned());
+    let release = store.idempotency_release(Hold::new(key.to_owned(), token.to_owned()));
     release.await.expect("store answers")
 }
 
@@ -137,8 +146,7 @@ async fn release(store: &impl IdempotencyStore, key: &str, token: &str) -> bool 
 async fn complete(store: &impl IdempotencyStore, key: &str, token: &str, response: Bytes) -> bool {
     let retention = Duration::from_secs(60);
     let complete = store.idempotency_complete(
-        key.to_owned(),
-        token.to_owned(),
+        Hold::new(key.to_owned(), token.to_owned()),
         response,
         retention,
         soon(),
@@ -151,9 +159,8 @@ pub async fn retention_and_release(store: &(impl IdempotencyStore + Clone)) {
     let key = idem_key();
     let begin = |token: &str| {
         store.idempotency_begin(
-            key.clone(),
+            Hold::new(key.clone(), token.to_owned()),
             "fp".into(),
-            token.to_owned(),
             Duration::from_secs(30),
             soon(),
         )
@@ -161,13 +168,13 @@ pub async fn retention_and_release(store: &(impl IdempotencyStore + Clone)) {
     assert_eq!(begin("a").await.unwrap(), IdempotencyBegin::Claimed);
     assert!(
         store
-            .idempotency_extend(key.clone(), "a".into(), Duration::from_secs(30), soon())
+            .idempotency_extend(Hold::new(key.clone(), "a"), Duration::from_secs(30), soon())
             .await
             .unwrap()
     );
     assert!(
         store
-            .idempotency_release(key.clone(), "a".into())
+            .idempotency_release(Hold::new(key.clone(), "a"))
             .await
             .unwrap()
     );
@@ -177,8 +184,7 @@ pub async fn retention_and_release(store: &(impl IdempotencyStore + Clone)) {
     assert!(
         store
             .idempotency_complete(
-                key.clone(),
-                "b".into(),
+                Hold::new(key.clone(), "b"),
                 done.clone(),
                 Duration::from_millis(200),
                 soon()
@@ -202,7 +208,12 @@ pub async fn operations_run_twice_answer_alike(store: &(impl IdempotencyStore + 
     let key = idem_key();
     let lease = Duration::from_secs(30);
     let begin = |token: &str| {
-        store.idempotency_begin(key.clone(), "fp".into(), token.to_owned(), lease, soon())
+        store.idempotency_begin(
+            Hold::new(key.clone(), token.to_owned()),
+            "fp".into(),
+            lease,
+            soon(),
+        )
     };
     assert_eq!(begin("a").await.unwrap(), IdempotencyBegin::Claimed);
     assert_eq!(
@@ -232,7 +243,12 @@ pub async fn operations_run_twice_answer_alike(store: &(impl IdempotencyStore + 
     // a release frees the key
     let other = idem_key();
     let begin_other = |token: &str| {
-        store.idempotency_begin(other.clone(), "fp".into(), token.to_owned(), lease, soon())
+        store.idempotency_begin(
+            Hold::new(other.clone(), token.to_owned()),
+            "fp".into(),
+            lease,
+            soon(),
+        )
     };
     assert_eq!(begin_other("d").await.unwrap(), IdempotencyBegin::Claimed);
     assert!(release(store, &other, "d").await);
@@ -245,25 +261,25 @@ pub async fn huge_durations_are_clamped_alike(store: &(impl IdempotencyStore + C
     let forever = Duration::MAX;
     let key = idem_key();
     let claimed = store
-        .idempotency_begin(key.clone(), "fp".into(), "a".into(), forever, soon())
+        .idempotency_begin(Hold::new(key.clone(), "a"), "fp".into(), forever, soon())
         .await
         .unwrap();
     assert_eq!(claimed, IdempotencyBegin::Claimed);
     assert!(
         store
-            .idempotency_extend(key.clone(), "a".into(), forever, soon())
+            .idempotency_extend(Hold::new(key.clone(), "a"), forever, soon())
             .await
             .unwrap()
     );
     let record = Bytes::from_static(b"kept");
     assert!(
         store
-            .idempotency_complete(key.clone(), "a".into(), record.clone(), forever, soon())
+            .idempotency_complete(Hold::new(key.clone(), "a"), record.clone(), forever, soon())
             .await
             .unwrap()
     );
     let replay = store
-        .idempotency_begin(key, "fp".into(), "b".into(), forever, soon())
+        .idempotency_begin(Hold::new(key, "b"), "fp".into(), forever, soon())
         .await
         .unwrap();
     assert_eq!(replay, IdempotencyBegin::Completed(record), "written whole");
@@ -279,28 +295,33 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl Idempotenc
     };
     let lease = Duration::from_secs(30);
     let record = format!("t:idem:{{{}}}", unique("late"));
-    let begin = store.idempotency_begin(record.clone(), "fp".into(), "a".into(), lease, passed);
+    let begin = store.idempotency_begin(Hold::new(record.clone(), "a"), "fp".into(), lease, passed);
     late("idempotency_begin", begin.await.err());
-    let begin = store.idempotency_begin(record.clone(), "fp".into(), "b".into(), lease, soon());
+    let begin = store.idempotency_begin(Hold::new(record.clone(), "b"), "fp".into(), lease, soon());
     assert_eq!(
         begin.await.unwrap(),
         IdempotencyBegin::Claimed,
         "the record was left free"
     );
     let complete =
-        store.idempotency_complete(record.clone(), "b".into(), "r".into(), lease, passed);
+        store.idempotency_complete(Hold::new(record.clone(), "b"), "r".into(), lease, passed);
     late("idempotency_complete", complete.await.err());
     late(
         "idempotency_extend",
         store
-            .idempotency_extend(record.clone(), "b".into(), lease, passed)
+            .idempotency_extend(Hold::new(record.clone(), "b"), lease, passed)
             .await
             .err(),
     );
-    let begin = store.idempotency_begin(record.clone(), "fp".into(), "c".into(), lease, soon());
+    let begin = store.idempotency_begin(Hold::new(record.clone(), "c"), "fp".into(), lease, soon());
     assert!(
         matches!(begin.await.unwrap(), IdempotencyBegin::InFlight { .. }),
         "the late completion stored nothing"
     );
-    assert!(store.idempotency_release(record, "b".into()).await.unwrap());
+    assert!(
+        store
+            .idempotency_release(Hold::new(record, "b"))
+            .await
+            .unwrap()
+    );
 }

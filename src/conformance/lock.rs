@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::{soon, unique};
 use crate::claim::Claims;
 use crate::lock::{LockError, Locks};
-use crate::store::{LockAttempt, LockStore, StoreErrorKind};
+use crate::store::{Hold, LockAttempt, LockStore, StoreErrorKind};
 
 /// Keys of one hash slot for the raw lock operations: `(lock, fence)`.
 fn raw_lock_keys() -> (String, String) {
@@ -265,7 +265,12 @@ pub async fn lock_acquisitions_run_twice_keep_their_fence(store: &(impl LockStor
     let (lock, fence) = raw_lock_keys();
     let lease = Duration::from_secs(5);
     let acquire = |token: &str, lease| {
-        store.lock_acquire(lock.clone(), fence.clone(), token.to_owned(), lease, soon())
+        store.lock_acquire(
+            Hold::new(lock.clone(), token.to_owned()),
+            fence.clone(),
+            lease,
+            soon(),
+        )
     };
     let LockAttempt::Acquired { fence: first } = acquire("a", lease).await.unwrap() else {
         panic!("a free lock is acquired");
@@ -284,7 +289,7 @@ pub async fn lock_acquisitions_run_twice_keep_their_fence(store: &(impl LockStor
     }
     assert!(
         store
-            .delete_if_held(lock.clone(), "a".into())
+            .delete_if_held(Hold::new(lock.clone(), "a"))
             .await
             .unwrap()
     );
@@ -314,7 +319,7 @@ pub async fn fencing_tokens_pass_a_stale_counter_and_the_store_clock(
         .unwrap();
     assert!(stale.won);
     let LockAttempt::Acquired { fence: token } = store
-        .lock_acquire(lock.clone(), fence.clone(), "a".into(), lease, soon())
+        .lock_acquire(Hold::new(lock.clone(), "a"), fence.clone(), lease, soon())
         .await
         .unwrap()
     else {
@@ -327,12 +332,12 @@ pub async fn fencing_tokens_pass_a_stale_counter_and_the_store_clock(
     );
     assert!(
         store
-            .delete_if_held(lock.clone(), "a".into())
+            .delete_if_held(Hold::new(lock.clone(), "a"))
             .await
             .unwrap()
     );
     let LockAttempt::Acquired { fence: next } = store
-        .lock_acquire(lock, fence, "b".into(), lease, soon())
+        .lock_acquire(Hold::new(lock, "b"), fence, lease, soon())
         .await
         .unwrap()
     else {
@@ -346,9 +351,8 @@ pub async fn a_release_frees_the_key_once(store: &(impl LockStore + Clone)) {
     let (lock, fence) = raw_lock_keys();
     let acquired = store
         .lock_acquire(
-            lock.clone(),
+            Hold::new(lock.clone(), "a"),
             fence,
-            "a".into(),
             Duration::from_secs(5),
             soon(),
         )
@@ -357,26 +361,26 @@ pub async fn a_release_frees_the_key_once(store: &(impl LockStore + Clone)) {
     assert!(matches!(acquired, LockAttempt::Acquired { .. }));
     assert!(
         !store
-            .delete_if_held(lock.clone(), "b".into())
+            .delete_if_held(Hold::new(lock.clone(), "b"))
             .await
             .unwrap()
     );
     assert!(
         store
-            .delete_if_held(lock.clone(), "a".into())
+            .delete_if_held(Hold::new(lock.clone(), "a"))
             .await
             .unwrap()
     );
     // another call (not the same call re-sent: `tests/store/scripts.rs` runs those) finds it gone
     assert!(
         !store
-            .delete_if_held(lock.clone(), "a".into())
+            .delete_if_held(Hold::new(lock.clone(), "a"))
             .await
             .unwrap()
     );
     assert!(
         !store
-            .extend_if_held(lock.clone(), "a".into(), Duration::from_secs(5), soon())
+            .extend_if_held(Hold::new(lock.clone(), "a"), Duration::from_secs(5), soon())
             .await
             .unwrap(),
         "a released lock is not extended"
@@ -422,9 +426,9 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl LockStore 
 
     let (lock, fence) = raw_lock_keys();
     let lease = Duration::from_secs(30);
-    let attempt = store.lock_acquire(lock.clone(), fence.clone(), "a".into(), lease, passed);
+    let attempt = store.lock_acquire(Hold::new(lock.clone(), "a"), fence.clone(), lease, passed);
     late("lock_acquire", attempt.await.err());
-    let attempt = store.lock_acquire(lock.clone(), fence, "b".into(), lease, soon());
+    let attempt = store.lock_acquire(Hold::new(lock.clone(), "b"), fence, lease, soon());
     assert!(matches!(
         attempt.await.unwrap(),
         LockAttempt::Acquired { .. }
@@ -432,12 +436,12 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl LockStore 
     late(
         "extend_if_held",
         store
-            .extend_if_held(lock.clone(), "b".into(), lease, passed)
+            .extend_if_held(Hold::new(lock.clone(), "b"), lease, passed)
             .await
             .err(),
     );
     assert!(
-        store.delete_if_held(lock, "b".into()).await.unwrap(),
+        store.delete_if_held(Hold::new(lock, "b")).await.unwrap(),
         "still b's"
     );
 }

@@ -23,6 +23,7 @@ use super::settings::Settings;
 use crate::BoxError;
 use crate::grpc::Wire;
 use crate::lease::{self, Owner};
+use crate::store::Hold;
 use crate::task::AbortOnDrop;
 
 /// What the caller of a keyed request gets: a response, or the handler's error.
@@ -416,8 +417,7 @@ async fn complete(settings: &Settings, key: String, token: String, record: Bytes
     let mut pause = Duration::from_millis(20);
     loop {
         let attempt = settings.store.idempotency_complete(
-            key.clone(),
-            token.clone(),
+            Hold::new(key.clone(), token.clone()),
             record.clone(),
             settings.retention,
             Instant::now() + settings.store.timeout(),
@@ -449,7 +449,7 @@ async fn complete(settings: &Settings, key: String, token: String, record: Bytes
 
 /// Gives the key back (token-checked) so that a retry runs the handler again.
 async fn release(settings: &Settings, key: String, token: String, why: &'static str) {
-    let release = settings.store.idempotency_release(key, token);
+    let release = settings.store.idempotency_release(Hold::new(key, token));
     lease::log_release(Owner::Idempotency, why, release).await;
 }
 
@@ -457,8 +457,7 @@ async fn release(settings: &Settings, key: String, token: String, why: &'static 
 async fn keep_lease(settings: Arc<Settings>, key: String, token: String) {
     lease::keep_alive(Owner::Idempotency, settings.lease, || {
         settings.store.idempotency_extend(
-            key.clone(),
-            token.clone(),
+            Hold::new(key.clone(), token.clone()),
             settings.lease,
             Instant::now() + settings.store.timeout(),
         )

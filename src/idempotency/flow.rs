@@ -23,7 +23,7 @@ use crate::BoxError;
 use crate::body::Complete;
 use crate::grpc::Wire;
 use crate::lease::{self, Owner};
-use crate::store::IdempotencyBegin;
+use crate::store::{Hold, IdempotencyBegin};
 
 /// One keyed request: buffer and fingerprint it, then claim, replay or refuse.
 pub(super) async fn handle<S, ReqBody, ResBody>(
@@ -114,14 +114,16 @@ async fn claim<B>(
             let (settings, key, token) = (Arc::clone(settings), key.to_owned(), token.to_owned());
             move || {
                 let store = &settings.store;
-                store.idempotency_release(key.clone(), token.clone())
+                store.idempotency_release(Hold::new(key.clone(), token.clone()))
             }
         };
         let (key, fingerprint, token) = (key.to_owned(), fingerprint.to_owned(), token.to_owned());
-        let begin =
-            settings
-                .store
-                .idempotency_begin(key, fingerprint, token, settings.lease, deadline);
+        let begin = settings.store.idempotency_begin(
+            Hold::new(key, token),
+            fingerprint,
+            settings.lease,
+            deadline,
+        );
         match lease::attempt_with_undo(Owner::Idempotency, deadline, undo, begin).await {
             // the claim is ours: the execution task owns it from here
             Ok(IdempotencyBegin::Claimed) => return Ok(()),

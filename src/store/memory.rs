@@ -585,12 +585,12 @@ impl LockStore for MemoryStore {
 
     fn lock_acquire(
         &self,
-        key: String,
+        hold: Hold,
         fence_key: String,
-        token: String,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<LockAttempt> {
+        let Hold { key, token } = hold;
         before(deadline, || {
             let now = self.now_us();
             self.inner.entries.run(&key, Some(&fence_key), now, |held| {
@@ -624,18 +624,14 @@ impl LockStore for MemoryStore {
         })
     }
 
-    fn extend_if_held(
-        &self,
-        key: String,
-        token: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<bool> {
+    fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         let expire = OnMatch::Expire(lease);
         self.token_checked(&key, |v| v.held_by(&token), expire, Some(deadline))
     }
 
-    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
+    fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         self.token_checked(&key, |v| v.held_by(&token), OnMatch::Release, None)
     }
 }
@@ -647,12 +643,12 @@ impl IdempotencyStore for MemoryStore {
 
     fn idempotency_begin(
         &self,
-        key: String,
+        hold: Hold,
         fingerprint: String,
-        token: String,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
+        let Hold { key, token } = hold;
         before(deadline, || {
             let now = self.now_us();
             self.inner.entries.run(&key, None, now, |held| {
@@ -687,12 +683,12 @@ impl IdempotencyStore for MemoryStore {
 
     fn idempotency_complete(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         response: Bytes,
         retention: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         before(deadline, || {
             let now = self.now_us();
             self.inner.entries.run(&key, None, now, |held| {
@@ -703,17 +699,18 @@ impl IdempotencyStore for MemoryStore {
         })
     }
 
-    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
+    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         self.token_checked(&key, |v| v.owned_by(&token), OnMatch::Release, None)
     }
 
     fn idempotency_extend(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         let expire = OnMatch::Expire(lease);
         self.token_checked(&key, |v| v.owned_by(&token), expire, Some(deadline))
     }
@@ -899,9 +896,9 @@ mod tests {
         };
         let fence = format!("{key}:fence");
         let lease = Duration::from_secs(5);
-        let first = store.lock_acquire(key.clone(), fence.clone(), "a".into(), lease, soon());
+        let first = store.lock_acquire(Hold::new(key.clone(), "a"), fence.clone(), lease, soon());
         assert!(matches!(first.await.unwrap(), LockAttempt::Acquired { .. }));
-        let second = store.lock_acquire(key.clone(), fence.clone(), "b".into(), lease, soon());
+        let second = store.lock_acquire(Hold::new(key.clone(), "b"), fence.clone(), lease, soon());
         assert!(matches!(second.await.unwrap(), LockAttempt::Held { .. }));
         assert_eq!(store.len(), 2);
         assert_consistent(&store);
@@ -915,9 +912,8 @@ mod tests {
         let (lock, fence) = keys::lock("app", b"l");
         let refused = store
             .lock_acquire(
-                lock.clone(),
+                Hold::new(lock.clone(), "t"),
                 fence.clone(),
-                "t".into(),
                 Duration::from_secs(1),
                 soon(),
             )
@@ -935,7 +931,7 @@ mod tests {
         };
         assert!(claim("a").await.unwrap().won);
         assert!(claim("b").await.is_err());
-        assert!(store.delete_if_held("a".into(), "h".into()).await.unwrap());
+        assert!(store.delete_if_held(Hold::new("a", "h")).await.unwrap());
         assert!(claim("b").await.unwrap().won);
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(claim("c").await.unwrap().won, "the expired claim made room");

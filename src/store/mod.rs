@@ -37,10 +37,10 @@
 //! store timeout from when they were made): one that arrives late charges nothing.
 //!
 //! The deadline is sent on the store's own clock (`TIME` on Redis, `clock_timestamp()` on
-//! PostgreSQL), mapped conservatively from readings of that clock: it holds as long as the
-//! store's clock never steps back and runs at most 0.1 % slower than the caller's, and the nodes
-//! of a Cluster agree within 2 ms. Releases take no deadline: a release is never regretted, and
-//! it is token-checked, so a late one cannot touch another owner's key.
+//! PostgreSQL), mapped conservatively from readings of that clock: it holds as long as the store's
+//! clock never steps back and runs at most 0.1 % slower than the caller's, and the nodes of a
+//! Cluster agree within 2 ms. Releases take no deadline: a release is never regretted, and it is
+//! token-checked, so a late one cannot touch another owner's key.
 
 use std::fmt;
 use std::future::Future;
@@ -81,8 +81,8 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 
 /// Rate checks: the capability a rate-limit layer needs.
 ///
-/// Implementations must finish every future within their own timeout (a store that is down must
-/// not hang a request) and make each check atomic with respect to every other caller of the same
+/// Implementations must finish every future within their own timeout (a store that is down must not
+/// hang a request) and make each check atomic with respect to every other caller of the same
 /// backend, in any process.
 pub trait RateStore: fmt::Debug + Send + Sync + 'static {
     /// Checks the cost of `check` against every limit of `policy` for its caller and, only if all
@@ -118,35 +118,28 @@ pub trait LockStore: fmt::Debug + Send + Sync + 'static {
         deadline: Instant,
     ) -> StoreFuture<ClaimOutcome>;
 
-    /// Sets lock `key` to `token` for `lease` if it is free and, only then, draws the next fencing
-    /// token from `fence_key` (same hash slot): above both the counter's last value and the store
-    /// time in microseconds, so it strictly increases per lock name even across a counter lost
-    /// or restored stale. The same attempt again (a lock that holds `token` already) is acquired
-    /// again with the same fencing token and a fresh lease. Received after `deadline`, it does
-    /// nothing.
+    /// Sets lock `hold.key` to `hold.token` for `lease` if it is free and, only then, draws the
+    /// next fencing token from `fence_key` (same hash slot): above both the counter's last value
+    /// and the store time in microseconds, so it strictly increases per lock name even across a
+    /// counter lost or restored stale. The same attempt again (a lock that holds the token already)
+    /// is acquired again with the same fencing token and a fresh lease. Received after `deadline`,
+    /// it does nothing.
     fn lock_acquire(
         &self,
-        key: String,
+        hold: Hold,
         fence_key: String,
-        token: String,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<LockAttempt>;
 
-    /// Resets `key`'s expiry to `lease` from now, only while it holds `token`; `false` when it
-    /// does not (expired, released, or taken over by another owner). Received after
+    /// Resets `hold.key`'s expiry to `lease` from now, only while it holds `hold.token`; `false`
+    /// when it does not (expired, released, or taken over by another owner). Received after
     /// `deadline`, it does nothing.
-    fn extend_if_held(
-        &self,
-        key: String,
-        token: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<bool>;
+    fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool>;
 
-    /// Deletes `key` only while it holds `token`; `false` when it does not. A call re-sent after
-    /// a lost reply answers as its first run did.
-    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool>;
+    /// Deletes `hold.key` only while it holds `hold.token`; `false` when it does not. A call
+    /// re-sent after a lost reply answers as its first run did.
+    fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool>;
 }
 
 /// Permits: at most `limit` holders of a key at once, each with a lease and a fencing token —
@@ -160,17 +153,17 @@ pub trait PermitStore: fmt::Debug + Send + Sync + 'static {
     /// deadline callers give their writes.
     fn timeout(&self) -> Duration;
 
-    /// Takes one of the `limit` permits of `hold.key` for `hold.token`, for `lease`, if one is
-    /// free for it and, only then, draws a fencing token from `fence_key` (same hash slot) as
-    /// [`LockStore::lock_acquire`] does: strictly increasing per key. A permit that
-    /// `hold.token` holds already is taken again with a fresh lease and a fresh fencing token:
-    /// the same attempt run twice takes one permit. Received after `deadline`, it does nothing.
+    /// Takes one of the `limit` permits of `hold.key` for `hold.token`, for `lease`, if one is free
+    /// for it and, only then, draws a fencing token from `fence_key` (same hash slot) as
+    /// [`LockStore::lock_acquire`] does: strictly increasing per key. A permit that `hold.token`
+    /// holds already is taken again with a fresh lease and a fresh fencing token: the same attempt
+    /// run twice takes one permit. Received after `deadline`, it does nothing.
     ///
     /// Permits go to waiters first, in arrival order. With `wait` set, a holder that finds no
-    /// permit free for it keeps a place in the key's queue for `wait` from now (each attempt
-    /// renews it; [`permit_release`](Self::permit_release) gives it up); a permit is free for
-    /// it while fewer waiters arrived before it than permits are free (leases that ended do
-    /// not count). Without `wait`, a permit is free only when more are free than waiters queue.
+    /// permit free for it keeps a place in the key's queue for `wait` from now (each attempt renews
+    /// it; [`permit_release`](Self::permit_release) gives it up); a permit is free for it while
+    /// fewer waiters arrived before it than permits are free (leases that ended do not count).
+    /// Without `wait`, a permit is free only when more are free than waiters queue.
     fn permit_acquire(
         &self,
         hold: Hold,
@@ -186,9 +179,9 @@ pub trait PermitStore: fmt::Debug + Send + Sync + 'static {
     /// `deadline`, it does nothing.
     fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool>;
 
-    /// Gives the permit back, only while `hold.token` holds one; `false` when it does not. A
-    /// call re-sent after a lost reply answers as its first run did. A place `hold.token` keeps
-    /// in the key's queue is given up too.
+    /// Gives the permit back, only while `hold.token` holds one; `false` when it does not. A call
+    /// re-sent after a lost reply answers as its first run did. A place `hold.token` keeps in the
+    /// key's queue is given up too.
     fn permit_release(&self, hold: Hold) -> StoreFuture<bool>;
 }
 
@@ -196,7 +189,7 @@ pub trait PermitStore: fmt::Debug + Send + Sync + 'static {
 /// needs.
 ///
 /// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`]; all but
-/// [`idempotency_begin`](Self::idempotency_begin) act only while `token` owns the record. A
+/// [`idempotency_begin`](Self::idempotency_begin) act only while `hold.token` owns the record. A
 /// write that takes a `deadline` runs only if the store receives it before then: see
 /// [Deadlines](self#deadlines).
 pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
@@ -204,42 +197,39 @@ pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
     /// deadline callers give their writes.
     fn timeout(&self) -> Duration;
 
-    /// Looks up idempotency record `key` and, when there is none, claims it for a request with
-    /// `fingerprint`, owned by `token`, for `lease` — in one atomic step. A record that `token`
-    /// claimed and still runs is claimed again (its lease reset). Received after `deadline`, it
-    /// does nothing.
+    /// Looks up idempotency record `hold.key` and, when there is none, claims it for a request with
+    /// `fingerprint`, owned by `hold.token`, for `lease` — in one atomic step. A record that
+    /// `hold.token` claimed and still runs is claimed again (its lease reset). Received after
+    /// `deadline`, it does nothing.
     fn idempotency_begin(
         &self,
-        key: String,
+        hold: Hold,
         fingerprint: String,
-        token: String,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin>;
 
-    /// Stores the encoded `response` in record `key`, kept for `retention`, only while `token`
-    /// still owns the claim; `false` (and nothing written) otherwise. A record that `token`
-    /// completed with this very `response` already answers `true` again, unchanged. Received
-    /// after `deadline`, it does nothing.
+    /// Stores the encoded `response` in record `hold.key`, kept for `retention`, only while
+    /// `hold.token` still owns the claim; `false` (and nothing written) otherwise. A record that
+    /// `hold.token` completed with this very `response` already answers `true` again, unchanged.
+    /// Received after `deadline`, it does nothing.
     fn idempotency_complete(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         response: Bytes,
         retention: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool>;
 
-    /// Deletes record `key` only while `token` still owns its claim and it is not completed. A
-    /// call re-sent after a lost reply answers as its first run did.
-    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool>;
+    /// Deletes record `hold.key` only while `hold.token` still owns its claim and it is not
+    /// completed. A call re-sent after a lost reply answers as its first run did.
+    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool>;
 
-    /// Extends the claim on record `key` to `lease` from now, only while `token` owns it and it
-    /// is not completed. Received after `deadline`, it does nothing.
+    /// Extends the claim on record `hold.key` to `lease` from now, only while `hold.token` owns it
+    /// and it is not completed. Received after `deadline`, it does nothing.
     fn idempotency_extend(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool>;
@@ -276,8 +266,8 @@ pub struct ClaimOutcome {
     /// atomic step as the failed write.
     pub holder: String,
     /// Whether the claim this caller lost to is still pending: made with durable writes
-    /// (`wait_replicas`) and not yet acknowledged by the replicas, so it may yet be undone —
-    /// the name is in progress, not taken. Always `false` on a store without durable writes.
+    /// (`wait_replicas`) and not yet acknowledged by the replicas, so it may yet be undone — the
+    /// name is in progress, not taken. Always `false` on a store without durable writes.
     pub pending: bool,
 }
 
@@ -296,9 +286,9 @@ pub enum LockAttempt {
     },
 }
 
-/// A key held with a random token: what every token-checked operation names. It acts only
-/// while `key` still holds `token`, so an owner whose lease ran out can never touch what another
-/// owner took over.
+/// A key held with a random token: what every token-checked operation names. It acts only while
+/// `key` still holds `token`, so an owner whose lease ran out can never touch what another owner
+/// took over.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Hold {
     /// The store key.
@@ -408,27 +398,20 @@ impl<T: LockStore + ?Sized> LockStore for Arc<T> {
 
     fn lock_acquire(
         &self,
-        key: String,
+        hold: Hold,
         fence_key: String,
-        token: String,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<LockAttempt> {
-        (**self).lock_acquire(key, fence_key, token, lease, deadline)
+        (**self).lock_acquire(hold, fence_key, lease, deadline)
     }
 
-    fn extend_if_held(
-        &self,
-        key: String,
-        token: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<bool> {
-        (**self).extend_if_held(key, token, lease, deadline)
+    fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        (**self).extend_if_held(hold, lease, deadline)
     }
 
-    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
-        (**self).delete_if_held(key, token)
+    fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool> {
+        (**self).delete_if_held(hold)
     }
 }
 
@@ -465,38 +448,35 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
 
     fn idempotency_begin(
         &self,
-        key: String,
+        hold: Hold,
         fingerprint: String,
-        token: String,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
-        (**self).idempotency_begin(key, fingerprint, token, lease, deadline)
+        (**self).idempotency_begin(hold, fingerprint, lease, deadline)
     }
 
     fn idempotency_complete(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         response: Bytes,
         retention: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
-        (**self).idempotency_complete(key, token, response, retention, deadline)
+        (**self).idempotency_complete(hold, response, retention, deadline)
     }
 
-    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
-        (**self).idempotency_release(key, token)
+    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {
+        (**self).idempotency_release(hold)
     }
 
     fn idempotency_extend(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
-        (**self).idempotency_extend(key, token, lease, deadline)
+        (**self).idempotency_extend(hold, lease, deadline)
     }
 }
 

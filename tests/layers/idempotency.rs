@@ -31,7 +31,7 @@ use common::RedisServer;
 use tollgate::idempotency::{IdempotencyBody, IdempotencyLayer, OnConcurrent, RequestBody};
 use tollgate::key::{Header, KeyExtractor};
 use tollgate::store::{
-    IdempotencyBegin, IdempotencyStore, MemoryStore, RedisStore, Store, StoreFuture,
+    Hold, IdempotencyBegin, IdempotencyStore, MemoryStore, RedisStore, Store, StoreFuture,
 };
 
 /// A failure of an inner service or of its response body. (A concrete type: `BoxError` in
@@ -1492,35 +1492,36 @@ impl IdempotencyStore for SlowWrites {
 
     fn idempotency_begin(
         &self,
-        key: String,
+        hold: Hold,
         fingerprint: String,
-        token: String,
         lease: Duration,
         deadline: tokio::time::Instant,
     ) -> StoreFuture<IdempotencyBegin> {
+        let Hold { key, token } = hold;
         self.0
-            .idempotency_begin(key, fingerprint, token, lease, deadline)
+            .idempotency_begin(Hold::new(key, token), fingerprint, lease, deadline)
     }
 
     fn idempotency_complete(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         response: Bytes,
         retention: Duration,
         deadline: tokio::time::Instant,
     ) -> StoreFuture<bool> {
-        let write = self
-            .0
-            .idempotency_complete(key, token, response, retention, deadline);
+        let Hold { key, token } = hold;
+        let write =
+            self.0
+                .idempotency_complete(Hold::new(key, token), response, retention, deadline);
         Box::pin(async move {
             tokio::time::sleep(SLOW_WRITE).await;
             write.await
         })
     }
 
-    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
-        let write = self.0.idempotency_release(key, token);
+    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
+        let write = self.0.idempotency_release(Hold::new(key, token));
         Box::pin(async move {
             tokio::time::sleep(SLOW_WRITE).await;
             write.await
@@ -1529,12 +1530,13 @@ impl IdempotencyStore for SlowWrites {
 
     fn idempotency_extend(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         lease: Duration,
         deadline: tokio::time::Instant,
     ) -> StoreFuture<bool> {
-        self.0.idempotency_extend(key, token, lease, deadline)
+        let Hold { key, token } = hold;
+        self.0
+            .idempotency_extend(Hold::new(key, token), lease, deadline)
     }
 }
 
@@ -1730,9 +1732,8 @@ async fn lease_takeover(store: impl Store) {
     let fp = "fingerprint-1".to_owned();
     let begin = |token: &str, lease_ms: u64| {
         store.idempotency_begin(
-            key.clone(),
+            Hold::new(key.clone(), token.to_owned()),
             fp.clone(),
-            token.to_owned(),
             Duration::from_millis(lease_ms),
             crate::common::soon(),
         )
@@ -1746,9 +1747,8 @@ async fn lease_takeover(store: impl Store) {
     }
     let other_fp = store
         .idempotency_begin(
-            key.clone(),
+            Hold::new(key.clone(), "Y"),
             "fingerprint-2".into(),
-            "Y".into(),
             Duration::from_secs(30),
             crate::common::soon(),
         )
@@ -1758,21 +1758,20 @@ async fn lease_takeover(store: impl Store) {
     let lease = Duration::from_millis(300);
     assert!(
         !store
-            .idempotency_extend(key.clone(), "B".into(), lease, crate::common::soon())
+            .idempotency_extend(Hold::new(key.clone(), "B"), lease, crate::common::soon())
             .await
             .unwrap()
     );
     assert!(
         !store
-            .idempotency_release(key.clone(), "B".into())
+            .idempotency_release(Hold::new(key.clone(), "B"))
             .await
             .unwrap()
     );
     assert!(
         !store
             .idempotency_complete(
-                key.clone(),
-                "B".into(),
+                Hold::new(key.clone(), "B"),
                 Bytes::from_static(b"x"),
                 lease,
                 crate::common::soon()
@@ -1789,7 +1788,7 @@ async fn lease_takeover(store: impl Store) {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(
         !store
-            .idempotency_extend(key.clone(), "A".into(), lease, crate::common::soon())
+            .idempotency_extend(Hold::new(key.clone(), "A"), lease, crate::common::soon())
             .await
             .unwrap()
     );
@@ -1800,8 +1799,7 @@ async fn lease_takeover(store: impl Store) {
     assert!(
         !store
             .idempotency_complete(
-                key.clone(),
-                "A".into(),
+                Hold::new(key.clone(), "A"),
                 a_bytes,
                 retention,
                 crate::common::soon()
@@ -1812,13 +1810,13 @@ async fn lease_takeover(store: impl Store) {
     );
     assert!(
         !store
-            .idempotency_extend(key.clone(), "A".into(), lease, crate::common::soon())
+            .idempotency_extend(Hold::new(key.clone(), "A"), lease, crate::common::soon())
             .await
             .unwrap()
     );
     assert!(
         !store
-            .idempotency_release(key.clone(), "A".into())
+            .idempotency_release(Hold::new(key.clone(), "A"))
             .await
             .unwrap()
     );
@@ -1829,8 +1827,7 @@ async fn lease_takeover(store: impl Store) {
     assert!(
         store
             .idempotency_complete(
-                key.clone(),
-                "B".into(),
+                Hold::new(key.clone(), "B"),
                 b_bytes.clone(),
                 retention,
                 crate::common::soon()
@@ -1845,21 +1842,20 @@ async fn lease_takeover(store: impl Store) {
     // A completed record belongs to no one: no release, extension or second completion.
     assert!(
         !store
-            .idempotency_release(key.clone(), "B".into())
+            .idempotency_release(Hold::new(key.clone(), "B"))
             .await
             .unwrap()
     );
     assert!(
         !store
-            .idempotency_extend(key.clone(), "B".into(), lease, crate::common::soon())
+            .idempotency_extend(Hold::new(key.clone(), "B"), lease, crate::common::soon())
             .await
             .unwrap()
     );
     assert!(
         !store
             .idempotency_complete(
-                key.clone(),
-                "B".into(),
+                Hold::new(key.clone(), "B"),
                 Bytes::from_static(b"again"),
                 retention,
                 crate::common::soon()
@@ -1873,9 +1869,8 @@ async fn lease_takeover(store: impl Store) {
     );
     let mismatch = store
         .idempotency_begin(
-            key.clone(),
+            Hold::new(key.clone(), "E"),
             "fingerprint-2".into(),
-            "E".into(),
             lease,
             crate::common::soon(),
         )

@@ -18,8 +18,8 @@ use tollgate::rate_limit::{
     DecisionSource, Limit, OnStoreError, RateLimitDecision, RateLimitLayer,
 };
 use tollgate::store::{
-    IdempotencyStore, LockAttempt, LockStore, MemoryStore, RateStore, StoreError, StoreErrorKind,
-    StoreFuture,
+    Hold, IdempotencyStore, LockAttempt, LockStore, MemoryStore, RateStore, StoreError,
+    StoreErrorKind, StoreFuture,
 };
 
 fn policy(algorithm: Algorithm, limits: Vec<Limit>) -> Arc<RatePolicy> {
@@ -212,9 +212,8 @@ async fn a_full_store_refuses_new_keys_with_an_error() {
         StoreErrorKind::Protocol
     );
     let begin = store.idempotency_begin(
-        "i".into(),
+        Hold::new("i", "t"),
         "f".into(),
-        "t".into(),
         Duration::from_secs(5),
         soon(),
     );
@@ -242,11 +241,11 @@ async fn a_full_store_refuses_new_keys_with_an_error() {
     tokio::time::advance(Duration::from_secs(1)).await;
     let (lock, fence) = ("t:lock:{l}".to_owned(), "t:lock:{l}:fence".to_owned());
     let lease = Duration::from_secs(5);
-    let attempt = store.lock_acquire(lock.clone(), fence.clone(), "t".into(), lease, soon());
+    let attempt = store.lock_acquire(Hold::new(lock.clone(), "t"), fence.clone(), lease, soon());
     assert_eq!(refused(attempt.await), StoreErrorKind::Protocol);
-    assert!(store.delete_if_held("a".into(), "x".into()).await.unwrap());
+    assert!(store.delete_if_held(Hold::new("a", "x")).await.unwrap());
     let attempt = store
-        .lock_acquire(lock, fence, "t".into(), lease, soon())
+        .lock_acquire(Hold::new(lock, "t"), fence, lease, soon())
         .await
         .unwrap();
     assert!(matches!(attempt, LockAttempt::Acquired { .. }));

@@ -15,7 +15,9 @@ use tollgate::claim::Claims;
 use tollgate::key::Key;
 use tollgate::lock::{LockError, Locks};
 use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
-use tollgate::store::{IdempotencyBegin, IdempotencyStore, RateStore, RedisStore, StoreErrorKind};
+use tollgate::store::{
+    Hold, IdempotencyBegin, IdempotencyStore, RateStore, RedisStore, StoreErrorKind,
+};
 
 /// A replica of `primary`, killed on drop (with its directory).
 struct Replica {
@@ -115,9 +117,8 @@ async fn acknowledged_writes_succeed() {
     let key = unique("idem");
     let begin = store
         .idempotency_begin(
-            key.clone(),
+            Hold::new(key.clone(), "t"),
             "fp".into(),
-            "t".into(),
             Duration::from_secs(5),
             crate::common::soon(),
         )
@@ -128,8 +129,7 @@ async fn acknowledged_writes_succeed() {
     assert!(
         store
             .idempotency_complete(
-                key,
-                "t".into(),
+                Hold::new(key, "t"),
                 record,
                 Duration::from_secs(60),
                 crate::common::soon()
@@ -157,9 +157,8 @@ async fn unacknowledged_writes_fail_closed_and_are_undone() {
     assert!(
         store
             .idempotency_begin(
-                key.clone(),
+                Hold::new(key.clone(), "t"),
                 "fp".into(),
-                "t".into(),
                 Duration::from_secs(60),
                 crate::common::soon()
             )
@@ -186,9 +185,8 @@ async fn unacknowledged_writes_fail_closed_and_are_undone() {
     );
     let begin = plain
         .idempotency_begin(
-            key,
+            Hold::new(key, "u"),
             "fp".into(),
-            "u".into(),
             Duration::from_secs(60),
             crate::common::soon(),
         )
@@ -356,16 +354,15 @@ async fn an_unacknowledged_completion_reads_as_running_not_completed() {
     let lease = Duration::from_secs(30);
     let begin = |token: &str| {
         store.idempotency_begin(
-            key.clone(),
+            Hold::new(key.clone(), token),
             "fp".into(),
-            token.into(),
             lease,
             common::soon(),
         )
     };
     let complete = || {
         let record = bytes::Bytes::from_static(b"paid");
-        store.idempotency_complete(key.clone(), "t".into(), record, lease, common::soon())
+        store.idempotency_complete(Hold::new(key.clone(), "t"), record, lease, common::soon())
     };
     assert_eq!(begin("t").await.unwrap(), IdempotencyBegin::Claimed);
     proxy.silence();

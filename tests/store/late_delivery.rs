@@ -95,11 +95,10 @@ async fn send_into_the_partition(store: &RedisStore, proxies: &[Proxy]) -> Held 
         claims.claim_once(&held.coupon, None),
         locks.try_acquire(&held.lock, Duration::from_secs(600)),
         store.idempotency_begin(
-            held.record.clone(),
+            Hold::new(held.record.clone(), "t"),
             "fp".into(),
-            "t".into(),
             Duration::from_secs(600),
-            Instant::now() + STORE_TIMEOUT,
+            Instant::now() + STORE_TIMEOUT
         ),
         store.permit_acquire(
             Hold::new(&held.permits, "t"),
@@ -208,9 +207,8 @@ async fn assert_nothing_changed(copies: [&RedisStore; 2], held: &Held) {
 
     let begin = copies[1]
         .idempotency_begin(
-            held.record.clone(),
+            Hold::new(held.record.clone(), "u"),
             "fp".into(),
-            "u".into(),
             Duration::from_secs(5),
             common::soon(),
         )

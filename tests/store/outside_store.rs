@@ -44,27 +44,25 @@ impl LockStore for Delegating {
 
     fn lock_acquire(
         &self,
-        key: String,
+        hold: Hold,
         fence_key: String,
-        token: String,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<LockAttempt> {
-        self.0.lock_acquire(key, fence_key, token, lease, deadline)
+        let Hold { key, token } = hold;
+        self.0
+            .lock_acquire(Hold::new(key, token), fence_key, lease, deadline)
     }
 
-    fn extend_if_held(
-        &self,
-        key: String,
-        token: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<bool> {
-        self.0.extend_if_held(key, token, lease, deadline)
+    fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
+        self.0
+            .extend_if_held(Hold::new(key, token), lease, deadline)
     }
 
-    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.0.delete_if_held(key, token)
+    fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
+        self.0.delete_if_held(Hold::new(key, token))
     }
 }
 
@@ -75,40 +73,42 @@ impl IdempotencyStore for Delegating {
 
     fn idempotency_begin(
         &self,
-        key: String,
+        hold: Hold,
         fingerprint: String,
-        token: String,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
+        let Hold { key, token } = hold;
         self.0
-            .idempotency_begin(key, fingerprint, token, lease, deadline)
+            .idempotency_begin(Hold::new(key, token), fingerprint, lease, deadline)
     }
 
     fn idempotency_complete(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         response: Bytes,
         retention: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         self.0
-            .idempotency_complete(key, token, response, retention, deadline)
+            .idempotency_complete(Hold::new(key, token), response, retention, deadline)
     }
 
-    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
-        self.0.idempotency_release(key, token)
+    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
+        self.0.idempotency_release(Hold::new(key, token))
     }
 
     fn idempotency_extend(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
-        self.0.idempotency_extend(key, token, lease, deadline)
+        let Hold { key, token } = hold;
+        self.0
+            .idempotency_extend(Hold::new(key, token), lease, deadline)
     }
 }
 

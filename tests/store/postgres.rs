@@ -11,7 +11,7 @@ use tollgate::ConfigErrorKind;
 use tollgate::key::Key;
 use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
 use tollgate::store::{
-    IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, PgStore, RateStore, Store,
+    Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, PgStore, RateStore, Store,
     StoreErrorKind,
 };
 
@@ -168,9 +168,8 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     }
     let lock = store
         .lock_acquire(
-            "lock-brief".into(),
+            Hold::new("lock-brief", "t"),
             "lock-brief:fence".into(),
-            "t".into(),
             brief,
             crate::common::soon(),
         )
@@ -179,9 +178,8 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     assert!(matches!(lock, LockAttempt::Acquired { .. }));
     let idem = store
         .idempotency_begin(
-            "idem-brief".into(),
+            Hold::new("idem-brief", "t"),
             "fp".into(),
-            "t".into(),
             brief,
             crate::common::soon(),
         )
@@ -226,9 +224,8 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     );
     let held = store
         .lock_acquire(
-            "lock-long".into(),
+            Hold::new("lock-long", "t"),
             "lock-long:fence".into(),
-            "t".into(),
             long,
             crate::common::soon(),
         )
@@ -237,9 +234,8 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     assert!(matches!(held, LockAttempt::Acquired { .. }));
     let record = store
         .idempotency_begin(
-            "idem-long".into(),
+            Hold::new("idem-long", "t"),
             "fp".into(),
-            "t".into(),
             long,
             crate::common::soon(),
         )
@@ -296,9 +292,8 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     );
     let busy = store
         .lock_acquire(
-            "lock-long".into(),
+            Hold::new("lock-long", "x"),
             "lock-long:fence".into(),
-            "x".into(),
             long,
             crate::common::soon(),
         )
@@ -307,9 +302,8 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     assert!(matches!(busy, LockAttempt::Held { .. }));
     let running = store
         .idempotency_begin(
-            "idem-long".into(),
+            Hold::new("idem-long", "x"),
             "fp".into(),
-            "x".into(),
             long,
             crate::common::soon(),
         )
@@ -646,9 +640,8 @@ async fn a_release_sent_again_answers_as_its_first_run() {
     let s = store.schema();
     let acquired = store
         .lock_acquire(
-            "lock".into(),
+            Hold::new("lock", "t"),
             "lock:fence".into(),
-            "t".into(),
             Duration::from_secs(5),
             crate::common::soon(),
         )
@@ -663,9 +656,8 @@ async fn a_release_sent_again_answers_as_its_first_run() {
     // the same for an idempotency claim
     let claimed = store
         .idempotency_begin(
-            "idem".into(),
+            Hold::new("idem", "t"),
             "fp".into(),
-            "t".into(),
             Duration::from_secs(5),
             crate::common::soon(),
         )
@@ -864,7 +856,7 @@ async fn a_claim_held_by_a_partition_arrives_late_and_changes_nothing() {
     assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
     assert!(started.elapsed() < Duration::from_secs(1));
     // the undo, on the connection that replaced the silenced one: nothing to undo yet
-    let undone = held.delete_if_held(coupon.into(), "late".into());
+    let undone = held.delete_if_held(Hold::new(coupon, "late"));
     assert!(!undone.await.unwrap());
     proxy.unsilence();
     // the held bytes reach the server, which runs them in order, then ends the session
@@ -954,14 +946,13 @@ async fn checks_and_migrations_at_once_never_deadlock() {
                     } else {
                         let (key, lease) = (format!("idem:{name}"), Duration::from_secs(5));
                         let begin = store.idempotency_begin(
-                            key.clone(),
+                            Hold::new(key.clone(), "t"),
                             "fp".into(),
-                            "t".into(),
                             lease,
                             crate::common::soon(),
                         );
                         assert_eq!(begin.await.unwrap(), IdempotencyBegin::Claimed);
-                        let release = store.idempotency_release(key, "t".into());
+                        let release = store.idempotency_release(Hold::new(key, "t"));
                         assert!(release.await.expect("a release during migrations"));
                     }
                 }
@@ -1143,7 +1134,7 @@ async fn a_commit_waiting_for_a_standby_is_cancelled_at_the_deadline() {
     // the undo after the deadline finds it, and the coupon is won once after
     assert!(
         store
-            .delete_if_held("coupon".into(), "first".into())
+            .delete_if_held(Hold::new("coupon", "first"))
             .await
             .unwrap()
     );
@@ -1205,18 +1196,16 @@ async fn a_lock_a_record_and_a_rate_check_held_by_a_partition_change_nothing() {
             .won
     );
     held.lock_acquire(
-        "warm-l".into(),
+        Hold::new("warm-l", "w"),
         "warm-f".into(),
-        "w".into(),
         lease,
         crate::common::soon(),
     )
     .await
     .unwrap();
     held.idempotency_begin(
-        "warm-i".into(),
+        Hold::new("warm-i", "w"),
         "f".into(),
-        "w".into(),
         lease,
         crate::common::soon(),
     )
@@ -1227,17 +1216,15 @@ async fn a_lock_a_record_and_a_rate_check_held_by_a_partition_change_nothing() {
         .unwrap();
 
     let lock = held.lock_acquire(
-        "l".into(),
+        Hold::new("l", "t"),
         "f".into(),
-        "t".into(),
         lease,
         crate::common::soon(),
     );
     held_then_delivered(&held, &proxy, &client, lock).await;
     let begin = held.idempotency_begin(
-        "i".into(),
+        Hold::new("i", "t"),
         "f".into(),
-        "t".into(),
         lease,
         crate::common::soon(),
     );
@@ -1246,9 +1233,8 @@ async fn a_lock_a_record_and_a_rate_check_held_by_a_partition_change_nothing() {
     held_then_delivered(&held, &proxy, &client, check).await;
 
     let other = direct.lock_acquire(
-        "l".into(),
+        Hold::new("l", "u"),
         "f".into(),
-        "u".into(),
         lease,
         crate::common::soon(),
     );
@@ -1257,9 +1243,8 @@ async fn a_lock_a_record_and_a_rate_check_held_by_a_partition_change_nothing() {
         "the lock is free"
     );
     let begin = direct.idempotency_begin(
-        "i".into(),
+        Hold::new("i", "u"),
         "f".into(),
-        "u".into(),
         lease,
         crate::common::soon(),
     );

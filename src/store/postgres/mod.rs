@@ -584,12 +584,12 @@ impl LockStore for PgStore {
 
     fn lock_acquire(
         &self,
-        key: String,
+        hold: Hold,
         fence_key: String,
-        token: String,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<LockAttempt> {
+        let Hold { key, token } = hold;
         let params: Vec<Param> = vec![
             Box::new(key),
             Box::new(fence_key),
@@ -601,13 +601,8 @@ impl LockStore for PgStore {
         self.call("lock_acquire", sql, params, Some(deadline), decode_lock)
     }
 
-    fn extend_if_held(
-        &self,
-        key: String,
-        token: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<bool> {
+    fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         let params: Vec<Param> = vec![Box::new(key), Box::new(token), Box::new(ms(lease))];
         self.call(
             "lock_extend",
@@ -618,7 +613,8 @@ impl LockStore for PgStore {
         )
     }
 
-    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
+    fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         let params: Vec<Param> = vec![
             Box::new(key),
             Box::new(token),
@@ -685,12 +681,12 @@ impl IdempotencyStore for PgStore {
 
     fn idempotency_begin(
         &self,
-        key: String,
+        hold: Hold,
         fingerprint: String,
-        token: String,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
+        let Hold { key, token } = hold;
         let params: Vec<Param> = vec![
             Box::new(key),
             Box::new(fingerprint),
@@ -709,12 +705,12 @@ impl IdempotencyStore for PgStore {
 
     fn idempotency_complete(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         response: Bytes,
         retention: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         let params: Vec<Param> = vec![
             Box::new(key),
             Box::new(token),
@@ -725,7 +721,8 @@ impl IdempotencyStore for PgStore {
         self.call("idempotency_complete", sql, params, Some(deadline), flag)
     }
 
-    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
+    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         let params: Vec<Param> = vec![
             Box::new(key),
             Box::new(token),
@@ -738,11 +735,11 @@ impl IdempotencyStore for PgStore {
 
     fn idempotency_extend(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         let params: Vec<Param> = vec![Box::new(key), Box::new(token), Box::new(ms(lease))];
         let sql: fn(&Sql) -> &String = |s| &s.idem_extend;
         self.call("idempotency_extend", sql, params, Some(deadline), flag)

@@ -607,12 +607,12 @@ impl LockStore for RedisStore {
 
     fn lock_acquire(
         &self,
-        key: String,
+        hold: Hold,
         fence_key: String,
-        token: String,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<LockAttempt> {
+        let Hold { key, token } = hold;
         let undo = Self::release_of(&key, &token, |s| &s.compare_and_delete);
         let call = ScriptCall::default()
             .key(key)
@@ -636,13 +636,8 @@ impl LockStore for RedisStore {
         )
     }
 
-    fn extend_if_held(
-        &self,
-        key: String,
-        token: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<bool> {
+    fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         self.write(
             "lock_extend",
             |s| &s.compare_and_pexpire,
@@ -658,7 +653,8 @@ impl LockStore for RedisStore {
         )
     }
 
-    fn delete_if_held(&self, key: String, token: String) -> StoreFuture<bool> {
+    fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         self.token_checked(
             "lock_release",
             |s| &s.compare_and_delete,
@@ -750,12 +746,12 @@ impl IdempotencyStore for RedisStore {
 
     fn idempotency_begin(
         &self,
-        key: String,
+        hold: Hold,
         fingerprint: String,
-        token: String,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
+        let Hold { key, token } = hold;
         let undo = Self::release_of(&key, &token, |s| &s.idem_release);
         let marker = keys::pending_marker(&key);
         let call = ScriptCall::default()
@@ -782,12 +778,12 @@ impl IdempotencyStore for RedisStore {
 
     fn idempotency_complete(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         response: Bytes,
         retention: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         let marker = keys::pending_marker(&key);
         let pending = Pending {
             marker: marker.clone(),
@@ -817,7 +813,8 @@ impl IdempotencyStore for RedisStore {
         )
     }
 
-    fn idempotency_release(&self, key: String, token: String) -> StoreFuture<bool> {
+    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         self.token_checked(
             "idempotency_release",
             |s| &s.idem_release,
@@ -827,11 +824,11 @@ impl IdempotencyStore for RedisStore {
 
     fn idempotency_extend(
         &self,
-        key: String,
-        token: String,
+        hold: Hold,
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
         // no replica need acknowledge an extension before it counts: a failover loses at most
         // the lease it added
         let clock = Arc::clone(&self.clock);
