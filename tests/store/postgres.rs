@@ -85,7 +85,7 @@ async fn migrate_is_idempotent_and_safe_to_run_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![3]);
+    assert_eq!(versions, vec![4]);
     let won = stores[2]
         .claim("k".into(), "a".into(), None, crate::common::soon())
         .await
@@ -916,7 +916,7 @@ async fn migrate_on_a_current_schema_takes_no_table_lock() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![3]);
+    assert_eq!(versions, vec![4]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1078,13 +1078,150 @@ async fn an_upgrade_drops_the_functions_without_deadlines() {
         .collect();
     assert_eq!(args, vec![4], "one claim: the one with a deadline");
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 3, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 4, Duration::ZERO).await);
     // a copy of version 1 started since, which migrates whatever the version row says, put its
     // functions back: the next migration finds them and runs its DDL again
     client.batch_execute(&old_claim).await.unwrap();
     store.migrate().await.unwrap();
     let count = format!("SELECT count(*) FROM ({overloads}) AS o");
     assert!(becomes(&client, &count, 1, Duration::ZERO).await);
+}
+
+/// `schema.sql` of version 3, as it was: a schema that version made, for the upgrade tests.
+const SCHEMA_V3: &str = include_str!("fixtures/schema_v3.sql");
+
+/// Every function in `schema`, with its argument types.
+async fn functions(client: &tokio_postgres::Client, schema: &str) -> Vec<String> {
+    let sql = "SELECT p.oid::regprocedure::text FROM pg_proc p
+               JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1";
+    let rows = client.query(sql, &[&schema]).await.unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// One rate check of quota 3 per limit (windows of one and two minutes) sent as a copy of
+/// version 3 sends it, one check in `check_rates`: its reply.
+async fn check_as_v3(
+    client: &tokio_postgres::Client,
+    s: &str,
+    algorithm: i16,
+    keys: &[&str],
+    attempt: i64,
+) -> Vec<i64> {
+    let n = keys.len();
+    let quotas = vec![3i64; n];
+    let windows: Vec<i64> = (1..=n as i64).map(|i| i * 60_000_000).collect();
+    let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+    let sql = format!(
+        "SELECT \"{s}\".check_rates($1, $2, $3, $4, $5, $6, $7, \"{s}\".now_us() + 10000000)"
+    );
+    let row = client
+        .query_one(
+            &sql,
+            &[
+                &vec![algorithm],
+                &vec![n as i32],
+                &keys,
+                &quotas,
+                &windows,
+                &vec![1i64],
+                &vec![attempt],
+            ],
+        )
+        .await
+        .unwrap();
+    let reply: Vec<i64> = row.get(0);
+    assert_eq!(
+        reply[..2],
+        [1, reply.len() as i64 - 2],
+        "one check: {reply:?}"
+    );
+    reply[2..].to_vec()
+}
+
+/// What each limit has left in a reply of `check_as_v3`.
+fn remaining(reply: &[i64]) -> Vec<i64> {
+    reply[2..].iter().step_by(2).copied().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_version_3_upgrades_to_4_and_keeps_its_limits() {
+    let server = server().await;
+    let s = unique_schema();
+    let client = server.client().await;
+    // the schema as a copy of version 3 made it
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA \"{s}\";
+             CREATE TABLE \"{s}\".migrations (
+               version integer PRIMARY KEY,
+               applied_at timestamptz NOT NULL DEFAULT now()
+             );
+             INSERT INTO \"{s}\".migrations (version) VALUES (3);"
+        ))
+        .await
+        .unwrap();
+    let v3 = SCHEMA_V3
+        .replace("__SCHEMA__", &format!("\"{s}\""))
+        .replace("__RATE_TABLES__", "UNLOGGED");
+    client.batch_execute(&v3).await.unwrap();
+    let before = functions(&client, &s).await;
+    // each algorithm, on one limit and on two, charged once by version 3
+    let checks: [(i16, &[&str]); 6] = [
+        (1, &["log"]),
+        (2, &["counter"]),
+        (3, &["gcra"]),
+        (1, &["log:1", "log:2"]),
+        (2, &["counter:1", "counter:2"]),
+        (3, &["gcra:1", "gcra:2"]),
+    ];
+    for (i, (algorithm, keys)) in checks.iter().enumerate() {
+        let reply = check_as_v3(&client, &s, *algorithm, keys, i as i64).await;
+        assert_eq!(reply[0], 1, "{keys:?}: {reply:?}");
+        assert!(
+            remaining(&reply).iter().all(|&r| r == 2),
+            "{keys:?}: {reply:?}"
+        );
+    }
+
+    let store = server.builder().schema(s.clone()).connect().await.unwrap();
+    let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
+    assert!(becomes(&client, &versions, 4, Duration::ZERO).await);
+    // every function a copy of version 3 calls, or that one it calls calls, is still there
+    let after = functions(&client, &s).await;
+    let gone: Vec<&String> = before.iter().filter(|f| !after.contains(f)).collect();
+    assert!(gone.is_empty(), "dropped by the upgrade: {gone:?}");
+    assert!(after.len() > before.len(), "the step functions are new");
+
+    for (i, (algorithm, keys)) in checks.iter().enumerate() {
+        // the attempt version 3 charged, sent again, is not charged again
+        let again = check_as_v3(&client, &s, *algorithm, keys, i as i64).await;
+        assert_eq!(again[0], 1, "{keys:?}: {again:?}");
+        assert!(
+            remaining(&again).iter().all(|&r| r == 2),
+            "{keys:?}: {again:?}"
+        );
+        // and a new one is charged on what version 3 counted
+        let next = check_as_v3(&client, &s, *algorithm, keys, 100 + i as i64).await;
+        assert_eq!(next[0], 1, "{keys:?}: {next:?}");
+        assert!(
+            remaining(&next).iter().all(|&r| r == 1),
+            "{keys:?}: {next:?}"
+        );
+    }
+    // the store of this version checks rates on the upgraded schema
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let p = policy(algorithm, Limit::per_minute("m", 2));
+        let first = store.check_rate(&p, RateCheck::new(caller("a"), 1));
+        assert_eq!(first.await.unwrap().limits[0].remaining, 1, "{algorithm:?}");
+        let second = store.check_rate(&p, RateCheck::new(caller("a"), 1));
+        assert!(second.await.unwrap().admitted, "{algorithm:?}");
+        let third = store.check_rate(&p, RateCheck::new(caller("a"), 1));
+        assert!(!third.await.unwrap().admitted, "{algorithm:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
--- tollgate on PostgreSQL, schema version 3: tables, indexes and the functions that are the
+-- tollgate on PostgreSQL, schema version 4: tables, indexes and the functions that are the
 -- store's atomic operations. `__SCHEMA__` stands for the configured schema (quoted) and
 -- `__RATE_TABLES__` for `UNLOGGED` or nothing. Every statement is idempotent. PgStore::migrate
 -- first reads the version recorded in `migrations` (locking none of the tables below) and runs
@@ -20,7 +20,10 @@
 -- microseconds. A call that reads the clock at or past it — after it has taken its locks, right
 -- before it writes — changes nothing and answers "late": -1, or {-2, 0} from check_rate.
 -- Version 2 added them; the functions of version 1, without p_deadline_us, are dropped here.
--- Version 3 added check_rates, a batch of rate checks in one call.
+-- Version 3 added check_rates, a batch of rate checks in one call. Version 4 decides each rate
+-- algorithm in one step function (rate_log_step, rate_counter_step, rate_gcra_step) for checks
+-- of one limit and of several alike; every function that version 3 had keeps its signature, so
+-- copies of version 3 keep working on a schema of version 4.
 --
 -- Time is the database clock in microseconds since the Unix epoch (`now_us()`, read from
 -- `clock_timestamp()` after the rows an operation touches are locked). Every row has an
@@ -201,7 +204,8 @@ CREATE INDEX IF NOT EXISTS idempotency_expiry ON __SCHEMA__.idempotency (expires
 
 -- The recent attempts of a row once p_attempt charged it at p_now: those still remembered
 -- (until after p_now), at most 7 of them, then p_attempt until p_until_new — as rate.lua keeps
--- them.
+-- them. None when p_ids is NULL: a row that keeps no attempts (a policy's limits after its
+-- first).
 CREATE OR REPLACE FUNCTION __SCHEMA__.remember(
   p_ids bigint[], p_until bigint[], p_attempt bigint, p_until_new bigint, p_now bigint,
   OUT o_ids bigint[], OUT o_until bigint[]
@@ -210,10 +214,270 @@ DECLARE
   n int := coalesce(cardinality(p_ids), 0);
   i int := 1;
 BEGIN
+  IF p_ids IS NULL THEN
+    o_ids := '{}'; o_until := '{}';
+    RETURN;
+  END IF;
   WHILE i <= n AND p_until[i] <= p_now LOOP i := i + 1; END LOOP;
   IF n - i + 1 > 7 THEN i := n - 6; END IF;
   o_ids := p_ids[i:n] || p_attempt;
   o_until := p_until[i:n] || p_until_new;
+END $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Rate algorithms, written once: a step per algorithm decides one limit of a check on its row
+-- (locked by the caller, read at the check's instant p_now) and answers the limit's reply, as
+-- check_rate answers a check of that limit alone. With p_charge, a limit that admits the check
+-- is charged there and then: a check of one limit is one step (check_rate). A check of several
+-- limits is admitted only when each admits it: each limit's step runs first without charging;
+-- then, the check admitted and costing, each limit is charged — a counter or GCRA limit by its
+-- step run again with p_charge, a log by rate_log_charge on the log as its step left it
+-- (rate_sliding_log, rate_sliding_counter, rate_gcra).
+--   p_replay  the attempt is known to be re-sent (its first run charged): admitted, no
+--             decision made
+-- The reply: {admitted 0|1 (the cost fits, or a replay), retry_after_us (until the cost would
+-- fit; 0 when admitted), remaining, reset_us (until what the limit has left grows)}; the
+-- sliding log's step answers it field by field (o_admitted, o_retry, o_remaining, o_reset).
+-- ---------------------------------------------------------------------------------------------
+
+-- Sliding log, one limit: exact. The oldest rows leave the window first (a row scored s covers
+-- (s - window, s]); the step trims what left it — the whole log once the row has expired, as
+-- its Redis key would be gone — and writes the count that is left (p_a: the row's count). The
+-- attempt found in the log when the cost does not fit is a replay (o_replay). It charges
+-- through rate_log_charge, which a check of several limits calls itself once every limit has
+-- been decided: o_count and o_oldest (NULL: the log is empty) are the log as the step left it.
+-- Cost: O(trimmed) plus index look-ups; a denial adds one scan of the log for the wait.
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_log_step(
+  p_key text, p_a bigint, p_expires bigint, p_quota bigint, p_window bigint, p_cost bigint,
+  p_attempt bigint, p_now bigint, p_replay boolean, p_charge boolean,
+  OUT o_admitted boolean, OUT o_replay boolean, OUT o_retry bigint, OUT o_count bigint,
+  OUT o_oldest bigint, OUT o_remaining bigint, OUT o_reset bigint
+) LANGUAGE plpgsql AS $$
+DECLARE
+  v_trimmed bigint;
+  v_wait bigint;
+  v_charge record;
+BEGIN
+  o_admitted := true; o_replay := p_replay; o_retry := 0;
+  IF p_expires <= p_now THEN
+    DELETE FROM __SCHEMA__.rate_log WHERE key = p_key;
+    o_count := 0;
+    v_trimmed := p_a;
+  ELSE
+    -- trimmed, then the oldest read, in two statements: as one they got a much slower plan
+    WITH gone AS (
+      DELETE FROM __SCHEMA__.rate_log
+      WHERE key = p_key AND score <= p_now - p_window
+      RETURNING cost
+    ) SELECT coalesce(sum(cost), 0) INTO v_trimmed FROM gone;
+    o_count := greatest(p_a - v_trimmed, 0);
+  END IF;
+  IF o_count > 0 THEN
+    SELECT min(score) INTO o_oldest FROM __SCHEMA__.rate_log WHERE key = p_key;
+  END IF;
+  IF NOT p_replay AND o_count + p_cost > p_quota THEN
+    IF p_cost > 0 AND o_count > 0 AND EXISTS (
+      SELECT 1 FROM __SCHEMA__.rate_log WHERE key = p_key AND attempt = p_attempt
+    ) THEN
+      o_replay := true; -- charged by the first run of this attempt
+    ELSE
+      o_admitted := false;
+      v_wait := p_window;
+      IF p_cost <= p_quota THEN
+        -- room appears once the (count + cost - quota) oldest units have left the window
+        SELECT l.score + p_window - p_now INTO v_wait FROM (
+          SELECT score, sum(cost) OVER (ORDER BY score, attempt) AS upto
+          FROM __SCHEMA__.rate_log WHERE key = p_key
+        ) AS l
+        WHERE l.upto >= o_count + p_cost - p_quota
+        ORDER BY l.upto LIMIT 1;
+      END IF;
+      o_retry := greatest(0, v_wait);
+    END IF;
+  END IF;
+  -- a replay's attempt is in this log: a charge would log nothing
+  IF p_charge AND o_admitted AND NOT o_replay AND p_cost > 0 THEN
+    v_charge := __SCHEMA__.rate_log_charge(p_key, o_count, o_oldest, p_quota, p_window, p_cost,
+      p_attempt, p_now);
+    IF v_charge.o_logged THEN
+      -- the charge wrote the count
+      o_remaining := v_charge.o_remaining;
+      o_reset := v_charge.o_reset;
+      RETURN;
+    END IF;
+  END IF;
+  IF v_trimmed > 0 THEN
+    UPDATE __SCHEMA__.rate_limits SET a = o_count WHERE key = p_key;
+  END IF;
+  o_remaining := greatest(p_quota - o_count, 0);
+  o_reset := CASE WHEN o_oldest IS NULL THEN 0 ELSE o_oldest + p_window - p_now END;
+END $$;
+
+-- Sliding log, one limit decided by rate_log_step (p_count, p_oldest: its o_count, o_oldest):
+-- logs the attempt's cost, once — an attempt logged already is not logged again (o_logged
+-- false) — and sets the row's count and expiry. Answers as rate_log_step.
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_log_charge(
+  p_key text, p_count bigint, p_oldest bigint, p_quota bigint, p_window bigint, p_cost bigint,
+  p_attempt bigint, p_now bigint,
+  OUT o_logged boolean, OUT o_remaining bigint, OUT o_reset bigint
+) LANGUAGE plpgsql AS $$
+DECLARE
+  v_expires bigint;
+BEGIN
+  o_reset := CASE WHEN p_oldest IS NULL THEN 0 ELSE p_oldest + p_window - p_now END;
+  INSERT INTO __SCHEMA__.rate_log (key, attempt, score, cost)
+    VALUES (p_key, p_attempt, p_now, p_cost)
+    ON CONFLICT DO NOTHING;
+  o_logged := FOUND;
+  IF o_logged THEN
+    p_count := p_count + p_cost;
+    -- the log was empty: its oldest entry is this request's
+    IF p_oldest IS NULL THEN o_reset := p_window; END IF;
+    v_expires := p_now + __SCHEMA__.ceil_div(p_window, 1000) * 1000;
+    UPDATE __SCHEMA__.rate_limits
+      SET a = p_count, expires_at = v_expires,
+          purge_at = __SCHEMA__.purge_mark(purge_at, v_expires, p_window)
+      WHERE key = p_key;
+  END IF;
+  o_remaining := greatest(p_quota - p_count, 0);
+END $$;
+
+-- Sliding-window counter, one limit: O(1), in milliseconds of store time and in doubles, as
+-- the Lua script computes it: current + previous * (share of the previous window still inside
+-- the sliding one). p_a, p_b, p_c: the row's window index and the costs of that window and of
+-- the one before; p_live: the row has not expired. A charge adds the cost to the current
+-- window (a new one moves the row's expiry to the end of the next window) and keeps the
+-- attempt among the row's recent ones: p_recent, p_until are those the row remembers, on a
+-- policy's first limit; NULL on the others, which keep none.
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_counter_step(
+  p_key text, p_a bigint, p_b bigint, p_c bigint, p_live boolean, p_quota bigint,
+  p_window bigint, p_cost bigint, p_now bigint, p_replay boolean, p_charge boolean,
+  p_recent bigint[], p_until bigint[], p_attempt bigint, p_deadline bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  v_admitted boolean := true;
+  v_retry bigint := 0;
+  q double precision := p_quota;
+  w double precision := p_window / 1000.0;
+  v_now double precision := (p_now / 1000)::double precision;
+  v_cost double precision := p_cost::double precision;
+  idx double precision;
+  el double precision;
+  cur double precision := 0;
+  prev double precision := 0;
+  v_same boolean := false;
+  room double precision;
+  wait double precision;
+  used double precision;
+  whole double precision;
+  rst double precision := 0;
+  v_kept record;
+BEGIN
+  idx := floor(v_now / w);
+  el := v_now - idx * w;
+  IF p_live THEN
+    IF p_a = idx THEN
+      cur := p_b; prev := p_c; v_same := true;
+    ELSIF p_a = idx - 1 THEN
+      prev := p_b;
+    END IF;
+  END IF;
+  IF p_replay THEN
+    NULL; -- charged by the first run of this attempt: nothing to decide
+  ELSIF (cur + v_cost) * w + prev * (w - el) > q * w THEN
+    v_admitted := false;
+    room := q - v_cost - cur;
+    IF v_cost > q THEN
+      wait := w;
+    ELSIF room >= 0 THEN
+      -- prev > 0 here: the previous window's share is what denies
+      wait := (w - el) - room * w / prev;
+    ELSE
+      -- cur > 0 here: next window, where cur becomes the previous one
+      wait := (w - el) + w - (q - v_cost) * w / cur;
+    END IF;
+    v_retry := ceil(greatest(wait, 0) * 1000)::bigint;
+  ELSIF p_charge AND p_cost > 0 THEN
+    cur := cur + v_cost;
+    v_kept := __SCHEMA__.remember(p_recent, p_until, p_attempt, p_deadline, p_now);
+    IF v_same THEN
+      -- the same window: its expiry (the end of the next window) stands
+      UPDATE __SCHEMA__.rate_limits
+        SET b = cur::bigint, recent = v_kept.o_ids, recent_until = v_kept.o_until
+        WHERE key = p_key;
+    ELSE
+      UPDATE __SCHEMA__.rate_limits
+        SET a = idx::bigint, b = cur::bigint, c = prev::bigint, recent = v_kept.o_ids,
+            recent_until = v_kept.o_until,
+            expires_at = (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000,
+            purge_at = __SCHEMA__.purge_mark(purge_at,
+              (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000, p_window)
+        WHERE key = p_key;
+    END IF;
+  END IF;
+  used := cur + prev * (w - el) / w;
+  whole := ceil(used - 1e-9);
+  -- the quota grows when the estimate next drops below a whole unit
+  IF whole > 0 AND prev > 0 AND whole - 1 - cur >= 0 THEN
+    rst := (w - el) - (whole - 1 - cur) * w / prev;
+  ELSIF whole > 0 THEN
+    rst := (w - el) + w - (whole - 1) * w / cur;
+  END IF;
+  RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry,
+    greatest(q - whole, 0)::bigint, ceil(rst * 1000)::bigint];
+END $$;
+
+-- GCRA, one limit: O(1), exact in integers. Emission interval T = window / quota; offsets from
+-- now are counted in 1/quota microseconds, where T is exactly `window` units. p_a, p_b: the
+-- row's theoretical arrival time and remainder; p_live: the row has not expired. A charge moves
+-- the arrival time on by the cost (the row expiring a millisecond after it) and keeps the
+-- attempt as rate_counter_step does.
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_gcra_step(
+  p_key text, p_a bigint, p_b bigint, p_live boolean, p_quota bigint, p_window bigint,
+  p_cost bigint, p_now bigint, p_replay boolean, p_charge boolean, p_recent bigint[],
+  p_until bigint[], p_attempt bigint, p_deadline bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  v_admitted boolean := true;
+  v_retry bigint := 0;
+  tat bigint := p_now;
+  rem bigint := 0;
+  ahead bigint;
+  units bigint;
+  whole bigint;
+  used bigint;
+  v_kept record;
+BEGIN
+  IF p_live AND p_a >= p_now THEN tat := p_a; rem := p_b; END IF;
+  IF p_replay THEN
+    NULL; -- charged by the first run of this attempt: nothing to decide
+  ELSIF p_cost > p_quota THEN
+    v_admitted := false;
+    v_retry := p_window;
+  ELSE
+    ahead := (tat - p_now) * p_quota + rem + p_cost * p_window;
+    IF ahead > p_window * p_quota THEN
+      v_admitted := false;
+      v_retry := __SCHEMA__.ceil_div(ahead - p_window * p_quota, p_quota);
+    ELSIF p_charge AND p_cost > 0 THEN
+      units := rem + p_cost * p_window;
+      whole := units / p_quota;
+      tat := tat + whole;
+      rem := units - whole * p_quota;
+      v_kept := __SCHEMA__.remember(p_recent, p_until, p_attempt, p_deadline, p_now);
+      UPDATE __SCHEMA__.rate_limits
+        SET a = tat, b = rem, recent = v_kept.o_ids, recent_until = v_kept.o_until,
+            expires_at = p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000,
+            purge_at = __SCHEMA__.purge_mark(purge_at,
+              p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000, p_window)
+        WHERE key = p_key;
+    END IF;
+  END IF;
+  ahead := (tat - p_now) * p_quota + rem;
+  used := __SCHEMA__.ceil_div(ahead, p_window);
+  RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry, greatest(p_quota - used, 0),
+    CASE WHEN used > 0 THEN __SCHEMA__.ceil_div(ahead - (used - 1) * p_window, p_quota)
+         ELSE 0 END];
 END $$;
 
 -- ---------------------------------------------------------------------------------------------
@@ -242,44 +506,9 @@ DECLARE
   r_c bigint;
   r_recent bigint[];
   r_until bigint[];
-  v_ids bigint[];
-  v_untils bigint[];
   r_expires bigint;
   v_now bigint;
-  q bigint;
-  w bigint;
-  v_replay boolean := false;
-  v_admitted boolean := true;
-  v_retry bigint := 0;
-  -- GCRA
-  tat bigint;
-  rem bigint;
-  ahead bigint;
-  units bigint;
-  whole bigint;
-  used bigint;
-  v_expires bigint;
-  -- sliding counter, in doubles as rate_sliding_counter
-  dq double precision;
-  dw double precision;
-  dnow double precision;
-  dcost double precision;
-  idx double precision;
-  el double precision;
-  cur double precision;
-  prev double precision;
-  v_same boolean := false;
-  room double precision;
-  dwait double precision;
-  dused double precision;
-  dwhole double precision;
-  rst double precision;
-  -- sliding log
-  v_count bigint;
-  v_trimmed bigint;
-  v_oldest bigint;
-  v_wait bigint;
-  v_reset bigint;
+  v_log record;
 BEGIN
   -- late already: not even a placeholder row is made
   IF __SCHEMA__.now_us() >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
@@ -306,9 +535,8 @@ BEGIN
       p_deadline_us);
   END IF;
 
-  -- One limit (the common policy), decided here as rate_sliding_log, rate_sliding_counter or
-  -- rate_gcra would decide it: its row is locked by reading it (made first if missing; holding no other row,
-  -- this cannot deadlock), and read once.
+  -- One limit (the common policy): its row is locked by reading it (made first if missing;
+  -- holding no other row, this cannot deadlock), and read once; then its step, charging.
   v_key := p_keys[1];
   LOOP
     SELECT l.a, l.b, l.c, l.recent, l.recent_until, l.expires_at
@@ -320,165 +548,22 @@ BEGIN
   END LOOP;
   v_now := __SCHEMA__.now_us();
   IF v_now >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
-  q := p_quotas[1];
-  w := p_windows[1];
+  IF p_algorithm = 1 THEN
+    v_log := __SCHEMA__.rate_log_step(v_key, r_a, r_expires, p_quotas[1], p_windows[1],
+      p_cost, p_attempt, v_now, false, true);
+    RETURN ARRAY[CASE WHEN v_log.o_admitted THEN 1 ELSE 0 END, v_log.o_retry,
+      v_log.o_remaining, v_log.o_reset];
+  END IF;
   -- an expired row remembers nothing, as an expired Redis key holds nothing
   IF r_expires <= v_now THEN r_recent := '{}'; r_until := '{}'; END IF;
-
-  IF p_algorithm = 1 THEN
-    IF r_expires <= v_now THEN
-      -- an expired log is gone whole, as its Redis key would be
-      DELETE FROM __SCHEMA__.rate_log WHERE key = v_key;
-      v_count := 0;
-      v_trimmed := r_a;
-    ELSE
-      -- trimmed as rate_sliding_log trims it; what stays is scored after now - window
-      WITH gone AS (
-        DELETE FROM __SCHEMA__.rate_log
-        WHERE key = v_key AND score <= v_now - w
-        RETURNING cost
-      ) SELECT coalesce((SELECT sum(cost) FROM gone), 0),
-               (SELECT min(l.score) FROM __SCHEMA__.rate_log AS l
-                WHERE l.key = v_key AND l.score > v_now - w)
-        INTO v_trimmed, v_oldest;
-      v_count := greatest(r_a - v_trimmed, 0);
-    END IF;
-    IF v_count = 0 THEN v_oldest := NULL; END IF;
-    IF v_count + p_cost > q THEN
-      IF p_cost > 0 AND v_count > 0 AND EXISTS (
-        SELECT 1 FROM __SCHEMA__.rate_log WHERE key = v_key AND attempt = p_attempt
-      ) THEN
-        v_replay := true; -- charged by the first run of this attempt
-      ELSE
-        v_admitted := false;
-        v_wait := w;
-        IF p_cost <= q THEN
-          -- room appears once the (count + cost - quota) oldest units have left the window
-          SELECT l.score + w - v_now INTO v_wait FROM (
-            SELECT score, sum(cost) OVER (ORDER BY score, attempt) AS upto
-            FROM __SCHEMA__.rate_log WHERE key = v_key
-          ) AS l
-          WHERE l.upto >= v_count + p_cost - q
-          ORDER BY l.upto LIMIT 1;
-        END IF;
-        v_retry := greatest(0, v_wait);
-      END IF;
-    END IF;
-    v_reset := CASE WHEN v_oldest IS NULL THEN 0 ELSE v_oldest + w - v_now END;
-    IF v_admitted AND p_cost > 0 AND NOT v_replay THEN
-      INSERT INTO __SCHEMA__.rate_log (key, attempt, score, cost)
-        VALUES (v_key, p_attempt, v_now, p_cost)
-        ON CONFLICT DO NOTHING;
-      IF FOUND THEN
-        v_count := v_count + p_cost;
-        IF v_oldest IS NULL THEN v_reset := w; END IF;
-        v_expires := v_now + ((w + 999) / 1000) * 1000;
-        UPDATE __SCHEMA__.rate_limits
-          SET a = v_count, expires_at = v_expires,
-              purge_at = __SCHEMA__.purge_mark(purge_at, v_expires, w)
-          WHERE key = v_key;
-        v_trimmed := 0;
-      END IF;
-    END IF;
-    IF v_trimmed > 0 THEN
-      UPDATE __SCHEMA__.rate_limits SET a = v_count WHERE key = v_key;
-    END IF;
-    RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry,
-      greatest(q - v_count, 0), v_reset];
-  END IF;
-
   IF p_algorithm = 2 THEN
-    dq := q;
-    dw := w / 1000.0;
-    dnow := (v_now / 1000)::double precision;
-    dcost := p_cost::double precision;
-    idx := floor(dnow / dw);
-    el := dnow - idx * dw;
-    cur := 0; prev := 0;
-    IF r_expires > v_now THEN
-      IF r_a = idx THEN
-        cur := r_b; prev := r_c; v_same := true;
-      ELSIF r_a = idx - 1 THEN
-        prev := r_b;
-      END IF;
-      v_replay := p_attempt = ANY (r_recent);
-    END IF;
-    IF v_replay THEN
-      NULL; -- charged by the first run of this attempt: admitted, nothing charged
-    ELSIF (cur + dcost) * dw + prev * (dw - el) > dq * dw THEN
-      v_admitted := false;
-      room := dq - dcost - cur;
-      IF dcost > dq THEN
-        dwait := dw;
-      ELSIF room >= 0 THEN
-        dwait := (dw - el) - room * dw / prev;
-      ELSE
-        dwait := (dw - el) + dw - (dq - dcost) * dw / cur;
-      END IF;
-      v_retry := ceil(greatest(dwait, 0) * 1000)::bigint;
-    ELSIF p_cost > 0 THEN
-      cur := cur + dcost;
-      SELECT o_ids, o_until INTO v_ids, v_untils
-        FROM __SCHEMA__.remember(r_recent, r_until, p_attempt, p_deadline_us, v_now);
-      IF v_same THEN
-        UPDATE __SCHEMA__.rate_limits SET b = cur::bigint, recent = v_ids, recent_until = v_untils
-          WHERE key = v_key;
-      ELSE
-        v_expires := (v_now / 1000) * 1000 + ceil(2 * dw - el)::bigint * 1000;
-        UPDATE __SCHEMA__.rate_limits
-          SET a = idx::bigint, b = cur::bigint, c = prev::bigint, recent = v_ids,
-              recent_until = v_untils, expires_at = v_expires,
-              purge_at = __SCHEMA__.purge_mark(purge_at, v_expires, w)
-          WHERE key = v_key;
-      END IF;
-    END IF;
-    dused := cur + prev * (dw - el) / dw;
-    dwhole := ceil(dused - 1e-9);
-    rst := 0;
-    IF dwhole > 0 AND prev > 0 AND dwhole - 1 - cur >= 0 THEN
-      rst := (dw - el) - (dwhole - 1 - cur) * dw / prev;
-    ELSIF dwhole > 0 THEN
-      rst := (dw - el) + dw - (dwhole - 1) * dw / cur;
-    END IF;
-    RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry,
-      greatest(dq - dwhole, 0)::bigint, ceil(rst * 1000)::bigint];
+    RETURN __SCHEMA__.rate_counter_step(v_key, r_a, r_b, r_c, r_expires > v_now, p_quotas[1],
+      p_windows[1], p_cost, v_now, p_attempt = ANY (r_recent), true, r_recent, r_until,
+      p_attempt, p_deadline_us);
   END IF;
-
-  -- GCRA
-  tat := v_now; rem := 0;
-  IF r_expires > v_now THEN
-    IF r_a >= v_now THEN tat := r_a; rem := r_b; END IF;
-    v_replay := p_attempt = ANY (r_recent);
-  END IF;
-  IF v_replay THEN
-    NULL; -- charged by the first run of this attempt: admitted, nothing charged
-  ELSIF p_cost > q THEN
-    v_admitted := false;
-    v_retry := w;
-  ELSE
-    ahead := (tat - v_now) * q + rem + p_cost * w;
-    IF ahead > w * q THEN
-      v_admitted := false;
-      v_retry := (ahead - w * q + q - 1) / q;
-    ELSIF p_cost > 0 THEN
-      units := rem + p_cost * w;
-      whole := units / q;
-      tat := tat + whole;
-      rem := units - whole * q;
-      v_expires := v_now + ((tat - v_now + 999) / 1000 + 1) * 1000;
-      SELECT o_ids, o_until INTO v_ids, v_untils
-        FROM __SCHEMA__.remember(r_recent, r_until, p_attempt, p_deadline_us, v_now);
-      UPDATE __SCHEMA__.rate_limits
-        SET a = tat, b = rem, recent = v_ids, recent_until = v_untils, expires_at = v_expires,
-            purge_at = __SCHEMA__.purge_mark(purge_at, v_expires, w)
-        WHERE key = v_key;
-    END IF;
-  END IF;
-  ahead := (tat - v_now) * q + rem;
-  used := (ahead + w - 1) / w;
-  RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry,
-    greatest(q - used, 0),
-    CASE WHEN used > 0 THEN (ahead - (used - 1) * w + q - 1) / q ELSE 0 END];
+  RETURN __SCHEMA__.rate_gcra_step(v_key, r_a, r_b, r_expires > v_now, p_quotas[1],
+    p_windows[1], p_cost, v_now, p_attempt = ANY (r_recent), true, r_recent, r_until,
+    p_attempt, p_deadline_us);
 END $$;
 
 -- A batch of rate checks in one call (version 3): checks that wait for the store at the same
@@ -516,312 +601,135 @@ BEGIN
   RETURN v_out;
 END $$;
 
--- Sliding log: exact. The oldest rows leave the window first; a check trims what left it.
--- Cost: O(trimmed) plus index look-ups; a denial adds one scan of its log for the wait.
+-- Several limits of one check (check_rate has locked their rows and read the clock, p_now): the
+-- sliding log. Each limit's step first, charging nothing (a replay found in one log admits the
+-- check: the limits after it decide nothing); then, the check admitted and costing, each log
+-- charged as its step left it — every log, whatever the replay.
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_sliding_log(
   p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
   p_now bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
-  n int := cardinality(p_keys);
   v_counts bigint[] := '{}';
   v_oldests bigint[] := '{}';
+  v_limits bigint[] := '{}';
   v_admitted boolean := true;
   v_replay boolean := false;
   v_retry bigint := 0;
-  v_out bigint[];
   v_row __SCHEMA__.rate_limits;
-  v_count bigint;
-  v_oldest bigint;
-  v_trimmed bigint;
-  v_wait bigint;
-  v_reset bigint;
+  v_step record;
 BEGIN
-  FOR i IN 1..n LOOP
+  FOR i IN 1..cardinality(p_keys) LOOP
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
-    IF v_row.expires_at <= p_now THEN
-      -- an expired log is gone whole, as its Redis key would be
-      DELETE FROM __SCHEMA__.rate_log WHERE key = p_keys[i];
-      v_count := 0;
-      v_trimmed := v_row.a;
-    ELSE
-      -- a row scored s covers (s - window, s]; it is gone once now - window >= s
-      WITH gone AS (
-        DELETE FROM __SCHEMA__.rate_log
-        WHERE key = p_keys[i] AND score <= p_now - p_windows[i]
-        RETURNING cost
-      ) SELECT coalesce(sum(cost), 0) INTO v_trimmed FROM gone;
-      v_count := greatest(v_row.a - v_trimmed, 0);
-    END IF;
-    IF v_trimmed > 0 THEN
-      UPDATE __SCHEMA__.rate_limits SET a = v_count WHERE key = p_keys[i];
-    END IF;
-    v_oldest := NULL;
-    IF v_count > 0 THEN
-      SELECT min(score) INTO v_oldest FROM __SCHEMA__.rate_log WHERE key = p_keys[i];
-    END IF;
-    v_counts[i] := v_count;
-    v_oldests[i] := v_oldest;
-    IF NOT v_replay AND v_count + p_cost > p_quotas[i] THEN
-      IF p_cost > 0 AND v_count > 0 AND EXISTS (
-        SELECT 1 FROM __SCHEMA__.rate_log WHERE key = p_keys[i] AND attempt = p_attempt
-      ) THEN
-        -- charged by the first run of this attempt
-        v_replay := true;
-      ELSE
-        v_admitted := false;
-        v_wait := p_windows[i];
-        IF p_cost <= p_quotas[i] THEN
-          -- room appears once the (count + cost - quota) oldest units have left the window
-          SELECT l.score + p_windows[i] - p_now INTO v_wait FROM (
-            SELECT score, sum(cost) OVER (ORDER BY score, attempt) AS upto
-            FROM __SCHEMA__.rate_log WHERE key = p_keys[i]
-          ) AS l
-          WHERE l.upto >= v_count + p_cost - p_quotas[i]
-          ORDER BY l.upto LIMIT 1;
-        END IF;
-        v_retry := greatest(v_retry, v_wait);
-      END IF;
-    END IF;
+    v_step := __SCHEMA__.rate_log_step(p_keys[i], v_row.a, v_row.expires_at, p_quotas[i],
+      p_windows[i], p_cost, p_attempt, p_now, v_replay, false);
+    v_counts[i] := v_step.o_count;
+    v_oldests[i] := v_step.o_oldest;
+    v_limits := v_limits || ARRAY[v_step.o_remaining, v_step.o_reset];
+    v_replay := v_step.o_replay;
+    v_admitted := v_admitted AND v_step.o_admitted;
+    v_retry := greatest(v_retry, v_step.o_retry);
   END LOOP;
   IF v_replay THEN
     v_admitted := true;
     v_retry := 0;
   END IF;
-  v_out := ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry];
-  FOR i IN 1..n LOOP
-    v_count := v_counts[i];
-    v_reset := CASE WHEN v_oldests[i] IS NULL THEN 0 ELSE v_oldests[i] + p_windows[i] - p_now END;
-    IF v_admitted AND p_cost > 0 THEN
-      INSERT INTO __SCHEMA__.rate_log (key, attempt, score, cost)
-        VALUES (p_keys[i], p_attempt, p_now, p_cost)
-        ON CONFLICT DO NOTHING;
-      IF FOUND THEN
-        v_count := v_count + p_cost;
-        -- the log was empty: its oldest entry is this request's
-        IF v_oldests[i] IS NULL THEN v_reset := p_windows[i]; END IF;
-        UPDATE __SCHEMA__.rate_limits
-          SET a = v_count,
-              expires_at = p_now + __SCHEMA__.ceil_div(p_windows[i], 1000) * 1000,
-              purge_at = __SCHEMA__.purge_mark(purge_at,
-                p_now + __SCHEMA__.ceil_div(p_windows[i], 1000) * 1000, p_windows[i])
-          WHERE key = p_keys[i];
-      END IF;
-    END IF;
-    v_out := v_out || ARRAY[greatest(p_quotas[i] - v_count, 0), v_reset];
-  END LOOP;
-  RETURN v_out;
+  IF v_admitted AND p_cost > 0 THEN
+    FOR i IN 1..cardinality(p_keys) LOOP
+      v_step := __SCHEMA__.rate_log_charge(p_keys[i], v_counts[i], v_oldests[i], p_quotas[i],
+        p_windows[i], p_cost, p_attempt, p_now);
+      v_limits[2 * i - 1] := v_step.o_remaining;
+      v_limits[2 * i] := v_step.o_reset;
+    END LOOP;
+  END IF;
+  RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry] || v_limits;
 END $$;
 
--- Sliding-window counter: O(1) per limit, in milliseconds of store time and in doubles, as the
--- Lua script computes it: current + previous * (share of the previous window still inside the
--- sliding one).
+-- Several limits of one check, as rate_sliding_log: the sliding-window counter. The first
+-- limit's row keeps the recent attempts: one of them re-sent is admitted, charging nothing.
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_sliding_counter(
   p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
   p_now bigint, p_deadline bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
-  n int := cardinality(p_keys);
-  v_now double precision := (p_now / 1000)::double precision;
-  v_cost double precision := p_cost::double precision;
-  v_indexes double precision[] := '{}';
-  v_elapsed double precision[] := '{}';
-  v_curs double precision[] := '{}';
-  v_prevs double precision[] := '{}';
-  v_sames boolean[] := '{}';
+  v_rows __SCHEMA__.rate_limits[] := '{}';
+  v_limits bigint[] := '{}';
   v_admitted boolean := true;
   v_replay boolean := false;
-  v_retry double precision := 0;
-  v_out bigint[];
+  v_retry bigint := 0;
   v_row __SCHEMA__.rate_limits;
-  -- the first limit's recent attempts, and what they become
-  v_recent bigint[] := '{}';
-  v_until bigint[] := '{}';
-  v_ids bigint[];
-  v_untils bigint[];
-  q double precision;
-  w double precision;
-  idx double precision;
-  el double precision;
-  cur double precision;
-  prev double precision;
-  v_same boolean;
-  room double precision;
-  wait double precision;
-  used double precision;
-  whole double precision;
-  rst double precision;
+  v_step bigint[];
 BEGIN
-  FOR i IN 1..n LOOP
-    q := p_quotas[i];
-    w := p_windows[i] / 1000.0;
-    idx := floor(v_now / w);
-    el := v_now - idx * w;
-    cur := 0; prev := 0; v_same := false;
+  FOR i IN 1..cardinality(p_keys) LOOP
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
-    IF v_row.expires_at > p_now THEN
-      IF v_row.a = idx THEN
-        cur := v_row.b; prev := v_row.c; v_same := true;
-      ELSIF v_row.a = idx - 1 THEN
-        prev := v_row.b;
-      END IF;
-      IF i = 1 THEN
-        v_recent := v_row.recent; v_until := v_row.recent_until;
-        v_replay := p_attempt = ANY (v_recent);
-      END IF;
-    END IF;
-    v_indexes[i] := idx; v_elapsed[i] := el; v_curs[i] := cur; v_prevs[i] := prev;
-    v_sames[i] := v_same;
-    IF v_replay THEN
-      NULL; -- charged by the first run of this attempt: nothing to decide
-    ELSIF (cur + v_cost) * w + prev * (w - el) > q * w THEN
-      v_admitted := false;
-      room := q - v_cost - cur;
-      IF v_cost > q THEN
-        wait := w;
-      ELSIF room >= 0 THEN
-        -- prev > 0 here: the previous window's share is what denies
-        wait := (w - el) - room * w / prev;
-      ELSE
-        -- cur > 0 here: next window, where cur becomes the previous one
-        wait := (w - el) + w - (q - v_cost) * w / cur;
-      END IF;
-      v_retry := greatest(v_retry, wait);
-    END IF;
+    -- an expired row remembers nothing
+    IF v_row.expires_at <= p_now THEN v_row.recent := '{}'; v_row.recent_until := '{}'; END IF;
+    IF i = 1 THEN v_replay := p_attempt = ANY (v_row.recent); END IF;
+    v_step := __SCHEMA__.rate_counter_step(p_keys[i], v_row.a, v_row.b, v_row.c,
+      v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, v_replay, false,
+      NULL, NULL, p_attempt, p_deadline);
+    v_rows[i] := v_row;
+    v_limits := v_limits || v_step[3:4];
+    v_admitted := v_admitted AND v_step[1] = 1;
+    v_retry := greatest(v_retry, v_step[2]);
   END LOOP;
   IF v_replay THEN
     v_admitted := true;
     v_retry := 0;
+  ELSIF v_admitted AND p_cost > 0 THEN
+    FOR i IN 1..cardinality(p_keys) LOOP
+      v_row := v_rows[i];
+      v_step := __SCHEMA__.rate_counter_step(p_keys[i], v_row.a, v_row.b, v_row.c,
+        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false, true,
+        CASE WHEN i = 1 THEN v_row.recent END, CASE WHEN i = 1 THEN v_row.recent_until END,
+        p_attempt, p_deadline);
+      v_limits[2 * i - 1:2 * i] := v_step[3:4];
+    END LOOP;
   END IF;
-  v_out := ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, ceil(v_retry * 1000)::bigint];
-  FOR i IN 1..n LOOP
-    q := p_quotas[i];
-    w := p_windows[i] / 1000.0;
-    idx := v_indexes[i]; el := v_elapsed[i]; cur := v_curs[i]; prev := v_prevs[i];
-    IF v_admitted AND NOT v_replay AND p_cost > 0 THEN
-      cur := cur + v_cost;
-      v_ids := '{}'; v_untils := '{}';
-      IF i = 1 THEN
-        SELECT o_ids, o_until INTO v_ids, v_untils
-          FROM __SCHEMA__.remember(v_recent, v_until, p_attempt, p_deadline, p_now);
-      END IF;
-      IF v_sames[i] THEN
-        -- the same window: its expiry (the end of the next window) stands
-        UPDATE __SCHEMA__.rate_limits SET b = cur::bigint, recent = v_ids, recent_until = v_untils
-          WHERE key = p_keys[i];
-      ELSE
-        UPDATE __SCHEMA__.rate_limits
-          SET a = idx::bigint, b = cur::bigint, c = prev::bigint, recent = v_ids,
-              recent_until = v_untils,
-              expires_at = (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000,
-              purge_at = __SCHEMA__.purge_mark(purge_at,
-                (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000, p_windows[i])
-          WHERE key = p_keys[i];
-      END IF;
-    END IF;
-    used := cur + prev * (w - el) / w;
-    whole := ceil(used - 1e-9);
-    rst := 0;
-    -- the quota grows when the estimate next drops below a whole unit
-    IF whole > 0 AND prev > 0 AND whole - 1 - cur >= 0 THEN
-      rst := (w - el) - (whole - 1 - cur) * w / prev;
-    ELSIF whole > 0 THEN
-      rst := (w - el) + w - (whole - 1) * w / cur;
-    END IF;
-    v_out := v_out || ARRAY[greatest(q - whole, 0)::bigint, ceil(rst * 1000)::bigint];
-  END LOOP;
-  RETURN v_out;
+  RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry] || v_limits;
 END $$;
 
--- GCRA: O(1) per limit, exact in integers. Emission interval T = window / quota; offsets from
--- now are counted in 1/quota microseconds, where T is exactly `window` units.
+-- Several limits of one check, as rate_sliding_counter: GCRA.
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_gcra(
   p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
   p_now bigint, p_deadline bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
-  n int := cardinality(p_keys);
-  v_tats bigint[] := '{}';
-  v_rems bigint[] := '{}';
+  v_rows __SCHEMA__.rate_limits[] := '{}';
+  v_limits bigint[] := '{}';
   v_admitted boolean := true;
   v_replay boolean := false;
   v_retry bigint := 0;
-  v_out bigint[];
   v_row __SCHEMA__.rate_limits;
-  -- the first limit's recent attempts, and what they become
-  v_recent bigint[] := '{}';
-  v_until bigint[] := '{}';
-  v_ids bigint[];
-  v_untils bigint[];
-  q bigint;
-  w bigint;
-  tat bigint;
-  rem bigint;
-  ahead bigint;
-  units bigint;
-  whole bigint;
-  used bigint;
+  v_step bigint[];
 BEGIN
-  FOR i IN 1..n LOOP
-    q := p_quotas[i];
-    w := p_windows[i];
-    tat := p_now; rem := 0;
+  FOR i IN 1..cardinality(p_keys) LOOP
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
-    IF v_row.expires_at > p_now THEN
-      IF v_row.a >= p_now THEN tat := v_row.a; rem := v_row.b; END IF;
-      IF i = 1 THEN
-        v_recent := v_row.recent; v_until := v_row.recent_until;
-        v_replay := p_attempt = ANY (v_recent);
-      END IF;
-    END IF;
-    v_tats[i] := tat; v_rems[i] := rem;
-    IF v_replay THEN
-      NULL; -- charged by the first run of this attempt: nothing to decide
-    ELSIF p_cost > q THEN
-      v_admitted := false;
-      v_retry := greatest(v_retry, w);
-    ELSE
-      ahead := (tat - p_now) * q + rem + p_cost * w;
-      IF ahead > w * q THEN
-        v_admitted := false;
-        v_retry := greatest(v_retry, __SCHEMA__.ceil_div(ahead - w * q, q));
-      END IF;
-    END IF;
+    -- an expired row remembers nothing
+    IF v_row.expires_at <= p_now THEN v_row.recent := '{}'; v_row.recent_until := '{}'; END IF;
+    IF i = 1 THEN v_replay := p_attempt = ANY (v_row.recent); END IF;
+    v_step := __SCHEMA__.rate_gcra_step(p_keys[i], v_row.a, v_row.b, v_row.expires_at > p_now,
+      p_quotas[i], p_windows[i], p_cost, p_now, v_replay, false, NULL, NULL, p_attempt,
+      p_deadline);
+    v_rows[i] := v_row;
+    v_limits := v_limits || v_step[3:4];
+    v_admitted := v_admitted AND v_step[1] = 1;
+    v_retry := greatest(v_retry, v_step[2]);
   END LOOP;
   IF v_replay THEN
     v_admitted := true;
     v_retry := 0;
+  ELSIF v_admitted AND p_cost > 0 THEN
+    FOR i IN 1..cardinality(p_keys) LOOP
+      v_row := v_rows[i];
+      v_step := __SCHEMA__.rate_gcra_step(p_keys[i], v_row.a, v_row.b,
+        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false, true,
+        CASE WHEN i = 1 THEN v_row.recent END, CASE WHEN i = 1 THEN v_row.recent_until END,
+        p_attempt, p_deadline);
+      v_limits[2 * i - 1:2 * i] := v_step[3:4];
+    END LOOP;
   END IF;
-  v_out := ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry];
-  FOR i IN 1..n LOOP
-    q := p_quotas[i];
-    w := p_windows[i];
-    tat := v_tats[i]; rem := v_rems[i];
-    IF v_admitted AND NOT v_replay AND p_cost > 0 THEN
-      units := rem + p_cost * w;
-      whole := units / q;
-      tat := tat + whole;
-      rem := units - whole * q;
-      v_ids := '{}'; v_untils := '{}';
-      IF i = 1 THEN
-        SELECT o_ids, o_until INTO v_ids, v_untils
-          FROM __SCHEMA__.remember(v_recent, v_until, p_attempt, p_deadline, p_now);
-      END IF;
-      UPDATE __SCHEMA__.rate_limits
-        SET a = tat, b = rem, recent = v_ids, recent_until = v_untils,
-            expires_at = p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000,
-            purge_at = __SCHEMA__.purge_mark(purge_at,
-              p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000, w)
-        WHERE key = p_keys[i];
-    END IF;
-    ahead := (tat - p_now) * q + rem;
-    used := __SCHEMA__.ceil_div(ahead, w);
-    v_out := v_out || ARRAY[
-      greatest(q - used, 0),
-      CASE WHEN used > 0 THEN __SCHEMA__.ceil_div(ahead - (used - 1) * w, q) ELSE 0 END
-    ];
-  END LOOP;
-  RETURN v_out;
+  RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry] || v_limits;
 END $$;
 
 -- reset_rate: deletes a caller's limits (and their logs), locking them in key order as
