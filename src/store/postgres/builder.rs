@@ -119,7 +119,7 @@ impl PgStoreBuilder {
     }
 
     /// The most rate checks one call carries (default 32). Checks that wait for the store at
-    /// the same moment go out as one call of one function (`check_rates`) that decides them in
+    /// the same moment go out as one call of one function (`decide_rates`) that decides them in
     /// turn, each exactly as it would be decided alone, in one transaction: the database pays
     /// for a round trip, a transaction and a commit once per batch. The first check goes at
     /// once; checks that arrive while calls are in flight wait for the next one, which goes out

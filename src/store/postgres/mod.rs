@@ -149,7 +149,7 @@ pub struct PgStore {
 struct Inner {
     shared: Arc<Shared>,
     settings: Settings,
-    /// Rate checks, coalesced into calls of `check_rates`.
+    /// Rate checks, coalesced into calls of `decide_rates`.
     rates: Arc<Coalescer<RateCall>>,
     /// The background purge, stopped when the last clone of the store goes.
     purge_task: Option<JoinHandle<()>>,
@@ -440,7 +440,7 @@ impl RateStore for PgStore {
     }
 }
 
-/// One call of `check_rates`: a batch of checks in one transaction.
+/// One call of `decide_rates`: a batch of checks in one transaction.
 struct RateCall {
     shared: Arc<Shared>,
 }
@@ -459,7 +459,7 @@ impl BatchCall for RateCall {
                 .calls
                 .row(
                     "rate_check",
-                    &shared.sql.check_rates,
+                    &shared.sql.decide_rates,
                     &params,
                     Some(deadline),
                 )
@@ -472,14 +472,18 @@ impl BatchCall for RateCall {
     }
 }
 
-/// The parameters of `check_rates` for `checks` (its deadline aside): per check its algorithm,
-/// number of limits, cost and attempt, and every check's keys, quotas and windows in turn.
+/// The parameters of `decide_rates` for `checks` (its deadline aside): per check its algorithm,
+/// number of limits, cost and attempt, and every check's keys, quotas and windows in turn; then
+/// per check what it settles, if it is a settlement.
 fn rate_params(checks: &[Sent<'_>]) -> Vec<Param> {
     let mut algorithms: Vec<i16> = Vec::with_capacity(checks.len());
     let mut counts: Vec<i32> = Vec::with_capacity(checks.len());
     let (mut keys, mut quotas, mut windows) = (Vec::new(), Vec::new(), Vec::new());
     let mut costs: Vec<i64> = Vec::with_capacity(checks.len());
     let mut attempts: Vec<i64> = Vec::with_capacity(checks.len());
+    // of a settlement, what its check reserved and the check's attempt; -1 and 0 otherwise
+    let mut reserved: Vec<i64> = Vec::with_capacity(checks.len());
+    let mut settled: Vec<i64> = Vec::with_capacity(checks.len());
     for (policy, check, _) in checks {
         algorithms.push(match policy.algorithm() {
             Algorithm::SlidingLog => 1,
@@ -496,6 +500,9 @@ fn rate_params(checks: &[Sent<'_>]) -> Vec<Param> {
         // any cost above every quota is denied alike; this one cannot overflow a sum
         costs.push(i64::try_from(check.cost().min(1 << 62)).unwrap_or(1 << 62));
         attempts.push(signed(check.attempt()));
+        let settles = check.settles();
+        reserved.push(settles.map_or(-1, |s| i64::try_from(s.reserved.min(1 << 62)).unwrap_or(0)));
+        settled.push(settles.map_or(0, |s| signed(s.of)));
     }
     vec![
         Box::new(algorithms),
@@ -505,16 +512,18 @@ fn rate_params(checks: &[Sent<'_>]) -> Vec<Param> {
         Box::new(windows),
         Box::new(costs),
         Box::new(attempts),
+        Box::new(reserved),
+        Box::new(settled),
     ]
 }
 
-/// Each check's outcome from the reply of `check_rates`: per check decided, its number, its
+/// Each check's outcome from the reply of `decide_rates`: per check decided, its number, its
 /// reply's length and the reply; `limits` holds each check's number of limits, as sent.
 fn decode_rates(reply: &[i64], limits: &[usize]) -> Decided {
     let garbled = || {
         StoreError::new(
             StoreErrorKind::Protocol,
-            "check_rates returned a reply of the wrong shape",
+            "decide_rates returned a reply of the wrong shape",
         )
     };
     let mut decided: Vec<Option<Result<RateOutcome, StoreError>>> = Vec::new();

@@ -22,8 +22,9 @@
 -- Version 2 added them; the functions of version 1, without p_deadline_us, are dropped here.
 -- Version 3 added check_rates, a batch of rate checks in one call. Version 4 decides each rate
 -- algorithm in one step function (rate_log_step, rate_counter_step, rate_gcra_step) for checks
--- of one limit and of several alike; every function that version 3 had keeps its signature, so
--- copies of version 3 keep working on a schema of version 4.
+-- of one limit and of several alike, and adds settlements (decide_rates, settle_rate), permits
+-- (permit_*) and their tables; every function that version 3 had keeps its signature, so copies
+-- of version 3 keep working on a schema of version 4.
 --
 -- Time is the database clock in microseconds since the Unix epoch (`now_us()`, read from
 -- `clock_timestamp()` after the rows an operation touches are locked). Every row has an
@@ -566,16 +567,20 @@ BEGIN
     p_attempt, p_deadline_us);
 END $$;
 
--- A batch of rate checks in one call (version 3): checks that wait for the store at the same
--- moment, each decided by check_rate exactly as alone, in the order of their first key and, for
--- one key, as sent, so that two batches lock the keys they share in the same order (a check's
--- keys share its caller's prefix and sort together). Per check (1-based, as sent): its
--- algorithm, its number of limits, its cost and attempt; p_keys, p_quotas and p_windows hold the
--- checks' limits one after another. Returns, per check in the order decided: its number, the
--- length of its reply, then check_rate's reply.
-CREATE OR REPLACE FUNCTION __SCHEMA__.check_rates(
+-- A batch of rate checks in one call (version 4; version 3 had check_rates, which answers as
+-- it always did): checks that wait for the store at the same moment, each decided by check_rate
+-- exactly as alone, in the order of their first key and, for one key, as sent, so that two
+-- batches lock the keys they share in the same order (a check's keys share its caller's prefix
+-- and sort together). Per check (1-based, as sent): its algorithm, its number of limits, its
+-- cost and attempt, and, for a settlement, its reserved cost and the settled attempt (a check
+-- has -1 and 0: p_reserved NULL means none is a settlement) — decided by settle_rate; p_keys,
+-- p_quotas and p_windows hold the checks' limits one after another. Returns, per check in the
+-- order decided: its number, the length of its reply, then check_rate's (or settle_rate's)
+-- reply.
+CREATE OR REPLACE FUNCTION __SCHEMA__.decide_rates(
   p_algorithms smallint[], p_counts int[], p_keys text[], p_quotas bigint[],
-  p_windows bigint[], p_costs bigint[], p_attempts bigint[], p_deadline_us bigint
+  p_windows bigint[], p_costs bigint[], p_attempts bigint[], p_reserved bigint[],
+  p_of bigint[], p_deadline_us bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_first int[] := '{}';
@@ -593,13 +598,29 @@ BEGIN
     SELECT i FROM generate_subscripts(p_algorithms, 1) AS i ORDER BY p_keys[v_first[i]], i
   LOOP
     v_last := v_first[c] + p_counts[c] - 1;
-    v_reply := __SCHEMA__.check_rate(p_algorithms[c], p_keys[v_first[c]:v_last],
-      p_quotas[v_first[c]:v_last], p_windows[v_first[c]:v_last], p_costs[c], p_attempts[c],
-      p_deadline_us);
+    IF coalesce(p_reserved[c], -1) >= 0 THEN
+      v_reply := __SCHEMA__.settle_rate(p_algorithms[c], p_keys[v_first[c]:v_last],
+        p_quotas[v_first[c]:v_last], p_windows[v_first[c]:v_last], p_reserved[c], p_costs[c],
+        p_of[c], p_attempts[c], p_deadline_us);
+    ELSE
+      v_reply := __SCHEMA__.check_rate(p_algorithms[c], p_keys[v_first[c]:v_last],
+        p_quotas[v_first[c]:v_last], p_windows[v_first[c]:v_last], p_costs[c], p_attempts[c],
+        p_deadline_us);
+    END IF;
     v_out := v_out || ARRAY[c, cardinality(v_reply)]::bigint[] || v_reply;
   END LOOP;
   RETURN v_out;
 END $$;
+
+-- check_rates (version 3): a batch of checks without settlements, as decide_rates decides it;
+-- what copies of version 3 call.
+CREATE OR REPLACE FUNCTION __SCHEMA__.check_rates(
+  p_algorithms smallint[], p_counts int[], p_keys text[], p_quotas bigint[],
+  p_windows bigint[], p_costs bigint[], p_attempts bigint[], p_deadline_us bigint
+) RETURNS bigint[] LANGUAGE sql AS $$
+  SELECT __SCHEMA__.decide_rates(p_algorithms, p_counts, p_keys, p_quotas, p_windows, p_costs,
+    p_attempts, NULL, NULL, p_deadline_us)
+$$;
 
 -- Several limits of one check (check_rate has locked their rows and read the clock, p_now): the
 -- sliding log. Each limit's step first, charging nothing (a replay found in one log admits the
@@ -730,6 +751,157 @@ BEGIN
     END LOOP;
   END IF;
   RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry] || v_limits;
+END $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- settle_rate: a settlement (version 4; mirrors a settlement in scripts/rate.lua) corrects what
+-- the admitted attempt p_of charged, p_reserved, to its actual cost p_actual on every limit of
+-- a policy: the difference refunded or added whatever the balance — past the quota by at most
+-- one more quota. Always admitted; p_attempt, the settlement's own id, is remembered on the
+-- first limit's row, so that the settlement re-sent is applied once. Locks the rows as
+-- check_rate does. Returns check_rate's reply for the limits as they stand after it, or
+-- {-2, 0} when received late.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __SCHEMA__.settle_rate(
+  p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[],
+  p_reserved bigint, p_actual bigint, p_of bigint, p_attempt bigint, p_deadline_us bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  v_locked int;
+  v_now bigint;
+  v_row __SCHEMA__.rate_limits;
+  v_replay boolean;
+  v_kept record;
+  v_limits bigint[] := '{}';
+BEGIN
+  IF __SCHEMA__.now_us() >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
+  LOOP
+    INSERT INTO __SCHEMA__.rate_limits (key)
+      SELECT k FROM unnest(p_keys) AS k ORDER BY k
+      ON CONFLICT DO NOTHING;
+    SELECT count(*) INTO v_locked FROM (
+      SELECT 1 FROM __SCHEMA__.rate_limits WHERE key = ANY (p_keys) ORDER BY key FOR UPDATE
+    ) AS l;
+    -- a row deleted (purged, reset) between the two statements is made again
+    EXIT WHEN v_locked = cardinality(p_keys);
+  END LOOP;
+  v_now := __SCHEMA__.now_us();
+  IF v_now >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
+  SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[1];
+  -- an expired row remembers nothing
+  IF v_row.expires_at <= v_now THEN v_row.recent := '{}'; v_row.recent_until := '{}'; END IF;
+  v_replay := p_attempt = ANY (v_row.recent);
+  FOR i IN 1..cardinality(p_keys) LOOP
+    SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
+    v_limits := v_limits || __SCHEMA__.settle_limit(p_algorithm, v_row, p_quotas[i],
+      p_windows[i], CASE WHEN v_replay THEN 0 ELSE p_actual - p_reserved END, p_of, p_attempt,
+      v_now);
+  END LOOP;
+  IF NOT v_replay THEN
+    SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[1];
+    IF v_row.expires_at <= v_now THEN v_row.recent := '{}'; v_row.recent_until := '{}'; END IF;
+    v_kept := __SCHEMA__.remember(v_row.recent, v_row.recent_until, p_attempt, p_deadline_us,
+      v_now);
+    UPDATE __SCHEMA__.rate_limits SET recent = v_kept.o_ids, recent_until = v_kept.o_until
+      WHERE key = p_keys[1];
+  END IF;
+  RETURN ARRAY[1, 0] || v_limits;
+END $$;
+
+-- One limit of a settlement: moves what row p_row has charged by p_delta (a refund when
+-- negative; 0 changes nothing), under p_algorithm, and answers the limit's remaining and
+-- reset_us as its step does. The log refunds from the settled attempt's entry (p_of) and logs
+-- an overrun as the settlement's own (p_attempt), scored now.
+CREATE OR REPLACE FUNCTION __SCHEMA__.settle_limit(
+  p_algorithm smallint, p_row __SCHEMA__.rate_limits, p_quota bigint, p_window bigint,
+  p_delta bigint, p_of bigint, p_attempt bigint, p_now bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  v_live boolean := p_row.expires_at > p_now;
+  v_log record;
+  v_moved bigint;
+  v_cost bigint;
+  w double precision := p_window / 1000.0;
+  idx bigint;
+  cur bigint := 0;
+  prev bigint := 0;
+  ahead bigint;
+  tat bigint := p_now;
+  rem bigint := 0;
+BEGIN
+  -- past the quota by at most one more: a larger difference moves nothing further
+  p_delta := least(p_delta, 2 * p_quota);
+  IF p_algorithm = 1 THEN
+    v_log := __SCHEMA__.rate_log_step(p_row.key, p_row.a, p_row.expires_at, p_quota, p_window,
+      0, p_of, p_now, false, false);
+    IF p_delta > 0 THEN
+      v_moved := least(p_delta, greatest(2 * p_quota - v_log.o_count, 0));
+      IF v_moved > 0 THEN
+        INSERT INTO __SCHEMA__.rate_log (key, attempt, score, cost)
+          VALUES (p_row.key, p_attempt, p_now, v_moved) ON CONFLICT DO NOTHING;
+        UPDATE __SCHEMA__.rate_limits
+          SET a = v_log.o_count + v_moved,
+              expires_at = p_now + __SCHEMA__.ceil_div(p_window, 1000) * 1000,
+              purge_at = __SCHEMA__.purge_mark(purge_at,
+                p_now + __SCHEMA__.ceil_div(p_window, 1000) * 1000, p_window)
+          WHERE key = p_row.key;
+      END IF;
+    ELSIF p_delta < 0 THEN
+      SELECT cost INTO v_cost FROM __SCHEMA__.rate_log WHERE key = p_row.key AND attempt = p_of;
+      v_moved := -least(coalesce(v_cost, 0), -p_delta);
+      IF v_cost IS NOT NULL THEN
+        IF v_cost + v_moved > 0 THEN
+          UPDATE __SCHEMA__.rate_log SET cost = cost + v_moved
+            WHERE key = p_row.key AND attempt = p_of;
+        ELSE
+          DELETE FROM __SCHEMA__.rate_log WHERE key = p_row.key AND attempt = p_of;
+        END IF;
+        UPDATE __SCHEMA__.rate_limits SET a = v_log.o_count + v_moved WHERE key = p_row.key;
+      END IF;
+    END IF;
+    v_log := __SCHEMA__.rate_log_step(p_row.key, v_log.o_count + coalesce(v_moved, 0),
+      p_now + 1, p_quota, p_window, 0, p_of, p_now, false, false);
+    RETURN ARRAY[v_log.o_remaining, v_log.o_reset];
+  ELSIF p_algorithm = 2 THEN
+    idx := floor((p_now / 1000)::double precision / w)::bigint;
+    IF v_live AND p_row.a = idx THEN cur := p_row.b; prev := p_row.c;
+    ELSIF v_live AND p_row.a = idx - 1 THEN prev := p_row.b; END IF;
+    IF p_delta >= 0 THEN
+      cur := least(cur + p_delta, greatest(cur, 2 * p_quota));
+    ELSIF cur >= -p_delta THEN
+      cur := cur + p_delta;
+    ELSE
+      prev := greatest(0, prev + cur + p_delta);
+      cur := 0;
+    END IF;
+    IF p_delta <> 0 THEN
+      UPDATE __SCHEMA__.rate_limits
+        SET a = idx, b = cur, c = prev,
+            expires_at = CASE WHEN v_live AND p_row.a = idx THEN expires_at ELSE
+              (p_now / 1000) * 1000 + ceil(2 * w - ((p_now / 1000) - idx * w))::bigint * 1000
+            END,
+            purge_at = __SCHEMA__.purge_mark(purge_at, (p_now / 1000) * 1000
+              + ceil(2 * w - ((p_now / 1000) - idx * w))::bigint * 1000, p_window)
+        WHERE key = p_row.key;
+    END IF;
+    RETURN (__SCHEMA__.rate_counter_step(p_row.key, idx, cur, prev, true, p_quota, p_window, 0,
+      p_now, false, false, NULL, NULL, p_attempt, p_now))[3:4];
+  END IF;
+  IF v_live AND p_row.a >= p_now THEN tat := p_row.a; rem := p_row.b; END IF;
+  ahead := (tat - p_now) * p_quota + rem;
+  ahead := greatest(0, least(ahead + p_delta * p_window, greatest(ahead, 2 * p_window * p_quota)));
+  tat := p_now + ahead / p_quota;
+  rem := ahead % p_quota;
+  IF p_delta <> 0 THEN
+    UPDATE __SCHEMA__.rate_limits
+      SET a = tat, b = rem,
+          expires_at = p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000,
+          purge_at = __SCHEMA__.purge_mark(purge_at,
+            p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000, p_window)
+      WHERE key = p_row.key;
+  END IF;
+  RETURN (__SCHEMA__.rate_gcra_step(p_row.key, tat, rem, true, p_quota, p_window, 0, p_now,
+    false, false, NULL, NULL, p_attempt, p_now))[3:4];
 END $$;
 
 -- reset_rate: deletes a caller's limits (and their logs), locking them in key order as

@@ -49,7 +49,7 @@ pub(super) fn quoted(schema: &str) -> String {
 /// the database clock (see `call.rs`).
 #[derive(Debug)]
 pub(super) struct Sql {
-    pub(super) check_rates: String,
+    pub(super) decide_rates: String,
     pub(super) reset_rate: String,
     pub(super) claim: String,
     pub(super) lock_acquire: String,
@@ -71,7 +71,9 @@ impl Sql {
     pub(super) fn new(schema: &str) -> Self {
         let s = quoted(schema);
         Self {
-            check_rates: format!("SELECT {s}.check_rates($1, $2, $3, $4, $5, $6, $7, $8)"),
+            decide_rates: format!(
+                "SELECT {s}.decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+            ),
             reset_rate: format!("SELECT 1 FROM {s}.reset_rate($1)"),
             claim: format!("SELECT * FROM {s}.claim($1, $2, $3, $4)"),
             lock_acquire: format!("SELECT * FROM {s}.lock_acquire($1, $2, $3, $4, $5, $6)"),
