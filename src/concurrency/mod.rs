@@ -12,6 +12,9 @@
 //! - **Full**: `429 Too Many Requests` (problem details) with `Retry-After`: the configured
 //!   [hint](ConcurrencyLimitLayerBuilder::retry_after), or else the time until the first held
 //!   permit's lease ends. gRPC calls get `RESOURCE_EXHAUSTED` in a trailers-only response.
+//! - **Waiting, opt-in**: with [`queue`](ConcurrencyLimitLayerBuilder::queue), a request waits
+//!   for a permit, for a bounded time, in the key's queue in the store: permits go to waiters in
+//!   the order they arrived, whichever copy they wait in.
 //! - **Leases**: a permit is a lease in the store, extended every third of it while the request
 //!   runs. A copy that dies gives its permits back within one lease; a copy cut off from the
 //!   store for a whole lease loses its permits, and the request goes on without one (logged).

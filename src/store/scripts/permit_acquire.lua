@@ -19,8 +19,9 @@
 --          permit already (its lease reset, a new fencing token drawn); {0, ms, ahead} when no
 --          permit is free for it: the first lease ends in ms (0: none held), `ahead` waiters
 --          arrived before it; -1 when received after the deadline
--- Cost     O(log n + expired): TIME, ZREMRANGEBYSCORE, ZRANGEBYSCORE, ZSCORE, ZCARD, ZRANK; then
---          ZADD, PTTL, GET, SET to acquire, or ZADD of the place to wait.
+-- Cost     O(log n + expired): TIME, ZREMRANGEBYSCORE, EXISTS, ZSCORE, ZCARD (with waiters:
+--          ZRANGEBYSCORE, ZRANK); then ZADD, PTTL, GET, SET to acquire, or ZADD of the place to
+--          wait.
 --
 -- A permit is free for a holder while fewer waiters arrived before it than permits are free; a
 -- holder that does not queue counts every waiter as before it. Fencing tokens as in
@@ -31,20 +32,27 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- too late: the caller gave up on this call at its deadline
 if now >= tonumber(ARGV[6]) then return -1 end
 local token, wait = ARGV[1], tonumber(ARGV[5])
--- leases that ended give their permits back; places that lapsed leave the queue
+-- leases that ended give their permits back; places that lapsed leave the queue (a key without
+-- waiters pays one EXISTS for its queue)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local lapsed = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
-if #lapsed > 0 then
-  redis.call('ZREM', KEYS[3], unpack(lapsed))
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+local queued = redis.call('EXISTS', KEYS[4]) == 1
+if queued then
+  local lapsed = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+  if #lapsed > 0 then
+    redis.call('ZREM', KEYS[3], unpack(lapsed))
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  end
 end
 local tag = 1
 if redis.call('ZSCORE', KEYS[1], token) then
   tag = 2
 else
   local held = redis.call('ZCARD', KEYS[1])
-  local place = redis.call('ZRANK', KEYS[3], token)
-  local ahead = place or redis.call('ZCARD', KEYS[3])
+  local place, ahead = false, 0
+  if queued then
+    place = redis.call('ZRANK', KEYS[3], token)
+    ahead = place or redis.call('ZCARD', KEYS[3])
+  end
   if ahead >= tonumber(ARGV[2]) - held then
     if wait > 0 then
       if not place then redis.call('ZADD', KEYS[3], string.format('%.0f', now), token) end

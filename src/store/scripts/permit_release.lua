@@ -14,12 +14,14 @@
 -- ARGV[3]  a random id of this release call
 -- Returns  1 when given back (now, or by an earlier run of this call), 0 when the holder has no
 --          unexpired permit
--- Cost     O(log n + expired notes): TIME, ZREM twice, ZSCORE, plus ZREM, ZREMRANGEBYSCORE, ZADD, PEXPIRE
+-- Cost     O(log n + expired notes): TIME, EXISTS (with waiters: ZREM twice), ZSCORE, plus ZREM, ZREMRANGEBYSCORE, ZADD, PEXPIRE
 --          on a match, or ZSCORE of the note otherwise.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+end
 local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if ends then
   redis.call('ZREM', KEYS[1], ARGV[1])
