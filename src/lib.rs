@@ -1,5 +1,5 @@
-//! Tower middleware for services that run as many copies: rate limits, idempotency keys and locks
-//! kept in a store that every copy sees — Redis or Valkey (standalone, Sentinel or Cluster) or
+//! Tower middleware for services that run as many copies: rate limits, concurrency limits,
+//! idempotency keys and locks kept in a store that every copy sees — Redis or Valkey (standalone, Sentinel or Cluster) or
 //! PostgreSQL.
 //!
 //! # Why
@@ -13,7 +13,10 @@
 //!
 //! - [`rate_limit`]: sliding-window log (exact), sliding-window counter (O(1) memory) and GCRA;
 //!   several limits per request in one round trip; IETF `RateLimit` headers; gRPC-native
-//!   rejections; an explicit policy for when the store is down.
+//!   rejections; an explicit policy for when the store is down; costs reserved up front and
+//!   settled once the response tells the actual amount.
+//! - [`concurrency`]: at most N requests per key in flight across every copy — permits that are
+//!   leases with fencing tokens, given back when the response ends, with an opt-in fair queue.
 //! - [`idempotency`]: `Idempotency-Key` deduplication — replay, 409 in flight, 422 on a changed
 //!   request — with Stripe / IETF-draft semantics.
 //! - [`claim`]: "already done" claims — one `SET NX` that exactly one caller wins.
