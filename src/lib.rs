@@ -1,6 +1,6 @@
 //! Tower middleware for services that run as many copies: rate limits, concurrency limits,
-//! idempotency keys and locks kept in a store that every copy sees — Redis or Valkey (standalone, Sentinel or Cluster) or
-//! PostgreSQL.
+//! idempotency keys and locks kept in a store that every copy sees — Redis or Valkey (standalone,
+//! Sentinel or Cluster) or PostgreSQL.
 //!
 //! # Why
 //!
@@ -170,10 +170,11 @@
 //!    fallback); the store-key layout — every key, with its Cluster hash tag, is built in one
 //!    private module, which also checks prefixes; and the sharded, bounded map of expiring
 //!    entries that `MemoryStore` and the local fallback keep their state in.
-//! 2. **[`store`].** The atomic operations, as three capability traits —
-//!    [`RateStore`](store::RateStore), [`LockStore`](store::LockStore) and
-//!    [`IdempotencyStore`](store::IdempotencyStore) — and [`Store`](store::Store), all three plus
-//!    a health check. A backend implements what it serves; [`RedisStore`](store::RedisStore)
+//! 2. **[`store`].** The atomic operations, as four capability traits —
+//!    [`RateStore`](store::RateStore), [`LockStore`](store::LockStore),
+//!    [`IdempotencyStore`](store::IdempotencyStore) and [`PermitStore`](store::PermitStore) — and
+//!    [`Store`](store::Store), all four plus a health check. A backend implements what it
+//!    serves; [`RedisStore`](store::RedisStore)
 //!    (Lua scripts in `src/store/scripts/`), [`PgStore`](store::PgStore) (PL/pgSQL in
 //!    `src/store/postgres/schema.sql`) and [`MemoryStore`](store::MemoryStore) implement all of
 //!    them and pass one conformance suite, which ships with the crate (feature `conformance`,
@@ -181,10 +182,10 @@
 //! 3. **[`claim`] and [`lock`].** Claims and locks over a [`LockStore`](store::LockStore), and the
 //!    lease keeper and background release that locks and idempotency claims share.
 //! 4. **HTTP glue.** The [`key`] extractors (headers, peer IP, trusted-proxy forwarded IP,
-//!    closures), the [`body`] types, gRPC trailers-only responses, and the one builder of
-//!    rejections (problem details for HTTP, a gRPC status for gRPC calls).
-//! 5. **The layers.** [`rate_limit`] and [`idempotency`], each a tower-http style module: the
-//!    story and re-exports in `mod.rs`; the layer and builder, the service, its response future
+//!    closures), the complete body of tollgate's own responses, gRPC trailers-only responses, and
+//!    the one builder of rejections (problem details for HTTP, a gRPC status for gRPC calls).
+//! 5. **The layers.** [`rate_limit`], [`concurrency`] and [`idempotency`], each a tower-http
+//!    style module: the story and re-exports in `mod.rs`; the layer and builder, the service, its response future
 //!    and body, its settings, decisions and rejections in files of their own. Each asks only for
 //!    the store capability it uses.
 //!
