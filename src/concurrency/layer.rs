@@ -180,8 +180,9 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
         self
     }
 
-    /// What to do with a request without a key (default: [`MissingKey::Reject`]).
-    pub fn missing_key(mut self, policy: MissingKey) -> Self {
+    /// What to do with a request whose key cannot be extracted (default:
+    /// [`MissingKey::Reject`]).
+    pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
         self.missing_key = policy;
         self
     }

@@ -72,6 +72,8 @@ pub use layer::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
 pub use permit::Permit;
 pub use service::{ConcurrencyLimit, ResponseFuture};
 
+pub use crate::key::MissingKey;
+
 /// What a concurrency-limit layer does when its store fails or does not answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -89,15 +91,4 @@ pub enum OnStoreError {
         /// How many copies of the service share the traffic (at least 1).
         copies: u32,
     },
-}
-
-/// What a concurrency-limit layer does with a request whose key cannot be extracted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Answer `400 Bad Request` naming where the key is read from (gRPC: INVALID_ARGUMENT).
-    #[default]
-    Reject,
-    /// Let the request through unlimited.
-    Allow,
 }

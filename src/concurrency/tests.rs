@@ -178,7 +178,7 @@ async fn a_request_without_a_key_is_refused_or_let_through() {
     assert!(text(refused).await.contains("header x-tenant"));
     let layer = builder(MemoryStore::new())
         .limit(1)
-        .missing_key(MissingKey::Allow)
+        .on_missing_key(MissingKey::Allow)
         .build()
         .unwrap();
     let svc = service(layer);

@@ -172,3 +172,16 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
         format!("{}, else {}", self.first.describe(), self.second.describe())
     }
 }
+
+/// What a layer (a rate limit, a concurrency limit) does with a request whose key cannot be
+/// extracted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Answer `400 Bad Request` with problem details naming where the key is read from (gRPC:
+    /// INVALID_ARGUMENT).
+    #[default]
+    Reject,
+    /// Let the request through unlimited.
+    Allow,
+}

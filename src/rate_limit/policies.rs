@@ -23,13 +23,4 @@ pub enum OnStoreError {
     },
 }
 
-/// What a rate-limit layer does with a request whose key cannot be extracted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Answer `400 Bad Request` with a short body naming the problem (gRPC: INVALID_ARGUMENT).
-    #[default]
-    Reject,
-    /// Let the request through unlimited.
-    Allow,
-}
+pub use crate::key::MissingKey;
