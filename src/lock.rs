@@ -271,7 +271,7 @@ async fn keep_alive(
 }
 
 /// A uniformly random number in [0, 1).
-fn rand_unit() -> f64 {
+pub(crate) fn rand_unit() -> f64 {
     (uuid::Uuid::new_v4().as_u64_pair().0 >> 11) as f64 / (1u64 << 53) as f64
 }
 

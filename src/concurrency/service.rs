@@ -220,8 +220,7 @@ fn leave_queue(
 
 /// `pause`, less a random part of up to half of it: waiters of many copies do not try in step.
 fn jittered(pause: Duration) -> Duration {
-    let unit = (uuid::Uuid::new_v4().as_u64_pair().0 >> 11) as f64 / (1u64 << 53) as f64;
-    pause.mul_f64(1.0 - unit / 2.0)
+    pause.mul_f64(1.0 - crate::lock::rand_unit() / 2.0)
 }
 
 /// What the failure policy makes of a request whose permit the store could not decide.
