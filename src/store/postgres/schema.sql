@@ -481,6 +481,25 @@ BEGIN
          ELSE 0 END];
 END $$;
 
+-- Locks the rate_limits rows of p_keys in key order, made first where missing, so that checks
+-- and settlements over overlapping keys cannot deadlock; held until the transaction ends.
+CREATE OR REPLACE FUNCTION __SCHEMA__.lock_rate_rows(p_keys text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_locked int;
+BEGIN
+  LOOP
+    INSERT INTO __SCHEMA__.rate_limits (key)
+      SELECT k FROM unnest(p_keys) AS k ORDER BY k
+      ON CONFLICT DO NOTHING;
+    SELECT count(*) INTO v_locked FROM (
+      SELECT 1 FROM __SCHEMA__.rate_limits WHERE key = ANY (p_keys) ORDER BY key FOR UPDATE
+    ) AS l;
+    -- a row deleted (purged, reset) between the two statements is made again
+    EXIT WHEN v_locked = cardinality(p_keys);
+  END LOOP;
+END $$;
+
 -- ---------------------------------------------------------------------------------------------
 -- check_rate: one rate check, all limits of a policy at once (mirrors scripts/rate.lua).
 --   p_algorithm  1 sliding log, 2 sliding counter, 3 GCRA
@@ -500,7 +519,6 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.check_rate(
   p_cost bigint, p_attempt bigint, p_deadline_us bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
-  v_locked int;
   v_key text;
   r_a bigint;
   r_b bigint;
@@ -514,16 +532,7 @@ BEGIN
   -- late already: not even a placeholder row is made
   IF __SCHEMA__.now_us() >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
   IF cardinality(p_keys) <> 1 THEN
-    LOOP
-      INSERT INTO __SCHEMA__.rate_limits (key)
-        SELECT k FROM unnest(p_keys) AS k ORDER BY k
-        ON CONFLICT DO NOTHING;
-      SELECT count(*) INTO v_locked FROM (
-        SELECT 1 FROM __SCHEMA__.rate_limits WHERE key = ANY (p_keys) ORDER BY key FOR UPDATE
-      ) AS l;
-      -- a row deleted (purged, reset) between the two statements is made again
-      EXIT WHEN v_locked = cardinality(p_keys);
-    END LOOP;
+    PERFORM __SCHEMA__.lock_rate_rows(p_keys);
     v_now := __SCHEMA__.now_us();
     IF v_now >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
     IF p_algorithm = 1 THEN
@@ -767,7 +776,6 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.settle_rate(
   p_reserved bigint, p_actual bigint, p_of bigint, p_attempt bigint, p_deadline_us bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
-  v_locked int;
   v_now bigint;
   v_row __SCHEMA__.rate_limits;
   v_replay boolean;
@@ -775,16 +783,7 @@ DECLARE
   v_limits bigint[] := '{}';
 BEGIN
   IF __SCHEMA__.now_us() >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
-  LOOP
-    INSERT INTO __SCHEMA__.rate_limits (key)
-      SELECT k FROM unnest(p_keys) AS k ORDER BY k
-      ON CONFLICT DO NOTHING;
-    SELECT count(*) INTO v_locked FROM (
-      SELECT 1 FROM __SCHEMA__.rate_limits WHERE key = ANY (p_keys) ORDER BY key FOR UPDATE
-    ) AS l;
-    -- a row deleted (purged, reset) between the two statements is made again
-    EXIT WHEN v_locked = cardinality(p_keys);
-  END LOOP;
+  PERFORM __SCHEMA__.lock_rate_rows(p_keys);
   v_now := __SCHEMA__.now_us();
   IF v_now >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
   SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[1];
