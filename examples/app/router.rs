@@ -197,6 +197,12 @@ impl AppConfig {
         }
     }
 
+    /// The configuration of an empty environment, served on any free port (`PORT=0`): a base
+    /// for tests, which change what they need with `..AppConfig::defaults()?`.
+    pub fn defaults() -> Result<Self, EnvError> {
+        Self::from_lookup(|_| None).map(|config| Self { port: 0, ..config })
+    }
+
     /// Reads `PORT`, `REDIS_URL`, `APP_LIMITS` and `APP_ALGORITHM`. A variable that is unset or
     /// empty takes its default.
     pub fn from_env() -> Result<Self, EnvError> {

@@ -31,7 +31,6 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tollgate::rate_limit::Algorithm;
 use tollgate::store::{RedisStore, Store};
 use tower::ServiceExt;
 
@@ -47,20 +46,9 @@ const REQUEST_BOUND: Duration = Duration::from_secs(10);
 
 fn config(payment_delay: Duration) -> AppConfig {
     AppConfig {
-        port: 0,
-        redis_url: None,
         limits: app::parse_limits("burst:1000/1s").unwrap(),
-        algorithm: Algorithm::SlidingLog,
-        redis_cluster_urls: Vec::new(),
-        redis_sentinels: Vec::new(),
-        redis_sentinel_master: None,
-        database_url: None,
-        wait_replicas: 0,
-        trusted_proxies: Vec::new(),
-        on_store_error: tollgate::rate_limit::OnStoreError::Allow,
         payment_delay,
-        jobs: app::JobConfig::default(),
-        token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
+        ..AppConfig::defaults().unwrap()
     }
 }
 

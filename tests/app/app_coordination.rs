@@ -17,26 +17,14 @@ use common::postgres::{self, PgServer};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
-use tollgate::rate_limit::Algorithm;
 use tollgate::store::{MemoryStore, Store};
 use tower::ServiceExt;
 
 fn config(payment_delay: Duration) -> AppConfig {
     AppConfig {
-        port: 0,
-        redis_url: None,
         limits: app::parse_limits("burst:1000/1s").unwrap(),
-        algorithm: Algorithm::SlidingLog,
-        redis_cluster_urls: Vec::new(),
-        redis_sentinels: Vec::new(),
-        redis_sentinel_master: None,
-        database_url: None,
-        wait_replicas: 0,
-        trusted_proxies: Vec::new(),
-        on_store_error: tollgate::rate_limit::OnStoreError::Allow,
         payment_delay,
-        jobs: app::JobConfig::default(),
-        token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
+        ..AppConfig::defaults().unwrap()
     }
 }
 

@@ -20,7 +20,6 @@ use common::postgres;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
-use tollgate::rate_limit::Algorithm;
 use tollgate::store::Store;
 use tower::ServiceExt;
 
@@ -28,24 +27,13 @@ const JOB: Duration = Duration::from_millis(1500);
 
 fn config() -> AppConfig {
     AppConfig {
-        port: 0,
-        redis_url: None,
         limits: app::parse_limits("burst:1000/1s").unwrap(),
-        algorithm: Algorithm::SlidingLog,
-        redis_cluster_urls: Vec::new(),
-        redis_sentinels: Vec::new(),
-        redis_sentinel_master: None,
-        database_url: None,
-        wait_replicas: 0,
-        trusted_proxies: Vec::new(),
-        on_store_error: tollgate::rate_limit::OnStoreError::Allow,
-        payment_delay: app::DEFAULT_PAYMENT_DELAY,
         jobs: JobConfig {
             duration: JOB,
             concurrency: 2,
             lease: Duration::from_millis(3000),
         },
-        token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
+        ..AppConfig::defaults().unwrap()
     }
 }
 

@@ -8,7 +8,7 @@ use crate::router as app;
 
 use std::sync::Arc;
 
-use app::{AppConfig, AppState, JobConfig};
+use app::{AppConfig, AppState};
 use axum::Router;
 use axum::body::Body;
 use common::RedisServer;
@@ -28,21 +28,11 @@ const ALGORITHMS: [Algorithm; 3] = [
 
 fn config(algorithm: Algorithm) -> AppConfig {
     AppConfig {
-        port: 0,
-        redis_url: None,
         limits: app::parse_limits("burst:1000/1s").unwrap(),
         algorithm,
-        redis_cluster_urls: Vec::new(),
-        redis_sentinels: Vec::new(),
-        redis_sentinel_master: None,
-        database_url: None,
-        wait_replicas: 0,
-        trusted_proxies: Vec::new(),
-        on_store_error: tollgate::rate_limit::OnStoreError::Allow,
-        payment_delay: app::DEFAULT_PAYMENT_DELAY,
-        jobs: JobConfig::default(),
         // a window of a day: nothing refills while a test runs, whatever the algorithm
         token_limits: app::parse_limits("tokens:1000/86400s").unwrap(),
+        ..AppConfig::defaults().unwrap()
     }
 }
 
