@@ -72,7 +72,7 @@ pub(crate) use deadline::StoreClock;
 pub use error::{StoreError, StoreErrorKind};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use postgres::{PgStore, PgStoreBuilder};
+pub use postgres::{Once, OnceError, PgStore, PgStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisClusterBuilder, RedisSentinelBuilder, RedisStore, RedisStoreBuilder};
 

@@ -22,6 +22,7 @@ mod late_delivery;
 mod outages;
 mod outside_store;
 mod postgres;
+mod postgres_once;
 mod postgres_tls;
 mod scripts;
 mod tls;

@@ -31,12 +31,14 @@ mod builder;
 mod call;
 mod clock;
 mod migrate;
+mod once;
 mod sql;
 mod tls;
 
 pub use builder::PgStoreBuilder;
 use builder::Settings;
 use call::{Calls, Param};
+pub use once::{Once, OnceError};
 use sql::Sql;
 
 use super::{

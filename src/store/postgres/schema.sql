@@ -8,7 +8,8 @@
 --
 -- Lock order: every function, the purge and the migration lock tables in this order, so that
 -- no two of them can wait for each other in a cycle:
---   rate_limits, rate_log, holds, permits, permit_queue, fences, idempotency, releases
+--   rate_limits, rate_log, holds, permits, permit_queue, fences, idempotency, releases,
+--   once_records (PgStore::once: its key's advisory lock, then its row)
 -- A rate check locks its rate_limits rows (in key order) before it touches rate_log. A claim,
 -- lock, permit or idempotency call takes the advisory lock of its key (lock_key) before its
 -- holds, permits or idempotency rows; lock_acquire and permit_acquire then write fences; a
@@ -42,7 +43,7 @@ DECLARE
   t text;
 BEGIN
   FOREACH t IN ARRAY ARRAY['rate_limits', 'rate_log', 'holds', 'permits', 'permit_queue',
-                           'fences', 'idempotency', 'releases'] LOOP
+                           'fences', 'idempotency', 'releases', 'once_records'] LOOP
     IF to_regclass('__SCHEMA__.' || t) IS NOT NULL THEN
       EXECUTE format('LOCK TABLE %s.%I IN ACCESS EXCLUSIVE MODE', '__SCHEMA__', t);
     END IF;
@@ -202,6 +203,16 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.idempotency (
   expires_at bigint NOT NULL
 );
 CREATE INDEX IF NOT EXISTS idempotency_expiry ON __SCHEMA__.idempotency (expires_at);
+
+-- Runs recorded by PgStore::once, in the same transaction as their work: the output of the
+-- run that committed for a key, kept until expires_at.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.once_records (
+  key text PRIMARY KEY,
+  fingerprint text NOT NULL,
+  output bytea NOT NULL,
+  expires_at bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS once_records_expiry ON __SCHEMA__.once_records (expires_at);
 
 -- The recent attempts of a row once p_attempt charged it at p_now: those still remembered
 -- (until after p_now), at most 7 of them, then p_attempt until p_until_new — as rate.lua keeps
@@ -1359,6 +1370,12 @@ BEGIN
   o_most := greatest(o_most, v_count); o_total := o_total + v_count;
   DELETE FROM __SCHEMA__.releases WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM __SCHEMA__.releases WHERE expires_at <= v_now
+    LIMIT p_limit FOR UPDATE SKIP LOCKED
+  ));
+  GET DIAGNOSTICS v_count = ROW_COUNT;
+  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
+  DELETE FROM __SCHEMA__.once_records WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM __SCHEMA__.once_records WHERE expires_at <= v_now
     LIMIT p_limit FOR UPDATE SKIP LOCKED
   ));
   GET DIAGNOSTICS v_count = ROW_COUNT;

@@ -55,6 +55,8 @@ pub(super) struct Sql {
     pub(super) lock_acquire: String,
     pub(super) extend_hold: String,
     pub(super) release_hold: String,
+    pub(super) once_lookup: String,
+    pub(super) once_record: String,
     pub(super) permit_acquire: String,
     pub(super) permit_extend: String,
     pub(super) permit_release: String,
@@ -79,6 +81,16 @@ impl Sql {
             lock_acquire: format!("SELECT * FROM {s}.lock_acquire($1, $2, $3, $4, $5, $6)"),
             extend_hold: format!("SELECT {s}.extend_hold($1, $2, $3, $4)"),
             release_hold: format!("SELECT {s}.release_hold($1, $2, $3, $4)"),
+            once_lookup: format!(
+                "SELECT fingerprint, output FROM {s}.once_records \
+                 WHERE key = $1 AND expires_at > {s}.now_us()"
+            ),
+            once_record: format!(
+                "INSERT INTO {s}.once_records (key, fingerprint, output, expires_at) \
+                 VALUES ($1, $2, $3, {s}.now_us() + $4::bigint * 1000) \
+                 ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, \
+                 output = EXCLUDED.output, expires_at = EXCLUDED.expires_at"
+            ),
             permit_acquire: format!(
                 "SELECT * FROM {s}.permit_acquire($1, $2, $3, $4, $5, $6, $7, $8)"
             ),
