@@ -211,3 +211,106 @@ async fn a_key_reused_with_another_request_is_a_mismatch() {
     assert!(matches!(run("b").await, Err(OnceError::Mismatch)));
     assert_eq!(rows(&table).await, 1);
 }
+
+/// A store reaching the server through a proxy the test controls, on the schema of `direct`.
+async fn through(proxy: &crate::common::proxy::Proxy, direct: &PgStore) -> PgStore {
+    PgStore::builder(format!("postgres://postgres@{}/postgres", proxy.addr()))
+        .schema(direct.schema().to_owned())
+        .timeout(Duration::from_secs(2))
+        .pool_size(2)
+        .purge_interval(None)
+        .build()
+        .unwrap()
+}
+
+/// Cuts every connection through `proxy` after `after`, then lets new ones through.
+fn cut_soon(proxy: &Arc<crate::common::proxy::Proxy>, after: Duration) {
+    let proxy = Arc::clone(proxy);
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        proxy.cut();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        proxy.heal();
+    });
+}
+
+/// The connection breaks during `COMMIT`, which the server carries out (its answer is lost):
+/// the run is found committed and answers its output — it is not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_is_found_committed() {
+    let (direct, _, table) = two_copies().await;
+    // a commit that takes a second on the server: a deferred trigger sleeps in it
+    let schema = direct.schema().to_owned();
+    server()
+        .await
+        .client()
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION {schema}.slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$; \
+             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON {table} \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.slow_commit()"
+        ))
+        .await
+        .unwrap();
+    let proxy = Arc::new(crate::common::proxy::Proxy::start(server().await.addr()).await);
+    let store = through(&proxy, &direct).await;
+    let answer = store
+        .once(
+            "transfer-5",
+            "fp",
+            HOUR,
+            async |tx: &tokio_postgres::Transaction<'_>| {
+                let output = transfer(tx, &table, Duration::ZERO).await;
+                // the connection breaks while the server commits
+                cut_soon(&proxy, Duration::from_millis(400));
+                output
+            },
+        )
+        .await;
+    let Ok(Once::Ran(output)) = answer else {
+        panic!("a committed run answers its output: {answer:?}");
+    };
+    assert_eq!(rows(&table).await, 1);
+    let replay = direct.once(
+        "transfer-5",
+        "fp",
+        HOUR,
+        async |tx: &tokio_postgres::Transaction<'_>| transfer(tx, &table, Duration::ZERO).await,
+    );
+    assert_eq!(replay.await.unwrap(), Once::Replayed(output));
+}
+
+/// The connection breaks with `COMMIT` unsent (held by a partition, then dropped): nothing of
+/// the run stands, the answer says the store failed, and a retry runs it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_never_arrived_leaves_nothing() {
+    let (direct, _, table) = two_copies().await;
+    let proxy = Arc::new(crate::common::proxy::Proxy::start(server().await.addr()).await);
+    let store = through(&proxy, &direct).await;
+    let answer = store
+        .once(
+            "transfer-6",
+            "fp",
+            HOUR,
+            async |tx: &tokio_postgres::Transaction<'_>| {
+                let output = transfer(tx, &table, Duration::ZERO).await;
+                // COMMIT goes into the dark, and the connection breaks
+                proxy.silence();
+                cut_soon(&proxy, Duration::from_millis(300));
+                output
+            },
+        )
+        .await;
+    proxy.unsilence();
+    assert!(matches!(answer, Err(OnceError::Store(_))), "{answer:?}");
+    assert_eq!(rows(&table).await, 0, "nothing of the run stands");
+    let retry = direct.once(
+        "transfer-6",
+        "fp",
+        HOUR,
+        async |tx: &tokio_postgres::Transaction<'_>| transfer(tx, &table, Duration::ZERO).await,
+    );
+    assert!(matches!(retry.await, Ok(Once::Ran(_))));
+    assert_eq!(rows(&table).await, 1);
+}

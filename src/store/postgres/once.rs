@@ -148,36 +148,58 @@ impl PgStore {
     }
 
     /// After a commit whose answer was lost: waits until the run's transaction is over on the
-    /// server (its advisory lock free), then looks the record up.
+    /// server (its advisory lock free), then looks the record up — found, the run committed;
+    /// not found, nothing of it stands (and `lost` is the answer). Connections that broke with
+    /// the one of the commit are passed over, for up to twenty store timeouts.
     async fn resolve<E>(
         &self,
         key: &str,
         fingerprint: &str,
         lost: StoreError,
     ) -> Result<Once, OnceError<E>> {
+        let patience = self.timeout() * 20;
+        let give_up = tokio::time::Instant::now() + patience;
+        loop {
+            match self.committed(key, patience).await {
+                Ok(Some(row)) => {
+                    return match replay::<E>(&row, fingerprint) {
+                        // it committed: the output is this run's
+                        Ok(Once::Replayed(output)) => Ok(Once::Ran(output)),
+                        other => other,
+                    };
+                }
+                Ok(None) => return Err(OnceError::Store(lost)),
+                Err(e)
+                    if e.kind() == StoreErrorKind::Unavailable
+                        && tokio::time::Instant::now() < give_up =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(OnceError::Store(e)),
+            }
+        }
+    }
+
+    /// The record of `key` once no transaction holds the key's lock (waiting up to `patience`).
+    async fn committed(
+        &self,
+        key: &str,
+        patience: Duration,
+    ) -> Result<Option<tokio_postgres::Row>, StoreError> {
         let mut client = self.pool().get().await.map_err(pool_error)?;
         let tx = client.transaction().await.map_err(pg_error)?;
-        let wait = format!("SET LOCAL lock_timeout = {}", millis(self.timeout() * 20));
+        let wait = format!("SET LOCAL lock_timeout = {}", millis(patience));
         tx.batch_execute(&wait).await.map_err(pg_error)?;
         tx.query_one(LOCK, &[&key, &LOCK_SEED])
             .await
             .map_err(|e| match e.code() {
                 Some(code) if *code == SqlState::LOCK_NOT_AVAILABLE => {
-                    OnceError::Store(StoreError::new(StoreErrorKind::Timeout, e))
+                    StoreError::new(StoreErrorKind::Timeout, e)
                 }
-                _ => OnceError::Store(pg_error(e)),
+                _ => pg_error(e),
             })?;
         let lookup = &self.inner.shared.sql.once_lookup;
-        let row = tx.query_opt(lookup, &[&key]).await.map_err(pg_error)?;
-        drop(tx);
-        match row {
-            Some(row) => match replay::<E>(&row, fingerprint) {
-                // it committed: the output is this run's
-                Ok(Once::Replayed(output)) => Ok(Once::Ran(output)),
-                other => other,
-            },
-            None => Err(OnceError::Store(lost)),
-        }
+        tx.query_opt(lookup, &[&key]).await.map_err(pg_error)
     }
 }
 
