@@ -21,6 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tollgate::concurrency::{ConcurrencyLimitLayer, Permit};
 use tollgate::idempotency::{IdempotencyLayer, RequestBody};
 use tollgate::key::Header;
 use tollgate::rate_limit::{Limit, RateLimitLayer};
@@ -389,5 +390,77 @@ async fn one_layer_value_serves_axum_tonic_and_hyper() {
     assert_eq!(
         get(&hyper_url).await.unwrap().status(),
         StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+/// A greeter that works half a second and greets with the fencing token of its permit.
+#[derive(Debug, Clone, Default)]
+struct PermitGreeter;
+
+#[tonic::async_trait]
+impl Greeter for PermitGreeter {
+    async fn say_hello(
+        &self,
+        request: Request<HelloRequest>,
+    ) -> Result<Response<HelloReply>, Status> {
+        let permit = request
+            .extensions()
+            .get::<Permit>()
+            .map(Permit::fencing_token);
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let message = format!("permit {}", permit.unwrap_or(0));
+        Ok(Response::new(HelloReply { message }))
+    }
+}
+
+/// A tonic server with a concurrency limit of 1 per tenant: of two overlapping calls of one
+/// tenant one runs, holding a permit, and the other fails with RESOURCE_EXHAUSTED and
+/// `retry-after`; another tenant runs meanwhile; once the first ends the tenant runs again.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrency_limits_answer_grpc_calls_with_resource_exhausted() {
+    let redis = RedisServer::start();
+    let jobs = ConcurrencyLimitLayer::builder(redis.store())
+        .limit(1)
+        .key(Header::from_static("x-tenant"))
+        .retry_after(std::time::Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let server = tonic::transport::Server::builder()
+        .layer(jobs)
+        .add_service(GreeterServer::new(PermitGreeter));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(server.serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)));
+    let client = GreeterClient::connect(url).await.unwrap();
+    let call = |tenant: &'static str| {
+        let mut client = client.clone();
+        async move {
+            client
+                .say_hello(hello("job", &[("x-tenant", tenant)]))
+                .await
+        }
+    };
+    let (first, second, other) = tokio::join!(
+        call("acme"),
+        async {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            call("acme").await
+        },
+        call("globex")
+    );
+    let token =
+        |message: String| -> u64 { message.strip_prefix("permit ").unwrap().parse().unwrap() };
+    let first = token(first.unwrap().into_inner().message);
+    assert!(first > 0, "the handler holds a permit");
+    let refused = second.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(refused.metadata().get("retry-after").unwrap(), "1");
+    assert!(other.is_ok(), "another tenant runs meanwhile");
+    // the permit went back with the first call's response
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let again = token(call("acme").await.unwrap().into_inner().message);
+    assert!(
+        again > first,
+        "a higher fencing token: {first} then {again}"
     );
 }
