@@ -968,6 +968,20 @@ BEGIN
   o_holder := p_holder;
 END $$;
 
+-- Draws the next fencing token of p_fence_key at p_now: above both the counter's last value (while
+-- it lives) and the store time in µs, so that a counter lost or restored stale cannot repeat one;
+-- the counter then lives p_ttl_ms. For lock_acquire and permit_acquire, under their key's lock.
+CREATE OR REPLACE FUNCTION __SCHEMA__.draw_fence(p_fence_key text, p_now bigint, p_ttl_ms bigint)
+RETURNS bigint LANGUAGE sql VOLATILE AS $$
+  INSERT INTO __SCHEMA__.fences AS f (key, last, expires_at)
+    VALUES (p_fence_key, p_now, p_now + p_ttl_ms * 1000)
+    ON CONFLICT (key) DO UPDATE
+      SET last = CASE WHEN f.expires_at > p_now AND f.last >= p_now THEN f.last + 1
+                      ELSE p_now END,
+          expires_at = EXCLUDED.expires_at
+    RETURNING last
+$$;
+
 -- ---------------------------------------------------------------------------------------------
 -- lock_acquire: sets the lock to p_token for the lease if it is free and only then draws the
 -- next fencing token, above both the counter's last value and the store time in µs. The same
@@ -1016,13 +1030,7 @@ BEGIN
   INSERT INTO __SCHEMA__.holds (key, holder, expires_at)
     VALUES (p_key, p_token, v_now + p_lease_ms * 1000)
     ON CONFLICT (key) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at;
-  INSERT INTO __SCHEMA__.fences AS f (key, last, expires_at)
-    VALUES (p_fence_key, v_now, v_now + p_fence_ttl_ms * 1000)
-    ON CONFLICT (key) DO UPDATE
-      SET last = CASE WHEN f.expires_at > v_now AND f.last >= v_now THEN f.last + 1
-                      ELSE v_now END,
-          expires_at = EXCLUDED.expires_at
-    RETURNING last INTO o_value;
+  o_value := __SCHEMA__.draw_fence(p_fence_key, v_now, p_fence_ttl_ms);
   o_tag := 1;
 END $$;
 
@@ -1148,13 +1156,7 @@ BEGIN
   INSERT INTO __SCHEMA__.permits (key, token, expires_at)
     VALUES (p_key, p_token, v_now + p_lease_ms * 1000)
     ON CONFLICT (key, token) DO UPDATE SET expires_at = EXCLUDED.expires_at;
-  INSERT INTO __SCHEMA__.fences AS f (key, last, expires_at)
-    VALUES (p_fence_key, v_now, v_now + p_fence_ttl_ms * 1000)
-    ON CONFLICT (key) DO UPDATE
-      SET last = CASE WHEN f.expires_at > v_now AND f.last >= v_now THEN f.last + 1
-                      ELSE v_now END,
-          expires_at = EXCLUDED.expires_at
-    RETURNING last INTO o_value;
+  o_value := __SCHEMA__.draw_fence(p_fence_key, v_now, p_fence_ttl_ms);
   o_tag := CASE WHEN v_mine THEN 2 ELSE 1 END;
 END $$;
 
@@ -1181,9 +1183,8 @@ BEGIN
 END $$;
 
 -- permit_release: gives p_token's permit back while it holds an unexpired one (and its place in
--- the queue, if it waits), leaving a marker
--- naming this release call (p_call) under `<key> <token>`, so that the call re-sent answers
--- true again. (as permit_release.lua)
+-- the queue, if it waits), leaving a marker naming this release call (p_call) under
+-- `<key> <token>`, so that the call re-sent answers true again. (as permit_release.lua)
 CREATE OR REPLACE FUNCTION __SCHEMA__.permit_release(
   p_key text, p_token text, p_call text, p_marker_ms bigint
 ) RETURNS boolean LANGUAGE plpgsql AS $$
