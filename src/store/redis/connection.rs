@@ -157,6 +157,8 @@ const DARK_FOR: Duration = Duration::from_secs(1);
 /// The first pause between replacements while nothing answers, and the longest.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(16);
+/// Behind sentinels: how often one connection asks them at most, unless it is replaced.
+const ASK_EVERY: Duration = Duration::from_millis(200);
 
 /// The store's connection, replaced when it goes dark.
 pub(super) struct Link {
@@ -173,6 +175,9 @@ pub(super) struct Link {
     backoff: AtomicU64,
     /// A connection is being opened in the background.
     opening: AtomicBool,
+    /// Behind sentinels: a request to ask them again, and whether it asks to reopen.
+    asking: AtomicBool,
+    reopen: AtomicBool,
     /// Behind sentinels: the primary the connection goes to, and when they were last asked (in
     /// milliseconds since `epoch`).
     primary: RwLock<String>,
@@ -195,6 +200,8 @@ impl Link {
             next_replacement: AtomicU64::new(0),
             backoff: AtomicU64::new(as_ms(FIRST_BACKOFF)),
             opening: AtomicBool::new(false),
+            asking: AtomicBool::new(false),
+            reopen: AtomicBool::new(false),
             primary: RwLock::new(primary),
             asked: AtomicU64::new(0),
         }
@@ -222,7 +229,7 @@ impl Link {
     }
 
     /// A call found the store unreachable: refused, dropped, or a primary turned replica
-    /// (`READONLY`). Behind sentinels, asks them again (at most every 200 ms) and moves to the
+    /// (`READONLY`). Behind sentinels, asks them again (at most every `ASK_EVERY`) and moves to the
     /// primary they name; elsewhere redis-rs reconnects by itself.
     pub(super) fn unreachable(self: &Arc<Self>) {
         if matches!(self.opener, Opener::Sentinel { .. }) {
@@ -307,8 +314,49 @@ impl Link {
     }
 
     /// Asks the sentinels for the primary in the background and moves there: when it is not the
-    /// one the connection goes to, or always when `reopen`.
+    /// one the connection goes to, or always when `reopen`. At most one asks at a time, and
+    /// (unless `reopen`) at most every [`ASK_EVERY`]; a request that comes meanwhile is deferred,
+    /// never dropped: the last request of a failover may be the first after the promotion, and
+    /// a connection that missed it would stay on the dead primary until a call of its own
+    /// failed there.
     fn follow(self: &Arc<Self>, reopen: bool) {
+        if !matches!(self.opener, Opener::Sentinel { .. }) {
+            return;
+        }
+        if reopen {
+            self.reopen.store(true, Ordering::Relaxed);
+        }
+        self.asking.store(true, Ordering::Release);
+        if self.opening.swap(true, Ordering::AcqRel) {
+            return; // the running follower sees the request
+        }
+        tokio::spawn(Arc::clone(self).follower());
+    }
+
+    /// Serves the requests to follow the primary until none is left.
+    async fn follower(self: Arc<Self>) {
+        loop {
+            while self.asking.swap(false, Ordering::AcqRel) {
+                let reopen = self.reopen.swap(false, Ordering::Relaxed);
+                let due = self.asked.load(Ordering::Relaxed) + as_ms(ASK_EVERY);
+                let now = self.now_ms();
+                if !reopen && now < due {
+                    tokio::time::sleep(Duration::from_millis(due - now)).await;
+                }
+                self.asked.store(self.now_ms(), Ordering::Relaxed);
+                self.ask_and_move(reopen).await;
+            }
+            self.opening.store(false, Ordering::Release);
+            // a request made after the last check, while `opening` was still set
+            if !self.asking.load(Ordering::Acquire) || self.opening.swap(true, Ordering::AcqRel) {
+                return;
+            }
+        }
+    }
+
+    /// One question to the sentinels; moves to the primary they name when it is another, or
+    /// always when `reopen`.
+    async fn ask_and_move(&self, reopen: bool) {
         let Opener::Sentinel {
             sentinels,
             master,
@@ -319,36 +367,25 @@ impl Link {
         else {
             return;
         };
-        let now = self.now_ms();
-        let asked = self.asked.load(Ordering::Relaxed);
-        if (!reopen && now < asked + 200) || self.opening.swap(true, Ordering::Relaxed) {
+        let Some(primary) = ask_sentinels(sentinels, master, *timeout).await else {
+            return;
+        };
+        let moved = self.primary().as_str() != primary;
+        if !moved && !reopen {
             return;
         }
-        self.asked.store(now, Ordering::Relaxed);
-        let (link, sentinels, master) =
-            (Arc::clone(self), Arc::clone(sentinels), Arc::clone(master));
-        let (config, timeout, primary_client) =
-            (config.clone(), *timeout, Arc::clone(primary_client));
-        tokio::spawn(async move {
-            if let Some(primary) = ask_sentinels(&sentinels, &master, timeout).await {
-                let moved = link.primary().as_str() != primary;
-                if moved || reopen {
-                    match primary_client(&primary).and_then(|client| open_single(client, config)) {
-                        Ok(conn) => {
-                            if moved {
-                                tracing::warn!(target: "tollgate::store", %primary, "the sentinels name a new primary; moving to it");
-                            }
-                            link.set(conn);
-                            link.set_primary(primary);
-                        }
-                        Err(error) => tracing::warn!(
-                            target: "tollgate::store", %error, "could not open a connection to the primary"
-                        ),
-                    }
+        match primary_client(&primary).and_then(|client| open_single(client, config.clone())) {
+            Ok(conn) => {
+                if moved {
+                    tracing::warn!(target: "tollgate::store", %primary, "the sentinels name a new primary; moving to it");
                 }
+                self.set(conn);
+                self.set_primary(primary);
             }
-            link.opening.store(false, Ordering::Relaxed);
-        });
+            Err(error) => tracing::warn!(
+                target: "tollgate::store", %error, "could not open a connection to the primary"
+            ),
+        }
     }
 
     fn primary(&self) -> String {
