@@ -20,6 +20,7 @@
 //! | `APP_TRUSTED_PROXIES` | unset: none trusted   | CIDRs of proxies whose `X-Forwarded-For` names the client |
 //! | `APP_ON_STORE_ERROR` | `allow`                | `/api/*` while the store is down: `allow`, `deny` or `fallback:N` (N copies) |
 //! | `APP_PAYMENT_DELAY_MS` | `100`                | how long `POST /payments` works                 |
+//! | `APP_TRANSFER_DELAY_MS` | `0`                 | how long `POST /transfers` waits after its insert, before its commit (with `DATABASE_URL`) |
 //! | `APP_TOKEN_LIMITS` | `tokens:1000/60s`        | token budget of `POST /llm/complete` per `x-api-key` (syntax of `APP_LIMITS`) |
 //! | `APP_JOB_MS`    | `200`                       | how long a job of `POST /jobs/{tenant}/run` runs |
 //! | `APP_JOB_CONCURRENCY` | `2`                   | jobs per tenant at once, across all copies     |
@@ -62,8 +63,11 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Failure> {
     let config = AppConfig::from_env()?;
-    let store = if let Some(url) = &config.database_url {
-        postgres_store(url).await?
+    let mut database = None;
+    let store: Arc<dyn Store> = if let Some(url) = &config.database_url {
+        let store = postgres_store(url).await?;
+        database = Some(store.clone());
+        Arc::new(store)
     } else if !config.redis_sentinels.is_empty() {
         sentinel_store(&config).await?
     } else if !config.redis_cluster_urls.is_empty() {
@@ -81,8 +85,13 @@ async fn run() -> Result<(), Failure> {
         algorithm = %config.algorithm,
         "rate limit of /api/*"
     );
-    let state = AppState::new(store, config)
+    let mut state = AppState::new(store, config)
         .map_err(|e| Failure::config(format!("invalid rate-limit configuration: {e}")))?;
+    if let Some(database) = database {
+        state = state
+            .with_transfers(database)
+            .map_err(|e| Failure::config(format!("invalid transfers configuration: {e}")))?;
+    }
 
     let (listener, addr) = env::listen(port).await?;
     println!("tollgate example app listening on http://{addr}");
@@ -131,11 +140,10 @@ fn open_store(redis_url: Option<&str>, wait_replicas: u32) -> Result<Arc<dyn Sto
 }
 
 /// A store on the PostgreSQL database at `DATABASE_URL`, its schema (`tollgate`) created or
-/// brought up to date. A database that does not answer at startup is not fatal, as for Redis:
+/// brought up to date, and the app's table of transfers created. A database that does not answer at startup is not fatal, as for Redis:
 /// the migration is retried in the background every second, and until it is done calls fail
 /// (the failure policies apply) and `/healthz` answers 503.
-#[cfg(feature = "postgres")]
-async fn postgres_store(url: &str) -> Result<Arc<dyn Store>, Failure> {
+async fn postgres_store(url: &str) -> Result<tollgate::store::PgStore, Failure> {
     use tollgate::store::PgStore;
     const DATABASE_URL_FORMAT: &str =
         "a PostgreSQL URL, e.g. DATABASE_URL=postgres://app:secret@127.0.0.1:5432/app";
@@ -149,7 +157,7 @@ async fn postgres_store(url: &str) -> Result<Arc<dyn Store>, Failure> {
                     .to_string(),
             )
         })?;
-    match store.migrate().await {
+    match prepare(&store).await {
         Ok(()) => {
             tracing::info!(url = %safe, schema = store.schema(), "state is kept in PostgreSQL");
         }
@@ -160,7 +168,7 @@ async fn postgres_store(url: &str) -> Result<Arc<dyn Store>, Failure> {
             );
             let retry = store.clone();
             tokio::spawn(async move {
-                while retry.migrate().await.is_err() {
+                while prepare(&retry).await.is_err() {
                     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 }
                 tracing::info!(
@@ -170,15 +178,13 @@ async fn postgres_store(url: &str) -> Result<Arc<dyn Store>, Failure> {
             });
         }
     }
-    Ok(Arc::new(store))
+    Ok(store)
 }
 
-#[cfg(not(feature = "postgres"))]
-async fn postgres_store(url: &str) -> Result<Arc<dyn Store>, Failure> {
-    Err(Failure::config(format!(
-        "DATABASE_URL={} needs tollgate's `postgres` feature",
-        env::redact_url(url)
-    )))
+/// The store's schema migrated and the app's table created.
+async fn prepare(store: &tollgate::store::PgStore) -> Result<(), tollgate::store::StoreError> {
+    store.migrate().await?;
+    router::prepare_transfers(store).await
 }
 
 /// A store on the primary that the sentinels (`REDIS_SENTINELS`) name for

@@ -18,6 +18,8 @@
 //! | `POST /payments` | `201 {"id",...}` once per `Idempotency-Key` across all copies; retries replay it |
 //! | `POST /llm/complete` | `200 {"tokens": N}` for JSON `{"tokens": N}` with `x-api-key`; reserves `x-max-tokens` (default 1) of the key's `APP_TOKEN_LIMITS` budget and is charged the N it used; `429` with `Retry-After` when the reservation does not fit |
 //! | `POST /jobs/{tenant}/run` | runs a job for `APP_JOB_MS`: `200 {"tenant","permit"}` for at most `APP_JOB_CONCURRENCY` per tenant at once across all copies, `429` with `Retry-After` beyond |
+//! | `POST /transfers` | with `DATABASE_URL`: JSON `{"from","to","amount"}` and a required `Idempotency-Key`; inserts one row into the app's table `app_transfers` in the transaction that records the response: `201 {"id",...}` once per key across all copies, replays with `idempotent-replayed: true`, `409` while in flight, `422` for another body under the key |
+//! | `GET /transfers/count` | with `DATABASE_URL`: `200 {"count": N}`, the rows of `app_transfers` |
 //! | `GET /metrics`   | the crate's series in Prometheus text, not rate-limited             |
 //!
 //! A caller is the `x-api-key` header when present, otherwise the peer IP address. New groups of
@@ -45,7 +47,7 @@ use tollgate::idempotency::IdempotencyLayer;
 use tollgate::key::{self, Cidr, ForwardedIp, FromFn, Header, Key, KeyExtractor, Or};
 use tollgate::lock::{LockError, Locks};
 use tollgate::rate_limit::{Algorithm, Limit, OnStoreError, RateLimitDecision, RateLimitLayer};
-use tollgate::store::Store;
+use tollgate::store::{OnceTx, PgStore, Store};
 use tower::util::MapRequestLayer;
 
 use crate::env::{EnvError, Vars, process_var, whole_number};
@@ -109,6 +111,9 @@ pub struct AppConfig {
     pub trusted_proxies: Vec<Cidr>,
     /// `APP_ON_STORE_ERROR`: what `/api/*` does while the store is down.
     pub on_store_error: OnStoreError,
+    /// `APP_TRANSFER_DELAY_MS`: how long `POST /transfers` waits after its insert, before its
+    /// transaction commits.
+    pub transfer_delay: Duration,
     /// `APP_PAYMENT_DELAY_MS`: how long `POST /payments` works before it answers.
     pub payment_delay: Duration,
     /// `APP_JOB_*`: the jobs of `POST /jobs/{tenant}/run`.
@@ -284,6 +289,7 @@ impl AppConfig {
         let payment_ms = u64::try_from(DEFAULT_PAYMENT_DELAY.as_millis()).unwrap_or(100);
         let ms = "milliseconds, e.g. 200";
         let payment_delay = vars.number("APP_PAYMENT_DELAY_MS", payment_ms, ms)?;
+        let transfer_delay = vars.number("APP_TRANSFER_DELAY_MS", 0, ms)?;
         let default = JobConfig::default();
         let default_ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let jobs = JobConfig {
@@ -326,6 +332,7 @@ impl AppConfig {
             trusted_proxies,
             on_store_error,
             payment_delay: Duration::from_millis(payment_delay),
+            transfer_delay: Duration::from_millis(transfer_delay),
             jobs,
             token_limits: vars.limits_of("APP_TOKEN_LIMITS", DEFAULT_TOKEN_LIMITS)?,
         })
@@ -359,6 +366,9 @@ pub struct AppState {
     jobs: ConcurrencyLimitLayer<TenantKey>,
     /// The token budget of `POST /llm/complete`: reserve, then settle.
     tokens: RateLimitLayer<Header>,
+    /// With `DATABASE_URL`: the database of `POST /transfers`, and the idempotency layer that
+    /// runs each transfer in a transaction recording its response.
+    transfers: Option<(PgStore, IdempotencyLayer<Header>)>,
 }
 
 /// The tenant of `/jobs/{tenant}/run`: its path's second segment.
@@ -416,7 +426,21 @@ impl AppState {
             payments,
             jobs,
             tokens,
+            transfers: None,
         })
+    }
+
+    /// Serves `POST /transfers` and `GET /transfers/count` on `database` (whose table
+    /// `app_transfers` [`prepare_transfers`] creates): each transfer runs once per
+    /// `Idempotency-Key`, its row and its recorded response in one transaction.
+    pub fn with_transfers(mut self, database: PgStore) -> Result<Self, ConfigError> {
+        let layer = IdempotencyLayer::in_transaction(database.clone())
+            .prefix("tollgate-app")
+            .required(true)
+            .scope(Header::new(API_KEY_HEADER))
+            .build()?;
+        self.transfers = Some((database, layer));
+        Ok(self)
     }
 }
 
@@ -431,6 +455,7 @@ pub fn router(state: AppState) -> Router {
         .merge(payment_routes(&state))
         .merge(job_routes(&state))
         .merge(llm_routes(&state))
+        .merge(transfer_routes(&state))
         // Outermost, so that the rate limits below see the peer address.
         .layer(MapRequestLayer::new(peer_addr_extension))
         .with_state(state)
@@ -503,6 +528,130 @@ async fn run_job(
     (
         StatusCode::OK,
         Json(json!({ "tenant": tenant, "permit": permit })),
+    )
+}
+
+/// Transfers: with a database, each `Idempotency-Key` runs once across all copies, in the
+/// transaction that records its response; without one, `503` saying what is missing.
+fn transfer_routes(state: &AppState) -> Router<AppState> {
+    match &state.transfers {
+        Some((_, layer)) => Router::new()
+            .route(
+                "/transfers",
+                post(create_transfer).route_layer(layer.clone()),
+            )
+            .route("/transfers/count", get(count_transfers)),
+        None => Router::new()
+            .route("/transfers", post(no_database))
+            .route("/transfers/count", get(no_database)),
+    }
+}
+
+/// Creates the app's own table of transfers, if it does not exist.
+pub async fn prepare_transfers(database: &PgStore) -> Result<(), tollgate::store::StoreError> {
+    let client = database.pool().get().await.map_err(|e| {
+        tollgate::store::StoreError::new(tollgate::store::StoreErrorKind::Unavailable, e)
+    })?;
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS app_transfers (
+               id text PRIMARY KEY,
+               from_account text NOT NULL,
+               to_account text NOT NULL,
+               amount bigint NOT NULL,
+               created_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await
+        .map_err(|e| {
+            tollgate::store::StoreError::new(tollgate::store::StoreErrorKind::Unavailable, e)
+        })
+}
+
+/// The body of `POST /transfers`.
+#[derive(Debug, serde::Deserialize)]
+struct TransferRequest {
+    from: String,
+    to: String,
+    amount: i64,
+}
+
+/// `POST /transfers`: inserts the transfer in the transaction the idempotency layer opened,
+/// waits `APP_TRANSFER_DELAY_MS`, and answers `201` with its id; the layer records the answer
+/// in the same transaction and commits. A database error answers `503`: not recorded, rolled
+/// back, and a retry runs again.
+async fn create_transfer(
+    State(state): State<AppState>,
+    Extension(tx): Extension<OnceTx>,
+    body: Bytes,
+) -> (StatusCode, Json<Value>) {
+    let transfer: TransferRequest = match serde_json::from_slice(&body) {
+        Ok(transfer) => transfer,
+        Err(error) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({ "error": format!("invalid transfer: {error}") })),
+            );
+        }
+    };
+    let id = uuid::Uuid::new_v4().to_string();
+    let inserted = tx
+        .execute(
+            "INSERT INTO app_transfers (id, from_account, to_account, amount) \
+             VALUES ($1, $2, $3, $4)",
+            &[&id, &transfer.from, &transfer.to, &transfer.amount],
+        )
+        .await;
+    if let Err(error) = inserted {
+        tracing::warn!(%error, "could not insert a transfer");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(
+                json!({ "error": "the database is unavailable; retry with the same Idempotency-Key" }),
+            ),
+        );
+    }
+    tokio::time::sleep(state.config.transfer_delay).await;
+    (
+        StatusCode::CREATED,
+        Json(json!({
+            "id": id,
+            "from": transfer.from,
+            "to": transfer.to,
+            "amount": transfer.amount,
+        })),
+    )
+}
+
+/// `GET /transfers/count`: the rows of the app's table of transfers.
+async fn count_transfers(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    let Some((database, _)) = &state.transfers else {
+        return no_database().await;
+    };
+    let counted = match database.pool().get().await {
+        Ok(client) => client
+            .query_one("SELECT count(*) FROM app_transfers", &[])
+            .await
+            .and_then(|row| row.try_get::<_, i64>(0))
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match counted {
+        Ok(count) => (StatusCode::OK, Json(json!({ "count": count }))),
+        Err(error) => {
+            tracing::warn!(%error, "could not count the transfers");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({ "error": "the database is unavailable" })),
+            )
+        }
+    }
+}
+
+/// The transfer routes without a database.
+async fn no_database() -> (StatusCode, Json<Value>) {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({ "error": "transfers need a PostgreSQL database: set DATABASE_URL" })),
     )
 }
 

@@ -24,6 +24,8 @@ use crate::BoxError;
 use crate::grpc::Wire;
 use crate::lease::{self, Owner};
 use crate::store::Hold;
+#[cfg(feature = "postgres")]
+use crate::store::postgres::Running;
 use crate::task::AbortOnDrop;
 
 /// What the caller of a keyed request gets: a response, or the handler's error.
@@ -38,15 +40,14 @@ pub(super) async fn execute<S, ReqBody, ResBody>(
     settings: Arc<Settings>,
     mut service: S,
     request: Request<RequestBody<ReqBody>>,
-    key: String,
-    token: String,
+    claimed: Claimed,
     wire: Wire,
     answer: oneshot::Sender<Answer<ResBody, S::Error>>,
 ) where
     S: Handler<ReqBody, ResBody>,
     ResBody: HttpBody,
 {
-    let claim = Claim::new(Arc::clone(&settings), key, token);
+    let claim = Claim::new(Arc::clone(&settings), claimed);
     if let Err(error) = std::future::poll_fn(|cx| service.poll_ready(cx)).await {
         claim.release("the service was not ready").await;
         let _ = answer.send(Err(error));
@@ -139,38 +140,73 @@ where
     }
 }
 
+/// How a request holds its key while it runs.
+pub(super) enum Claimed {
+    /// A claim in the store with a lease, checked by its token.
+    Lease { key: String, token: String },
+    /// An open transaction that holds the key's advisory lock, and in which the handler runs.
+    #[cfg(feature = "postgres")]
+    Transaction(Running),
+}
+
 /// The claim on the key until it is settled — by storing the response or by releasing the key —
 /// with the task that keeps its lease alive meanwhile.
 struct Claim {
     settings: Arc<Settings>,
-    key: String,
-    token: String,
-    _keeper: AbortOnDrop,
+    claimed: Claimed,
+    _keeper: Option<AbortOnDrop>,
 }
 
 impl Claim {
-    fn new(settings: Arc<Settings>, key: String, token: String) -> Self {
-        let keeper = tokio::spawn(keep_lease(
-            Arc::clone(&settings),
-            key.clone(),
-            token.clone(),
-        ));
+    fn new(settings: Arc<Settings>, claimed: Claimed) -> Self {
+        let keeper = match &claimed {
+            Claimed::Lease { key, token } => Some(AbortOnDrop(tokio::spawn(keep_lease(
+                Arc::clone(&settings),
+                key.clone(),
+                token.clone(),
+            )))),
+            #[cfg(feature = "postgres")]
+            Claimed::Transaction(_) => None,
+        };
         Self {
             settings,
-            key,
-            token,
-            _keeper: AbortOnDrop(keeper),
+            claimed,
+            _keeper: keeper,
         }
     }
 
     /// Stores the encoded response (see [`complete`]); whether the store confirmed it.
     async fn complete(self, record: Bytes) -> bool {
-        complete(&self.settings, self.key, self.token, record).await
+        match self.claimed {
+            Claimed::Lease { key, token } => complete(&self.settings, key, token, record).await,
+            #[cfg(feature = "postgres")]
+            Claimed::Transaction(running) => match running.commit(&record).await {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::warn!(target: "tollgate::idempotency", ?error, "the handler's transaction did not commit; the caller is told so");
+                    false
+                }
+            },
+        }
     }
 
-    /// Gives the key back, so that a retry runs the handler again.
+    /// Gives the key back, so that a retry runs the handler again (in a transaction: rolls the
+    /// handler's writes back).
     async fn release(self, why: &'static str) {
-        release(&self.settings, self.key, self.token, why).await;
+        match self.claimed {
+            Claimed::Lease { key, token } => release(&self.settings, key, token, why).await,
+            #[cfg(feature = "postgres")]
+            Claimed::Transaction(running) => {
+                tracing::debug!(target: "tollgate::idempotency", why, "rolling the handler's transaction back");
+                running.roll_back().await;
+            }
+        }
+    }
+
+    /// Whether giving the key back undoes what the handler did, so that its response must not
+    /// reach the caller as a success.
+    fn release_undoes(&self) -> bool {
+        !matches!(self.claimed, Claimed::Lease { .. })
     }
 }
 
@@ -229,6 +265,12 @@ async fn record_then_answer<B, RB, E>(
     .await
     {
         Captured::Whole => {}
+        // in a transaction, a response that is not recorded is rolled back: it must not go out
+        _ if claim.release_undoes() => {
+            claim.release("the response could not be recorded").await;
+            head.refuse(&settings, wire);
+            return;
+        }
         Captured::Failed(error) => {
             claim.release("the response body failed").await;
             head.send();

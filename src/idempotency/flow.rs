@@ -13,7 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 
 use super::body::IdempotencyBody;
-use super::execute::{Answer, execute};
+use super::execute::{Answer, Claimed, execute};
 use super::fingerprint::fingerprint;
 use super::handler::{Handler, HttpBody, RequestBody};
 use super::record::StoredResponse;
@@ -23,7 +23,9 @@ use crate::BoxError;
 use crate::body::Complete;
 use crate::grpc::Wire;
 use crate::lease::{self, Owner};
-use crate::store::{Hold, IdempotencyBegin};
+#[cfg(feature = "postgres")]
+use crate::store::postgres::Begun;
+use crate::store::{Hold, IdempotencyBegin, StoreError};
 
 /// One keyed request: buffer and fingerprint it, then claim, replay or refuse.
 pub(super) async fn handle<S, ReqBody, ResBody>(
@@ -44,14 +46,23 @@ where
         Err(rejection) => return Ok(settings.reject(rejection, wire)),
     };
     let fingerprint = fingerprint(&parts, &settings.fingerprint_headers, &body);
-    let token = uuid::Uuid::new_v4().to_string();
-    if let Err(refused) = claim(&settings, &key, &fingerprint, &token, wire).await {
-        return Ok(refused);
-    }
+    let claimed = match claim(&settings, &key, &fingerprint, wire).await {
+        Ok(claimed) => claimed,
+        Err(refused) => return Ok(refused),
+    };
     crate::metrics::idempotency("executed");
+    // the handler finds its transaction in the request's extensions
+    #[cfg(feature = "postgres")]
+    let parts = {
+        let mut parts = parts;
+        if let Claimed::Transaction(running) = &claimed {
+            parts.extensions.insert(running.tx().clone());
+        }
+        parts
+    };
     let request = Request::from_parts(parts, Either::Left(Full::new(body)));
     // the body's share of the buffer budget goes with it, until its execution ends
-    spawn_execution(settings, service, request, key, token, wire, buffered).await
+    spawn_execution(settings, service, request, claimed, wire, buffered).await
 }
 
 /// The whole request body, if it is readable and within `limit`, and its share of the layer's
@@ -93,48 +104,94 @@ where
     Ok((buffered.freeze(), share))
 }
 
-/// Claims the key for this request (waiting while another holds it, if so configured); the
-/// error is the answer instead: a mismatch, a replay, a conflict or an unavailable store.
+/// What one attempt to claim a key found.
+enum Found<T> {
+    /// The key is this request's.
+    Claimed(T),
+    /// A request with the key completed: its record.
+    Completed(Bytes),
+    Mismatch,
+    InFlight,
+}
+
+/// Claims the key for this request — a lease in the store, or a transaction that holds the
+/// key's lock — waiting while another holds it, if so configured; the error is the answer
+/// instead: a mismatch, a replay, a conflict or an unavailable store.
 async fn claim<B>(
     settings: &Arc<Settings>,
     key: &str,
     fingerprint: &str,
-    token: &str,
     wire: Wire,
-) -> Result<(), Response<IdempotencyBody<B>>> {
-    let wait_until = wait_deadline(settings.on_concurrent);
-    let mut pause = Duration::from_millis(10);
-    loop {
+) -> Result<Claimed, Response<IdempotencyBody<B>>> {
+    #[cfg(feature = "postgres")]
+    if let Some(store) = &settings.transaction {
+        return claim_with(settings, wire, || async {
+            let begun = store.begin_once(key, fingerprint, settings.lease).await?;
+            Ok(match begun {
+                Begun::Running(running) => Found::Claimed(Claimed::Transaction(running)),
+                Begun::Recorded(record) => Found::Completed(record),
+                Begun::Mismatch => Found::Mismatch,
+                Begun::InFlight => Found::InFlight,
+            })
+        })
+        .await;
+    }
+    let token = uuid::Uuid::new_v4().to_string();
+    claim_with(settings, wire, || async {
         // While a claim attempt is unanswered — it timed out, or the caller went away mid-call —
         // the store may have made it: the guard then releases it once the attempt's deadline has
         // passed (token-checked, so harmlessly if it was not made) instead of leaving the key
         // blocked for a whole lease.
         let deadline = Instant::now() + settings.store.timeout();
         let undo = {
-            let (settings, key, token) = (Arc::clone(settings), key.to_owned(), token.to_owned());
+            let (settings, key, token) = (Arc::clone(settings), key.to_owned(), token.clone());
             move || {
                 let store = &settings.store;
                 store.idempotency_release(Hold::new(key.clone(), token.clone()))
             }
         };
-        let (key, fingerprint, token) = (key.to_owned(), fingerprint.to_owned(), token.to_owned());
+        let hold = Hold::new(key.to_owned(), token.clone());
         let begin = settings.store.idempotency_begin(
-            Hold::new(key, token),
-            fingerprint,
+            hold,
+            fingerprint.to_owned(),
             settings.lease,
             deadline,
         );
-        match lease::attempt_with_undo(Owner::Idempotency, deadline, undo, begin).await {
+        let begun = lease::attempt_with_undo(Owner::Idempotency, deadline, undo, begin).await?;
+        Ok(match begun {
+            IdempotencyBegin::Claimed => Found::Claimed(Claimed::Lease {
+                key: key.to_owned(),
+                token: token.clone(),
+            }),
+            IdempotencyBegin::Completed(record) => Found::Completed(record),
+            IdempotencyBegin::Mismatch => Found::Mismatch,
+            IdempotencyBegin::InFlight { .. } => Found::InFlight,
+        })
+    })
+    .await
+}
+
+/// Repeats `attempt` while another request holds the key and the layer waits for it.
+async fn claim_with<T, B, F>(
+    settings: &Settings,
+    wire: Wire,
+    mut attempt: impl FnMut() -> F,
+) -> Result<T, Response<IdempotencyBody<B>>>
+where
+    F: Future<Output = Result<Found<T>, StoreError>>,
+{
+    let wait_until = wait_deadline(settings.on_concurrent);
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match attempt().await {
             // the claim is ours: the execution task owns it from here
-            Ok(IdempotencyBegin::Claimed) => return Ok(()),
-            Ok(IdempotencyBegin::Mismatch) => {
-                return Err(settings.reject(Rejection::Mismatch, wire));
-            }
-            Ok(IdempotencyBegin::Completed(record)) => {
+            Ok(Found::Claimed(claimed)) => return Ok(claimed),
+            Ok(Found::Mismatch) => return Err(settings.reject(Rejection::Mismatch, wire)),
+            Ok(Found::Completed(record)) => {
                 crate::metrics::idempotency("replayed");
                 return Err(replay(settings, &record, wire));
             }
-            Ok(IdempotencyBegin::InFlight { .. }) => match wait_until {
+            Ok(Found::InFlight) => match wait_until {
                 Some(until) if Instant::now() < until => {
                     tokio::time::sleep(pause.min(until - Instant::now())).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
@@ -165,8 +222,7 @@ async fn spawn_execution<S, ReqBody, ResBody>(
     settings: Arc<Settings>,
     service: S,
     request: Request<RequestBody<ReqBody>>,
-    key: String,
-    token: String,
+    claimed: Claimed,
     wire: Wire,
     buffered: Option<OwnedSemaphorePermit>,
 ) -> Answer<ResBody, S::Error>
@@ -181,7 +237,7 @@ where
     // in the caller's span: a `TraceLayer` span's fields stay on the handler's events
     let task_settings = Arc::clone(&settings);
     let execution = async move {
-        execute(task_settings, service, request, key, token, wire, head_tx).await;
+        execute(task_settings, service, request, claimed, wire, head_tx).await;
         // the body's share of the buffer budget is given back once its execution ends
         drop(buffered);
     };

@@ -80,10 +80,52 @@ impl IdempotencyLayer {
                 store_when: Arc::new(|status: StatusCode| !status.is_server_error()),
                 store_grpc_when: Arc::new(grpc_outcome_is_final),
                 rejection: None,
+                #[cfg(feature = "postgres")]
+                transaction: None,
             },
             scope: Global,
             scope_chosen: false,
         }
+    }
+
+    /// Starts a builder whose handlers run **in a transaction of `store`** that records their
+    /// response in its own commit: the handler finds the transaction in its request's
+    /// extensions as an [`OnceTx`](crate::store::OnceTx) (`Extension<OnceTx>` in axum,
+    /// `request.extensions().get::<OnceTx>()` in tonic), writes its rows through it and
+    /// answers; the layer records the response in the same transaction and commits. Both stand
+    /// or neither does: a handler that fails, panics or whose copy dies leaves nothing, and its
+    /// key is free at once; a committed request replays to every retry.
+    ///
+    /// - Concurrent requests with one key are kept out (`409`) by a transaction-level advisory
+    ///   lock taken as the transaction begins: nothing holds the key longer than the
+    ///   transaction, which lasts as long as the handler and its response. The server ends a
+    ///   transaction left idle for a [lease](IdempotencyLayerBuilder::lease) (a copy cut off
+    ///   from the database), which frees its key.
+    /// - Isolation: READ COMMITTED, PostgreSQL's default, as the handler would have without the
+    ///   layer; the lock keeps requests with one key apart, not the handler's rows from other
+    ///   writers (take row locks, or raise the level with `SET TRANSACTION ISOLATION LEVEL …` as
+    ///   its first statement, where it needs more).
+    /// - A commit whose answer was lost is looked up before anything is said: committed, the
+    ///   caller gets the response; not, `503` and nothing stands.
+    /// - Responses the layer would not store (5xx, a retryable gRPC status) are rolled back with
+    ///   the handler's rows; so are responses over the [storage
+    ///   cap](IdempotencyLayerBuilder::response_limit) and bodies that fail, answered `503`.
+    /// - Cost: a replay is one round trip; a first execution three besides the handler's own
+    ///   statements (a lookup, the transaction's start with the lock, the record with the
+    ///   commit).
+    ///
+    /// ```
+    /// # fn layer(store: tollgate::store::PgStore) {
+    /// use tollgate::idempotency::IdempotencyLayer;
+    /// let layer = IdempotencyLayer::in_transaction(store).unscoped().required(true).build();
+    /// assert!(layer.is_ok());
+    /// # }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn in_transaction(store: crate::store::PgStore) -> IdempotencyLayerBuilder {
+        let mut builder = Self::builder(store.clone());
+        builder.settings.transaction = Some(store);
+        builder
     }
 }
 

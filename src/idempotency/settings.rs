@@ -58,6 +58,9 @@ pub(crate) struct Settings {
     pub(crate) store_grpc_when: StoreGrpcWhen,
     /// Builds rejections' HTTP responses instead of the problem details.
     pub(crate) rejection: Option<RejectionFn>,
+    /// Handlers run in a transaction of this store that records their response in its commit.
+    #[cfg(feature = "postgres")]
+    pub(crate) transaction: Option<crate::store::PgStore>,
 }
 
 impl fmt::Debug for Settings {
@@ -74,11 +77,20 @@ impl fmt::Debug for Settings {
             .field("lease", &self.lease)
             .field("retention", &self.retention)
             .field("on_concurrent", &self.on_concurrent)
+            .field("in_transaction", &self.in_transaction())
             .finish_non_exhaustive()
     }
 }
 
 impl Settings {
+    /// Whether handlers run in a transaction that records their response.
+    pub(super) fn in_transaction(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        return self.transaction.is_some();
+        #[cfg(not(feature = "postgres"))]
+        false
+    }
+
     /// `rejection` as this layer answers it (see [`Rejection::into_response`]).
     pub(super) fn reject<B>(
         &self,

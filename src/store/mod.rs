@@ -63,7 +63,7 @@ mod error;
 mod kit;
 mod memory;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 
@@ -72,7 +72,7 @@ pub(crate) use deadline::StoreClock;
 pub use error::{StoreError, StoreErrorKind};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use postgres::{Once, OnceError, PgStore, PgStoreBuilder};
+pub use postgres::{Once, OnceError, OnceTx, PgStore, PgStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisClusterBuilder, RedisSentinelBuilder, RedisStore, RedisStoreBuilder};
 

@@ -43,6 +43,7 @@ fn config(limits: &str, algorithm: Algorithm, redis_url: Option<String>) -> AppC
         trusted_proxies: Vec::new(),
         on_store_error: tollgate::rate_limit::OnStoreError::Allow,
         payment_delay: app::DEFAULT_PAYMENT_DELAY,
+        transfer_delay: Duration::ZERO,
         jobs: app::JobConfig::default(),
         token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
     }
@@ -560,6 +561,7 @@ fn config_defaults_and_overrides() {
             trusted_proxies: Vec::new(),
             on_store_error: tollgate::rate_limit::OnStoreError::Allow,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
+            transfer_delay: Duration::ZERO,
             jobs: app::JobConfig::default(),
             token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
         }
@@ -596,6 +598,7 @@ fn config_defaults_and_overrides() {
             trusted_proxies: Vec::new(),
             on_store_error: tollgate::rate_limit::OnStoreError::Allow,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
+            transfer_delay: Duration::ZERO,
             jobs: app::JobConfig::default(),
             token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
         }
@@ -803,6 +806,14 @@ pub(crate) fn app_command(vars: &[(&str, &str)]) -> Command {
         "APP_JOB_MS",
         "APP_JOB_CONCURRENCY",
         "APP_JOB_LEASE_MS",
+        "APP_PAYMENT_DELAY_MS",
+        "APP_TRANSFER_DELAY_MS",
+        "APP_TOKEN_LIMITS",
+        "APP_TRUSTED_PROXIES",
+        "APP_ON_STORE_ERROR",
+        "REDIS_SENTINEL_MASTER",
+        "REDIS_WAIT_REPLICAS",
+        "REDIS_CA_CERT",
         "RUST_LOG",
     ] {
         command.env_remove(var);

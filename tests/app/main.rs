@@ -22,3 +22,4 @@ mod app_coordination;
 mod jobs;
 mod parsers;
 mod tokens;
+mod transfers;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tollgate::store::{Once, OnceError, PgStore};
+use tollgate::store::{Once, OnceError, OnceTx, PgStore};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -54,7 +54,7 @@ async fn rows(table: &str) -> i64 {
 
 /// The work of a transfer: one row in the application's table, its id as the output.
 async fn transfer(
-    tx: &tokio_postgres::Transaction<'_>,
+    tx: &OnceTx,
     table: &str,
     pause: Duration,
 ) -> Result<Bytes, tokio_postgres::Error> {
@@ -76,9 +76,7 @@ async fn fifty_parallel_runs_of_one_key_over_two_copies_execute_once() {
         };
         let table = Arc::clone(&table);
         tokio::spawn(async move {
-            let work = async |tx: &tokio_postgres::Transaction<'_>| {
-                transfer(tx, &table, Duration::from_millis(200)).await
-            };
+            let work = async |tx: &OnceTx| transfer(tx, &table, Duration::from_millis(200)).await;
             store.once("transfer-1", "fp", HOUR, work).await
         })
     });
@@ -103,12 +101,9 @@ async fn fifty_parallel_runs_of_one_key_over_two_copies_execute_once() {
     );
     assert_eq!(rows(&table).await, 1, "exactly one row");
     // a retry after the commit replays it, on either copy
-    let replay = second.once(
-        "transfer-1",
-        "fp",
-        HOUR,
-        async |tx: &tokio_postgres::Transaction<'_>| transfer(tx, &table, Duration::ZERO).await,
-    );
+    let replay = second.once("transfer-1", "fp", HOUR, async |tx: &OnceTx| {
+        transfer(tx, &table, Duration::ZERO).await
+    });
     assert_eq!(replay.await.unwrap(), Once::Replayed(outputs[0].clone()));
     assert_eq!(rows(&table).await, 1);
 }
@@ -116,23 +111,15 @@ async fn fifty_parallel_runs_of_one_key_over_two_copies_execute_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_work_leaves_nothing_and_frees_the_key() {
     let (store, _, table) = two_copies().await;
-    let failing = store.once(
-        "transfer-2",
-        "fp",
-        HOUR,
-        async |tx: &tokio_postgres::Transaction<'_>| {
-            transfer(tx, &table, Duration::ZERO).await?;
-            Err::<Bytes, _>(tx.query_one("SELECT 1/0", &[]).await.unwrap_err())
-        },
-    );
+    let failing = store.once("transfer-2", "fp", HOUR, async |tx: &OnceTx| {
+        transfer(tx, &table, Duration::ZERO).await?;
+        Err::<Bytes, _>(tx.query_one("SELECT 1/0", &[]).await.unwrap_err())
+    });
     assert!(matches!(failing.await, Err(OnceError::Work(_))));
     assert_eq!(rows(&table).await, 0, "the row went with the failed run");
-    let retry = store.once(
-        "transfer-2",
-        "fp",
-        HOUR,
-        async |tx: &tokio_postgres::Transaction<'_>| transfer(tx, &table, Duration::ZERO).await,
-    );
+    let retry = store.once("transfer-2", "fp", HOUR, async |tx: &OnceTx| {
+        transfer(tx, &table, Duration::ZERO).await
+    });
     assert!(matches!(retry.await, Ok(Once::Ran(_))));
     assert_eq!(rows(&table).await, 1);
 }
@@ -144,19 +131,14 @@ async fn a_cancelled_run_leaves_nothing_and_frees_the_key() {
     let running = {
         let (store, table) = (store.clone(), Arc::clone(&table));
         tokio::spawn(async move {
-            let work = async |tx: &tokio_postgres::Transaction<'_>| {
-                transfer(tx, &table, Duration::from_secs(30)).await
-            };
+            let work = async |tx: &OnceTx| transfer(tx, &table, Duration::from_secs(30)).await;
             store.once("transfer-3", "fp", HOUR, work).await
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let busy = other.once(
-        "transfer-3",
-        "fp",
-        HOUR,
-        async |tx: &tokio_postgres::Transaction<'_>| transfer(tx, &table, Duration::ZERO).await,
-    );
+    let busy = other.once("transfer-3", "fp", HOUR, async |tx: &OnceTx| {
+        transfer(tx, &table, Duration::ZERO).await
+    });
     assert!(
         matches!(busy.await, Err(OnceError::InFlight)),
         "the running one holds the key"
@@ -167,14 +149,9 @@ async fn a_cancelled_run_leaves_nothing_and_frees_the_key() {
     let mut answer = Err(OnceError::InFlight);
     for _ in 0..50 {
         answer = other
-            .once(
-                "transfer-3",
-                "fp",
-                HOUR,
-                async |tx: &tokio_postgres::Transaction<'_>| {
-                    transfer(tx, &table, Duration::ZERO).await
-                },
-            )
+            .once("transfer-3", "fp", HOUR, async |tx: &OnceTx| {
+                transfer(tx, &table, Duration::ZERO).await
+            })
             .await;
         if !matches!(answer, Err(OnceError::InFlight)) {
             break;
@@ -196,14 +173,9 @@ async fn a_key_reused_with_another_request_is_a_mismatch() {
         let (store, table) = (store.clone(), table.clone());
         async move {
             store
-                .once(
-                    "transfer-4",
-                    fingerprint,
-                    HOUR,
-                    async |tx: &tokio_postgres::Transaction<'_>| {
-                        transfer(tx, &table, Duration::ZERO).await
-                    },
-                )
+                .once("transfer-4", fingerprint, HOUR, async |tx: &OnceTx| {
+                    transfer(tx, &table, Duration::ZERO).await
+                })
                 .await
         }
     };
@@ -256,28 +228,20 @@ async fn a_commit_whose_answer_is_lost_is_found_committed() {
     let proxy = Arc::new(crate::common::proxy::Proxy::start(server().await.addr()).await);
     let store = through(&proxy, &direct).await;
     let answer = store
-        .once(
-            "transfer-5",
-            "fp",
-            HOUR,
-            async |tx: &tokio_postgres::Transaction<'_>| {
-                let output = transfer(tx, &table, Duration::ZERO).await;
-                // the connection breaks while the server commits
-                cut_soon(&proxy, Duration::from_millis(400));
-                output
-            },
-        )
+        .once("transfer-5", "fp", HOUR, async |tx: &OnceTx| {
+            let output = transfer(tx, &table, Duration::ZERO).await;
+            // the connection breaks while the server commits
+            cut_soon(&proxy, Duration::from_millis(400));
+            output
+        })
         .await;
     let Ok(Once::Ran(output)) = answer else {
         panic!("a committed run answers its output: {answer:?}");
     };
     assert_eq!(rows(&table).await, 1);
-    let replay = direct.once(
-        "transfer-5",
-        "fp",
-        HOUR,
-        async |tx: &tokio_postgres::Transaction<'_>| transfer(tx, &table, Duration::ZERO).await,
-    );
+    let replay = direct.once("transfer-5", "fp", HOUR, async |tx: &OnceTx| {
+        transfer(tx, &table, Duration::ZERO).await
+    });
     assert_eq!(replay.await.unwrap(), Once::Replayed(output));
 }
 
@@ -289,28 +253,20 @@ async fn a_commit_that_never_arrived_leaves_nothing() {
     let proxy = Arc::new(crate::common::proxy::Proxy::start(server().await.addr()).await);
     let store = through(&proxy, &direct).await;
     let answer = store
-        .once(
-            "transfer-6",
-            "fp",
-            HOUR,
-            async |tx: &tokio_postgres::Transaction<'_>| {
-                let output = transfer(tx, &table, Duration::ZERO).await;
-                // COMMIT goes into the dark, and the connection breaks
-                proxy.silence();
-                cut_soon(&proxy, Duration::from_millis(300));
-                output
-            },
-        )
+        .once("transfer-6", "fp", HOUR, async |tx: &OnceTx| {
+            let output = transfer(tx, &table, Duration::ZERO).await;
+            // COMMIT goes into the dark, and the connection breaks
+            proxy.silence();
+            cut_soon(&proxy, Duration::from_millis(300));
+            output
+        })
         .await;
     proxy.unsilence();
     assert!(matches!(answer, Err(OnceError::Store(_))), "{answer:?}");
     assert_eq!(rows(&table).await, 0, "nothing of the run stands");
-    let retry = direct.once(
-        "transfer-6",
-        "fp",
-        HOUR,
-        async |tx: &tokio_postgres::Transaction<'_>| transfer(tx, &table, Duration::ZERO).await,
-    );
+    let retry = direct.once("transfer-6", "fp", HOUR, async |tx: &OnceTx| {
+        transfer(tx, &table, Duration::ZERO).await
+    });
     assert!(matches!(retry.await, Ok(Once::Ran(_))));
     assert_eq!(rows(&table).await, 1);
 }

@@ -38,7 +38,8 @@ mod tls;
 pub use builder::PgStoreBuilder;
 use builder::Settings;
 use call::{Calls, Param};
-pub use once::{Once, OnceError};
+pub(crate) use once::{Begun, Running};
+pub use once::{Once, OnceError, OnceTx};
 use sql::Sql;
 
 use super::{

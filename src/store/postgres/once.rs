@@ -2,7 +2,12 @@
 //! output in the same commit as its own writes.
 
 use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use deadpool_postgres::Object;
 
 use bytes::Bytes;
 use tokio_postgres::error::SqlState;
@@ -72,16 +77,118 @@ const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended($1, $2
 /// Takes the key's advisory lock for the transaction, waiting for it.
 const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, $2))";
 
+/// The transaction of a run, on a connection of the store's pool: what the work (or the handler
+/// behind [`IdempotencyLayer::in_transaction`](crate::idempotency::IdempotencyLayer::in_transaction))
+/// writes its rows through. It dereferences to the connection's [`tokio_postgres::Client`],
+/// inside the open transaction: run statements on it; do not commit, roll back or open
+/// another transaction on it — the run ends it, with its record.
+///
+/// Clones share the transaction; it is the run's until its work returns (the handler's until
+/// its response is complete): keep no clone beyond that. A transaction dropped before its end
+/// (the work cancelled, a panic) takes its connection out of the pool, so that the server rolls
+/// it back, and nothing of it stands.
+#[derive(Clone)]
+pub struct OnceTx {
+    open: Arc<Open>,
+}
+
+impl fmt::Debug for OnceTx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OnceTx")
+            .field("ended", &self.open.ended.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Deref for OnceTx {
+    type Target = tokio_postgres::Client;
+
+    fn deref(&self) -> &tokio_postgres::Client {
+        self.open.client()
+    }
+}
+
+/// A connection with an open transaction.
+struct Open {
+    /// `Some` until dropped.
+    client: Option<Object>,
+    /// Committed or rolled back: the connection may go back to the pool.
+    ended: AtomicBool,
+}
+
+impl Open {
+    fn object(&self) -> &Object {
+        match &self.client {
+            Some(client) => client,
+            None => unreachable!("an open transaction has its connection until dropped"),
+        }
+    }
+
+    fn client(&self) -> &tokio_postgres::Client {
+        self.object()
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if !self.ended.load(Ordering::Acquire)
+            && let Some(client) = self.client.take()
+        {
+            // the transaction is still open: the connection must not go back to the pool; closed,
+            // it is rolled back on the server
+            drop(Object::take(client));
+        }
+    }
+}
+
+/// How a run began.
+pub(crate) enum Begun {
+    /// The key's transaction is open, its lock held: run the work.
+    Running(Running),
+    /// A run committed: its output.
+    Recorded(Bytes),
+    /// A run committed with another fingerprint.
+    Mismatch,
+    /// Another run holds the key.
+    InFlight,
+}
+
+/// A run whose transaction is open and holds its key's lock.
+pub(crate) struct Running {
+    store: PgStore,
+    tx: OnceTx,
+    key: String,
+    fingerprint: String,
+    retention: Duration,
+}
+
+impl fmt::Debug for Running {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Running").field("key", &self.key).finish()
+    }
+}
+
+/// Why a run's commit did not stand.
+#[derive(Debug)]
+pub(crate) enum CommitError {
+    /// Nothing of the run stands (the key is free).
+    NotCommitted(StoreError),
+    /// The key was recorded by a run with another fingerprint.
+    Mismatch,
+}
+
 impl PgStore {
     /// Runs `work` exactly once per `key`: in a transaction of its own that also records the
     /// output `work` returns, in the same commit — so that both stand or neither does. The work
-    /// writes its rows through the transaction it is given. A key whose run committed answers
-    /// [`Once::Replayed`] with the recorded output (for `retention`), without running `work`.
+    /// writes its rows through the transaction it is given (an [`OnceTx`], which dereferences to
+    /// the connection). A key whose run committed answers [`Once::Replayed`] with the recorded
+    /// output (for `retention`), without running `work`.
     ///
     /// - **Concurrent runs** of a key are kept apart by a transaction-level advisory lock: a
     ///   second one answers [`OnceError::InFlight`] at once, without waiting; nothing holds the
     ///   key longer than the transaction, so a run that fails, is cancelled, times out or whose
-    ///   process dies frees it as its transaction ends (on the server: when the connection goes).
+    ///   process dies frees it as its transaction ends (on the server: when the connection goes,
+    ///   or when the transaction has been idle for twenty store timeouts).
     /// - **Isolation**: the transaction is PostgreSQL's default, READ COMMITTED: the work reads
     ///   what is committed as each statement starts, as it would without tollgate; the lock
     ///   keeps runs of one key apart, not the work's rows from other writers.
@@ -90,6 +197,8 @@ impl PgStore {
     ///   looked up — found, the run committed ([`Once::Ran`]); not found, nothing of it stands.
     /// - `fingerprint` names the request the key was used with; another one is
     ///   [`OnceError::Mismatch`].
+    /// - Cost: a replay is one round trip; a run three besides the work's own (a lookup, the
+    ///   transaction's start with the lock, the record with the commit).
     ///
     /// Needs the store's schema migrated (table `once_records`).
     pub async fn once<E>(
@@ -97,85 +206,110 @@ impl PgStore {
         key: &str,
         fingerprint: &str,
         retention: Duration,
-        work: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<Bytes, E>,
+        work: impl AsyncFnOnce(&OnceTx) -> Result<Bytes, E>,
     ) -> Result<Once, OnceError<E>> {
-        if let Some(done) = self.recorded(key, fingerprint).await? {
-            return done;
-        }
-        let sql = &self.inner.shared.sql;
-        let mut client = self.pool().get().await.map_err(pool_error)?;
-        let tx = client.transaction().await.map_err(pg_error)?;
-        let locked = tx.query_one(TRY_LOCK, &[&key, &LOCK_SEED]).await;
-        if !locked
-            .and_then(|row| row.try_get::<_, bool>(0))
-            .map_err(pg_error)?
-        {
-            return Err(OnceError::InFlight);
-        }
-        // committed in between: the lookup above came before that run's commit
-        if let Some(row) = tx
-            .query_opt(&sql.once_lookup, &[&key])
-            .await
-            .map_err(pg_error)?
-        {
-            return replay(&row, fingerprint);
-        }
-        let output = work(&tx).await.map_err(OnceError::Work)?;
-        let retention_ms = i64::try_from(millis(retention)).unwrap_or(i64::MAX);
-        let record: [&(dyn ToSql + Sync); 4] =
-            [&key, &fingerprint, &output.as_ref(), &retention_ms];
-        tx.execute(&sql.once_record, &record)
-            .await
-            .map_err(pg_error)?;
-        match tx.commit().await {
+        let running = match self.begin_once(key, fingerprint, retention).await? {
+            Begun::Running(running) => running,
+            Begun::Recorded(output) => return Ok(Once::Replayed(output)),
+            Begun::Mismatch => return Err(OnceError::Mismatch),
+            Begun::InFlight => return Err(OnceError::InFlight),
+        };
+        let output = match work(running.tx()).await {
+            Ok(output) => output,
+            Err(e) => {
+                running.roll_back().await;
+                return Err(OnceError::Work(e));
+            }
+        };
+        match running.commit(&output).await {
             Ok(()) => Ok(Once::Ran(output)),
-            // no answer from the server: the commit may have happened
-            Err(e) if e.code().is_none() => self.resolve(key, fingerprint, pg_error(e)).await,
-            Err(e) => Err(OnceError::Store(pg_error(e))),
+            Err(CommitError::Mismatch) => Err(OnceError::Mismatch),
+            Err(CommitError::NotCommitted(e)) => Err(OnceError::Store(e)),
         }
     }
 
-    /// The recorded run of `key`, if one committed: its replay, or a mismatch.
-    async fn recorded<E>(
+    /// Begins a run of `key`: its record if one committed, or its transaction, open and
+    /// holding the key's lock.
+    pub(crate) async fn begin_once(
         &self,
         key: &str,
         fingerprint: &str,
-    ) -> Result<Option<Result<Once, OnceError<E>>>, StoreError> {
+        retention: Duration,
+    ) -> Result<Begun, StoreError> {
+        if let Some(row) = self.lookup(key).await? {
+            return recorded(&row, fingerprint);
+        }
         let client = self.pool().get().await.map_err(pool_error)?;
-        let lookup = &self.inner.shared.sql.once_lookup;
-        let row = client.query_opt(lookup, &[&key]).await.map_err(pg_error)?;
-        Ok(row.map(|row| replay(&row, fingerprint)))
+        let sql = &self.inner.shared.sql;
+        let (lock, lookup) = tokio::try_join!(
+            client.prepare_cached(TRY_LOCK),
+            client.prepare_cached(&sql.once_lookup)
+        )
+        .map_err(pg_error)?;
+        let tx = OnceTx {
+            open: Arc::new(Open {
+                client: Some(client),
+                ended: AtomicBool::new(false),
+            }),
+        };
+        // one round trip: the lookup's snapshot is taken after the lock, so it sees every run
+        // that committed before
+        let begin = format!(
+            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}",
+            millis(self.timeout() * 20).max(1)
+        );
+        let lock_params: [&(dyn ToSql + Sync); 2] = [&key, &LOCK_SEED];
+        let lookup_params: [&(dyn ToSql + Sync); 1] = [&key];
+        let (_, locked, row) = tokio::try_join!(
+            tx.batch_execute(&begin),
+            tx.query_one(&lock, &lock_params),
+            tx.query_opt(&lookup, &lookup_params),
+        )
+        .map_err(pg_error)?;
+        let running = Running {
+            store: self.clone(),
+            tx,
+            key: key.to_owned(),
+            fingerprint: fingerprint.to_owned(),
+            retention,
+        };
+        if let Some(row) = row {
+            // committed after the first lookup
+            running.roll_back().await;
+            return recorded(&row, fingerprint);
+        }
+        if !locked.try_get::<_, bool>(0).map_err(pg_error)? {
+            running.roll_back().await;
+            return Ok(Begun::InFlight);
+        }
+        Ok(Begun::Running(running))
+    }
+
+    /// The record of `key`, if a run committed one.
+    async fn lookup(&self, key: &str) -> Result<Option<tokio_postgres::Row>, StoreError> {
+        let client = self.pool().get().await.map_err(pool_error)?;
+        let lookup = client
+            .prepare_cached(&self.inner.shared.sql.once_lookup)
+            .await
+            .map_err(pg_error)?;
+        client.query_opt(&lookup, &[&key]).await.map_err(pg_error)
     }
 
     /// After a commit whose answer was lost: waits until the run's transaction is over on the
-    /// server (its advisory lock free), then looks the record up — found, the run committed;
-    /// not found, nothing of it stands (and `lost` is the answer). Connections that broke with
+    /// server (its advisory lock free), then looks the record up. Connections that broke with
     /// the one of the commit are passed over, for up to twenty store timeouts.
-    async fn resolve<E>(
-        &self,
-        key: &str,
-        fingerprint: &str,
-        lost: StoreError,
-    ) -> Result<Once, OnceError<E>> {
+    async fn resolve(&self, key: &str) -> Result<Option<tokio_postgres::Row>, StoreError> {
         let patience = self.timeout() * 20;
         let give_up = tokio::time::Instant::now() + patience;
         loop {
             match self.committed(key, patience).await {
-                Ok(Some(row)) => {
-                    return match replay::<E>(&row, fingerprint) {
-                        // it committed: the output is this run's
-                        Ok(Once::Replayed(output)) => Ok(Once::Ran(output)),
-                        other => other,
-                    };
-                }
-                Ok(None) => return Err(OnceError::Store(lost)),
                 Err(e)
                     if e.kind() == StoreErrorKind::Unavailable
                         && tokio::time::Instant::now() < give_up =>
                 {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                Err(e) => return Err(OnceError::Store(e)),
+                answer => return answer,
             }
         }
     }
@@ -203,12 +337,73 @@ impl PgStore {
     }
 }
 
-/// A recorded run as the answer to a request with `fingerprint`.
-fn replay<E>(row: &tokio_postgres::Row, fingerprint: &str) -> Result<Once, OnceError<E>> {
+impl Running {
+    /// The run's transaction.
+    pub(crate) fn tx(&self) -> &OnceTx {
+        &self.tx
+    }
+
+    /// Records `output` and commits, in one round trip; a commit whose answer was lost is
+    /// looked up before anything is said.
+    pub(crate) async fn commit(self, output: &[u8]) -> Result<(), CommitError> {
+        let sql = &self.store.inner.shared.sql;
+        let retention_ms = i64::try_from(millis(self.retention)).unwrap_or(i64::MAX);
+        let params: [&(dyn ToSql + Sync); 4] =
+            [&self.key, &self.fingerprint, &output, &retention_ms];
+        let record = self.tx.open.object().prepare_cached(&sql.once_record).await;
+        let committed = match record {
+            Ok(record) => tokio::try_join!(
+                self.tx.execute(&record, &params),
+                self.tx.batch_execute("COMMIT"),
+            )
+            .map(drop),
+            Err(e) => Err(e),
+        };
+        match committed {
+            Ok(()) => {
+                self.tx.open.ended.store(true, Ordering::Release);
+                Ok(())
+            }
+            // no answer from the server: the commit may have happened
+            Err(e) if e.code().is_none() => {
+                let lost = pg_error(e);
+                let Running {
+                    store,
+                    key,
+                    fingerprint,
+                    ..
+                } = self; // the connection goes, and with it the transaction if still open
+                match store.resolve(&key).await {
+                    Ok(Some(row)) => match recorded(&row, &fingerprint) {
+                        Ok(Begun::Recorded(_)) => Ok(()),
+                        Ok(_) => Err(CommitError::Mismatch),
+                        Err(e) => Err(CommitError::NotCommitted(e)),
+                    },
+                    Ok(None) => Err(CommitError::NotCommitted(lost)),
+                    Err(e) => Err(CommitError::NotCommitted(e)),
+                }
+            }
+            Err(e) => {
+                self.roll_back().await;
+                Err(CommitError::NotCommitted(pg_error(e)))
+            }
+        }
+    }
+
+    /// Rolls the run back: nothing of it stands, and the key is free.
+    pub(crate) async fn roll_back(self) {
+        if self.tx.batch_execute("ROLLBACK").await.is_ok() {
+            self.tx.open.ended.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// A recorded run as the beginning of a run with `fingerprint`.
+fn recorded(row: &tokio_postgres::Row, fingerprint: &str) -> Result<Begun, StoreError> {
     let recorded: &str = row.try_get(0).map_err(pg_error)?;
     if recorded != fingerprint {
-        return Err(OnceError::Mismatch);
+        return Ok(Begun::Mismatch);
     }
     let output: &[u8] = row.try_get(1).map_err(pg_error)?;
-    Ok(Once::Replayed(Bytes::copy_from_slice(output)))
+    Ok(Begun::Recorded(Bytes::copy_from_slice(output)))
 }
