@@ -28,5 +28,6 @@ mod grpc_codegen;
 mod hostile_input;
 mod hyper;
 mod idempotency;
+mod in_transaction;
 mod rate_limit_frameworks;
 mod rate_limit_layer;

@@ -1,0 +1,276 @@
+//! `IdempotencyLayer::in_transaction` on a real PostgreSQL: the handler writes through the
+//! transaction it finds in its extensions, and its rows stand exactly when its response is
+//! recorded — under tower, axum and tonic; a failed, panicking or unrecordable handler leaves
+//! nothing, and its key runs again.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::common::postgres;
+use crate::grpc_server::helloworld::greeter_client::GreeterClient;
+use crate::grpc_server::helloworld::greeter_server::{Greeter, GreeterServer};
+use crate::grpc_server::helloworld::{HelloReply, HelloRequest};
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Extension;
+use axum::routing::post;
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::net::TcpListener;
+use tollgate::idempotency::IdempotencyLayer;
+use tollgate::store::{OnceTx, PgStore};
+use tonic::{Code, Status};
+use tower::ServiceExt;
+
+/// A migrated store in a schema of its own, and the name of a fresh table of rows in it.
+async fn store_and_table() -> (PgStore, String) {
+    let store = postgres::store().await;
+    let table = format!("{}.rows", store.schema());
+    let client = store.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!("CREATE TABLE {table} (note text NOT NULL)"))
+        .await
+        .unwrap();
+    (store, table)
+}
+
+async fn rows(store: &PgStore, table: &str) -> i64 {
+    let client = store.pool().get().await.unwrap();
+    let row = client
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .unwrap();
+    row.get(0)
+}
+
+/// An axum app whose `POST /{outcome}` inserts a row through the transaction, then answers as
+/// `outcome` says: `ok` 201, `fail` 500, `panic` panics, `big` a body over the storage cap,
+/// `client` 400.
+fn app(store: &PgStore, table: &str) -> Router {
+    let layer = IdempotencyLayer::in_transaction(store.clone())
+        .unscoped()
+        .response_limit(1024)
+        .build()
+        .unwrap();
+    let insert = format!("INSERT INTO {table} (note) VALUES ($1)");
+    Router::new()
+        .route(
+            "/{outcome}",
+            post(
+                move |axum::extract::Path(outcome): axum::extract::Path<String>,
+                      Extension(tx): Extension<OnceTx>| async move {
+                    tx.execute(&insert, &[&outcome]).await.unwrap();
+                    match outcome.as_str() {
+                        "ok" => (StatusCode::CREATED, "made".to_owned()),
+                        "client" => (StatusCode::BAD_REQUEST, "refused".to_owned()),
+                        "fail" => (StatusCode::INTERNAL_SERVER_ERROR, "failed".to_owned()),
+                        "big" => (StatusCode::CREATED, "x".repeat(4096)),
+                        _ => panic!("the handler panicked"),
+                    }
+                },
+            ),
+        )
+        .layer(layer)
+}
+
+async fn send(app: &Router, outcome: &str, key: &str) -> (StatusCode, bool, Bytes) {
+    let request = Request::post(format!("/{outcome}"))
+        .header("idempotency-key", key)
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, replayed, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_stand_exactly_when_the_response_is_recorded() {
+    let (store, table) = store_and_table().await;
+    let app = app(&store, &table);
+
+    let (status, replayed, body) = send(&app, "ok", "k-ok").await;
+    assert_eq!(
+        (status, replayed, &body[..]),
+        (StatusCode::CREATED, false, &b"made"[..])
+    );
+    let (status, replayed, body) = send(&app, "ok", "k-ok").await;
+    assert_eq!(
+        (status, replayed, &body[..]),
+        (StatusCode::CREATED, true, &b"made"[..])
+    );
+    assert_eq!(
+        rows(&store, &table).await,
+        1,
+        "one row for the key, replayed once"
+    );
+
+    // a 4xx is a final answer: recorded with its row, and replayed
+    let (status, replayed, _) = send(&app, "client", "k-client").await;
+    assert_eq!((status, replayed), (StatusCode::BAD_REQUEST, false));
+    let (status, replayed, _) = send(&app, "client", "k-client").await;
+    assert_eq!((status, replayed), (StatusCode::BAD_REQUEST, true));
+    assert_eq!(rows(&store, &table).await, 2);
+
+    // a 5xx is not recorded: its row is rolled back, and a retry runs again
+    for _ in 0..2 {
+        let (status, replayed, _) = send(&app, "fail", "k-fail").await;
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::INTERNAL_SERVER_ERROR, false)
+        );
+    }
+    assert_eq!(rows(&store, &table).await, 2, "a 5xx leaves no row");
+
+    // a panic: 500 from the layer, nothing stands, and the key runs again
+    for _ in 0..2 {
+        let (status, replayed, _) = send(&app, "panic", "k-panic").await;
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::INTERNAL_SERVER_ERROR, false)
+        );
+    }
+    assert_eq!(rows(&store, &table).await, 2, "a panic leaves no row");
+
+    // a response over the storage cap cannot be recorded: 503 instead of it, rolled back
+    let (status, replayed, body) = send(&app, "big", "k-big").await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::SERVICE_UNAVAILABLE, false),
+        "{body:?}"
+    );
+    assert_eq!(
+        rows(&store, &table).await,
+        2,
+        "an unrecordable response leaves no row"
+    );
+
+    // another request under a used key is refused
+    let (status, _, _) = send(&app, "client", "k-ok").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(rows(&store, &table).await, 2);
+    // the pool's connections came back out of their transactions: a fresh key still runs
+    for i in 0..20 {
+        let (status, _, _) = send(&app, "ok", &format!("k-more-{i}")).await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    assert_eq!(rows(&store, &table).await, 22);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_key_is_in_flight_gets_409_and_no_row() {
+    let (store, table) = store_and_table().await;
+    let layer = IdempotencyLayer::in_transaction(store.clone())
+        .unscoped()
+        .build()
+        .unwrap();
+    let insert = format!("INSERT INTO {table} (note) VALUES ('slow')");
+    let app = Router::new()
+        .route(
+            "/slow",
+            post(move |Extension(tx): Extension<OnceTx>| async move {
+                tx.execute(&insert, &[]).await.unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                StatusCode::CREATED
+            }),
+        )
+        .layer(layer);
+    let (first, second) = tokio::join!(send(&app, "slow", "k-slow"), async {
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        send(&app, "slow", "k-slow").await
+    });
+    assert_eq!(first.0, StatusCode::CREATED);
+    assert_eq!(second.0, StatusCode::CONFLICT, "the key is in flight");
+    assert_eq!(rows(&store, &table).await, 1);
+}
+
+/// A greeter that inserts a row through the transaction of its call and counts its runs.
+#[derive(Clone)]
+struct LedgerGreeter {
+    insert: Arc<str>,
+    runs: Arc<AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl Greeter for LedgerGreeter {
+    async fn say_hello(
+        &self,
+        request: tonic::Request<HelloRequest>,
+    ) -> Result<tonic::Response<HelloReply>, Status> {
+        let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let tx = request
+            .extensions()
+            .get::<OnceTx>()
+            .cloned()
+            .ok_or_else(|| Status::internal("no transaction"))?;
+        let name = request.into_inner().name;
+        tx.execute(&*self.insert, &[&name])
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        if name == "unavailable" {
+            return Err(Status::unavailable("try again"));
+        }
+        Ok(tonic::Response::new(HelloReply {
+            message: format!("Hello {name}, run {run}"),
+        }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tonic_handlers_write_through_the_transaction_of_their_call() {
+    let (store, table) = store_and_table().await;
+    let greeter = LedgerGreeter {
+        insert: format!("INSERT INTO {table} (note) VALUES ($1)").into(),
+        runs: Arc::default(),
+    };
+    let layer = IdempotencyLayer::in_transaction(store.clone())
+        .unscoped()
+        .build()
+        .unwrap();
+    let server = tonic::transport::Server::builder()
+        .layer(layer)
+        .add_service(GreeterServer::new(greeter.clone()));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(server.serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)));
+    let client = GreeterClient::connect(url).await.unwrap();
+    let call = |name: &str, key: &str| {
+        let mut client = client.clone();
+        let mut request = tonic::Request::new(HelloRequest {
+            name: name.to_owned(),
+        });
+        request
+            .metadata_mut()
+            .insert("idempotency-key", key.parse().unwrap());
+        async move { client.say_hello(request).await }
+    };
+
+    let first = call("ada", "g-1").await.unwrap();
+    let replay = call("ada", "g-1").await.unwrap();
+    assert_eq!(first.get_ref().message, "Hello ada, run 1");
+    assert_eq!(replay.get_ref().message, "Hello ada, run 1");
+    assert_eq!(
+        replay.metadata().get("idempotent-replayed").unwrap(),
+        "true"
+    );
+    assert_eq!(greeter.runs.load(Ordering::SeqCst), 1);
+    assert_eq!(rows(&store, &table).await, 1);
+
+    // a retryable status is not recorded: its row is rolled back and the retry runs again
+    for run in [2, 3] {
+        let status = call("unavailable", "g-2").await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(greeter.runs.load(Ordering::SeqCst), run);
+    }
+    assert_eq!(rows(&store, &table).await, 1, "UNAVAILABLE leaves no row");
+
+    // another request under a used key: FAILED_PRECONDITION, nothing runs
+    let status = call("grace", "g-1").await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(greeter.runs.load(Ordering::SeqCst), 3);
+    assert_eq!(rows(&store, &table).await, 1);
+}
