@@ -81,6 +81,12 @@
 //! - Cost: a replay is one store round trip; a first execution two (claim, complete), plus one
 //!   lease extension per third of the lease that the handler outlives.
 //!
+//! **In the handler's own transaction.** The record is made after the handler ran, so a crash
+//! between the two leaves its effects without the record. When those effects are rows in
+//! PostgreSQL, [`IdempotencyLayer::in_transaction`] closes the gap: the handler writes through
+//! the transaction the layer opened (an [`OnceTx`](crate::store::OnceTx) in its extensions),
+//! and the response is recorded in the same commit — both stand, or neither does.
+//!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! use std::convert::Infallible;
