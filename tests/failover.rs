@@ -539,6 +539,26 @@ async fn sentinel_failover_with_wait_redeems_every_coupon_exactly_once() {
         );
     }
 
+    // Right after its first success, a copy serves on every connection it has: fresh coupons
+    // redeemed at once all succeed — no connection of its store is left on the dead primary
+    // until a call of its own fails there.
+    for (i, copy) in copies.iter().enumerate() {
+        let fresh: Vec<String> = (0..8).map(|n| format!("fresh-{i}-{n}")).collect();
+        let sends: Vec<_> = fresh
+            .iter()
+            .map(|code| tokio::spawn(send(copy.clone(), redeem(code))))
+            .collect();
+        for (code, sent) in fresh.iter().zip(sends) {
+            let answer = sent.await.expect("a redemption panicked");
+            ledger.record(code, "right after recovery", &[answer.status]);
+            assert_eq!(
+                answer.status,
+                StatusCode::OK,
+                "copy {i}, fresh coupon {code} right after the copy's first success: {answer}"
+            );
+        }
+    }
+
     // After the failover: nothing redeemed before is redeemed again.
     for code in &codes {
         let statuses = redeem_parallel(&copies, code, ATTEMPTS).await;

@@ -40,6 +40,7 @@ use axum::{Extension, Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
+use tokio_postgres::types::ToSql;
 use tollgate::ConfigError;
 use tollgate::claim::Claims;
 use tollgate::concurrency::{ConcurrencyLimitLayer, Permit};
@@ -594,13 +595,16 @@ async fn create_transfer(
         }
     };
     let id = uuid::Uuid::new_v4().to_string();
-    let inserted = tx
-        .execute(
-            "INSERT INTO app_transfers (id, from_account, to_account, amount) \
-             VALUES ($1, $2, $3, $4)",
-            &[&id, &transfer.from, &transfer.to, &transfer.amount],
-        )
-        .await;
+    let insert = "INSERT INTO app_transfers (id, from_account, to_account, amount) \
+                  VALUES ($1, $2, $3, $4)";
+    let inserted = match tx.prepare_cached(insert).await {
+        Ok(statement) => {
+            let params: [&(dyn ToSql + Sync); 4] =
+                [&id, &transfer.from, &transfer.to, &transfer.amount];
+            tx.execute(&statement, &params).await
+        }
+        Err(error) => Err(error),
+    };
     if let Err(error) = inserted {
         tracing::warn!(%error, "could not insert a transfer");
         return (

@@ -110,9 +110,11 @@ impl IdempotencyLayer {
     /// - Responses the layer would not store (5xx, a retryable gRPC status) are rolled back with
     ///   the handler's rows; so are responses over the [storage
     ///   cap](IdempotencyLayerBuilder::response_limit) and bodies that fail, answered `503`.
-    /// - Cost: a replay is one round trip; a first execution three besides the handler's own
-    ///   statements (a lookup, the transaction's start with the lock, the record with the
-    ///   commit).
+    /// - Cost: a replay is one round trip; a first execution two besides the handler's own
+    ///   statements (the transaction's start with the lock and the lookup, pipelined; the record
+    ///   with the commit), as for the store-backed layer (claim, complete). The handler's
+    ///   statements cost one round trip each when prepared with
+    ///   [`OnceTx::prepare_cached`](crate::store::OnceTx::prepare_cached).
     ///
     /// ```
     /// # fn layer(store: tollgate::store::PgStore) {

@@ -100,6 +100,17 @@ impl fmt::Debug for OnceTx {
     }
 }
 
+impl OnceTx {
+    /// Prepares `sql` once per pooled connection and reuses it: a statement the handler runs
+    /// on every request then costs one round trip instead of two (a prepare and a run).
+    pub async fn prepare_cached(
+        &self,
+        sql: &str,
+    ) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
+        self.open.object().prepare_cached(sql).await
+    }
+}
+
 impl Deref for OnceTx {
     type Target = tokio_postgres::Client;
 
@@ -197,8 +208,8 @@ impl PgStore {
     ///   looked up — found, the run committed ([`Once::Ran`]); not found, nothing of it stands.
     /// - `fingerprint` names the request the key was used with; another one is
     ///   [`OnceError::Mismatch`].
-    /// - Cost: a replay is one round trip; a run three besides the work's own (a lookup, the
-    ///   transaction's start with the lock, the record with the commit).
+    /// - Cost: a replay is one round trip; a run two besides the work's own (the transaction's
+    ///   start with the lock and the lookup, pipelined; the record with the commit).
     ///
     /// Needs the store's schema migrated (table `once_records`).
     pub async fn once<E>(
@@ -236,9 +247,6 @@ impl PgStore {
         fingerprint: &str,
         retention: Duration,
     ) -> Result<Begun, StoreError> {
-        if let Some(row) = self.lookup(key).await? {
-            return recorded(&row, fingerprint);
-        }
         let client = self.pool().get().await.map_err(pool_error)?;
         let sql = &self.inner.shared.sql;
         let (lock, lookup) = tokio::try_join!(
@@ -253,7 +261,7 @@ impl PgStore {
             }),
         };
         // one round trip: the lookup's snapshot is taken after the lock, so it sees every run
-        // that committed before
+        // that committed before it was taken
         let begin = format!(
             "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}",
             millis(self.timeout() * 20).max(1)
@@ -273,26 +281,15 @@ impl PgStore {
             fingerprint: fingerprint.to_owned(),
             retention,
         };
-        if let Some(row) = row {
-            // committed after the first lookup
-            running.roll_back().await;
-            return recorded(&row, fingerprint);
-        }
-        if !locked.try_get::<_, bool>(0).map_err(pg_error)? {
-            running.roll_back().await;
-            return Ok(Begun::InFlight);
-        }
-        Ok(Begun::Running(running))
-    }
-
-    /// The record of `key`, if a run committed one.
-    async fn lookup(&self, key: &str) -> Result<Option<tokio_postgres::Row>, StoreError> {
-        let client = self.pool().get().await.map_err(pool_error)?;
-        let lookup = client
-            .prepare_cached(&self.inner.shared.sql.once_lookup)
-            .await
-            .map_err(pg_error)?;
-        client.query_opt(&lookup, &[&key]).await.map_err(pg_error)
+        // a record answers whoever holds the lock (a replay takes it for a moment too); the
+        // transaction of an answer that is not a run ends in the background
+        let begun = match (row, locked.try_get::<_, bool>(0).map_err(pg_error)?) {
+            (Some(row), _) => recorded(&row, fingerprint)?,
+            (None, false) => Begun::InFlight,
+            (None, true) => return Ok(Begun::Running(running)),
+        };
+        tokio::spawn(running.roll_back());
+        Ok(begun)
     }
 
     /// After a commit whose answer was lost: waits until the run's transaction is over on the

@@ -398,6 +398,7 @@ impl RedisSentinelBuilder {
             config: config.clone(),
             timeout,
             primary_client: Arc::clone(&client),
+            known: Arc::default(),
         };
         let open = || {
             client(&primary)

@@ -101,7 +101,36 @@ pub(super) enum Opener {
         timeout: Duration,
         /// The client of a primary's URL: with the sentinels' certificates under TLS.
         primary_client: PrimaryClient,
+        /// The primary the store's connections last moved to, shared by all of them.
+        known: Arc<KnownPrimary>,
     },
+}
+
+/// Behind sentinels, the primary that one of a store's connections last learned of: the others
+/// move there before their next call, instead of each learning it from a failure of its own.
+#[derive(Debug, Default)]
+pub(super) struct KnownPrimary {
+    /// Bumped on every move.
+    generation: AtomicU64,
+    primary: RwLock<String>,
+}
+
+impl KnownPrimary {
+    /// Tells the other connections that `primary` is the one now; its generation.
+    fn publish(&self, primary: &str) -> u64 {
+        match self.primary.write() {
+            Ok(mut current) => primary.clone_into(&mut current),
+            Err(poisoned) => primary.clone_into(&mut poisoned.into_inner()),
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    fn primary(&self) -> String {
+        match self.primary.read() {
+            Ok(primary) => primary.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
 }
 
 impl Opener {
@@ -182,6 +211,8 @@ pub(super) struct Link {
     /// milliseconds since `epoch`).
     primary: RwLock<String>,
     asked: AtomicU64,
+    /// The generation of the store's [`KnownPrimary`] this connection is on.
+    seen: AtomicU64,
 }
 
 impl Link {
@@ -204,6 +235,7 @@ impl Link {
             reopen: AtomicBool::new(false),
             primary: RwLock::new(primary),
             asked: AtomicU64::new(0),
+            seen: AtomicU64::new(0),
         }
     }
 
@@ -211,8 +243,12 @@ impl Link {
         self.opener.kind()
     }
 
-    /// The connection to send the next call on.
+    /// The connection to send the next call on: behind sentinels, on the primary that another
+    /// of the store's connections moved to, if one did since.
     pub(super) fn get(&self) -> Connection {
+        if let Opener::Sentinel { known, .. } = &self.opener {
+            self.catch_up(known);
+        }
         // a panic while holding the lock cannot leave a half-written connection behind
         match self.current.read() {
             Ok(conn) => conn.clone(),
@@ -354,6 +390,42 @@ impl Link {
         }
     }
 
+    /// Moves to the primary another connection of the store moved to, if it did since this
+    /// one last looked. Opening is lazy: no I/O here.
+    fn catch_up(&self, known: &KnownPrimary) {
+        let generation = known.generation.load(Ordering::Acquire);
+        let seen = self.seen.load(Ordering::Relaxed);
+        if generation == seen
+            || self
+                .seen
+                .compare_exchange(seen, generation, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return; // up to date, or another call is catching up
+        }
+        let primary = known.primary();
+        if primary.is_empty() || self.primary() == primary {
+            return;
+        }
+        let Opener::Sentinel {
+            config,
+            primary_client,
+            ..
+        } = &self.opener
+        else {
+            return;
+        };
+        match primary_client(&primary).and_then(|client| open_single(client, config.clone())) {
+            Ok(conn) => {
+                self.set(conn);
+                self.set_primary(primary);
+            }
+            Err(error) => tracing::warn!(
+                target: "tollgate::store", %error, "could not open a connection to the primary"
+            ),
+        }
+    }
+
     /// One question to the sentinels; moves to the primary they name when it is another, or
     /// always when `reopen`.
     async fn ask_and_move(&self, reopen: bool) {
@@ -363,6 +435,7 @@ impl Link {
             config,
             timeout,
             primary_client,
+            known,
         } = &self.opener
         else {
             return;
@@ -380,6 +453,10 @@ impl Link {
                     tracing::warn!(target: "tollgate::store", %primary, "the sentinels name a new primary; moving to it");
                 }
                 self.set(conn);
+                if moved && known.primary() != primary {
+                    let generation = known.publish(&primary);
+                    self.seen.store(generation, Ordering::Release);
+                }
                 self.set_primary(primary);
             }
             Err(error) => tracing::warn!(
