@@ -126,7 +126,8 @@ async fn claim<B>(
     #[cfg(feature = "postgres")]
     if let Some(store) = &settings.transaction {
         return claim_with(settings, wire, || async {
-            let begun = store.begin_once(key, fingerprint, settings.lease).await?;
+            let (retention, idle) = (settings.retention, settings.lease);
+            let begun = store.begin_once(key, fingerprint, retention, idle).await?;
             Ok(match begun {
                 Begun::Running(running) => Found::Claimed(Claimed::Transaction(running)),
                 Begun::Recorded(record) => Found::Completed(record),

@@ -11,6 +11,7 @@ use crate::grpc_server::helloworld::{HelloReply, HelloRequest};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -273,4 +274,60 @@ async fn tonic_handlers_write_through_the_transaction_of_their_call() {
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert_eq!(greeter.runs.load(Ordering::SeqCst), 3);
     assert_eq!(rows(&store, &table).await, 1);
+}
+
+/// An app whose `POST /{outcome}` inserts a row, waits `wait`, then answers 201; with `lease`.
+fn slow_app(store: &PgStore, table: &str, lease: Duration, wait: Duration) -> Router {
+    let layer = IdempotencyLayer::in_transaction(store.clone())
+        .unscoped()
+        .lease(lease)
+        .build()
+        .unwrap();
+    let insert = format!("INSERT INTO {table} (note) VALUES ($1)");
+    Router::new()
+        .route(
+            "/{outcome}",
+            post(
+                move |axum::extract::Path(outcome): axum::extract::Path<String>,
+                      Extension(tx): Extension<OnceTx>| async move {
+                    let statement = tx.prepare_cached(&insert).await.unwrap();
+                    tx.execute(&statement, &[&outcome]).await.unwrap();
+                    tokio::time::sleep(wait).await;
+                    (StatusCode::CREATED, outcome)
+                },
+            ),
+        )
+        .layer(layer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_outlive_the_lease_and_an_idle_transaction_ends_at_it() {
+    let (store, table) = store_and_table().await;
+    let lease = Duration::from_millis(300);
+
+    // the record is kept for the retention (a day), not the lease
+    let quick = slow_app(&store, &table, lease, Duration::ZERO);
+    assert_eq!(send(&quick, "kept", "k-kept").await.0, StatusCode::CREATED);
+    tokio::time::sleep(lease * 3).await;
+    let (status, replayed, body) = send(&quick, "kept", "k-kept").await;
+    assert_eq!(
+        (status, replayed, &body[..]),
+        (StatusCode::CREATED, true, &b"kept"[..])
+    );
+    assert_eq!(rows(&store, &table).await, 1);
+
+    // a handler idle in its transaction for longer than the lease: the server ends the
+    // transaction, the response is not recorded (503), and nothing stands
+    let idle = slow_app(&store, &table, lease, lease * 4);
+    let (status, replayed, _) = send(&idle, "idle", "k-idle").await;
+    assert_eq!((status, replayed), (StatusCode::SERVICE_UNAVAILABLE, false));
+    assert_eq!(
+        rows(&store, &table).await,
+        1,
+        "the idle transaction left no row"
+    );
+    // the key is free: a quick retry runs, once
+    let (status, replayed, _) = send(&quick, "idle", "k-idle").await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    assert_eq!(rows(&store, &table).await, 2);
 }

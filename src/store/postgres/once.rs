@@ -39,6 +39,9 @@ pub enum OnceError<E> {
     /// The store failed. Nothing of this run stands and the key is free — a commit whose answer
     /// was lost has been looked up before this is said.
     Store(StoreError),
+    /// The commit's answer was lost and the store could not be asked how it ended: the run may
+    /// stand. Run it again with the same key to learn: its output if it committed, or a run.
+    Unknown(StoreError),
 }
 
 impl<E: fmt::Display> fmt::Display for OnceError<E> {
@@ -48,6 +51,7 @@ impl<E: fmt::Display> fmt::Display for OnceError<E> {
             Self::Mismatch => f.write_str("the key was used with another fingerprint"),
             Self::Work(e) => write!(f, "the work failed: {e}"),
             Self::Store(e) => write!(f, "the store failed: {e}"),
+            Self::Unknown(e) => write!(f, "the run's outcome is unknown: {e}"),
         }
     }
 }
@@ -56,7 +60,7 @@ impl<E: std::error::Error + 'static> std::error::Error for OnceError<E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Work(e) => Some(e),
-            Self::Store(e) => Some(e),
+            Self::Store(e) | Self::Unknown(e) => Some(e),
             _ => None,
         }
     }
@@ -70,6 +74,9 @@ impl<E> From<StoreError> for OnceError<E> {
 
 /// A seed of the key's advisory-lock hash, apart from `lock_key`'s.
 const LOCK_SEED: i64 = 0x1d3c_5a79_0f2e_4b68;
+
+/// How long the server lets a run of [`PgStore::once`] stay idle in its transaction.
+const ONCE_IDLE: Duration = Duration::from_secs(30);
 
 /// Takes the key's advisory lock for the transaction, if free.
 const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended($1, $2))";
@@ -184,6 +191,8 @@ impl fmt::Debug for Running {
 pub(crate) enum CommitError {
     /// Nothing of the run stands (the key is free).
     NotCommitted(StoreError),
+    /// The commit's answer was lost and its outcome could not be looked up: the run may stand.
+    Unknown(StoreError),
     /// The key was recorded by a run with another fingerprint.
     Mismatch,
 }
@@ -199,7 +208,7 @@ impl PgStore {
     ///   second one answers [`OnceError::InFlight`] at once, without waiting; nothing holds the
     ///   key longer than the transaction, so a run that fails, is cancelled, times out or whose
     ///   process dies frees it as its transaction ends (on the server: when the connection goes,
-    ///   or when the transaction has been idle for twenty store timeouts).
+    ///   or when the transaction has been idle for 30 s).
     /// - **Isolation**: the transaction is PostgreSQL's default, READ COMMITTED: the work reads
     ///   what is committed as each statement starts, as it would without tollgate; the lock
     ///   keeps runs of one key apart, not the work's rows from other writers.
@@ -219,7 +228,10 @@ impl PgStore {
         retention: Duration,
         work: impl AsyncFnOnce(&OnceTx) -> Result<Bytes, E>,
     ) -> Result<Once, OnceError<E>> {
-        let running = match self.begin_once(key, fingerprint, retention).await? {
+        let running = match self
+            .begin_once(key, fingerprint, retention, ONCE_IDLE)
+            .await?
+        {
             Begun::Running(running) => running,
             Begun::Recorded(output) => return Ok(Once::Replayed(output)),
             Begun::Mismatch => return Err(OnceError::Mismatch),
@@ -236,16 +248,35 @@ impl PgStore {
             Ok(()) => Ok(Once::Ran(output)),
             Err(CommitError::Mismatch) => Err(OnceError::Mismatch),
             Err(CommitError::NotCommitted(e)) => Err(OnceError::Store(e)),
+            Err(CommitError::Unknown(e)) => Err(OnceError::Unknown(e)),
         }
     }
 
     /// Begins a run of `key`: its record if one committed, or its transaction, open and
     /// holding the key's lock.
+    ///
+    /// Bounded by the store timeout. The server ends the transaction should it stay idle for
+    /// `idle` (its copy cut off from the database, or dead without closing its connection).
     pub(crate) async fn begin_once(
         &self,
         key: &str,
         fingerprint: &str,
         retention: Duration,
+        idle: Duration,
+    ) -> Result<Begun, StoreError> {
+        // a transaction begun too late is dropped with its connection: the server rolls it back
+        let begin = self.begin_within(key, fingerprint, retention, idle);
+        tokio::time::timeout(self.timeout(), begin)
+            .await
+            .unwrap_or_else(|_| Err(StoreError::timeout()))
+    }
+
+    async fn begin_within(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        retention: Duration,
+        idle: Duration,
     ) -> Result<Begun, StoreError> {
         let client = self.pool().get().await.map_err(pool_error)?;
         let sql = &self.inner.shared.sql;
@@ -264,7 +295,7 @@ impl PgStore {
         // that committed before it was taken
         let begin = format!(
             "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}",
-            millis(self.timeout() * 20).max(1)
+            millis(idle).clamp(1, i32::MAX as u64)
         );
         let lock_params: [&(dyn ToSql + Sync); 2] = [&key, &LOCK_SEED];
         let lookup_params: [&(dyn ToSql + Sync); 1] = [&key];
@@ -299,7 +330,9 @@ impl PgStore {
         let patience = self.timeout() * 20;
         let give_up = tokio::time::Instant::now() + patience;
         loop {
-            match self.committed(key, patience).await {
+            let attempt =
+                tokio::time::timeout(patience + self.timeout(), self.committed(key, patience));
+            match attempt.await.unwrap_or_else(|_| Err(StoreError::timeout())) {
                 Err(e)
                     if e.kind() == StoreErrorKind::Unavailable
                         && tokio::time::Instant::now() < give_up =>
@@ -347,39 +380,39 @@ impl Running {
         let retention_ms = i64::try_from(millis(self.retention)).unwrap_or(i64::MAX);
         let params: [&(dyn ToSql + Sync); 4] =
             [&self.key, &self.fingerprint, &output, &retention_ms];
-        let record = self.tx.open.object().prepare_cached(&sql.once_record).await;
-        let committed = match record {
-            Ok(record) => tokio::try_join!(
+        let commit = async {
+            let record = self
+                .tx
+                .open
+                .object()
+                .prepare_cached(&sql.once_record)
+                .await?;
+            tokio::try_join!(
                 self.tx.execute(&record, &params),
                 self.tx.batch_execute("COMMIT"),
             )
-            .map(drop),
-            Err(e) => Err(e),
+            .map(drop)
         };
+        // no answer within the store timeout is as ambiguous as a broken connection
+        let committed = tokio::time::timeout(self.store.timeout(), commit)
+            .await
+            .map_err(|_| StoreError::timeout());
+        match committed {
+            Err(unanswered) => self.resolve(unanswered).await,
+            Ok(committed) => self.settle(committed).await,
+        }
+    }
+
+    /// The commit's answer came: committed, or (an error without a code: the connection broke)
+    /// looked up, or rolled back.
+    async fn settle(self, committed: Result<(), tokio_postgres::Error>) -> Result<(), CommitError> {
         match committed {
             Ok(()) => {
                 self.tx.open.ended.store(true, Ordering::Release);
                 Ok(())
             }
             // no answer from the server: the commit may have happened
-            Err(e) if e.code().is_none() => {
-                let lost = pg_error(e);
-                let Running {
-                    store,
-                    key,
-                    fingerprint,
-                    ..
-                } = self; // the connection goes, and with it the transaction if still open
-                match store.resolve(&key).await {
-                    Ok(Some(row)) => match recorded(&row, &fingerprint) {
-                        Ok(Begun::Recorded(_)) => Ok(()),
-                        Ok(_) => Err(CommitError::Mismatch),
-                        Err(e) => Err(CommitError::NotCommitted(e)),
-                    },
-                    Ok(None) => Err(CommitError::NotCommitted(lost)),
-                    Err(e) => Err(CommitError::NotCommitted(e)),
-                }
-            }
+            Err(e) if e.code().is_none() => self.resolve(pg_error(e)).await,
             Err(e) => {
                 self.roll_back().await;
                 Err(CommitError::NotCommitted(pg_error(e)))
@@ -387,9 +420,32 @@ impl Running {
         }
     }
 
+    /// After a commit whose answer was lost (`lost`): the record looked up once the run's
+    /// transaction is over on the server. Its connection is dropped first, and with it the
+    /// transaction if it is still open.
+    async fn resolve(self, lost: StoreError) -> Result<(), CommitError> {
+        let Running {
+            store,
+            key,
+            fingerprint,
+            ..
+        } = self;
+        match store.resolve(&key).await {
+            Ok(Some(row)) => match recorded(&row, &fingerprint) {
+                Ok(Begun::Recorded(_)) => Ok(()),
+                Ok(_) => Err(CommitError::Mismatch),
+                Err(e) => Err(CommitError::Unknown(e)),
+            },
+            Ok(None) => Err(CommitError::NotCommitted(lost)),
+            Err(e) => Err(CommitError::Unknown(e)),
+        }
+    }
+
     /// Rolls the run back: nothing of it stands, and the key is free.
     pub(crate) async fn roll_back(self) {
-        if self.tx.batch_execute("ROLLBACK").await.is_ok() {
+        let rollback = self.tx.batch_execute("ROLLBACK");
+        // unanswered, the connection is dropped (not ended): the server rolls back without it
+        if let Ok(Ok(())) = tokio::time::timeout(self.store.timeout(), rollback).await {
             self.tx.open.ended.store(true, Ordering::Release);
         }
     }
