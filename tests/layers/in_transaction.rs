@@ -47,15 +47,10 @@ async fn rows(store: &PgStore, table: &str) -> i64 {
     row.get(0)
 }
 
-/// An axum app whose `POST /{outcome}` inserts a row through the transaction, then answers as
-/// `outcome` says: `ok` 201, `fail` 500, `panic` panics, `big` a body over the storage cap,
-/// `client` 400.
-fn app(store: &PgStore, table: &str) -> Router {
-    let layer = IdempotencyLayer::in_transaction(store.clone())
-        .unscoped()
-        .response_limit(1024)
-        .build()
-        .unwrap();
+/// An axum app behind `layer` whose `POST /{outcome}` inserts a row through the transaction,
+/// waits `wait`, then answers as `outcome` says: `client` 400, `fail` 500, `panic` panics, `big`
+/// a 4 KiB body, anything else 201 with the outcome as its body.
+fn app_with(layer: IdempotencyLayer, table: &str, wait: Duration) -> Router {
     let insert = format!("INSERT INTO {table} (note) VALUES ($1)");
     Router::new()
         .route(
@@ -63,18 +58,30 @@ fn app(store: &PgStore, table: &str) -> Router {
             post(
                 move |axum::extract::Path(outcome): axum::extract::Path<String>,
                       Extension(tx): Extension<OnceTx>| async move {
-                    tx.execute(&insert, &[&outcome]).await.unwrap();
+                    let statement = tx.prepare_cached(&insert).await.unwrap();
+                    tx.execute(&statement, &[&outcome]).await.unwrap();
+                    tokio::time::sleep(wait).await;
                     match outcome.as_str() {
-                        "ok" => (StatusCode::CREATED, "made".to_owned()),
                         "client" => (StatusCode::BAD_REQUEST, "refused".to_owned()),
                         "fail" => (StatusCode::INTERNAL_SERVER_ERROR, "failed".to_owned()),
                         "big" => (StatusCode::CREATED, "x".repeat(4096)),
-                        _ => panic!("the handler panicked"),
+                        "panic" => panic!("the handler panicked"),
+                        _ => (StatusCode::CREATED, outcome),
                     }
                 },
             ),
         )
         .layer(layer)
+}
+
+/// The app with a storage cap of 1 KiB.
+fn app(store: &PgStore, table: &str) -> Router {
+    let layer = IdempotencyLayer::in_transaction(store.clone())
+        .unscoped()
+        .response_limit(1024)
+        .build()
+        .unwrap();
+    app_with(layer, table, Duration::ZERO)
 }
 
 async fn send(app: &Router, outcome: &str, key: &str) -> (StatusCode, bool, Bytes) {
@@ -97,12 +104,12 @@ async fn rows_stand_exactly_when_the_response_is_recorded() {
     let (status, replayed, body) = send(&app, "ok", "k-ok").await;
     assert_eq!(
         (status, replayed, &body[..]),
-        (StatusCode::CREATED, false, &b"made"[..])
+        (StatusCode::CREATED, false, &b"ok"[..])
     );
     let (status, replayed, body) = send(&app, "ok", "k-ok").await;
     assert_eq!(
         (status, replayed, &body[..]),
-        (StatusCode::CREATED, true, &b"made"[..])
+        (StatusCode::CREATED, true, &b"ok"[..])
     );
     assert_eq!(
         rows(&store, &table).await,
@@ -276,28 +283,14 @@ async fn tonic_handlers_write_through_the_transaction_of_their_call() {
     assert_eq!(rows(&store, &table).await, 1);
 }
 
-/// An app whose `POST /{outcome}` inserts a row, waits `wait`, then answers 201; with `lease`.
+/// The app with `lease`, its handler waiting `wait` before it answers.
 fn slow_app(store: &PgStore, table: &str, lease: Duration, wait: Duration) -> Router {
     let layer = IdempotencyLayer::in_transaction(store.clone())
         .unscoped()
         .lease(lease)
         .build()
         .unwrap();
-    let insert = format!("INSERT INTO {table} (note) VALUES ($1)");
-    Router::new()
-        .route(
-            "/{outcome}",
-            post(
-                move |axum::extract::Path(outcome): axum::extract::Path<String>,
-                      Extension(tx): Extension<OnceTx>| async move {
-                    let statement = tx.prepare_cached(&insert).await.unwrap();
-                    tx.execute(&statement, &[&outcome]).await.unwrap();
-                    tokio::time::sleep(wait).await;
-                    (StatusCode::CREATED, outcome)
-                },
-            ),
-        )
-        .layer(layer)
+    app_with(layer, table, wait)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
