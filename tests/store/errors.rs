@@ -117,3 +117,23 @@ async fn redis_says_why_it_cannot_be_reached() {
     assert_eq!(db.kind(), StoreErrorKind::Config, "{db}");
     assert!(db.to_string().contains("DB index is out of range"), "{db}");
 }
+
+/// Outside a Tokio runtime a store is refused with a message that says so, not a panic; inside
+/// one (entered, not running a task) it opens.
+#[test]
+fn a_store_built_outside_a_runtime_is_refused_with_a_reason() {
+    let outside = std::panic::catch_unwind(|| {
+        tollgate::store::RedisStore::open("redis://127.0.0.1:1/").map(drop)
+    });
+    match outside {
+        Ok(Err(e)) => assert!(e.to_string().contains("Tokio runtime"), "{e}"),
+        Ok(Ok(())) => panic!("opened without a runtime"),
+        Err(_) => panic!("RedisStore::open panicked outside a runtime"),
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _entered = runtime.enter();
+    assert!(tollgate::store::RedisStore::open("redis://127.0.0.1:1/").is_ok());
+}

@@ -238,7 +238,8 @@ impl RedisStoreBuilder {
     tls_setters!();
 
     /// Builds the store. Connects lazily, so a Redis that is down now is not an error: calls fail
-    /// (within the timeout) until it is back. [`ConfigError`] when the URL does not parse.
+    /// (within the timeout) until it is back. [`ConfigError`] when the URL does not parse, or
+    /// when called outside a Tokio runtime.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         // the URL is not repeated: it may carry a password
         let invalid = |e: RedisError| {
@@ -247,6 +248,14 @@ impl RedisStoreBuilder {
         if let Some(problem) = url::problem(&self.url) {
             let message = format!("invalid Redis URL: {problem}");
             return Err(ConfigError::new(ConfigErrorKind::Store, message));
+        }
+        // redis-rs sets its connection up on the runtime at once, and panics without one
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Store,
+                "a RedisStore is built inside a Tokio runtime: in an async fn under \
+                 #[tokio::main], or after `let _guard = runtime.enter();`",
+            ));
         }
         let client = self.common.tls.client(&self.url).map_err(invalid)?;
         let config = manager_config(self.common.timeout);
