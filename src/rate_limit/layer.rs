@@ -362,6 +362,11 @@ impl<K> RateLimitLayerBuilder<K> {
     /// response, when the store cannot settle (logged), and when the store did not decide it
     /// (the local fallback, shadow denials).
     ///
+    /// gRPC: a handler reports its usage in its response metadata, which is the head (tonic
+    /// sends a failed call's `Status` metadata in its trailers-only head, so failed calls settle
+    /// too). Usage that only trailing metadata carries (after a streamed body) is not read: such
+    /// a call is charged what it reserved.
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// use http::{Request, Response};

@@ -464,3 +464,114 @@ async fn concurrency_limits_answer_grpc_calls_with_resource_exhausted() {
         "a higher fencing token: {first} then {again}"
     );
 }
+
+/// A "model" that uses the tokens its request's name says (`"100"`) and reports them in its
+/// response metadata — or, for `"fail:<n>"`, fails with UNAVAILABLE after using `n`, reported
+/// in the status's metadata (a trailers-only response: its metadata is the head).
+struct TokenGreeter;
+
+#[tonic::async_trait]
+impl Greeter for TokenGreeter {
+    async fn say_hello(
+        &self,
+        request: Request<HelloRequest>,
+    ) -> Result<Response<HelloReply>, Status> {
+        let name = request.into_inner().name;
+        if let Some(used) = name.strip_prefix("fail:") {
+            let mut metadata = MetadataMap::new();
+            metadata.insert("x-tokens-used", used.parse().unwrap());
+            return Err(Status::with_metadata(
+                Code::Unavailable,
+                "overloaded",
+                metadata,
+            ));
+        }
+        let mut response = Response::new(HelloReply {
+            message: format!("used {name}"),
+        });
+        response
+            .metadata_mut()
+            .insert("x-tokens-used", name.parse().unwrap());
+        Ok(response)
+    }
+}
+
+/// Reserve, then settle, under tonic: calls reserve `x-max-tokens` and are charged the usage
+/// their response metadata reports, failed calls included. With a budget of 1000, reserving 300
+/// and using 100: exactly 8 admitted, then RESOURCE_EXHAUSTED; the `ratelimit` metadata of each
+/// answer shows the settled balance.
+#[tokio::test(flavor = "multi_thread")]
+async fn grpc_calls_are_charged_the_usage_their_metadata_reports() {
+    let redis = RedisServer::start();
+    let used = |parts: &http::response::Parts| {
+        parts
+            .headers
+            .get("x-tokens-used")?
+            .to_str()
+            .ok()?
+            .parse()
+            .ok()
+    };
+    let tokens = RateLimitLayer::builder(redis.store())
+        .limit(Limit::per_minute("tokens", 1000))
+        .key(Header::from_static("x-api-key"))
+        .cost(|req| {
+            let max = req.headers.get("x-max-tokens");
+            max.and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1)
+        })
+        .settle(used)
+        .build()
+        .unwrap();
+    let server = tonic::transport::Server::builder()
+        .layer(tokens)
+        .add_service(GreeterServer::new(TokenGreeter));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(server.serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)));
+    let client = GreeterClient::connect(url).await.unwrap();
+    let call = |name: &str, key: &'static str| {
+        let mut client = client.clone();
+        let request = hello(name, &[("x-api-key", key), ("x-max-tokens", "300")]);
+        async move { client.say_hello(request).await }
+    };
+
+    let mut admitted = 0;
+    let mut remaining = Vec::new();
+    loop {
+        match call("100", "alice").await {
+            Ok(reply) => {
+                admitted += 1;
+                let header = reply.metadata().get("ratelimit").unwrap().to_str().unwrap();
+                remaining.push(header.to_owned());
+            }
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                break;
+            }
+        }
+        assert!(admitted <= 10, "more admitted than the budget allows");
+    }
+    assert_eq!(
+        admitted, 8,
+        "1000 tokens, 300 reserved, 100 used each: {remaining:?}"
+    );
+    assert_eq!(
+        remaining[0], r#""tokens";r=900;t=60"#,
+        "settled before the head went out"
+    );
+    assert_eq!(remaining[7], r#""tokens";r=200;t=60"#);
+
+    // a failed call is charged what its status's metadata reports
+    let failed = call("fail:250", "bob").await.unwrap_err();
+    assert_eq!(failed.code(), Code::Unavailable);
+    assert_eq!(
+        failed.metadata().get("ratelimit").unwrap(),
+        r#""tokens";r=750;t=60"#,
+        "{failed:?}"
+    );
+    let next = call("100", "bob").await.unwrap();
+    assert_eq!(
+        next.metadata().get("ratelimit").unwrap(),
+        r#""tokens";r=650;t=60"#
+    );
+}
