@@ -183,11 +183,7 @@ fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attem
     let kept = slots.iter_mut().zip(policy.limits()).zip(logs).enumerate();
     for (i, ((slot, limit), mut log)) in kept {
         let window = limit.window_us();
-        let mut recent = slot
-            .state
-            .as_mut()
-            .map(State::take_recent)
-            .unwrap_or_default();
+        let mut recent = take_recent(slot);
         if let Some(settled) = attempt.settles.filter(|_| !attempt.replay) {
             let cap = limit.quota().saturating_mul(2);
             if settle_log(&mut log, settled, attempt, cap, now) {
@@ -198,12 +194,7 @@ fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attem
             }
         } else if admitted && !attempt.replay && cost > 0 {
             // a cost of 0 only looks: nothing is written
-            // admitted: count + cost <= quota, so cost is small
-            let entry = (now, attempt.id);
-            log.extend(std::iter::repeat_n(
-                entry,
-                usize::try_from(cost).unwrap_or(0),
-            ));
+            charge_log(&mut log, cost, attempt.id, now);
             slot.expires_at = now + window.div_ceil(1000) * 1000;
         }
         let reset = log.front().map_or(0, |&(oldest, _)| oldest + window - now);
@@ -215,6 +206,12 @@ fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attem
         });
     }
     outcome(admitted, retry, limits)
+}
+
+/// Adds `cost` units of attempt `id` at `now` (admitted: within the quota, so `cost` is small).
+fn charge_log(log: &mut VecDeque<(u64, u64)>, cost: u64, id: u64, now: u64) {
+    let units = usize::try_from(cost).unwrap_or(0);
+    log.extend(std::iter::repeat_n((now, id), units));
 }
 
 /// Mirrors `settle_log` of `scripts/rate.lua`: the units of the settled attempt go from its
@@ -266,18 +263,7 @@ fn sliding_counter(
         let window = limit.window_us() as f64 / 1000.0;
         let index = (now / window).floor();
         let elapsed = now - index * window;
-        let (cur, prev) = match slot.state {
-            Some(State::Counter {
-                index: i,
-                cur,
-                prev,
-                ..
-            }) if i as f64 == index => (cur as f64, prev as f64),
-            Some(State::Counter { index: i, cur, .. }) if i as f64 == index - 1.0 => {
-                (0.0, cur as f64)
-            }
-            _ => (0.0, 0.0),
-        };
+        let (cur, prev) = counts(slot, index);
         let decides = !attempt.replay && attempt.settles.is_none();
         if decides && (cur + costf) * window + prev * (window - elapsed) > quota * window {
             admitted = false;
@@ -310,6 +296,20 @@ fn sliding_counter(
         limits.push(counter_state(quota, window, elapsed, cur, prev));
     }
     outcome(admitted, ceil_us(retry * 1000.0), limits)
+}
+
+/// A sliding counter's (current, previous) counts in window `index`, from its slot.
+fn counts(slot: &Slot, index: f64) -> (f64, f64) {
+    match slot.state {
+        Some(State::Counter {
+            index: i,
+            cur,
+            prev,
+            ..
+        }) if i as f64 == index => (cur as f64, prev as f64),
+        Some(State::Counter { index: i, cur, .. }) if i as f64 == index - 1.0 => (0.0, cur as f64),
+        _ => (0.0, 0.0),
+    }
 }
 
 /// A sliding counter's (current, previous) counts once a settlement of `reserved` for `actual`
@@ -365,12 +365,15 @@ fn remembered(i: usize, slot: &mut Slot, attempt: u64, now: u64) -> Recent {
     if i > 0 {
         return Recent::default();
     }
-    let recent = slot
-        .state
+    take_recent(slot).remember(attempt, now)
+}
+
+/// The recent attempts `slot` keeps, taken out of it.
+fn take_recent(slot: &mut Slot) -> Recent {
+    slot.state
         .as_mut()
         .map(State::take_recent)
-        .unwrap_or_default();
-    recent.remember(attempt, now)
+        .unwrap_or_default()
 }
 
 /// Mirrors `gcra` of `scripts/rate.lua`: offsets from now in 1/quota microseconds, exact in integers.
@@ -389,16 +392,9 @@ fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> 
         if attempt.replay || attempt.settles.is_some() {
             continue;
         }
-        if cost > limit.quota() {
+        if let Some(wait) = gcra_wait(tat - now, rem, cost, quota, window) {
             admitted = false;
-            retry = retry.max(limit.window_us());
-            continue;
-        }
-        let ahead = u128::from(tat - now) * quota + u128::from(rem) + u128::from(cost) * window;
-        if ahead > window * quota {
-            admitted = false;
-            let wait = (ahead - window * quota).div_ceil(quota);
-            retry = retry.max(u64::try_from(wait).unwrap_or(u64::MAX));
+            retry = retry.max(wait);
         }
     }
     let mut limits = Vec::with_capacity(slots.len());
@@ -434,6 +430,17 @@ fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> 
         limits.push(gcra_state(tat - now, rem, quota, window));
     }
     outcome(admitted, retry, limits)
+}
+
+/// How long a request of `cost` waits, if it does not fit now: the bucket `offset` µs and `rem`
+/// 1/quota µs ahead of now; a cost over the quota waits a whole window.
+fn gcra_wait(offset: u64, rem: u64, cost: u64, quota: u128, window: u128) -> Option<u64> {
+    if u128::from(cost) > quota {
+        return Some(u64::try_from(window).unwrap_or(u64::MAX));
+    }
+    let ahead = u128::from(offset) * quota + u128::from(rem) + u128::from(cost) * window;
+    let over = ahead.checked_sub(window * quota).filter(|over| *over > 0)?;
+    Some(u64::try_from(over.div_ceil(quota)).unwrap_or(u64::MAX))
 }
 
 /// A GCRA offset from now (in 1/quota µs) once a settlement of `reserved` for `actual` is

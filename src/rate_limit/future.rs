@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -39,13 +40,7 @@ pin_project! {
     enum State<F, S, R, B> {
         Check {
             pending: StoreFuture<RateOutcome>,
-            service: S,
-            request: R,
-            tier: Arc<Tier>,
-            check: RateCheck,
-            // when the check went to the store: a cached denial counts from then
-            sent_at: Instant,
-            wire: Wire,
+            checking: Checking<S, R>,
         },
         Inner {
             #[pin]
@@ -68,6 +63,17 @@ pin_project! {
     }
 }
 
+/// A request whose check is at the store, and what its decision needs.
+struct Checking<S, R> {
+    service: S,
+    request: R,
+    tier: Arc<Tier>,
+    check: RateCheck,
+    /// When the check went to the store: a cached denial counts from then.
+    sent_at: Instant,
+    wire: Wire,
+}
+
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
@@ -84,12 +90,14 @@ where
         Self {
             state: State::Check {
                 pending,
-                service,
-                request,
-                tier,
-                check,
-                sent_at: Instant::now(),
-                wire,
+                checking: Checking {
+                    service,
+                    request,
+                    tier,
+                    check,
+                    sent_at: Instant::now(),
+                    wire,
+                },
             },
             settings,
         }
@@ -126,37 +134,12 @@ where
             match this.state.as_mut().project() {
                 StateProj::Check { pending, .. } => {
                     let result = ready!(pending.as_mut().poll(cx));
-                    let StateOwned::Check {
-                        mut service,
-                        mut request,
-                        tier,
-                        check,
-                        sent_at,
-                        wire,
-                        ..
-                    } = this.state.as_mut().project_replace(State::Done)
+                    let StateOwned::Check { checking, .. } =
+                        this.state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("the state was Check");
                     };
-                    let decision = decide::decide(this.settings, result, tier, check, sent_at);
-                    if decision.admitted() || this.settings.shadow {
-                        // only what the store charged is settled there
-                        let charged =
-                            decision.admitted() && decision.source == DecisionSource::Store;
-                        let settle = (charged && this.settings.settle.is_some()).then_some(check);
-                        decision::record(request.extensions_mut(), decision.clone());
-                        let future = service.call(request);
-                        this.state.set(State::Inner {
-                            future,
-                            decision: Some(decision),
-                            settle,
-                        });
-                    } else {
-                        this.state.set(State::Reject {
-                            rejection: Rejection::Denied(decision),
-                            wire,
-                        });
-                    }
+                    this.state.set(admit(this.settings, result, checking));
                 }
                 StateProj::Inner {
                     future,
@@ -164,49 +147,26 @@ where
                     settle,
                 } => {
                     let response = ready!(future.poll(cx))?;
-                    let decision = decision.take();
-                    let settling = settle.take().zip(decision.as_ref());
-                    let Some((check, charged)) = settling else {
-                        this.state.set(State::Done);
-                        return Poll::Ready(Ok(finish(this.settings, response, decision)));
-                    };
-                    let (response, actual) = actual_cost(this.settings, response);
-                    let Some(actual) = actual.filter(|actual| *actual != check.cost()) else {
-                        this.state.set(State::Done);
-                        return Poll::Ready(Ok(finish(this.settings, response, decision)));
-                    };
-                    let policy = &charged.tier.policy;
-                    let pending = this.settings.store.check_rate(policy, check.settle(actual));
-                    this.state.set(State::Settle {
-                        pending,
-                        response,
-                        decision,
-                        actual,
-                    });
+                    match settlement(this.settings, response, decision.take(), settle.take()) {
+                        ControlFlow::Break(response) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(response));
+                        }
+                        ControlFlow::Continue(settling) => this.state.set(settling),
+                    }
                 }
                 StateProj::Settle { pending, .. } => {
                     let settled = ready!(pending.as_mut().poll(cx));
                     let StateOwned::Settle {
                         response,
-                        mut decision,
+                        decision,
                         actual,
                         ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("the state was Settle");
                     };
-                    match (settled, decision.as_mut()) {
-                        (Ok(outcome), Some(decision)) => {
-                            decision.cost = actual;
-                            decision.states = outcome.limits;
-                        }
-                        (Err(error), _) => tracing::warn!(
-                            target: "tollgate::rate_limit",
-                            %error, actual,
-                            "could not settle a request's actual cost: it stays charged what it reserved"
-                        ),
-                        (Ok(_), None) => {}
-                    }
+                    let decision = settled_decision(settled, decision, actual);
                     return Poll::Ready(Ok(finish(this.settings, response, decision)));
                 }
                 StateProj::Reject { .. } => {
@@ -221,6 +181,91 @@ where
             }
         }
     }
+}
+
+/// After the check: the inner call of an admitted request (or of any, in shadow mode), with
+/// what it will settle; or the rejection.
+fn admit<S, ReqBody>(
+    settings: &Settings,
+    result: Result<RateOutcome, crate::store::StoreError>,
+    checking: Checking<S, Request<ReqBody>>,
+) -> State<S::Future, S, Request<ReqBody>, S::Response>
+where
+    S: Service<Request<ReqBody>>,
+{
+    let Checking {
+        mut service,
+        mut request,
+        tier,
+        check,
+        sent_at,
+        wire,
+    } = checking;
+    let decision = decide::decide(settings, result, tier, check, sent_at);
+    if !decision.admitted() && !settings.shadow {
+        return State::Reject {
+            rejection: Rejection::Denied(decision),
+            wire,
+        };
+    }
+    // only what the store charged is settled there
+    let charged = decision.admitted() && decision.source == DecisionSource::Store;
+    let settle = (charged && settings.settle.is_some()).then_some(check);
+    decision::record(request.extensions_mut(), decision.clone());
+    State::Inner {
+        future: service.call(request),
+        decision: Some(decision),
+        settle,
+    }
+}
+
+/// After the inner call: the response to send, or — when its actual cost differs from what it
+/// reserved — the settlement to make first.
+#[allow(clippy::type_complexity)]
+fn settlement<F, S, R, B>(
+    settings: &Settings,
+    response: Response<B>,
+    decision: Option<RateLimitDecision>,
+    settle: Option<RateCheck>,
+) -> ControlFlow<Response<ResponseBody<B>>, State<F, S, R, Response<B>>> {
+    let Some((check, charged)) = settle.zip(decision.as_ref()) else {
+        return ControlFlow::Break(finish(settings, response, decision));
+    };
+    let (response, actual) = actual_cost(settings, response);
+    let Some(actual) = actual.filter(|actual| *actual != check.cost()) else {
+        return ControlFlow::Break(finish(settings, response, decision));
+    };
+    let pending = settings
+        .store
+        .check_rate(&charged.tier.policy, check.settle(actual));
+    ControlFlow::Continue(State::Settle {
+        pending,
+        response,
+        decision,
+        actual,
+    })
+}
+
+/// The decision as the settlement left it: charged `actual` — or, when the store could not
+/// settle, what it reserved (logged).
+fn settled_decision(
+    settled: Result<RateOutcome, crate::store::StoreError>,
+    mut decision: Option<RateLimitDecision>,
+    actual: u64,
+) -> Option<RateLimitDecision> {
+    match (settled, decision.as_mut()) {
+        (Ok(outcome), Some(decision)) => {
+            decision.cost = actual;
+            decision.states = outcome.limits;
+        }
+        (Err(error), _) => tracing::warn!(
+            target: "tollgate::rate_limit",
+            %error, actual,
+            "could not settle a request's actual cost: it stays charged what it reserved"
+        ),
+        (Ok(_), None) => {}
+    }
+    decision
 }
 
 /// `response`, and the actual cost the layer's settle function reads from its head.

@@ -180,6 +180,23 @@ pub(super) async fn bounded<T>(
 /// check's keys, then the call's `deadline` (on the store's clock), the records' number and
 /// retention, each distinct policy once, then per check its policy, cost (of a settlement: what it
 /// settles) and attempt (with where it went before, if it did).
+/// The distinct policies of `checks`, and each check's policy as a number from 1.
+fn numbered<'a>(checks: &[Sent<'a>]) -> (Vec<&'a RatePolicy>, Vec<usize>) {
+    // a batch holds few policies (usually one): a scan finds each check's
+    let mut policies: Vec<&RatePolicy> = Vec::new();
+    let numbers = checks
+        .iter()
+        .map(|(policy, _, _)| {
+            let found = policies.iter().position(|p| std::ptr::eq(*p, *policy));
+            1 + found.unwrap_or_else(|| {
+                policies.push(policy);
+                policies.len() - 1
+            })
+        })
+        .collect();
+    (policies, numbers)
+}
+
 fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records: &Records) -> Cmd {
     let keys: usize = checks.iter().map(|(p, _, _)| p.limits().len()).sum();
     let mut cmd = redis::cmd(verb);
@@ -194,18 +211,7 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records
             cmd.arg(key.as_str());
         }
     }
-    // a batch holds few policies (usually one): a scan finds each check's
-    let mut policies: Vec<&RatePolicy> = Vec::new();
-    let numbers: Vec<usize> = checks
-        .iter()
-        .map(|(policy, _, _)| {
-            let found = policies.iter().position(|p| std::ptr::eq(*p, *policy));
-            1 + found.unwrap_or_else(|| {
-                policies.push(policy);
-                policies.len() - 1
-            })
-        })
-        .collect();
+    let (policies, numbers) = numbered(checks);
     cmd.arg(deadline)
         .arg(records.keys.len())
         .arg(records.retain_ms)
