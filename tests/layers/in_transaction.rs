@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common::postgres;
+use crate::common::proxy::Proxy;
 use crate::grpc_server::helloworld::greeter_client::GreeterClient;
 use crate::grpc_server::helloworld::greeter_server::{Greeter, GreeterServer};
 use crate::grpc_server::helloworld::{HelloReply, HelloRequest};
@@ -323,4 +324,134 @@ async fn records_outlive_the_lease_and_an_idle_transaction_ends_at_it() {
     let (status, replayed, _) = send(&quick, "idle", "k-idle").await;
     assert_eq!((status, replayed), (StatusCode::CREATED, false));
     assert_eq!(rows(&store, &table).await, 2);
+}
+
+/// The layer on a store that reaches the server through `proxy`, in the schema of `direct`.
+fn layer_through(proxy: &Proxy, direct: &PgStore) -> IdempotencyLayer {
+    let store = PgStore::builder(format!("postgres://postgres@{}/postgres", proxy.addr()))
+        .schema(direct.schema().to_owned())
+        .timeout(Duration::from_secs(2))
+        .pool_size(2)
+        .purge_interval(None)
+        .build()
+        .unwrap();
+    IdempotencyLayer::in_transaction(store)
+        .unscoped()
+        .build()
+        .unwrap()
+}
+
+/// An app whose handler inserts a row and then has `proxy` break every connection after
+/// `after` (while the layer commits), then heal.
+fn cutting_app(
+    layer: IdempotencyLayer,
+    table: &str,
+    proxy: &Arc<Proxy>,
+    after: Duration,
+) -> Router {
+    let insert = format!("INSERT INTO {table} (note) VALUES ('cut')");
+    let proxy = Arc::clone(proxy);
+    Router::new()
+        .route(
+            "/{outcome}",
+            post(move |Extension(tx): Extension<OnceTx>| async move {
+                tx.execute(&insert, &[]).await.unwrap();
+                let proxy = Arc::clone(&proxy);
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    proxy.cut();
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    proxy.heal();
+                });
+                (StatusCode::CREATED, "made")
+            }),
+        )
+        .layer(layer)
+}
+
+/// The connection breaks while the server carries out the handler's `COMMIT` (a deferred
+/// trigger makes it take a second): the layer finds it committed and answers the response,
+/// which retries then replay — one row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_is_found_committed_and_answered() {
+    let (direct, table) = store_and_table().await;
+    let schema = direct.schema().to_owned();
+    let server = tokio::task::spawn_blocking(postgres::shared).await.unwrap();
+    server
+        .client()
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION {schema}.slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$; \
+             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON {table} \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.slow_commit()"
+        ))
+        .await
+        .unwrap();
+    let proxy = Arc::new(Proxy::start(server.addr()).await);
+    let app = cutting_app(
+        layer_through(&proxy, &direct),
+        &table,
+        &proxy,
+        Duration::from_millis(400),
+    );
+    let (status, replayed, body) = send(&app, "cut", "k-lost-answer").await;
+    assert_eq!(
+        (status, replayed, &body[..]),
+        (StatusCode::CREATED, false, &b"made"[..]),
+        "a commit carried out is answered"
+    );
+    assert_eq!(rows(&direct, &table).await, 1);
+    let (status, replayed, body) = send(&app, "cut", "k-lost-answer").await;
+    assert_eq!(
+        (status, replayed, &body[..]),
+        (StatusCode::CREATED, true, &b"made"[..])
+    );
+    assert_eq!(rows(&direct, &table).await, 1, "the retry replayed");
+}
+
+/// `COMMIT` goes into a partition and the connection breaks: nothing stands, the caller gets
+/// `503`, and a retry runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_never_arrived_is_answered_503_and_the_retry_runs_once() {
+    let (direct, table) = store_and_table().await;
+    let server = tokio::task::spawn_blocking(postgres::shared).await.unwrap();
+    let proxy = Arc::new(Proxy::start(server.addr()).await);
+    let layer = layer_through(&proxy, &direct);
+    let insert = format!("INSERT INTO {table} (note) VALUES ('dark')");
+    let dark = Arc::clone(&proxy);
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let app = Router::new()
+        .route(
+            "/{outcome}",
+            post(move |Extension(tx): Extension<OnceTx>| async move {
+                tx.execute(&insert, &[]).await.unwrap();
+                if !first.swap(false, Ordering::SeqCst) {
+                    return (StatusCode::CREATED, "made");
+                }
+                // what follows (the record and COMMIT) goes into the dark, then breaks
+                dark.silence();
+                let dark = Arc::clone(&dark);
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    dark.cut();
+                    dark.unsilence();
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    dark.heal();
+                });
+                (StatusCode::CREATED, "made")
+            }),
+        )
+        .layer(layer);
+    let (status, replayed, _) = send(&app, "dark", "k-dark").await;
+    assert_eq!((status, replayed), (StatusCode::SERVICE_UNAVAILABLE, false));
+    assert_eq!(rows(&direct, &table).await, 0, "nothing of the run stands");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, replayed, _) = send(&app, "dark", "k-dark").await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, false),
+        "the retry runs"
+    );
+    assert_eq!(rows(&direct, &table).await, 1);
 }
