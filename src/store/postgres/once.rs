@@ -293,16 +293,21 @@ impl PgStore {
         };
         // one round trip: the lookup's snapshot is taken after the lock, so it sees every run
         // that committed before it was taken
+        // the lock and the lookup are bounded by the store timeout; the handler's statements by
+        // the session's own statement_timeout, as without the layer
         let begin = format!(
-            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}",
-            millis(idle).clamp(1, i32::MAX as u64)
+            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; \
+             SET LOCAL statement_timeout = {}",
+            millis(idle).clamp(1, i32::MAX as u64),
+            millis(self.timeout()).clamp(1, i32::MAX as u64)
         );
         let lock_params: [&(dyn ToSql + Sync); 2] = [&key, &LOCK_SEED];
         let lookup_params: [&(dyn ToSql + Sync); 1] = [&key];
-        let (_, locked, row) = tokio::try_join!(
+        let (_, locked, row, _) = tokio::try_join!(
             tx.batch_execute(&begin),
             tx.query_one(&lock, &lock_params),
             tx.query_opt(&lookup, &lookup_params),
+            tx.batch_execute("SET LOCAL statement_timeout TO DEFAULT"),
         )
         .map_err(pg_error)?;
         let running = Running {
@@ -380,6 +385,10 @@ impl Running {
         let retention_ms = i64::try_from(millis(self.retention)).unwrap_or(i64::MAX);
         let params: [&(dyn ToSql + Sync); 4] =
             [&self.key, &self.fingerprint, &output, &retention_ms];
+        let bound = format!(
+            "SET LOCAL statement_timeout = {}",
+            millis(self.store.timeout()).clamp(1, i32::MAX as u64)
+        );
         let commit = async {
             let record = self
                 .tx
@@ -387,9 +396,13 @@ impl Running {
                 .object()
                 .prepare_cached(&sql.once_record)
                 .await?;
+            // the record is bounded by the store timeout; the commit (deferred constraints and
+            // triggers of the handler's rows) by the session's own
             tokio::try_join!(
+                self.tx.batch_execute(&bound),
                 self.tx.execute(&record, &params),
-                self.tx.batch_execute("COMMIT"),
+                self.tx
+                    .batch_execute("SET LOCAL statement_timeout TO DEFAULT; COMMIT"),
             )
             .map(drop)
         };
