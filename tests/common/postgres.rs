@@ -303,3 +303,23 @@ pub async fn store() -> PgStore {
         .expect("start the shared postgres");
     server.builder().connect().await.expect("migrated store")
 }
+
+/// Makes every commit of rows inserted into `table` (in `schema`) take a second on the shared
+/// server: a deferred constraint trigger sleeps in it — time to break a connection during
+/// `COMMIT`.
+pub async fn slow_commits(schema: &str, table: &str) {
+    let server = tokio::task::spawn_blocking(shared)
+        .await
+        .expect("start the shared postgres");
+    server
+        .client()
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION {schema}.slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$; \
+             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON {table} \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.slow_commit()"
+        ))
+        .await
+        .expect("create the slow-commit trigger");
+}

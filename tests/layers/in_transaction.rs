@@ -377,17 +377,7 @@ async fn a_commit_whose_answer_is_lost_is_found_committed_and_answered() {
     let (direct, table) = store_and_table().await;
     let schema = direct.schema().to_owned();
     let server = tokio::task::spawn_blocking(postgres::shared).await.unwrap();
-    server
-        .client()
-        .await
-        .batch_execute(&format!(
-            "CREATE FUNCTION {schema}.slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
-             $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$; \
-             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON {table} \
-             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.slow_commit()"
-        ))
-        .await
-        .unwrap();
+    postgres::slow_commits(&schema, &table).await;
     let proxy = Arc::new(Proxy::start(server.addr()).await);
     let app = cutting_app(
         layer_through(&proxy, &direct),

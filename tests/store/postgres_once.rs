@@ -211,20 +211,8 @@ fn cut_soon(proxy: &Arc<crate::common::proxy::Proxy>, after: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_answer_is_lost_is_found_committed() {
     let (direct, _, table) = two_copies().await;
-    // a commit that takes a second on the server: a deferred trigger sleeps in it
     let schema = direct.schema().to_owned();
-    server()
-        .await
-        .client()
-        .await
-        .batch_execute(&format!(
-            "CREATE FUNCTION {schema}.slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
-             $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$; \
-             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON {table} \
-             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.slow_commit()"
-        ))
-        .await
-        .unwrap();
+    postgres::slow_commits(&schema, &table).await;
     let proxy = Arc::new(crate::common::proxy::Proxy::start(server().await.addr()).await);
     let store = through(&proxy, &direct).await;
     let answer = store
