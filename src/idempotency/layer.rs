@@ -96,6 +96,10 @@ impl IdempotencyLayer {
     /// or neither does: a handler that fails, panics or whose copy dies leaves nothing, and its
     /// key is free at once; a committed request replays to every retry.
     ///
+    /// - The key is [required](IdempotencyLayerBuilder::required) by default: a handler that
+    ///   needs its transaction gets one on every request it sees (`400` without a key). With
+    ///   `.required(false)`, requests without a key pass through without a transaction: take
+    ///   `Option<Extension<OnceTx>>` then.
     /// - Concurrent requests with one key are kept out (`409`) by a transaction-level advisory
     ///   lock taken as the transaction begins: nothing holds the key longer than the
     ///   transaction, which lasts as long as the handler and its response. The server ends a
@@ -119,13 +123,13 @@ impl IdempotencyLayer {
     /// ```
     /// # fn layer(store: tollgate::store::PgStore) {
     /// use tollgate::idempotency::IdempotencyLayer;
-    /// let layer = IdempotencyLayer::in_transaction(store).unscoped().required(true).build();
+    /// let layer = IdempotencyLayer::in_transaction(store).unscoped().build();
     /// assert!(layer.is_ok());
     /// # }
     /// ```
     #[cfg(feature = "postgres")]
     pub fn in_transaction(store: crate::store::PgStore) -> IdempotencyLayerBuilder {
-        let mut builder = Self::builder(store.clone());
+        let mut builder = Self::builder(store.clone()).required(true);
         builder.settings.transaction = Some(store);
         builder
     }

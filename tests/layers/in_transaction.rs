@@ -158,6 +158,13 @@ async fn rows_stand_exactly_when_the_response_is_recorded() {
         "an unrecordable response leaves no row"
     );
 
+    // a request without a key is refused: the key is required, so every handler has its
+    // transaction
+    let keyless = Request::post("/ok").body(Body::empty()).unwrap();
+    let response = app.clone().oneshot(keyless).await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(rows(&store, &table).await, 2);
+
     // another request under a used key is refused
     let (status, _, _) = send(&app, "client", "k-ok").await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
