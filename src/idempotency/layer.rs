@@ -102,7 +102,9 @@ impl IdempotencyLayer {
     ///   `Option<Extension<OnceTx>>` then.
     /// - Concurrent requests with one key are kept out (`409`) by a transaction-level advisory
     ///   lock taken as the transaction begins: nothing holds the key longer than the
-    ///   transaction, which lasts as long as the handler and its response. The server ends a
+    ///   transaction, which lasts as long as the handler and its response. A request with
+    ///   another body under a key still running gets `409` too (the running request's
+    ///   fingerprint is not committed yet), and `422` once it has committed. The server ends a
     ///   transaction left idle for a [lease](IdempotencyLayerBuilder::lease) (a copy cut off
     ///   from the database), which frees its key.
     /// - Isolation: READ COMMITTED, PostgreSQL's default, as the handler would have without the
