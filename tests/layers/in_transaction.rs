@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tokio::net::TcpListener;
-use tollgate::idempotency::IdempotencyLayer;
+use tollgate::idempotency::{IdempotencyLayer, OnConcurrent};
 use tollgate::store::{OnceTx, PgStore};
 use tonic::{Code, Status};
 use tower::ServiceExt;
@@ -451,4 +451,30 @@ async fn a_commit_that_never_arrived_is_answered_503_and_the_retry_runs_once() {
         "the retry runs"
     );
     assert_eq!(rows(&direct, &table).await, 1);
+}
+
+/// With `OnConcurrent::Wait`, a request whose key is running waits for its commit and replays
+/// it: one row, two identical answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_request_replays_the_commit_it_waited_for() {
+    let (store, table) = store_and_table().await;
+    let layer = IdempotencyLayer::in_transaction(store.clone())
+        .unscoped()
+        .on_concurrent(OnConcurrent::Wait(Duration::from_secs(5)))
+        .build()
+        .unwrap();
+    let app = app_with(layer, &table, Duration::from_millis(400));
+    let (first, second) = tokio::join!(send(&app, "waited", "k-wait"), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        send(&app, "waited", "k-wait").await
+    });
+    assert_eq!(
+        first,
+        (StatusCode::CREATED, false, Bytes::from_static(b"waited"))
+    );
+    assert_eq!(
+        second,
+        (StatusCode::CREATED, true, Bytes::from_static(b"waited"))
+    );
+    assert_eq!(rows(&store, &table).await, 1);
 }
