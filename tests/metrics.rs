@@ -199,4 +199,34 @@ async fn every_series_counts_exactly_what_happened() {
         ]
     );
     server.kill();
+
+    // idempotency in the handler's transaction on PostgreSQL: executed, then replayed
+    let pg = common::postgres::store().await;
+    let in_transaction = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::in_transaction(pg)
+                .unscoped()
+                .build()
+                .unwrap(),
+        )
+        .service(tower::service_fn(pay));
+    recorded(&snapshotter); // the migration's calls
+    for replayed in [false, true] {
+        let response = in_transaction.clone().oneshot(post("a")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers().contains_key("idempotent-replayed"),
+            replayed
+        );
+        response.into_body().collect().await.unwrap();
+    }
+    assert_eq!(
+        recorded(&snapshotter),
+        vec![
+            series(IDEMPOTENCY_REQUESTS, "outcome=executed", 1),
+            series(IDEMPOTENCY_REQUESTS, "outcome=replayed", 1),
+            series(STORE_CALL_DURATION, "operation=once_begin", 2),
+            series(STORE_CALL_DURATION, "operation=once_commit", 1),
+        ]
+    );
 }

@@ -15,6 +15,7 @@ use tokio_postgres::types::ToSql;
 
 use super::PgStore;
 use super::call::{pg_error, pool_error};
+use crate::store::kit::observed;
 use crate::store::{StoreError, StoreErrorKind, millis};
 
 /// What [`PgStore::once`] answers.
@@ -265,10 +266,13 @@ impl PgStore {
         idle: Duration,
     ) -> Result<Begun, StoreError> {
         // a transaction begun too late is dropped with its connection: the server rolls it back
+        let started = std::time::Instant::now();
         let begin = self.begin_within(key, fingerprint, retention, idle);
-        tokio::time::timeout(self.timeout(), begin)
+        let begun = tokio::time::timeout(self.timeout(), begin)
             .await
-            .unwrap_or_else(|_| Err(StoreError::timeout()))
+            .unwrap_or_else(|_| Err(StoreError::timeout()));
+        observed("once_begin", started, &begun);
+        begun
     }
 
     async fn begin_within(
@@ -381,6 +385,19 @@ impl Running {
     /// Records `output` and commits, in one round trip; a commit whose answer was lost is
     /// looked up before anything is said.
     pub(crate) async fn commit(self, output: &[u8]) -> Result<(), CommitError> {
+        let started = std::time::Instant::now();
+        let committed = self.record_and_commit(output).await;
+        let failure = match &committed {
+            Ok(()) => Ok(()),
+            Err(CommitError::NotCommitted(e) | CommitError::Unknown(e)) => Err(e.shared()),
+            Err(CommitError::Mismatch) => Ok(()),
+        };
+        observed("once_commit", started, &failure);
+        committed
+    }
+
+    /// [`commit`](Self::commit), without its measurement.
+    async fn record_and_commit(self, output: &[u8]) -> Result<(), CommitError> {
         let sql = &self.store.inner.shared.sql;
         let retention_ms = i64::try_from(millis(self.retention)).unwrap_or(i64::MAX);
         let params: [&(dyn ToSql + Sync); 4] =
