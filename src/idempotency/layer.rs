@@ -116,6 +116,10 @@ impl IdempotencyLayer {
     /// - Responses the layer would not store (5xx, a retryable gRPC status) are rolled back with
     ///   the handler's rows; so are responses over the [storage
     ///   cap](IdempotencyLayerBuilder::response_limit) and bodies that fail, answered `503`.
+    /// - Each running request holds one of the store's pooled connections until it ends: give
+    ///   the layer a [`PgStore`](crate::store::PgStore) of its own (its own
+    ///   [pool size](crate::store::PgStoreBuilder::pool_size)) when the same database also
+    ///   serves rate limits, so that slow handlers cannot starve them.
     /// - Cost: a replay is one round trip; a first execution two besides the handler's own
     ///   statements (the transaction's start with the lock and the lookup, pipelined; the record
     ///   with the commit), as for the store-backed layer (claim, complete). The handler's
