@@ -478,3 +478,117 @@ async fn a_waiting_request_replays_the_commit_it_waited_for() {
     );
     assert_eq!(rows(&store, &table).await, 1);
 }
+
+/// The record and `COMMIT` are held by a partition past the store timeout, then delivered: the
+/// layer does not answer before the run's transaction is over on the server — the late commit
+/// counts, and the caller gets the response it recorded (one row; retries replay it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_held_by_a_partition_and_delivered_late_is_answered_as_it_ended() {
+    let (direct, table) = store_and_table().await;
+    let server = tokio::task::spawn_blocking(postgres::shared).await.unwrap();
+    let proxy = Arc::new(Proxy::start(server.addr()).await);
+    let layer = layer_through(&proxy, &direct);
+    let insert = format!("INSERT INTO {table} (note) VALUES ('late')");
+    let held = Arc::clone(&proxy);
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let app = Router::new()
+        .route(
+            "/{outcome}",
+            post(move |Extension(tx): Extension<OnceTx>| async move {
+                tx.execute(&insert, &[]).await.unwrap();
+                if first.swap(false, Ordering::SeqCst) {
+                    // the record and COMMIT wait in the partition for 3 s (the store timeout
+                    // is 2 s), then arrive; nothing is cut
+                    held.silence();
+                    let held = Arc::clone(&held);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                        held.unsilence();
+                    });
+                }
+                (StatusCode::CREATED, "made")
+            }),
+        )
+        .layer(layer);
+    let started = std::time::Instant::now();
+    let (status, replayed, body) = send(&app, "late", "k-late").await;
+    assert_eq!(
+        (status, replayed, &body[..]),
+        (StatusCode::CREATED, false, &b"made"[..]),
+        "the late commit is found committed"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "answered before the held commit arrived: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(rows(&direct, &table).await, 1);
+    let (status, replayed, _) = send(&app, "late", "k-late").await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(rows(&direct, &table).await, 1, "the retry replayed");
+}
+
+/// PostgreSQL restarts while a handler runs: its transaction is gone, so the caller gets `503`
+/// and nothing stands; a request committed before the restart still replays after it, and the
+/// interrupted key runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restart_mid_request_leaves_nothing_and_records_survive() {
+    let server = Arc::new(std::sync::Mutex::new(
+        tokio::task::spawn_blocking(postgres::PgServer::start)
+            .await
+            .unwrap(),
+    ));
+    let url = server.lock().unwrap().url();
+    let store = PgStore::builder(url)
+        .timeout(Duration::from_secs(2))
+        .pool_size(4)
+        .purge_interval(None)
+        .connect()
+        .await
+        .unwrap();
+    let table = format!("{}.rows", store.schema());
+    let client = store.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!("CREATE TABLE {table} (note text NOT NULL)"))
+        .await
+        .unwrap();
+    drop(client);
+    let layer = IdempotencyLayer::in_transaction(store.clone())
+        .unscoped()
+        .build()
+        .unwrap();
+    let app = app_with(layer, &table, Duration::from_millis(1500));
+    assert_eq!(
+        send(&app, "before", "k-before").await.0,
+        StatusCode::CREATED
+    );
+
+    let restarting = Arc::clone(&server);
+    let restart = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::task::spawn_blocking(move || restarting.lock().unwrap().restart())
+            .await
+            .unwrap();
+    });
+    let (status, replayed, _) = send(&app, "during", "k-during").await;
+    restart.await.unwrap();
+    assert_eq!((status, replayed), (StatusCode::SERVICE_UNAVAILABLE, false));
+    assert_eq!(
+        rows(&store, &table).await,
+        1,
+        "only the row committed before"
+    );
+
+    let (status, replayed, body) = send(&app, "before", "k-before").await;
+    assert_eq!(
+        (status, replayed, &body[..]),
+        (StatusCode::CREATED, true, &b"before"[..])
+    );
+    let (status, replayed, _) = send(&app, "during", "k-during").await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, false),
+        "the key runs once"
+    );
+    assert_eq!(rows(&store, &table).await, 2);
+}

@@ -284,9 +284,12 @@ impl PgStore {
     ) -> Result<Begun, StoreError> {
         let client = self.pool().get().await.map_err(pool_error)?;
         let sql = &self.inner.shared.sql;
-        let (lock, lookup) = tokio::try_join!(
+        // prepared together (once per connection): the commit then sends the record and COMMIT
+        // at once, with nothing to wait for in between
+        let (lock, lookup, _) = tokio::try_join!(
             client.prepare_cached(TRY_LOCK),
-            client.prepare_cached(&sql.once_lookup)
+            client.prepare_cached(&sql.once_lookup),
+            client.prepare_cached(&sql.once_record),
         )
         .map_err(pg_error)?;
         let tx = OnceTx {
