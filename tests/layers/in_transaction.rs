@@ -432,8 +432,9 @@ async fn a_commit_that_never_arrived_is_answered_503_and_the_retry_runs_once() {
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(300)).await;
                     dark.cut();
-                    dark.unsilence();
+                    // the held bytes go with the connection: only then may anything flow
                     tokio::time::sleep(Duration::from_millis(100)).await;
+                    dark.unsilence();
                     dark.heal();
                 });
                 (StatusCode::CREATED, "made")
