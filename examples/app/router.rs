@@ -550,9 +550,12 @@ fn transfer_routes(state: &AppState) -> Router<AppState> {
 
 /// Creates the app's own table of transfers, if it does not exist.
 pub async fn prepare_transfers(database: &PgStore) -> Result<(), tollgate::store::StoreError> {
-    let client = database.pool().get().await.map_err(|e| {
-        tollgate::store::StoreError::new(tollgate::store::StoreErrorKind::Unavailable, e)
-    })?;
+    use tollgate::store::{StoreError, StoreErrorKind::Unavailable};
+    let client = database
+        .pool()
+        .get()
+        .await
+        .map_err(|e| StoreError::new(Unavailable, e))?;
     client
         .batch_execute(
             "CREATE TABLE IF NOT EXISTS app_transfers (
@@ -563,9 +566,7 @@ pub async fn prepare_transfers(database: &PgStore) -> Result<(), tollgate::store
                created_at timestamptz NOT NULL DEFAULT now())",
         )
         .await
-        .map_err(|e| {
-            tollgate::store::StoreError::new(tollgate::store::StoreErrorKind::Unavailable, e)
-        })
+        .map_err(|e| StoreError::new(Unavailable, e))
 }
 
 /// The body of `POST /transfers`.

@@ -305,8 +305,8 @@ impl PgStore {
         let begin = format!(
             "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; \
              SET LOCAL statement_timeout = {}",
-            millis(idle).clamp(1, i32::MAX as u64),
-            millis(self.timeout()).clamp(1, i32::MAX as u64)
+            setting_ms(idle),
+            setting_ms(self.timeout())
         );
         let lock_params: [&(dyn ToSql + Sync); 2] = [&key, &LOCK_SEED];
         let lookup_params: [&(dyn ToSql + Sync); 1] = [&key];
@@ -407,7 +407,7 @@ impl Running {
             [&self.key, &self.fingerprint, &output, &retention_ms];
         let bound = format!(
             "SET LOCAL statement_timeout = {}",
-            millis(self.store.timeout()).clamp(1, i32::MAX as u64)
+            setting_ms(self.store.timeout())
         );
         let commit = async {
             let record = self
@@ -482,6 +482,12 @@ impl Running {
             self.tx.open.ended.store(true, Ordering::Release);
         }
     }
+}
+
+/// `d` as a PostgreSQL timeout setting in milliseconds: at least 1 (0 would turn it off), at
+/// most what the setting takes.
+fn setting_ms(d: Duration) -> u64 {
+    millis(d).clamp(1, i32::MAX as u64)
 }
 
 /// A recorded run as the beginning of a run with `fingerprint`.

@@ -407,23 +407,7 @@ impl Link {
         if primary.is_empty() || self.primary() == primary {
             return;
         }
-        let Opener::Sentinel {
-            config,
-            primary_client,
-            ..
-        } = &self.opener
-        else {
-            return;
-        };
-        match primary_client(&primary).and_then(|client| open_single(client, config.clone())) {
-            Ok(conn) => {
-                self.set(conn);
-                self.set_primary(primary);
-            }
-            Err(error) => tracing::warn!(
-                target: "tollgate::store", %error, "could not open a connection to the primary"
-            ),
-        }
+        self.open_on(primary);
     }
 
     /// One question to the sentinels; moves to the primary they name when it is another, or
@@ -432,10 +416,9 @@ impl Link {
         let Opener::Sentinel {
             sentinels,
             master,
-            config,
             timeout,
-            primary_client,
             known,
+            ..
         } = &self.opener
         else {
             return;
@@ -447,21 +430,39 @@ impl Link {
         if !moved && !reopen {
             return;
         }
+        if moved {
+            tracing::warn!(target: "tollgate::store", %primary, "the sentinels name a new primary; moving to it");
+        }
+        if !self.open_on(primary.clone()) {
+            return;
+        }
+        if moved && known.primary() != primary {
+            let generation = known.publish(&primary);
+            self.seen.store(generation, Ordering::Release);
+        }
+    }
+
+    /// Behind sentinels, replaces the connection with one to `primary` (lazily: no I/O);
+    /// whether it could be made.
+    fn open_on(&self, primary: String) -> bool {
+        let Opener::Sentinel {
+            config,
+            primary_client,
+            ..
+        } = &self.opener
+        else {
+            return false;
+        };
         match primary_client(&primary).and_then(|client| open_single(client, config.clone())) {
             Ok(conn) => {
-                if moved {
-                    tracing::warn!(target: "tollgate::store", %primary, "the sentinels name a new primary; moving to it");
-                }
                 self.set(conn);
-                if moved && known.primary() != primary {
-                    let generation = known.publish(&primary);
-                    self.seen.store(generation, Ordering::Release);
-                }
                 self.set_primary(primary);
+                true
             }
-            Err(error) => tracing::warn!(
-                target: "tollgate::store", %error, "could not open a connection to the primary"
-            ),
+            Err(error) => {
+                tracing::warn!(target: "tollgate::store", %error, "could not open a connection to the primary");
+                false
+            }
         }
     }
 
