@@ -75,6 +75,33 @@ impl Calls {
     fn get(&self) -> usize {
         self.0.load(Ordering::SeqCst)
     }
+
+    /// Returns once the handler has been entered `runs` times (its request claimed the key),
+    /// for at most 10 s.
+    async fn reached(&self, runs: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.get() < runs {
+            assert!(
+                Instant::now() < deadline,
+                "setup: the handler ran {} times in 10 s, not {runs}",
+                self.get()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// Sends `request()` until it is answered other than `409` (the key's run is over), for at
+/// most 5 s.
+async fn once_settled(svc: &Svc, request: impl Fn() -> Request<ReqBody>) -> Answer {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let answer = send(svc, request()).await;
+        if answer.status != StatusCode::CONFLICT || Instant::now() >= deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn body(data: impl Into<Bytes>) -> Body {
@@ -720,7 +747,7 @@ async fn waiting_duplicates_get_the_first_response_and_no_409() {
         let svc = svc.clone();
         async move { send(&svc, keyed("wait-2", "{}")).await }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    flaky.reached(1).await;
     let second = send(&svc, keyed("wait-2", "{}")).await;
     let first = first.await.unwrap();
     assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
@@ -742,16 +769,14 @@ async fn waiting_duplicates_get_the_first_response_and_no_409() {
         let svc = svc.clone();
         async move { send(&svc, keyed("wait-3", "{}")).await }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    slow.reached(1).await;
     let started = Instant::now();
     let second = send(&svc, keyed("wait-3", "{}")).await;
     let waited = started.elapsed();
+    // 409 (not the replay the 1.2 s handler ends in): the wait ended before the handler did
     assert_eq!(second.status, StatusCode::CONFLICT);
     assert!(second.retry_after() >= 1);
-    assert!(
-        waited >= Duration::from_millis(180) && waited < Duration::from_millis(900),
-        "waited {waited:?}"
-    );
+    assert!(waited >= Duration::from_millis(180), "waited {waited:?}");
     assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
     assert_eq!(slow.get(), 1);
 }
@@ -816,13 +841,13 @@ async fn a_key_reused_for_another_request_gets_422() {
     // A mismatch is refused while the first request still runs, too (422, not 409).
     let slow = stack(
         &default_layer(&server),
-        order(&calls, Duration::from_millis(400)),
+        order(&calls, Duration::from_millis(1000)),
     );
     let running = tokio::spawn({
         let slow = slow.clone();
         async move { send(&slow, keyed("fp-2", "{\"a\":1}")).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    calls.reached(2).await;
     let a = send(&slow, keyed("fp-2", "{\"a\":2}")).await;
     assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY);
     let a = send(&slow, keyed("fp-2", "{\"a\":1}")).await;
@@ -967,9 +992,9 @@ async fn failed_handlers_release_the_key_and_a_retry_runs_again() {
     let err = res.into_body().collect().await.expect_err("the body fails");
     assert_eq!(err.to_string(), "connection to the backend lost");
     // The error reaches the caller before the key is released: an immediate retry may still meet
-    // the claim (`a_retry_right_after_a_broken_body_runs_again` tests that); here, give it time.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let a = send(&svc, keyed("fail-body", "{}")).await;
+    // the claim (`a_retry_right_after_a_broken_body_runs_again` tests that); here, once it is
+    // released.
+    let a = once_settled(&svc, || keyed("fail-body", "{}")).await;
     assert_eq!(a.body, "run 2 and the rest");
     assert!(!a.replayed());
     assert_eq!(calls.get(), 2);
@@ -1674,21 +1699,20 @@ async fn a_client_that_goes_away_still_gets_the_replay_on_retry() {
     let calls = Calls::default();
     let svc = stack(
         &default_layer(&server),
-        order(&calls, Duration::from_millis(300)),
+        order(&calls, Duration::from_millis(1000)),
     );
-    let dropped = tokio::time::timeout(
-        Duration::from_millis(50),
-        svc.clone().oneshot(keyed("dc-1", "{\"pay\":1}")),
-    )
-    .await;
-    assert!(dropped.is_err(), "the client gave up before the answer");
+    // The client goes away once the handler has begun.
+    tokio::select! {
+        answer = svc.clone().oneshot(keyed("dc-1", "{\"pay\":1}")) => {
+            panic!("answered before the client gave up: {:?}", answer.map(|r| r.status()))
+        }
+        () = calls.reached(1) => {}
+    }
     // The orphaned run still holds the key.
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let during = send(&svc, keyed("dc-1", "{\"pay\":1}")).await;
     assert_eq!(during.status, StatusCode::CONFLICT);
 
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let retry = send(&svc, keyed("dc-1", "{\"pay\":1}")).await;
+    let retry = once_settled(&svc, || keyed("dc-1", "{\"pay\":1}")).await;
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(retry.replayed(), "the orphaned run's response was stored");
     assert_eq!(retry.json()["run"], 1);
@@ -1702,20 +1726,21 @@ async fn the_lease_is_kept_alive_while_the_handler_runs() {
     let calls = Calls::default();
     let layer = IdempotencyLayer::builder(server.store())
         .unscoped()
-        .lease(Duration::from_millis(300))
+        .lease(Duration::from_secs(1))
         .build()
         .unwrap();
-    let svc = stack(&layer, order(&calls, Duration::from_millis(1200)));
+    let svc = stack(&layer, order(&calls, Duration::from_secs(4)));
     let first = tokio::spawn({
         let svc = svc.clone();
         async move { send(&svc, keyed("lease-1", "{}")).await }
     });
-    // Well past the 300 ms lease: the claim is still held (extended), and never for long.
+    calls.reached(1).await;
+    // Well past the 1 s lease: the claim is still held (extended), and never for long.
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(800)).await;
         let keys = redis_keys(&server);
         assert_eq!(keys.len(), 1, "{keys:?}");
-        assert!(keys[0].1 > 0 && keys[0].1 <= 300, "{keys:?}");
+        assert!(keys[0].1 > 0 && keys[0].1 <= 1000, "{keys:?}");
         let dup = send(&svc, keyed("lease-1", "{}")).await;
         assert_eq!(dup.status, StatusCode::CONFLICT);
     }
@@ -2483,7 +2508,12 @@ async fn buffered_bodies_share_one_budget() {
     let (slow, upload) = uploading(&unique("holding"));
     let slow = tokio::spawn(send(&svc, slow));
     upload.send(Bytes::from_static(b"{\"a\":12")).await.unwrap(); // 7 bytes held
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // the layer has taken them
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while upload.capacity() < upload.max_capacity() {
+        assert!(Instant::now() < deadline, "setup: the upload was not read");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     let key = unique("refused");
     let refused = send(&svc, keyed(&key, "{\"b\":1}")).await; // 7 more: over 10
     assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);

@@ -12,7 +12,7 @@ use crate::grpc_server::helloworld::{HelloReply, HelloRequest};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -52,8 +52,19 @@ async fn rows(store: &PgStore, table: &str) -> i64 {
 /// waits `wait`, then answers as `outcome` says: `client` 400, `fail` 500, `panic` panics, `big`
 /// a 4 KiB body, anything else 201 with the outcome as its body.
 fn app_with(layer: IdempotencyLayer, table: &str, wait: Duration) -> Router {
+    app_counting(layer, table, wait).0
+}
+
+/// [`app_with`], and how many rows its handler has inserted (committed or not).
+fn app_counting(
+    layer: IdempotencyLayer,
+    table: &str,
+    wait: Duration,
+) -> (Router, Arc<AtomicUsize>) {
     let insert = format!("INSERT INTO {table} (note) VALUES ($1)");
-    Router::new()
+    let inserted = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&inserted);
+    let app = Router::new()
         .route(
             "/{outcome}",
             post(
@@ -61,6 +72,7 @@ fn app_with(layer: IdempotencyLayer, table: &str, wait: Duration) -> Router {
                       Extension(tx): Extension<OnceTx>| async move {
                     let statement = tx.prepare_cached(&insert).await.unwrap();
                     tx.execute(&statement, &[&outcome]).await.unwrap();
+                    counted.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(wait).await;
                     match outcome.as_str() {
                         "client" => (StatusCode::BAD_REQUEST, "refused".to_owned()),
@@ -72,7 +84,20 @@ fn app_with(layer: IdempotencyLayer, table: &str, wait: Duration) -> Router {
                 },
             ),
         )
-        .layer(layer)
+        .layer(layer);
+    (app, inserted)
+}
+
+/// Returns once `inserted` reaches `rows`, for at most 10 s.
+async fn inserted(inserted: &AtomicUsize, rows: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while inserted.load(Ordering::SeqCst) < rows {
+        assert!(
+            Instant::now() < deadline,
+            "setup: the handler did not insert its row within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// The app with a storage cap of 1 KiB.
@@ -184,19 +209,9 @@ async fn a_request_whose_key_is_in_flight_gets_409_and_no_row() {
         .unscoped()
         .build()
         .unwrap();
-    let insert = format!("INSERT INTO {table} (note) VALUES ('slow')");
-    let app = Router::new()
-        .route(
-            "/slow",
-            post(move |Extension(tx): Extension<OnceTx>| async move {
-                tx.execute(&insert, &[]).await.unwrap();
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                StatusCode::CREATED
-            }),
-        )
-        .layer(layer);
+    let (app, rows_inserted) = app_counting(layer, &table, Duration::from_secs(2));
     let (first, second) = tokio::join!(send(&app, "slow", "k-slow"), async {
-        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        inserted(&rows_inserted, 1).await;
         send(&app, "slow", "k-slow").await
     });
     assert_eq!(first.0, StatusCode::CREATED);
@@ -464,9 +479,9 @@ async fn a_waiting_request_replays_the_commit_it_waited_for() {
         .on_concurrent(OnConcurrent::Wait(Duration::from_secs(5)))
         .build()
         .unwrap();
-    let app = app_with(layer, &table, Duration::from_millis(400));
+    let (app, rows_inserted) = app_counting(layer, &table, Duration::from_millis(400));
     let (first, second) = tokio::join!(send(&app, "waited", "k-wait"), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        inserted(&rows_inserted, 1).await;
         send(&app, "waited", "k-wait").await
     });
     assert_eq!(
@@ -558,7 +573,7 @@ async fn a_database_restart_mid_request_leaves_nothing_and_records_survive() {
         .unscoped()
         .build()
         .unwrap();
-    let app = app_with(layer, &table, Duration::from_millis(1500));
+    let (app, rows_inserted) = app_counting(layer, &table, Duration::from_millis(1500));
     assert_eq!(
         send(&app, "before", "k-before").await.0,
         StatusCode::CREATED
@@ -566,7 +581,8 @@ async fn a_database_restart_mid_request_leaves_nothing_and_records_survive() {
 
     let restarting = Arc::clone(&server);
     let restart = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // the run's row is inserted, not committed
+        inserted(&rows_inserted, 2).await;
         tokio::task::spawn_blocking(move || restarting.lock().unwrap().restart())
             .await
             .unwrap();

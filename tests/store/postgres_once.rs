@@ -128,14 +128,22 @@ async fn failed_work_leaves_nothing_and_frees_the_key() {
 async fn a_cancelled_run_leaves_nothing_and_frees_the_key() {
     let (store, other, table) = two_copies().await;
     let table = Arc::new(table);
+    let began = Arc::new(tokio::sync::Notify::new());
     let running = {
-        let (store, table) = (store.clone(), Arc::clone(&table));
+        let (store, table, began) = (store.clone(), Arc::clone(&table), Arc::clone(&began));
         tokio::spawn(async move {
-            let work = async |tx: &OnceTx| transfer(tx, &table, Duration::from_secs(30)).await;
+            let work = async |tx: &OnceTx| {
+                let id = transfer(tx, &table, Duration::ZERO).await;
+                began.notify_one();
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                id
+            };
             store.once("transfer-3", "fp", HOUR, work).await
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::timeout(Duration::from_secs(10), began.notified())
+        .await
+        .expect("setup: the work did not insert its row within 10 s");
     let busy = other.once("transfer-3", "fp", HOUR, async |tx: &OnceTx| {
         transfer(tx, &table, Duration::ZERO).await
     });
