@@ -16,6 +16,7 @@
 //! | `REDIS_SENTINEL_MASTER` | unset               | the master name they monitor (with `REDIS_SENTINELS`) |
 //! | `REDIS_CA_CERT` | unset                       | a PEM CA certificate to trust for a `rediss://` `REDIS_URL` |
 //! | `REDIS_WAIT_REPLICAS` | `0`                   | replicas that must acknowledge every claim, lock and payment record |
+//! | `APP_STORE_TIMEOUT_MS` | `250`                | how long a store call may take before it fails (then `503`, or the failure policy) |
 //! | `DATABASE_URL`  | unset                       | or: a PostgreSQL database, `postgres://user:password@host:port/db` (schema `tollgate`, migrated at start) |
 //! | `APP_TRUSTED_PROXIES` | unset: none trusted   | CIDRs of proxies whose `X-Forwarded-For` names the client |
 //! | `APP_ON_STORE_ERROR` | `allow`                | `/api/*` while the store is down: `allow`, `deny` or `fallback:N` (N copies) |
@@ -65,15 +66,15 @@ async fn run() -> Result<(), Failure> {
     let config = AppConfig::from_env()?;
     let mut database = None;
     let store: Arc<dyn Store> = if let Some(url) = &config.database_url {
-        let store = postgres_store(url).await?;
+        let store = postgres_store(url, config.store_timeout).await?;
         database = Some(store.clone());
         Arc::new(store)
     } else if !config.redis_sentinels.is_empty() {
         sentinel_store(&config).await?
     } else if !config.redis_cluster_urls.is_empty() {
-        cluster_store(&config.redis_cluster_urls, config.wait_replicas).await?
+        cluster_store(&config).await?
     } else {
-        open_store(config.redis_url.as_deref(), config.wait_replicas)?
+        open_store(config.redis_url.as_deref(), &config)?
     };
     if config.database_url.is_none() {
         check_store(store.as_ref(), config.redis_url.as_deref()).await;
@@ -130,11 +131,12 @@ fn init_tracing() {
 }
 
 /// The store named by `REDIS_URL`, or a per-process memory store when it is unset.
-fn open_store(redis_url: Option<&str>, wait_replicas: u32) -> Result<Arc<dyn Store>, EnvError> {
+fn open_store(redis_url: Option<&str>, config: &AppConfig) -> Result<Arc<dyn Store>, EnvError> {
     let Some(url) = redis_url else {
         return env::open_store(None, MEMORY_STORE_WARNING);
     };
-    let store = env::redis_store(url, wait_replicas)?;
+    let wait_replicas = config.wait_replicas;
+    let store = env::redis_store(url, wait_replicas, config.store_timeout)?;
     tracing::info!(url = %env::redact_url(url), wait_replicas, "state is kept in Redis");
     Ok(store)
 }
@@ -143,20 +145,23 @@ fn open_store(redis_url: Option<&str>, wait_replicas: u32) -> Result<Arc<dyn Sto
 /// brought up to date, and the app's table of transfers created. A database that does not answer at startup is not fatal, as for Redis:
 /// the migration is retried in the background every second, and until it is done calls fail
 /// (the failure policies apply) and `/healthz` answers 503.
-async fn postgres_store(url: &str) -> Result<tollgate::store::PgStore, Failure> {
+async fn postgres_store(
+    url: &str,
+    timeout: Option<std::time::Duration>,
+) -> Result<tollgate::store::PgStore, Failure> {
     use tollgate::store::PgStore;
     const DATABASE_URL_FORMAT: &str =
         "a PostgreSQL URL, e.g. DATABASE_URL=postgres://app:secret@127.0.0.1:5432/app";
     let safe = env::redact_url(url);
-    let store = PgStore::builder(url)
-        .migration_timeout(std::time::Duration::from_secs(5))
-        .build()
-        .map_err(|e| {
-            Failure::config(
-                EnvError::new("DATABASE_URL", &safe, e.to_string(), DATABASE_URL_FORMAT)
-                    .to_string(),
-            )
-        })?;
+    let mut builder = PgStore::builder(url).migration_timeout(std::time::Duration::from_secs(5));
+    if let Some(timeout) = timeout {
+        builder = builder.timeout(timeout);
+    }
+    let store = builder.build().map_err(|e| {
+        Failure::config(
+            EnvError::new("DATABASE_URL", &safe, e.to_string(), DATABASE_URL_FORMAT).to_string(),
+        )
+    })?;
     match prepare(&store).await {
         Ok(()) => {
             tracing::info!(url = %safe, schema = store.schema(), "state is kept in PostgreSQL");
@@ -198,11 +203,13 @@ async fn sentinel_store(config: &AppConfig) -> Result<Arc<dyn Store>, Failure> {
         .iter()
         .map(|u| env::redact_url(u))
         .collect();
-    match RedisStore::sentinel_builder(config.redis_sentinels.iter().cloned(), master.as_str())
-        .wait_replicas(config.wait_replicas)
-        .connect()
-        .await
-    {
+    let mut builder =
+        RedisStore::sentinel_builder(config.redis_sentinels.iter().cloned(), master.as_str())
+            .wait_replicas(config.wait_replicas);
+    if let Some(timeout) = config.store_timeout {
+        builder = builder.timeout(timeout);
+    }
+    match builder.connect().await {
         Ok(store) => {
             tracing::info!(
                 sentinels = %safe.join(","), %master, wait_replicas = config.wait_replicas,
@@ -237,14 +244,16 @@ async fn sentinel_store(config: &AppConfig) -> Result<Arc<dyn Store>, Failure> {
 /// A store on the Redis Cluster reached through `urls` (`REDIS_CLUSTER_URLS`). Unlike a
 /// standalone Redis, a cluster must answer at startup: its slot map is read then.
 #[cfg(feature = "redis")]
-async fn cluster_store(urls: &[String], wait_replicas: u32) -> Result<Arc<dyn Store>, Failure> {
+async fn cluster_store(config: &AppConfig) -> Result<Arc<dyn Store>, Failure> {
     use tollgate::store::{RedisStore, StoreErrorKind};
+    let urls = &config.redis_cluster_urls;
     let safe: Vec<String> = urls.iter().map(|u| env::redact_url(u)).collect();
-    match RedisStore::cluster_builder(urls.iter().cloned())
-        .wait_replicas(wait_replicas)
-        .connect()
-        .await
-    {
+    let mut builder =
+        RedisStore::cluster_builder(urls.iter().cloned()).wait_replicas(config.wait_replicas);
+    if let Some(timeout) = config.store_timeout {
+        builder = builder.timeout(timeout);
+    }
+    match builder.connect().await {
         Ok(store) => {
             tracing::info!(nodes = %safe.join(","), "state is kept in a Redis Cluster");
             Ok(Arc::new(store))
@@ -266,10 +275,10 @@ async fn cluster_store(urls: &[String], wait_replicas: u32) -> Result<Arc<dyn St
 }
 
 #[cfg(not(feature = "redis"))]
-async fn cluster_store(urls: &[String], _wait_replicas: u32) -> Result<Arc<dyn Store>, Failure> {
+async fn cluster_store(config: &AppConfig) -> Result<Arc<dyn Store>, Failure> {
     Err(Failure::config(format!(
         "REDIS_CLUSTER_URLS={} needs tollgate's `redis` feature",
-        urls.join(",")
+        config.redis_cluster_urls.join(",")
     )))
 }
 

@@ -107,6 +107,9 @@ pub struct AppConfig {
     /// `REDIS_WAIT_REPLICAS`: how many replicas must acknowledge every claim, lock and payment
     /// record before it counts (0: none).
     pub wait_replicas: u32,
+    /// `APP_STORE_TIMEOUT_MS`: how long a store call may take before it fails (unset: the
+    /// store's default, 250 ms).
+    pub store_timeout: Option<Duration>,
     /// `APP_TRUSTED_PROXIES`: the proxies whose `X-Forwarded-For` names the client (none: the
     /// peer is the client).
     pub trusted_proxies: Vec<Cidr>,
@@ -289,6 +292,20 @@ impl AppConfig {
         };
         let payment_ms = u64::try_from(DEFAULT_PAYMENT_DELAY.as_millis()).unwrap_or(100);
         let ms = "milliseconds, e.g. 200";
+        let store_timeout = match vars.get("APP_STORE_TIMEOUT_MS") {
+            Some(_) => match vars.number("APP_STORE_TIMEOUT_MS", 0, ms)? {
+                0 => {
+                    return Err(EnvError::new(
+                        "APP_STORE_TIMEOUT_MS",
+                        "0",
+                        "a store call needs some time",
+                        ms,
+                    ));
+                }
+                n => Some(Duration::from_millis(n)),
+            },
+            None => None,
+        };
         let payment_delay = vars.number("APP_PAYMENT_DELAY_MS", payment_ms, ms)?;
         let transfer_delay = vars.number("APP_TRANSFER_DELAY_MS", 0, ms)?;
         let default = JobConfig::default();
@@ -330,6 +347,7 @@ impl AppConfig {
             redis_sentinel_master,
             database_url,
             wait_replicas,
+            store_timeout,
             trusted_proxies,
             on_store_error,
             payment_delay: Duration::from_millis(payment_delay),

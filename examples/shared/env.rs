@@ -304,14 +304,21 @@ pub fn open_store(
         eprintln!("warning: {memory_warning}");
         return Ok(Arc::new(MemoryStore::new()));
     };
-    redis_store(url, 0)
+    redis_store(url, 0, None)
 }
 
 /// A store on the standalone Redis at `url`, whose claims, locks and records `wait_replicas`
-/// replicas must acknowledge.
+/// replicas must acknowledge, and whose calls may take `timeout` (`None`: the store's default).
 #[cfg(feature = "redis")]
-pub fn redis_store(url: &str, wait_replicas: u32) -> Result<Arc<dyn Store>, EnvError> {
-    let builder = tollgate::store::RedisStore::builder(url).wait_replicas(wait_replicas);
+pub fn redis_store(
+    url: &str,
+    wait_replicas: u32,
+    timeout: Option<Duration>,
+) -> Result<Arc<dyn Store>, EnvError> {
+    let mut builder = tollgate::store::RedisStore::builder(url).wait_replicas(wait_replicas);
+    if let Some(timeout) = timeout {
+        builder = builder.timeout(timeout);
+    }
     // `REDIS_CA_CERT`: the path of a PEM CA certificate to trust for a `rediss://` URL
     #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
     let builder = match std::env::var_os("REDIS_CA_CERT").filter(|path| !path.is_empty()) {
@@ -340,7 +347,11 @@ pub fn redis_store(url: &str, wait_replicas: u32) -> Result<Arc<dyn Store>, EnvE
 }
 
 #[cfg(not(feature = "redis"))]
-pub fn redis_store(url: &str, _wait_replicas: u32) -> Result<Arc<dyn Store>, EnvError> {
+pub fn redis_store(
+    url: &str,
+    _wait_replicas: u32,
+    _timeout: Option<Duration>,
+) -> Result<Arc<dyn Store>, EnvError> {
     Err(EnvError::new(
         "REDIS_URL",
         &redact_url(url),

@@ -40,6 +40,7 @@ fn config(limits: &str, algorithm: Algorithm, redis_url: Option<String>) -> AppC
         redis_sentinel_master: None,
         database_url: None,
         wait_replicas: 0,
+        store_timeout: None,
         trusted_proxies: Vec::new(),
         on_store_error: tollgate::rate_limit::OnStoreError::Allow,
         payment_delay: app::DEFAULT_PAYMENT_DELAY,
@@ -558,6 +559,7 @@ fn config_defaults_and_overrides() {
             redis_sentinel_master: None,
             database_url: None,
             wait_replicas: 0,
+            store_timeout: None,
             trusted_proxies: Vec::new(),
             on_store_error: tollgate::rate_limit::OnStoreError::Allow,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
@@ -581,6 +583,7 @@ fn config_defaults_and_overrides() {
         ("REDIS_URL", "redis://127.0.0.1:6390/"),
         ("APP_LIMITS", "burst:10/60s"),
         ("APP_ALGORITHM", "gcra"),
+        ("APP_STORE_TIMEOUT_MS", "800"),
     ]))
     .unwrap();
     assert_eq!(
@@ -595,6 +598,7 @@ fn config_defaults_and_overrides() {
             redis_sentinel_master: None,
             database_url: None,
             wait_replicas: 0,
+            store_timeout: Some(Duration::from_millis(800)),
             trusted_proxies: Vec::new(),
             on_store_error: tollgate::rate_limit::OnStoreError::Allow,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
@@ -811,6 +815,7 @@ pub(crate) fn app_command(vars: &[(&str, &str)]) -> Command {
         "APP_TOKEN_LIMITS",
         "APP_TRUSTED_PROXIES",
         "APP_ON_STORE_ERROR",
+        "APP_STORE_TIMEOUT_MS",
         "REDIS_SENTINEL_MASTER",
         "REDIS_WAIT_REPLICAS",
         "REDIS_CA_CERT",
@@ -839,12 +844,14 @@ fn wait_with_deadline(mut child: Child, limit: Duration) -> std::process::Output
 
 #[test]
 fn the_binary_exits_2_on_bad_configuration() {
-    let cases: [(&str, &str, &str); 5] = [
+    let cases: [(&str, &str, &str); 7] = [
         ("APP_LIMITS", "bad", "name:count/<seconds>s"),
         ("APP_LIMITS", "burst:0/1s", "at least 1"),
         ("APP_ALGORITHM", "fast", "sliding-log"),
         ("PORT", "http", "TCP port"),
         ("REDIS_URL", "definitely not a url", "Redis URL"),
+        ("APP_STORE_TIMEOUT_MS", "0", "a store call needs some time"),
+        ("APP_STORE_TIMEOUT_MS", "soon", "milliseconds"),
     ];
     for (var, value, expected) in cases {
         let mut vars = vec![(var, value)];
@@ -882,10 +889,15 @@ impl Drop for Running {
     }
 }
 
-/// Starts the binary with `vars` (and `PORT=0`); the running child and the URL it announced.
+/// Starts the binary with `vars` (and `PORT=0`, and `APP_STORE_TIMEOUT_MS=2000` unless `vars`
+/// set it); the running child and the URL it announced.
 pub(crate) fn serve(vars: &[(&str, &str)]) -> (Running, String) {
     let mut vars = vars.to_vec();
     vars.push(("PORT", "0"));
+    // a store call may take this long on a loaded machine before it counts as failed
+    if !vars.iter().any(|(name, _)| *name == "APP_STORE_TIMEOUT_MS") {
+        vars.push(("APP_STORE_TIMEOUT_MS", "2000"));
+    }
     let mut child = Running(
         app_command(&vars)
             .stdout(Stdio::piped())

@@ -173,6 +173,63 @@ async fn job_status(url: &str, tenant: &str, wait: Duration) -> Option<StatusCod
     }
 }
 
+/// `GET <url><path>`: its status and body.
+async fn get(url: &str, path: &str) -> (StatusCode, String) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<Bytes>>();
+    let request = Request::get(format!("{url}{path}"))
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Returns once the copy at `url` has admitted `jobs` jobs with permits from the store, as its
+/// metrics count them, for at most 10 s. Admissions without a permit (the store failed) fail
+/// the test: they would prove nothing.
+async fn admitted_by_the_store(url: &str, jobs: u64) {
+    let limiter = "tollgate_concurrency_decisions_total{limiter=\"tollgate-app:cc\"";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, metrics) = get(url, "/metrics").await;
+        let count = |labels: &str| {
+            let series = format!("{limiter},{labels}}} ");
+            metrics
+                .lines()
+                .find_map(|line| line.strip_prefix(&series))
+                .map_or(0, |n| n.parse::<u64>().unwrap())
+        };
+        assert_eq!(
+            count("outcome=\"admitted\",source=\"store_unavailable\""),
+            0,
+            "setup: a job was admitted without the store: {metrics}"
+        );
+        if count("outcome=\"admitted\",source=\"store\"") == jobs {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "setup: {jobs} jobs were not admitted within 10 s: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Returns once the copy at `url` answers `/healthz` with `200` (its store answers), for at
+/// most 10 s.
+async fn healthy(url: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(url, "/healthz").await.0 != StatusCode::OK {
+        assert!(
+            Instant::now() < deadline,
+            "setup: {url} not healthy in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Two copies of the binary on the store `vars` name; copy A runs two long jobs and is killed
 /// with SIGKILL: copy B refuses the tenant until A's permits' leases end, then runs two jobs.
 async fn a_killed_copy_gives_its_permits_back(store: &[(&str, &str)]) {
@@ -182,11 +239,15 @@ async fn a_killed_copy_gives_its_permits_back(store: &[(&str, &str)]) {
         ("APP_JOB_MS", "20000"),
         ("APP_JOB_CONCURRENCY", "2"),
         ("APP_JOB_LEASE_MS", "1000"),
+        ("APP_STORE_TIMEOUT_MS", "500"),
     ]);
     let (mut a, url_a) = serve(&vars);
     let (_b, url_b) = serve(&vars);
+    healthy(&url_a).await;
+    healthy(&url_b).await;
     let tenant = format!("initech-{}", uuid::Uuid::new_v4().simple());
-    let quick = Duration::from_millis(300);
+    // a job that runs never answers within this (it runs 20 s); a refusal always does
+    let quick = Duration::from_secs(1);
     // two jobs run on A for the whole test
     let held: Vec<_> = (0..2)
         .map(|_| {
@@ -194,7 +255,7 @@ async fn a_killed_copy_gives_its_permits_back(store: &[(&str, &str)]) {
             tokio::spawn(async move { job_status(&url, &tenant, Duration::from_secs(60)).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    admitted_by_the_store(&url_a, 2).await;
     assert_eq!(
         job_status(&url_b, &tenant, quick).await,
         Some(StatusCode::TOO_MANY_REQUESTS),
@@ -205,6 +266,7 @@ async fn a_killed_copy_gives_its_permits_back(store: &[(&str, &str)]) {
     let _ = a.0.wait();
     // B refuses until the leases end, then runs two jobs at once
     loop {
+        let sent = killed.elapsed();
         let (one, two) = tokio::join!(
             job_status(&url_b, &tenant, quick),
             job_status(&url_b, &tenant, quick)
@@ -213,9 +275,8 @@ async fn a_killed_copy_gives_its_permits_back(store: &[(&str, &str)]) {
             break;
         }
         assert!(
-            killed.elapsed() < lease + Duration::from_millis(1500),
-            "A's permits still held {:?} after the kill",
-            killed.elapsed()
+            sent < lease + Duration::from_millis(1500),
+            "A's permits still held {sent:?} after the kill"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
