@@ -21,6 +21,7 @@
 //! | `APP_TRUSTED_PROXIES` | unset: none trusted   | CIDRs of proxies whose `X-Forwarded-For` names the client |
 //! | `APP_ON_STORE_ERROR` | `allow`                | `/api/*` while the store is down: `allow`, `deny` or `fallback:N` (N copies) |
 //! | `APP_PAYMENT_DELAY_MS` | `100`                | how long `POST /payments` works                 |
+//! | `APP_REPORT_MS` | `300`                       | how long `POST /reports/{name}/rebuild` works under its lock |
 //! | `APP_TRANSFER_DELAY_MS` | `0`                 | how long `POST /transfers` waits after its insert, before its commit (with `DATABASE_URL`) |
 //! | `APP_TOKEN_LIMITS` | `tokens:1000/60s`        | token budget of `POST /llm/complete` per `x-api-key` (syntax of `APP_LIMITS`) |
 //! | `APP_JOB_MS`    | `200`                       | how long a job of `POST /jobs/{tenant}/run` runs |

@@ -72,8 +72,8 @@ pub const API_PREFIX: &str = "tollgate-app:api";
 /// How long `POST /payments` works by default.
 pub const DEFAULT_PAYMENT_DELAY: Duration = Duration::from_millis(100);
 
-/// How long `POST /reports/{name}/rebuild` works.
-pub const REPORT_WORK: Duration = Duration::from_millis(300);
+/// How long `POST /reports/{name}/rebuild` works by default.
+pub const DEFAULT_REPORT_WORK: Duration = Duration::from_millis(300);
 
 /// The lease of a report lock; kept alive while the rebuild runs.
 const REPORT_LEASE: Duration = Duration::from_secs(10);
@@ -120,6 +120,8 @@ pub struct AppConfig {
     pub transfer_delay: Duration,
     /// `APP_PAYMENT_DELAY_MS`: how long `POST /payments` works before it answers.
     pub payment_delay: Duration,
+    /// `APP_REPORT_MS`: how long `POST /reports/{name}/rebuild` works under its lock.
+    pub report_work: Duration,
     /// `APP_JOB_*`: the jobs of `POST /jobs/{tenant}/run`.
     pub jobs: JobConfig,
     /// `APP_TOKEN_LIMITS`: the token budget of `POST /llm/complete`, per API key, counted with
@@ -307,6 +309,8 @@ impl AppConfig {
             None => None,
         };
         let payment_delay = vars.number("APP_PAYMENT_DELAY_MS", payment_ms, ms)?;
+        let report_ms = u64::try_from(DEFAULT_REPORT_WORK.as_millis()).unwrap_or(300);
+        let report_work = vars.number("APP_REPORT_MS", report_ms, ms)?;
         let transfer_delay = vars.number("APP_TRANSFER_DELAY_MS", 0, ms)?;
         let default = JobConfig::default();
         let default_ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
@@ -351,6 +355,7 @@ impl AppConfig {
             trusted_proxies,
             on_store_error,
             payment_delay: Duration::from_millis(payment_delay),
+            report_work: Duration::from_millis(report_work),
             transfer_delay: Duration::from_millis(transfer_delay),
             jobs,
             token_limits: vars.limits_of("APP_TOKEN_LIMITS", DEFAULT_TOKEN_LIMITS)?,
@@ -760,10 +765,11 @@ async fn rebuild_report(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> (StatusCode, Json<Value>) {
+    let work = state.config.report_work;
     let rebuilt = state
         .locks
         .with_lock(format!("report:{name}"), REPORT_LEASE, |lease| async move {
-            tokio::time::sleep(REPORT_WORK).await;
+            tokio::time::sleep(work).await;
             lease.fencing_token()
         })
         .await;
