@@ -50,7 +50,7 @@ pub async fn claim_expires_only_when_asked(store: &(impl LockStore + Clone)) {
     let (brief, forever) = (unique("brief"), unique("forever"));
     assert!(
         claims
-            .claim_once(&brief, Duration::from_millis(200))
+            .claim_once(&brief, Duration::from_secs(1))
             .await
             .unwrap()
             .won()
@@ -58,12 +58,12 @@ pub async fn claim_expires_only_when_asked(store: &(impl LockStore + Clone)) {
     assert!(claims.claim_once(&forever, None).await.unwrap().won());
     assert!(
         !claims
-            .claim_once(&brief, Duration::from_millis(200))
+            .claim_once(&brief, Duration::from_secs(1))
             .await
             .unwrap()
             .won()
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(
         claims.claim_once(&brief, None).await.unwrap().won(),
         "expired"
@@ -98,19 +98,17 @@ pub async fn claim_release_is_the_winners_alone(store: &(impl LockStore + Clone)
 pub async fn lock_excludes_and_expiry_frees(store: &(impl LockStore + Clone)) {
     let locks = Locks::new(store.clone());
     let name = unique("lock");
-    let guard = locks
-        .try_acquire(&name, Duration::from_millis(300))
-        .await
-        .unwrap();
-    match locks.try_acquire(&name, Duration::from_millis(300)).await {
+    let guard = locks.try_acquire(&name, Duration::from_secs(1)).await.unwrap();
+    match locks.try_acquire(&name, Duration::from_secs(1)).await {
         Err(LockError::Busy { lease_left }) => {
             assert!(
-                lease_left > Duration::from_millis(100) && lease_left <= Duration::from_millis(300)
+                lease_left > Duration::from_millis(300) && lease_left <= Duration::from_secs(1),
+                "{lease_left:?}"
             );
         }
         other => panic!("expected Busy, got {other:?}"),
     }
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let next = locks
         .try_acquire(&name, Duration::from_secs(5))
         .await
@@ -211,14 +209,14 @@ pub async fn fencing_tokens_increase_under_contention(store: &(impl LockStore + 
 pub async fn with_lock_keeps_the_lease_alive(store: &(impl LockStore + Clone)) {
     let locks = Locks::new(store.clone());
     let name = unique("long-work");
-    let lease = Duration::from_millis(300);
+    let lease = Duration::from_secs(1);
     let other = locks.clone();
     let probe_name = name.clone();
     let result = locks
         .with_lock(&name, lease, |lease_handle| async move {
             // work outlives the lease three times over; the lock must stay ours
             for _ in 0..6 {
-                tokio::time::sleep(Duration::from_millis(150)).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
                 assert!(matches!(
                     other.try_acquire(&probe_name, Duration::from_secs(1)).await,
                     Err(LockError::Busy { .. })

@@ -96,16 +96,16 @@ pub async fn a_release_gives_back_one_permit_once(store: &(impl PermitStore + Cl
 
 /// A lease that ends gives its permit back; an extension keeps it, while it has not ended.
 pub async fn leases_end_unless_extended(store: &(impl PermitStore + Clone)) {
-    let lease = Duration::from_millis(1000);
+    let lease = Duration::from_secs(2);
     let keys = raw_keys();
     fence_of(acquire(store, &keys, "kept", 2, lease).await);
     fence_of(acquire(store, &keys, "dropped", 2, lease).await);
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     let extend = |token: &str| store.permit_extend(Hold::new(&keys.0, token), lease, soon());
     assert!(extend("kept").await.unwrap());
     assert!(!extend("stranger").await.unwrap());
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    // 1200 ms in: "dropped" has ended, "kept" runs until 1600 ms or later
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // 2400 ms in: "dropped" has ended, "kept" runs until 3200 ms or later
     assert!(
         !extend("dropped").await.unwrap(),
         "an ended lease is not extended"
