@@ -98,7 +98,10 @@ pub async fn claim_release_is_the_winners_alone(store: &(impl LockStore + Clone)
 pub async fn lock_excludes_and_expiry_frees(store: &(impl LockStore + Clone)) {
     let locks = Locks::new(store.clone());
     let name = unique("lock");
-    let guard = locks.try_acquire(&name, Duration::from_secs(1)).await.unwrap();
+    let guard = locks
+        .try_acquire(&name, Duration::from_secs(1))
+        .await
+        .unwrap();
     match locks.try_acquire(&name, Duration::from_secs(1)).await {
         Err(LockError::Busy { lease_left }) => {
             assert!(

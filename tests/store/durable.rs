@@ -142,7 +142,7 @@ async fn acknowledged_writes_succeed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unacknowledged_writes_fail_closed_and_are_undone() {
     let server = RedisServer::start();
-    let store = durable(&server, Duration::from_secs(1)); // no replica: nothing can acknowledge
+    let store = durable(&server, Duration::from_secs(2)); // no replica: nothing can acknowledge
     let claims = Claims::new(store.clone());
     let name = unique("coupon");
     let error = claims.claim_once(&name, None).await.unwrap_err();
@@ -202,7 +202,7 @@ async fn unacknowledged_writes_fail_closed_and_are_undone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_write_does_not_hold_up_rate_checks() {
     let server = RedisServer::start();
-    let store = durable(&server, Duration::from_secs(1)); // no replica: every WAIT runs to its timeout
+    let store = durable(&server, Duration::from_secs(2)); // no replica: every WAIT runs to its timeout
     let policy = Arc::new(
         RatePolicy::new("t:rl", Algorithm::Gcra, vec![Limit::per_second("s", 1000)]).unwrap(),
     );
@@ -230,7 +230,7 @@ async fn a_waiting_write_does_not_hold_up_rate_checks() {
 async fn on_a_cluster_without_replicas_writes_are_refused_and_undone() {
     let cluster = common::cluster::RedisCluster::shared();
     let store = RedisStore::cluster_builder(cluster.urls())
-        .timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(2))
         .wait_replicas(1)
         .connect()
         .await
@@ -294,12 +294,28 @@ async fn a_claim_waiting_for_its_replicas_is_pending_to_others_and_free_once_ref
         "setup: acknowledged"
     );
     proxy.silence();
+    let claims_held = || {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("tollgate:claim:*")
+            .query(&mut server.conn())
+            .unwrap();
+        keys.len()
+    };
+    let before = claims_held();
     let coupon = unique("coupon");
     let waiting = tokio::spawn({
         let (a, coupon) = (a.clone(), coupon.clone());
         async move { a.claim_once(&coupon, None).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // a's claim is written (and waits for its replica)
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while claims_held() == before {
+        assert!(
+            Instant::now() < deadline,
+            "setup: a's claim was not written"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let meanwhile = b.claim_once(&coupon, None).await.unwrap();
     assert!(
         !meanwhile.won() && meanwhile.pending(),
@@ -317,7 +333,7 @@ async fn a_claim_waiting_for_its_replicas_is_pending_to_others_and_free_once_ref
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclaim_refused_by_its_replicas_keeps_the_claim_it_won_before() {
     let (server, proxy, _replica) = behind_a_proxy().await;
-    let store = durable(&server, Duration::from_secs(1));
+    let store = durable(&server, Duration::from_secs(2));
     let claims = Claims::new(store.clone());
     let coupon = unique("coupon");
     assert!(
@@ -349,7 +365,7 @@ async fn a_reclaim_refused_by_its_replicas_keeps_the_claim_it_won_before() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unacknowledged_completion_reads_as_running_not_completed() {
     let (server, proxy, _replica) = behind_a_proxy().await;
-    let store = durable(&server, Duration::from_secs(1));
+    let store = durable(&server, Duration::from_secs(2));
     let key = format!("t:idem:{{{}}}", unique("payment"));
     let lease = Duration::from_secs(30);
     let begin = |token: &str| {
