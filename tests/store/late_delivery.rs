@@ -135,6 +135,29 @@ async fn wait_for_a_new_connection(store: &RedisStore) {
     }
 }
 
+/// Waits until the undos of the claim and the lock (token-checked deletes) have reached Redis
+/// on the store's new connection, while the partition still holds the writes they undo.
+async fn wait_for_the_undos(monitors: &[Arc<Mutex<String>>]) {
+    let release = redis::Script::new(include_str!(
+        "../../src/store/scripts/compare_and_delete.lua"
+    ));
+    let undos = || {
+        monitors
+            .iter()
+            .map(|m| m.lock().unwrap().matches(release.get_hash()).count())
+            .sum::<usize>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while undos() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "setup: the undos of the claim and the lock did not reach Redis within 10 s ({} of 2)",
+            undos()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Heals the partition and waits until the five held writes have reached Redis.
 async fn deliver_late(proxies: &[Proxy], monitors: &[Arc<Mutex<String>>]) {
     let before = script_calls(monitors);
@@ -261,8 +284,7 @@ async fn writes_held_by_a_partition_change_nothing_when_they_arrive_late() {
     let monitors = [common::monitor(server.addr()).await];
     let held = send_into_the_partition(&store, &proxies).await;
     wait_for_a_new_connection(&store).await;
-    // the undos of the claim and the lock ran by now, on the new connection
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_for_the_undos(&monitors).await;
     deliver_late(&proxies, &monitors).await;
     assert_undone_first(&monitors);
     let other = RedisStore::builder(server.url())
@@ -311,7 +333,7 @@ async fn cluster_writes_held_by_a_partition_change_nothing_when_they_arrive_late
     }
     let held = send_into_the_partition(&store, &proxies).await;
     wait_for_a_new_connection(&store).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_for_the_undos(&monitors).await;
     deliver_late(&proxies, &monitors).await;
     assert_undone_first(&monitors);
     let other = connect().await.unwrap();
