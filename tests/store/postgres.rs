@@ -482,7 +482,8 @@ async fn a_call_blocked_on_the_server_times_out() {
     let elapsed = started.elapsed();
     assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
     assert!(
-        elapsed >= Duration::from_millis(290) && elapsed < Duration::from_millis(800),
+        // bounded (the row stays locked until the rollback below)
+        elapsed >= Duration::from_millis(290) && elapsed < Duration::from_secs(3),
         "{elapsed:?}"
     );
     tx.rollback().await.unwrap();
@@ -903,8 +904,10 @@ async fn migrate_on_a_current_schema_takes_no_table_lock() {
         .migrate()
         .await
         .expect("no wait for the locked tables");
+    // the tables stay locked until the rollback below: waiting would take the whole
+    // migration timeout (3 s)
     assert!(
-        started.elapsed() < Duration::from_millis(500),
+        started.elapsed() < Duration::from_secs(2),
         "{:?}",
         started.elapsed()
     );
@@ -998,8 +1001,9 @@ async fn a_claim_blocked_on_a_given_pool_is_cancelled_on_the_server() {
         .await
         .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    // bounded (the row stays locked until the commit below)
     assert!(
-        started.elapsed() < Duration::from_millis(800),
+        started.elapsed() < Duration::from_secs(3),
         "{:?}",
         started.elapsed()
     );
@@ -1035,13 +1039,16 @@ async fn a_call_is_one_round_trip() {
     // 50 ms each way: BEGIN, the claim and COMMIT one after the other would take 300 ms, two
     // round trips 200 ms
     proxy.delay(Duration::from_millis(50));
-    let started = Instant::now();
-    assert!(claim("timed").await.unwrap().won);
-    let elapsed = started.elapsed();
-    assert!(
-        elapsed >= Duration::from_millis(100) && elapsed < Duration::from_millis(200),
-        "{elapsed:?}"
-    );
+    // the fastest of five: a loaded machine may delay any one of them
+    let mut fastest = Duration::MAX;
+    for i in 0..5 {
+        let started = Instant::now();
+        assert!(claim(&format!("timed-{i}")).await.unwrap().won);
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_millis(100), "{elapsed:?}");
+        fastest = fastest.min(elapsed);
+    }
+    assert!(fastest < Duration::from_millis(200), "{fastest:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1254,8 +1261,9 @@ async fn a_commit_waiting_for_a_standby_is_cancelled_at_the_deadline() {
     let started = Instant::now();
     let error = claim("coupon", "first").await.unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
+    // bounded (the standby never answers)
     assert!(
-        started.elapsed() < Duration::from_millis(900),
+        started.elapsed() < Duration::from_secs(3),
         "{:?}",
         started.elapsed()
     );
