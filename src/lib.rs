@@ -195,7 +195,8 @@
 //!   Cluster, through redis-rs.
 //! - `postgres`: [`PgStore`](store::PgStore), on PostgreSQL through tokio-postgres and a
 //!   deadpool-postgres pool, with its schema migrations and advisory transaction locks.
-//! - `axum`: the peer-IP extractors also read axum's `ConnectInfo<SocketAddr>`.
+//! - `axum`: the peer-IP extractors also read axum's `ConnectInfo<SocketAddr>`; with `postgres`,
+//!   an `OnceTx` is an axum extractor (`async fn handler(tx: OnceTx)`).
 //! - `metrics`: counters and histograms through the `metrics` facade (see [`metrics`]).
 //! - `serde`: limits and a rate-limit configuration deserialize from configuration files
 //!   ([`RateLimitConfig`](rate_limit::RateLimitConfig)).

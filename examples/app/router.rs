@@ -606,7 +606,7 @@ struct TransferRequest {
 /// back, and a retry runs again.
 async fn create_transfer(
     State(state): State<AppState>,
-    Extension(tx): Extension<OnceTx>,
+    tx: OnceTx,
     body: Bytes,
 ) -> (StatusCode, Json<Value>) {
     let transfer: TransferRequest = match serde_json::from_slice(&body) {

@@ -90,8 +90,9 @@ impl IdempotencyLayer {
 
     /// Starts a builder whose handlers run **in a transaction of `store`** that records their
     /// response in its own commit: the handler finds the transaction in its request's
-    /// extensions as an [`OnceTx`](crate::store::OnceTx) (`Extension<OnceTx>` in axum,
-    /// `request.extensions().get::<OnceTx>()` in tonic), writes its rows through it and
+    /// extensions as an [`OnceTx`](crate::store::OnceTx) (an `OnceTx` argument in axum with the
+    /// crate's `axum` feature, else `Extension<OnceTx>`; `request.extensions().get::<OnceTx>()`
+    /// in tonic), writes its rows through it and
     /// answers; the layer records the response in the same transaction and commits. Both stand
     /// or neither does: a handler that fails, panics or whose copy dies leaves nothing, and its
     /// key is free at once; a committed request replays to every retry.
@@ -99,7 +100,7 @@ impl IdempotencyLayer {
     /// - The key is [required](IdempotencyLayerBuilder::required) by default: a handler that
     ///   needs its transaction gets one on every request it sees (`400` without a key). With
     ///   `.required(false)`, requests without a key pass through without a transaction: take
-    ///   `Option<Extension<OnceTx>>` then.
+    ///   `Option<OnceTx>` (or `Option<Extension<OnceTx>>`) then.
     /// - Concurrent requests with one key are kept out (`409`) by a transaction-level advisory
     ///   lock taken as the transaction begins: nothing holds the key longer than the
     ///   transaction, which lasts as long as the handler and its response. A request with

@@ -71,6 +71,8 @@ mod redis;
 pub(crate) use deadline::StoreClock;
 pub use error::{StoreError, StoreErrorKind};
 pub use memory::MemoryStore;
+#[cfg(all(feature = "postgres", feature = "axum"))]
+pub use postgres::NoTransaction;
 #[cfg(feature = "postgres")]
 pub use postgres::{Once, OnceError, OnceTx, PgStore, PgStoreBuilder};
 #[cfg(feature = "redis")]

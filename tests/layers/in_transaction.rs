@@ -69,7 +69,7 @@ fn app_counting(
             "/{outcome}",
             post(
                 move |axum::extract::Path(outcome): axum::extract::Path<String>,
-                      Extension(tx): Extension<OnceTx>| async move {
+                      tx: OnceTx| async move {
                     let statement = tx.prepare_cached(&insert).await.unwrap();
                     tx.execute(&statement, &[&outcome]).await.unwrap();
                     counted.fetch_add(1, Ordering::SeqCst);
@@ -609,4 +609,79 @@ async fn a_database_restart_mid_request_leaves_nothing_and_records_survive() {
         "the key runs once"
     );
     assert_eq!(rows(&store, &table).await, 2);
+}
+
+/// The `OnceTx` extractor (feature `axum`): a request no transaction runs for is refused with
+/// a `500` that names the cause; `Option<OnceTx>` is `None` for a request without a key where
+/// the key is optional, and the transaction where there is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_extractor_takes_the_transaction_or_says_why_there_is_none() {
+    let (store, table) = store_and_table().await;
+    let bare = Router::new().route("/bare", post(|_tx: OnceTx| async { "ran" }));
+    let response = bare
+        .oneshot(Request::post("/bare").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["status"], 500);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("IdempotencyLayer::in_transaction"),
+        "{problem}"
+    );
+
+    let layer = IdempotencyLayer::in_transaction(store.clone())
+        .unscoped()
+        .required(false)
+        .build()
+        .unwrap();
+    let insert = format!("INSERT INTO {table} (note) VALUES ('optional')");
+    let optional = Router::new()
+        .route(
+            "/{outcome}",
+            post(move |tx: Option<OnceTx>| async move {
+                match tx {
+                    Some(tx) => {
+                        tx.execute(&insert, &[]).await.unwrap();
+                        (StatusCode::CREATED, "in a transaction")
+                    }
+                    None => (StatusCode::OK, "without one"),
+                }
+            }),
+        )
+        .layer(layer);
+    let keyless = optional
+        .clone()
+        .oneshot(Request::post("/x").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(keyless.status(), StatusCode::OK);
+    let body = keyless.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"without one");
+    assert_eq!(rows(&store, &table).await, 0);
+    assert_eq!(
+        send(&optional, "x", "k-optional").await,
+        (
+            StatusCode::CREATED,
+            false,
+            Bytes::from_static(b"in a transaction")
+        )
+    );
+    assert_eq!(
+        send(&optional, "x", "k-optional").await,
+        (
+            StatusCode::CREATED,
+            true,
+            Bytes::from_static(b"in a transaction")
+        )
+    );
+    assert_eq!(rows(&store, &table).await, 1);
 }

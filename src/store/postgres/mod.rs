@@ -30,6 +30,8 @@ mod advisory;
 mod builder;
 mod call;
 mod clock;
+#[cfg(feature = "axum")]
+mod extract;
 mod migrate;
 mod once;
 mod sql;
@@ -38,6 +40,8 @@ mod tls;
 pub use builder::PgStoreBuilder;
 use builder::Settings;
 use call::{Calls, Param};
+#[cfg(feature = "axum")]
+pub use extract::NoTransaction;
 pub(crate) use once::{Begun, Running};
 pub use once::{Once, OnceError, OnceTx};
 use sql::Sql;

@@ -91,6 +91,8 @@ const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, $2))";
 /// inside the open transaction: run statements on it; do not commit, roll back or open
 /// another transaction on it — the run ends it, with its record.
 ///
+/// In an axum handler (feature `axum`) take it as an argument: `async fn handler(tx: OnceTx)`.
+///
 /// Clones share the transaction; it is the run's until its work returns (the handler's until
 /// its response is complete): keep no clone beyond that. A transaction dropped before its end
 /// (the work cancelled, a panic) takes its connection out of the pool, so that the server rolls
