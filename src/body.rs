@@ -43,3 +43,25 @@ impl Complete {
         SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
     }
 }
+
+/// A body of its own where no inner body is around it (an axum rejection).
+#[cfg(all(feature = "postgres", feature = "axum"))]
+impl http_body::Body for Complete {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.next_frame().map(Ok))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        Complete::is_end_stream(self)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        Complete::size_hint(self)
+    }
+}

@@ -609,14 +609,9 @@ async fn create_transfer(
     tx: OnceTx,
     body: Bytes,
 ) -> (StatusCode, Json<Value>) {
-    let transfer: TransferRequest = match serde_json::from_slice(&body) {
+    let transfer: TransferRequest = match json_body(&body, "transfer") {
         Ok(transfer) => transfer,
-        Err(error) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(json!({ "error": format!("invalid transfer: {error}") })),
-            );
-        }
+        Err(refused) => return refused,
     };
     let id = uuid::Uuid::new_v4().to_string();
     let insert = "INSERT INTO app_transfers (id, from_account, to_account, amount) \
@@ -807,17 +802,25 @@ struct PaymentRequest {
     currency: String,
 }
 
+/// `body` as JSON of a `T`, or the `400` that says why it is not a valid `what`.
+fn json_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    what: &str,
+) -> Result<T, (StatusCode, Json<Value>)> {
+    serde_json::from_slice(body).map_err(|error| {
+        (
+            StatusCode::BAD_REQUEST,
+            Json(json!({ "error": format!("invalid {what}: {error}") })),
+        )
+    })
+}
+
 /// `POST /payments`: works for `APP_PAYMENT_DELAY_MS`, then answers `201` with a fresh payment
 /// id. Behind the idempotency layer: runs once per key across all copies.
 async fn create_payment(State(state): State<AppState>, body: Bytes) -> (StatusCode, Json<Value>) {
-    let payment: PaymentRequest = match serde_json::from_slice(&body) {
+    let payment: PaymentRequest = match json_body(&body, "payment") {
         Ok(payment) => payment,
-        Err(error) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(json!({ "error": format!("invalid payment: {error}") })),
-            );
-        }
+        Err(refused) => return refused,
     };
     tokio::time::sleep(state.config.payment_delay).await;
     (

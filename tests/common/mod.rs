@@ -303,3 +303,13 @@ pub async fn monitor(addr: SocketAddr) -> std::sync::Arc<std::sync::Mutex<String
     }
     seen
 }
+
+/// Polls `ready` every 2 ms until it holds — something the test waits for, such as a handler
+/// entered or a write arrived — and fails the test, naming `what`, if it does not within 10 s.
+pub async fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready() {
+        assert!(Instant::now() < deadline, "setup: {what}, not within 10 s");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}

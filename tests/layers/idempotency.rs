@@ -76,18 +76,12 @@ impl Calls {
         self.0.load(Ordering::SeqCst)
     }
 
-    /// Returns once the handler has been entered `runs` times (its request claimed the key),
-    /// for at most 10 s.
+    /// Returns once the handler has been entered `runs` times (its request claimed the key).
     async fn reached(&self, runs: usize) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.get() < runs {
-            assert!(
-                Instant::now() < deadline,
-                "setup: the handler ran {} times in 10 s, not {runs}",
-                self.get()
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        common::wait_for(&format!("the handler entered {runs} times"), || {
+            self.get() >= runs
+        })
+        .await;
     }
 }
 
@@ -2508,12 +2502,10 @@ async fn buffered_bodies_share_one_budget() {
     let (slow, upload) = uploading(&unique("holding"));
     let slow = tokio::spawn(send(&svc, slow));
     upload.send(Bytes::from_static(b"{\"a\":12")).await.unwrap(); // 7 bytes held
-    // the layer has taken them
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while upload.capacity() < upload.max_capacity() {
-        assert!(Instant::now() < deadline, "setup: the upload was not read");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    common::wait_for("the layer read the upload", || {
+        upload.capacity() == upload.max_capacity()
+    })
+    .await;
     let key = unique("refused");
     let refused = send(&svc, keyed(&key, "{\"b\":1}")).await; // 7 more: over 10
     assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);

@@ -4,19 +4,18 @@
 //! nothing, and its key runs again.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common::postgres;
 use crate::common::proxy::Proxy;
+use crate::common::{self, postgres};
 use crate::grpc_server::helloworld::greeter_client::GreeterClient;
 use crate::grpc_server::helloworld::greeter_server::{Greeter, GreeterServer};
 use crate::grpc_server::helloworld::{HelloReply, HelloRequest};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::Extension;
 use axum::routing::post;
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -88,16 +87,12 @@ fn app_counting(
     (app, inserted)
 }
 
-/// Returns once `inserted` reaches `rows`, for at most 10 s.
+/// Returns once the handler has inserted `rows` rows.
 async fn inserted(inserted: &AtomicUsize, rows: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while inserted.load(Ordering::SeqCst) < rows {
-        assert!(
-            Instant::now() < deadline,
-            "setup: the handler did not insert its row within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    common::wait_for(&format!("{rows} rows inserted"), || {
+        inserted.load(Ordering::SeqCst) >= rows
+    })
+    .await;
 }
 
 /// The app with a storage cap of 1 KiB.
@@ -364,32 +359,38 @@ fn layer_through(proxy: &Proxy, direct: &PgStore) -> IdempotencyLayer {
         .unwrap()
 }
 
-/// An app whose handler inserts a row and then has `proxy` break every connection after
-/// `after` (while the layer commits), then heal.
-fn cutting_app(
+/// An app whose handler inserts a row, calls `fault` with `proxy` on its first run only — as
+/// the layer is about to send the record and `COMMIT` — and answers `201 made`.
+fn app_with_fault(
     layer: IdempotencyLayer,
     table: &str,
     proxy: &Arc<Proxy>,
-    after: Duration,
+    fault: impl Fn(&Arc<Proxy>) + Clone + Send + Sync + 'static,
 ) -> Router {
-    let insert = format!("INSERT INTO {table} (note) VALUES ('cut')");
+    let insert = format!("INSERT INTO {table} (note) VALUES ('made')");
     let proxy = Arc::clone(proxy);
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
     Router::new()
         .route(
             "/{outcome}",
-            post(move |Extension(tx): Extension<OnceTx>| async move {
+            post(move |tx: OnceTx| async move {
                 tx.execute(&insert, &[]).await.unwrap();
-                let proxy = Arc::clone(&proxy);
-                tokio::spawn(async move {
-                    tokio::time::sleep(after).await;
-                    proxy.cut();
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    proxy.heal();
-                });
+                if first.swap(false, Ordering::SeqCst) {
+                    fault(&proxy);
+                }
                 (StatusCode::CREATED, "made")
             }),
         )
         .layer(layer)
+}
+
+/// Runs `then` on `proxy` after `after`, in the background.
+fn later(proxy: &Arc<Proxy>, after: Duration, then: impl FnOnce(&Proxy) + Send + 'static) {
+    let proxy = Arc::clone(proxy);
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        then(&proxy);
+    });
 }
 
 /// The connection breaks while the server carries out the handler's `COMMIT` (a deferred
@@ -402,12 +403,11 @@ async fn a_commit_whose_answer_is_lost_is_found_committed_and_answered() {
     let server = tokio::task::spawn_blocking(postgres::shared).await.unwrap();
     postgres::slow_commits(&schema, &table).await;
     let proxy = Arc::new(Proxy::start(server.addr()).await);
-    let app = cutting_app(
-        layer_through(&proxy, &direct),
-        &table,
-        &proxy,
-        Duration::from_millis(400),
-    );
+    // the connection breaks while the server carries out the COMMIT, and heals
+    let app = app_with_fault(layer_through(&proxy, &direct), &table, &proxy, |proxy| {
+        later(proxy, Duration::from_millis(400), Proxy::cut);
+        later(proxy, Duration::from_millis(500), Proxy::heal);
+    });
     let (status, replayed, body) = send(&app, "cut", "k-lost-answer").await;
     assert_eq!(
         (status, replayed, &body[..]),
@@ -430,33 +430,16 @@ async fn a_commit_that_never_arrived_is_answered_503_and_the_retry_runs_once() {
     let (direct, table) = store_and_table().await;
     let server = tokio::task::spawn_blocking(postgres::shared).await.unwrap();
     let proxy = Arc::new(Proxy::start(server.addr()).await);
-    let layer = layer_through(&proxy, &direct);
-    let insert = format!("INSERT INTO {table} (note) VALUES ('dark')");
-    let dark = Arc::clone(&proxy);
-    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let app = Router::new()
-        .route(
-            "/{outcome}",
-            post(move |Extension(tx): Extension<OnceTx>| async move {
-                tx.execute(&insert, &[]).await.unwrap();
-                if !first.swap(false, Ordering::SeqCst) {
-                    return (StatusCode::CREATED, "made");
-                }
-                // what follows (the record and COMMIT) goes into the dark, then breaks
-                dark.silence();
-                let dark = Arc::clone(&dark);
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    dark.cut();
-                    // the held bytes go with the connection: only then may anything flow
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    dark.unsilence();
-                    dark.heal();
-                });
-                (StatusCode::CREATED, "made")
-            }),
-        )
-        .layer(layer);
+    // what follows (the record and COMMIT) goes into the dark, then breaks; the held bytes go
+    // with the connection, and only then may anything flow
+    let app = app_with_fault(layer_through(&proxy, &direct), &table, &proxy, |proxy| {
+        proxy.silence();
+        later(proxy, Duration::from_millis(300), Proxy::cut);
+        later(proxy, Duration::from_millis(400), |proxy| {
+            proxy.unsilence();
+            proxy.heal();
+        });
+    });
     let (status, replayed, _) = send(&app, "dark", "k-dark").await;
     assert_eq!((status, replayed), (StatusCode::SERVICE_UNAVAILABLE, false));
     assert_eq!(rows(&direct, &table).await, 0, "nothing of the run stands");
@@ -504,29 +487,12 @@ async fn a_commit_held_by_a_partition_and_delivered_late_is_answered_as_it_ended
     let (direct, table) = store_and_table().await;
     let server = tokio::task::spawn_blocking(postgres::shared).await.unwrap();
     let proxy = Arc::new(Proxy::start(server.addr()).await);
-    let layer = layer_through(&proxy, &direct);
-    let insert = format!("INSERT INTO {table} (note) VALUES ('late')");
-    let held = Arc::clone(&proxy);
-    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let app = Router::new()
-        .route(
-            "/{outcome}",
-            post(move |Extension(tx): Extension<OnceTx>| async move {
-                tx.execute(&insert, &[]).await.unwrap();
-                if first.swap(false, Ordering::SeqCst) {
-                    // the record and COMMIT wait in the partition for 3 s (the store timeout
-                    // is 2 s), then arrive; nothing is cut
-                    held.silence();
-                    let held = Arc::clone(&held);
-                    tokio::spawn(async move {
-                        tokio::time::sleep(Duration::from_secs(3)).await;
-                        held.unsilence();
-                    });
-                }
-                (StatusCode::CREATED, "made")
-            }),
-        )
-        .layer(layer);
+    // the record and COMMIT wait in the partition for 3 s (the store timeout is 2 s), then
+    // arrive; nothing is cut
+    let app = app_with_fault(layer_through(&proxy, &direct), &table, &proxy, |proxy| {
+        proxy.silence();
+        later(proxy, Duration::from_secs(3), Proxy::unsilence);
+    });
     let started = std::time::Instant::now();
     let (status, replayed, body) = send(&app, "late", "k-late").await;
     assert_eq!(

@@ -307,15 +307,10 @@ async fn a_claim_waiting_for_its_replicas_is_pending_to_others_and_free_once_ref
         let (a, coupon) = (a.clone(), coupon.clone());
         async move { a.claim_once(&coupon, None).await }
     });
-    // a's claim is written (and waits for its replica)
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while claims_held() == before {
-        assert!(
-            Instant::now() < deadline,
-            "setup: a's claim was not written"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::wait_for("a's claim written (waiting for its replica)", || {
+        claims_held() > before
+    })
+    .await;
     let meanwhile = b.claim_once(&coupon, None).await.unwrap();
     assert!(
         !meanwhile.won() && meanwhile.pending(),

@@ -147,15 +147,10 @@ async fn wait_for_the_undos(monitors: &[Arc<Mutex<String>>]) {
             .map(|m| m.lock().unwrap().matches(release.get_hash()).count())
             .sum::<usize>()
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while undos() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "setup: the undos of the claim and the lock did not reach Redis within 10 s ({} of 2)",
-            undos()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::wait_for("the undos of the claim and the lock reached Redis", || {
+        undos() >= 2
+    })
+    .await;
 }
 
 /// Heals the partition and waits until the five held writes have reached Redis.

@@ -71,11 +71,8 @@ impl IntoResponse for NoTransaction {
             code: Code::Internal,
             message: Cow::Borrowed(DETAIL),
         };
-        let (parts, mut body) = rejection.into_response(Wire::Http).into_parts();
-        let data = body
-            .next_frame()
-            .and_then(|frame| frame.into_data().ok())
-            .unwrap_or_default();
-        Response::from_parts(parts, axum::body::Body::from(data))
+        rejection
+            .into_response(Wire::Http)
+            .map(axum::body::Body::new)
     }
 }
