@@ -586,6 +586,7 @@ fn config_defaults_and_overrides() {
         ("APP_LIMITS", "burst:10/60s"),
         ("APP_ALGORITHM", "gcra"),
         ("APP_STORE_TIMEOUT_MS", "800"),
+        ("APP_REPORT_MS", "2000"),
     ]))
     .unwrap();
     assert_eq!(
@@ -604,7 +605,7 @@ fn config_defaults_and_overrides() {
             trusted_proxies: Vec::new(),
             on_store_error: tollgate::rate_limit::OnStoreError::Allow,
             payment_delay: app::DEFAULT_PAYMENT_DELAY,
-            report_work: app::DEFAULT_REPORT_WORK,
+            report_work: Duration::from_secs(2),
             transfer_delay: Duration::ZERO,
             jobs: app::JobConfig::default(),
             token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
@@ -976,6 +977,29 @@ async fn the_binary_serves_and_announces_its_address() {
             "store calls in:\n{text}"
         );
     }
+}
+
+/// `APP_STORE_TIMEOUT_MS` bounds the binary's store calls: with every Redis reply 300 ms late,
+/// a copy given 5 s redeems a coupon, and a copy given 150 ms answers `503`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_bounds_its_store_calls_by_app_store_timeout_ms() {
+    let server = RedisServer::start();
+    let proxy = common::proxy::Proxy::start(server.addr()).await;
+    proxy.delay_replies(Duration::from_millis(300));
+    let redis_url = proxy.url();
+    let redeem = |url: String, code: &str| {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Empty<Bytes>>();
+        let request = Request::post(format!("{url}/coupons/{code}/redeem"))
+            .body(http_body_util::Empty::new())
+            .unwrap();
+        async move { client.request(request).await.unwrap().status() }
+    };
+    let (_patient, patient) = serve(&[("REDIS_URL", &redis_url), ("APP_STORE_TIMEOUT_MS", "5000")]);
+    assert_eq!(redeem(patient, "T1").await, StatusCode::OK);
+    let (_hasty, hasty) = serve(&[("REDIS_URL", &redis_url), ("APP_STORE_TIMEOUT_MS", "150")]);
+    assert_eq!(redeem(hasty, "T2").await, StatusCode::SERVICE_UNAVAILABLE);
 }
 
 /// On `DATABASE_URL`: a database that is down at start is not fatal — `/healthz` answers 503
