@@ -111,10 +111,14 @@ pub(crate) fn check(
             .and_then(|slot| slot.state.as_ref())
             .is_some_and(|state| state.charged_by(check.attempt())),
     };
-    match policy.algorithm() {
+    let outcome = match policy.algorithm() {
         super::Algorithm::SlidingLog => sliding_log(policy, slots, now, attempt),
         super::Algorithm::SlidingCounter => sliding_counter(policy, slots, now, attempt),
         super::Algorithm::Gcra => gcra(policy, slots, now, attempt),
+    };
+    RateOutcome {
+        decided_at_us: Some(now),
+        ..outcome
     }
 }
 
@@ -139,6 +143,7 @@ fn outcome(admitted: bool, retry_us: u64, limits: Vec<LimitState>) -> RateOutcom
         admitted,
         retry_after: std::time::Duration::from_micros(retry_us),
         limits,
+        decided_at_us: None,
     }
 }
 

@@ -23,6 +23,7 @@ pub struct RateCheck {
     key: Key,
     cost: u64,
     attempt: u64,
+    reservation: bool,
     settles: Option<Settlement>,
 }
 
@@ -33,6 +34,9 @@ pub struct Settlement {
     pub of: u64,
     /// What the settled check charged (its cost, as admitted).
     pub reserved: u64,
+    /// Whether the settled check was a [reservation](RateCheck::reservation): only a
+    /// reservation's unused part is refunded (the store kept where its charge went).
+    pub refundable: bool,
 }
 
 /// Mixed into a check's attempt id to name its settlement: a settlement is an attempt of its own
@@ -47,15 +51,46 @@ impl RateCheck {
             key,
             cost,
             attempt: uuid::Uuid::new_v4().as_u64_pair().0,
+            reservation: false,
             settles: None,
         }
     }
 
+    /// A new attempt to spend `cost` for `key` that will be [settled](Self::settle) once its
+    /// actual cost is known: decided and charged as [`new`](Self::new) is, and the store also
+    /// keeps where the charge went (a sliding counter's window, a GCRA span, a log's entries) for
+    /// as long as the limit counts it, so that the settlement refunds only what the limit still
+    /// counts — never quota that others spent after the charge left the window. See the
+    /// [attempt ledger](crate::store#the-attempt-ledger).
+    ///
+    /// ```
+    /// use tollgate::key::Key;
+    /// use tollgate::rate::RateCheck;
+    ///
+    /// let reserved = RateCheck::reservation(Key::new("user", b"alice"), 4_000);
+    /// assert!(reserved.is_reservation());
+    /// assert!(reserved.settle(1_200).settles().is_some_and(|s| s.refundable));
+    /// assert!(!RateCheck::new(reserved.key(), 1).is_reservation());
+    /// ```
+    pub fn reservation(key: Key, cost: u64) -> Self {
+        Self {
+            reservation: true,
+            ..Self::new(key, cost)
+        }
+    }
+
+    /// Whether this check is a [reservation](Self::reservation).
+    pub fn is_reservation(&self) -> bool {
+        self.reservation
+    }
+
     /// The settlement of this check, once it was admitted and its actual cost is known: it
-    /// charges `actual` in place of [`cost`](Self::cost) — the difference refunded or added, in
-    /// one atomic step, whatever the balance. An overrun takes the balance past the quota (by at
-    /// most one more quota per limit), and the caller is denied until the debt has left the
-    /// window.
+    /// charges `actual` in place of [`cost`](Self::cost), in one atomic step on every limit. An
+    /// overrun adds its debt now, whatever the balance (past the quota by at most one more quota
+    /// per limit), and the caller is denied until the debt has left the window. A refund returns
+    /// only what of a [reservation](Self::reservation)'s charge the limit still counts: nothing
+    /// once the charge has left the window, and nothing for a plain check, whose place the store
+    /// did not keep.
     ///
     /// A settlement is a check of its own, always admitted, whose id is derived from this one's:
     /// made twice, or re-sent, it is applied once.
@@ -64,7 +99,7 @@ impl RateCheck {
     /// use tollgate::key::Key;
     /// use tollgate::rate::RateCheck;
     ///
-    /// let reserved = RateCheck::new(Key::new("user", b"alice"), 300);
+    /// let reserved = RateCheck::reservation(Key::new("user", b"alice"), 300);
     /// let settled = reserved.settle(120);
     /// assert_eq!(settled.cost(), 120);
     /// assert_eq!(settled.settles().map(|s| (s.of, s.reserved)), Some((reserved.attempt(), 300)));
@@ -75,9 +110,11 @@ impl RateCheck {
             key: self.key,
             cost: actual,
             attempt: self.attempt ^ SETTLEMENT_ID,
+            reservation: false,
             settles: Some(Settlement {
                 of: self.attempt,
                 reserved: self.cost,
+                refundable: self.reservation,
             }),
         }
     }
@@ -85,6 +122,37 @@ impl RateCheck {
     /// What this check settles, when it is a [settlement](Self::settle).
     pub fn settles(&self) -> Option<Settlement> {
         self.settles
+    }
+
+    /// This check as a store receives it, its costs clamped to what changes no answer under
+    /// `policy`: a cost to one more than the policy's largest quota (denied alike, for a window);
+    /// a settlement's reserved cost likewise (such a check was never admitted, so nothing of it
+    /// is refunded), and an overrun to twice that quota (a larger one moves nothing further). No
+    /// cost a request can name then overflows a store's arithmetic.
+    pub(crate) fn bounded(self, policy: &crate::rate::RatePolicy) -> Self {
+        let quota = policy.limits().iter().map(|l| l.quota()).max().unwrap_or(0);
+        let most = quota.saturating_add(1);
+        let Some(settled) = self.settles else {
+            return Self {
+                cost: self.cost.min(most),
+                ..self
+            };
+        };
+        let (reserved, actual) = (settled.reserved, self.cost);
+        let bounded = reserved.min(most);
+        let cost = if actual >= reserved {
+            bounded + (actual - reserved).min(quota.saturating_mul(2))
+        } else {
+            bounded.saturating_sub(reserved - actual)
+        };
+        Self {
+            cost,
+            settles: Some(Settlement {
+                reserved: bounded,
+                ..settled
+            }),
+            ..self
+        }
     }
 
     /// The caller.
@@ -124,6 +192,33 @@ pub(crate) fn hex(id: u64) -> [u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn costs_are_bounded_by_what_changes_no_answer() {
+        use crate::rate::{Algorithm, Limit, RatePolicy};
+        let policy = RatePolicy::new(
+            "t:rl",
+            Algorithm::Gcra,
+            vec![Limit::per_second("s", 10), Limit::per_minute("m", 100)],
+        )
+        .unwrap();
+        let key = Key::new("t", b"k");
+        let bounded = |check: RateCheck| {
+            let b = check.bounded(&policy);
+            (b.cost(), b.settles().map(|s| s.reserved))
+        };
+        assert_eq!(bounded(RateCheck::new(key, 7)), (7, None));
+        assert_eq!(bounded(RateCheck::new(key, u64::MAX)), (101, None));
+        let r = RateCheck::reservation(key, 60);
+        assert_eq!(bounded(r.settle(20)), (20, Some(60)));
+        assert_eq!(bounded(r.settle(u64::MAX)), (260, Some(60)));
+        let huge = RateCheck::reservation(key, 1 << 50);
+        assert_eq!(bounded(huge.settle(0)), (0, Some(101)));
+        assert_eq!(bounded(huge.settle((1 << 50) - 1)), (100, Some(101)));
+        assert_eq!(bounded(huge.settle(u64::MAX)), (301, Some(101)));
+        let b = huge.settle(3).bounded(&policy);
+        assert_eq!((b.attempt(), b.settles().map(|s| s.of)), (huge.settle(3).attempt(), Some(huge.attempt())));
+    }
 
     #[test]
     fn the_attempt_id_is_sixteen_hex_digits() {

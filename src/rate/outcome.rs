@@ -22,4 +22,8 @@ pub struct RateOutcome {
     pub retry_after: Duration,
     /// Per limit, in configuration order.
     pub limits: Vec<LimitState>,
+    /// The store's clock when it decided, in microseconds since the Unix epoch; `None` where no
+    /// store decided (the local fallback, the deny cache). What the reference model of the
+    /// [conformance suite](crate::conformance::model) is evaluated at.
+    pub decided_at_us: Option<u64>,
 }

@@ -98,6 +98,7 @@ fn on_store_failure(
             Duration::from_secs(1)
         },
         limits: Vec::new(),
+        decided_at_us: None,
     };
     (outcome, DecisionSource::StoreUnavailable)
 }

@@ -178,8 +178,13 @@ mod tests {
                         remaining: 0,
                         reset: WAIT,
                     }],
+                    decided_at_us: None,
                 })
             })
+        }
+
+        fn timeout(&self) -> std::time::Duration {
+            WAIT
         }
 
         fn reset_rate(&self, _: &Arc<RatePolicy>, _: super::Key) -> StoreFuture<()> {

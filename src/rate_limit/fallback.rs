@@ -62,7 +62,11 @@ impl Fallback {
     /// outcome without limit states: denied with a `retry_after` of 1 s, or admitted uncounted.
     pub(crate) fn check(&self, check: RateCheck) -> RateOutcome {
         match self.rates.check(&self.policy, check) {
-            Ok(outcome) => outcome,
+            // decided in this process: no store's clock
+            Ok(outcome) => RateOutcome {
+                decided_at_us: None,
+                ..outcome
+            },
             Err(_full) => self.when_full(check),
         }
     }
@@ -83,6 +87,7 @@ impl Fallback {
                 Duration::from_secs(1)
             },
             limits: Vec::new(),
+            decided_at_us: None,
         }
     }
 

@@ -103,7 +103,12 @@ where
             crate::metrics::rate_decision(&tier.limiter, false, denied.source.label());
             return ResponseFuture::reject(Rejection::Denied(denied), settings, wire);
         }
-        let check = RateCheck::new(key, cost);
+        // a check that will be settled is a reservation: the store keeps where it went
+        let check = if settings.settle.is_some() {
+            RateCheck::reservation(key, cost)
+        } else {
+            RateCheck::new(key, cost)
+        };
         let pending = settings.store.check_rate(&tier.policy, check);
         // The clone goes on serving; the instance that `poll_ready` readied handles this request.
         let clone = self.inner.clone();

@@ -31,6 +31,10 @@ impl RateStore for Counting {
         self.inner.check_rate(p, check)
     }
 
+    fn timeout(&self) -> std::time::Duration {
+        RateStore::timeout(&self.inner)
+    }
+
     fn reset_rate(&self, p: &Arc<RatePolicy>, key: crate::key::Key) -> StoreFuture<()> {
         self.inner.reset_rate(p, key)
     }

@@ -528,13 +528,20 @@ fn full_denial(policy: &RatePolicy) -> RateOutcome {
         admitted: false,
         retry_after: wait,
         limits: vec![full; policy.limits().len()],
+        decided_at_us: None,
     }
 }
 
 impl RateStore for MemoryStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
-        let outcome = self.inner.rates.check(policy, check);
+        let outcome = self.inner.rates.check(policy, check.bounded(policy));
         ready(outcome.unwrap_or_else(|_full| full_denial(policy)))
+    }
+
+    /// Nominal: the memory store answers at once; a check is remembered as one on a store of
+    /// this timeout would be (see the [attempt ledger](crate::store#the-attempt-ledger)).
+    fn timeout(&self) -> Duration {
+        NOMINAL_TIMEOUT
     }
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {

@@ -93,6 +93,11 @@ pub trait RateStore: fmt::Debug + Send + Sync + 'static {
     /// admitted again (see [`RateCheck`]).
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome>;
 
+    /// How long a check may take before it fails with [`StoreErrorKind::Timeout`]: a check is
+    /// remembered for its deadline plus twice this (see the
+    /// [attempt ledger](self#the-attempt-ledger)).
+    fn timeout(&self) -> Duration;
+
     /// Forgets what caller `key` has spent of every limit of `policy` (deletes its
     /// [`RatePolicy::store_keys`]), as if it had never been seen; other policies' state stays.
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()>;
@@ -376,6 +381,10 @@ pub fn fence_ttl(lease: Duration) -> Duration {
 impl<T: RateStore + ?Sized> RateStore for Arc<T> {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
         (**self).check_rate(policy, check)
+    }
+
+    fn timeout(&self) -> Duration {
+        (**self).timeout()
     }
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {

@@ -22,6 +22,10 @@ impl RateStore for Delegating {
         self.0.check_rate(policy, check)
     }
 
+    fn timeout(&self) -> Duration {
+        RateStore::timeout(&self.0)
+    }
+
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
         self.0.reset_rate(policy, key)
     }

@@ -438,7 +438,11 @@ fn decode_permit(row: &Row) -> Result<PermitAttempt, StoreError> {
 
 impl RateStore for PgStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
-        self.inner.rates.check(policy, check)
+        self.inner.rates.check(policy, check.bounded(policy))
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.settings.timeout
     }
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
@@ -576,6 +580,7 @@ fn decode_rate(reply: &[i64], n: usize) -> Result<RateOutcome, StoreError> {
         })
         .collect();
     Ok(RateOutcome {
+        decided_at_us: None,
         admitted: reply[0] == 1,
         retry_after: micros(reply[1]),
         limits,

@@ -543,7 +543,11 @@ fn unexpired<R: FromRedisValue>(reply: Value) -> Result<R, StoreError> {
 
 impl RateStore for RedisStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
-        self.rates.check(policy, check)
+        self.rates.check(policy, check.bounded(policy))
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {

@@ -282,6 +282,7 @@ fn decode(
             });
         }
         decided.push(Ok(RateOutcome {
+            decided_at_us: None,
             admitted: admitted == 1,
             retry_after,
             limits,
