@@ -57,6 +57,8 @@ use tokio::time::Instant;
 
 pub mod idempotency;
 pub mod lock;
+pub mod model;
+pub mod property;
 pub mod permit;
 pub mod rate;
 

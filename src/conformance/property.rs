@@ -1,0 +1,452 @@
+//! Random sequences of rate checks held against the [reference model](super::model).
+//!
+//! A [`Case`] is a few policies and a sequence of [`Op`]s by one or two callers: checks and
+//! reservations, re-sends of them, settlements and their re-sends, resets and waits. [`run`]
+//! sends them to a store one after another and compares every reply — admitted or not, the
+//! wait, each limit's remaining quota and reset — with the model's answer at the time the
+//! store decided ([`RateOutcome::decided_at_us`]). [`search`] runs many random cases at once
+//! and shrinks a failing one to the fewest operations that still fail, so that it can join
+//! [`CORPUS`], the cases run every time.
+//!
+//! Re-sends go out within 1.5 × the store's timeout of the first send: the ledger remembers an
+//! attempt for its deadline plus twice the timeout, so no answer depends on where exactly a
+//! store draws that line.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::model::Model;
+use crate::key::Key;
+use crate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
+use crate::store::RateStore;
+
+/// One step of a case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// A new check by caller `caller` under policy `policy` (indexes, taken modulo the case's
+    /// numbers), of `cost`; a reservation when `reserve`.
+    Check {
+        /// The caller.
+        caller: u8,
+        /// The policy.
+        policy: u8,
+        /// The cost.
+        cost: u64,
+        /// Whether it is a reservation.
+        reserve: bool,
+    },
+    /// The `back`-th latest check sent again (0: the latest); skipped when it went out more
+    /// than 1.5 × the timeout ago.
+    Resend {
+        /// How far back.
+        back: u8,
+    },
+    /// The `back`-th latest check settled for `actual`.
+    Settle {
+        /// How far back.
+        back: u8,
+        /// The actual cost.
+        actual: u64,
+    },
+    /// The `back`-th latest settlement sent again; skipped as [`Op::Resend`] is.
+    ResendSettlement {
+        /// How far back.
+        back: u8,
+    },
+    /// Caller `caller`'s limits of policy `policy` reset.
+    Reset {
+        /// The caller.
+        caller: u8,
+        /// The policy.
+        policy: u8,
+    },
+    /// A wait of 1.2 × the store's timeout: the deadline of every check sent before has passed.
+    PastTimeout,
+    /// A wait of `ms` milliseconds.
+    Sleep {
+        /// Milliseconds.
+        ms: u32,
+    },
+}
+
+/// A policy of a case: its algorithm and limits, each a quota and a window in milliseconds.
+pub type PolicySpec = (Algorithm, &'static [(u64, u64)]);
+
+/// A case: its policies and its operations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Case {
+    /// The policies, in one namespace of the case's own.
+    pub policies: Vec<PolicySpec>,
+    /// The operations, in order.
+    pub ops: Vec<Op>,
+}
+
+/// Where a store's answer differs from the model's.
+#[derive(Debug, Clone)]
+pub struct Mismatch {
+    /// The operation's index in the case.
+    pub at: usize,
+    /// What went wrong.
+    pub what: String,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "operation {}: {}", self.at, self.what)
+    }
+}
+
+/// The cases every store passes, each once found by [`search`] (or written for a rule of the
+/// ledger), shrunk.
+pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
+    (
+        "a refund made after the charge left the window returns nothing",
+        &[(Algorithm::Gcra, &[(10, 300)]), (Algorithm::SlidingCounter, &[(10, 300)])],
+        &[
+            Op::Check { caller: 0, policy: 0, cost: 10, reserve: true },
+            Op::Check { caller: 0, policy: 1, cost: 10, reserve: true },
+            Op::Sleep { ms: 650 },
+            Op::Check { caller: 0, policy: 0, cost: 10, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 10, reserve: false },
+            Op::Settle { back: 3, actual: 0 },
+            Op::Settle { back: 2, actual: 0 },
+            Op::Check { caller: 0, policy: 0, cost: 10, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 10, reserve: false },
+        ],
+    ),
+    (
+        "a counter refund in the next window comes out of the previous one",
+        &[(Algorithm::SlidingCounter, &[(10, 400)])],
+        &[
+            Op::Check { caller: 0, policy: 0, cost: 6, reserve: true },
+            Op::Sleep { ms: 450 },
+            Op::Check { caller: 0, policy: 0, cost: 2, reserve: false },
+            Op::Settle { back: 1, actual: 1 },
+            Op::Check { caller: 0, policy: 0, cost: 0, reserve: false },
+        ],
+    ),
+    (
+        "a check retried past its deadline, after another charged the caller, is charged once",
+        &[(Algorithm::Gcra, &[(10, 60_000)]), (Algorithm::SlidingCounter, &[(10, 60_000)])],
+        &[
+            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::PastTimeout,
+            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Resend { back: 3 },
+            Op::Resend { back: 2 },
+        ],
+    ),
+    (
+        "a settlement re-sent after another settled is applied once",
+        &[
+            (Algorithm::SlidingLog, &[(10, 60_000)]),
+            (Algorithm::SlidingCounter, &[(10, 60_000)]),
+            (Algorithm::Gcra, &[(10, 60_000)]),
+        ],
+        &[
+            Op::Check { caller: 0, policy: 0, cost: 4, reserve: true },
+            Op::Check { caller: 0, policy: 0, cost: 4, reserve: true },
+            Op::Settle { back: 1, actual: 1 },
+            Op::PastTimeout,
+            Op::Settle { back: 0, actual: 2 },
+            Op::ResendSettlement { back: 1 },
+            Op::Check { caller: 1, policy: 1, cost: 4, reserve: true },
+            Op::Check { caller: 1, policy: 1, cost: 4, reserve: true },
+            Op::Settle { back: 1, actual: 1 },
+            Op::Settle { back: 0, actual: 2 },
+            Op::ResendSettlement { back: 1 },
+            Op::Check { caller: 1, policy: 2, cost: 4, reserve: true },
+            Op::Check { caller: 1, policy: 2, cost: 4, reserve: true },
+            Op::Settle { back: 1, actual: 1 },
+            Op::Settle { back: 0, actual: 2 },
+            Op::ResendSettlement { back: 1 },
+        ],
+    ),
+    (
+        "a check re-sent after eight others is charged once",
+        &[(Algorithm::SlidingCounter, &[(20, 60_000)]), (Algorithm::Gcra, &[(20, 60_000)])],
+        &[
+            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            Op::Resend { back: 8 },
+            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Resend { back: 8 },
+        ],
+    ),
+    (
+        "a reservation refunded by its settlement and sent again is not charged again",
+        &[(Algorithm::SlidingLog, &[(10, 60_000)])],
+        &[
+            Op::Check { caller: 0, policy: 0, cost: 3, reserve: true },
+            Op::Settle { back: 0, actual: 0 },
+            Op::Resend { back: 0 },
+            Op::Check { caller: 0, policy: 0, cost: 0, reserve: false },
+        ],
+    ),
+    (
+        "a settlement of a reservation of 2^50 among other checks",
+        &[(Algorithm::Gcra, &[(10, 60_000)]), (Algorithm::SlidingLog, &[(10, 60_000)])],
+        &[
+            Op::Check { caller: 0, policy: 0, cost: 1 << 50, reserve: true },
+            Op::Settle { back: 0, actual: 0 },
+            Op::Check { caller: 0, policy: 0, cost: 2, reserve: true },
+            Op::Settle { back: 0, actual: u64::MAX },
+            Op::Check { caller: 0, policy: 1, cost: 1 << 50, reserve: true },
+            Op::Settle { back: 0, actual: 1 },
+            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+        ],
+    ),
+];
+
+/// The cases of [`CORPUS`].
+pub fn corpus() -> Vec<(&'static str, Case)> {
+    CORPUS
+        .iter()
+        .map(|(name, policies, ops)| {
+            let case = Case {
+                policies: policies.to_vec(),
+                ops: ops.to_vec(),
+            };
+            (*name, case)
+        })
+        .collect()
+}
+
+/// What a run keeps of the attempts it sent.
+struct Sent {
+    check: RateCheck,
+    policy: usize,
+    at: Instant,
+}
+
+/// Runs `case` against `store`, one operation after another, holding every answer against the
+/// model; the first mismatch.
+pub async fn run(store: &impl RateStore, case: &Case) -> Result<(), Mismatch> {
+    let namespace = format!("p{}:rl", uuid::Uuid::new_v4().simple());
+    let policies: Vec<Arc<RatePolicy>> = case
+        .policies
+        .iter()
+        .enumerate()
+        .map(|(i, (algorithm, limits))| {
+            // a limit's name is its policy's: two policies never share a key
+            let limits = limits
+                .iter()
+                .enumerate()
+                .map(|(j, &(quota, ms))| Limit::new(format!("p{i}l{j}"), quota, Duration::from_millis(ms)))
+                .collect();
+            RatePolicy::new(namespace.as_str(), *algorithm, limits).map(Arc::new)
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| Mismatch { at: 0, what: format!("the case's policies: {e}") })?;
+    let callers: [Key; 2] = [Key::new("caller", b"a"), Key::new("caller", b"b")];
+    let timeout = store.timeout();
+    let fresh = timeout.mul_f64(1.5);
+    let mut model = Model::new(timeout * 3);
+    let (mut checks, mut settlements): (Vec<Sent>, Vec<Sent>) = (Vec::new(), Vec::new());
+    for (at, op) in case.ops.iter().enumerate() {
+        let mismatch = |what: String| Mismatch { at, what };
+        let sent = match *op {
+            Op::Sleep { ms } => {
+                tokio::time::sleep(Duration::from_millis(u64::from(ms))).await;
+                continue;
+            }
+            Op::PastTimeout => {
+                tokio::time::sleep(timeout.mul_f64(1.2)).await;
+                continue;
+            }
+            Op::Reset { caller, policy } => {
+                let policy = &policies[usize::from(policy) % policies.len()];
+                let key = callers[usize::from(caller) % 2];
+                store
+                    .reset_rate(policy, key)
+                    .await
+                    .map_err(|e| mismatch(format!("reset failed: {e}")))?;
+                model.reset(policy, key);
+                continue;
+            }
+            Op::Check { caller, policy, cost, reserve } => {
+                let key = callers[usize::from(caller) % 2];
+                let check = if reserve {
+                    RateCheck::reservation(key, cost)
+                } else {
+                    RateCheck::new(key, cost)
+                };
+                let policy = usize::from(policy) % policies.len();
+                checks.push(Sent { check, policy, at: Instant::now() });
+                (check, policy)
+            }
+            Op::Resend { back } => match latest(&checks, back, fresh) {
+                Some(sent) => sent,
+                None => continue,
+            },
+            Op::Settle { back, actual } => {
+                let Some(i) = checks.len().checked_sub(1 + usize::from(back)) else {
+                    continue;
+                };
+                let (check, policy) = (checks[i].check.settle(actual), checks[i].policy);
+                settlements.push(Sent { check, policy, at: Instant::now() });
+                (check, policy)
+            }
+            Op::ResendSettlement { back } => match latest(&settlements, back, fresh) {
+                Some(sent) => sent,
+                None => continue,
+            },
+        };
+        let (check, policy) = sent;
+        let policy = &policies[policy];
+        let got = store
+            .check_rate(policy, check)
+            .await
+            .map_err(|e| mismatch(format!("the store failed: {e}")))?;
+        let Some(now) = got.decided_at_us else {
+            return Err(mismatch("the store's answer has no decided_at_us".into()));
+        };
+        let want = model.decide(policy, check, now);
+        if !agree(&got, &want) {
+            return Err(mismatch(format!(
+                "{op:?} ({:?}) at store time {now}: the store answered {got:?}, the model {want:?}",
+                policy.algorithm()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The `back`-th latest of `sent`, if it went out within `fresh`.
+fn latest(sent: &[Sent], back: u8, fresh: Duration) -> Option<(RateCheck, usize)> {
+    let i = sent.len().checked_sub(1 + usize::from(back))?;
+    (sent[i].at.elapsed() < fresh).then_some((sent[i].check, sent[i].policy))
+}
+
+/// Whether two answers agree: exactly, but for waits and resets within a microsecond (the
+/// stores round a double's microseconds up).
+fn agree(got: &RateOutcome, want: &RateOutcome) -> bool {
+    let near = |a: Duration, b: Duration| a.abs_diff(b) <= Duration::from_micros(1);
+    got.admitted == want.admitted
+        && near(got.retry_after, want.retry_after)
+        && got.limits.len() == want.limits.len()
+        && got
+            .limits
+            .iter()
+            .zip(&want.limits)
+            .all(|(g, w)| g.remaining == w.remaining && near(g.reset, w.reset))
+}
+
+/// A small deterministic generator (SplitMix64): a case is made again from its seed.
+#[derive(Debug, Clone)]
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[self.below(from.len() as u64) as usize]
+    }
+}
+
+/// Limits a generated policy may have (quota, window in ms).
+const LIMITS: &[&[(u64, u64)]] = &[
+    &[(4, 300)],
+    &[(10, 500)],
+    &[(6, 800)],
+    &[(5, 400), (12, 60_000)],
+    &[(3, 200), (8, 1_000)],
+];
+
+/// The case of `seed`: up to `len` operations, waits scaled to `timeout`.
+pub fn generate(seed: u64, len: usize, timeout: Duration) -> Case {
+    let mut r = Random(seed);
+    let algorithms = [Algorithm::SlidingLog, Algorithm::SlidingCounter, Algorithm::Gcra];
+    let policies = (0..1 + r.below(2))
+        .map(|_| (r.pick(&algorithms), r.pick(LIMITS)))
+        .collect();
+    let t = u32::try_from(timeout.as_millis()).unwrap_or(1_000);
+    let waits = [5, t / 2, 150, 350, 700];
+    let ops = (0..len)
+        .map(|_| match r.below(20) {
+            0..=7 => Op::Check {
+                caller: r.below(2) as u8,
+                policy: r.below(2) as u8,
+                cost: r.pick(&[0, 1, 1, 1, 2, 3, 5, 11, 1 << 50]),
+                reserve: r.below(2) == 0,
+            },
+            8..=10 => Op::Resend { back: r.below(4) as u8 },
+            11..=13 => Op::Settle {
+                back: r.below(3) as u8,
+                actual: r.pick(&[0, 0, 1, 2, 4, 9, u64::MAX]),
+            },
+            14 | 15 => Op::ResendSettlement { back: r.below(3) as u8 },
+            16 => Op::Reset { caller: r.below(2) as u8, policy: r.below(2) as u8 },
+            17 => Op::PastTimeout,
+            _ => Op::Sleep { ms: r.pick(&waits) },
+        })
+        .collect();
+    Case { policies, ops }
+}
+
+/// Runs the cases of `seeds` against `store` at once (each in keys of its own); for the first
+/// that fails, the shrunk case and its mismatch.
+pub async fn search(
+    store: &impl RateStore,
+    seeds: std::ops::Range<u64>,
+    len: usize,
+) -> Option<(u64, Case, Mismatch)> {
+    let timeout = store.timeout();
+    let cases: Vec<(u64, Case)> = seeds.map(|s| (s, generate(s, len, timeout))).collect();
+    let runs = cases.iter().map(|(_, case)| run(store, case));
+    let results = futures_util::future::join_all(runs).await;
+    let (seed, case, mismatch) = cases
+        .into_iter()
+        .zip(results)
+        .find_map(|((seed, case), result)| result.err().map(|m| (seed, case, m)))?;
+    let (case, mismatch) = shrink(store, case, mismatch).await;
+    Some((seed, case, mismatch))
+}
+
+/// `case` with operations removed, one at a time from the end, as long as it still fails.
+pub async fn shrink(store: &impl RateStore, mut case: Case, mut mismatch: Mismatch) -> (Case, Mismatch) {
+    case.ops.truncate(mismatch.at + 1);
+    let mut i = case.ops.len();
+    while i > 0 {
+        i -= 1;
+        let mut smaller = case.clone();
+        smaller.ops.remove(i);
+        if let Err(m) = run(store, &smaller).await {
+            smaller.ops.truncate(m.at + 1);
+            i = i.min(smaller.ops.len());
+            (case, mismatch) = (smaller, m);
+        }
+    }
+    (case, mismatch)
+}
