@@ -1,87 +1,114 @@
 //! The three algorithms in process, as plain functions over a caller's state: the same decisions
-//! as the Redis rate script (`src/store/scripts/rate.lua`), for `MemoryStore` and the local
-//! fallback.
+//! as the Redis rate script (`src/store/scripts/rate.lua`) and the reference model
+//! (`conformance::model`), for `MemoryStore` and the local fallback.
 //!
 //! Time is store time in microseconds. Each function gets one [`Slot`] per limit of the policy —
-//! the live state and its expiry, or an empty slot — and leaves in it what the store would keep.
+//! the live state and its expiry, or an empty slot — and leaves in it what the store would keep;
+//! the caller's [`Ledger`] remembers the attempts that charged it (see the attempt ledger in the
+//! store docs).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use super::{LimitState, RateCheck, RateOutcome, RatePolicy, Settlement};
 
-/// One caller's state for one limit, with the attempts that charged it lately.
+/// A sliding log entry's name: its attempt and unit (0 for an attempt's only unit), as the
+/// script names its members `id` or `id:unit`.
+type Name = (u64, u64);
+
+/// One caller's state for one limit.
 #[derive(Debug)]
 pub(crate) enum State {
-    /// A sliding log: per unit of admitted cost its score and attempt, ascending by score; and
-    /// the settlements applied to it lately.
-    Log {
-        entries: VecDeque<(u64, u64)>,
-        recent: Recent,
-    },
+    /// A sliding log: per unit of admitted cost its score and name, ascending by score.
+    Log(VecDeque<(u64, Name)>),
     /// A sliding counter: window index, current and previous window's cost.
-    Counter {
-        index: u64,
-        cur: u64,
-        prev: u64,
-        recent: Recent,
-    },
+    Counter { index: u64, cur: u64, prev: u64 },
     /// A GCRA theoretical arrival time: whole microseconds plus `rem` / quota of one.
-    Tat { tat: u64, rem: u64, recent: Recent },
+    Tat { tat: u64, rem: u64 },
 }
 
-impl State {
-    /// Whether `attempt` charged this state: a second run of it is admitted without a charge.
-    fn charged_by(&self, attempt: u64) -> bool {
-        match self {
-            Self::Log { entries, recent } => {
-                recent.contains(attempt) || entries.iter().any(|&(_, a)| a == attempt)
-            }
-            Self::Counter { recent, .. } | Self::Tat { recent, .. } => recent.contains(attempt),
-        }
-    }
+/// How long a charged attempt is remembered past its decision: a memory store's call has the
+/// deadline of a store with a timeout of a second, and is remembered, as on the shared stores,
+/// until that deadline plus twice the timeout.
+pub(crate) const REMEMBERED_US: u64 = 3_000_000;
 
-    /// The recent attempts of a state: of a counter or GCRA, those that charged it; of a log,
-    /// its settlements.
-    fn take_recent(&mut self) -> Recent {
-        match self {
-            Self::Log { recent, .. } | Self::Counter { recent, .. } | Self::Tat { recent, .. } => {
-                std::mem::take(recent)
-            }
-        }
-    }
+/// Where a reservation's charge went on one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// A sliding log: the entries named by the attempt.
+    Log,
+    /// A sliding counter: the window it was added to.
+    Window(u64),
+    /// GCRA: the arrival time right after the charge.
+    End { tat: u64, rem: u64 },
 }
 
-/// How many recent attempts a counter or GCRA state keeps, as the PostgreSQL functions do (on
-/// Redis, each call keeps a record of the checks it charged instead: see `rate.lua`).
-const RECENT: usize = 8;
-
-/// How long an attempt is remembered: the deadline of a check on the memory store, after
-/// which a re-sent one would be refused by the Redis store. (The memory store's own calls are
-/// never re-sent; an application's retry is.)
-const REMEMBERED_US: u64 = 1_000_000;
-
-/// The attempts that charged a counter or GCRA state lately (kept on its first limit), oldest
-/// first, each with the store time in microseconds after which a re-send of it no longer
-/// counts: a re-sent attempt is recognised among them whatever charged the caller in between.
+/// The attempts that charged a caller: until when each is remembered, and where a reservation's
+/// charge went. Forgotten in order of expiry, at O(expired).
 #[derive(Debug, Default)]
-pub(crate) struct Recent(Vec<(u64, u64)>);
+pub(crate) struct Ledger {
+    entries: HashMap<u64, Entry>,
+    /// (until, attempt) per entry; an item whose entry has moved on is skipped.
+    expiries: BTreeSet<(u64, u64)>,
+}
 
-impl Recent {
-    fn contains(&self, attempt: u64) -> bool {
-        self.0.iter().any(|&(id, _)| id == attempt)
+#[derive(Debug)]
+struct Entry {
+    /// Until when a re-send of the attempt charges nothing.
+    charged_until: u64,
+    /// A reservation's place per limit, and until when it is kept.
+    place: Option<(Box<[Place]>, u64)>,
+    /// When the entry goes: the later of the two.
+    until: u64,
+}
+
+impl Ledger {
+    /// Forgets what expired by `now`.
+    fn forget(&mut self, now: u64) {
+        while let Some(&(until, id)) = self.expiries.first() {
+            if until > now {
+                break;
+            }
+            self.expiries.pop_first();
+            if self.entries.get(&id).is_some_and(|e| e.until == until) {
+                self.entries.remove(&id);
+            }
+        }
     }
 
-    /// The attempts still remembered at `now` (at most `RECENT - 1`), then `attempt`.
-    fn remember(mut self, attempt: u64, now: u64) -> Self {
-        let gone = self
-            .0
-            .iter()
-            .take_while(|&&(_, until)| until <= now)
-            .count();
-        let over = (self.0.len() - gone).saturating_sub(RECENT - 1);
-        self.0.drain(..gone + over);
-        self.0.push((attempt, now.saturating_add(REMEMBERED_US)));
-        self
+    /// Whether `id` charged and is still remembered at `now`.
+    fn charged(&self, id: u64, now: u64) -> bool {
+        self.entries.get(&id).is_some_and(|e| e.charged_until > now)
+    }
+
+    /// Remembers `id` as charged until `charged_until`, with a reservation's place.
+    fn remember(&mut self, id: u64, charged_until: u64, place: Option<(Box<[Place]>, u64)>) {
+        let entry = self.entries.entry(id).or_insert(Entry {
+            charged_until: 0,
+            place: None,
+            until: 0,
+        });
+        entry.charged_until = entry.charged_until.max(charged_until);
+        if place.is_some() {
+            entry.place = place;
+        }
+        let until = entry
+            .charged_until
+            .max(entry.place.as_ref().map_or(0, |p| p.1));
+        if until > entry.until {
+            entry.until = until;
+            self.expiries.insert((until, id));
+        }
+    }
+
+    /// The place of reservation `of`, if it is still kept at `now`; dropped.
+    fn take_place(&mut self, of: u64, now: u64) -> Option<Box<[Place]>> {
+        let (place, until) = self.entries.get_mut(&of)?.place.take()?;
+        (until > now).then_some(place)
+    }
+
+    /// When the last entry goes (0: none).
+    pub(crate) fn expires_at(&self) -> u64 {
+        self.expiries.last().map_or(0, |&(until, _)| until)
     }
 }
 
@@ -94,57 +121,66 @@ pub(crate) struct Slot {
 }
 
 /// Decides `check` against every limit of `policy` at store time `now`, all or nothing; `slots`
-/// holds one slot per limit, in order. An attempt that already charged the first limit is
-/// admitted again without a charge, as the scripts do.
+/// holds one slot per limit, in order, and `ledger` the caller's attempts.
 pub(crate) fn check(
     policy: &RatePolicy,
     slots: &mut [Slot],
+    ledger: &mut Ledger,
     now: u64,
     check: RateCheck,
 ) -> RateOutcome {
-    let attempt = Attempt {
-        cost: check.cost(),
-        id: check.attempt(),
-        settles: check.settles(),
-        replay: slots
-            .first()
-            .and_then(|slot| slot.state.as_ref())
-            .is_some_and(|state| state.charged_by(check.attempt())),
-    };
-    let outcome = match policy.algorithm() {
-        super::Algorithm::SlidingLog => sliding_log(policy, slots, now, attempt),
-        super::Algorithm::SlidingCounter => sliding_counter(policy, slots, now, attempt),
-        super::Algorithm::Gcra => gcra(policy, slots, now, attempt),
+    ledger.forget(now);
+    // a look (cost 0) charges nothing, so it is never a re-send
+    let counts = check.cost() > 0 || check.settles().is_some();
+    let replay = counts && ledger.charged(check.attempt(), now);
+    let (admitted, retry, limits) = match check.settles() {
+        Some(settled) => {
+            let place = (settled.refundable && !replay)
+                .then(|| ledger.take_place(settled.of, now))
+                .flatten();
+            let limits = settle(policy, slots, now, check, settled, replay, place.as_deref());
+            if !replay {
+                ledger.remember(check.attempt(), now + REMEMBERED_US, None);
+            }
+            (true, 0, limits)
+        }
+        None => {
+            let (admitted, retry, limits, place) = charge(policy, slots, now, check, replay);
+            if admitted && check.cost() > 0 {
+                let place = place.map(|place| {
+                    let until = place
+                        .iter()
+                        .zip(policy.limits())
+                        .map(|(p, l)| place_until(*p, l.window_us(), now))
+                        .max()
+                        .unwrap_or(now);
+                    (place, until)
+                });
+                ledger.remember(check.attempt(), now + REMEMBERED_US, place);
+            }
+            (admitted, retry, limits)
+        }
     };
     RateOutcome {
+        admitted,
+        retry_after: std::time::Duration::from_micros(retry),
+        limits,
         decided_at_us: Some(now),
-        ..outcome
     }
 }
 
-/// The attempt being decided.
-#[derive(Debug, Clone, Copy)]
-struct Attempt {
-    /// Of a settlement: the actual cost.
-    cost: u64,
-    id: u64,
-    /// A settlement: always admitted, it corrects what the settled attempt charged.
-    settles: Option<Settlement>,
-    /// A second run: admitted, nothing charged.
-    replay: bool,
+/// Until when a place is kept: a counter's until the end of the window after its own, a GCRA
+/// span until it has drained; after that a refund from it returns nothing.
+fn place_until(place: Place, window: u64, now: u64) -> u64 {
+    match place {
+        Place::Log => now,
+        Place::Window(index) => (index + 2) * (window / 1000) * 1000,
+        Place::End { tat, .. } => now + ((tat - now).div_ceil(1000) + 1) * 1000,
+    }
 }
 
 fn ceil_us(x: f64) -> u64 {
     if x > 0.0 { x.ceil() as u64 } else { 0 }
-}
-
-fn outcome(admitted: bool, retry_us: u64, limits: Vec<LimitState>) -> RateOutcome {
-    RateOutcome {
-        admitted,
-        retry_after: std::time::Duration::from_micros(retry_us),
-        limits,
-        decided_at_us: None,
-    }
 }
 
 fn state(remaining: u64, reset_us: u64) -> LimitState {
@@ -154,201 +190,321 @@ fn state(remaining: u64, reset_us: u64) -> LimitState {
     }
 }
 
-/// Mirrors `sliding_log` of `scripts/rate.lua`.
-fn sliding_log(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> RateOutcome {
-    let cost = attempt.cost;
-    let mut logs: Vec<VecDeque<(u64, u64)>> = Vec::with_capacity(slots.len());
+/// The name of the `u`-th unit of an attempt of `cost`.
+fn name(id: u64, cost: u64, u: u64) -> Name {
+    if cost == 1 && u == 1 { (id, 0) } else { (id, u) }
+}
+
+/// A sliding log from `slot`, trimmed of what left the window at `now`.
+fn log_of(slot: &mut Slot, window: u64, now: u64) -> VecDeque<(u64, Name)> {
+    let mut log = match slot.state.take() {
+        Some(State::Log(log)) => log,
+        _ => VecDeque::new(),
+    };
+    let horizon = now.saturating_sub(window);
+    while log.front().is_some_and(|&(s, _)| s <= horizon) {
+        log.pop_front();
+    }
+    log
+}
+
+/// A sliding counter's window index and the milliseconds elapsed in it at `now`, and its
+/// (current, previous) counts from `slot`.
+fn counter_of(slot: &Slot, window_us: u64, now_us: u64) -> (f64, f64, f64, f64) {
+    let now = (now_us / 1000) as f64;
+    let window = window_us as f64 / 1000.0;
+    let index = (now / window).floor();
+    let elapsed = now - index * window;
+    let (cur, prev) = match slot.state {
+        Some(State::Counter { index: i, cur, prev }) if i as f64 == index => {
+            (cur as f64, prev as f64)
+        }
+        Some(State::Counter { index: i, cur, .. }) if i as f64 == index - 1.0 => (0.0, cur as f64),
+        _ => (0.0, 0.0),
+    };
+    (index, elapsed, cur, prev)
+}
+
+/// A GCRA arrival time and remainder from `slot` at `now`: now when it has passed.
+fn tat_of(slot: &Slot, now: u64) -> (u64, u64) {
+    match slot.state {
+        Some(State::Tat { tat, rem }) if tat >= now => (tat, rem),
+        _ => (now, 0),
+    }
+}
+
+/// A check: every limit decided, then, admitted and costing, charged. Whether admitted, the wait
+/// (µs), the limits, and a reservation's place when it charged.
+fn charge(
+    policy: &RatePolicy,
+    slots: &mut [Slot],
+    now: u64,
+    check: RateCheck,
+    mut replay: bool,
+) -> (bool, u64, Vec<LimitState>, Option<Box<[Place]>>) {
+    let cost = check.cost();
+    let id = check.attempt();
+    let algorithm = policy.algorithm();
+    let mut logs: Vec<VecDeque<(u64, Name)>> = Vec::new();
     let mut admitted = true;
     let mut retry = 0u64;
     for (slot, limit) in slots.iter_mut().zip(policy.limits()) {
-        let window = limit.window_us();
-        let mut log = match &mut slot.state {
-            Some(State::Log { entries, .. }) => std::mem::take(entries),
-            _ => VecDeque::new(),
+        let (q, w) = (limit.quota(), limit.window_us());
+        let wait = match algorithm {
+            super::Algorithm::SlidingLog => {
+                let log = log_of(slot, w, now);
+                let wait = if replay { None } else { log_wait(&log, q, w, now, cost) };
+                // a log that would deny holding this attempt's first unit: charged before
+                let first = name(id, cost, 1);
+                let logged = wait.is_some()
+                    && cost > 0
+                    && !log.is_empty()
+                    && log.iter().any(|&(_, n)| n == first);
+                logs.push(log);
+                if logged {
+                    replay = true;
+                    None
+                } else {
+                    wait
+                }
+            }
+            super::Algorithm::SlidingCounter if !replay => counter_wait(slot, q, w, now, cost),
+            super::Algorithm::Gcra if !replay => gcra_wait(slot, q, w, now, cost),
+            _ => None,
         };
-        let horizon = now.saturating_sub(window);
-        while log.front().is_some_and(|&(s, _)| s <= horizon) {
-            log.pop_front();
-        }
-        let count = log.len() as u64;
-        let decides = !attempt.replay && attempt.settles.is_none();
-        if decides && count.saturating_add(cost) > limit.quota() {
+        if let Some(wait) = wait {
             admitted = false;
-            let wait = if cost <= limit.quota() {
-                let idx = (count + cost - limit.quota() - 1) as usize;
-                log[idx].0 + window - now
-            } else {
-                window
-            };
             retry = retry.max(wait);
         }
-        logs.push(log);
     }
+    if replay {
+        (admitted, retry) = (true, 0);
+    }
+    let charges = admitted && !replay && cost > 0;
+    let mut place = Vec::with_capacity(if charges { slots.len() } else { 0 });
     let mut limits = Vec::with_capacity(slots.len());
-    let kept = slots.iter_mut().zip(policy.limits()).zip(logs).enumerate();
-    for (i, ((slot, limit), mut log)) in kept {
-        let window = limit.window_us();
-        let mut recent = take_recent(slot);
-        if let Some(settled) = attempt.settles.filter(|_| !attempt.replay) {
-            let cap = limit.quota().saturating_mul(2);
-            if settle_log(&mut log, settled, attempt, cap, now) {
-                slot.expires_at = now + window.div_ceil(1000) * 1000;
+    let mut logs = logs.into_iter();
+    for (slot, limit) in slots.iter_mut().zip(policy.limits()) {
+        let (q, w) = (limit.quota(), limit.window_us());
+        match algorithm {
+            super::Algorithm::SlidingLog => {
+                let mut log = logs.next().unwrap_or_default();
+                if charges {
+                    let added = add_units(&mut log, (id, cost), 1..=cost, now);
+                    if added > 0 {
+                        slot.expires_at = now + w.div_ceil(1000) * 1000;
+                    }
+                    place.push(Place::Log);
+                }
+                limits.push(keep_log(slot, log, q, w, now));
             }
-            if i == 0 {
-                recent = recent.remember(attempt.id, now);
+            super::Algorithm::SlidingCounter => {
+                let (index, elapsed, cur, prev) = counter_of(slot, w, now);
+                let mut cur = cur as u64;
+                if charges {
+                    cur += cost;
+                    write_counter(slot, (index, elapsed), w, cur, prev as u64, now);
+                    place.push(Place::Window(index as u64));
+                }
+                limits.push(counter_state(q, w, elapsed, cur as f64, prev));
             }
-        } else if admitted && !attempt.replay && cost > 0 {
-            // a cost of 0 only looks: nothing is written
-            charge_log(&mut log, cost, attempt.id, now);
-            slot.expires_at = now + window.div_ceil(1000) * 1000;
-        }
-        let reset = log.front().map_or(0, |&(oldest, _)| oldest + window - now);
-        limits.push(state(limit.quota().saturating_sub(log.len() as u64), reset));
-        // an empty log is deleted; a denied request keeps the trimmed log and its expiry
-        slot.state = (!log.is_empty()).then_some(State::Log {
-            entries: log,
-            recent,
-        });
-    }
-    outcome(admitted, retry, limits)
-}
-
-/// Adds `cost` units of attempt `id` at `now` (admitted: within the quota, so `cost` is small).
-fn charge_log(log: &mut VecDeque<(u64, u64)>, cost: u64, id: u64, now: u64) {
-    let units = usize::try_from(cost).unwrap_or(0);
-    log.extend(std::iter::repeat_n((now, id), units));
-}
-
-/// Mirrors `settle_log` of `scripts/rate.lua`: the units of the settled attempt go from its
-/// reserved count to the actual one — added with score `now` (at most `cap` units in the log, and
-/// named after the settlement) or removed, those the log still holds. Whether units were added.
-fn settle_log(
-    log: &mut VecDeque<(u64, u64)>,
-    settled: Settlement,
-    attempt: Attempt,
-    cap: u64,
-    now: u64,
-) -> bool {
-    let (reserved, actual) = (settled.reserved, attempt.cost);
-    if actual > reserved {
-        let room = cap.saturating_sub(log.len() as u64);
-        let added = (actual - reserved).min(room);
-        let added = usize::try_from(added).unwrap_or(0);
-        log.extend(std::iter::repeat_n((now, attempt.id), added));
-        return added > 0;
-    }
-    let mut refund = reserved - actual;
-    // all of the settled attempt's units share one score: the newest such ones go
-    let mut i = log.len();
-    while refund > 0 && i > 0 {
-        i -= 1;
-        if log[i].1 == settled.of {
-            log.remove(i);
-            refund -= 1;
+            super::Algorithm::Gcra => {
+                let (mut tat, mut rem) = tat_of(slot, now);
+                if charges {
+                    let units = u128::from(rem) + u128::from(cost) * u128::from(w);
+                    tat += u64::try_from(units / u128::from(q)).unwrap_or(u64::MAX / 4);
+                    rem = u64::try_from(units % u128::from(q)).unwrap_or(0);
+                    write_tat(slot, tat, rem, now);
+                    place.push(Place::End { tat, rem });
+                }
+                limits.push(gcra_state(tat - now, rem, q, w));
+            }
         }
     }
-    false
+    let place = (charges && check.is_reservation()).then(|| place.into_boxed_slice());
+    (admitted, retry, limits, place)
 }
 
-/// Mirrors `sliding_counter` of `scripts/rate.lua` (milliseconds of store time).
-fn sliding_counter(
+/// A settlement applied to every limit (nothing changed when it is a `replay`): the debt added
+/// now, or the refund returned from where the reservation's charge went (`place`), only what
+/// the limit still counts. The limits as they stand after it.
+fn settle(
     policy: &RatePolicy,
     slots: &mut [Slot],
-    now_us: u64,
-    attempt: Attempt,
-) -> RateOutcome {
-    let cost = attempt.cost;
-    let now = (now_us / 1000) as f64;
-    let costf = cost as f64;
-    let mut states = Vec::with_capacity(slots.len());
-    let mut admitted = true;
-    let mut retry = 0f64;
-    for (slot, limit) in slots.iter().zip(policy.limits()) {
-        let quota = limit.quota() as f64;
-        let window = limit.window_us() as f64 / 1000.0;
-        let index = (now / window).floor();
-        let elapsed = now - index * window;
-        let (cur, prev) = counts(slot, index);
-        let decides = !attempt.replay && attempt.settles.is_none();
-        if decides && (cur + costf) * window + prev * (window - elapsed) > quota * window {
-            admitted = false;
-            retry = retry.max(counter_wait(quota, window, elapsed, costf, cur, prev));
-        }
-        states.push((quota, window, index, elapsed, cur, prev));
-    }
-    let mut limits = Vec::with_capacity(slots.len());
-    for (i, (slot, (quota, window, index, elapsed, mut cur, mut prev))) in
-        slots.iter_mut().zip(states).enumerate()
-    {
-        let mut write = admitted && !attempt.replay && cost > 0 && attempt.settles.is_none();
-        if write {
-            cur += costf;
-        }
-        if let Some(settled) = attempt.settles.filter(|_| !attempt.replay) {
-            (cur, prev) = settle_counter(cur, prev, settled.reserved, cost, quota);
-            write = true;
-        }
-        if write {
-            let ttl_ms = (2.0 * window - elapsed).ceil();
-            slot.state = Some(State::Counter {
-                index: index as u64,
-                cur: cur as u64,
-                prev: prev as u64,
-                recent: remembered(i, slot, attempt.id, now_us),
-            });
-            slot.expires_at = now_us - now_us % 1000 + ttl_ms as u64 * 1000;
-        }
-        limits.push(counter_state(quota, window, elapsed, cur, prev));
-    }
-    outcome(admitted, ceil_us(retry * 1000.0), limits)
-}
-
-/// A sliding counter's (current, previous) counts in window `index`, from its slot.
-fn counts(slot: &Slot, index: f64) -> (f64, f64) {
-    match slot.state {
-        Some(State::Counter {
-            index: i,
-            cur,
-            prev,
-            ..
-        }) if i as f64 == index => (cur as f64, prev as f64),
-        Some(State::Counter { index: i, cur, .. }) if i as f64 == index - 1.0 => (0.0, cur as f64),
-        _ => (0.0, 0.0),
-    }
-}
-
-/// A sliding counter's (current, previous) counts once a settlement of `reserved` for `actual`
-/// is applied: the difference goes to this window (past the quota by at most one more quota); a
-/// refund beyond it comes out of the previous one.
-fn settle_counter(cur: f64, prev: f64, reserved: u64, actual: u64, quota: f64) -> (f64, f64) {
-    if actual >= reserved {
-        let delta = (actual - reserved) as f64;
-        ((cur + delta).min(cur.max(2.0 * quota)), prev)
+    now: u64,
+    check: RateCheck,
+    settled: Settlement,
+    replay: bool,
+    place: Option<&[Place]>,
+) -> Vec<LimitState> {
+    let (reserved, actual) = (settled.reserved, check.cost());
+    let debt = if replay { 0 } else { actual.saturating_sub(reserved) };
+    let refund = if replay || !settled.refundable {
+        0
     } else {
-        let refund = (reserved - actual) as f64;
-        if cur >= refund {
-            (cur - refund, prev)
-        } else {
-            (0.0, (prev + cur - refund).max(0.0))
+        reserved.saturating_sub(actual)
+    };
+    let mut limits = Vec::with_capacity(slots.len());
+    for (i, (slot, limit)) in slots.iter_mut().zip(policy.limits()).enumerate() {
+        let (q, w) = (limit.quota(), limit.window_us());
+        let place = place.and_then(|p| p.get(i).copied());
+        match policy.algorithm() {
+            super::Algorithm::SlidingLog => {
+                let mut log = log_of(slot, w, now);
+                if debt > 0 {
+                    let room = (2 * q).saturating_sub(log.len() as u64);
+                    let units = reserved + 1..=reserved + debt.min(room);
+                    if add_units(&mut log, (settled.of, reserved), units, now) > 0 {
+                        slot.expires_at = now + w.div_ceil(1000) * 1000;
+                    }
+                }
+                if refund > 0 {
+                    let names: Vec<Name> = (actual + 1..=reserved)
+                        .map(|u| name(settled.of, reserved, u))
+                        .collect();
+                    log.retain(|(_, n)| !names.contains(n));
+                }
+                limits.push(keep_log(slot, log, q, w, now));
+            }
+            super::Algorithm::SlidingCounter => {
+                let (index, elapsed, cur, prev) = counter_of(slot, w, now);
+                let (mut cur, mut prev) = (cur as u64, prev as u64);
+                let write = if debt > 0 {
+                    cur = (cur + debt).min(cur.max(2 * q));
+                    true
+                } else {
+                    match place {
+                        Some(Place::Window(p)) if refund > 0 && p as f64 == index => {
+                            cur -= refund.min(cur);
+                            true
+                        }
+                        Some(Place::Window(p)) if refund > 0 && p as f64 == index - 1.0 => {
+                            prev -= refund.min(prev);
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                if write {
+                    write_counter(slot, (index, elapsed), w, cur, prev, now);
+                }
+                limits.push(counter_state(q, w, elapsed, cur as f64, prev as f64));
+            }
+            super::Algorithm::Gcra => {
+                let (tat, rem) = tat_of(slot, now);
+                let (qq, ww) = (u128::from(q), u128::from(w));
+                let mut ahead = u128::from(tat - now) * qq + u128::from(rem);
+                let write = if debt > 0 {
+                    ahead = (ahead + u128::from(debt) * ww).min(ahead.max(2 * ww * qq));
+                    true
+                } else if let (true, Some(Place::End { tat: end, rem: end_rem })) =
+                    (refund > 0, place)
+                {
+                    let left =
+                        (u128::from(end) * qq + u128::from(end_rem)).saturating_sub(u128::from(now) * qq);
+                    ahead -= (u128::from(refund) * ww).min(left).min(ahead);
+                    true
+                } else {
+                    false
+                };
+                let tat = now + u64::try_from(ahead / qq).unwrap_or(u64::MAX / 4);
+                let rem = u64::try_from(ahead % qq).unwrap_or(0);
+                if write {
+                    write_tat(slot, tat, rem, now);
+                }
+                limits.push(gcra_state(tat - now, rem, q, w));
+            }
         }
     }
+    limits
 }
 
-/// How long a sliding counter denies `cost` (milliseconds): until the previous window's share
-/// has faded enough, or, when this window's count alone leaves no room, into the next window.
-fn counter_wait(quota: f64, window: f64, elapsed: f64, cost: f64, cur: f64, prev: f64) -> f64 {
+/// Adds the units `units` of an attempt (`of`, its cost) to `log` at `now`, each only if the log
+/// does not hold it yet (as ZADD NX); how many were added.
+fn add_units(
+    log: &mut VecDeque<(u64, Name)>,
+    (of, cost): (u64, u64),
+    units: std::ops::RangeInclusive<u64>,
+    now: u64,
+) -> u64 {
+    let mut added = 0;
+    for u in units {
+        let unit = name(of, cost, u);
+        if !log.iter().any(|&(_, n)| n == unit) {
+            log.push_back((now, unit));
+            added += 1;
+        }
+    }
+    added
+}
+
+/// Keeps `log` in `slot` (an empty log is deleted); the limit's remaining and reset.
+fn keep_log(slot: &mut Slot, log: VecDeque<(u64, Name)>, q: u64, w: u64, now: u64) -> LimitState {
+    let reset = log.front().map_or(0, |&(oldest, _)| oldest + w - now);
+    let limit = state(q.saturating_sub(log.len() as u64), reset);
+    slot.state = (!log.is_empty()).then_some(State::Log(log));
+    limit
+}
+
+/// How long a sliding log denies `cost`, `None` when it fits: room appears once the
+/// (count + cost - quota) oldest entries have left the window.
+fn log_wait(log: &VecDeque<(u64, Name)>, q: u64, w: u64, now: u64, cost: u64) -> Option<u64> {
+    let count = log.len() as u64;
+    if count.saturating_add(cost) <= q {
+        return None;
+    }
+    if cost > q {
+        return Some(w);
+    }
+    let idx = usize::try_from(count + cost - q - 1).unwrap_or(0);
+    Some(log[idx].0 + w - now)
+}
+
+/// Writes a sliding counter's window `index` (window `w` µs, `elapsed` ms into it): a new
+/// window expires at the end of the next one; the same window keeps its expiry.
+fn write_counter(slot: &mut Slot, (index, elapsed): (f64, f64), w: u64, cur: u64, prev: u64, now: u64) {
+    let same = matches!(slot.state, Some(State::Counter { index: i, .. }) if i as f64 == index);
+    if !same {
+        let ttl_ms = (2.0 * (w as f64 / 1000.0) - elapsed).ceil() as u64;
+        slot.expires_at = now - now % 1000 + ttl_ms * 1000;
+    }
+    slot.state = Some(State::Counter {
+        index: index as u64,
+        cur,
+        prev,
+    });
+}
+
+/// Writes a GCRA arrival time, expiring a millisecond after it.
+fn write_tat(slot: &mut Slot, tat: u64, rem: u64, now: u64) {
+    let ttl_ms = (tat - now).div_ceil(1000) + 1;
+    slot.state = Some(State::Tat { tat, rem });
+    slot.expires_at = now.saturating_add(ttl_ms * 1000);
+}
+
+/// How long a sliding counter denies `cost` (µs), `None` when it fits: until the previous
+/// window's share has faded enough, or, when this window's count alone leaves no room, into the
+/// next window.
+fn counter_wait(slot: &Slot, q: u64, w: u64, now: u64, cost: u64) -> Option<u64> {
+    let (_, elapsed, cur, prev) = counter_of(slot, w, now);
+    let (quota, window, cost) = (q as f64, w as f64 / 1000.0, cost as f64);
+    if (cur + cost) * window + prev * (window - elapsed) <= quota * window {
+        return None;
+    }
     let room = quota - cost - cur;
-    if cost > quota {
+    let wait = if cost > quota {
         window
     } else if room >= 0.0 {
         (window - elapsed) - room * window / prev
     } else {
         (window - elapsed) + window - (quota - cost) * window / cur
-    }
+    };
+    Some(ceil_us(wait * 1000.0))
 }
 
-/// A sliding counter's remainder and reset, window and elapsed time in milliseconds.
-fn counter_state(quota: f64, window: f64, elapsed: f64, cur: f64, prev: f64) -> LimitState {
+/// A sliding counter's remainder and reset, elapsed time in milliseconds.
+fn counter_state(q: u64, w: u64, elapsed: f64, cur: f64, prev: f64) -> LimitState {
+    let (quota, window) = (q as f64, w as f64 / 1000.0);
     let used = cur + prev * (window - elapsed) / window;
     let whole = (used - 1e-9).ceil();
     let remaining = (quota - whole).max(0.0);
@@ -364,110 +520,29 @@ fn counter_state(quota: f64, window: f64, elapsed: f64, cur: f64, prev: f64) -> 
     state(remaining as u64, ceil_us(reset * 1000.0))
 }
 
-/// The recent attempts of the `i`th limit's `slot` once `attempt` charged it at `now`: kept on
-/// the first limit only, as the script keeps them.
-fn remembered(i: usize, slot: &mut Slot, attempt: u64, now: u64) -> Recent {
-    if i > 0 {
-        return Recent::default();
+/// How long a GCRA limit denies `cost`, `None` when it fits; a cost over the quota waits a
+/// whole window.
+fn gcra_wait(slot: &Slot, q: u64, w: u64, now: u64, cost: u64) -> Option<u64> {
+    if cost > q {
+        return Some(w);
     }
-    take_recent(slot).remember(attempt, now)
-}
-
-/// The recent attempts `slot` keeps, taken out of it.
-fn take_recent(slot: &mut Slot) -> Recent {
-    slot.state
-        .as_mut()
-        .map(State::take_recent)
-        .unwrap_or_default()
-}
-
-/// Mirrors `gcra` of `scripts/rate.lua`: offsets from now in 1/quota microseconds, exact in integers.
-fn gcra(policy: &RatePolicy, slots: &mut [Slot], now: u64, attempt: Attempt) -> RateOutcome {
-    let cost = attempt.cost;
-    let mut states = Vec::with_capacity(slots.len());
-    let mut admitted = true;
-    let mut retry = 0u64;
-    for (slot, limit) in slots.iter().zip(policy.limits()) {
-        let (quota, window) = (u128::from(limit.quota()), u128::from(limit.window_us()));
-        let (tat, rem) = match slot.state {
-            Some(State::Tat { tat, rem, .. }) if tat >= now => (tat, rem),
-            _ => (now, 0),
-        };
-        states.push((tat, rem));
-        if attempt.replay || attempt.settles.is_some() {
-            continue;
-        }
-        if let Some(wait) = gcra_wait(tat - now, rem, cost, quota, window) {
-            admitted = false;
-            retry = retry.max(wait);
-        }
-    }
-    let mut limits = Vec::with_capacity(slots.len());
-    let charged = slots
-        .iter_mut()
-        .zip(policy.limits())
-        .zip(states)
-        .enumerate();
-    for (i, ((slot, limit), (mut tat, mut rem))) in charged {
-        let (quota, window) = (u128::from(limit.quota()), u128::from(limit.window_us()));
-        let mut write = admitted && !attempt.replay && cost > 0 && attempt.settles.is_none();
-        if write {
-            let units = u128::from(rem) + u128::from(cost) * window;
-            tat += u64::try_from(units / quota).unwrap_or(u64::MAX / 2);
-            rem = u64::try_from(units % quota).unwrap_or(0);
-        }
-        if let Some(settled) = attempt.settles.filter(|_| !attempt.replay) {
-            let ahead = u128::from(tat - now) * quota + u128::from(rem);
-            let ahead = settle_gcra(ahead, settled.reserved, cost, quota, window);
-            tat = now + u64::try_from(ahead / quota).unwrap_or(u64::MAX / 2);
-            rem = u64::try_from(ahead % quota).unwrap_or(0);
-            write = true;
-        }
-        if write {
-            let ttl_ms = (tat - now).div_ceil(1000) + 1;
-            slot.state = Some(State::Tat {
-                tat,
-                rem,
-                recent: remembered(i, slot, attempt.id, now),
-            });
-            slot.expires_at = now.saturating_add(ttl_ms * 1000);
-        }
-        limits.push(gcra_state(tat - now, rem, quota, window));
-    }
-    outcome(admitted, retry, limits)
-}
-
-/// How long a request of `cost` waits, if it does not fit now: the bucket `offset` µs and `rem`
-/// 1/quota µs ahead of now; a cost over the quota waits a whole window.
-fn gcra_wait(offset: u64, rem: u64, cost: u64, quota: u128, window: u128) -> Option<u64> {
-    if u128::from(cost) > quota {
-        return Some(u64::try_from(window).unwrap_or(u64::MAX));
-    }
-    let ahead = u128::from(offset) * quota + u128::from(rem) + u128::from(cost) * window;
-    let over = ahead.checked_sub(window * quota).filter(|over| *over > 0)?;
-    Some(u64::try_from(over.div_ceil(quota)).unwrap_or(u64::MAX))
-}
-
-/// A GCRA offset from now (in 1/quota µs) once a settlement of `reserved` for `actual` is
-/// applied: moved by the difference, to at least now and, past the quota, by at most one more.
-fn settle_gcra(ahead: u128, reserved: u64, actual: u64, quota: u128, window: u128) -> u128 {
-    if actual >= reserved {
-        let moved = ahead + u128::from(actual - reserved) * window;
-        moved.min(ahead.max(2 * window * quota))
-    } else {
-        ahead.saturating_sub(u128::from(reserved - actual) * window)
-    }
+    let (tat, rem) = tat_of(slot, now);
+    let (q, w) = (u128::from(q), u128::from(w));
+    let ahead = u128::from(tat - now) * q + u128::from(rem) + u128::from(cost) * w;
+    let over = ahead.checked_sub(w * q).filter(|over| *over > 0)?;
+    Some(u64::try_from(over.div_ceil(q)).unwrap_or(u64::MAX))
 }
 
 /// A GCRA limit's remainder and reset, its theoretical arrival time `offset` µs (and `rem` /
 /// `quota` of one more) from now.
-fn gcra_state(offset: u64, rem: u64, quota: u128, window: u128) -> LimitState {
-    let ahead = u128::from(offset) * quota + u128::from(rem);
-    let used = ahead.div_ceil(window);
-    let remaining = quota.saturating_sub(used);
+fn gcra_state(offset: u64, rem: u64, q: u64, w: u64) -> LimitState {
+    let (q, w) = (u128::from(q), u128::from(w));
+    let ahead = u128::from(offset) * q + u128::from(rem);
+    let used = ahead.div_ceil(w);
+    let remaining = q.saturating_sub(used);
     // the next unit frees when the offset drops to (used - 1) emission intervals
     let reset = if used > 0 {
-        (ahead - (used - 1) * window).div_ceil(quota)
+        (ahead - (used - 1) * w).div_ceil(q)
     } else {
         0
     };

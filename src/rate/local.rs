@@ -21,7 +21,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use super::algorithms::{self, Slot};
+use super::algorithms::{self, Ledger, Slot};
 use super::{Algorithm, RateCheck, RateOutcome, RatePolicy};
 use crate::expiring::{Expiring, ExpiringMap, Full};
 use crate::key::Key;
@@ -76,9 +76,11 @@ struct CallerId {
 
 #[derive(Debug)]
 struct Caller {
-    /// The latest expiry of its slots: the caller is gone after it.
+    /// The latest expiry of its slots and ledger: the caller is gone after it.
     expires_at: u64,
     slots: Vec<Limited>,
+    /// The attempts that charged it, under every policy of its namespace.
+    ledger: Ledger,
 }
 
 /// A caller's state for one limit name and algorithm.
@@ -175,9 +177,9 @@ impl Names {
 }
 
 impl Expiring for Caller {
-    /// A caller without slots keeps nothing: it is gone.
+    /// A caller without slots or remembered attempts keeps nothing: it is gone.
     fn expires_at(&self) -> u64 {
-        if self.slots.is_empty() {
+        if self.slots.is_empty() && self.ledger.expires_at() == 0 {
             0
         } else {
             self.expires_at
@@ -190,6 +192,7 @@ impl Caller {
         Self {
             expires_at: 0,
             slots: Vec::with_capacity(limits),
+            ledger: Ledger::default(),
         }
     }
 
@@ -210,7 +213,7 @@ impl Caller {
             .iter()
             .map(|&i| live(std::mem::take(&mut self.slots[i].slot), now))
             .collect();
-        let outcome = algorithms::check(policy, &mut slots, now, check);
+        let outcome = algorithms::check(policy, &mut slots, &mut self.ledger, now, check);
         for (&i, slot) in at.iter().zip(slots) {
             self.slots[i].slot = slot;
         }
@@ -221,7 +224,8 @@ impl Caller {
             .iter()
             .map(|l| l.slot.expires_at)
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .max(self.ledger.expires_at());
         outcome
     }
 
@@ -313,7 +317,7 @@ mod tests {
     /// The index, the maps and the count agree, and every caller held has state.
     fn assert_consistent(rates: &LocalRates) {
         rates.callers.assert_consistent(|_, _, caller| {
-            assert!(!caller.slots.is_empty());
+            assert!(!caller.slots.is_empty() || caller.ledger.expires_at() > 0);
             assert_eq!(caller.expires_at(), caller.expires_at);
         });
     }
@@ -362,7 +366,8 @@ mod tests {
         }
         let late = Key::new("t", b"late");
         assert_eq!(rates.check(&short, RateCheck::new(late, 1)), Err(Full));
-        tokio::time::advance(std::time::Duration::from_secs(2)).await;
+        // past their limits' expiry and the time their attempts are remembered
+        tokio::time::advance(std::time::Duration::from_secs(4)).await;
         // 64 new callers, in whatever shards they fall: every expired caller made room
         for i in 64..128u32 {
             assert!(admitted(&rates, &short, Key::new("t", &i.to_be_bytes()), 1));

@@ -48,11 +48,15 @@ fn assert_full_denial(outcome: &RateOutcome, limits: usize) {
     assert_eq!(outcome.limits, vec![full; limits]);
 }
 
+/// A window longer than the time a charged attempt is remembered (3 s), so that each caller
+/// leaves when its limit expires.
+const WINDOW: Duration = Duration::from_secs(5);
+
 #[tokio::test(start_paused = true)]
 async fn exactly_the_capacity_of_new_callers_is_admitted_while_they_are_live() {
     const N: u64 = 100;
     let store = MemoryStore::with_capacity(N as usize);
-    let p = policy(Algorithm::SlidingLog, vec![Limit::per_second("s", 5)]);
+    let p = policy(Algorithm::SlidingLog, vec![Limit::new("s", 5, WINDOW)]);
     for i in 0..N {
         assert!(check(&store, &p, caller(i)).await.admitted, "caller {i}");
     }
@@ -61,7 +65,7 @@ async fn exactly_the_capacity_of_new_callers_is_admitted_while_they_are_live() {
         assert_full_denial(&check(&store, &p, caller(i)).await, 1);
     }
     // 1 ms before the first entries expire: still all live, still full
-    tokio::time::advance(Duration::from_millis(999)).await;
+    tokio::time::advance(WINDOW - Duration::from_millis(1)).await;
     assert_eq!(store.len(), N as usize);
     assert_full_denial(&check(&store, &p, caller(N)).await, 1);
     // at their expiry they are gone, and new callers are admitted again, exactly N of them
@@ -79,16 +83,16 @@ async fn exactly_the_capacity_of_new_callers_is_admitted_while_they_are_live() {
 #[tokio::test(start_paused = true)]
 async fn expiry_removes_exactly_the_expired_entries() {
     let store = MemoryStore::with_capacity(10);
-    let p = policy(Algorithm::SlidingLog, vec![Limit::per_second("s", 5)]);
+    let p = policy(Algorithm::SlidingLog, vec![Limit::new("s", 5, WINDOW)]);
     for i in 0..4 {
         assert!(check(&store, &p, caller(i)).await.admitted);
     }
-    tokio::time::advance(Duration::from_millis(500)).await;
+    tokio::time::advance(WINDOW / 2).await;
     for i in 4..10 {
         assert!(check(&store, &p, caller(i)).await.admitted);
     }
     assert_eq!(store.len(), 10);
-    tokio::time::advance(Duration::from_millis(500)).await;
+    tokio::time::advance(WINDOW / 2).await;
     assert_eq!(store.len(), 6, "the first four expired, the other six not");
     let admitted = {
         let mut n = 0;
