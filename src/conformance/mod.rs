@@ -58,8 +58,8 @@ use tokio::time::Instant;
 pub mod idempotency;
 pub mod lock;
 pub mod model;
-pub mod property;
 pub mod permit;
+pub mod property;
 pub mod rate;
 
 /// Runs one test of the suite on its own runtime: two worker threads, time and I/O enabled.
@@ -109,6 +109,13 @@ macro_rules! rate_store_suite {
             settlements_refund_or_charge_the_difference,
             an_overrun_denies_until_the_debt_is_gone,
             settlements_run_twice_apply_once,
+            a_late_refund_returns_nothing_others_spent,
+            a_counter_refund_comes_out_of_its_own_window,
+            a_check_retried_past_its_deadline_is_charged_once,
+            a_settlement_resent_after_another_is_applied_once,
+            attempts_are_remembered_however_many_follow,
+            a_refunded_reservation_sent_again_is_not_charged,
+            huge_costs_fail_nothing_around_them,
         );
     };
 }

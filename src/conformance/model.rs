@@ -112,7 +112,17 @@ impl Model {
                             of: settled.of,
                             reserved: settled.reserved,
                         };
-                        settle(policy.algorithm(), state, q, w, now, unit, refund, debt, place)
+                        settle(
+                            policy.algorithm(),
+                            state,
+                            q,
+                            w,
+                            now,
+                            unit,
+                            refund,
+                            debt,
+                            place,
+                        )
                     };
                     limits.push(answer(policy.algorithm(), state.as_ref(), q, w, now));
                     if let Some(state) = state {
@@ -254,7 +264,11 @@ fn first_unit_logged(state: Option<&State>, id: u64, cost: u64) -> bool {
 
 /// The member name of the `u`-th unit of an attempt of `cost`.
 fn name(id: u64, cost: u64, u: u64) -> (u64, u64) {
-    if cost == 1 && u == 1 { (id, 0) } else { (id, u) }
+    if cost == 1 && u == 1 {
+        (id, 0)
+    } else {
+        (id, u)
+    }
 }
 
 /// A sliding counter's window index, the time elapsed in it, its (current, previous) costs and
@@ -265,10 +279,14 @@ fn window_of(state: Option<&State>, window: u64, now: u64) -> (f64, f64, f64, f6
     let index = (now_ms / w).floor();
     let elapsed = now_ms - index * w;
     let (cur, prev) = match state {
-        Some(State::Counter { index: i, cur, prev }) if *i as f64 == index => {
-            (*cur as f64, *prev as f64)
+        Some(State::Counter {
+            index: i,
+            cur,
+            prev,
+        }) if *i as f64 == index => (*cur as f64, *prev as f64),
+        Some(State::Counter { index: i, cur, .. }) if *i as f64 == index - 1.0 => {
+            (0.0, *cur as f64)
         }
-        Some(State::Counter { index: i, cur, .. }) if *i as f64 == index - 1.0 => (0.0, *cur as f64),
         _ => (0.0, 0.0),
     };
     (index, elapsed, cur, prev)
@@ -283,7 +301,14 @@ fn tat_of(state: Option<&State>, now: u64) -> (u64, u64) {
 }
 
 /// How long a check of `cost` waits (µs) under one limit, `None` when it fits now.
-fn wait(algorithm: Algorithm, state: Option<&State>, q: u64, w: u64, now: u64, cost: u64) -> Option<u64> {
+fn wait(
+    algorithm: Algorithm,
+    state: Option<&State>,
+    q: u64,
+    w: u64,
+    now: u64,
+    cost: u64,
+) -> Option<u64> {
     match algorithm {
         Algorithm::SlidingLog => {
             let log = match state {
@@ -448,11 +473,15 @@ fn settle(
             if debt > 0 {
                 ahead = (ahead + u128::from(debt) * w).min(ahead.max(2 * w * q));
             } else if refund > 0 {
-                let Some(Place::End { tat: end, rem: end_rem }) = place else {
+                let Some(Place::End {
+                    tat: end,
+                    rem: end_rem,
+                }) = place
+                else {
                     return state;
                 };
-                let left = (u128::from(end) * q + u128::from(end_rem))
-                    .saturating_sub(u128::from(now) * q);
+                let left =
+                    (u128::from(end) * q + u128::from(end_rem)).saturating_sub(u128::from(now) * q);
                 ahead -= (u128::from(refund) * w).min(left).min(ahead);
             } else {
                 return state;
@@ -530,7 +559,11 @@ mod tests {
     /// Issue scenario 1: a refund made after the charge left the window returns nothing.
     #[test]
     fn a_late_refund_returns_nothing_others_spent() {
-        for algorithm in [Algorithm::SlidingLog, Algorithm::SlidingCounter, Algorithm::Gcra] {
+        for algorithm in [
+            Algorithm::SlidingLog,
+            Algorithm::SlidingCounter,
+            Algorithm::Gcra,
+        ] {
             let p = policy(algorithm);
             let mut m = Model::new(Duration::from_secs(3));
             let key = Key::new("t", b"k");
@@ -538,10 +571,16 @@ mod tests {
             let a = RateCheck::reservation(key, 10);
             assert!(m.decide(&p, a, t0).admitted);
             let t1 = t0 + 2_150_000;
-            assert!(m.decide(&p, RateCheck::new(key, 10), t1).admitted, "{algorithm}");
+            assert!(
+                m.decide(&p, RateCheck::new(key, 10), t1).admitted,
+                "{algorithm}"
+            );
             let settled = m.decide(&p, a.settle(0), t1 + 1_000);
             assert_eq!(settled.limits[0].remaining, 0, "{algorithm}");
-            assert!(!m.decide(&p, RateCheck::new(key, 10), t1 + 2_000).admitted, "{algorithm}");
+            assert!(
+                !m.decide(&p, RateCheck::new(key, 10), t1 + 2_000).admitted,
+                "{algorithm}"
+            );
         }
     }
 

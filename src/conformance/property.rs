@@ -104,39 +104,110 @@ impl fmt::Display for Mismatch {
 pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
     (
         "a refund made after the charge left the window returns nothing",
-        &[(Algorithm::Gcra, &[(10, 300)]), (Algorithm::SlidingCounter, &[(10, 300)])],
         &[
-            Op::Check { caller: 0, policy: 0, cost: 10, reserve: true },
-            Op::Check { caller: 0, policy: 1, cost: 10, reserve: true },
+            (Algorithm::Gcra, &[(10, 300)]),
+            (Algorithm::SlidingCounter, &[(10, 300)]),
+        ],
+        &[
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 10,
+                reserve: true,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 10,
+                reserve: true,
+            },
             Op::Sleep { ms: 650 },
-            Op::Check { caller: 0, policy: 0, cost: 10, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 10, reserve: false },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 10,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 10,
+                reserve: false,
+            },
             Op::Settle { back: 3, actual: 0 },
             Op::Settle { back: 2, actual: 0 },
-            Op::Check { caller: 0, policy: 0, cost: 10, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 10, reserve: false },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 10,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 10,
+                reserve: false,
+            },
         ],
     ),
     (
         "a counter refund in the next window comes out of the previous one",
         &[(Algorithm::SlidingCounter, &[(10, 400)])],
         &[
-            Op::Check { caller: 0, policy: 0, cost: 6, reserve: true },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 6,
+                reserve: true,
+            },
             Op::Sleep { ms: 450 },
-            Op::Check { caller: 0, policy: 0, cost: 2, reserve: false },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 2,
+                reserve: false,
+            },
             Op::Settle { back: 1, actual: 1 },
-            Op::Check { caller: 0, policy: 0, cost: 0, reserve: false },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 0,
+                reserve: false,
+            },
         ],
     ),
     (
         "a check retried past its deadline, after another charged the caller, is charged once",
-        &[(Algorithm::Gcra, &[(10, 60_000)]), (Algorithm::SlidingCounter, &[(10, 60_000)])],
         &[
-            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            (Algorithm::Gcra, &[(10, 60_000)]),
+            (Algorithm::SlidingCounter, &[(10, 60_000)]),
+        ],
+        &[
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1,
+                reserve: false,
+            },
             Op::PastTimeout,
-            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1,
+                reserve: false,
+            },
             Op::Resend { back: 3 },
             Op::Resend { back: 2 },
         ],
@@ -149,19 +220,49 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
             (Algorithm::Gcra, &[(10, 60_000)]),
         ],
         &[
-            Op::Check { caller: 0, policy: 0, cost: 4, reserve: true },
-            Op::Check { caller: 0, policy: 0, cost: 4, reserve: true },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 4,
+                reserve: true,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 4,
+                reserve: true,
+            },
             Op::Settle { back: 1, actual: 1 },
             Op::PastTimeout,
             Op::Settle { back: 0, actual: 2 },
             Op::ResendSettlement { back: 1 },
-            Op::Check { caller: 1, policy: 1, cost: 4, reserve: true },
-            Op::Check { caller: 1, policy: 1, cost: 4, reserve: true },
+            Op::Check {
+                caller: 1,
+                policy: 1,
+                cost: 4,
+                reserve: true,
+            },
+            Op::Check {
+                caller: 1,
+                policy: 1,
+                cost: 4,
+                reserve: true,
+            },
             Op::Settle { back: 1, actual: 1 },
             Op::Settle { back: 0, actual: 2 },
             Op::ResendSettlement { back: 1 },
-            Op::Check { caller: 1, policy: 2, cost: 4, reserve: true },
-            Op::Check { caller: 1, policy: 2, cost: 4, reserve: true },
+            Op::Check {
+                caller: 1,
+                policy: 2,
+                cost: 4,
+                reserve: true,
+            },
+            Op::Check {
+                caller: 1,
+                policy: 2,
+                cost: 4,
+                reserve: true,
+            },
             Op::Settle { back: 1, actual: 1 },
             Op::Settle { back: 0, actual: 2 },
             Op::ResendSettlement { back: 1 },
@@ -169,27 +270,120 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
     ),
     (
         "a check re-sent after eight others is charged once",
-        &[(Algorithm::SlidingCounter, &[(20, 60_000)]), (Algorithm::Gcra, &[(20, 60_000)])],
         &[
-            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
+            (Algorithm::SlidingCounter, &[(20, 60_000)]),
+            (Algorithm::Gcra, &[(20, 60_000)]),
+        ],
+        &[
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
             Op::Resend { back: 8 },
-            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1,
+                reserve: false,
+            },
             Op::Resend { back: 8 },
         ],
     ),
@@ -197,24 +391,65 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
         "a reservation refunded by its settlement and sent again is not charged again",
         &[(Algorithm::SlidingLog, &[(10, 60_000)])],
         &[
-            Op::Check { caller: 0, policy: 0, cost: 3, reserve: true },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 3,
+                reserve: true,
+            },
             Op::Settle { back: 0, actual: 0 },
             Op::Resend { back: 0 },
-            Op::Check { caller: 0, policy: 0, cost: 0, reserve: false },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 0,
+                reserve: false,
+            },
         ],
     ),
     (
         "a settlement of a reservation of 2^50 among other checks",
-        &[(Algorithm::Gcra, &[(10, 60_000)]), (Algorithm::SlidingLog, &[(10, 60_000)])],
         &[
-            Op::Check { caller: 0, policy: 0, cost: 1 << 50, reserve: true },
+            (Algorithm::Gcra, &[(10, 60_000)]),
+            (Algorithm::SlidingLog, &[(10, 60_000)]),
+        ],
+        &[
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1 << 50,
+                reserve: true,
+            },
             Op::Settle { back: 0, actual: 0 },
-            Op::Check { caller: 0, policy: 0, cost: 2, reserve: true },
-            Op::Settle { back: 0, actual: u64::MAX },
-            Op::Check { caller: 0, policy: 1, cost: 1 << 50, reserve: true },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 2,
+                reserve: true,
+            },
+            Op::Settle {
+                back: 0,
+                actual: u64::MAX,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1 << 50,
+                reserve: true,
+            },
             Op::Settle { back: 0, actual: 1 },
-            Op::Check { caller: 0, policy: 0, cost: 1, reserve: false },
-            Op::Check { caller: 0, policy: 1, cost: 1, reserve: false },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 1,
+                reserve: false,
+            },
         ],
     ),
 ];
@@ -253,12 +488,17 @@ pub async fn run(store: &impl RateStore, case: &Case) -> Result<(), Mismatch> {
             let limits = limits
                 .iter()
                 .enumerate()
-                .map(|(j, &(quota, ms))| Limit::new(format!("p{i}l{j}"), quota, Duration::from_millis(ms)))
+                .map(|(j, &(quota, ms))| {
+                    Limit::new(format!("p{i}l{j}"), quota, Duration::from_millis(ms))
+                })
                 .collect();
             RatePolicy::new(namespace.as_str(), *algorithm, limits).map(Arc::new)
         })
         .collect::<Result<_, _>>()
-        .map_err(|e| Mismatch { at: 0, what: format!("the case's policies: {e}") })?;
+        .map_err(|e| Mismatch {
+            at: 0,
+            what: format!("the case's policies: {e}"),
+        })?;
     let callers: [Key; 2] = [Key::new("caller", b"a"), Key::new("caller", b"b")];
     let timeout = store.timeout();
     let fresh = timeout.mul_f64(1.5);
@@ -285,7 +525,12 @@ pub async fn run(store: &impl RateStore, case: &Case) -> Result<(), Mismatch> {
                 model.reset(policy, key);
                 continue;
             }
-            Op::Check { caller, policy, cost, reserve } => {
+            Op::Check {
+                caller,
+                policy,
+                cost,
+                reserve,
+            } => {
                 let key = callers[usize::from(caller) % 2];
                 let check = if reserve {
                     RateCheck::reservation(key, cost)
@@ -293,7 +538,11 @@ pub async fn run(store: &impl RateStore, case: &Case) -> Result<(), Mismatch> {
                     RateCheck::new(key, cost)
                 };
                 let policy = usize::from(policy) % policies.len();
-                checks.push(Sent { check, policy, at: Instant::now() });
+                checks.push(Sent {
+                    check,
+                    policy,
+                    at: Instant::now(),
+                });
                 (check, policy)
             }
             Op::Resend { back } => match latest(&checks, back, fresh) {
@@ -305,7 +554,11 @@ pub async fn run(store: &impl RateStore, case: &Case) -> Result<(), Mismatch> {
                     continue;
                 };
                 let (check, policy) = (checks[i].check.settle(actual), checks[i].policy);
-                settlements.push(Sent { check, policy, at: Instant::now() });
+                settlements.push(Sent {
+                    check,
+                    policy,
+                    at: Instant::now(),
+                });
                 (check, policy)
             }
             Op::ResendSettlement { back } => match latest(&settlements, back, fresh) {
@@ -387,7 +640,11 @@ const LIMITS: &[&[(u64, u64)]] = &[
 /// The case of `seed`: up to `len` operations, waits scaled to `timeout`.
 pub fn generate(seed: u64, len: usize, timeout: Duration) -> Case {
     let mut r = Random(seed);
-    let algorithms = [Algorithm::SlidingLog, Algorithm::SlidingCounter, Algorithm::Gcra];
+    let algorithms = [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ];
     let policies = (0..1 + r.below(2))
         .map(|_| (r.pick(&algorithms), r.pick(LIMITS)))
         .collect();
@@ -401,13 +658,20 @@ pub fn generate(seed: u64, len: usize, timeout: Duration) -> Case {
                 cost: r.pick(&[0, 1, 1, 1, 2, 3, 5, 11, 1 << 50]),
                 reserve: r.below(2) == 0,
             },
-            8..=10 => Op::Resend { back: r.below(4) as u8 },
+            8..=10 => Op::Resend {
+                back: r.below(4) as u8,
+            },
             11..=13 => Op::Settle {
                 back: r.below(3) as u8,
                 actual: r.pick(&[0, 0, 1, 2, 4, 9, u64::MAX]),
             },
-            14 | 15 => Op::ResendSettlement { back: r.below(3) as u8 },
-            16 => Op::Reset { caller: r.below(2) as u8, policy: r.below(2) as u8 },
+            14 | 15 => Op::ResendSettlement {
+                back: r.below(3) as u8,
+            },
+            16 => Op::Reset {
+                caller: r.below(2) as u8,
+                policy: r.below(2) as u8,
+            },
             17 => Op::PastTimeout,
             _ => Op::Sleep { ms: r.pick(&waits) },
         })
@@ -435,7 +699,11 @@ pub async fn search(
 }
 
 /// `case` with operations removed, one at a time from the end, as long as it still fails.
-pub async fn shrink(store: &impl RateStore, mut case: Case, mut mismatch: Mismatch) -> (Case, Mismatch) {
+pub async fn shrink(
+    store: &impl RateStore,
+    mut case: Case,
+    mut mismatch: Mismatch,
+) -> (Case, Mismatch) {
     case.ops.truncate(mismatch.at + 1);
     let mut i = case.ops.len();
     while i > 0 {

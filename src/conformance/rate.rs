@@ -545,3 +545,183 @@ pub async fn settlements_run_twice_apply_once(store: &impl RateStore) {
         }
     }
 }
+
+/// A limit of 10 per second under `algorithm`, in a policy of its own.
+fn per_second(algorithm: Algorithm) -> Arc<RatePolicy> {
+    policy(algorithm, vec![Limit::per_second("s", 10)])
+}
+
+/// A refund made after the reservation's charge left the window returns nothing: the quota
+/// that others spent since stays spent (10 per second: A reserves 10; 2.15 s later B spends
+/// 10; A settles for 0; C's 10 are denied).
+pub async fn a_late_refund_returns_nothing_others_spent(store: &impl RateStore) {
+    let runs = ALGORITHMS.map(|algorithm| async move {
+        let p = per_second(algorithm);
+        let caller = key(&unique("late-refund"));
+        let a = RateCheck::reservation(caller, 10);
+        assert!(run(store, &p, a).await.admitted, "{algorithm}: A");
+        tokio::time::sleep(Duration::from_millis(2_150)).await;
+        assert!(
+            check(store, &p, caller, 10).await.admitted,
+            "{algorithm}: B"
+        );
+        let settled = run(store, &p, a.settle(0)).await;
+        assert_eq!(
+            settled.limits[0].remaining, 0,
+            "{algorithm}: nothing refunded"
+        );
+        let c = check(store, &p, caller, 10).await;
+        assert!(!c.admitted, "{algorithm}: 20 units in one window");
+    });
+    futures_util::future::join_all(runs).await;
+}
+
+/// A sliding counter refunds from the window its reservation was charged to: made in the next
+/// window, the refund comes out of the previous one (whose weight has faded by half), never out
+/// of the current window's charges by others.
+pub async fn a_counter_refund_comes_out_of_its_own_window(store: &impl RateStore) {
+    let window = Duration::from_millis(1_000);
+    let p = policy(Algorithm::SlidingCounter, vec![Limit::new("s", 10, window)]);
+    let caller = key(&unique("counter-refund"));
+    // start just after a window begins, so that the reservation and B fall in two windows
+    let into = Duration::from_micros(epoch_us() % 1_000_000);
+    tokio::time::sleep(window - into + Duration::from_millis(100)).await;
+    let a = RateCheck::reservation(caller, 6);
+    assert!(run(store, &p, a).await.admitted);
+    // the next window, half way: 6 * 0.5 of A still counts, B spends 4 of what is left
+    tokio::time::sleep(Duration::from_millis(1_400)).await;
+    let b = check(store, &p, caller, 4).await;
+    assert!(b.admitted, "B");
+    let settled = run(store, &p, a.settle(0)).await;
+    let look = check(store, &p, caller, 0).await;
+    assert_eq!(
+        (settled.limits[0].remaining, look.limits[0].remaining),
+        (6, 6),
+        "A's 6 came out of the previous window; B's 4 stay charged"
+    );
+}
+
+/// Microseconds since the Unix epoch on this machine's clock.
+fn epoch_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(0))
+}
+
+/// A check retried past its deadline (its reply lost, the caller's timeout passed), after
+/// another check charged the caller, is charged once: the store remembers it for its deadline
+/// plus twice the timeout.
+pub async fn a_check_retried_past_its_deadline_is_charged_once(store: &impl RateStore) {
+    let past = store.timeout().mul_f64(1.2);
+    let runs = ALGORITHMS.map(|algorithm| async move {
+        let p = policy(algorithm, vec![Limit::per_hour("h", 10)]);
+        let caller = key(&unique("retried"));
+        let a = RateCheck::new(caller, 1);
+        run(store, &p, a).await;
+        tokio::time::sleep(past).await;
+        check(store, &p, caller, 1).await;
+        let again = run(store, &p, a).await;
+        assert!(again.admitted, "{algorithm}");
+        assert_eq!(
+            again.limits[0].remaining, 8,
+            "{algorithm}: a, b, a charged 2"
+        );
+    });
+    futures_util::future::join_all(runs).await;
+}
+
+/// A settlement re-sent after another settlement, and past the store's timeout, is applied
+/// once.
+pub async fn a_settlement_resent_after_another_is_applied_once(store: &impl RateStore) {
+    let past = store.timeout().mul_f64(1.2);
+    let runs = ALGORITHMS.map(|algorithm| async move {
+        let p = policy(algorithm, vec![daily("day", 100)]);
+        let caller = key(&unique("resettled"));
+        let (a, b) = (
+            RateCheck::reservation(caller, 10),
+            RateCheck::reservation(caller, 10),
+        );
+        run(store, &p, a).await;
+        run(store, &p, b).await;
+        run(store, &p, a.settle(4)).await;
+        tokio::time::sleep(past).await;
+        run(store, &p, b.settle(14)).await;
+        let again = run(store, &p, a.settle(4)).await;
+        assert_eq!(again.limits[0].remaining, 82, "{algorithm}: 4 + 14 charged");
+    });
+    futures_util::future::join_all(runs).await;
+}
+
+/// Every attempt is remembered, not the last few: a check re-sent after twenty others of its
+/// caller is charged once.
+pub async fn attempts_are_remembered_however_many_follow(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![Limit::per_hour("h", 50)]);
+        let caller = key(&unique("many"));
+        let a = RateCheck::new(caller, 1);
+        run(store, &p, a).await;
+        for _ in 0..20 {
+            check(store, &p, caller, 1).await;
+        }
+        let again = run(store, &p, a).await;
+        assert_eq!(again.limits[0].remaining, 29, "{algorithm}: 21 charged");
+    }
+}
+
+/// A reservation refunded by its settlement and then sent again (a re-sent call, a retry)
+/// changes nothing.
+pub async fn a_refunded_reservation_sent_again_is_not_charged(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![daily("day", 10)]);
+        let caller = key(&unique("refunded"));
+        let a = RateCheck::reservation(caller, 3);
+        run(store, &p, a).await;
+        run(store, &p, a.settle(0)).await;
+        let again = run(store, &p, a).await;
+        assert!(again.admitted, "{algorithm}");
+        assert_eq!(again.limits[0].remaining, 10, "{algorithm}: charged again");
+    }
+}
+
+/// Costs no limit could admit — a settlement of a reservation of 2^50, a cost of 2^63 — are
+/// answered like any other, and fail nothing sent with them: fifty checks in flight around
+/// them are decided exactly.
+pub async fn huge_costs_fail_nothing_around_them(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![Limit::per_hour("h", 100)]);
+        let caller = key(&unique("huge"));
+        let huge = RateCheck::reservation(caller, 1 << 50);
+        let checks = (0..50).map(|_| store.check_rate(&p, RateCheck::new(caller, 1)));
+        let huge_ones = [
+            store.check_rate(&p, huge),
+            store.check_rate(&p, huge.settle(0)),
+            store.check_rate(&p, RateCheck::new(caller, 1 << 63)),
+        ];
+        let (checks, huge_ones) = futures_util::future::join(
+            futures_util::future::join_all(checks),
+            futures_util::future::join_all(huge_ones),
+        )
+        .await;
+        for out in checks {
+            assert!(
+                out.expect("a check beside huge costs").admitted,
+                "{algorithm}"
+            );
+        }
+        let huge_ones: Vec<RateOutcome> = huge_ones
+            .into_iter()
+            .map(|out| out.expect("a huge cost is answered"))
+            .collect();
+        let admitted: Vec<bool> = huge_ones.iter().map(|o| o.admitted).collect();
+        assert_eq!(admitted, [false, true, false], "{algorithm}");
+        let look = check(store, &p, caller, 0).await;
+        assert_eq!(
+            look.limits[0].remaining, 50,
+            "{algorithm}: the fifty charged"
+        );
+        // an overrun of u64::MAX takes the balance past the quota by at most one more
+        let overrun = RateCheck::reservation(caller, 2).settle(u64::MAX);
+        assert!(run(store, &p, overrun).await.admitted, "{algorithm}");
+        assert!(!check(store, &p, caller, 1).await.admitted, "{algorithm}");
+    }
+}

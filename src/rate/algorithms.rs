@@ -192,7 +192,11 @@ fn state(remaining: u64, reset_us: u64) -> LimitState {
 
 /// The name of the `u`-th unit of an attempt of `cost`.
 fn name(id: u64, cost: u64, u: u64) -> Name {
-    if cost == 1 && u == 1 { (id, 0) } else { (id, u) }
+    if cost == 1 && u == 1 {
+        (id, 0)
+    } else {
+        (id, u)
+    }
 }
 
 /// A sliding log from `slot`, trimmed of what left the window at `now`.
@@ -216,9 +220,11 @@ fn counter_of(slot: &Slot, window_us: u64, now_us: u64) -> (f64, f64, f64, f64) 
     let index = (now / window).floor();
     let elapsed = now - index * window;
     let (cur, prev) = match slot.state {
-        Some(State::Counter { index: i, cur, prev }) if i as f64 == index => {
-            (cur as f64, prev as f64)
-        }
+        Some(State::Counter {
+            index: i,
+            cur,
+            prev,
+        }) if i as f64 == index => (cur as f64, prev as f64),
         Some(State::Counter { index: i, cur, .. }) if i as f64 == index - 1.0 => (0.0, cur as f64),
         _ => (0.0, 0.0),
     };
@@ -253,7 +259,11 @@ fn charge(
         let wait = match algorithm {
             super::Algorithm::SlidingLog => {
                 let log = log_of(slot, w, now);
-                let wait = if replay { None } else { log_wait(&log, q, w, now, cost) };
+                let wait = if replay {
+                    None
+                } else {
+                    log_wait(&log, q, w, now, cost)
+                };
                 // a log that would deny holding this attempt's first unit: charged before
                 let first = name(id, cost, 1);
                 let logged = wait.is_some()
@@ -338,7 +348,11 @@ fn settle(
     place: Option<&[Place]>,
 ) -> Vec<LimitState> {
     let (reserved, actual) = (settled.reserved, check.cost());
-    let debt = if replay { 0 } else { actual.saturating_sub(reserved) };
+    let debt = if replay {
+        0
+    } else {
+        actual.saturating_sub(reserved)
+    };
     let refund = if replay || !settled.refundable {
         0
     } else {
@@ -397,11 +411,16 @@ fn settle(
                 let write = if debt > 0 {
                     ahead = (ahead + u128::from(debt) * ww).min(ahead.max(2 * ww * qq));
                     true
-                } else if let (true, Some(Place::End { tat: end, rem: end_rem })) =
-                    (refund > 0, place)
+                } else if let (
+                    true,
+                    Some(Place::End {
+                        tat: end,
+                        rem: end_rem,
+                    }),
+                ) = (refund > 0, place)
                 {
-                    let left =
-                        (u128::from(end) * qq + u128::from(end_rem)).saturating_sub(u128::from(now) * qq);
+                    let left = (u128::from(end) * qq + u128::from(end_rem))
+                        .saturating_sub(u128::from(now) * qq);
                     ahead -= (u128::from(refund) * ww).min(left).min(ahead);
                     true
                 } else {
@@ -462,7 +481,14 @@ fn log_wait(log: &VecDeque<(u64, Name)>, q: u64, w: u64, now: u64, cost: u64) ->
 
 /// Writes a sliding counter's window `index` (window `w` µs, `elapsed` ms into it): a new
 /// window expires at the end of the next one; the same window keeps its expiry.
-fn write_counter(slot: &mut Slot, (index, elapsed): (f64, f64), w: u64, cur: u64, prev: u64, now: u64) {
+fn write_counter(
+    slot: &mut Slot,
+    (index, elapsed): (f64, f64),
+    w: u64,
+    cur: u64,
+    prev: u64,
+    now: u64,
+) {
     let same = matches!(slot.state, Some(State::Counter { index: i, .. }) if i as f64 == index);
     if !same {
         let ttl_ms = (2.0 * (w as f64 / 1000.0) - elapsed).ceil() as u64;

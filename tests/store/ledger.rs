@@ -28,7 +28,11 @@ async fn corpus(store: &impl RateStore) {
         .zip(results)
         .filter_map(|((name, case), r)| r.err().map(|m| format!("{name}: {m}\n  {case:?}")))
         .collect();
-    assert!(failed.is_empty(), "corpus cases failed:\n{}", failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "corpus cases failed:\n{}",
+        failed.join("\n")
+    );
 }
 
 /// Random cases from a seed range that moves with the day, so that every run tries new ones;
