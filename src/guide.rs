@@ -12,6 +12,10 @@ pub mod frameworks {
     #![doc = include_str!("../docs/frameworks.md")]
 }
 
+pub mod ledger {
+    #![doc = include_str!("../docs/ledger.md")]
+}
+
 pub mod performance {
     #![doc = include_str!("../docs/performance.md")]
 }

@@ -13,7 +13,10 @@
 //!   check's limits or none; the same [`RateCheck`](crate::rate::RateCheck) run again (its
 //!   attempt id) is admitted without a second charge, whatever was charged in between; a cost
 //!   of 0 only looks. A [settlement](crate::rate::RateCheck::settle) corrects an admitted
-//!   check's charge to its actual cost, once, past the quota by at most one more.
+//!   check's charge to its actual cost, once, past the quota by at most one more, refunding
+//!   only what the limit still counts of a reservation — the
+//!   [attempt ledger](crate::store#the-attempt-ledger), whose answers the reference model
+//!   ([`model`]) defines and [`property`] holds a store against.
 //! - **Claims and locks**: one winner per key; a lock's holder alone extends or deletes it (its
 //!   token); fencing tokens strictly increase per key, past a stale counter, across releases.
 //! - **Idempotency records**: one claim among concurrent begins; a completion or extension by

@@ -41,6 +41,27 @@
 //! clock never steps back and runs at most 0.1 % slower than the caller's, and the nodes of a
 //! Cluster agree within 2 ms. Releases take no deadline: a release is never regretted, and it is
 //! token-checked, so a late one cannot touch another owner's key.
+//!
+//! # The attempt ledger
+//!
+//! What follows a rate decision holds on every store alike: a charged attempt (a check admitted
+//! with a cost, a settlement applied) is remembered for at least its deadline plus twice the
+//! store's timeout, whatever else charged the caller in between; a [reservation](RateCheck::reservation)
+//! also keeps where its charge went, so that its [settlement](RateCheck::settle) refunds only
+//! what the limit still counts and never quota that others spent. One reference model,
+//! [`conformance::model`](crate::conformance::model), defines every answer, and each store is
+//! held against it ([`conformance::property`](crate::conformance::property)). The rules in depth:
+//! [`guide::ledger`](crate::guide::ledger).
+//!
+//! | store | an attempt is remembered | a re-send | a late first send | a settlement after the window rolled | a re-sent settlement |
+//! | --- | --- | --- | --- | --- | --- |
+//! | [`MemoryStore`] | 3 s after its decision (the deadline of a 1 s timeout, plus twice that) | admitted, charged nothing | — (its calls are never late) | refunds only what the limit still counts | applied once |
+//! | [`RedisStore`] (standalone, Sentinel, Cluster; Redis or Valkey) | its call's deadline + 2 × timeout (a record per call, named again by the copy that re-sends) | admitted, charged nothing | refused ([`Timeout`](StoreErrorKind::Timeout)), nothing changed | refunds only what the limit still counts | applied once |
+//! | [`PgStore`] | its deadline + 2 × timeout (a row per attempt) | admitted, charged nothing | refused ([`Timeout`](StoreErrorKind::Timeout)), nothing changed | refunds only what the limit still counts | applied once |
+//!
+//! A settlement of a plain check ([`RateCheck::new`]) refunds nothing: only a reservation's
+//! place is kept. Costs are sent clamped to what changes no answer, so no cost a request names
+//! overflows a store's arithmetic; in a batch, a check whose step fails fails alone.
 
 use std::fmt;
 use std::future::Future;
