@@ -408,6 +408,41 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
         ],
     ),
     (
+        // found on the memory store, which kept its attempts on a limit's state: once that
+        // expired, the settlement made again was applied again
+        "a settlement made again after its limit's state expired is applied once",
+        &[
+            (Algorithm::Gcra, &[(3, 200), (8, 1_000)]),
+            (Algorithm::SlidingCounter, &[(4, 300)]),
+        ],
+        &[
+            Op::Check {
+                caller: 1,
+                policy: 0,
+                cost: 1,
+                reserve: false,
+            },
+            Op::Check {
+                caller: 0,
+                policy: 0,
+                cost: 0,
+                reserve: true,
+            },
+            Op::Settle { back: 1, actual: 9 },
+            Op::Check {
+                caller: 0,
+                policy: 1,
+                cost: 5,
+                reserve: true,
+            },
+            Op::Sleep { ms: 500 },
+            Op::Settle {
+                back: 2,
+                actual: u64::MAX,
+            },
+        ],
+    ),
+    (
         "a settlement of a reservation of 2^50 among other checks",
         &[
             (Algorithm::Gcra, &[(10, 60_000)]),
