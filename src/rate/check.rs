@@ -217,7 +217,10 @@ mod tests {
         assert_eq!(bounded(huge.settle((1 << 50) - 1)), (100, Some(101)));
         assert_eq!(bounded(huge.settle(u64::MAX)), (301, Some(101)));
         let b = huge.settle(3).bounded(&policy);
-        assert_eq!((b.attempt(), b.settles().map(|s| s.of)), (huge.settle(3).attempt(), Some(huge.attempt())));
+        assert_eq!(
+            (b.attempt(), b.settles().map(|s| s.of)),
+            (huge.settle(3).attempt(), Some(huge.attempt()))
+        );
     }
 
     #[test]

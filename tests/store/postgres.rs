@@ -85,7 +85,7 @@ async fn migrate_is_idempotent_and_safe_to_run_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![4]);
+    assert_eq!(versions, vec![5]);
     let won = stores[2]
         .claim("k".into(), "a".into(), None, crate::common::soon())
         .await
@@ -919,7 +919,7 @@ async fn migrate_on_a_current_schema_takes_no_table_lock() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![4]);
+    assert_eq!(versions, vec![5]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1085,7 +1085,7 @@ async fn an_upgrade_drops_the_functions_without_deadlines() {
         .collect();
     assert_eq!(args, vec![4], "one claim: the one with a deadline");
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 4, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 5, Duration::ZERO).await);
     // a copy of version 1 started since, which migrates whatever the version row says, put its
     // functions back: the next migration finds them and runs its DDL again
     client.batch_execute(&old_claim).await.unwrap();
@@ -1192,7 +1192,7 @@ async fn a_schema_of_version_3_upgrades_to_4_and_keeps_its_limits() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 4, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 5, Duration::ZERO).await);
     // every function a copy of version 3 calls, or that one it calls calls, is still there
     let after = functions(&client, &s).await;
     let gone: Vec<&String> = before.iter().filter(|f| !after.contains(f)).collect();
