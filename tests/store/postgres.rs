@@ -1462,3 +1462,310 @@ async fn concurrent_checks_in_batches_admit_exactly_each_quota() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The attempt ledger (docs/ledger.md) on PostgreSQL
+// ---------------------------------------------------------------------------------------------
+
+/// A migrated store on the shared server whose calls have `timeout`: its attempts are
+/// remembered until their deadline plus twice that.
+async fn store_with_timeout(timeout: Duration) -> PgStore {
+    server()
+        .await
+        .builder()
+        .timeout(timeout)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// What `caller` has left on each limit of `policy`: a look.
+async fn left(store: &PgStore, policy: &Arc<RatePolicy>, caller: Key) -> Vec<u64> {
+    let look = store.check_rate(policy, RateCheck::new(caller, 0)).await;
+    look.unwrap().limits.iter().map(|l| l.remaining).collect()
+}
+
+/// `check` on `store`, which must answer and admit it: the outcome.
+async fn admitted(
+    store: &PgStore,
+    policy: &Arc<RatePolicy>,
+    check: RateCheck,
+) -> tollgate::rate::RateOutcome {
+    let outcome = store.check_rate(policy, check).await.unwrap();
+    assert!(outcome.admitted, "{check:?}: {outcome:?}");
+    outcome
+}
+
+/// A check retried after its first call's deadline has passed, and after another check of the
+/// caller, is remembered still (until its deadline plus twice the timeout): charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_retried_after_its_deadline_is_charged_once() {
+    let timeout = Duration::from_millis(300);
+    let store = store_with_timeout(timeout).await;
+    for algorithm in [Algorithm::Gcra, Algorithm::SlidingCounter] {
+        let p = policy(algorithm, Limit::per_hour("h", 10));
+        let who = caller("retried");
+        let a = RateCheck::new(who, 1);
+        admitted(&store, &p, a).await;
+        tokio::time::sleep(timeout + Duration::from_millis(100)).await;
+        admitted(&store, &p, RateCheck::new(who, 1)).await;
+        let again = admitted(&store, &p, a).await;
+        assert_eq!(again.limits[0].remaining, 8, "{algorithm}: a, b, a again");
+        assert_eq!(left(&store, &p, who).await, [8], "{algorithm}");
+    }
+}
+
+/// A settlement re-sent after another settlement of the caller, past the timeout, is applied
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_re_sent_after_the_timeout_is_applied_once() {
+    let timeout = Duration::from_millis(300);
+    let store = store_with_timeout(timeout).await;
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let p = policy(algorithm, Limit::per_hour("h", 10));
+        let who = caller("settling");
+        let (a, b) = (
+            RateCheck::reservation(who, 3),
+            RateCheck::reservation(who, 3),
+        );
+        admitted(&store, &p, a).await;
+        admitted(&store, &p, b).await;
+        let settled = admitted(&store, &p, a.settle(1)).await;
+        assert_eq!(settled.limits[0].remaining, 6, "{algorithm}: a refunded 2");
+        tokio::time::sleep(timeout + Duration::from_millis(100)).await;
+        let settled = admitted(&store, &p, b.settle(1)).await;
+        assert_eq!(settled.limits[0].remaining, 8, "{algorithm}: b refunded 2");
+        let again = admitted(&store, &p, a.settle(1)).await;
+        assert_eq!(again.limits[0].remaining, 8, "{algorithm}: applied once");
+        assert_eq!(left(&store, &p, who).await, [8], "{algorithm}");
+    }
+}
+
+/// A check re-sent after eight other checks of its caller is charged once: there is no "last
+/// attempts" bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_re_sent_after_eight_others_is_charged_once() {
+    let store = store_with_timeout(Duration::from_secs(2)).await;
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let ns = format!("t{}:rl", rand::random::<u32>());
+        let limits = vec![Limit::per_hour("h", 100), Limit::per_day("d", 1000)];
+        let p = Arc::new(RatePolicy::new(ns, algorithm, limits).unwrap());
+        let who = caller("many");
+        let a = RateCheck::new(who, 1);
+        admitted(&store, &p, a).await;
+        for _ in 0..8 {
+            admitted(&store, &p, RateCheck::new(who, 1)).await;
+        }
+        let again = admitted(&store, &p, a).await;
+        let remaining: Vec<u64> = again.limits.iter().map(|l| l.remaining).collect();
+        assert_eq!(remaining, [91, 991], "{algorithm}: a re-sent");
+        assert_eq!(left(&store, &p, who).await, [91, 991], "{algorithm}");
+    }
+}
+
+/// A sliding-log reservation settled for nothing, then re-sent, is not charged again: its
+/// ledger row makes it a replay though its log entry is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_reservation_refunded_then_re_sent_is_not_charged_again() {
+    let store = store_with_timeout(Duration::from_secs(2)).await;
+    let p = policy(Algorithm::SlidingLog, Limit::per_hour("h", 10));
+    let who = caller("refunded");
+    let reserved = RateCheck::reservation(who, 3);
+    assert_eq!(admitted(&store, &p, reserved).await.limits[0].remaining, 7);
+    let settled = admitted(&store, &p, reserved.settle(0)).await;
+    assert_eq!(settled.limits[0].remaining, 10, "all refunded");
+    let again = admitted(&store, &p, reserved).await;
+    assert_eq!(again.limits[0].remaining, 10, "the reservation re-sent");
+    assert_eq!(left(&store, &p, who).await, [10]);
+}
+
+/// A reservation settled after its charge has left the limit refunds nothing: it never gives
+/// back quota that another attempt spent since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_after_the_window_rolled_refunds_nothing() {
+    let store = store_with_timeout(Duration::from_secs(2)).await;
+    let limit = Limit::new("s", 10, Duration::from_secs(1));
+    let ps: Vec<Arc<RatePolicy>> = [Algorithm::Gcra, Algorithm::SlidingCounter]
+        .into_iter()
+        .map(|algorithm| policy(algorithm, limit.clone()))
+        .collect();
+    let who = caller("rolled");
+    let reservations: Vec<RateCheck> = ps.iter().map(|_| RateCheck::reservation(who, 10)).collect();
+    for (p, a) in ps.iter().zip(&reservations) {
+        admitted(&store, p, *a).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2_150)).await;
+    for (p, a) in ps.iter().zip(&reservations) {
+        let algorithm = p.algorithm();
+        admitted(&store, p, RateCheck::new(who, 10)).await;
+        let settled = admitted(&store, p, a.settle(0)).await;
+        assert_eq!(
+            settled.limits[0].remaining, 0,
+            "{algorithm}: nothing refunded"
+        );
+        let c = store.check_rate(p, RateCheck::new(who, 10)).await.unwrap();
+        assert!(!c.admitted, "{algorithm}: the quota is spent: {c:?}");
+    }
+}
+
+/// A refund of a reservation whose charge the limit still counts returns it, on every limit, and
+/// a settlement of a plain check refunds nothing (its place was not kept); an overrun is charged
+/// either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_reservation_is_refunded() {
+    let store = store_with_timeout(Duration::from_secs(2)).await;
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let ns = format!("t{}:rl", rand::random::<u32>());
+        let limits = vec![Limit::per_hour("h", 100), Limit::per_day("d", 1000)];
+        let p = Arc::new(RatePolicy::new(ns, algorithm, limits).unwrap());
+        let who = caller("refunds");
+        let reserved = RateCheck::reservation(who, 30);
+        admitted(&store, &p, reserved).await;
+        let out = admitted(&store, &p, reserved.settle(10)).await;
+        let remaining: Vec<u64> = out.limits.iter().map(|l| l.remaining).collect();
+        assert_eq!(remaining, [90, 990], "{algorithm}: a reservation refunded");
+        let plain = RateCheck::new(who, 30);
+        admitted(&store, &p, plain).await;
+        let out = admitted(&store, &p, plain.settle(10)).await;
+        let remaining: Vec<u64> = out.limits.iter().map(|l| l.remaining).collect();
+        assert_eq!(
+            remaining,
+            [60, 960],
+            "{algorithm}: a plain check refunds nothing"
+        );
+        let out = admitted(&store, &p, RateCheck::new(who, 5).settle(25)).await;
+        let remaining: Vec<u64> = out.limits.iter().map(|l| l.remaining).collect();
+        assert_eq!(remaining, [40, 940], "{algorithm}: an overrun");
+        // the same refund made again changes nothing
+        let out = admitted(&store, &p, reserved.settle(0)).await;
+        let remaining: Vec<u64> = out.limits.iter().map(|l| l.remaining).collect();
+        assert_eq!(remaining, [40, 940], "{algorithm}: applied once");
+    }
+}
+
+/// Each outcome carries the database clock it was decided at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_carry_the_instant_they_were_decided_at() {
+    let store = store_with_timeout(Duration::from_secs(2)).await;
+    let p = policy(Algorithm::Gcra, Limit::per_hour("h", 10));
+    let wall = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
+    };
+    let before = wall(std::time::SystemTime::now());
+    let reserved = RateCheck::reservation(caller("clock"), 2);
+    let first = admitted(&store, &p, reserved).await.decided_at_us.unwrap();
+    let settled = admitted(&store, &p, reserved.settle(1)).await;
+    let second = settled.decided_at_us.unwrap();
+    let after = wall(std::time::SystemTime::now());
+    // the server runs on this machine: one clock
+    assert!(before <= first && first <= second && second <= after);
+}
+
+/// The ledger's rows are purged once they expire: a charged attempt's at its deadline plus twice
+/// the timeout, a reservation's not before its place expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_attempts_are_purged() {
+    let server = server().await;
+    let client = server.client().await;
+    let store = server
+        .builder()
+        .timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let schema = store.schema().to_owned();
+    let quick = policy(Algorithm::Gcra, Limit::per_hour("h", 1000));
+    let slow = policy(Algorithm::Gcra, Limit::new("s", 1, Duration::from_secs(60)));
+    admitted(&store, &quick, RateCheck::new(caller("a"), 1)).await;
+    admitted(&store, &quick, RateCheck::reservation(caller("b"), 0)).await;
+    // kept for its place: a minute
+    admitted(&store, &slow, RateCheck::reservation(caller("c"), 1)).await;
+    assert_eq!(
+        rows(&client, &schema, "rate_attempts").await,
+        2,
+        "a look leaves none"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    store.purge_expired().await.unwrap();
+    assert_eq!(rows(&client, &schema, "rate_attempts").await, 1);
+}
+
+/// A check whose step fails in a batch fails alone, with its cause: the others are decided. A
+/// trigger fails every write of one caller's row, among 50 callers checked at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_failing_in_a_batch_fails_alone() {
+    let server = server().await;
+    let store = server.builder().pool_size(4).connect().await.unwrap();
+    let s = store.schema().to_owned();
+    let p = policy(Algorithm::Gcra, Limit::per_hour("h", 10));
+    let callers: Vec<Key> = (0..50).map(|i| caller(&format!("c{i}"))).collect();
+    // the last one queues behind the first calls: it goes out in a batch
+    let failing = p.store_keys(&callers[49])[0].clone();
+    server
+        .client()
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION \"{s}\".refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'refused by the test for %', NEW.key; END $$;
+             CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON \"{s}\".rate_limits
+             FOR EACH ROW WHEN (NEW.key = '{failing}') EXECUTE FUNCTION \"{s}\".refuse()"
+        ))
+        .await
+        .unwrap();
+    let checks = callers
+        .iter()
+        .map(|who| store.check_rate(&p, RateCheck::new(*who, 1)));
+    let outcomes = futures_util::future::join_all(checks).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        match outcome {
+            Ok(outcome) => {
+                assert!(i != 49, "the refused check was decided");
+                assert!(outcome.admitted, "{i}");
+            }
+            Err(e) => {
+                assert_eq!(i, 49, "another check failed: {e}");
+                assert_eq!(e.kind(), StoreErrorKind::Protocol, "{e}");
+                assert!(e.to_string().contains("refused by the test"), "{e}");
+            }
+        }
+    }
+    assert!(outcomes[49].is_err());
+    // the others were charged once
+    for who in &callers[..49] {
+        assert_eq!(left(&store, &p, *who).await, [9]);
+    }
+}
+
+/// A GCRA reservation of 2^50 and its settlements, among concurrent checks of the same caller,
+/// fail nothing: costs arrive clamped, so no arithmetic overflows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_reservations_and_settlements_fail_nothing() {
+    let store = store_with_timeout(Duration::from_secs(5)).await;
+    let p = policy(Algorithm::Gcra, Limit::per_hour("h", 1_000_000));
+    let who = caller("huge");
+    let huge = RateCheck::reservation(who, 1 << 50);
+    let mut checks: Vec<RateCheck> = (0..40).map(|_| RateCheck::new(who, 1)).collect();
+    checks.extend([
+        huge,
+        huge.settle(0),
+        huge.settle(1 << 50),
+        huge.settle(u64::MAX),
+        RateCheck::reservation(who, 1).settle(u64::MAX),
+    ]);
+    let outcomes = futures_util::future::join_all(checks.iter().map(|c| store.check_rate(&p, *c)));
+    for (check, outcome) in checks.iter().zip(outcomes.await) {
+        outcome.unwrap_or_else(|e| panic!("{check:?}: {e}"));
+    }
+}
