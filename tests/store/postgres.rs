@@ -1151,7 +1151,7 @@ fn remaining(reply: &[i64]) -> Vec<i64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_schema_of_version_3_upgrades_to_4_and_keeps_its_limits() {
+async fn a_schema_of_version_3_upgrades_and_keeps_its_limits() {
     let server = server().await;
     let s = unique_schema();
     let client = server.client().await;
@@ -1228,6 +1228,161 @@ async fn a_schema_of_version_3_upgrades_to_4_and_keeps_its_limits() {
         assert!(second.await.unwrap().admitted, "{algorithm:?}");
         let third = store.check_rate(&p, RateCheck::new(caller("a"), 1));
         assert!(!third.await.unwrap().admitted, "{algorithm:?}");
+    }
+}
+
+/// `schema.sql` of version 4, as it was.
+const SCHEMA_V4: &str = include_str!("fixtures/schema_v4.sql");
+
+/// One check (or, with `settles`, a settlement of what attempt `of` reserved) of quota 3 per
+/// limit (windows of one and two minutes) sent as a copy of version 4 sends it, alone in a call
+/// of `decide_rates`: its reply.
+async fn decide_as_v4(
+    client: &tokio_postgres::Client,
+    s: &str,
+    algorithm: i16,
+    keys: &[&str],
+    (cost, attempt): (i64, i64),
+    settles: Option<(i64, i64)>,
+) -> Vec<i64> {
+    let n = keys.len();
+    let quotas = vec![3i64; n];
+    let windows: Vec<i64> = (1..=n as i64).map(|i| i * 60_000_000).collect();
+    let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+    let (reserved, of) = settles.unwrap_or((-1, 0));
+    let sql = format!(
+        "SELECT \"{s}\".decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, \"{s}\".now_us() + 10000000)"
+    );
+    let row = client
+        .query_one(
+            &sql,
+            &[
+                &vec![algorithm],
+                &vec![n as i32],
+                &keys,
+                &quotas,
+                &windows,
+                &vec![cost],
+                &vec![attempt],
+                &vec![reserved],
+                &vec![of],
+            ],
+        )
+        .await
+        .unwrap();
+    let reply: Vec<i64> = row.get(0);
+    assert_eq!(reply[..2], [1, 2 + 2 * n as i64], "one check: {reply:?}");
+    reply[2..].to_vec()
+}
+
+/// A schema of version 4 upgrades to this version: the checks its copies charged stay charged
+/// once, and a copy of version 4 still checks, re-sends and settles through the functions it
+/// calls, with the replies it reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_version_4_upgrades_and_its_copies_keep_working() {
+    let server = server().await;
+    let s = unique_schema();
+    let client = server.client().await;
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA \"{s}\";
+             CREATE TABLE \"{s}\".migrations (
+               version integer PRIMARY KEY,
+               applied_at timestamptz NOT NULL DEFAULT now()
+             );
+             INSERT INTO \"{s}\".migrations (version) VALUES (4);"
+        ))
+        .await
+        .unwrap();
+    let v4 = SCHEMA_V4
+        .replace("__SCHEMA__", &format!("\"{s}\""))
+        .replace("__RATE_TABLES__", "UNLOGGED");
+    client.batch_execute(&v4).await.unwrap();
+    let before = functions(&client, &s).await;
+    let checks: [(i16, &[&str]); 6] = [
+        (1, &["log"]),
+        (2, &["counter"]),
+        (3, &["gcra"]),
+        (1, &["log:1", "log:2"]),
+        (2, &["counter:1", "counter:2"]),
+        (3, &["gcra:1", "gcra:2"]),
+    ];
+    for (i, (algorithm, keys)) in checks.iter().enumerate() {
+        let reply = decide_as_v4(&client, &s, *algorithm, keys, (1, i as i64), None).await;
+        assert_eq!(reply[0], 1, "{keys:?}: {reply:?}");
+        assert!(
+            remaining(&reply).iter().all(|&r| r == 2),
+            "{keys:?}: {reply:?}"
+        );
+    }
+
+    let store = server.builder().schema(s.clone()).connect().await.unwrap();
+    let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
+    assert!(becomes(&client, &versions, 5, Duration::ZERO).await);
+    // gone: only version 4's steps and settlements, which its functions alone called
+    let after = functions(&client, &s).await;
+    let replaced = [
+        "rate_counter_step(",
+        "rate_gcra_step(",
+        "settle_rate(",
+        "settle_limit(",
+    ];
+    for gone in before.iter().filter(|f| !after.contains(f)) {
+        assert!(replaced.iter().any(|r| gone.contains(r)), "dropped: {gone}");
+    }
+
+    for (i, (algorithm, keys)) in checks.iter().enumerate() {
+        let i = i as i64;
+        // the attempt version 4 charged, sent again, is not charged again
+        let again = decide_as_v4(&client, &s, *algorithm, keys, (1, i), None).await;
+        assert_eq!(again[0], 1, "{keys:?}: {again:?}");
+        assert!(
+            remaining(&again).iter().all(|&r| r == 2),
+            "{keys:?}: {again:?}"
+        );
+        // a copy of version 4 reserves, re-sends, settles (refunding) and re-sends the settlement
+        for _ in 0..2 {
+            let next = decide_as_v4(&client, &s, *algorithm, keys, (1, 100 + i), None).await;
+            assert!(
+                remaining(&next).iter().all(|&r| r == 1),
+                "{keys:?}: {next:?}"
+            );
+        }
+        for _ in 0..2 {
+            let settled = decide_as_v4(
+                &client,
+                &s,
+                *algorithm,
+                keys,
+                (0, 200 + i),
+                Some((1, 100 + i)),
+            )
+            .await;
+            assert_eq!(settled[0], 1, "{keys:?}: {settled:?}");
+            assert!(
+                remaining(&settled).iter().all(|&r| r == 2),
+                "{keys:?}: {settled:?}"
+            );
+        }
+    }
+    // and the store of this version on the upgraded schema
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let p = policy(algorithm, Limit::per_minute("m", 2));
+        let a = RateCheck::new(caller("a"), 1);
+        assert_eq!(
+            admitted(&store, &p, a).await.limits[0].remaining,
+            1,
+            "{algorithm:?}"
+        );
+        assert_eq!(
+            admitted(&store, &p, a).await.limits[0].remaining,
+            1,
+            "{algorithm:?}"
+        );
     }
 }
 
@@ -1768,4 +1923,46 @@ async fn huge_reservations_and_settlements_fail_nothing() {
     for (check, outcome) in checks.iter().zip(outcomes.await) {
         outcome.unwrap_or_else(|e| panic!("{check:?}: {e}"));
     }
+}
+
+/// A refund returns only what the limit still counts of the reservation's own charge: on GCRA
+/// the part of its span still ahead of now, never the span of a charge made after it; on a
+/// sliding counter from the previous window, without touching the current one's charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_returns_only_what_is_left_of_its_own_charge() {
+    let store = store_with_timeout(Duration::from_secs(2)).await;
+    let limit = Limit::new("s", 10, Duration::from_secs(1));
+
+    // GCRA: a's span ends half a second after it, b's after a's; 0.3 s later a settles for 0
+    let p = policy(Algorithm::Gcra, limit.clone());
+    let who = caller("gcra");
+    let a = RateCheck::reservation(who, 5);
+    admitted(&store, &p, a).await;
+    admitted(&store, &p, RateCheck::new(who, 5)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let settled = admitted(&store, &p, a.settle(0)).await;
+    // left: b's span, 0.5 s of 1 s
+    assert_eq!(
+        settled.limits[0].remaining, 5,
+        "only what is left of a's span"
+    );
+
+    // sliding counter: a reserves all 10 at the start of a window; in the next, b spends 3 and a
+    // settles for 0: the previous window's 10 go, b's 3 stay
+    let p = policy(Algorithm::SlidingCounter, limit);
+    let who = caller("counter");
+    let ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    tokio::time::sleep(Duration::from_millis(1_050 - ms() % 1_000)).await;
+    let a = RateCheck::reservation(who, 10);
+    admitted(&store, &p, a).await;
+    // 0.4 s into the next window: the previous one weighs 6 there
+    tokio::time::sleep(Duration::from_millis(1_400 - ms() % 1_000)).await;
+    admitted(&store, &p, RateCheck::new(who, 3)).await;
+    let settled = admitted(&store, &p, a.settle(0)).await;
+    assert_eq!(settled.limits[0].remaining, 7, "b's 3 stay");
 }
