@@ -111,6 +111,7 @@ async fn rate_tables_are_unlogged_unless_asked_and_the_rest_always_logged() {
         .unwrap();
     assert_eq!(persistence(&client, &schema, "rate_limits").await, 'u');
     assert_eq!(persistence(&client, &schema, "rate_log").await, 'u');
+    assert_eq!(persistence(&client, &schema, "rate_attempts").await, 'u');
     for table in ["holds", "fences", "releases", "idempotency", "migrations"] {
         assert_eq!(persistence(&client, &schema, table).await, 'p', "{table}");
     }
@@ -132,6 +133,7 @@ async fn rate_tables_are_unlogged_unless_asked_and_the_rest_always_logged() {
         .unwrap();
     assert_eq!(persistence(&client, &schema, "rate_limits").await, 'p');
     assert_eq!(persistence(&client, &schema, "rate_log").await, 'p');
+    assert_eq!(persistence(&client, &schema, "rate_attempts").await, 'p');
     let out = logged
         .check_rate(&p, RateCheck::new(caller("a"), 1))
         .await
@@ -141,6 +143,7 @@ async fn rate_tables_are_unlogged_unless_asked_and_the_rest_always_logged() {
     store.migrate().await.unwrap();
     assert_eq!(persistence(&client, &schema, "rate_limits").await, 'u');
     assert_eq!(persistence(&client, &schema, "rate_log").await, 'u');
+    assert_eq!(persistence(&client, &schema, "rate_attempts").await, 'u');
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
