@@ -532,28 +532,33 @@ END $$;
 -- in p_until.
 CREATE OR REPLACE FUNCTION __SCHEMA__.remembered(
   p_key text, p_attempt bigint, p_now bigint, p_recent bigint[], p_until bigint[]
-) RETURNS boolean LANGUAGE sql VOLATILE AS $$
-  SELECT EXISTS (
-    SELECT 1 FROM __SCHEMA__.rate_attempts
-    WHERE key = p_key AND attempt = p_attempt AND expires_at > p_now
-  ) OR EXISTS (
+) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+  IF p_attempt = ANY (p_recent) AND EXISTS (
     SELECT 1 FROM unnest(p_recent, p_until) AS r (id, until)
     WHERE r.id = p_attempt AND r.until > p_now
-  )
-$$;
+  ) THEN
+    RETURN true;
+  END IF;
+  RETURN EXISTS (
+    SELECT 1 FROM __SCHEMA__.rate_attempts
+    WHERE key = p_key AND attempt = p_attempt AND expires_at > p_now
+  );
+END $$;
 
 -- Remembers attempt p_attempt under p_key until p_until (µs), with the place p_place kept until
 -- p_place_until (the row lives at least as long). A row of the attempt that is there already
 -- has expired (a live one makes the attempt a replay, which writes nothing): it is replaced.
 CREATE OR REPLACE FUNCTION __SCHEMA__.remember_attempt(
   p_key text, p_attempt bigint, p_until bigint, p_place bigint[], p_place_until bigint
-) RETURNS void LANGUAGE sql VOLATILE AS $$
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
   INSERT INTO __SCHEMA__.rate_attempts (key, attempt, expires_at, place, place_until)
     VALUES (p_key, p_attempt, greatest(p_until, p_place_until), p_place, p_place_until)
     ON CONFLICT (key, attempt) DO UPDATE
       SET expires_at = EXCLUDED.expires_at, place = EXCLUDED.place,
-          place_until = EXCLUDED.place_until
-$$;
+          place_until = EXCLUDED.place_until;
+END $$;
 
 -- ---------------------------------------------------------------------------------------------
 -- check_rate: one rate check, all limits of a policy at once (mirrors scripts/rate.lua).
