@@ -467,8 +467,8 @@ fn daily(name: &str, quota: u64) -> Limit {
     Limit::new(name, quota, Duration::from_secs(86_400))
 }
 
-/// Checks `reserved`, which must be admitted, then settles it for `actual`: the settlement's
-/// outcome.
+/// Reserves `reserved` (a [reservation](RateCheck::reservation)), which must be admitted, then
+/// settles it for `actual`: the settlement's outcome.
 async fn reserve_then_settle(
     store: &impl RateStore,
     policy: &Arc<RatePolicy>,

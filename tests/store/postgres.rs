@@ -85,7 +85,7 @@ async fn migrate_is_idempotent_and_safe_to_run_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![4]);
+    assert_eq!(versions, vec![5]);
     let won = stores[2]
         .claim("k".into(), "a".into(), None, crate::common::soon())
         .await
@@ -111,6 +111,7 @@ async fn rate_tables_are_unlogged_unless_asked_and_the_rest_always_logged() {
         .unwrap();
     assert_eq!(persistence(&client, &schema, "rate_limits").await, 'u');
     assert_eq!(persistence(&client, &schema, "rate_log").await, 'u');
+    assert_eq!(persistence(&client, &schema, "rate_attempts").await, 'u');
     for table in ["holds", "fences", "releases", "idempotency", "migrations"] {
         assert_eq!(persistence(&client, &schema, table).await, 'p', "{table}");
     }
@@ -132,6 +133,7 @@ async fn rate_tables_are_unlogged_unless_asked_and_the_rest_always_logged() {
         .unwrap();
     assert_eq!(persistence(&client, &schema, "rate_limits").await, 'p');
     assert_eq!(persistence(&client, &schema, "rate_log").await, 'p');
+    assert_eq!(persistence(&client, &schema, "rate_attempts").await, 'p');
     let out = logged
         .check_rate(&p, RateCheck::new(caller("a"), 1))
         .await
@@ -141,6 +143,7 @@ async fn rate_tables_are_unlogged_unless_asked_and_the_rest_always_logged() {
     store.migrate().await.unwrap();
     assert_eq!(persistence(&client, &schema, "rate_limits").await, 'u');
     assert_eq!(persistence(&client, &schema, "rate_log").await, 'u');
+    assert_eq!(persistence(&client, &schema, "rate_attempts").await, 'u');
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -919,7 +922,7 @@ async fn migrate_on_a_current_schema_takes_no_table_lock() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![4]);
+    assert_eq!(versions, vec![5]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1085,7 +1088,7 @@ async fn an_upgrade_drops_the_functions_without_deadlines() {
         .collect();
     assert_eq!(args, vec![4], "one claim: the one with a deadline");
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 4, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 5, Duration::ZERO).await);
     // a copy of version 1 started since, which migrates whatever the version row says, put its
     // functions back: the next migration finds them and runs its DDL again
     client.batch_execute(&old_claim).await.unwrap();
@@ -1151,7 +1154,7 @@ fn remaining(reply: &[i64]) -> Vec<i64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_schema_of_version_3_upgrades_to_4_and_keeps_its_limits() {
+async fn a_schema_of_version_3_upgrades_and_keeps_its_limits() {
     let server = server().await;
     let s = unique_schema();
     let client = server.client().await;
@@ -1192,7 +1195,7 @@ async fn a_schema_of_version_3_upgrades_to_4_and_keeps_its_limits() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 4, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 5, Duration::ZERO).await);
     // every function a copy of version 3 calls, or that one it calls calls, is still there
     let after = functions(&client, &s).await;
     let gone: Vec<&String> = before.iter().filter(|f| !after.contains(f)).collect();
@@ -1228,6 +1231,161 @@ async fn a_schema_of_version_3_upgrades_to_4_and_keeps_its_limits() {
         assert!(second.await.unwrap().admitted, "{algorithm:?}");
         let third = store.check_rate(&p, RateCheck::new(caller("a"), 1));
         assert!(!third.await.unwrap().admitted, "{algorithm:?}");
+    }
+}
+
+/// `schema.sql` of version 4, as it was.
+const SCHEMA_V4: &str = include_str!("fixtures/schema_v4.sql");
+
+/// One check (or, with `settles`, a settlement of what attempt `of` reserved) of quota 3 per
+/// limit (windows of one and two minutes) sent as a copy of version 4 sends it, alone in a call
+/// of `decide_rates`: its reply.
+async fn decide_as_v4(
+    client: &tokio_postgres::Client,
+    s: &str,
+    algorithm: i16,
+    keys: &[&str],
+    (cost, attempt): (i64, i64),
+    settles: Option<(i64, i64)>,
+) -> Vec<i64> {
+    let n = keys.len();
+    let quotas = vec![3i64; n];
+    let windows: Vec<i64> = (1..=n as i64).map(|i| i * 60_000_000).collect();
+    let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+    let (reserved, of) = settles.unwrap_or((-1, 0));
+    let sql = format!(
+        "SELECT \"{s}\".decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, \"{s}\".now_us() + 10000000)"
+    );
+    let row = client
+        .query_one(
+            &sql,
+            &[
+                &vec![algorithm],
+                &vec![n as i32],
+                &keys,
+                &quotas,
+                &windows,
+                &vec![cost],
+                &vec![attempt],
+                &vec![reserved],
+                &vec![of],
+            ],
+        )
+        .await
+        .unwrap();
+    let reply: Vec<i64> = row.get(0);
+    assert_eq!(reply[..2], [1, 2 + 2 * n as i64], "one check: {reply:?}");
+    reply[2..].to_vec()
+}
+
+/// A schema of version 4 upgrades to this version: the checks its copies charged stay charged
+/// once, and a copy of version 4 still checks, re-sends and settles through the functions it
+/// calls, with the replies it reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_version_4_upgrades_and_its_copies_keep_working() {
+    let server = server().await;
+    let s = unique_schema();
+    let client = server.client().await;
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA \"{s}\";
+             CREATE TABLE \"{s}\".migrations (
+               version integer PRIMARY KEY,
+               applied_at timestamptz NOT NULL DEFAULT now()
+             );
+             INSERT INTO \"{s}\".migrations (version) VALUES (4);"
+        ))
+        .await
+        .unwrap();
+    let v4 = SCHEMA_V4
+        .replace("__SCHEMA__", &format!("\"{s}\""))
+        .replace("__RATE_TABLES__", "UNLOGGED");
+    client.batch_execute(&v4).await.unwrap();
+    let before = functions(&client, &s).await;
+    let checks: [(i16, &[&str]); 6] = [
+        (1, &["log"]),
+        (2, &["counter"]),
+        (3, &["gcra"]),
+        (1, &["log:1", "log:2"]),
+        (2, &["counter:1", "counter:2"]),
+        (3, &["gcra:1", "gcra:2"]),
+    ];
+    for (i, (algorithm, keys)) in checks.iter().enumerate() {
+        let reply = decide_as_v4(&client, &s, *algorithm, keys, (1, i as i64), None).await;
+        assert_eq!(reply[0], 1, "{keys:?}: {reply:?}");
+        assert!(
+            remaining(&reply).iter().all(|&r| r == 2),
+            "{keys:?}: {reply:?}"
+        );
+    }
+
+    let store = server.builder().schema(s.clone()).connect().await.unwrap();
+    let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
+    assert!(becomes(&client, &versions, 5, Duration::ZERO).await);
+    // gone: only version 4's steps and settlements, which its functions alone called
+    let after = functions(&client, &s).await;
+    let replaced = [
+        "rate_counter_step(",
+        "rate_gcra_step(",
+        "settle_rate(",
+        "settle_limit(",
+    ];
+    for gone in before.iter().filter(|f| !after.contains(f)) {
+        assert!(replaced.iter().any(|r| gone.contains(r)), "dropped: {gone}");
+    }
+
+    for (i, (algorithm, keys)) in checks.iter().enumerate() {
+        let i = i as i64;
+        // the attempt version 4 charged, sent again, is not charged again
+        let again = decide_as_v4(&client, &s, *algorithm, keys, (1, i), None).await;
+        assert_eq!(again[0], 1, "{keys:?}: {again:?}");
+        assert!(
+            remaining(&again).iter().all(|&r| r == 2),
+            "{keys:?}: {again:?}"
+        );
+        // a copy of version 4 reserves, re-sends, settles (refunding) and re-sends the settlement
+        for _ in 0..2 {
+            let next = decide_as_v4(&client, &s, *algorithm, keys, (1, 100 + i), None).await;
+            assert!(
+                remaining(&next).iter().all(|&r| r == 1),
+                "{keys:?}: {next:?}"
+            );
+        }
+        for _ in 0..2 {
+            let settled = decide_as_v4(
+                &client,
+                &s,
+                *algorithm,
+                keys,
+                (0, 200 + i),
+                Some((1, 100 + i)),
+            )
+            .await;
+            assert_eq!(settled[0], 1, "{keys:?}: {settled:?}");
+            assert!(
+                remaining(&settled).iter().all(|&r| r == 2),
+                "{keys:?}: {settled:?}"
+            );
+        }
+    }
+    // and the store of this version on the upgraded schema
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let p = policy(algorithm, Limit::per_minute("m", 2));
+        let a = RateCheck::new(caller("a"), 1);
+        assert_eq!(
+            admitted(&store, &p, a).await.limits[0].remaining,
+            1,
+            "{algorithm:?}"
+        );
+        assert_eq!(
+            admitted(&store, &p, a).await.limits[0].remaining,
+            1,
+            "{algorithm:?}"
+        );
     }
 }
 
@@ -1461,4 +1619,353 @@ async fn concurrent_checks_in_batches_admit_exactly_each_quota() {
             assert_eq!(remaining, [0, 1, 2, 3, 4], "{algorithm}: {who}");
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The attempt ledger (docs/ledger.md) on PostgreSQL
+// ---------------------------------------------------------------------------------------------
+
+/// A migrated store on the shared server whose calls have `timeout`: its attempts are
+/// remembered until their deadline plus twice that.
+async fn store_with_timeout(timeout: Duration) -> PgStore {
+    server()
+        .await
+        .builder()
+        .timeout(timeout)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// What `caller` has left on each limit of `policy`: a look.
+async fn left(store: &PgStore, policy: &Arc<RatePolicy>, caller: Key) -> Vec<u64> {
+    let look = store.check_rate(policy, RateCheck::new(caller, 0)).await;
+    look.unwrap().limits.iter().map(|l| l.remaining).collect()
+}
+
+/// `check` on `store`, which must answer and admit it: the outcome.
+async fn admitted(
+    store: &PgStore,
+    policy: &Arc<RatePolicy>,
+    check: RateCheck,
+) -> tollgate::rate::RateOutcome {
+    let outcome = store.check_rate(policy, check).await.unwrap();
+    assert!(outcome.admitted, "{check:?}: {outcome:?}");
+    outcome
+}
+
+/// A check retried after its first call's deadline has passed, and after another check of the
+/// caller, is remembered still (until its deadline plus twice the timeout): charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_retried_after_its_deadline_is_charged_once() {
+    let timeout = Duration::from_millis(300);
+    let store = store_with_timeout(timeout).await;
+    for algorithm in [Algorithm::Gcra, Algorithm::SlidingCounter] {
+        let p = policy(algorithm, Limit::per_hour("h", 10));
+        let who = caller("retried");
+        let a = RateCheck::new(who, 1);
+        admitted(&store, &p, a).await;
+        tokio::time::sleep(timeout + Duration::from_millis(100)).await;
+        admitted(&store, &p, RateCheck::new(who, 1)).await;
+        let again = admitted(&store, &p, a).await;
+        assert_eq!(again.limits[0].remaining, 8, "{algorithm}: a, b, a again");
+        assert_eq!(left(&store, &p, who).await, [8], "{algorithm}");
+    }
+}
+
+/// A settlement re-sent after another settlement of the caller, past the timeout, is applied
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_re_sent_after_the_timeout_is_applied_once() {
+    let timeout = Duration::from_millis(300);
+    let store = store_with_timeout(timeout).await;
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let p = policy(algorithm, Limit::per_hour("h", 10));
+        let who = caller("settling");
+        let (a, b) = (
+            RateCheck::reservation(who, 3),
+            RateCheck::reservation(who, 3),
+        );
+        admitted(&store, &p, a).await;
+        admitted(&store, &p, b).await;
+        let settled = admitted(&store, &p, a.settle(1)).await;
+        assert_eq!(settled.limits[0].remaining, 6, "{algorithm}: a refunded 2");
+        tokio::time::sleep(timeout + Duration::from_millis(100)).await;
+        let settled = admitted(&store, &p, b.settle(1)).await;
+        assert_eq!(settled.limits[0].remaining, 8, "{algorithm}: b refunded 2");
+        let again = admitted(&store, &p, a.settle(1)).await;
+        assert_eq!(again.limits[0].remaining, 8, "{algorithm}: applied once");
+        assert_eq!(left(&store, &p, who).await, [8], "{algorithm}");
+    }
+}
+
+/// A check re-sent after eight other checks of its caller is charged once: there is no "last
+/// attempts" bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_re_sent_after_eight_others_is_charged_once() {
+    let store = store_with_timeout(Duration::from_secs(2)).await;
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let ns = format!("t{}:rl", rand::random::<u32>());
+        let limits = vec![Limit::per_hour("h", 100), Limit::per_day("d", 1000)];
+        let p = Arc::new(RatePolicy::new(ns, algorithm, limits).unwrap());
+        let who = caller("many");
+        let a = RateCheck::new(who, 1);
+        admitted(&store, &p, a).await;
+        for _ in 0..8 {
+            admitted(&store, &p, RateCheck::new(who, 1)).await;
+        }
+        let again = admitted(&store, &p, a).await;
+        let remaining: Vec<u64> = again.limits.iter().map(|l| l.remaining).collect();
+        assert_eq!(remaining, [91, 991], "{algorithm}: a re-sent");
+        assert_eq!(left(&store, &p, who).await, [91, 991], "{algorithm}");
+    }
+}
+
+/// A sliding-log reservation settled for nothing, then re-sent, is not charged again: its
+/// ledger row makes it a replay though its log entry is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_reservation_refunded_then_re_sent_is_not_charged_again() {
+    let store = store_with_timeout(Duration::from_secs(2)).await;
+    let p = policy(Algorithm::SlidingLog, Limit::per_hour("h", 10));
+    let who = caller("refunded");
+    let reserved = RateCheck::reservation(who, 3);
+    assert_eq!(admitted(&store, &p, reserved).await.limits[0].remaining, 7);
+    let settled = admitted(&store, &p, reserved.settle(0)).await;
+    assert_eq!(settled.limits[0].remaining, 10, "all refunded");
+    let again = admitted(&store, &p, reserved).await;
+    assert_eq!(again.limits[0].remaining, 10, "the reservation re-sent");
+    assert_eq!(left(&store, &p, who).await, [10]);
+}
+
+/// A reservation settled after its charge has left the limit refunds nothing: it never gives
+/// back quota that another attempt spent since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_after_the_window_rolled_refunds_nothing() {
+    let store = store_with_timeout(Duration::from_secs(2)).await;
+    let limit = Limit::new("s", 10, Duration::from_secs(1));
+    let ps: Vec<Arc<RatePolicy>> = [Algorithm::Gcra, Algorithm::SlidingCounter]
+        .into_iter()
+        .map(|algorithm| policy(algorithm, limit.clone()))
+        .collect();
+    let who = caller("rolled");
+    let reservations: Vec<RateCheck> = ps.iter().map(|_| RateCheck::reservation(who, 10)).collect();
+    for (p, a) in ps.iter().zip(&reservations) {
+        admitted(&store, p, *a).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2_150)).await;
+    for (p, a) in ps.iter().zip(&reservations) {
+        let algorithm = p.algorithm();
+        admitted(&store, p, RateCheck::new(who, 10)).await;
+        let settled = admitted(&store, p, a.settle(0)).await;
+        assert_eq!(
+            settled.limits[0].remaining, 0,
+            "{algorithm}: nothing refunded"
+        );
+        let c = store.check_rate(p, RateCheck::new(who, 10)).await.unwrap();
+        assert!(!c.admitted, "{algorithm}: the quota is spent: {c:?}");
+    }
+}
+
+/// A refund of a reservation whose charge the limit still counts returns it, on every limit, and
+/// a settlement of a plain check refunds nothing (its place was not kept); an overrun is charged
+/// either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_reservation_is_refunded() {
+    let store = store_with_timeout(Duration::from_secs(2)).await;
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let ns = format!("t{}:rl", rand::random::<u32>());
+        let limits = vec![Limit::per_hour("h", 100), Limit::per_day("d", 1000)];
+        let p = Arc::new(RatePolicy::new(ns, algorithm, limits).unwrap());
+        let who = caller("refunds");
+        let reserved = RateCheck::reservation(who, 30);
+        admitted(&store, &p, reserved).await;
+        let out = admitted(&store, &p, reserved.settle(10)).await;
+        let remaining: Vec<u64> = out.limits.iter().map(|l| l.remaining).collect();
+        assert_eq!(remaining, [90, 990], "{algorithm}: a reservation refunded");
+        let plain = RateCheck::new(who, 30);
+        admitted(&store, &p, plain).await;
+        let out = admitted(&store, &p, plain.settle(10)).await;
+        let remaining: Vec<u64> = out.limits.iter().map(|l| l.remaining).collect();
+        assert_eq!(
+            remaining,
+            [60, 960],
+            "{algorithm}: a plain check refunds nothing"
+        );
+        let out = admitted(&store, &p, RateCheck::new(who, 5).settle(25)).await;
+        let remaining: Vec<u64> = out.limits.iter().map(|l| l.remaining).collect();
+        assert_eq!(remaining, [40, 940], "{algorithm}: an overrun");
+        // the same refund made again changes nothing
+        let out = admitted(&store, &p, reserved.settle(0)).await;
+        let remaining: Vec<u64> = out.limits.iter().map(|l| l.remaining).collect();
+        assert_eq!(remaining, [40, 940], "{algorithm}: applied once");
+    }
+}
+
+/// Each outcome carries the database clock it was decided at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_carry_the_instant_they_were_decided_at() {
+    let store = store_with_timeout(Duration::from_secs(2)).await;
+    let p = policy(Algorithm::Gcra, Limit::per_hour("h", 10));
+    let wall = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
+    };
+    let before = wall(std::time::SystemTime::now());
+    let reserved = RateCheck::reservation(caller("clock"), 2);
+    let first = admitted(&store, &p, reserved).await.decided_at_us.unwrap();
+    let settled = admitted(&store, &p, reserved.settle(1)).await;
+    let second = settled.decided_at_us.unwrap();
+    let after = wall(std::time::SystemTime::now());
+    // the server runs on this machine: one clock
+    assert!(before <= first && first <= second && second <= after);
+}
+
+/// The ledger's rows are purged once they expire: a charged attempt's at its deadline plus twice
+/// the timeout, a reservation's not before its place expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_attempts_are_purged() {
+    let server = server().await;
+    let client = server.client().await;
+    let store = server
+        .builder()
+        .timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let schema = store.schema().to_owned();
+    let quick = policy(Algorithm::Gcra, Limit::per_hour("h", 1000));
+    let slow = policy(Algorithm::Gcra, Limit::new("s", 1, Duration::from_secs(60)));
+    admitted(&store, &quick, RateCheck::new(caller("a"), 1)).await;
+    admitted(&store, &quick, RateCheck::reservation(caller("b"), 0)).await;
+    // kept for its place: a minute
+    admitted(&store, &slow, RateCheck::reservation(caller("c"), 1)).await;
+    assert_eq!(
+        rows(&client, &schema, "rate_attempts").await,
+        2,
+        "a look leaves none"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    store.purge_expired().await.unwrap();
+    assert_eq!(rows(&client, &schema, "rate_attempts").await, 1);
+}
+
+/// A check whose step fails in a batch fails alone, with its cause: the others are decided. A
+/// trigger fails every write of one caller's row, among 50 callers checked at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_failing_in_a_batch_fails_alone() {
+    let server = server().await;
+    let store = server.builder().pool_size(4).connect().await.unwrap();
+    let s = store.schema().to_owned();
+    let p = policy(Algorithm::Gcra, Limit::per_hour("h", 10));
+    let callers: Vec<Key> = (0..50).map(|i| caller(&format!("c{i}"))).collect();
+    // the last one queues behind the first calls: it goes out in a batch
+    let failing = p.store_keys(&callers[49])[0].clone();
+    server
+        .client()
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION \"{s}\".refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'refused by the test for %', NEW.key; END $$;
+             CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON \"{s}\".rate_limits
+             FOR EACH ROW WHEN (NEW.key = '{failing}') EXECUTE FUNCTION \"{s}\".refuse()"
+        ))
+        .await
+        .unwrap();
+    let checks = callers
+        .iter()
+        .map(|who| store.check_rate(&p, RateCheck::new(*who, 1)));
+    let outcomes = futures_util::future::join_all(checks).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        match outcome {
+            Ok(outcome) => {
+                assert!(i != 49, "the refused check was decided");
+                assert!(outcome.admitted, "{i}");
+            }
+            Err(e) => {
+                assert_eq!(i, 49, "another check failed: {e}");
+                assert_eq!(e.kind(), StoreErrorKind::Protocol, "{e}");
+                assert!(e.to_string().contains("refused by the test"), "{e}");
+            }
+        }
+    }
+    assert!(outcomes[49].is_err());
+    // the others were charged once
+    for who in &callers[..49] {
+        assert_eq!(left(&store, &p, *who).await, [9]);
+    }
+}
+
+/// A GCRA reservation of 2^50 and its settlements, among concurrent checks of the same caller,
+/// fail nothing: costs arrive clamped, so no arithmetic overflows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_reservations_and_settlements_fail_nothing() {
+    let store = store_with_timeout(Duration::from_secs(5)).await;
+    let p = policy(Algorithm::Gcra, Limit::per_hour("h", 1_000_000));
+    let who = caller("huge");
+    let huge = RateCheck::reservation(who, 1 << 50);
+    let mut checks: Vec<RateCheck> = (0..40).map(|_| RateCheck::new(who, 1)).collect();
+    checks.extend([
+        huge,
+        huge.settle(0),
+        huge.settle(1 << 50),
+        huge.settle(u64::MAX),
+        RateCheck::reservation(who, 1).settle(u64::MAX),
+    ]);
+    let outcomes = futures_util::future::join_all(checks.iter().map(|c| store.check_rate(&p, *c)));
+    for (check, outcome) in checks.iter().zip(outcomes.await) {
+        outcome.unwrap_or_else(|e| panic!("{check:?}: {e}"));
+    }
+}
+
+/// A refund returns only what the limit still counts of the reservation's own charge: on GCRA
+/// the part of its span still ahead of now, never the span of a charge made after it; on a
+/// sliding counter from the previous window, without touching the current one's charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_returns_only_what_is_left_of_its_own_charge() {
+    let store = store_with_timeout(Duration::from_secs(2)).await;
+    let limit = Limit::new("s", 10, Duration::from_secs(1));
+
+    // GCRA: a's span ends half a second after it, b's after a's; 0.3 s later a settles for 0
+    let p = policy(Algorithm::Gcra, limit.clone());
+    let who = caller("gcra");
+    let a = RateCheck::reservation(who, 5);
+    admitted(&store, &p, a).await;
+    admitted(&store, &p, RateCheck::new(who, 5)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let settled = admitted(&store, &p, a.settle(0)).await;
+    // left: b's span, 0.5 s of 1 s
+    assert_eq!(
+        settled.limits[0].remaining, 5,
+        "only what is left of a's span"
+    );
+
+    // sliding counter: a reserves all 10 at the start of a window; in the next, b spends 3 and a
+    // settles for 0: the previous window's 10 go, b's 3 stay
+    let p = policy(Algorithm::SlidingCounter, limit);
+    let who = caller("counter");
+    let ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    tokio::time::sleep(Duration::from_millis(1_050 - ms() % 1_000)).await;
+    let a = RateCheck::reservation(who, 10);
+    admitted(&store, &p, a).await;
+    // 0.4 s into the next window: the previous one weighs 6 there
+    tokio::time::sleep(Duration::from_millis(1_400 - ms() % 1_000)).await;
+    admitted(&store, &p, RateCheck::new(who, 3)).await;
+    let settled = admitted(&store, &p, a.settle(0)).await;
+    assert_eq!(settled.limits[0].remaining, 7, "b's 3 stay");
 }

@@ -192,6 +192,16 @@ pub(super) fn pg_error(e: tokio_postgres::Error) -> StoreError {
     StoreError::new(kind, PgFailure::new(e))
 }
 
+/// Whether `e` is an error the server raised while it ran a statement (one with a SQLSTATE,
+/// neither a timeout nor a lost connection, nor a server that cannot take the call): the
+/// transaction rolled back, nothing of the call was committed.
+pub(super) fn failed_in_the_database(e: &StoreError) -> bool {
+    e.kind() == StoreErrorKind::Protocol
+        && std::error::Error::source(e)
+            .and_then(|source| source.downcast_ref::<PgFailure>())
+            .is_some_and(|failure| failure.source.code().is_some())
+}
+
 /// A failure of PostgreSQL, displayed with what the server said (`db error` alone, as
 /// tokio-postgres displays it, hides the cause) or with the I/O error beneath; the
 /// `tokio_postgres::Error` is its source.

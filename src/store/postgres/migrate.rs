@@ -138,12 +138,21 @@ async fn rate_tables_unlogged(
     client: &impl GenericClient,
     schema: &str,
 ) -> Result<Option<bool>, tokio_postgres::Error> {
+    unlogged(client, schema, "rate_limits").await
+}
+
+/// Whether `table` in `schema` is `UNLOGGED`; `None` when there is no such table.
+async fn unlogged(
+    client: &impl GenericClient,
+    schema: &str,
+    table: &str,
+) -> Result<Option<bool>, tokio_postgres::Error> {
     let row = client
         .query_opt(
             "SELECT c.relpersistence FROM pg_class c
              JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE n.nspname = $1 AND c.relname = 'rate_limits'",
-            &[&schema],
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&schema, &table],
         )
         .await?;
     let Some(row) = row else { return Ok(None) };
@@ -151,25 +160,29 @@ async fn rate_tables_unlogged(
     Ok(Some(persistence == b'u' as i8))
 }
 
-/// Makes the rate tables `UNLOGGED` or logged as asked, when they were created otherwise. A
+/// Makes the rate tables `UNLOGGED` or logged as asked, each that was created otherwise. A
 /// logged table may not reference an unlogged one: the log follows its parent table when it
-/// becomes logged, and goes first when they become unlogged. (The migration holds both tables'
-/// locks already.)
+/// becomes logged, and goes first when they become unlogged; the attempt ledger references
+/// none. (The migration holds the tables' locks already.)
 async fn set_rate_persistence(
     tx: &Transaction<'_>,
     schema: &str,
-    unlogged: bool,
+    make_unlogged: bool,
 ) -> Result<(), tokio_postgres::Error> {
-    if rate_tables_unlogged(tx, schema).await? == Some(unlogged) {
-        return Ok(());
-    }
-    let s = quoted(schema);
-    let sql = if unlogged {
-        format!("ALTER TABLE {s}.rate_log SET UNLOGGED; ALTER TABLE {s}.rate_limits SET UNLOGGED")
+    let order: [&str; 3] = if make_unlogged {
+        ["rate_log", "rate_limits", "rate_attempts"]
     } else {
-        format!("ALTER TABLE {s}.rate_limits SET LOGGED; ALTER TABLE {s}.rate_log SET LOGGED")
+        ["rate_limits", "rate_log", "rate_attempts"]
     };
-    tx.batch_execute(&sql).await
+    let s = quoted(schema);
+    let set = if make_unlogged { "UNLOGGED" } else { "LOGGED" };
+    for table in order {
+        if unlogged(tx, schema, table).await? == Some(!make_unlogged) {
+            tx.batch_execute(&format!("ALTER TABLE {s}.{table} SET {set}"))
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 /// The advisory lock that serialises migrations of `schema`.

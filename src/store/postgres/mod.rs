@@ -92,6 +92,7 @@ use crate::store::kit;
 /// | --- | --- | --- |
 /// | `rate_limits` | per caller and limit: a GCRA arrival time, a sliding counter's windows, or a sliding log's size | `UNLOGGED` by default |
 /// | `rate_log` | a sliding log: one row per admitted attempt and limit, with its cost | as `rate_limits` |
+/// | `rate_attempts` | the attempt ledger: per charged attempt (check or settlement) until its deadline plus twice the timeout, and a reservation's place (see [the attempt ledger](crate::store#the-attempt-ledger)) | as `rate_limits` |
 /// | `holds` | claims and locks: key, holder or token, expiry (none: kept until deleted) | yes |
 /// | `fences` | per lock name the last fencing token | yes |
 /// | `releases` | release markers: the release call that deleted a claim, lock or idempotency claim | yes |
@@ -245,6 +246,7 @@ impl PgStore {
         let rates = Coalescer::new(
             RateCall {
                 shared: Arc::clone(&shared),
+                retention_us: retention_us(settings.timeout),
             },
             settings.timeout,
             settings.max_batch,
@@ -454,6 +456,15 @@ impl RateStore for PgStore {
 /// One call of `decide_rates`: a batch of checks in one transaction.
 struct RateCall {
     shared: Arc<Shared>,
+    /// How long after its deadline a charged attempt is remembered, in µs: twice the timeout.
+    retention_us: i64,
+}
+
+/// Twice `timeout` in microseconds (at most 2^53, so that a deadline plus it stays far from
+/// overflowing).
+fn retention_us(timeout: Duration) -> i64 {
+    let twice = timeout.as_micros().saturating_mul(2).min(1 << 53);
+    i64::try_from(twice).unwrap_or(1 << 53)
 }
 
 impl BatchCall for RateCall {
@@ -462,39 +473,73 @@ impl BatchCall for RateCall {
         checks: &[Sent<'_>],
         deadline: Instant,
     ) -> impl Future<Output = Decided> + Send {
-        let params = rate_params(checks);
-        let limits: Vec<usize> = checks.iter().map(|(p, _, _)| p.limits().len()).collect();
-        let shared = Arc::clone(&self.shared);
-        async move {
-            let row = shared
-                .calls
-                .row(
-                    "rate_check",
-                    &shared.sql.decide_rates,
-                    &params,
-                    Some(deadline),
-                )
-                .await?;
-            let reply: Vec<i64> = row
-                .try_get(0)
-                .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?;
-            decode_rates(&reply, &limits)
-        }
+        self.call(checks, deadline)
     }
 }
 
+impl RateCall {
+    /// `checks` in one call. When the call fails with an error of the database (a step that
+    /// raised: the transaction rolled back, nothing of the batch was committed), each check is
+    /// decided again in a call of its own, within the same deadline: only a check whose own
+    /// step fails fails, with its cause.
+    async fn call(&self, checks: &[Sent<'_>], deadline: Instant) -> Decided {
+        let decided = self.one_call(checks, deadline).await;
+        match decided {
+            Err(e) if checks.len() > 1 && call::failed_in_the_database(&e) => {
+                let alone = checks.iter().map(|check| async move {
+                    let mut decided = self.one_call(std::slice::from_ref(check), deadline).await?;
+                    decided.pop().unwrap_or_else(|| Err(missing_outcome()))
+                });
+                Ok(futures_util::future::join_all(alone).await)
+            }
+            decided => decided,
+        }
+    }
+
+    async fn one_call(&self, checks: &[Sent<'_>], deadline: Instant) -> Decided {
+        let params = rate_params(checks, self.retention_us);
+        let limits: Vec<usize> = checks.iter().map(|(p, _, _)| p.limits().len()).collect();
+        let row = self
+            .shared
+            .calls
+            .row(
+                "rate_check",
+                &self.shared.sql.decide_rates,
+                &params,
+                Some(deadline),
+            )
+            .await?;
+        let reply: Vec<i64> = row
+            .try_get(0)
+            .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?;
+        decode_rates(&reply, &limits)
+    }
+}
+
+/// A reply that left a check out.
+fn missing_outcome() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        "decide_rates returned no outcome for a check",
+    )
+}
+
 /// The parameters of `decide_rates` for `checks` (its deadline aside): per check its algorithm,
-/// number of limits, cost and attempt, and every check's keys, quotas and windows in turn; then
-/// per check what it settles, if it is a settlement.
-fn rate_params(checks: &[Sent<'_>]) -> Vec<Param> {
+/// number of limits, cost, attempt and whether it is a reservation, and every check's keys,
+/// quotas and windows in turn; then per check what it settles, if it is a settlement; then how
+/// long a charged attempt is remembered after its deadline, `retention_us`.
+fn rate_params(checks: &[Sent<'_>], retention_us: i64) -> Vec<Param> {
     let mut algorithms: Vec<i16> = Vec::with_capacity(checks.len());
     let mut counts: Vec<i32> = Vec::with_capacity(checks.len());
     let (mut keys, mut quotas, mut windows) = (Vec::new(), Vec::new(), Vec::new());
     let mut costs: Vec<i64> = Vec::with_capacity(checks.len());
     let mut attempts: Vec<i64> = Vec::with_capacity(checks.len());
-    // of a settlement, what its check reserved and the check's attempt; -1 and 0 otherwise
+    let mut reservations: Vec<bool> = Vec::with_capacity(checks.len());
+    // of a settlement, what its check reserved, the check's attempt and whether it was a
+    // reservation; -1, 0 and false otherwise
     let mut reserved: Vec<i64> = Vec::with_capacity(checks.len());
     let mut settled: Vec<i64> = Vec::with_capacity(checks.len());
+    let mut refundable: Vec<bool> = Vec::with_capacity(checks.len());
     for (policy, check, _) in checks {
         algorithms.push(match policy.algorithm() {
             Algorithm::SlidingLog => 1,
@@ -508,12 +553,14 @@ fn rate_params(checks: &[Sent<'_>]) -> Vec<Param> {
             quotas.push(i64::try_from(limit.quota()).unwrap_or(i64::MAX));
             windows.push(i64::try_from(limit.window_us()).unwrap_or(i64::MAX));
         }
-        // any cost above every quota is denied alike; this one cannot overflow a sum
+        // bounded by the client already (RateCheck::bounded); this cannot overflow a sum
         costs.push(i64::try_from(check.cost().min(1 << 62)).unwrap_or(1 << 62));
         attempts.push(signed(check.attempt()));
+        reservations.push(check.is_reservation());
         let settles = check.settles();
         reserved.push(settles.map_or(-1, |s| i64::try_from(s.reserved.min(1 << 62)).unwrap_or(0)));
         settled.push(settles.map_or(0, |s| signed(s.of)));
+        refundable.push(settles.is_some_and(|s| s.refundable));
     }
     vec![
         Box::new(algorithms),
@@ -523,8 +570,11 @@ fn rate_params(checks: &[Sent<'_>]) -> Vec<Param> {
         Box::new(windows),
         Box::new(costs),
         Box::new(attempts),
+        Box::new(reservations),
         Box::new(reserved),
         Box::new(settled),
+        Box::new(refundable),
+        Box::new(retention_us),
     ]
 }
 
@@ -559,20 +609,20 @@ fn decode_rates(reply: &[i64], limits: &[usize]) -> Decided {
         .collect()
 }
 
-/// `{admitted, retry_after_us, then per limit remaining, reset_us}` for `n` limits, or
-/// `{-2, 0}`: received after its deadline, charged nothing.
+/// `{admitted, retry_after_us, decided_at_us, then per limit remaining, reset_us}` for `n`
+/// limits, or `{-2, 0}`: received after its deadline, charged nothing.
 fn decode_rate(reply: &[i64], n: usize) -> Result<RateOutcome, StoreError> {
     if reply == [-2, 0] {
         return Err(StoreError::expired());
     }
-    if reply.len() != 2 + 2 * n {
+    if reply.len() != 3 + 2 * n {
         return Err(StoreError::new(
             StoreErrorKind::Protocol,
             format!("check_rate returned {} numbers for {n} limits", reply.len()),
         ));
     }
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
-    let limits = reply[2..]
+    let limits = reply[3..]
         .chunks_exact(2)
         .map(|pair| LimitState {
             remaining: u64::try_from(pair[0]).unwrap_or(0),
@@ -580,7 +630,7 @@ fn decode_rate(reply: &[i64], n: usize) -> Result<RateOutcome, StoreError> {
         })
         .collect();
     Ok(RateOutcome {
-        decided_at_us: None,
+        decided_at_us: u64::try_from(reply[2]).ok(),
         admitted: reply[0] == 1,
         retry_after: micros(reply[1]),
         limits,
@@ -788,8 +838,9 @@ mod tests {
 
     #[test]
     fn rate_replies_decode_in_limit_order() {
-        let outcome = decode_rate(&[0, 1_500, 3, 2_000_000, 0, 700], 2).unwrap();
+        let outcome = decode_rate(&[0, 1_500, 1_700_000, 3, 2_000_000, 0, 700], 2).unwrap();
         assert!(!outcome.admitted);
+        assert_eq!(outcome.decided_at_us, Some(1_700_000));
         assert_eq!(outcome.retry_after, Duration::from_micros(1_500));
         assert_eq!(
             outcome.limits,
@@ -805,10 +856,10 @@ mod tests {
             ]
         );
         // a negative number (a clock step back) reads as zero; a short reply is an error
-        let outcome = decode_rate(&[1, -5, 1, -1], 1).unwrap();
+        let outcome = decode_rate(&[1, -5, 9, 1, -1], 1).unwrap();
         assert_eq!(outcome.retry_after, Duration::ZERO);
         assert_eq!(outcome.limits[0].reset, Duration::ZERO);
-        let short = decode_rate(&[1, 0, 1], 1).unwrap_err();
+        let short = decode_rate(&[1, 0, 9, 1], 1).unwrap_err();
         assert_eq!(short.kind(), StoreErrorKind::Protocol);
         // received after its deadline: charged nothing, a timeout
         let late = decode_rate(&[-2, 0], 1).unwrap_err();

@@ -1,4 +1,4 @@
--- tollgate on PostgreSQL, schema version 4: tables, indexes and the functions that are the
+-- tollgate on PostgreSQL, schema version 5: tables, indexes and the functions that are the
 -- store's atomic operations. `__SCHEMA__` stands for the configured schema (quoted) and
 -- `__RATE_TABLES__` for `UNLOGGED` or nothing. Every statement is idempotent. PgStore::migrate
 -- first reads the version recorded in `migrations` (locking none of the tables below) and runs
@@ -8,12 +8,12 @@
 --
 -- Lock order: every function, the purge and the migration lock tables in this order, so that
 -- no two of them can wait for each other in a cycle:
---   rate_limits, rate_log, holds, permits, permit_queue, fences, idempotency, releases,
---   once_records (PgStore::once: its key's advisory lock, then its row)
--- A rate check locks its rate_limits rows (in key order) before it touches rate_log. A claim,
--- lock, permit or idempotency call takes the advisory lock of its key (lock_key) before its
--- holds, permits or idempotency rows; lock_acquire and permit_acquire then write fences; a
--- release writes its releases row last.
+--   rate_limits, rate_log, rate_attempts, holds, permits, permit_queue, fences, idempotency,
+--   releases, once_records (PgStore::once: its key's advisory lock, then its row)
+-- A rate check locks its rate_limits rows (in key order) before it touches rate_log, and
+-- rate_log before rate_attempts. A claim, lock, permit or idempotency call takes the advisory
+-- lock of its key (lock_key) before its holds, permits or idempotency rows; lock_acquire and
+-- permit_acquire then write fences; a release writes its releases row last.
 -- purge_expired deletes table after table in this order (skipping locked rows), and a
 -- migration locks every table that exists, in this order, before its first DDL.
 --
@@ -26,6 +26,15 @@
 -- of one limit and of several alike, and adds settlements (decide_rates, settle_rate), permits
 -- (permit_*) and their tables; every function that version 3 had keeps its signature, so copies
 -- of version 3 keep working on a schema of version 4.
+-- Version 5 keeps the attempt ledger (rate_attempts; see docs/ledger.md): every charged attempt
+-- is remembered there until its deadline plus a retention the client sends, and a reservation's
+-- place until the limit stops counting it; `recent` and `recent_until` are no longer written
+-- (read only for attempts that a copy of an earlier version charged, until their deadlines). A
+-- check's reply carries the instant it was decided at. decide_rates, check_rate and settle_rate
+-- take more parameters; decide_rates and check_rate of version 4, and check_rates of version
+-- 3, keep their signatures and replies (their checks kept as reservations, their settlements
+-- refunding), so copies of versions 3 and 4 keep working on a schema of version 5. The step
+-- functions and settlements of version 4, which only the functions here call, are replaced.
 --
 -- Time is the database clock in microseconds since the Unix epoch (`now_us()`, read from
 -- `clock_timestamp()` after the rows an operation touches are locked). Every row has an
@@ -42,8 +51,9 @@ DO $lock$
 DECLARE
   t text;
 BEGIN
-  FOREACH t IN ARRAY ARRAY['rate_limits', 'rate_log', 'holds', 'permits', 'permit_queue',
-                           'fences', 'idempotency', 'releases', 'once_records'] LOOP
+  FOREACH t IN ARRAY ARRAY['rate_limits', 'rate_log', 'rate_attempts', 'holds', 'permits',
+                           'permit_queue', 'fences', 'idempotency', 'releases',
+                           'once_records'] LOOP
     IF to_regclass('__SCHEMA__.' || t) IS NOT NULL THEN
       EXECUTE format('LOCK TABLE %s.%I IN ACCESS EXCLUSIVE MODE', '__SCHEMA__', t);
     END IF;
@@ -59,6 +69,15 @@ DROP FUNCTION IF EXISTS __SCHEMA__.idem_complete(text, text, bytea, bigint);
 DROP FUNCTION IF EXISTS __SCHEMA__.idem_extend(text, text, bigint);
 DROP FUNCTION IF EXISTS __SCHEMA__.rate_sliding_counter(text[], bigint[], bigint[], bigint, bigint, bigint);
 DROP FUNCTION IF EXISTS __SCHEMA__.rate_gcra(text[], bigint[], bigint[], bigint, bigint, bigint);
+-- version 4's steps and settlements, called only by the functions of this file
+DROP FUNCTION IF EXISTS __SCHEMA__.rate_counter_step(text, bigint, bigint, bigint, boolean,
+  bigint, bigint, bigint, bigint, boolean, boolean, bigint[], bigint[], bigint, bigint);
+DROP FUNCTION IF EXISTS __SCHEMA__.rate_gcra_step(text, bigint, bigint, boolean, bigint, bigint,
+  bigint, bigint, boolean, boolean, bigint[], bigint[], bigint, bigint);
+DROP FUNCTION IF EXISTS __SCHEMA__.settle_rate(smallint, text[], bigint[], bigint[], bigint,
+  bigint, bigint, bigint, bigint);
+DROP FUNCTION IF EXISTS __SCHEMA__.settle_limit(smallint, __SCHEMA__.rate_limits, bigint, bigint,
+  bigint, bigint, bigint, bigint);
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.now_us() RETURNS bigint
 LANGUAGE sql VOLATILE AS $$
@@ -93,11 +112,10 @@ $$;
 --   sliding log      a = units of cost in the log (its rows in rate_log)
 --   sliding counter  a = window index, b = cost of that window, c = cost of the one before
 --   GCRA             a = theoretical arrival time (µs), b = remainder in 1/quota µs
--- `recent` and `recent_until` are the attempts that charged the row lately and until when each
--- is remembered (its deadline, µs), oldest first, on a policy's first limit (counter, GCRA): a
--- re-sent attempt is found among them whatever charged the caller in between (see remember).
--- `attempt` is no longer written. A row with expires_at 0 is a placeholder, made only to be
--- locked.
+-- `recent` and `recent_until` are the attempts that charged the row lately before version 5 and
+-- until when each is remembered (its deadline, µs), on a policy's first limit: read, no longer
+-- written (the attempts are in rate_attempts). `attempt` is no longer written. A row with
+-- expires_at 0 is a placeholder, made only to be locked.
 -- ---------------------------------------------------------------------------------------------
 CREATE __RATE_TABLES__ TABLE IF NOT EXISTS __SCHEMA__.rate_limits (
   key text PRIMARY KEY,
@@ -143,6 +161,25 @@ CREATE __RATE_TABLES__ TABLE IF NOT EXISTS __SCHEMA__.rate_log (
   PRIMARY KEY (key, attempt)
 );
 CREATE INDEX IF NOT EXISTS rate_log_by_score ON __SCHEMA__.rate_log (key, score);
+
+-- The attempt ledger: one row per attempt that charged a policy's limits — a check admitted
+-- with a cost, a settlement applied — keyed by the policy's first limit key, remembered until
+-- `expires_at`: the call's deadline plus the retention the client sends (twice its timeout),
+-- and for a reservation at least `place_until`. An attempt with a live row is a replay: it is
+-- admitted and charges nothing. A reservation's row keeps `place`, where its charge went, until
+-- `place_until` (NULL otherwise, and once a settlement has used it): per limit in order, a
+-- sliding counter's window index; GCRA's arrival time and remainder right after the charge
+-- (two numbers per limit). A sliding log keeps no place: its entries are named by the attempt.
+-- Rows are deleted only by the purge (and reset_rate), through the index on the expiry.
+CREATE __RATE_TABLES__ TABLE IF NOT EXISTS __SCHEMA__.rate_attempts (
+  key text NOT NULL,
+  attempt bigint NOT NULL,
+  expires_at bigint NOT NULL,
+  place bigint[],
+  place_until bigint NOT NULL DEFAULT 0,
+  PRIMARY KEY (key, attempt)
+);
+CREATE INDEX IF NOT EXISTS rate_attempts_expiry ON __SCHEMA__.rate_attempts (expires_at);
 
 -- Claims and locks: a holder (a claim's holder id, a lock's token) and an expiry (NULL: kept
 -- until deleted).
@@ -214,28 +251,6 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.once_records (
 );
 CREATE INDEX IF NOT EXISTS once_records_expiry ON __SCHEMA__.once_records (expires_at);
 
--- The recent attempts of a row once p_attempt charged it at p_now: those still remembered
--- (until after p_now), at most 7 of them, then p_attempt until p_until_new — as rate.lua keeps
--- them. None when p_ids is NULL: a row that keeps no attempts (a policy's limits after its
--- first).
-CREATE OR REPLACE FUNCTION __SCHEMA__.remember(
-  p_ids bigint[], p_until bigint[], p_attempt bigint, p_until_new bigint, p_now bigint,
-  OUT o_ids bigint[], OUT o_until bigint[]
-) LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-  n int := coalesce(cardinality(p_ids), 0);
-  i int := 1;
-BEGIN
-  IF p_ids IS NULL THEN
-    o_ids := '{}'; o_until := '{}';
-    RETURN;
-  END IF;
-  WHILE i <= n AND p_until[i] <= p_now LOOP i := i + 1; END LOOP;
-  IF n - i + 1 > 7 THEN i := n - 6; END IF;
-  o_ids := p_ids[i:n] || p_attempt;
-  o_until := p_until[i:n] || p_until_new;
-END $$;
-
 -- ---------------------------------------------------------------------------------------------
 -- Rate algorithms, written once: a step per algorithm decides one limit of a check on its row
 -- (locked by the caller, read at the check's instant p_now) and answers the limit's reply, as
@@ -244,9 +259,10 @@ END $$;
 -- limits is admitted only when each admits it: each limit's step runs first without charging;
 -- then, the check admitted and costing, each limit is charged — a counter or GCRA limit by its
 -- step run again with p_charge, a log by rate_log_charge on the log as its step left it
--- (rate_sliding_log, rate_sliding_counter, rate_gcra).
---   p_replay  the attempt is known to be re-sent (its first run charged): admitted, no
---             decision made
+-- (rate_sliding_log, rate_sliding_counter, rate_gcra). An attempt that the ledger remembers
+-- (a replay) is decided by check_rate as a look (cost 0), then admitted.
+--   p_replay  (the sliding log) the attempt was found in the log of an earlier limit of the
+--             check: admitted, no decision made
 -- The reply: {admitted 0|1 (the cost fits, or a replay), retry_after_us (until the cost would
 -- fit; 0 when admitted), remaining, reset_us (until what the limit has left grows)}; the
 -- sliding log's step answers it field by field (o_admitted, o_retry, o_remaining, o_reset).
@@ -354,17 +370,22 @@ BEGIN
   o_remaining := greatest(p_quota - p_count, 0);
 END $$;
 
+-- The index of the sliding-counter window (of p_window µs, counted in whole milliseconds of
+-- store time) that holds the instant p_now: the window of a charge made then.
+CREATE OR REPLACE FUNCTION __SCHEMA__.counter_window(p_now bigint, p_window bigint)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+  SELECT floor((p_now / 1000)::double precision / (p_window / 1000.0)::double precision)::bigint
+$$;
+
 -- Sliding-window counter, one limit: O(1), in milliseconds of store time and in doubles, as
 -- the Lua script computes it: current + previous * (share of the previous window still inside
 -- the sliding one). p_a, p_b, p_c: the row's window index and the costs of that window and of
 -- the one before; p_live: the row has not expired. A charge adds the cost to the current
--- window (a new one moves the row's expiry to the end of the next window) and keeps the
--- attempt among the row's recent ones: p_recent, p_until are those the row remembers, on a
--- policy's first limit; NULL on the others, which keep none.
+-- window, counter_window(p_now, p_window) (a new one moves the row's expiry to the end of the
+-- next window).
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_counter_step(
   p_key text, p_a bigint, p_b bigint, p_c bigint, p_live boolean, p_quota bigint,
-  p_window bigint, p_cost bigint, p_now bigint, p_replay boolean, p_charge boolean,
-  p_recent bigint[], p_until bigint[], p_attempt bigint, p_deadline bigint
+  p_window bigint, p_cost bigint, p_now bigint, p_charge boolean
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_admitted boolean := true;
@@ -383,9 +404,8 @@ DECLARE
   used double precision;
   whole double precision;
   rst double precision := 0;
-  v_kept record;
 BEGIN
-  idx := floor(v_now / w);
+  idx := __SCHEMA__.counter_window(p_now, p_window);
   el := v_now - idx * w;
   IF p_live THEN
     IF p_a = idx THEN
@@ -394,9 +414,7 @@ BEGIN
       prev := p_b;
     END IF;
   END IF;
-  IF p_replay THEN
-    NULL; -- charged by the first run of this attempt: nothing to decide
-  ELSIF (cur + v_cost) * w + prev * (w - el) > q * w THEN
+  IF (cur + v_cost) * w + prev * (w - el) > q * w THEN
     v_admitted := false;
     room := q - v_cost - cur;
     IF v_cost > q THEN
@@ -411,16 +429,12 @@ BEGIN
     v_retry := ceil(greatest(wait, 0) * 1000)::bigint;
   ELSIF p_charge AND p_cost > 0 THEN
     cur := cur + v_cost;
-    v_kept := __SCHEMA__.remember(p_recent, p_until, p_attempt, p_deadline, p_now);
     IF v_same THEN
       -- the same window: its expiry (the end of the next window) stands
-      UPDATE __SCHEMA__.rate_limits
-        SET b = cur::bigint, recent = v_kept.o_ids, recent_until = v_kept.o_until
-        WHERE key = p_key;
+      UPDATE __SCHEMA__.rate_limits SET b = cur::bigint WHERE key = p_key;
     ELSE
       UPDATE __SCHEMA__.rate_limits
-        SET a = idx::bigint, b = cur::bigint, c = prev::bigint, recent = v_kept.o_ids,
-            recent_until = v_kept.o_until,
+        SET a = idx::bigint, b = cur::bigint, c = prev::bigint,
             expires_at = (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000,
             purge_at = __SCHEMA__.purge_mark(purge_at,
               (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000, p_window)
@@ -442,12 +456,11 @@ END $$;
 -- GCRA, one limit: O(1), exact in integers. Emission interval T = window / quota; offsets from
 -- now are counted in 1/quota microseconds, where T is exactly `window` units. p_a, p_b: the
 -- row's theoretical arrival time and remainder; p_live: the row has not expired. A charge moves
--- the arrival time on by the cost (the row expiring a millisecond after it) and keeps the
--- attempt as rate_counter_step does.
+-- the arrival time on by the cost (the row expiring a millisecond after it). The reply has two
+-- more numbers: the arrival time and remainder the limit is left with (after the charge).
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_gcra_step(
   p_key text, p_a bigint, p_b bigint, p_live boolean, p_quota bigint, p_window bigint,
-  p_cost bigint, p_now bigint, p_replay boolean, p_charge boolean, p_recent bigint[],
-  p_until bigint[], p_attempt bigint, p_deadline bigint
+  p_cost bigint, p_now bigint, p_charge boolean
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_admitted boolean := true;
@@ -458,12 +471,9 @@ DECLARE
   units bigint;
   whole bigint;
   used bigint;
-  v_kept record;
 BEGIN
   IF p_live AND p_a >= p_now THEN tat := p_a; rem := p_b; END IF;
-  IF p_replay THEN
-    NULL; -- charged by the first run of this attempt: nothing to decide
-  ELSIF p_cost > p_quota THEN
+  IF p_cost > p_quota THEN
     v_admitted := false;
     v_retry := p_window;
   ELSE
@@ -476,9 +486,8 @@ BEGIN
       whole := units / p_quota;
       tat := tat + whole;
       rem := units - whole * p_quota;
-      v_kept := __SCHEMA__.remember(p_recent, p_until, p_attempt, p_deadline, p_now);
       UPDATE __SCHEMA__.rate_limits
-        SET a = tat, b = rem, recent = v_kept.o_ids, recent_until = v_kept.o_until,
+        SET a = tat, b = rem,
             expires_at = p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000,
             purge_at = __SCHEMA__.purge_mark(purge_at,
               p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000, p_window)
@@ -489,7 +498,7 @@ BEGIN
   used := __SCHEMA__.ceil_div(ahead, p_window);
   RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry, greatest(p_quota - used, 0),
     CASE WHEN used > 0 THEN __SCHEMA__.ceil_div(ahead - (used - 1) * p_window, p_quota)
-         ELSE 0 END];
+         ELSE 0 END, tat, rem];
 END $$;
 
 -- Locks the rate_limits rows of p_keys in key order, made first where missing, so that checks
@@ -512,25 +521,75 @@ BEGIN
 END $$;
 
 -- ---------------------------------------------------------------------------------------------
+-- The attempt ledger (rate_attempts), read and written by check_rate and settle_rate while they
+-- hold the locks of their rows (the first limit's among them), so that two runs of one attempt
+-- are decided one after the other.
+-- ---------------------------------------------------------------------------------------------
+
+-- Whether attempt p_attempt of the policy whose first limit key is p_key is remembered at p_now:
+-- its ledger row is live, or — charged by a copy of an earlier version — it is among p_recent,
+-- the `recent` attempts of that key's row ('{}' once the row has expired), until its deadline
+-- in p_until.
+CREATE OR REPLACE FUNCTION __SCHEMA__.remembered(
+  p_key text, p_attempt bigint, p_now bigint, p_recent bigint[], p_until bigint[]
+) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+  IF p_attempt = ANY (p_recent) AND EXISTS (
+    SELECT 1 FROM unnest(p_recent, p_until) AS r (id, until)
+    WHERE r.id = p_attempt AND r.until > p_now
+  ) THEN
+    RETURN true;
+  END IF;
+  RETURN EXISTS (
+    SELECT 1 FROM __SCHEMA__.rate_attempts
+    WHERE key = p_key AND attempt = p_attempt AND expires_at > p_now
+  );
+END $$;
+
+-- Remembers attempt p_attempt under p_key until p_until (µs), with the place p_place kept until
+-- p_place_until (the row lives at least as long). A row of the attempt that is there already
+-- has expired (a live one makes the attempt a replay, which writes nothing): it is replaced.
+CREATE OR REPLACE FUNCTION __SCHEMA__.remember_attempt(
+  p_key text, p_attempt bigint, p_until bigint, p_place bigint[], p_place_until bigint
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO __SCHEMA__.rate_attempts (key, attempt, expires_at, place, place_until)
+    VALUES (p_key, p_attempt, greatest(p_until, p_place_until), p_place, p_place_until)
+    ON CONFLICT (key, attempt) DO UPDATE
+      SET expires_at = EXCLUDED.expires_at, place = EXCLUDED.place,
+          place_until = EXCLUDED.place_until;
+END $$;
+
+-- ---------------------------------------------------------------------------------------------
 -- check_rate: one rate check, all limits of a policy at once (mirrors scripts/rate.lua).
 --   p_algorithm  1 sliding log, 2 sliding counter, 3 GCRA
 --   p_keys, p_quotas, p_windows  per limit its key, quota and window (µs), in configuration
 --                order (distinct keys)
 --   p_cost       >= 0; 0 only looks
---   p_attempt    the attempt id: a re-sent attempt is admitted again without a second charge
+--   p_attempt    the attempt id: once charged, remembered in the ledger under p_keys[1] until
+--                p_deadline_us + p_retention_us; sent again meanwhile, it is a replay — admitted,
+--                charging nothing, answering the limits as they stand
+--   p_reservation  the check will be settled: its ledger row keeps where its charge went (its
+--                place), for as long as the limits count it — a sliding counter the index of the
+--                window charged, until that window's successor ends; GCRA the arrival time and
+--                remainder right after the charge, until that arrival time; a sliding log
+--                nothing (its entries are named by the attempt)
 --   p_deadline_us  received at or after it (database clock), the check charges nothing
--- Returns {admitted 0|1, retry_after_us, then per limit remaining, reset_us}, or {-2, 0} when
--- received late.
+-- Returns {admitted 0|1, retry_after_us, decided_at_us (the clock it was decided at), then per
+-- limit remaining, reset_us}, or {-2, 0} when received late.
 -- Locks every limit's row in key order (made first if missing), so that checks over
 -- overlapping keys cannot deadlock, then reads the clock: concurrent checks of one caller are
--- decided one after the other, each at its own instant.
+-- decided one after the other, each at its own instant. A check denied, or a look, leaves no
+-- ledger row.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __SCHEMA__.check_rate(
   p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[],
-  p_cost bigint, p_attempt bigint, p_deadline_us bigint
+  p_cost bigint, p_attempt bigint, p_reservation boolean, p_retention_us bigint,
+  p_deadline_us bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
-  v_key text;
+  v_key text := p_keys[1];
+  v_n int := cardinality(p_keys);
   r_a bigint;
   r_b bigint;
   r_c bigint;
@@ -538,27 +597,19 @@ DECLARE
   r_until bigint[];
   r_expires bigint;
   v_now bigint;
+  v_cost bigint := p_cost;
+  v_replay boolean := false;
+  v_reply bigint[];
   v_log record;
+  v_place bigint[];
+  v_place_until bigint := 0;
+  v_index bigint;
 BEGIN
   -- late already: not even a placeholder row is made
   IF __SCHEMA__.now_us() >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
-  IF cardinality(p_keys) <> 1 THEN
-    PERFORM __SCHEMA__.lock_rate_rows(p_keys);
-    v_now := __SCHEMA__.now_us();
-    IF v_now >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
-    IF p_algorithm = 1 THEN
-      RETURN __SCHEMA__.rate_sliding_log(p_keys, p_quotas, p_windows, p_cost, p_attempt, v_now);
-    ELSIF p_algorithm = 2 THEN
-      RETURN __SCHEMA__.rate_sliding_counter(p_keys, p_quotas, p_windows, p_cost, p_attempt,
-        v_now, p_deadline_us);
-    END IF;
-    RETURN __SCHEMA__.rate_gcra(p_keys, p_quotas, p_windows, p_cost, p_attempt, v_now,
-      p_deadline_us);
-  END IF;
-
-  -- One limit (the common policy): its row is locked by reading it (made first if missing;
-  -- holding no other row, this cannot deadlock), and read once; then its step, charging.
-  v_key := p_keys[1];
+  IF v_n <> 1 THEN PERFORM __SCHEMA__.lock_rate_rows(p_keys); END IF;
+  -- The first limit's row, read once. One limit (the common policy): its row is locked by
+  -- reading it (made first if missing; holding no other row, this cannot deadlock).
   LOOP
     SELECT l.a, l.b, l.c, l.recent, l.recent_until, l.expires_at
       INTO r_a, r_b, r_c, r_recent, r_until, r_expires
@@ -569,38 +620,100 @@ BEGIN
   END LOOP;
   v_now := __SCHEMA__.now_us();
   IF v_now >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
-  IF p_algorithm = 1 THEN
+  IF p_cost > 0 THEN
+    -- an expired row remembers nothing, as an expired Redis key holds nothing
+    IF r_expires <= v_now THEN r_recent := '{}'; r_until := '{}'; END IF;
+    v_replay := __SCHEMA__.remembered(v_key, p_attempt, v_now, r_recent, r_until);
+    -- a replay looks: the limits as they stand
+    IF v_replay THEN v_cost := 0; END IF;
+  END IF;
+  IF v_n <> 1 THEN
+    IF p_algorithm = 1 THEN
+      v_reply := __SCHEMA__.rate_sliding_log(p_keys, p_quotas, p_windows, v_cost, p_attempt,
+        v_now);
+    ELSIF p_algorithm = 2 THEN
+      v_reply := __SCHEMA__.rate_sliding_counter(p_keys, p_quotas, p_windows, v_cost,
+        p_attempt, v_now, p_deadline_us);
+    ELSE
+      v_reply := __SCHEMA__.rate_gcra(p_keys, p_quotas, p_windows, v_cost, p_attempt, v_now,
+        p_deadline_us);
+    END IF;
+  ELSIF p_algorithm = 1 THEN
     v_log := __SCHEMA__.rate_log_step(v_key, r_a, r_expires, p_quotas[1], p_windows[1],
-      p_cost, p_attempt, v_now, false, true);
-    RETURN ARRAY[CASE WHEN v_log.o_admitted THEN 1 ELSE 0 END, v_log.o_retry,
+      v_cost, p_attempt, v_now, false, true);
+    v_reply := ARRAY[CASE WHEN v_log.o_admitted THEN 1 ELSE 0 END, v_log.o_retry,
       v_log.o_remaining, v_log.o_reset];
+  ELSIF p_algorithm = 2 THEN
+    v_reply := __SCHEMA__.rate_counter_step(v_key, r_a, r_b, r_c, r_expires > v_now,
+      p_quotas[1], p_windows[1], v_cost, v_now, true);
+  ELSE
+    v_reply := __SCHEMA__.rate_gcra_step(v_key, r_a, r_b, r_expires > v_now, p_quotas[1],
+      p_windows[1], v_cost, v_now, true);
   END IF;
-  -- an expired row remembers nothing, as an expired Redis key holds nothing
-  IF r_expires <= v_now THEN r_recent := '{}'; r_until := '{}'; END IF;
-  IF p_algorithm = 2 THEN
-    RETURN __SCHEMA__.rate_counter_step(v_key, r_a, r_b, r_c, r_expires > v_now, p_quotas[1],
-      p_windows[1], p_cost, v_now, p_attempt = ANY (r_recent), true, r_recent, r_until,
-      p_attempt, p_deadline_us);
+  IF v_replay THEN
+    RETURN ARRAY[1, 0, v_now] || v_reply[3:2 + 2 * v_n];
   END IF;
-  RETURN __SCHEMA__.rate_gcra_step(v_key, r_a, r_b, r_expires > v_now, p_quotas[1],
-    p_windows[1], p_cost, v_now, p_attempt = ANY (r_recent), true, r_recent, r_until,
-    p_attempt, p_deadline_us);
+  -- charged: remembered, with a reservation's place
+  IF v_reply[1] = 1 AND p_cost > 0 THEN
+    IF p_reservation AND p_algorithm = 2 THEN
+      v_place := '{}';
+      FOR i IN 1..v_n LOOP
+        v_index := __SCHEMA__.counter_window(v_now, p_windows[i]);
+        v_place := v_place || v_index;
+        v_place_until := greatest(v_place_until, (v_index + 2) * p_windows[i]);
+      END LOOP;
+    ELSIF p_reservation AND p_algorithm = 3 THEN
+      IF v_n = 1 THEN
+        v_place := v_reply[5:6];
+      ELSE
+        v_place := '{}';
+        FOR i IN 1..v_n LOOP
+          SELECT v_place || ARRAY[l.a, l.b] INTO v_place
+            FROM __SCHEMA__.rate_limits AS l WHERE l.key = p_keys[i];
+        END LOOP;
+      END IF;
+      FOR i IN 1..v_n LOOP
+        v_place_until := greatest(v_place_until, v_place[2 * i - 1]);
+      END LOOP;
+    END IF;
+    PERFORM __SCHEMA__.remember_attempt(v_key, p_attempt, p_deadline_us + p_retention_us,
+      v_place, v_place_until);
+  END IF;
+  RETURN v_reply[1:2] || v_now || v_reply[3:2 + 2 * v_n];
 END $$;
 
--- A batch of rate checks in one call (version 4; version 3 had check_rates, which answers as
--- it always did): checks that wait for the store at the same moment, each decided by check_rate
--- exactly as alone, in the order of their first key and, for one key, as sent, so that two
--- batches lock the keys they share in the same order (a check's keys share its caller's prefix
--- and sort together). Per check (1-based, as sent): its algorithm, its number of limits, its
--- cost and attempt, and, for a settlement, its reserved cost and the settled attempt (a check
--- has -1 and 0: p_reserved NULL means none is a settlement) — decided by settle_rate; p_keys,
--- p_quotas and p_windows hold the checks' limits one after another. Returns, per check in the
--- order decided: its number, the length of its reply, then check_rate's (or settle_rate's)
--- reply.
+-- check_rate of versions 2 to 4, as above: a charged check is kept as a reservation and
+-- remembered for twice the time its call had left after its deadline; the reply is without
+-- decided_at_us.
+CREATE OR REPLACE FUNCTION __SCHEMA__.check_rate(
+  p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[],
+  p_cost bigint, p_attempt bigint, p_deadline_us bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  v_reply bigint[];
+BEGIN
+  v_reply := __SCHEMA__.check_rate(p_algorithm, p_keys, p_quotas, p_windows, p_cost, p_attempt,
+    true, 2 * greatest(p_deadline_us - __SCHEMA__.now_us(), 0), p_deadline_us);
+  IF v_reply[1] = -2 THEN RETURN v_reply; END IF;
+  RETURN v_reply[1:2] || v_reply[4:];
+END $$;
+
+-- A batch of rate checks in one call (version 5): checks that wait for the store at the same
+-- moment, each decided by check_rate or settle_rate exactly as alone, in the order of their
+-- first key and, for one key, as sent, so that two batches lock the keys they share in the same
+-- order (a check's keys share its caller's prefix and sort together). Per check (1-based, as
+-- sent): its algorithm, its number of limits, its cost and attempt, whether it is a
+-- reservation, and, for a settlement, its reserved cost, the settled attempt and whether that
+-- was a reservation (refundable) — a check has -1, 0 and false there (p_reserved NULL: none is
+-- a settlement); p_keys, p_quotas and p_windows hold the checks' limits one after another;
+-- p_retention_us: how long after the deadline a charged attempt is remembered. Returns, per
+-- check in the order decided: its number, the length of its reply, then check_rate's (or
+-- settle_rate's) reply.
 CREATE OR REPLACE FUNCTION __SCHEMA__.decide_rates(
   p_algorithms smallint[], p_counts int[], p_keys text[], p_quotas bigint[],
-  p_windows bigint[], p_costs bigint[], p_attempts bigint[], p_reserved bigint[],
-  p_of bigint[], p_deadline_us bigint
+  p_windows bigint[], p_costs bigint[], p_attempts bigint[], p_reservations boolean[],
+  p_reserved bigint[], p_of bigint[], p_refundable boolean[], p_retention_us bigint,
+  p_deadline_us bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_first int[] := '{}';
@@ -621,13 +734,46 @@ BEGIN
     IF coalesce(p_reserved[c], -1) >= 0 THEN
       v_reply := __SCHEMA__.settle_rate(p_algorithms[c], p_keys[v_first[c]:v_last],
         p_quotas[v_first[c]:v_last], p_windows[v_first[c]:v_last], p_reserved[c], p_costs[c],
-        p_of[c], p_attempts[c], p_deadline_us);
+        p_of[c], coalesce(p_refundable[c], false), p_attempts[c], p_retention_us,
+        p_deadline_us);
     ELSE
       v_reply := __SCHEMA__.check_rate(p_algorithms[c], p_keys[v_first[c]:v_last],
         p_quotas[v_first[c]:v_last], p_windows[v_first[c]:v_last], p_costs[c], p_attempts[c],
-        p_deadline_us);
+        coalesce(p_reservations[c], false), p_retention_us, p_deadline_us);
     END IF;
     v_out := v_out || ARRAY[c, cardinality(v_reply)]::bigint[] || v_reply;
+  END LOOP;
+  RETURN v_out;
+END $$;
+
+-- decide_rates of version 4, what its copies call: as above, every check kept as a reservation
+-- and every settlement refundable (version 4 refunded any), attempts remembered for twice the
+-- time the call had left after its deadline; the replies without decided_at_us.
+CREATE OR REPLACE FUNCTION __SCHEMA__.decide_rates(
+  p_algorithms smallint[], p_counts int[], p_keys text[], p_quotas bigint[],
+  p_windows bigint[], p_costs bigint[], p_attempts bigint[], p_reserved bigint[],
+  p_of bigint[], p_deadline_us bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  v_all boolean[] := array_fill(true, ARRAY[coalesce(cardinality(p_algorithms), 0)]);
+  v_in bigint[];
+  v_out bigint[] := '{}';
+  v_at int := 1;
+  v_len int;
+BEGIN
+  v_in := __SCHEMA__.decide_rates(p_algorithms, p_counts, p_keys, p_quotas, p_windows, p_costs,
+    p_attempts, v_all, p_reserved, p_of, v_all,
+    2 * greatest(p_deadline_us - __SCHEMA__.now_us(), 0), p_deadline_us);
+  -- per check: its number, its reply's length, its reply
+  WHILE v_at < cardinality(v_in) LOOP
+    v_len := v_in[v_at + 1];
+    IF v_len > 2 THEN
+      v_out := v_out || ARRAY[v_in[v_at], v_len - 1] || v_in[v_at + 2:v_at + 3]
+        || v_in[v_at + 5:v_at + 1 + v_len];
+    ELSE
+      v_out := v_out || v_in[v_at:v_at + 1 + v_len];
+    END IF;
+    v_at := v_at + 2 + v_len;
   END LOOP;
   RETURN v_out;
 END $$;
@@ -686,8 +832,8 @@ BEGIN
   RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry] || v_limits;
 END $$;
 
--- Several limits of one check, as rate_sliding_log: the sliding-window counter. The first
--- limit's row keeps the recent attempts: one of them re-sent is admitted, charging nothing.
+-- Several limits of one check, as rate_sliding_log: the sliding-window counter. (p_attempt and
+-- p_deadline are unused: the signature is version 3's.)
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_sliding_counter(
   p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
   p_now bigint, p_deadline bigint
@@ -696,34 +842,24 @@ DECLARE
   v_rows __SCHEMA__.rate_limits[] := '{}';
   v_limits bigint[] := '{}';
   v_admitted boolean := true;
-  v_replay boolean := false;
   v_retry bigint := 0;
   v_row __SCHEMA__.rate_limits;
   v_step bigint[];
 BEGIN
   FOR i IN 1..cardinality(p_keys) LOOP
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
-    -- an expired row remembers nothing
-    IF v_row.expires_at <= p_now THEN v_row.recent := '{}'; v_row.recent_until := '{}'; END IF;
-    IF i = 1 THEN v_replay := p_attempt = ANY (v_row.recent); END IF;
     v_step := __SCHEMA__.rate_counter_step(p_keys[i], v_row.a, v_row.b, v_row.c,
-      v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, v_replay, false,
-      NULL, NULL, p_attempt, p_deadline);
+      v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false);
     v_rows[i] := v_row;
     v_limits := v_limits || v_step[3:4];
     v_admitted := v_admitted AND v_step[1] = 1;
     v_retry := greatest(v_retry, v_step[2]);
   END LOOP;
-  IF v_replay THEN
-    v_admitted := true;
-    v_retry := 0;
-  ELSIF v_admitted AND p_cost > 0 THEN
+  IF v_admitted AND p_cost > 0 THEN
     FOR i IN 1..cardinality(p_keys) LOOP
       v_row := v_rows[i];
       v_step := __SCHEMA__.rate_counter_step(p_keys[i], v_row.a, v_row.b, v_row.c,
-        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false, true,
-        CASE WHEN i = 1 THEN v_row.recent END, CASE WHEN i = 1 THEN v_row.recent_until END,
-        p_attempt, p_deadline);
+        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, true);
       v_limits[2 * i - 1:2 * i] := v_step[3:4];
     END LOOP;
   END IF;
@@ -739,34 +875,24 @@ DECLARE
   v_rows __SCHEMA__.rate_limits[] := '{}';
   v_limits bigint[] := '{}';
   v_admitted boolean := true;
-  v_replay boolean := false;
   v_retry bigint := 0;
   v_row __SCHEMA__.rate_limits;
   v_step bigint[];
 BEGIN
   FOR i IN 1..cardinality(p_keys) LOOP
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
-    -- an expired row remembers nothing
-    IF v_row.expires_at <= p_now THEN v_row.recent := '{}'; v_row.recent_until := '{}'; END IF;
-    IF i = 1 THEN v_replay := p_attempt = ANY (v_row.recent); END IF;
     v_step := __SCHEMA__.rate_gcra_step(p_keys[i], v_row.a, v_row.b, v_row.expires_at > p_now,
-      p_quotas[i], p_windows[i], p_cost, p_now, v_replay, false, NULL, NULL, p_attempt,
-      p_deadline);
+      p_quotas[i], p_windows[i], p_cost, p_now, false);
     v_rows[i] := v_row;
     v_limits := v_limits || v_step[3:4];
     v_admitted := v_admitted AND v_step[1] = 1;
     v_retry := greatest(v_retry, v_step[2]);
   END LOOP;
-  IF v_replay THEN
-    v_admitted := true;
-    v_retry := 0;
-  ELSIF v_admitted AND p_cost > 0 THEN
+  IF v_admitted AND p_cost > 0 THEN
     FOR i IN 1..cardinality(p_keys) LOOP
       v_row := v_rows[i];
       v_step := __SCHEMA__.rate_gcra_step(p_keys[i], v_row.a, v_row.b,
-        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false, true,
-        CASE WHEN i = 1 THEN v_row.recent END, CASE WHEN i = 1 THEN v_row.recent_until END,
-        p_attempt, p_deadline);
+        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, true);
       v_limits[2 * i - 1:2 * i] := v_step[3:4];
     END LOOP;
   END IF;
@@ -774,23 +900,30 @@ BEGIN
 END $$;
 
 -- ---------------------------------------------------------------------------------------------
--- settle_rate: a settlement (version 4; mirrors a settlement in scripts/rate.lua) corrects what
--- the admitted attempt p_of charged, p_reserved, to its actual cost p_actual on every limit of
--- a policy: the difference refunded or added whatever the balance — past the quota by at most
--- one more quota. Always admitted; p_attempt, the settlement's own id, is remembered on the
--- first limit's row, so that the settlement re-sent is applied once. Locks the rows as
--- check_rate does. Returns check_rate's reply for the limits as they stand after it, or
--- {-2, 0} when received late.
+-- settle_rate: a settlement (mirrors a settlement in scripts/rate.lua) corrects what the
+-- admitted attempt p_of charged, p_reserved, to its actual cost p_actual on every limit of a
+-- policy, in one step (see settle_limit). An overrun (p_actual > p_reserved) is charged now,
+-- whatever the balance. A refund is made only when p_refundable (p_of was a reservation), and
+-- only of what each limit still counts of p_of's charge: from its log entries, or at the place
+-- its ledger row keeps; the place is then dropped, so that nothing refunds it twice. Always
+-- admitted. The settlement is an attempt of its own (p_attempt), remembered in the ledger as a
+-- charged check is (until p_deadline_us + p_retention_us): re-sent, or made again, it changes
+-- nothing. Locks the rows as check_rate does. Returns check_rate's reply for the limits as
+-- they stand after it, or {-2, 0} when received late.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __SCHEMA__.settle_rate(
   p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[],
-  p_reserved bigint, p_actual bigint, p_of bigint, p_attempt bigint, p_deadline_us bigint
+  p_reserved bigint, p_actual bigint, p_of bigint, p_refundable boolean, p_attempt bigint,
+  p_retention_us bigint, p_deadline_us bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_now bigint;
   v_row __SCHEMA__.rate_limits;
   v_replay boolean;
-  v_kept record;
+  v_delta bigint := p_actual - p_reserved;
+  -- the numbers of a place per limit
+  v_width int := CASE p_algorithm WHEN 2 THEN 1 WHEN 3 THEN 2 ELSE 0 END;
+  v_place bigint[];
   v_limits bigint[] := '{}';
 BEGIN
   IF __SCHEMA__.now_us() >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
@@ -800,31 +933,46 @@ BEGIN
   SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[1];
   -- an expired row remembers nothing
   IF v_row.expires_at <= v_now THEN v_row.recent := '{}'; v_row.recent_until := '{}'; END IF;
-  v_replay := p_attempt = ANY (v_row.recent);
+  v_replay := __SCHEMA__.remembered(p_keys[1], p_attempt, v_now, v_row.recent,
+    v_row.recent_until);
+  IF v_replay OR (v_delta < 0 AND NOT p_refundable) THEN
+    v_delta := 0;
+  ELSIF v_delta < 0 AND v_width > 0 THEN
+    SELECT place INTO v_place FROM __SCHEMA__.rate_attempts
+      WHERE key = p_keys[1] AND attempt = p_of AND expires_at > v_now AND place_until > v_now;
+    -- a place kept for other limits than these places nothing
+    IF cardinality(v_place) <> v_width * cardinality(p_keys) THEN v_place := NULL; END IF;
+  END IF;
   FOR i IN 1..cardinality(p_keys) LOOP
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
     v_limits := v_limits || __SCHEMA__.settle_limit(p_algorithm, v_row, p_quotas[i],
-      p_windows[i], CASE WHEN v_replay THEN 0 ELSE p_actual - p_reserved END, p_of, p_attempt,
+      p_windows[i], v_delta, v_place[v_width * (i - 1) + 1:v_width * i], p_of, p_attempt,
       v_now);
   END LOOP;
   IF NOT v_replay THEN
-    SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[1];
-    IF v_row.expires_at <= v_now THEN v_row.recent := '{}'; v_row.recent_until := '{}'; END IF;
-    v_kept := __SCHEMA__.remember(v_row.recent, v_row.recent_until, p_attempt, p_deadline_us,
-      v_now);
-    UPDATE __SCHEMA__.rate_limits SET recent = v_kept.o_ids, recent_until = v_kept.o_until
-      WHERE key = p_keys[1];
+    UPDATE __SCHEMA__.rate_attempts SET place = NULL, place_until = 0
+      WHERE key = p_keys[1] AND attempt = p_of AND place IS NOT NULL;
+    PERFORM __SCHEMA__.remember_attempt(p_keys[1], p_attempt, p_deadline_us + p_retention_us,
+      NULL, 0);
   END IF;
-  RETURN ARRAY[1, 0] || v_limits;
+  RETURN ARRAY[1, 0, v_now] || v_limits;
 END $$;
 
--- One limit of a settlement: moves what row p_row has charged by p_delta (a refund when
--- negative; 0 changes nothing), under p_algorithm, and answers the limit's remaining and
--- reset_us as its step does. The log refunds from the settled attempt's entry (p_of) and logs
--- an overrun as the settlement's own (p_attempt), scored now.
+-- One limit of a settlement: moves what row p_row has charged by p_delta (0 changes nothing),
+-- under p_algorithm, and answers the limit's remaining and reset_us as its step does.
+-- An overrun (p_delta > 0) is charged now, past the quota by at most one more quota: the log
+-- logs it as the settlement's own entry (p_attempt), scored now; the counter adds it to the
+-- current window; GCRA moves the arrival time on.
+-- A refund (p_delta < 0) returns at most -p_delta, and only what the limit still counts of the
+-- settled attempt p_of's charge: the log from p_of's entry (what is left of it in the window);
+-- the counter from the window p_place[1] it was added to — the current window (up to its
+-- count), or the previous one (up to its count, and the estimate falls by the share of it
+-- still inside the sliding window), nothing from an older one; GCRA up to the part of p_of's
+-- span still ahead of now (its end: p_place[1], p_place[2]), at most the current offset.
+-- Without a place (p_place NULL) a counter or GCRA limit refunds nothing.
 CREATE OR REPLACE FUNCTION __SCHEMA__.settle_limit(
   p_algorithm smallint, p_row __SCHEMA__.rate_limits, p_quota bigint, p_window bigint,
-  p_delta bigint, p_of bigint, p_attempt bigint, p_now bigint
+  p_delta bigint, p_place bigint[], p_of bigint, p_attempt bigint, p_now bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_live boolean := p_row.expires_at > p_now;
@@ -835,7 +983,10 @@ DECLARE
   idx bigint;
   cur bigint := 0;
   prev bigint := 0;
+  v_was bigint[];
   ahead bigint;
+  v_ahead bigint;
+  v_span bigint;
   tat bigint := p_now;
   rem bigint := 0;
 BEGIN
@@ -873,18 +1024,19 @@ BEGIN
       p_now + 1, p_quota, p_window, 0, p_of, p_now, false, false);
     RETURN ARRAY[v_log.o_remaining, v_log.o_reset];
   ELSIF p_algorithm = 2 THEN
-    idx := floor((p_now / 1000)::double precision / w)::bigint;
+    idx := __SCHEMA__.counter_window(p_now, p_window);
     IF v_live AND p_row.a = idx THEN cur := p_row.b; prev := p_row.c;
     ELSIF v_live AND p_row.a = idx - 1 THEN prev := p_row.b; END IF;
-    IF p_delta >= 0 THEN
+    v_was := ARRAY[cur, prev];
+    IF p_delta > 0 THEN
       cur := least(cur + p_delta, greatest(cur, 2 * p_quota));
-    ELSIF cur >= -p_delta THEN
-      cur := cur + p_delta;
-    ELSE
-      prev := greatest(0, prev + cur + p_delta);
-      cur := 0;
+    ELSIF p_delta < 0 AND p_place[1] = idx THEN
+      cur := cur - least(-p_delta, cur);
+    ELSIF p_delta < 0 AND p_place[1] = idx - 1 THEN
+      prev := prev - least(-p_delta, prev);
     END IF;
-    IF p_delta <> 0 THEN
+    IF ARRAY[cur, prev] <> v_was THEN
+      -- as of the current window; a new one moves the expiry to the end of the next
       UPDATE __SCHEMA__.rate_limits
         SET a = idx, b = cur, c = prev,
             expires_at = CASE WHEN v_live AND p_row.a = idx THEN expires_at ELSE
@@ -895,14 +1047,21 @@ BEGIN
         WHERE key = p_row.key;
     END IF;
     RETURN (__SCHEMA__.rate_counter_step(p_row.key, idx, cur, prev, true, p_quota, p_window, 0,
-      p_now, false, false, NULL, NULL, p_attempt, p_now))[3:4];
+      p_now, false))[3:4];
   END IF;
   IF v_live AND p_row.a >= p_now THEN tat := p_row.a; rem := p_row.b; END IF;
   ahead := (tat - p_now) * p_quota + rem;
-  ahead := greatest(0, least(ahead + p_delta * p_window, greatest(ahead, 2 * p_window * p_quota)));
-  tat := p_now + ahead / p_quota;
-  rem := ahead % p_quota;
-  IF p_delta <> 0 THEN
+  v_ahead := ahead;
+  IF p_delta > 0 THEN
+    ahead := least(ahead + p_delta * p_window, greatest(ahead, 2 * p_window * p_quota));
+  ELSIF p_delta < 0 AND cardinality(p_place) = 2 THEN
+    -- in 1/quota µs: what of the charge's span is still ahead of now
+    v_span := greatest(0, (p_place[1] - p_now) * p_quota + p_place[2]);
+    ahead := ahead - least(-p_delta * p_window, v_span, ahead);
+  END IF;
+  IF ahead <> v_ahead THEN
+    tat := p_now + ahead / p_quota;
+    rem := ahead % p_quota;
     UPDATE __SCHEMA__.rate_limits
       SET a = tat, b = rem,
           expires_at = p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000,
@@ -911,16 +1070,17 @@ BEGIN
       WHERE key = p_row.key;
   END IF;
   RETURN (__SCHEMA__.rate_gcra_step(p_row.key, tat, rem, true, p_quota, p_window, 0, p_now,
-    false, false, NULL, NULL, p_attempt, p_now))[3:4];
+    false))[3:4];
 END $$;
 
 -- reset_rate: deletes a caller's limits (and their logs), locking them in key order as
--- check_rate does.
+-- check_rate does, and the attempts remembered under them.
 CREATE OR REPLACE FUNCTION __SCHEMA__.reset_rate(p_keys text[]) RETURNS void
 LANGUAGE sql AS $$
   DELETE FROM __SCHEMA__.rate_limits WHERE key IN (
     SELECT key FROM __SCHEMA__.rate_limits WHERE key = ANY (p_keys) ORDER BY key FOR UPDATE
-  )
+  );
+  DELETE FROM __SCHEMA__.rate_attempts WHERE key = ANY (p_keys);
 $$;
 
 -- ---------------------------------------------------------------------------------------------
@@ -1335,6 +1495,12 @@ BEGIN
   o_total := 0;
   DELETE FROM __SCHEMA__.rate_limits WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM __SCHEMA__.rate_limits WHERE purge_at <= v_now
+    LIMIT p_limit FOR UPDATE SKIP LOCKED
+  ));
+  GET DIAGNOSTICS v_count = ROW_COUNT;
+  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
+  DELETE FROM __SCHEMA__.rate_attempts WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM __SCHEMA__.rate_attempts WHERE expires_at <= v_now
     LIMIT p_limit FOR UPDATE SKIP LOCKED
   ));
   GET DIAGNOSTICS v_count = ROW_COUNT;
