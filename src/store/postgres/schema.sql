@@ -170,7 +170,7 @@ CREATE INDEX IF NOT EXISTS rate_log_by_score ON __SCHEMA__.rate_log (key, score)
 -- `place_until` (NULL otherwise, and once a settlement has used it): per limit in order, a
 -- sliding counter's window index; GCRA's arrival time and remainder right after the charge
 -- (two numbers per limit). A sliding log keeps no place: its entries are named by the attempt.
--- Rows are deleted only by the purge (and reset_rate), through the index on the expiry.
+-- Rows are deleted only by the purge, through the index on the expiry.
 CREATE __RATE_TABLES__ TABLE IF NOT EXISTS __SCHEMA__.rate_attempts (
   key text NOT NULL,
   attempt bigint NOT NULL,
@@ -1074,13 +1074,13 @@ BEGIN
 END $$;
 
 -- reset_rate: deletes a caller's limits (and their logs), locking them in key order as
--- check_rate does, and the attempts remembered under them.
+-- check_rate does. The attempts remembered under them stay, as they do on every store: an
+-- attempt that charged before the reset and is re-sent after it charges nothing.
 CREATE OR REPLACE FUNCTION __SCHEMA__.reset_rate(p_keys text[]) RETURNS void
 LANGUAGE sql AS $$
   DELETE FROM __SCHEMA__.rate_limits WHERE key IN (
     SELECT key FROM __SCHEMA__.rate_limits WHERE key = ANY (p_keys) ORDER BY key FOR UPDATE
-  );
-  DELETE FROM __SCHEMA__.rate_attempts WHERE key = ANY (p_keys);
+  )
 $$;
 
 -- ---------------------------------------------------------------------------------------------
