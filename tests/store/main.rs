@@ -19,6 +19,7 @@ mod durable;
 mod errors;
 mod given_connections;
 mod late_delivery;
+mod ledger_redis;
 mod outages;
 mod outside_store;
 mod postgres;
