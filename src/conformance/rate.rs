@@ -467,8 +467,8 @@ fn daily(name: &str, quota: u64) -> Limit {
     Limit::new(name, quota, Duration::from_secs(86_400))
 }
 
-/// Checks `reserved`, which must be admitted, then settles it for `actual`: the settlement's
-/// outcome.
+/// Reserves `reserved` ([`RateCheck::reservation`]), which must be admitted, then settles it for
+/// `actual`: the settlement's outcome.
 async fn reserve_then_settle(
     store: &impl RateStore,
     policy: &Arc<RatePolicy>,
@@ -476,7 +476,7 @@ async fn reserve_then_settle(
     reserved: u64,
     actual: u64,
 ) -> RateOutcome {
-    let check = RateCheck::new(key, reserved);
+    let check = RateCheck::reservation(key, reserved);
     assert!(run(store, policy, check).await.admitted, "the reservation");
     let settled = run(store, policy, check.settle(actual)).await;
     assert!(settled.admitted, "a settlement is always admitted");
@@ -530,7 +530,7 @@ pub async fn settlements_run_twice_apply_once(store: &impl RateStore) {
     for algorithm in ALGORITHMS {
         let p = policy(algorithm, vec![daily("day", 1000)]);
         for (reserved, actual, left) in [(300, 100, 900), (300, 500, 400)] {
-            let check = RateCheck::new(key("a"), reserved);
+            let check = RateCheck::reservation(key("a"), reserved);
             assert!(run(store, &p, check).await.admitted);
             let settlement = check.settle(actual);
             let first = run(store, &p, settlement).await;
