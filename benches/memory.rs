@@ -229,6 +229,10 @@ impl RateStore for Down {
         Box::pin(async { Err(StoreError::new(StoreErrorKind::Unavailable, "down")) })
     }
 
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(250)
+    }
+
     fn reset_rate(&self, _: &Arc<RatePolicy>, _: tollgate::key::Key) -> StoreFuture<()> {
         Box::pin(async { Err(StoreError::new(StoreErrorKind::Unavailable, "down")) })
     }
