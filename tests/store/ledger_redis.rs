@@ -317,3 +317,95 @@ async fn a_plain_check_settled_for_less_refunds_nothing() {
         );
     }
 }
+
+/// In one call of `rate.lua`, a reservation and a settlement of one each name a place key after
+/// their limit keys (none under the sliding log): the checks after them read their own keys.
+#[test]
+fn places_in_a_batch_keep_the_keys_of_the_checks_after_them_in_step() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let script = redis::Script::new(include_str!("../../src/store/scripts/rate.lua"));
+    let (ctr, log, gcra) = ("b:{1}:d:ctr", "b:{1}:d:log", "b:{1}:d:gcra");
+    let (place_c, place_g) = (
+        "b:{1}:place:00000000000000a1",
+        "b:{1}:place:00000000000000a3",
+    );
+    // three policies, 10 per day each: the counter, the log, GCRA
+    let mut args: Vec<&str> = vec!["9000000000000000", "1", "60000", "3"];
+    for code in ["2", "1", "3"] {
+        args.extend([code, "1", "10", "86400000000"]);
+    }
+    let mut keys = vec!["b:{1}:charged:1"];
+    let checks: [(&str, &str, &str, &[&str]); 9] = [
+        ("1", "r4", "00000000000000a1", &[ctr, place_c]),
+        ("2", "r4", "00000000000000a2", &[log]),
+        ("3", "r4", "00000000000000a3", &[gcra, place_g]),
+        ("1", "2", "00000000000000b1", &[ctr]),
+        ("2", "2", "00000000000000b2", &[log]),
+        ("3", "2", "00000000000000b3", &[gcra]),
+        (
+            "1",
+            "S4:1:00000000000000a1",
+            "00000000000000c1",
+            &[ctr, place_c],
+        ),
+        ("2", "S4:1:00000000000000a2", "00000000000000c2", &[log]),
+        (
+            "3",
+            "S4:1:00000000000000a3",
+            "00000000000000c3",
+            &[gcra, place_g],
+        ),
+    ];
+    for (policy, cost, attempt, named) in checks {
+        args.extend([policy, cost, attempt]);
+        keys.extend(named);
+    }
+    args.extend(["1", "1", "00000000000000d1", "2", "1", "00000000000000d2"]);
+    args.extend(["3", "1", "00000000000000d3"]);
+    keys.extend([ctr, log, gcra]);
+    let mut invocation = script.prepare_invoke();
+    for key in &keys {
+        invocation.key(*key);
+    }
+    for arg in &args {
+        invocation.arg(*arg);
+    }
+    let reply: Vec<i64> = invocation.invoke(&mut conn).unwrap();
+    // per check admitted, retry, remaining, reset; then the store time
+    assert_eq!(reply.len(), 12 * 4 + 1, "{reply:?}");
+    let remaining: Vec<(i64, i64)> = reply.chunks(4).take(12).map(|c| (c[0], c[2])).collect();
+    let expected = [6, 6, 6, 4, 4, 4, 7, 7, 7, 6, 6, 6].map(|left| (1, left));
+    assert_eq!(remaining, expected, "{reply:?}");
+    let kept: Vec<String> = redis::cmd("KEYS")
+        .arg("b:*:place:*")
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        kept.is_empty(),
+        "the settlements dropped the places: {kept:?}"
+    );
+}
+
+/// A GCRA refund returns only the part of the reservation's span still ahead of now: what drained
+/// since stays spent, whatever was charged after it (10 per second: a unit is 100 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gcra_refund_returns_only_the_span_still_ahead() {
+    let server = RedisServer::start();
+    let store = server.store();
+    let p = policy(Algorithm::Gcra, vec![Limit::per_second("s", 10)]);
+    let a = RateCheck::reservation(caller(), 5);
+    let reserved = run(&store, &p, a).await;
+    assert_eq!(reserved.limits[0].remaining, 5);
+    sleep_until_ms(decided_ms(&reserved) + 300).await;
+    // A's span ends 500 ms after it began, B's 300 ms after that
+    let b = run(&store, &p, RateCheck::new(caller(), 3)).await;
+    assert!(b.admitted);
+    let elapsed = decided_ms(&b) - decided_ms(&reserved);
+    assert!((300..450).contains(&elapsed), "{elapsed} ms");
+    let settled = run(&store, &p, a.settle(0)).await;
+    let elapsed = decided_ms(&settled) - decided_ms(&reserved);
+    assert!(elapsed < 500, "settled while A's span lasts: {elapsed} ms");
+    // what is left of A's span is refunded: B's 300 ms stay ahead, 3 units in use
+    assert_eq!(settled.limits[0].remaining, 7, "{settled:?}");
+}

@@ -6,6 +6,10 @@
 //! timeout past its deadline: a call re-sent reads its own, and a check sent again in a later call
 //! names the record of the call it went out in before ([`SentChecks`]), so that neither is charged
 //! twice. The record is one key per call, in the slot of its first check.
+//!
+//! A reservation under a sliding counter or GCRA also names its place, a key in its caller's slot
+//! where the script keeps where its charge went; its settlement names the same key, reads and
+//! drops it (see `rate.lua`). Every call answers the store time it decided at.
 
 use std::future::Future;
 use std::sync::Arc;
