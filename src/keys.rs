@@ -10,6 +10,7 @@
 //! | kind | key |
 //! | --- | --- |
 //! | rate limit | `<prefix>:rl:{<caller>}:<limit>:<log\|ctr\|gcra>` |
+//! | rate call record, reservation place (Redis) | `<prefix>:rl:{<caller>}:charged:<call>`, `<prefix>:rl:{<caller>}:place:<attempt>` |
 //! | claim | `<prefix>:claim:{<digest of name>}` |
 //! | lock, fencing counter | `<prefix>:lock:{<digest of name>}`, the same plus `:fence` |
 //! | idempotency record | `<prefix>:idem:{<digest of scope and key>}` |
@@ -97,6 +98,19 @@ pub(crate) fn write_rate_record(out: &mut String, namespace: &str, key: &Key, ca
     let _ = write!(out, "}}:charged:{call:016x}");
 }
 
+#[cfg(feature = "redis")]
+/// Writes the place of reservation `attempt` by caller `key` in `namespace` into `out`: where its
+/// charge went, kept for its settlement, `<namespace>:{<digest>}:place:<attempt, 16 hex digits>`,
+/// in the slot of that caller's keys.
+pub(crate) fn write_rate_place(out: &mut String, namespace: &str, key: &Key, attempt: u64) {
+    use std::fmt::Write as _;
+    out.clear();
+    out.push_str(namespace);
+    out.push_str(":{");
+    key.write_encoded(out);
+    let _ = write!(out, "}}:place:{attempt:016x}");
+}
+
 /// The key of claim `name`: `<prefix>:claim:{<digest>}`.
 pub(crate) fn claim(prefix: &str, name: &[u8]) -> String {
     tagged(&format!("{prefix}:claim"), &Key::new("claim", name), 0)
@@ -168,6 +182,12 @@ mod tests {
         let mut rate = String::from("left over");
         write_rate(&mut rate, &rate_namespace("app"), &caller, "s", "gcra");
         assert_eq!(rate, format!("app:rl:{{{caller}}}:s:gcra"));
+        #[cfg(feature = "redis")]
+        {
+            let mut place = String::from("left over");
+            write_rate_place(&mut place, &rate_namespace("app"), &caller, 0xa1);
+            assert_eq!(place, format!("app:rl:{{{caller}}}:place:00000000000000a1"));
+        }
         let (lock, fence) = lock("app", b"report");
         assert_eq!(fence, format!("{lock}:fence"));
         assert_eq!(release_marker(&lock), format!("{lock}:released"));

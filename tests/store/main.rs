@@ -20,6 +20,7 @@ mod errors;
 mod given_connections;
 mod late_delivery;
 mod ledger;
+mod ledger_redis;
 mod outages;
 mod outside_store;
 mod postgres;

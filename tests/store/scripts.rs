@@ -287,7 +287,7 @@ fn rate_state(conn: &mut Connection, script: &str, key: &str) -> Vec<String> {
 
 /// Runs `rate.lua` as one call whose record is `record`: `args` as the script takes them less the
 /// records' number and retention: the deadline, the policies, then per check its policy, cost and
-/// attempt.
+/// attempt. The checks' answers, less the store time the reply ends with.
 fn rate(conn: &mut Connection, record: &str, keys: &[&str], args: &[&str]) -> Value {
     let mut full: Vec<&str> = vec![args[0], "1", "60000"];
     let policies: usize = args[1].parse().unwrap();
@@ -300,7 +300,22 @@ fn rate(conn: &mut Connection, record: &str, keys: &[&str], args: &[&str]) -> Va
     full.extend(&args[at..]);
     let mut all = vec![record];
     all.extend(keys);
-    run(conn, "rate", &all, &full)
+    let reply = run(conn, "rate", &all, &full);
+    Value::Array(decided(conn, reply))
+}
+
+/// The answers of a reply of `rate.lua`, whose last item, the store time of the call, is checked
+/// against the server's clock and dropped.
+fn decided(conn: &mut Connection, reply: Value) -> Vec<Value> {
+    let mut reply = items(reply);
+    let at = int(&reply.pop().expect("the store time"));
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(conn).unwrap();
+    let now = secs * 1_000_000 + micros;
+    assert!(
+        at <= now && now - at < 5_000_000,
+        "decided at {at}, now {now}"
+    );
+    reply
 }
 
 /// The algorithm codes of `rate.lua`.

@@ -6,6 +6,10 @@
 //! timeout past its deadline: a call re-sent reads its own, and a check sent again in a later call
 //! names the record of the call it went out in before ([`SentChecks`]), so that neither is charged
 //! twice. The record is one key per call, in the slot of its first check.
+//!
+//! A reservation under a sliding counter or GCRA also names its place, a key in its caller's slot
+//! where the script keeps where its charge went; its settlement names the same key, reads and
+//! drops it (see `rate.lua`). Every call answers the store time it decided at.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,7 +24,7 @@ use super::connection::{Connection, Link};
 use super::sent::{Place, SentChecks};
 use super::{Lua, store_error};
 use crate::keys;
-use crate::rate::{Algorithm, LimitState, RateOutcome, RatePolicy};
+use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::coalesce::{BatchCall, Coalescer, Decided, Sent};
 use crate::store::kit;
 use crate::store::{StoreClock, StoreError, StoreErrorKind};
@@ -176,10 +180,6 @@ pub(super) async fn bounded<T>(
     result
 }
 
-/// `<verb> <script> numkeys keys... args...` for `checks` (see `rate.lua`): the `records`, every
-/// check's keys, then the call's `deadline` (on the store's clock), the records' number and
-/// retention, each distinct policy once, then per check its policy, cost (of a settlement: what it
-/// settles) and attempt (with where it went before, if it did).
 /// The distinct policies of `checks`, and each check's policy as a number from 1.
 fn numbered<'a>(checks: &[Sent<'a>]) -> (Vec<&'a RatePolicy>, Vec<usize>) {
     // a batch holds few policies (usually one): a scan finds each check's
@@ -197,8 +197,29 @@ fn numbered<'a>(checks: &[Sent<'a>]) -> (Vec<&'a RatePolicy>, Vec<usize>) {
     (policies, numbers)
 }
 
+/// The attempt whose place `check` names under `policy` (see `rate.lua`): a reservation its own,
+/// where it keeps where its charge goes; a settlement of one that of its reservation, whose unused
+/// part it may refund. The sliding log keeps none (its entries are named by their attempt).
+fn place(policy: &RatePolicy, check: &RateCheck) -> Option<u64> {
+    if policy.algorithm() == Algorithm::SlidingLog {
+        return None;
+    }
+    match check.settles() {
+        Some(settled) => settled.refundable.then_some(settled.of),
+        None => check.is_reservation().then(|| check.attempt()),
+    }
+}
+
+/// `<verb> <script> numkeys keys... args...` for `checks` (see `rate.lua`): the `records`, every
+/// check's keys (its limits', then its place, if it names one), then the call's `deadline` (on the
+/// store's clock), the records' number and retention, each distinct policy once, then per check
+/// its policy, cost (marked as a reservation's; of a settlement: what it settles) and attempt
+/// (with where it went before, if it did).
 fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records: &Records) -> Cmd {
-    let keys: usize = checks.iter().map(|(p, _, _)| p.limits().len()).sum();
+    let keys: usize = checks
+        .iter()
+        .map(|(p, c, _)| p.limits().len() + usize::from(place(p, c).is_some()))
+        .sum();
     let mut cmd = redis::cmd(verb);
     cmd.arg(script).arg(records.keys.len() + keys);
     for record in &records.keys {
@@ -208,6 +229,10 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records
     for (policy, check, _) in checks {
         for limit in policy.limits() {
             policy.write_store_key(&mut key, &check.key(), limit);
+            cmd.arg(key.as_str());
+        }
+        if let Some(attempt) = place(policy, check) {
+            keys::write_rate_place(&mut key, policy.namespace(), &check.key(), attempt);
             cmd.arg(key.as_str());
         }
     }
@@ -230,12 +255,14 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records
     for (((_, check, _), number), before) in checks.iter().zip(numbers).zip(&records.before) {
         cmd.arg(number);
         match check.settles() {
-            // a settlement: `s<reserved>:<actual>:<the settled attempt>`
+            // a settlement: `s<reserved>:<actual>:<the settled attempt>`, `S...` of a reservation
             Some(settled) => {
                 let of = crate::rate::hex(settled.of);
                 let of = String::from_utf8_lossy(&of);
-                cmd.arg(format!("s{}:{}:{of}", settled.reserved, check.cost()))
+                let kind = if settled.refundable { 'S' } else { 's' };
+                cmd.arg(format!("{kind}{}:{}:{of}", settled.reserved, check.cost()))
             }
+            None if check.is_reservation() => cmd.arg(format!("r{}", check.cost())),
             None => cmd.arg(check.cost()),
         };
         match before {
@@ -249,14 +276,19 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records
     cmd
 }
 
-/// Reads each check's answer from the script's reply.
+/// Reads each check's answer from the script's reply, decided at the store time it ends with.
 fn decode(
     reply: Value,
     checks: &[Sent<'_>],
 ) -> Result<Vec<Result<RateOutcome, StoreError>>, StoreError> {
-    let Value::Array(items) = reply else {
+    let Value::Array(mut items) = reply else {
         return Err(StoreError::protocol("the rate script returned no array"));
     };
+    let decided_at_us = match items.pop() {
+        Some(Value::Int(now)) => u64::try_from(now).ok(),
+        _ => None,
+    }
+    .ok_or_else(|| StoreError::protocol("the rate script returned no store time"))?;
     let mut reply = Reply(items.into_iter());
     let mut decided = Vec::with_capacity(checks.len());
     for (policy, _, _) in checks {
@@ -282,7 +314,7 @@ fn decode(
             });
         }
         decided.push(Ok(RateOutcome {
-            decided_at_us: None,
+            decided_at_us: Some(decided_at_us),
             admitted: admitted == 1,
             retry_after,
             limits,

@@ -3,22 +3,26 @@
 -- per-call cost (parsing, the script call, one TIME) once per batch. Each check is decided
 -- exactly as it would be alone at this instant of store time, after the checks before it.
 --
--- KEYS        m record keys, then every check's limit keys, check after check (one check's keys
---             share a hash tag; on Cluster a call holds keys of one slot, its records too):
---             the first record is this call's own, the others those of calls that carried one
---             of its checks before
+-- KEYS        m record keys, then every check's limit keys, check after check, each check's
+--             followed by the key of its place when it has one (see below; one check's keys
+--             share a hash tag; on Cluster a call holds keys of one slot, its records too): the
+--             first record is this call's own, the others those of calls that carried one of
+--             its checks before
 -- ARGV        the call's deadline in microseconds of store time (the earliest of its checks':
 --             a call received from then on decides nothing, its callers gave up on it), m (0:
 --             no records), how long a record outlives the deadline in milliseconds, the number
 --             of policies, then per policy its algorithm (1 sliding log, 2 sliding counter, 3
 --             GCRA), its number of limits n and per limit the quota and the window in
 --             microseconds; then per check its policy (1-based), its cost (integer >= 0; 0 only
---             looks; a settlement: 's<reserved>:<actual>:<settled attempt id>') and its attempt
---             id (16 hex digits), followed, for a check sent before, by where it went: '@j:p',
---             the p-th check of the call of record j (1: this call)
+--             looks; a reservation: 'r<cost>'; a settlement: 's<reserved>:<actual>:<settled
+--             attempt id>', or 'S...' when it settles a reservation, whose unused part it may
+--             refund) and its attempt id (16 hex digits), followed, for a check sent before, by
+--             where it went: '@j:p', the p-th check of the call of record j (1: this call)
 -- Returns     per check: admitted (0|1), retry_after_us, then per limit remaining and reset_us;
 --             or -1 and the error of a check that failed (the checks around it stand); or -2, 0
---             for every check of a call received after its deadline, which charged nothing
+--             for every check of a call received after its deadline, which charged nothing;
+--             then, last, the store time of the call in microseconds: when its checks were
+--             decided
 --
 -- Safe to run twice: a check whose attempt already charged its limits is admitted again without
 -- a second charge, whatever other checks charged the caller in between. A call keeps its record:
@@ -28,10 +32,22 @@
 -- went out in before. One GET and at most one SET per call, whatever its checks: a re-send costs
 -- the decisions nothing. The log also finds its attempt among its entries.
 --
--- A settlement corrects what an admitted check charged to its actual cost, the difference
--- refunded or added whatever the balance (an overrun goes past the quota by at most one more
--- quota): always admitted, it answers the limits as they stand after it. Its own attempt id and
--- record make it count once, however often it is sent.
+-- A reservation is charged as any check, and keeps where its charge went for as long as the
+-- limit counts it, so that its settlement refunds only that: a sliding log's entries are named by
+-- the attempt; under a sliding counter or GCRA the reservation's place key (in KEYS after its
+-- limit keys, named by its attempt) holds per limit the index of the window the charge was added
+-- to ('<index>:...', kept until the end of that window's successor), or the theoretical arrival
+-- time right after the charge ('<tat>:<rem>:...', kept until then). Written by the run that
+-- charges, never by a re-send.
+--
+-- A settlement corrects what an admitted check charged to its actual cost, always admitted; it
+-- answers the limits as they stand after it. An overrun is added whatever the balance (past the
+-- quota by at most one more quota). A refund, of a reservation only, returns what of its charge
+-- the limit still counts: its log entries still in the window; from its counter window while
+-- that is the current or the previous one, up to that window's count; of its GCRA span the part
+-- still ahead of now, up to the current offset. The settlement of a reservation names the place
+-- key of the reservation after its limit keys and drops it: a refund is made once. Its own
+-- attempt id and record make a settlement count once, however often it is sent.
 --
 -- Numbers go to redis.call formatted as integers by hand: Lua would print those of more than 14
 -- digits in exponent form, and Redis formats every number it is given as a float, which costs
@@ -41,8 +57,8 @@ local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- milliseconds keep quota * window exact in a double for windows of years
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out, len = {}, 0
-local format, match, sub = string.format, string.match, string.sub
-local floor, ceil, tonumber = math.floor, math.ceil, tonumber
+local format, match, sub, gmatch = string.format, string.match, string.sub, string.gmatch
+local floor, ceil, min, max, tonumber = math.floor, math.ceil, math.min, math.max, tonumber
 -- per-limit scratch of the check being decided, reused by every check of the call
 local s1, s2, s3, s4, s5 = {}, {}, {}, {}, {}
 
@@ -57,6 +73,17 @@ end
 local function push(a, b)
   out[len + 1], out[len + 2] = a, b
   len = len + 2
+end
+
+-- What the place of a settled reservation holds, per limit (nil when nothing is kept), and the
+-- place dropped: the settlement is the last to read it.
+local function take_place(place)
+  local raw = redis.call('GET', place)
+  if not raw then return nil end
+  redis.call('DEL', place)
+  local at = {}
+  for v in gmatch(raw, '%d+') do at[#at + 1] = int(v) end
+  return at
 end
 
 -- ceil(a / b) for integers 0 <= a, 0 < b below 2^53, exact whatever the rounding of a / b
@@ -79,13 +106,17 @@ local function unit(attempt, cost, u)
 end
 
 -- Settles the units the attempt of a settlement `s` keeps in log `key`: from its reserved
--- count to its actual one (at most `cap` units in the log), added with `score` or removed, by
--- name, so that a settlement run twice changes nothing more. The change in the log's size.
+-- count to its actual one (at most `cap` units in the log), added with `score` or, of a
+-- reservation, removed, by name, so that a settlement run twice changes nothing more. The change
+-- in the log's size.
 local function settle_log(key, s, count, cap, score)
   local reserved, actual, of = s[1], s[2], s[3]
   local change, args, verb = 0, {}, 'ZREM'
   local from, to = actual + 1, reserved
-  if actual > reserved then
+  if actual < reserved and not s[4] then
+    -- a plain check's charge is not refunded
+    return 0
+  elseif actual > reserved then
     verb, args = 'ZADD', {'NX'}
     from, to = reserved + 1, math.min(actual, reserved + cap - count)
   end
@@ -167,7 +198,7 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle)
           if first[2] then reset = int(first[2]) + window - now_us end
         end
       end
-    elseif admitted == 1 and cost > 0 then
+    elseif admitted == 1 and cost > 0 and not replay then
       local added
       if cost == 1 then
         added = redis.call('ZADD', key, 'NX', score, attempt)
@@ -200,8 +231,9 @@ end
 -- Sliding-window counter: O(1) memory. Per limit one string "<window index>:<current>:<previous>"
 -- (anything after it, as an earlier version wrote, is ignored); the estimate is current +
 -- previous * (share of the previous window still inside the sliding one). GET, plus SET when
--- admitted (KEEPTTL within a window).
-local function sliding_counter(k, n, q, w, cost, _, replay, settle)
+-- admitted (KEEPTTL within a window). `place`: of a reservation, where it keeps the windows it
+-- charges; of a settlement, where its reservation kept them.
+local function sliding_counter(k, n, q, w, cost, _, replay, settle, place)
   local now = now_ms
   local indexes, elapsed_ms, curs, prevs, sames = s1, s2, s3, s4, s5
   local admitted, retry = 1, 0
@@ -240,23 +272,43 @@ local function sliding_counter(k, n, q, w, cost, _, replay, settle)
   end
   if replay then admitted, retry = 1, 0 end
   push(admitted, ceil(retry * 1000))
+  local charge = admitted == 1 and not replay and cost > 0
+  -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
+  local delta, at = 0, nil
+  if settle and not replay then
+    delta = settle[2] - settle[1]
+    if place then
+      if delta < 0 then at = take_place(place) else redis.call('DEL', place) end
+    end
+  end
+  -- a reservation charged: the windows it went to, and until when they count
+  local marks, keep = nil, 0
+  if charge and place then marks = {} end
   for i = 1, n do
     local quota, window = q[i], w[i] / 1000
     local index, elapsed, cur, prev = indexes[i], elapsed_ms[i], curs[i], prevs[i]
-    local write = admitted == 1 and not replay and cost > 0
+    local write = charge
     if write then cur = cur + cost end
-    if settle and not replay then
-      -- the difference goes to this window; a refund beyond it comes out of the previous one
-      local delta = settle[2] - settle[1]
-      if delta >= 0 then
-        cur = math.min(cur + delta, math.max(cur, 2 * quota))
-      elseif cur >= -delta then
-        cur = cur + delta
-      else
-        prev = math.max(0, prev + cur + delta)
-        cur = 0
-      end
+    if delta > 0 then
+      -- an overrun goes to this window
+      cur = min(cur + delta, max(cur, 2 * quota))
       write = true
+    elseif delta < 0 and at then
+      -- a refund comes out of the window the reservation went to, while it still counts
+      local p = at[i]
+      if p == index and cur > 0 then
+        cur = cur - min(-delta, cur)
+        write = true
+      elseif p == index - 1 and prev > 0 then
+        prev = prev - min(-delta, prev)
+        write = true
+      end
+    end
+    if marks then
+      marks[i] = format('%d', index)
+      -- until the end of the next window
+      local until_ms = ceil((index + 2) * window - now)
+      if until_ms > keep then keep = until_ms end
     end
     if write then
       local value = format('%d:%d:%d', index, cur, prev)
@@ -282,6 +334,9 @@ local function sliding_counter(k, n, q, w, cost, _, replay, settle)
     end
     push(remaining, ceil(reset * 1000))
   end
+  if marks then
+    redis.call('PSETEX', place, format('%d', keep), table.concat(marks, ':'))
+  end
 end
 
 -- GCRA (generic cell rate algorithm): O(1) memory, smooth. Emission interval T = window / quota;
@@ -290,8 +345,9 @@ end
 -- theoretical arrival time in whole microseconds of store time plus rem/quota of a microsecond
 -- (anything after it, as an earlier version wrote, is ignored). Offsets from now are counted in
 -- 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52). GET, plus SET
--- PX when admitted.
-local function gcra(k, n, q, w, cost, _, replay, settle)
+-- PX when admitted. `place`: of a reservation, where it keeps the ends of its spans; of a
+-- settlement, where its reservation kept them.
+local function gcra(k, n, q, w, cost, _, replay, settle, place)
   local now = now_us
   local tats, rems = s1, s2
   local admitted, retry = 1, 0
@@ -321,10 +377,22 @@ local function gcra(k, n, q, w, cost, _, replay, settle)
   end
   if replay then admitted, retry = 1, 0 end
   push(admitted, retry)
+  local charge = admitted == 1 and not replay and cost > 0
+  -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
+  local delta, at = 0, nil
+  if settle and not replay then
+    delta = settle[2] - settle[1]
+    if place then
+      if delta < 0 then at = take_place(place) else redis.call('DEL', place) end
+    end
+  end
+  -- a reservation charged: the ends of its spans, and until when they count
+  local marks, keep = nil, 0
+  if charge and place then marks = {} end
   for i = 1, n do
     local quota, window = q[i], w[i]
     local tat, rem = tats[i], rems[i]
-    local write = admitted == 1 and not replay and cost > 0
+    local write = charge
     if write then
       local units = rem + cost * window
       local whole = floor(units / quota)
@@ -332,15 +400,29 @@ local function gcra(k, n, q, w, cost, _, replay, settle)
       tat = tat + whole
       rem = units - whole * quota
     end
-    if settle and not replay then
-      -- the offset from now moves by the difference, to at least now and, past the quota, by at
-      -- most one more (2 * window * quota < 2^53 stays exact)
-      local ahead = (tat - now) * quota + rem + (settle[2] - settle[1]) * window
-      ahead = math.max(0, math.min(ahead, math.max((tat - now) * quota + rem, 2 * window * quota)))
-      local whole = floor(ahead / quota)
-      if whole * quota > ahead then whole = whole - 1 end
-      tat, rem = now + whole, ahead - whole * quota
-      write = true
+    if delta ~= 0 then
+      -- the offset from now (2 * window * quota < 2^53 stays exact)
+      local offset = (tat - now) * quota + rem
+      local ahead = offset
+      if delta > 0 then
+        -- an overrun moves it on, past the quota by at most one more
+        ahead = min(offset + delta * window, max(offset, 2 * window * quota))
+      elseif at and at[2 * i] then
+        -- a refund takes back what of the reservation's span is still ahead of now
+        local left = (at[2 * i - 1] - now) * quota + at[2 * i]
+        if left > 0 then ahead = offset - min(-delta * window, left, offset) end
+      end
+      if ahead ~= offset then
+        local whole = floor(ahead / quota)
+        if whole * quota > ahead then whole = whole - 1 end
+        tat, rem = now + whole, ahead - whole * quota
+        write = true
+      end
+    end
+    if marks then
+      marks[2 * i - 1], marks[2 * i] = format('%d', tat), format('%d', rem)
+      local until_ms = ceil((tat - now) / 1000) + 1
+      if until_ms > keep then keep = until_ms end
     end
     if write then
       redis.call('PSETEX', KEYS[k + i], format('%d', ceil((tat - now) / 1000) + 1),
@@ -354,6 +436,9 @@ local function gcra(k, n, q, w, cost, _, replay, settle)
     -- the next unit frees when the offset drops to (used - 1) emission intervals
     if used > 0 then reset = ceil_div(ahead - (used - 1) * window, quota) end
     push(remaining, reset)
+  end
+  if marks then
+    redis.call('PSETEX', place, format('%d', keep), table.concat(marks, ':'))
   end
 end
 
@@ -391,7 +476,9 @@ for p = 1, tonumber(ARGV[4]) do
   for i = 1, n do
     q[i], w[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i])
   end
-  policies[p] = {algorithms[tonumber(ARGV[a + 1])], n, q, w}
+  local algorithm = tonumber(ARGV[a + 1])
+  -- the sliding log names a reservation's entries by its attempt: it keeps no place
+  policies[p] = {algorithms[algorithm], n, q, w, algorithm ~= 1}
   a = a + 2 + 2 * n
 end
 local k, c, args = records, 0, #ARGV
@@ -399,11 +486,20 @@ while a < args do
   local policy = policies[tonumber(ARGV[a + 1])]
   local n = policy[2]
   local cost, attempt, where = tonumber(ARGV[a + 2]), ARGV[a + 3], nil
-  -- a settlement: what it settles, and nothing to decide
-  local settle = nil
+  -- a reservation keeps where its charge goes; a settlement of one reads it: the key follows the
+  -- check's limit keys
+  local settle, place = nil, nil
   if not cost then
-    local reserved, actual, of = match(ARGV[a + 2], '^s(%d+):(%d+):(%x+)$')
-    settle, cost = {int(reserved), int(actual), of}, 0
+    local kind = sub(ARGV[a + 2], 1, 1)
+    if kind == 'r' then
+      cost = int(sub(ARGV[a + 2], 2))
+      if policy[5] then place = KEYS[k + n + 1] end
+    else
+      -- a settlement: what it settles, whether it may refund, and nothing to decide
+      local reserved, actual, of = match(ARGV[a + 2], '^[sS](%d+):(%d+):(%x+)$')
+      settle, cost = {int(reserved), int(actual), of, kind == 'S'}, 0
+      if settle[4] and policy[5] then place = KEYS[k + n + 1] end
+    end
   end
   -- an attempt sent before carries where: '<attempt>@j:p'
   if #attempt > 16 then attempt, where = sub(attempt, 1, 16), sub(attempt, 18) end
@@ -416,7 +512,7 @@ while a < args do
   else
     local counts = cost > 0 or settle ~= nil
     local replay = counts and replayed(c, where)
-    ok, err = pcall(policy[1], k, n, policy[3], policy[4], cost, attempt, replay, settle)
+    ok, err = pcall(policy[1], k, n, policy[3], policy[4], cost, attempt, replay, settle, place)
     if ok and counts and out[start + 1] == 1 then
       charged[c], any = '1', true
     end
@@ -429,6 +525,7 @@ while a < args do
     push(-1, tostring(err))
   end
   k, a = k + n, a + 3
+  if place then k = k + 1 end
 end
 if any and records > 0 then
   local record = table.concat(charged)
@@ -436,4 +533,5 @@ if any and records > 0 then
     redis.call('PSETEX', KEYS[1], format('%d', ceil((deadline - now_us) / 1000) + retain_ms), record)
   end
 end
+out[len + 1] = now_us
 return out

@@ -1,0 +1,411 @@
+//! The attempt ledger (`docs/ledger.md`) on a real redis-server: reservations keep where their
+//! charge went, settlements refund only what the limit still counts and are applied once, and
+//! every outcome carries the store time of its decision.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::RedisServer;
+use tollgate::key::Key;
+use tollgate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
+use tollgate::store::{RateStore, RedisStore};
+
+const ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::SlidingLog,
+    Algorithm::SlidingCounter,
+    Algorithm::Gcra,
+];
+
+fn policy(algorithm: Algorithm, limits: Vec<Limit>) -> Arc<RatePolicy> {
+    let ns = format!("ledger{}:rl", rand::random::<u32>());
+    Arc::new(RatePolicy::new(ns, algorithm, limits).unwrap())
+}
+
+/// A limit whose windows do not roll while a test runs.
+fn daily(quota: u64) -> Limit {
+    Limit::new("d", quota, Duration::from_secs(86_400))
+}
+
+fn caller() -> Key {
+    Key::new("test", b"caller")
+}
+
+async fn run(store: &RedisStore, policy: &Arc<RatePolicy>, check: RateCheck) -> RateOutcome {
+    store.check_rate(policy, check).await.unwrap()
+}
+
+/// Remaining of the first limit after checking `check`, which must be admitted.
+async fn admitted(store: &RedisStore, policy: &Arc<RatePolicy>, check: RateCheck) -> u64 {
+    let out = run(store, policy, check).await;
+    assert!(out.admitted, "{:?}: {out:?}", policy.algorithm());
+    out.limits[0].remaining
+}
+
+/// Remaining of the first limit, looked at (cost 0).
+async fn look(store: &RedisStore, policy: &Arc<RatePolicy>) -> u64 {
+    admitted(store, policy, RateCheck::new(caller(), 0)).await
+}
+
+/// The store time `out` was decided at, in milliseconds.
+fn decided_ms(out: &RateOutcome) -> u64 {
+    out.decided_at_us.expect("decided by the store") / 1000
+}
+
+/// Sleeps until `ms` of store time (the server runs on this machine's clock).
+async fn sleep_until_ms(ms: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let at = Duration::from_millis(ms);
+    if at > now {
+        tokio::time::sleep(at - now).await;
+    }
+}
+
+/// The place keys of `policy`'s callers, with their values and TTLs in milliseconds.
+fn places(server: &RedisServer, policy: &RatePolicy) -> Vec<(String, String, i64)> {
+    let mut conn = server.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:*:place:*", policy.namespace()))
+        .query(&mut conn)
+        .unwrap();
+    keys.into_iter()
+        .map(|key| {
+            let value: String = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+            let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
+            (key, value, ttl)
+        })
+        .collect()
+}
+
+/// Every outcome of a call carries the store time it was decided at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_carry_the_store_time_of_their_decision() {
+    let server = RedisServer::start();
+    let store = server.store();
+    let time = |conn: &mut redis::Connection| {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query(conn).unwrap();
+        secs * 1_000_000 + micros
+    };
+    let mut conn = server.conn();
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![Limit::per_minute("m", 1)]);
+        let before = time(&mut conn);
+        let first = run(&store, &p, RateCheck::new(caller(), 1)).await;
+        let denied = run(&store, &p, RateCheck::new(caller(), 1)).await;
+        let after = time(&mut conn);
+        assert!(first.admitted && !denied.admitted, "{algorithm:?}");
+        for out in [&first, &denied] {
+            let at = out.decided_at_us.expect("decided by the store");
+            assert!(
+                before <= at && at <= after,
+                "{algorithm:?}: {before} {at} {after}"
+            );
+        }
+        assert!(first.decided_at_us <= denied.decided_at_us, "{algorithm:?}");
+    }
+}
+
+/// A reservation keeps its place — a counter's window, a GCRA span's end — until the end of that
+/// window's successor or of the span; a re-send does not rewrite it, its settlement drops it. The
+/// sliding log keeps none (its entries are named by the attempt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_keeps_its_place_until_settled() {
+    let server = RedisServer::start();
+    let store = server.store();
+    for algorithm in ALGORITHMS {
+        let p = policy(
+            algorithm,
+            vec![Limit::per_minute("m", 10), Limit::per_hour("h", 100)],
+        );
+        let reserved = RateCheck::reservation(caller(), 4);
+        let out = run(&store, &p, reserved).await;
+        assert!(out.admitted, "{algorithm:?}");
+        let now_ms = decided_ms(&out);
+        let kept = places(&server, &p);
+        if algorithm == Algorithm::SlidingLog {
+            assert!(kept.is_empty(), "{kept:?}");
+            continue;
+        }
+        assert_eq!(kept.len(), 1, "{algorithm:?}: {kept:?}");
+        let (key, value, ttl) = kept[0].clone();
+        assert!(
+            key.ends_with(&format!(":place:{:016x}", reserved.attempt())),
+            "{key}"
+        );
+        let numbers: Vec<u64> = value.split(':').map(|n| n.parse().unwrap()).collect();
+        if algorithm == Algorithm::SlidingCounter {
+            // per limit the window the charge went to, kept until its successor ends
+            assert_eq!(numbers, [now_ms / 60_000, now_ms / 3_600_000], "{value}");
+            let until = (now_ms / 3_600_000 + 2) * 3_600_000 - now_ms;
+            assert!(ttl > 0 && ttl as u64 <= until, "{ttl} {until}");
+            assert!(ttl as u64 > until - 1000, "{ttl} {until}");
+        } else {
+            // per limit the arrival time after the charge: 4 of 10 per minute is 24 s on, 4 of
+            // 100 per hour 144 s on, both whole microseconds; kept until the later one
+            let at = out.decided_at_us.unwrap();
+            assert_eq!(
+                numbers,
+                [at + 24_000_000, 0, at + 144_000_000, 0],
+                "{value}"
+            );
+            assert!(ttl > 143_000 && ttl <= 144_001, "{ttl}");
+        }
+        // the reservation re-sent: charged once, its place not rewritten
+        assert_eq!(admitted(&store, &p, reserved).await, 6, "{algorithm:?}");
+        let again = places(&server, &p);
+        assert_eq!(again.len(), 1, "{algorithm:?}");
+        assert_eq!(again[0].1, value, "{algorithm:?}");
+        assert!(again[0].2 <= ttl, "{algorithm:?}: the expiry was set again");
+        assert_eq!(
+            admitted(&store, &p, reserved.settle(1)).await,
+            9,
+            "{algorithm:?}"
+        );
+        assert!(
+            places(&server, &p).is_empty(),
+            "{algorithm:?}: dropped once settled"
+        );
+    }
+}
+
+/// A refund after the reservation's charge left the window returns nothing: the quota another
+/// caller spent since stays spent (GCRA and the sliding counter, 10 per second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_after_the_window_rolled_does_not_return_what_others_spent() {
+    let server = RedisServer::start();
+    let store = server.store();
+    let mut reservations = Vec::new();
+    for algorithm in [Algorithm::Gcra, Algorithm::SlidingCounter] {
+        let p = policy(algorithm, vec![Limit::per_second("s", 10)]);
+        let a = RateCheck::reservation(caller(), 10);
+        assert_eq!(admitted(&store, &p, a).await, 0, "{algorithm:?}: A");
+        reservations.push((p, a));
+    }
+    tokio::time::sleep(Duration::from_millis(2150)).await;
+    for (p, a) in reservations {
+        let algorithm = p.algorithm();
+        let b = RateCheck::new(caller(), 10);
+        assert_eq!(admitted(&store, &p, b).await, 0, "{algorithm:?}: B");
+        let settled = run(&store, &p, a.settle(0)).await;
+        assert!(settled.admitted, "{algorithm:?}");
+        assert_eq!(
+            settled.limits[0].remaining, 0,
+            "{algorithm:?}: nothing refunded"
+        );
+        let c = run(&store, &p, RateCheck::new(caller(), 10)).await;
+        assert!(!c.admitted, "{algorithm:?}: C got B's quota back");
+    }
+}
+
+/// A counter's reservation settled in the next window refunds from the previous window only, its
+/// own: what the current window counts (another check's charge) stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_refund_in_the_next_window_comes_out_of_the_previous_one() {
+    let server = RedisServer::start();
+    let store = server.store();
+    let p = policy(Algorithm::SlidingCounter, vec![Limit::per_second("s", 10)]);
+    // remaining under the counter's estimate at `ms` of store time: cur + prev * (share left)
+    let expected = |cur: u64, prev: u64, ms: u64| {
+        let elapsed = (ms % 1000) as f64;
+        let used = cur as f64 + prev as f64 * (1000.0 - elapsed) / 1000.0;
+        10 - (used - 1e-9).ceil() as u64
+    };
+    let a = RateCheck::reservation(caller(), 6);
+    let reserved = run(&store, &p, a).await;
+    assert!(reserved.admitted);
+    let k = decided_ms(&reserved) / 1000;
+    sleep_until_ms((k + 1) * 1000 + 100).await;
+    let b = run(&store, &p, RateCheck::new(caller(), 3)).await;
+    assert!(b.admitted);
+    assert_eq!(decided_ms(&b) / 1000, k + 1, "B in the next window");
+    assert_eq!(b.limits[0].remaining, expected(3, 6, decided_ms(&b)));
+    sleep_until_ms((k + 1) * 1000 + 500).await;
+    let before = run(&store, &p, RateCheck::new(caller(), 0)).await;
+    assert_eq!(
+        before.limits[0].remaining,
+        expected(3, 6, decided_ms(&before))
+    );
+    let settled = run(&store, &p, a.settle(0)).await;
+    assert!(settled.admitted);
+    assert_eq!(
+        decided_ms(&settled) / 1000,
+        k + 1,
+        "settled in the next window"
+    );
+    // the previous window's 6 are gone; the current window's 3 (B's) stay
+    assert_eq!(settled.limits[0].remaining, 7, "{settled:?}");
+    let after = run(&store, &p, RateCheck::new(caller(), 0)).await;
+    if decided_ms(&after) / 1000 == k + 1 {
+        assert_eq!(after.limits[0].remaining, 7);
+    }
+}
+
+/// A log's reservation refunded by its settlement and then re-sent is not charged again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refunded_log_reservation_sent_again_is_not_charged_again() {
+    let server = RedisServer::start();
+    let store = server.store();
+    let p = policy(Algorithm::SlidingLog, vec![daily(10)]);
+    let a = RateCheck::reservation(caller(), 3);
+    assert_eq!(admitted(&store, &p, a).await, 7);
+    assert_eq!(admitted(&store, &p, a.settle(0)).await, 10);
+    assert_eq!(admitted(&store, &p, a).await, 10, "the reservation re-sent");
+    assert_eq!(look(&store, &p).await, 10);
+}
+
+/// A settlement re-sent after another attempt's settlement is applied once: by the store copy
+/// that sent it (its record) and by another copy (the reservation's place was dropped; the log's
+/// entries are named).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_sent_again_after_another_is_applied_once() {
+    let server = RedisServer::start();
+    let store = server.store();
+    let copy = server.store();
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![daily(10)]);
+        let a = RateCheck::reservation(caller(), 5);
+        let b = RateCheck::reservation(caller(), 5);
+        assert_eq!(admitted(&store, &p, a).await, 5, "{algorithm:?}");
+        assert_eq!(admitted(&store, &p, b).await, 0, "{algorithm:?}");
+        let settle_a = a.settle(2);
+        assert_eq!(admitted(&store, &p, settle_a).await, 3, "{algorithm:?}");
+        assert_eq!(admitted(&store, &p, b.settle(1)).await, 7, "{algorithm:?}");
+        assert_eq!(
+            admitted(&store, &p, settle_a).await,
+            7,
+            "{algorithm:?}: re-sent"
+        );
+        assert_eq!(
+            admitted(&copy, &p, settle_a).await,
+            7,
+            "{algorithm:?}: sent again by another copy"
+        );
+        assert_eq!(
+            admitted(&copy, &p, a.settle(2)).await,
+            7,
+            "{algorithm:?}: made again"
+        );
+        assert_eq!(look(&store, &p).await, 7, "{algorithm:?}");
+    }
+}
+
+/// A plain check (not a reservation) settled for less refunds nothing; its overrun is charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_check_settled_for_less_refunds_nothing() {
+    let server = RedisServer::start();
+    let store = server.store();
+    for algorithm in ALGORITHMS {
+        let p = policy(algorithm, vec![daily(10)]);
+        let plain = RateCheck::new(caller(), 4);
+        assert_eq!(admitted(&store, &p, plain).await, 6, "{algorithm:?}");
+        assert_eq!(
+            admitted(&store, &p, plain.settle(0)).await,
+            6,
+            "{algorithm:?}"
+        );
+        assert_eq!(look(&store, &p).await, 6, "{algorithm:?}");
+        let other = RateCheck::new(caller(), 1);
+        assert_eq!(admitted(&store, &p, other).await, 5, "{algorithm:?}");
+        assert_eq!(
+            admitted(&store, &p, other.settle(3)).await,
+            3,
+            "{algorithm:?}: overrun"
+        );
+    }
+}
+
+/// In one call of `rate.lua`, a reservation and a settlement of one each name a place key after
+/// their limit keys (none under the sliding log): the checks after them read their own keys.
+#[test]
+fn places_in_a_batch_keep_the_keys_of_the_checks_after_them_in_step() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let script = redis::Script::new(include_str!("../../src/store/scripts/rate.lua"));
+    let (ctr, log, gcra) = ("b:{1}:d:ctr", "b:{1}:d:log", "b:{1}:d:gcra");
+    let (place_c, place_g) = (
+        "b:{1}:place:00000000000000a1",
+        "b:{1}:place:00000000000000a3",
+    );
+    // three policies, 10 per day each: the counter, the log, GCRA
+    let mut args: Vec<&str> = vec!["9000000000000000", "1", "60000", "3"];
+    for code in ["2", "1", "3"] {
+        args.extend([code, "1", "10", "86400000000"]);
+    }
+    let mut keys = vec!["b:{1}:charged:1"];
+    let checks: [(&str, &str, &str, &[&str]); 9] = [
+        ("1", "r4", "00000000000000a1", &[ctr, place_c]),
+        ("2", "r4", "00000000000000a2", &[log]),
+        ("3", "r4", "00000000000000a3", &[gcra, place_g]),
+        ("1", "2", "00000000000000b1", &[ctr]),
+        ("2", "2", "00000000000000b2", &[log]),
+        ("3", "2", "00000000000000b3", &[gcra]),
+        (
+            "1",
+            "S4:1:00000000000000a1",
+            "00000000000000c1",
+            &[ctr, place_c],
+        ),
+        ("2", "S4:1:00000000000000a2", "00000000000000c2", &[log]),
+        (
+            "3",
+            "S4:1:00000000000000a3",
+            "00000000000000c3",
+            &[gcra, place_g],
+        ),
+    ];
+    for (policy, cost, attempt, named) in checks {
+        args.extend([policy, cost, attempt]);
+        keys.extend(named);
+    }
+    args.extend(["1", "1", "00000000000000d1", "2", "1", "00000000000000d2"]);
+    args.extend(["3", "1", "00000000000000d3"]);
+    keys.extend([ctr, log, gcra]);
+    let mut invocation = script.prepare_invoke();
+    for key in &keys {
+        invocation.key(*key);
+    }
+    for arg in &args {
+        invocation.arg(*arg);
+    }
+    let reply: Vec<i64> = invocation.invoke(&mut conn).unwrap();
+    // per check admitted, retry, remaining, reset; then the store time
+    assert_eq!(reply.len(), 12 * 4 + 1, "{reply:?}");
+    let remaining: Vec<(i64, i64)> = reply.chunks(4).take(12).map(|c| (c[0], c[2])).collect();
+    let expected = [6, 6, 6, 4, 4, 4, 7, 7, 7, 6, 6, 6].map(|left| (1, left));
+    assert_eq!(remaining, expected, "{reply:?}");
+    let kept: Vec<String> = redis::cmd("KEYS")
+        .arg("b:*:place:*")
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        kept.is_empty(),
+        "the settlements dropped the places: {kept:?}"
+    );
+}
+
+/// A GCRA refund returns only the part of the reservation's span still ahead of now: what drained
+/// since stays spent, whatever was charged after it (10 per second: a unit is 100 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gcra_refund_returns_only_the_span_still_ahead() {
+    let server = RedisServer::start();
+    let store = server.store();
+    let p = policy(Algorithm::Gcra, vec![Limit::per_second("s", 10)]);
+    let a = RateCheck::reservation(caller(), 5);
+    let reserved = run(&store, &p, a).await;
+    assert_eq!(reserved.limits[0].remaining, 5);
+    sleep_until_ms(decided_ms(&reserved) + 300).await;
+    // A's span ends 500 ms after it began, B's 300 ms after that
+    let b = run(&store, &p, RateCheck::new(caller(), 3)).await;
+    assert!(b.admitted);
+    let elapsed = decided_ms(&b) - decided_ms(&reserved);
+    assert!((300..450).contains(&elapsed), "{elapsed} ms");
+    let settled = run(&store, &p, a.settle(0)).await;
+    let elapsed = decided_ms(&settled) - decided_ms(&reserved);
+    assert!(elapsed < 500, "settled while A's span lasts: {elapsed} ms");
+    // what is left of A's span is refunded: B's 300 ms stay ahead, 3 units in use
+    assert_eq!(settled.limits[0].remaining, 7, "{settled:?}");
+}
