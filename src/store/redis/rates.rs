@@ -45,7 +45,9 @@ pub(super) fn rates(
         clock,
         script: Lua::new(include_str!("../scripts/rate.lua")),
         timeout,
-        sent: SentChecks::new(retention(timeout)),
+        // a place is kept as long as its call's record lives: the call's deadline (a timeout
+        // after it went out) plus the retention
+        sent: SentChecks::new(timeout + retention(timeout)),
     };
     Coalescer::new(call, timeout, max_batch)
 }
