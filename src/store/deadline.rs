@@ -72,9 +72,11 @@ impl StoreClock {
     pub(crate) fn observe(&self, store_us: u64, seen: Instant) {
         let new = Reading { store_us, seen };
         let mut reading = self.reading.lock().unwrap_or_else(PoisonError::into_inner);
-        // keep whichever proves more from now on: the newer unless it is behind the older's bound
+        // the newer reading holds: of one healthy clock it proves at least what the older did;
+        // one behind the older's bound is of a clock behind what was assumed (a new primary's
+        // after a failover, a clock stepped back), which deadlines must now follow
         match *reading {
-            Some(old) if old.seen > seen || old.bound_at(seen) > store_us => {}
+            Some(old) if old.seen > seen => {}
             _ => *reading = Some(new),
         }
         drop(reading);
@@ -123,8 +125,8 @@ mod tests {
                 refresh: false
             }
         );
-        // an older reading that would prove less is not taken
-        clock.observe(999_000_000, now);
+        // a reading that arrives out of order (seen before the one held) is not taken
+        clock.observe(999_000_000, now - Duration::from_millis(1));
         assert!(
             matches!(clock.map(deadline), Mapped::At { store_us, .. } if store_us > 1_000_000_000)
         );
@@ -145,5 +147,27 @@ mod tests {
         ));
         tokio::time::advance(STALE).await;
         assert_eq!(clock.map(Instant::now()), Mapped::Unknown);
+    }
+
+    /// A newer reading behind what the older one predicts — a new primary whose clock is behind
+    /// the old one's, a clock stepped back — is taken: a deadline sent from then on is no later
+    /// than that clock at the caller's deadline, so a late command is still refused there.
+    #[tokio::test(start_paused = true)]
+    async fn a_clock_found_behind_is_followed() {
+        let clock = StoreClock::default();
+        let start = Instant::now();
+        clock.observe(1_000_000_000, start);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        // the new primary reads 400 ms behind what the old one would
+        let now = Instant::now();
+        clock.observe(1_000_000_000 + 100_000 - 400_000, now);
+        let deadline = now + Duration::from_millis(250);
+        let Mapped::At { store_us, .. } = clock.map(deadline) else {
+            panic!("a reading is held");
+        };
+        assert_eq!(
+            store_us,
+            1_000_000_000 + 100_000 - 400_000 + 249_750 - 2_000
+        );
     }
 }

@@ -37,9 +37,10 @@
 //! store timeout from when they were made): one that arrives late charges nothing.
 //!
 //! The deadline is sent on the store's own clock (`TIME` on Redis, `clock_timestamp()` on
-//! PostgreSQL), mapped conservatively from readings of that clock: it holds as long as the store's
-//! clock never steps back and runs at most 0.1 % slower than the caller's, and the nodes of a
-//! Cluster agree within 2 ms. Releases take no deadline: a release is never regretted, and it is
+//! PostgreSQL), mapped conservatively from the latest reading of that clock: it holds as long as
+//! the store's clock runs at most 0.1 % slower than the caller's between two readings, and the
+//! nodes of a Cluster agree within 2 ms. A reading behind what the last one predicts (a new
+//! primary whose clock is behind the old one's, a clock stepped back) is followed from then on. Releases take no deadline: a release is never regretted, and it is
 //! token-checked, so a late one cannot touch another owner's key.
 //!
 //! # The attempt ledger
