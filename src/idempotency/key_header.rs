@@ -17,15 +17,26 @@ pub(crate) enum KeyProblem {
 }
 
 impl KeyProblem {
-    pub(crate) fn message(self) -> &'static str {
+    /// The sentence for the client, naming the key's header `header` as the layer reads it.
+    pub(crate) fn message(self, header: &str) -> String {
         match self {
-            Self::Missing => "the Idempotency-Key header is required",
-            Self::Repeated => "send one Idempotency-Key header, not several",
-            Self::Empty => "the Idempotency-Key is empty",
-            Self::TooLong => "the Idempotency-Key is longer than 255 characters",
-            Self::NotVisibleAscii => "the Idempotency-Key must be visible ASCII",
-            Self::BadString => "the Idempotency-Key is a malformed quoted string",
+            Self::Missing => format!("the {header} header is required"),
+            Self::Repeated => format!("send one {header} header, not several"),
+            Self::Empty => format!("the {header} is empty"),
+            Self::TooLong => format!("the {header} is longer than 255 characters"),
+            Self::NotVisibleAscii => format!("the {header} must be visible ASCII"),
+            Self::BadString => format!("the {header} is a malformed quoted string"),
         }
+    }
+}
+
+/// How the messages name the key's header `name`: the standard one as the draft spells it,
+/// `Idempotency-Key`; another as configured.
+pub(crate) fn label(name: &http::HeaderName) -> &str {
+    if name == "idempotency-key" {
+        "Idempotency-Key"
+    } else {
+        name.as_str()
     }
 }
 

@@ -1,12 +1,13 @@
 //! The responses the layer gives instead of the handler's: status, gRPC code, message and, when a
 //! retry may soon succeed, `Retry-After`; or what the layer's own rejection closure builds.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
 
 use super::body::IdempotencyBody;
 use super::key_header::KeyProblem;
@@ -38,26 +39,31 @@ pub(crate) type RejectionFn = Arc<dyn Fn(&IdempotencyRejection) -> Response<Byte
 /// Why the idempotency layer answered a request itself, instead of the handler: what a custom
 /// rejection ([`IdempotencyLayerBuilder::rejection`](super::IdempotencyLayerBuilder::rejection))
 /// is built from.
-#[derive(Clone, Copy)]
-pub struct IdempotencyRejection(Rejection);
+#[derive(Clone)]
+pub struct IdempotencyRejection {
+    rejection: Rejection,
+    /// The header the layer reads the key from, which the detail names.
+    header: HeaderName,
+}
 
 impl IdempotencyRejection {
     /// The status the layer answers with by default: `400`, `409`, `413`, `422`, `503`, or
     /// `500` when the handler itself failed (nothing was stored; a retry runs it again).
     pub fn status(&self) -> StatusCode {
-        self.0.parts().0
+        self.rejection.parts(&self.header).0
     }
 
-    /// What went wrong, in a sentence for the client (the default body's `detail`).
-    pub fn detail(&self) -> &'static str {
-        self.0.parts().2
+    /// What went wrong, in a sentence for the client (the default body's `detail`), naming the
+    /// layer's own key header where it speaks of the key.
+    pub fn detail(&self) -> String {
+        self.rejection.parts(&self.header).2.into_owned()
     }
 
     /// A stable, machine-readable name of the reason: `invalid_key`, `body_too_large`,
     /// `unreadable_body`, `in_flight`, `mismatch`, `store_unavailable`, `busy`,
     /// `handler_failed` or `unrecorded`.
     pub fn code(&self) -> &'static str {
-        match self.0 {
+        match self.rejection {
             Rejection::BadKey(_) => "invalid_key",
             Rejection::TooLarge => "body_too_large",
             Rejection::UnreadableBody => "unreadable_body",
@@ -73,7 +79,7 @@ impl IdempotencyRejection {
     /// When the same request may succeed soon, the wait the response's `Retry-After` says (the
     /// layer adds it to a custom response too); `None` when retrying as is cannot help.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.0.retry_after()
+        self.rejection.retry_after()
     }
 }
 
@@ -93,6 +99,7 @@ impl Rejection {
     pub(super) fn into_response<B>(
         self,
         custom: Option<&RejectionFn>,
+        header: &HeaderName,
         wire: Wire,
     ) -> Response<IdempotencyBody<B>> {
         crate::metrics::idempotency(match self {
@@ -101,14 +108,19 @@ impl Rejection {
             _ => "rejected",
         });
         let mut response = match custom {
-            Some(custom) if wire == Wire::Http => custom(&IdempotencyRejection(self))
-                .map(|body| IdempotencyBody::from(Complete::new(body, None))),
+            Some(custom) if wire == Wire::Http => {
+                let why = IdempotencyRejection {
+                    rejection: self,
+                    header: header.clone(),
+                };
+                custom(&why).map(|body| IdempotencyBody::from(Complete::new(body, None)))
+            }
             _ => {
-                let (status, code, message) = self.parts();
+                let (status, code, message) = self.parts(header);
                 let rejection = rejection::Rejection {
                     status,
                     code,
-                    message: message.into(),
+                    message,
                 };
                 rejection.into_response(wire).map(IdempotencyBody::from)
             }
@@ -130,53 +142,57 @@ impl Rejection {
         .then_some(Duration::from_secs(1))
     }
 
-    /// The default status, gRPC code and message.
-    fn parts(self) -> (StatusCode, Code, &'static str) {
+    /// The default status, gRPC code and message, which names the key's `header`.
+    fn parts(self, header: &HeaderName) -> (StatusCode, Code, Cow<'static, str>) {
+        let key = super::key_header::label(header);
         match self {
             Self::BadKey(problem) => (
                 StatusCode::BAD_REQUEST,
                 Code::InvalidArgument,
-                problem.message(),
+                problem.message(key).into(),
             ),
             Self::TooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 Code::ResourceExhausted,
-                "the request body is larger than this endpoint buffers for idempotency",
+                "the request body is larger than this endpoint buffers for idempotency".into(),
             ),
             Self::UnreadableBody => (
                 StatusCode::BAD_REQUEST,
                 Code::InvalidArgument,
-                "the request body could not be read",
+                "the request body could not be read".into(),
             ),
             Self::InFlight => (
                 StatusCode::CONFLICT,
                 Code::Aborted,
-                "a request with this Idempotency-Key is still being processed",
+                format!("a request with this {key} is still being processed").into(),
             ),
             Self::Mismatch => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 Code::FailedPrecondition,
-                "this Idempotency-Key was used with a different request",
+                format!("this {key} was used with a different request").into(),
             ),
             Self::StoreUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 Code::Unavailable,
-                "idempotency store unavailable; the request was not processed",
+                "idempotency store unavailable; the request was not processed".into(),
             ),
             Self::Busy => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 Code::Unavailable,
-                "too many request bodies are being buffered; retry later",
+                "too many request bodies are being buffered; retry later".into(),
             ),
             Self::Unrecorded => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 Code::Unavailable,
-                "the response could not be recorded; retry with the same Idempotency-Key to learn the outcome",
+                format!(
+                    "the response could not be recorded; retry with the same {key} to learn the outcome"
+                )
+                .into(),
             ),
             Self::HandlerFailed => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 Code::Internal,
-                "the handler failed; nothing was stored and a retry runs it again",
+                "the handler failed; nothing was stored and a retry runs it again".into(),
             ),
         }
     }

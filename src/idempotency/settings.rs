@@ -97,6 +97,6 @@ impl Settings {
         rejection: Rejection,
         wire: Wire,
     ) -> Response<IdempotencyBody<B>> {
-        rejection.into_response(self.rejection.as_ref(), wire)
+        rejection.into_response(self.rejection.as_ref(), &self.header, wire)
     }
 }

@@ -2668,3 +2668,51 @@ async fn a_custom_rejection_shapes_every_refusal() {
     );
     assert_eq!(calls.get(), 1, "only the first keyed request ran");
 }
+
+/// A layer reading its key from another header names that header in every refusal that speaks
+/// of the key (a webhook's `webhook-id`), never `Idempotency-Key`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_configured_key_header_is_named_in_its_refusals() {
+    let calls = Calls::default();
+    let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .unscoped()
+        .header(HeaderName::from_static("webhook-id"))
+        .required(true)
+        .build()
+        .unwrap();
+    let svc = stack(&layer, order(&calls, Duration::ZERO));
+    let detail = |a: &Answer| {
+        let problem: serde_json::Value = serde_json::from_str(&a.text()).unwrap();
+        problem["detail"].as_str().unwrap().to_owned()
+    };
+    let unkeyed = send(&svc, request(Method::POST, "/hooks", None, &[], "{}")).await;
+    assert_eq!(unkeyed.status, StatusCode::BAD_REQUEST);
+    assert_eq!(detail(&unkeyed), "the webhook-id header is required");
+    let hook = |body: &'static str| {
+        request(
+            Method::POST,
+            "/hooks",
+            None,
+            &[("webhook-id", "msg_1")],
+            body,
+        )
+    };
+    assert_eq!(
+        send(&svc, hook("{\"a\":1}")).await.status,
+        StatusCode::CREATED
+    );
+    let other = send(&svc, hook("{\"a\":2}")).await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        detail(&other),
+        "this webhook-id was used with a different request"
+    );
+    let empty = send(
+        &svc,
+        request(Method::POST, "/hooks", None, &[("webhook-id", "")], "{}"),
+    )
+    .await;
+    assert_eq!(empty.status, StatusCode::BAD_REQUEST);
+    assert_eq!(detail(&empty), "the webhook-id is empty");
+    assert_eq!(calls.get(), 1, "only the first delivery ran");
+}
