@@ -175,7 +175,7 @@
 //!    [`IdempotencyStore`](store::IdempotencyStore) and [`PermitStore`](store::PermitStore) — and
 //!    [`Store`](store::Store), all four plus a health check. A backend implements what it
 //!    serves; [`RedisStore`](store::RedisStore)
-//!    (Lua scripts in `src/store/scripts/`), [`PgStore`](store::PgStore) (PL/pgSQL in
+//!    (Lua scripts in `src/store/scripts/`), [`PgStore`] (PL/pgSQL in
 //!    `src/store/postgres/schema.sql`) and [`MemoryStore`](store::MemoryStore) implement all of
 //!    them and pass one conformance suite, which ships with the crate (feature `conformance`,
 //!    `tollgate::conformance`) for stores written outside it.
@@ -193,18 +193,34 @@
 //!
 //! - `redis` (default): [`RedisStore`](store::RedisStore), on Redis or Valkey, standalone or
 //!   Cluster, through redis-rs.
-//! - `postgres`: [`PgStore`](store::PgStore), on PostgreSQL through tokio-postgres and a
+//! - `postgres`: [`PgStore`], on PostgreSQL through tokio-postgres and a
 //!   deadpool-postgres pool, with its schema migrations and advisory transaction locks.
 //! - `axum`: the peer-IP extractors also read axum's `ConnectInfo<SocketAddr>`; with `postgres`,
 //!   an `OnceTx` is an axum extractor (`async fn handler(tx: OnceTx)`).
 //! - `metrics`: counters and histograms through the `metrics` facade (see [`metrics`]).
 //! - `serde`: limits and a rate-limit configuration deserialize from configuration files
-//!   ([`RateLimitConfig`](rate_limit::RateLimitConfig)).
+//!   ([`RateLimitConfig`]).
 //! - `tls-rustls`, `tls-native-tls`: `rediss://` through rustls or the system's TLS library, with
 //!   a given CA certificate and client certificate if need be.
 //!
 //! No framework is a default dependency: the layers work on `http::Request` / `http::Response`
 //! and fit axum, tonic and hyper alike.
+#![cfg_attr(feature = "postgres", doc = "", doc = "[`PgStore`]: store::PgStore")]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "",
+    doc = "[`PgStore`]: https://docs.rs/tollgate/latest/tollgate/store/struct.PgStore.html"
+)]
+#![cfg_attr(
+    feature = "serde",
+    doc = "",
+    doc = "[`RateLimitConfig`]: rate_limit::RateLimitConfig"
+)]
+#![cfg_attr(
+    not(feature = "serde"),
+    doc = "",
+    doc = "[`RateLimitConfig`]: https://docs.rs/tollgate/latest/tollgate/rate_limit/struct.RateLimitConfig.html"
+)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[macro_use]

@@ -63,8 +63,8 @@ impl<K: fmt::Debug> fmt::Debug for ConcurrencyLimitLayer<K> {
 pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
 impl ConcurrencyLimitLayer {
-    /// Starts a builder on `store` (a [`RedisStore`](crate::store::RedisStore) or
-    /// [`PgStore`](crate::store::PgStore) to share the bound between copies). Set the
+    /// Starts a builder on `store` (a [`RedisStore`](crate::store::RedisStore) or a `PgStore`
+    /// (feature `postgres`) to share the bound between copies). Set the
     /// [`limit`](ConcurrencyLimitLayerBuilder::limit); every request counts against one global
     /// key until a [`key`](ConcurrencyLimitLayerBuilder::key) extractor is set.
     pub fn builder(store: impl PermitStore) -> ConcurrencyLimitLayerBuilder {

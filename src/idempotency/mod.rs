@@ -84,7 +84,7 @@
 //! **In the handler's own transaction.** The record is made after the handler ran, so a crash
 //! between the two leaves its effects without the record. When those effects are rows in
 //! PostgreSQL, [`IdempotencyLayer::in_transaction`] closes the gap: the handler writes through
-//! the transaction the layer opened (an [`OnceTx`](crate::store::OnceTx) in its extensions),
+//! the transaction the layer opened (an [`OnceTx`] in its extensions),
 //! and the response is recorded in the same commit — both stand, or neither does.
 //!
 //! ```
@@ -119,6 +119,18 @@
 //! assert_eq!(service.clone().oneshot(changed).await.unwrap().status(), StatusCode::UNPROCESSABLE_ENTITY);
 //! # }
 //! ```
+#![cfg_attr(
+    feature = "postgres",
+    doc = "",
+    doc = "[`IdempotencyLayer::in_transaction`]: IdempotencyLayer::in_transaction",
+    doc = "[`OnceTx`]: crate::store::OnceTx"
+)]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "",
+    doc = "[`IdempotencyLayer::in_transaction`]: https://docs.rs/tollgate/latest/tollgate/idempotency/struct.IdempotencyLayer.html#method.in_transaction",
+    doc = "[`OnceTx`]: https://docs.rs/tollgate/latest/tollgate/store/struct.OnceTx.html"
+)]
 
 mod body;
 mod execute;

@@ -24,6 +24,6 @@ pub struct RateOutcome {
     pub limits: Vec<LimitState>,
     /// The store's clock when it decided, in microseconds since the Unix epoch; `None` where no
     /// store decided (the local fallback, the deny cache). What the reference model of the
-    /// [conformance suite](crate::conformance::model) is evaluated at.
+    /// conformance suite (`conformance::model`, feature `conformance`) is evaluated at.
     pub decided_at_us: Option<u64>,
 }

@@ -50,8 +50,8 @@
 //! store's timeout, whatever else charged the caller in between; a [reservation](RateCheck::reservation)
 //! also keeps where its charge went, so that its [settlement](RateCheck::settle) refunds only
 //! what the limit still counts and never quota that others spent. One reference model,
-//! [`conformance::model`](crate::conformance::model), defines every answer, and each store is
-//! held against it ([`conformance::property`](crate::conformance::property)). The rules in depth:
+//! [`conformance::model`], defines every answer, and each store is held against it
+//! ([`conformance::property`]). The rules in depth:
 //! [`guide::ledger`](crate::guide::ledger).
 //!
 //! | store | an attempt is remembered | a re-send | a late first send | a settlement after the window rolled | a re-sent settlement |
@@ -63,6 +63,23 @@
 //! A settlement of a plain check ([`RateCheck::new`]) refunds nothing: only a reservation's
 //! place is kept. Costs are sent clamped to what changes no answer, so no cost a request names
 //! overflows a store's arithmetic; in a batch, a check whose step fails fails alone.
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "",
+    doc = "[`PgStore`]: https://docs.rs/tollgate/latest/tollgate/store/struct.PgStore.html"
+)]
+#![cfg_attr(
+    feature = "conformance",
+    doc = "",
+    doc = "[`conformance::model`]: crate::conformance::model",
+    doc = "[`conformance::property`]: crate::conformance::property"
+)]
+#![cfg_attr(
+    not(feature = "conformance"),
+    doc = "",
+    doc = "[`conformance::model`]: https://docs.rs/tollgate/latest/tollgate/conformance/model/index.html",
+    doc = "[`conformance::property`]: https://docs.rs/tollgate/latest/tollgate/conformance/property/index.html"
+)]
 
 use std::fmt;
 use std::future::Future;
