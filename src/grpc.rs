@@ -20,10 +20,14 @@ pub(crate) enum Code {
     FailedPrecondition = 9,
     /// 10: a concurrent request holds the same idempotency key.
     Aborted = 10,
+    /// 7: a missing key answered `403`.
+    PermissionDenied = 7,
     /// 13: the handler failed without a response.
     Internal = 13,
     /// 14: the store is unavailable.
     Unavailable = 14,
+    /// 16: no credential where the key is one (a missing key answered `401`).
+    Unauthenticated = 16,
 }
 
 /// What a request speaks, and so how a layer answers it: an HTTP response with problem details,

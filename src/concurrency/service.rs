@@ -12,10 +12,10 @@ use http::{Request, Response, StatusCode, header};
 use tokio::time::Instant;
 use tower_service::Service;
 
+use super::OnStoreError;
 use super::body::PermitBody;
 use super::layer::Settings;
 use super::permit::{Held, Permit, StorePermit};
-use super::{MissingKey, OnStoreError};
 use crate::body::Complete;
 use crate::grpc::{Code, Wire};
 use crate::key::{Global, Key, KeyExtractor};
@@ -100,8 +100,10 @@ where
         Box::pin(async move {
             let admission = match key {
                 Some(key) => admit(&settings, key, wire).await,
-                None if settings.missing_key == MissingKey::Allow => Admission::Unlimited,
-                None => Admission::Refused(missing_key(&settings, wire)),
+                None => match settings.missing_key.refusal() {
+                    Some(refusal) => Admission::Refused(missing_key(&settings, refusal, wire)),
+                    None => Admission::Unlimited,
+                },
             };
             let held = match admission {
                 Admission::Refused(response) => return Ok(response.map(PermitBody::from)),
@@ -290,11 +292,16 @@ fn store_unavailable(wire: Wire) -> Response<Complete> {
     response
 }
 
-/// `400` (gRPC: INVALID_ARGUMENT) naming where the key is read from.
-fn missing_key(settings: &Settings, wire: Wire) -> Response<Complete> {
+/// The missing-key `refusal` (by default `400`, gRPC INVALID_ARGUMENT), naming where the key is
+/// read from.
+fn missing_key(
+    settings: &Settings,
+    (status, code): (StatusCode, Code),
+    wire: Wire,
+) -> Response<Complete> {
     let refused = Rejection {
-        status: StatusCode::BAD_REQUEST,
-        code: Code::InvalidArgument,
+        status,
+        code,
         message: Cow::Owned(settings.missing_key_message.to_string()),
     };
     refused.into_response(wire)

@@ -188,6 +188,27 @@ async fn a_request_without_a_key_is_refused_or_let_through() {
     assert_eq!(text(second).await, "none", "unlimited, without a permit");
 }
 
+/// The answer to a request without a key may be another status: a `401` where the key is the
+/// caller's credential, UNAUTHENTICATED for a gRPC call.
+#[tokio::test]
+async fn a_request_without_a_key_may_be_answered_401() {
+    let layer = builder(MemoryStore::new())
+        .limit(1)
+        .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
+        .build()
+        .unwrap();
+    let no_key = Request::post("/jobs").body(Full::default()).unwrap();
+    let refused = service(layer.clone()).oneshot(no_key).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert!(text(refused).await.contains("header x-tenant"));
+    let grpc = Request::post("/jobs")
+        .header("content-type", "application/grpc")
+        .body(Full::default())
+        .unwrap();
+    let refused = service(layer).oneshot(grpc).await.unwrap();
+    assert_eq!(refused.headers()["grpc-status"], "16");
+}
+
 #[tokio::test]
 async fn a_store_that_fails_is_met_by_the_failure_policy() {
     let allow = service(builder(Down).limit(1).build().unwrap());

@@ -17,8 +17,9 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// The key of this request, if it has one.
     fn extract(&self, parts: &Parts) -> Option<Key>;
 
-    /// Where the key comes from, for messages such as a rejected request's: `header
-    /// x-api-key`, `the peer address`. The default says only "the request".
+    /// Where the key comes from, for the client in a rejected request's message: `header
+    /// x-api-key`, `the peer address`. It is sent to clients, so it names nothing internal; the
+    /// default says only "the request".
     fn describe(&self) -> String {
         String::from("the request")
     }
@@ -84,8 +85,10 @@ where
         (self.f)(parts).map(|value| Key::new(&self.domain, value.as_ref()))
     }
 
+    /// "the request": the domain is the service's own name for the function, not the client's
+    /// business.
     fn describe(&self) -> String {
-        format!("the function {:?}", self.domain)
+        String::from("the request")
     }
 }
 
@@ -182,6 +185,31 @@ pub enum MissingKey {
     /// INVALID_ARGUMENT).
     #[default]
     Reject,
+    /// Answer with this status — `401 Unauthorized` where the key is the caller's credential —
+    /// and the same problem details (gRPC: UNAUTHENTICATED for `401`, PERMISSION_DENIED for
+    /// `403`, else INVALID_ARGUMENT).
+    RejectWith(http::StatusCode),
     /// Let the request through unlimited.
     Allow,
+}
+
+impl MissingKey {
+    /// The status and gRPC code a request without a key is refused with; `None` when it is let
+    /// through.
+    pub(crate) fn refusal(self) -> Option<(http::StatusCode, crate::grpc::Code)> {
+        use crate::grpc::Code;
+        use http::StatusCode;
+        match self {
+            Self::Reject => Some((StatusCode::BAD_REQUEST, Code::InvalidArgument)),
+            Self::RejectWith(status) => {
+                let code = match status {
+                    StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+                    StatusCode::FORBIDDEN => Code::PermissionDenied,
+                    _ => Code::InvalidArgument,
+                };
+                Some((status, code))
+            }
+            Self::Allow => None,
+        }
+    }
 }

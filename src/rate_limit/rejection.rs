@@ -40,9 +40,13 @@ impl Rejection {
     ) -> Response<ResponseBody<B>> {
         let decision = match self {
             Self::MissingKey => {
+                let (status, code) = settings
+                    .missing_key
+                    .refusal()
+                    .unwrap_or((StatusCode::BAD_REQUEST, Code::InvalidArgument));
                 let missing = rejection::Rejection {
-                    status: StatusCode::BAD_REQUEST,
-                    code: Code::InvalidArgument,
+                    status,
+                    code,
                     message: Cow::Owned(settings.missing_key_message.to_string()),
                 };
                 return missing.into_response(wire).map(Into::into);

@@ -9,7 +9,6 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
-use super::policies::MissingKey;
 use super::rejection::Rejection;
 use super::settings::Settings;
 use crate::grpc::Wire;
@@ -83,8 +82,8 @@ where
         let request = Request::from_parts(parts, body);
 
         let Some(key) = key else {
-            return match settings.missing_key {
-                MissingKey::Reject if !settings.shadow => {
+            return match settings.missing_key.refusal() {
+                Some(_) if !settings.shadow => {
                     ResponseFuture::reject(Rejection::MissingKey, settings, wire)
                 }
                 _ => ResponseFuture::unchecked(self.inner.call(request), settings),

@@ -360,3 +360,50 @@ async fn a_request_without_a_key_learns_where_the_key_is_read_from() {
         "{body}"
     );
 }
+
+/// A key read by a function is the service's business: a request without one is told so
+/// without the function's name; and the answer's status is the service's choice (a `401` where
+/// the key is the caller's credential).
+#[tokio::test]
+async fn a_missing_key_may_be_answered_401_and_names_nothing_internal() {
+    use http_body_util::{BodyExt, Full};
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .limit(Limit::per_minute("m", 1))
+        .key(crate::key::from_fn("api-key", |parts| {
+            parts
+                .headers
+                .get("authorization")
+                .map(|v| v.as_bytes().to_vec())
+        }))
+        .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
+        .build()
+        .unwrap();
+    let inner = service_fn(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::new())))
+    });
+    let mut svc = tower_layer::Layer::layer(&layer, inner);
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.contains("\"status\":401")
+            && body.contains(
+                "\"detail\":\"the request carries no rate-limit key: it is read from the request\""
+            ),
+        "{body}"
+    );
+    assert!(!body.contains("api-key") && !body.contains("fn:"), "{body}");
+    let keyed = Request::get("/")
+        .header("authorization", "k")
+        .body(())
+        .unwrap();
+    let res = svc.ready().await.unwrap().call(keyed).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
