@@ -68,6 +68,24 @@ pub struct FromFn<F> {
     f: F,
 }
 
+impl<F> FromFn<F> {
+    /// The key of a request for which the function returns `value`, as
+    /// [`extract`](KeyExtractor::extract) finds it: to
+    /// [`peek`](crate::rate_limit::RateLimitLayer::peek) at or
+    /// [`reset`](crate::rate_limit::RateLimitLayer::reset) a known caller.
+    ///
+    /// ```
+    /// use tollgate::key::{KeyExtractor, from_fn};
+    ///
+    /// let tenant = from_fn("tenant", |p: &http::request::Parts| p.headers.get("x-tenant").map(|v| v.as_bytes().to_vec()));
+    /// let head = http::Request::get("/").header("x-tenant", "42").body(()).unwrap().into_parts().0;
+    /// assert_eq!(tenant.extract(&head), Some(tenant.key(b"42")));
+    /// ```
+    pub fn key(&self, value: &[u8]) -> Key {
+        Key::new(&self.domain, value)
+    }
+}
+
 impl<F> std::fmt::Debug for FromFn<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FromFn")

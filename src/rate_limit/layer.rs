@@ -116,9 +116,10 @@ impl<K> RateLimitLayer<K> {
         self.extractor.extract(parts)
     }
 
-    /// Caller `key`'s state of each limit, without spending any: a check of cost 0 in the
-    /// store (`admitted` says whether no limit is over its quota). Bounded by the store's
-    /// timeout, as every check.
+    /// Caller `key`'s state of each of the layer's own limits, without spending any: a check of
+    /// cost 0 in the store (`admitted` says whether no limit is over its quota). Bounded by the
+    /// store's timeout, as every check. Under tiers, [`peek_tier`](Self::peek_tier) names the
+    /// tier and [`peek_request`](Self::peek_request) lets the layer choose it as for a request.
     ///
     /// ```
     /// # tokio_test_block_on(async {
@@ -147,6 +148,26 @@ impl<K> RateLimitLayer<K> {
             .store
             .check_rate(policy, RateCheck::new(key, 0))
             .await
+    }
+
+    /// [`peek`](Self::peek) at the caller of a request with head `parts`, under the limits the
+    /// request would be counted against: its key as the layer finds it, its tier as
+    /// [`tier_by`](RateLimitLayerBuilder::tier_by) chooses it. `None` when the request carries
+    /// no key.
+    pub async fn peek_request(&self, parts: &Parts) -> Result<Option<RateOutcome>, StoreError>
+    where
+        K: KeyExtractor,
+    {
+        let Some(key) = self.extractor.extract(parts) else {
+            return Ok(None);
+        };
+        let policy = &self.settings.tiers.for_request(parts).policy;
+        let check = RateCheck::new(key, 0);
+        self.settings
+            .store
+            .check_rate(policy, check)
+            .await
+            .map(Some)
     }
 
     /// [`peek`](Self::peek) at caller `key`'s state of tier `name`'s limits (the layer's own

@@ -407,3 +407,45 @@ async fn a_missing_key_may_be_answered_401_and_names_nothing_internal() {
     let res = svc.ready().await.unwrap().call(keyed).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
 }
+
+/// An admin endpoint peeks at a caller as a request of it would be counted: its key from a
+/// function, its tier as `tier_by` chooses it — and resets it by the function's key.
+#[tokio::test]
+async fn peek_request_follows_tier_by_and_from_fn_keys_can_be_named() {
+    let by_user = crate::key::from_fn("user", |p: &http::request::Parts| {
+        p.headers.get("x-user").map(|v| v.as_bytes().to_vec())
+    });
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .limit(Limit::per_minute("m", 5))
+        .tier("pro", vec![Limit::per_minute("m", 50)])
+        .tier_by(|p| p.headers.get("x-plan")?.to_str().ok())
+        .key(by_user.clone())
+        .build()
+        .unwrap();
+    let head = |plan: &str| {
+        let req = Request::get("/")
+            .header("x-user", "ann")
+            .header("x-plan", plan);
+        req.body(()).unwrap().into_parts().0
+    };
+    let mut svc = tower_layer::Layer::layer(
+        &layer,
+        service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
+    );
+    let pro = Request::from_parts(head("pro"), ());
+    assert_eq!(
+        svc.ready().await.unwrap().call(pro).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let peeked = layer.peek_request(&head("pro")).await.unwrap().unwrap();
+    assert_eq!(peeked.limits[0].remaining, 49, "the pro tier's limits");
+    assert_eq!(
+        layer.peek(by_user.key(b"ann")).await.unwrap().limits[0].remaining,
+        5
+    );
+    let anonymous = Request::get("/").body(()).unwrap().into_parts().0;
+    assert!(layer.peek_request(&anonymous).await.unwrap().is_none());
+    layer.reset(by_user.key(b"ann")).await.unwrap();
+    let peeked = layer.peek_request(&head("pro")).await.unwrap().unwrap();
+    assert_eq!(peeked.limits[0].remaining, 50);
+}
