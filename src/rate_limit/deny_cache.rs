@@ -8,6 +8,11 @@
 //! T is counted from when the check was sent, not from when the reply came: the store decided
 //! somewhere in between, so a slow reply must not stretch the denial beyond the store's.
 //!
+//! A denial is served from the cache for at most [`MAX_AGE`], however long the store's wait:
+//! then the store is asked again. So a reset, or a settlement that refunded the caller, through
+//! any copy frees the caller on every copy within that time (a denied caller flooding a copy
+//! still costs it at most one store check per `MAX_AGE`).
+//!
 //! Callers are spread over [`SHARDS`] maps by a hash of their key, each behind its own lock, so
 //! that requests of different callers seldom wait for one another.
 
@@ -27,6 +32,9 @@ const CAPACITY: usize = 10_000;
 
 const SHARDS: usize = 16;
 
+/// How long a denial is served from the cache before the store is asked again.
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(1);
+
 #[derive(Debug)]
 pub(crate) struct DenyCache {
     shards: Box<[Mutex<Entries>]>,
@@ -44,7 +52,10 @@ struct Entries {
 
 #[derive(Debug)]
 struct Denial {
+    /// Until when the store's wait runs.
     until: Instant,
+    /// Until when the cache serves it: the store's wait, or [`MAX_AGE`] if that is sooner.
+    expires: Instant,
     /// When the check that was denied was sent.
     at: Instant,
     cost: u64,
@@ -82,6 +93,7 @@ impl DenyCache {
             decision.key,
             Denial {
                 until,
+                expires: until.min(sent_at + MAX_AGE),
                 at: sent_at,
                 cost: decision.cost,
                 decision: decision.clone(),
@@ -94,7 +106,7 @@ impl DenyCache {
         let now = Instant::now();
         let mut entries = self.lock(key);
         let denial = entries.map.get(&key)?;
-        if denial.until <= now {
+        if denial.expires <= now {
             entries.map.remove(&key);
             return None;
         }
@@ -138,7 +150,7 @@ impl Entries {
             return false;
         }
         self.swept = Some(now);
-        self.map.retain(|_, denial| denial.until > now);
+        self.map.retain(|_, denial| denial.expires > now);
         self.map.len() < CAPACITY / SHARDS
     }
 }
@@ -240,6 +252,68 @@ mod tests {
             DecisionSource::Store,
             "the cached denial outlived the store's"
         );
+        assert_eq!(checks.load(Ordering::SeqCst), 2);
+    }
+
+    /// A store that denies every check at once for a minute (a caller over an hourly limit,
+    /// say), counting the checks it is asked.
+    #[derive(Debug, Default)]
+    struct LongDenial {
+        checks: Arc<AtomicUsize>,
+    }
+
+    const LONG: std::time::Duration = std::time::Duration::from_secs(60);
+
+    impl RateStore for LongDenial {
+        fn check_rate(&self, _: &Arc<RatePolicy>, _: RateCheck) -> StoreFuture<RateOutcome> {
+            self.checks.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async {
+                Ok(RateOutcome {
+                    admitted: false,
+                    retry_after: LONG,
+                    limits: vec![LimitState {
+                        remaining: 0,
+                        reset: LONG,
+                    }],
+                    decided_at_us: None,
+                })
+            })
+        }
+
+        fn timeout(&self) -> std::time::Duration {
+            LONG
+        }
+
+        fn reset_rate(&self, _: &Arc<RatePolicy>, _: super::Key) -> StoreFuture<()> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// However long the store's wait, a denial is served from the cache for at most
+    /// `MAX_AGE`, then the store is asked again: a reset or refund made through another copy
+    /// frees the caller here within that time. The answers still count down the store's wait.
+    #[tokio::test(start_paused = true)]
+    async fn a_long_denial_is_asked_again_after_the_cache_max_age() {
+        let store = LongDenial::default();
+        let checks = Arc::clone(&store.checks);
+        let layer = RateLimitLayer::builder(store)
+            .limit(Limit::per_hour("h", 1))
+            .key(Header::from_static("x-caller"))
+            .build()
+            .unwrap();
+        let ok = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) };
+        let mut svc = tower_layer::Layer::layer(&layer, service_fn(ok));
+        assert_eq!(decision(&mut svc).await.source(), DecisionSource::Store);
+        tokio::time::advance(super::MAX_AGE - std::time::Duration::from_millis(1)).await;
+        let cached = decision(&mut svc).await;
+        assert_eq!(cached.source(), DecisionSource::DenyCache);
+        assert_eq!(
+            cached.retry_after(),
+            LONG - super::MAX_AGE + std::time::Duration::from_millis(1)
+        );
+        assert_eq!(checks.load(Ordering::SeqCst), 1);
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        assert_eq!(decision(&mut svc).await.source(), DecisionSource::Store);
         assert_eq!(checks.load(Ordering::SeqCst), 2);
     }
 }

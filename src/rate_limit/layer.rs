@@ -182,8 +182,8 @@ impl<K> RateLimitLayer<K> {
 
     /// Forgets what caller `key` has spent of this layer's limits — of every tier — in the
     /// store (every copy sees it at once) and in this copy's deny cache. Another copy that
-    /// cached a denial of `key` keeps denying it until the retry time it was told (at most the
-    /// longest window).
+    /// cached a denial of `key` asks the store again within a second (the deny cache's longest
+    /// hold), and then admits.
     pub async fn reset(&self, key: Key) -> Result<(), StoreError> {
         let settings = &self.settings;
         if let Some(cache) = &settings.deny_cache {
@@ -543,8 +543,10 @@ impl<K> RateLimitLayerBuilder<K> {
 
     /// Whether a copy, once the store has denied a caller until some time, denies that caller's
     /// requests (of the same or larger cost) locally until then, without a store round trip
-    /// (default true). A flood from one caller then costs about one store call per copy and
-    /// retry period. It caches the store's decision and never admits on its own.
+    /// (default true) — for at most a second at a time, then it asks the store again, so that a
+    /// reset or a refund made through any copy frees the caller on every copy within a second.
+    /// A flood from one caller then costs about one store call per copy and second. It caches
+    /// the store's decision and never admits on its own.
     pub fn deny_cache(mut self, enabled: bool) -> Self {
         self.draft.deny_cache = enabled;
         self

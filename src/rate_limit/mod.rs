@@ -20,8 +20,9 @@
 //! - **Store down**: as [`OnStoreError`] says — by default the request is allowed and a warning
 //!   logged.
 //! - **Floods**: once the store has denied a caller until some time, this copy denies that
-//!   caller's requests locally until then, without a round trip (a cache of the store's decision
-//!   that can only deny; [`RateLimitLayerBuilder::deny_cache`]).
+//!   caller's requests locally until then, without a round trip, asking the store again at least
+//!   once a second (a cache of the store's decision that can only deny, and that a reset through
+//!   another copy outlives by at most a second; [`RateLimitLayerBuilder::deny_cache`]).
 //! - **No key** (say, no API key header and no fallback): as [`MissingKey`] says — by default
 //!   `400 Bad Request`.
 //!

@@ -1434,3 +1434,47 @@ fn tier_configurations_are_validated() {
             .is_ok()
     );
 }
+
+/// A reset through copy B frees the caller on copy A, whose deny cache held A's denial for an
+/// hourly limit: within the cache's longest hold (a second), A asks the store again and admits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_through_one_copy_frees_the_caller_on_the_other_within_a_second() {
+    let server = RedisServer::start();
+    let layer = |server: &RedisServer| {
+        RateLimitLayer::builder(store(server, Duration::from_secs(2)))
+            .limit(Limit::per_hour("hourly", 2))
+            .key(Header::new(CLIENT))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (layer(&server), layer(&server));
+    let calls = Calls::default();
+    let copy_a = stack(a, &calls);
+    for _ in 0..2 {
+        assert_eq!(send(&copy_a, get("ann")).await.status, StatusCode::OK);
+    }
+    let denied = send(&copy_a, get("ann")).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.decision().source(), DecisionSource::Store);
+    let cached = send(&copy_a, get("ann")).await;
+    assert_eq!(cached.decision().source(), DecisionSource::DenyCache);
+    assert!(cached.retry_after_secs() > 3_000, "an hourly limit's wait");
+
+    b.reset(Header::new(CLIENT).key(b"ann")).await.unwrap();
+    let reset_at = Instant::now();
+    let admitted = loop {
+        let reply = send(&copy_a, get("ann")).await;
+        if reply.status == StatusCode::OK {
+            break reset_at.elapsed();
+        }
+        assert!(
+            reset_at.elapsed() < Duration::from_secs(10),
+            "copy A still denies from its cache 10 s after the reset"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        admitted <= Duration::from_millis(1_200),
+        "admitted {admitted:?} after the reset"
+    );
+}
