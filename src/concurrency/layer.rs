@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::request::Parts;
 use tower_layer::Layer;
 
 use super::permit::LocalPermits;
@@ -77,17 +78,29 @@ impl ConcurrencyLimitLayer {
             on_store_error: OnStoreError::Allow,
             missing_key: MissingKey::Reject,
             prefix: keys::DEFAULT_PREFIX.to_owned(),
+            tiers: Vec::new(),
+            tier_by: None,
             extractor: Global,
         }
     }
 }
 
 impl<K> ConcurrencyLimitLayer<K> {
-    /// At most this many requests per key in flight.
+    /// At most this many requests per key in flight: the layer's own limit, for requests of no
+    /// tier.
     pub fn limit(&self) -> u32 {
         self.settings.limit
     }
+
+    /// The limit of tier `name`, or the layer's own when it has no tier of that name — as for a
+    /// request.
+    pub fn tier_limit(&self, name: &str) -> u32 {
+        self.settings.tier_limit(name)
+    }
 }
+
+/// Chooses a request's tier by name, from its head.
+pub(crate) type TierBy = Arc<dyn Fn(&Parts) -> Option<&str> + Send + Sync>;
 
 impl<S, K> Layer<S> for ConcurrencyLimitLayer<K> {
     type Service = ConcurrencyLimit<S, K>;
@@ -111,6 +124,8 @@ pub struct ConcurrencyLimitLayerBuilder<K = Global> {
     on_store_error: OnStoreError,
     missing_key: MissingKey,
     prefix: String,
+    tiers: Vec<(Box<str>, u32)>,
+    tier_by: Option<TierBy>,
     extractor: K,
 }
 
@@ -119,6 +134,7 @@ impl<K: fmt::Debug> fmt::Debug for ConcurrencyLimitLayerBuilder<K> {
         f.debug_struct("ConcurrencyLimitLayerBuilder")
             .field("store", &self.store)
             .field("limit", &self.limit)
+            .field("tiers", &self.tiers)
             .field("lease", &self.lease)
             .field("key", &self.extractor)
             .finish_non_exhaustive()
@@ -126,9 +142,43 @@ impl<K: fmt::Debug> fmt::Debug for ConcurrencyLimitLayerBuilder<K> {
 }
 
 impl<K> ConcurrencyLimitLayerBuilder<K> {
-    /// At most `limit` (at least 1) requests per key in flight, across every copy.
+    /// At most `limit` (at least 1) requests per key in flight, across every copy: the limit
+    /// of requests of no tier.
     pub fn limit(mut self, limit: u32) -> Self {
         self.limit = Some(limit);
+        self
+    }
+
+    /// Tier `name`'s limit (at least 1): requests that [`tier_by`](Self::tier_by) names `name`
+    /// count against it, under the same key, in place of the layer's own — as the rate limit's
+    /// tiers do. A request of an unknown tier gets the layer's own limit, never none.
+    ///
+    /// ```
+    /// use tollgate::concurrency::ConcurrencyLimitLayer;
+    /// use tollgate::key::Header;
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let layer = ConcurrencyLimitLayer::builder(MemoryStore::new())
+    ///     .limit(2)
+    ///     .tier("pro", 10)
+    ///     .tier_by(|parts| parts.headers.get("x-plan")?.to_str().ok())
+    ///     .key(Header::from_static("x-api-key"))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!((layer.tier_limit("pro"), layer.tier_limit("gold"), layer.limit()), (10, 2, 2));
+    /// ```
+    pub fn tier(mut self, name: impl Into<String>, limit: u32) -> Self {
+        self.tiers.push((name.into().into_boxed_str(), limit));
+        self
+    }
+
+    /// Chooses each request's tier by name from its head (a plan header, a claim of a verified
+    /// token); `None`, or a name of no tier, is the layer's own limit.
+    pub fn tier_by(
+        mut self,
+        select: impl Fn(&Parts) -> Option<&str> + Send + Sync + 'static,
+    ) -> Self {
+        self.tier_by = Some(Arc::new(select));
         self
     }
 
@@ -143,6 +193,8 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             on_store_error: self.on_store_error,
             missing_key: self.missing_key,
             prefix: self.prefix,
+            tiers: self.tiers,
+            tier_by: self.tier_by,
             extractor,
         }
     }
@@ -207,6 +259,26 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
                 ));
             }
         };
+        for (name, tier) in &self.tiers {
+            if name.is_empty() || *tier == 0 {
+                return Err(ConfigError::new(
+                    ConfigErrorKind::Limit,
+                    format!("concurrency tier {name:?} needs a name and a limit >= 1, got {tier}"),
+                ));
+            }
+            if self.tiers.iter().filter(|(other, _)| other == name).count() > 1 {
+                return Err(ConfigError::new(
+                    ConfigErrorKind::Limit,
+                    format!("concurrency tier {name:?} is given twice"),
+                ));
+            }
+        }
+        if self.tier_by.is_some() == self.tiers.is_empty() {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Limit,
+                "concurrency tiers and tier_by go together: name the tiers and how a request picks one",
+            ));
+        }
         if self.lease < Duration::from_millis(3) {
             return Err(ConfigError::new(
                 ConfigErrorKind::Duration,
@@ -224,14 +296,14 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
                     "the local fallback needs copies >= 1",
                 ));
             }
-            OnStoreError::LocalFallback { copies } => {
-                Some(Arc::new(LocalPermits::new(limit.div_ceil(copies))))
-            }
+            OnStoreError::LocalFallback { copies } => Some(Arc::new(LocalPermits::new(copies))),
             _ => None,
         };
         let settings = Settings {
             store: self.store,
             limit,
+            tiers: self.tiers,
+            tier_by: self.tier_by,
             lease: self.lease,
             retry_after: self.retry_after,
             queue: self.queue,
@@ -257,7 +329,11 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
 /// What every clone of a layer shares.
 pub(crate) struct Settings {
     pub(crate) store: Arc<dyn PermitStore>,
+    /// The layer's own limit.
     pub(crate) limit: u32,
+    /// The named tiers' limits, and how a request picks one.
+    pub(crate) tiers: Vec<(Box<str>, u32)>,
+    pub(crate) tier_by: Option<TierBy>,
     pub(crate) lease: Duration,
     pub(crate) retry_after: Option<Duration>,
     /// How long a request may wait in the queue for a permit.
@@ -274,11 +350,26 @@ pub(crate) struct Settings {
     pub(crate) store_warning: OncePerSecond,
 }
 
+impl Settings {
+    /// The limit of tier `name`, or the layer's own.
+    pub(crate) fn tier_limit(&self, name: &str) -> u32 {
+        let tier = self.tiers.iter().find(|(tier, _)| &**tier == name);
+        tier.map_or(self.limit, |&(_, limit)| limit)
+    }
+
+    /// The limit a request with head `parts` counts against.
+    pub(crate) fn limit_for(&self, parts: &Parts) -> u32 {
+        let name = self.tier_by.as_ref().and_then(|select| select(parts));
+        name.map_or(self.limit, |name| self.tier_limit(name))
+    }
+}
+
 impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
             .field("store", &self.store)
             .field("limit", &self.limit)
+            .field("tiers", &self.tiers)
             .field("lease", &self.lease)
             .field("retry_after", &self.retry_after)
             .field("queue", &self.queue)

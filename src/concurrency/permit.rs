@@ -100,24 +100,26 @@ impl Drop for StorePermit {
 /// The permits of one copy, per key: the local fallback's count of requests in flight.
 #[derive(Debug)]
 pub(crate) struct LocalPermits {
-    limit: u32,
+    /// The copies the limit is shared among.
+    copies: u32,
     held: Mutex<HashMap<Key, u32>>,
 }
 
 impl LocalPermits {
-    /// At most `limit` (at least 1) permits per key in this copy.
-    pub(crate) fn new(limit: u32) -> Self {
+    /// Permits of this copy, one of `copies` (at least 1) that share each key's limit.
+    pub(crate) fn new(copies: u32) -> Self {
         Self {
-            limit: limit.max(1),
+            copies: copies.max(1),
             held: Mutex::new(HashMap::new()),
         }
     }
 
-    /// A permit of `key`, unless `limit` are held.
-    pub(crate) fn acquire(self: &Arc<Self>, key: Key) -> Option<LocalPermit> {
+    /// A permit of `key`, unless this copy's share of `limit` (at least 1) is held.
+    pub(crate) fn acquire(self: &Arc<Self>, key: Key, limit: u32) -> Option<LocalPermit> {
+        let share = limit.div_ceil(self.copies).max(1);
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         let count = held.entry(key).or_insert(0);
-        if *count >= self.limit {
+        if *count >= share {
             return None;
         }
         *count += 1;

@@ -93,13 +93,14 @@ where
         let (parts, body) = request.into_parts();
         let wire = Wire::of(&parts.headers);
         let key = self.extractor.extract(&parts);
+        let limit = settings.limit_for(&parts);
         let mut request = Request::from_parts(parts, body);
         // The clone goes on serving; the instance that `poll_ready` readied handles this request.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             let admission = match key {
-                Some(key) => admit(&settings, key, wire).await,
+                Some(key) => admit(&settings, key, limit, wire).await,
                 None => match settings.missing_key.refusal() {
                     Some(refusal) => Admission::Refused(missing_key(&settings, refusal, wire)),
                     None => Admission::Unlimited,
@@ -139,9 +140,9 @@ enum Admission {
     Refused(Response<Complete>),
 }
 
-/// Takes one of `key`'s permits — waiting for one in the key's queue, if so configured — or
-/// says why not.
-async fn admit(settings: &Settings, key: Key, wire: Wire) -> Admission {
+/// Takes one of `key`'s `limit` permits — waiting for one in the key's queue, if so configured —
+/// or says why not.
+async fn admit(settings: &Settings, key: Key, limit: u32, wire: Wire) -> Admission {
     let (permits, fence_key) = keys::permits(&settings.prefix, &key);
     let hold = Hold::new(permits, uuid::Uuid::new_v4().to_string());
     let give_up_at = settings.queue.map(|patience| Instant::now() + patience);
@@ -149,7 +150,7 @@ async fn admit(settings: &Settings, key: Key, wire: Wire) -> Admission {
     let mut leave = None;
     let mut pause = FIRST_PAUSE;
     loop {
-        match acquire(settings, &hold, &fence_key).await {
+        match acquire(settings, &hold, &fence_key, limit).await {
             Ok(PermitAttempt::Acquired { fence }) => {
                 if let Some(mut leave) = leave.take() {
                     UndoUnanswered::disarm(&mut leave);
@@ -169,11 +170,11 @@ async fn admit(settings: &Settings, key: Key, wire: Wire) -> Admission {
                     }
                     _ => {
                         crate::metrics::concurrency_decision(&settings.limiter, false, "store");
-                        return Admission::Refused(full(settings, next_free, wire));
+                        return Admission::Refused(full(settings, limit, next_free, wire));
                     }
                 }
             }
-            Err(error) => return unavailable(settings, key, &error, wire),
+            Err(error) => return unavailable(settings, key, limit, &error, wire),
         }
     }
 }
@@ -190,6 +191,7 @@ async fn acquire(
     settings: &Settings,
     hold: &Hold,
     fence_key: &str,
+    limit: u32,
 ) -> Result<PermitAttempt, StoreError> {
     let store = &settings.store;
     let deadline = Instant::now() + store.timeout();
@@ -199,7 +201,7 @@ async fn acquire(
     };
     // a waiter's place outlives the pauses between its attempts and a slow answer
     let place = settings.queue.map(|_| LAST_PAUSE * 4 + store.timeout() * 2);
-    let (limit, lease) = (settings.limit, settings.lease);
+    let lease = settings.lease;
     let fence_key = fence_key.to_owned();
     let attempt = store.permit_acquire(hold.clone(), fence_key, limit, lease, place, deadline);
     lease::attempt_with_undo(Owner::Permit, deadline, undo, attempt).await
@@ -226,7 +228,13 @@ fn jittered(pause: Duration) -> Duration {
 }
 
 /// What the failure policy makes of a request whose permit the store could not decide.
-fn unavailable(settings: &Settings, key: Key, error: &StoreError, wire: Wire) -> Admission {
+fn unavailable(
+    settings: &Settings,
+    key: Key,
+    limit: u32,
+    error: &StoreError,
+    wire: Wire,
+) -> Admission {
     if settings.store_warning.ready() {
         tracing::warn!(
             target: "tollgate::concurrency",
@@ -245,14 +253,18 @@ fn unavailable(settings: &Settings, key: Key, error: &StoreError, wire: Wire) ->
             Admission::Refused(store_unavailable(wire))
         }
         OnStoreError::LocalFallback { .. } => {
-            match settings.local.as_ref().and_then(|local| local.acquire(key)) {
+            match settings
+                .local
+                .as_ref()
+                .and_then(|local| local.acquire(key, limit))
+            {
                 Some(permit) => {
                     crate::metrics::concurrency_decision(limiter, true, "local_fallback");
                     Admission::Admitted(Held::Local { _permit: permit }, None)
                 }
                 None => {
                     crate::metrics::concurrency_decision(limiter, false, "local_fallback");
-                    Admission::Refused(full(settings, Duration::from_secs(1), wire))
+                    Admission::Refused(full(settings, limit, Duration::from_secs(1), wire))
                 }
             }
         }
@@ -260,13 +272,12 @@ fn unavailable(settings: &Settings, key: Key, error: &StoreError, wire: Wire) ->
 }
 
 /// `429` (gRPC: RESOURCE_EXHAUSTED) with `Retry-After`: the configured hint, or `next_free`.
-fn full(settings: &Settings, next_free: Duration, wire: Wire) -> Response<Complete> {
+fn full(settings: &Settings, limit: u32, next_free: Duration, wire: Wire) -> Response<Complete> {
     let refused = Rejection {
         status: StatusCode::TOO_MANY_REQUESTS,
         code: Code::ResourceExhausted,
         message: Cow::Owned(format!(
-            "too many requests in flight for this key: at most {}",
-            settings.limit
+            "too many requests in flight for this key: at most {limit}"
         )),
     };
     let mut response = refused.into_response(wire);

@@ -315,3 +315,60 @@ async fn a_waiter_past_its_patience_is_refused_and_leaves_the_queue() {
     let next = svc.oneshot(call("acme")).await.unwrap();
     assert_eq!(next.status(), StatusCode::OK);
 }
+
+/// A request counts against its tier's limit, under its key: a pro request gets three at once
+/// where a request of no tier (or of an unknown one) gets one.
+#[tokio::test]
+async fn tiers_give_each_plan_its_own_limit() {
+    let layer = builder(MemoryStore::new())
+        .limit(1)
+        .tier("pro", 3)
+        .tier_by(|parts| parts.headers.get("x-plan")?.to_str().ok())
+        .build()
+        .unwrap();
+    let svc = service(layer);
+    let planned = |plan: &str| {
+        Request::post("/jobs")
+            .header("x-tenant", "acme")
+            .header("x-plan", plan)
+            .body(Full::default())
+            .unwrap()
+    };
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let response = svc.clone().oneshot(planned("pro")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "pro request {i}");
+        held.push(response);
+    }
+    let fourth = svc.clone().oneshot(planned("pro")).await.unwrap();
+    assert_eq!(fourth.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(text(fourth).await.contains("at most 3"));
+    for plain in [call("acme"), planned("gold")] {
+        let refused = svc.clone().oneshot(plain).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(text(refused).await.contains("at most 1"));
+    }
+    drop(held);
+    settle().await;
+    assert_eq!(
+        svc.oneshot(call("acme")).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
+
+#[test]
+fn tiers_without_tier_by_or_with_a_zero_limit_are_refused() {
+    let refused = |b: ConcurrencyLimitLayerBuilder<Header>| b.build().unwrap_err().to_string();
+    assert!(refused(builder(MemoryStore::new()).limit(1).tier("pro", 3)).contains("tier_by"));
+    let zero = builder(MemoryStore::new())
+        .limit(1)
+        .tier("pro", 0)
+        .tier_by(|_| Some("pro"));
+    assert!(refused(zero).contains("\"pro\""));
+    let twice = builder(MemoryStore::new())
+        .limit(1)
+        .tier("pro", 2)
+        .tier("pro", 3)
+        .tier_by(|_| Some("pro"));
+    assert!(refused(twice).contains("twice"));
+}
