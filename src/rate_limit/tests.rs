@@ -125,13 +125,21 @@ async fn cached_denials_carry_honest_headers() {
     assert_eq!(status(&mut svc, "a").await, StatusCode::OK);
     let first = svc.ready().await.unwrap().call(request("a")).await.unwrap();
     assert_eq!(first.headers()["retry-after"], "60");
-    tokio::time::advance(Duration::from_secs(20)).await;
+    // within the cache's hold: the cached denial counts the store's wait down
+    tokio::time::advance(Duration::from_millis(900)).await;
     let cached = svc.ready().await.unwrap().call(request("a")).await.unwrap();
     assert_eq!(cached.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(cached.headers()["retry-after"], "40");
-    assert_eq!(cached.headers()["ratelimit"], r#""m";r=0;t=40"#);
     let decision = cached.extensions().get::<RateLimitDecision>().unwrap();
     assert_eq!(decision.source(), DecisionSource::DenyCache);
+    assert_eq!(decision.retry_after(), Duration::from_millis(59_100));
+    // past it the store is asked again, and says the same
+    tokio::time::advance(Duration::from_millis(19_100)).await;
+    let asked = svc.ready().await.unwrap().call(request("a")).await.unwrap();
+    assert_eq!(asked.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(asked.headers()["retry-after"], "40");
+    assert_eq!(asked.headers()["ratelimit"], r#""m";r=0;t=40"#);
+    let decision = asked.extensions().get::<RateLimitDecision>().unwrap();
+    assert_eq!(decision.source(), DecisionSource::Store);
 }
 
 #[tokio::test(start_paused = true)]
