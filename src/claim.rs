@@ -157,6 +157,43 @@ impl Claims {
         })
     }
 
+    /// Runs work at most once per `period` across every copy: the claim of `name` with
+    /// `period` as its lifetime. The first caller wins and runs the work; every caller until the
+    /// claim ends — `period` later, on the store's clock — loses. So each copy can tick as
+    /// often as it likes (every copy ticking each `period`, say) and the work runs at most once
+    /// per `period`, by whichever copy asks first after it ends.
+    ///
+    /// The claim bounds how often the work starts, not how long it runs: work that can outlast
+    /// `period` and must not overlap itself also takes a [lock](crate::lock::Locks). An
+    /// unanswered attempt is undone as [`claim_once`](Self::claim_once)'s is, so the work may
+    /// run again sooner than `period` after an attempt whose answer was lost — never twice on
+    /// one won claim.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tollgate::store::StoreError> {
+    /// use std::time::Duration;
+    /// use tollgate::claim::Claims;
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let store = MemoryStore::new();
+    /// // two copies of the service, on one store
+    /// let (a, b) = (Claims::new(store.clone()), Claims::new(store));
+    /// let minute = Duration::from_secs(60);
+    /// assert!(a.once_per("digest-mail", minute).await?.won());
+    /// assert!(!b.once_per("digest-mail", minute).await?.won());
+    /// assert!(!a.once_per("digest-mail", minute).await?.won());
+    /// # Ok(()) }
+    /// ```
+    pub async fn once_per(
+        &self,
+        name: impl AsRef<[u8]>,
+        period: Duration,
+    ) -> Result<Claim, StoreError> {
+        // a claim of no lifetime would be forever: the shortest the stores keep is a millisecond
+        self.claim_once(name, period.max(Duration::from_millis(1)))
+            .await
+    }
+
     /// Gives back a claim that we won (say, the work it guarded failed), so that it can be won
     /// again. Only the winner's own claim is deleted: `false` when `claim` was lost, or the claim
     /// expired or was released already.

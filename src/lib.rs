@@ -191,17 +191,7 @@
 //!
 //! # Feature flags
 //!
-//! - `redis` (default): [`RedisStore`](store::RedisStore), on Redis or Valkey, standalone or
-//!   Cluster, through redis-rs.
-//! - `postgres`: [`PgStore`], on PostgreSQL through tokio-postgres and a
-//!   deadpool-postgres pool, with its schema migrations and advisory transaction locks.
-//! - `axum`: the peer-IP extractors also read axum's `ConnectInfo<SocketAddr>`; with `postgres`,
-//!   an `OnceTx` is an axum extractor (`async fn handler(tx: OnceTx)`).
-//! - `metrics`: counters and histograms through the `metrics` facade (see [`metrics`]).
-//! - `serde`: limits and a rate-limit configuration deserialize from configuration files
-//!   ([`RateLimitConfig`]).
-//! - `tls-rustls`, `tls-native-tls`: `rediss://` through rustls or the system's TLS library, with
-//!   a given CA certificate and client certificate if need be.
+#![doc = document_features::document_features!()]
 //!
 //! No framework is a default dependency: the layers work on `http::Request` / `http::Response`
 //! and fit axum, tonic and hyper alike.

@@ -45,7 +45,7 @@ use tollgate::ConfigError;
 use tollgate::claim::Claims;
 use tollgate::concurrency::{ConcurrencyLimitLayer, Permit};
 use tollgate::idempotency::IdempotencyLayer;
-use tollgate::key::{self, Cidr, ForwardedIp, FromFn, Header, Key, KeyExtractor, Or};
+use tollgate::key::{self, BoxedKey, Cidr, ForwardedIp, Header, Key, KeyExtractor, Or};
 use tollgate::lock::{LockError, Locks};
 use tollgate::rate_limit::{Algorithm, Limit, OnStoreError, RateLimitDecision, RateLimitLayer};
 use tollgate::store::{OnceTx, PgStore, Store};
@@ -387,16 +387,13 @@ pub struct AppState {
     /// Idempotency of `POST /payments`, scoped by API key.
     payments: IdempotencyLayer<Header>,
     /// At most `APP_JOB_CONCURRENCY` jobs per tenant at once.
-    jobs: ConcurrencyLimitLayer<TenantKey>,
+    jobs: ConcurrencyLimitLayer<BoxedKey>,
     /// The token budget of `POST /llm/complete`: reserve, then settle.
     tokens: RateLimitLayer<Header>,
     /// With `DATABASE_URL`: the database of `POST /transfers`, and the idempotency layer that
     /// runs each transfer in a transaction recording its response.
     transfers: Option<(PgStore, IdempotencyLayer<Header>)>,
 }
-
-/// The tenant of `/jobs/{tenant}/run`: its path's second segment.
-pub type TenantKey = FromFn<fn(&Parts) -> Option<String>>;
 
 /// The tenant named by a `/jobs/{tenant}/...` path.
 fn tenant_of(parts: &Parts) -> Option<String> {
@@ -427,10 +424,7 @@ impl AppState {
             .limit(config.jobs.concurrency)
             .lease(config.jobs.lease)
             .retry_after(config.jobs.duration)
-            .key(key::from_fn(
-                "tenant",
-                tenant_of as fn(&Parts) -> Option<String>,
-            ))
+            .key(key::from_fn("tenant", tenant_of).boxed())
             .build()?;
         let tokens = RateLimitLayer::builder(Arc::clone(&store))
             .prefix("tollgate-app:llm")

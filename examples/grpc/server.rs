@@ -21,7 +21,7 @@ use http::request::Parts;
 use tokio::net::TcpListener;
 use tollgate::ConfigError;
 use tollgate::idempotency::IdempotencyLayer;
-use tollgate::key::{FromFn, Header, KeyExtractor, Or, from_fn};
+use tollgate::key::{BoxedKey, Header, KeyExtractor, from_fn};
 use tollgate::rate_limit::{Limit, RateLimitLayer};
 use tollgate::store::Store;
 use tonic::transport::Server;
@@ -55,11 +55,13 @@ pub fn peer_ip(parts: &Parts) -> Option<String> {
 }
 
 /// Who a call counts against: its `x-api-key` metadata, else its peer IP address.
-pub type CallerKey = Or<Header, FromFn<fn(&Parts) -> Option<String>>>;
+pub type CallerKey = BoxedKey;
 
 /// The caller key extractor: `x-api-key`, else the peer IP address.
 pub fn caller_key() -> CallerKey {
-    Header::from_static(API_KEY).or(from_fn("peer-ip", peer_ip as fn(&Parts) -> Option<String>))
+    Header::from_static(API_KEY)
+        .or(from_fn("peer-ip", peer_ip))
+        .boxed()
 }
 
 /// The two layers every call passes, outermost first.

@@ -80,6 +80,7 @@ impl ConcurrencyLimitLayer {
             prefix: keys::DEFAULT_PREFIX.to_owned(),
             tiers: Vec::new(),
             tier_by: None,
+            advertise: None,
             extractor: Global,
         }
     }
@@ -126,6 +127,7 @@ pub struct ConcurrencyLimitLayerBuilder<K = Global> {
     prefix: String,
     tiers: Vec<(Box<str>, u32)>,
     tier_by: Option<TierBy>,
+    advertise: Option<String>,
     extractor: K,
 }
 
@@ -195,6 +197,7 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             prefix: self.prefix,
             tiers: self.tiers,
             tier_by: self.tier_by,
+            advertise: self.advertise,
             extractor,
         }
     }
@@ -239,14 +242,56 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
         self
     }
 
+    /// Advertises the limit in the IETF headers under the policy `name`: every response carries
+    /// `RateLimit-Policy: "<name>";q=<limit>;qu="concurrent-requests"` (the limit of the
+    /// request's tier), and a refusal also `RateLimit: "<name>";r=0;t=<seconds>`. `name` is
+    /// restricted as a limit's name is (ASCII letters, digits, `-`, `_`, `.`). Off by default.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response};
+    /// use tollgate::concurrency::ConcurrencyLimitLayer;
+    /// use tollgate::store::MemoryStore;
+    /// use tower::{Layer, ServiceExt, service_fn};
+    ///
+    /// let layer = ConcurrencyLimitLayer::builder(MemoryStore::new())
+    ///     .limit(4)
+    ///     .advertise("in-flight")
+    ///     .build()
+    ///     .unwrap();
+    /// let service = layer.layer(service_fn(|_: Request<String>| async {
+    ///     Ok::<_, Infallible>(Response::new(String::new()))
+    /// }));
+    /// let response = service.oneshot(Request::new(String::new())).await.unwrap();
+    /// assert_eq!(
+    ///     response.headers()["ratelimit-policy"],
+    ///     r#""in-flight";q=4;qu="concurrent-requests""#
+    /// );
+    /// # });
+    /// ```
+    pub fn advertise(mut self, name: impl Into<String>) -> Self {
+        self.advertise = Some(name.into());
+        self
+    }
+
     /// The prefix of the store keys (default `tollgate`): permits live under `<prefix>:cc:`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
-    /// The layer, or what is wrong with its configuration.
+    /// The layer, or what is wrong with its configuration, naming the layer by its prefix:
+    /// `concurrency limit "tollgate": …`.
     pub fn build(self) -> Result<ConcurrencyLimitLayer<K>, ConfigError>
+    where
+        K: KeyExtractor,
+    {
+        let layer = format!("concurrency limit {:?}", self.prefix);
+        self.validated().map_err(|e| e.within(&layer))
+    }
+
+    fn validated(self) -> Result<ConcurrencyLimitLayer<K>, ConfigError>
     where
         K: KeyExtractor,
     {
@@ -255,7 +300,7 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             limit => {
                 return Err(ConfigError::new(
                     ConfigErrorKind::Limit,
-                    format!("a concurrency limit needs .limit(n) with n >= 1, got {limit:?}"),
+                    format!("needs .limit(n) with n >= 1, got {limit:?}"),
                 ));
             }
         };
@@ -263,20 +308,20 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             if name.is_empty() || *tier == 0 {
                 return Err(ConfigError::new(
                     ConfigErrorKind::Limit,
-                    format!("concurrency tier {name:?} needs a name and a limit >= 1, got {tier}"),
+                    format!("tier {name:?} needs a name and a limit >= 1, got {tier}"),
                 ));
             }
             if self.tiers.iter().filter(|(other, _)| other == name).count() > 1 {
                 return Err(ConfigError::new(
                     ConfigErrorKind::Limit,
-                    format!("concurrency tier {name:?} is given twice"),
+                    format!("tier {name:?} is given twice"),
                 ));
             }
         }
         if self.tier_by.is_some() == self.tiers.is_empty() {
             return Err(ConfigError::new(
                 ConfigErrorKind::Limit,
-                "concurrency tiers and tier_by go together: name the tiers and how a request picks one",
+                "tiers and tier_by go together: name the tiers and how a request picks one",
             ));
         }
         if self.lease < Duration::from_millis(3) {
@@ -289,6 +334,10 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             ));
         }
         keys::check_prefix(&self.prefix)?;
+        let advertise = match self.advertise {
+            Some(name) => Some(advertised(name)?),
+            None => None,
+        };
         let local = match self.on_store_error {
             OnStoreError::LocalFallback { copies: 0 } => {
                 return Err(ConfigError::new(
@@ -304,6 +353,7 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             limit,
             tiers: self.tiers,
             tier_by: self.tier_by,
+            advertise,
             lease: self.lease,
             retry_after: self.retry_after,
             queue: self.queue,
@@ -326,6 +376,18 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
     }
 }
 
+/// `name`, checked as a limit's name is: it goes into the headers unescaped.
+fn advertised(name: String) -> Result<Box<str>, ConfigError> {
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if name.is_empty() || !name.chars().all(valid) {
+        return Err(ConfigError::new(
+            ConfigErrorKind::Limit,
+            format!("the advertised name {name:?} must be ASCII letters, digits, '-', '_' or '.'"),
+        ));
+    }
+    Ok(name.into_boxed_str())
+}
+
 /// What every clone of a layer shares.
 pub(crate) struct Settings {
     pub(crate) store: Arc<dyn PermitStore>,
@@ -334,6 +396,8 @@ pub(crate) struct Settings {
     /// The named tiers' limits, and how a request picks one.
     pub(crate) tiers: Vec<(Box<str>, u32)>,
     pub(crate) tier_by: Option<TierBy>,
+    /// The policy name the IETF headers advertise the limit under, if they do.
+    pub(crate) advertise: Option<Box<str>>,
     pub(crate) lease: Duration,
     pub(crate) retry_after: Option<Duration>,
     /// How long a request may wait in the queue for a permit.

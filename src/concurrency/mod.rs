@@ -61,6 +61,8 @@
 //! ```
 
 mod body;
+#[cfg(feature = "serde")]
+mod config;
 mod layer;
 mod permit;
 mod service;
@@ -68,6 +70,8 @@ mod service;
 mod tests;
 
 pub use body::PermitBody;
+#[cfg(feature = "serde")]
+pub use config::ConcurrencyConfig;
 pub use layer::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
 pub use permit::Permit;
 pub use service::{ConcurrencyLimit, ResponseFuture};
@@ -75,7 +79,15 @@ pub use service::{ConcurrencyLimit, ResponseFuture};
 pub use crate::key::MissingKey;
 
 /// What a concurrency-limit layer does when its store fails or does not answer in time.
+///
+/// With the `serde` feature it reads as `"allow"`, `"deny"` or
+/// `{ "local_fallback": { "copies": n } }`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(
+    feature = "serde",
+    serde(rename_all = "snake_case", deny_unknown_fields)
+)]
 #[non_exhaustive]
 pub enum OnStoreError {
     /// Let the request through without a permit and log a warning. Availability over

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -21,6 +21,8 @@ use crate::grpc::{Code, Wire};
 use crate::key::{Global, Key, KeyExtractor};
 use crate::keys;
 use crate::lease::{self, Owner, UndoUnanswered};
+use crate::rate_limit::QuotaUnit;
+use crate::rate_limit::headers::{RATELIMIT, RATELIMIT_POLICY};
 use crate::rejection::{self, Rejection};
 use crate::store::{Hold, PermitAttempt, StoreError};
 
@@ -117,7 +119,8 @@ where
                 }
             };
             // a failing or cancelled handler drops `held`: the permit goes back
-            let response = run(inner, request).await?;
+            let mut response = run(inner, request).await?;
+            advertise(&settings, limit, response.headers_mut(), None);
             Ok(response.map(|body| PermitBody::inner(body, held)))
         })
     }
@@ -282,10 +285,30 @@ fn full(settings: &Settings, limit: u32, next_free: Duration, wire: Wire) -> Res
     };
     let mut response = refused.into_response(wire);
     let wait = settings.retry_after.unwrap_or(next_free);
+    let headers = response.headers_mut();
+    headers.insert(header::RETRY_AFTER, rejection::retry_after(wait));
+    advertise(settings, limit, headers, Some(wait));
     response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, rejection::retry_after(wait));
-    response
+}
+
+/// With [`advertise`](super::ConcurrencyLimitLayerBuilder::advertise): the limit in
+/// `RateLimit-Policy`, and on a refusal (`wait` given) `RateLimit` with nothing left.
+fn advertise(settings: &Settings, limit: u32, headers: &mut HeaderMap, wait: Option<Duration>) {
+    let Some(name) = settings.advertise.as_deref() else {
+        return;
+    };
+    let unit = QuotaUnit::ConcurrentRequests.token();
+    let policy = format!("\"{name}\";q={limit};qu=\"{unit}\"");
+    // the name is checked when the layer is built: the values are valid header text
+    if let Ok(policy) = HeaderValue::from_str(&policy) {
+        headers.insert(RATELIMIT_POLICY, policy);
+    }
+    if let Some(wait) = wait {
+        let state = format!("\"{name}\";r=0;t={}", rejection::ceil_secs(wait));
+        if let Ok(state) = HeaderValue::from_str(&state) {
+            headers.insert(RATELIMIT, state);
+        }
+    }
 }
 
 /// `503` (gRPC: UNAVAILABLE) with `Retry-After: 1`.

@@ -364,11 +364,59 @@ fn tiers_without_tier_by_or_with_a_zero_limit_are_refused() {
         .limit(1)
         .tier("pro", 0)
         .tier_by(|_| Some("pro"));
-    assert!(refused(zero).contains("\"pro\""));
+    assert!(
+        refused(zero).starts_with("concurrency limit \"tollgate\": tier \"pro\" needs"),
+        "the layer and the tier are named"
+    );
     let twice = builder(MemoryStore::new())
         .limit(1)
         .tier("pro", 2)
         .tier("pro", 3)
         .tier_by(|_| Some("pro"));
     assert!(refused(twice).contains("twice"));
+}
+
+#[tokio::test]
+async fn an_advertised_limit_is_in_the_ietf_headers_of_its_tier() {
+    let layer = builder(MemoryStore::new())
+        .limit(1)
+        .tier("pro", 3)
+        .tier_by(|parts| parts.headers.get("x-plan")?.to_str().ok())
+        .advertise("jobs")
+        .retry_after(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let mut svc = service(layer);
+    let held = svc.ready().await.unwrap().call(call("a")).await.unwrap();
+    assert_eq!(
+        held.headers()["ratelimit-policy"],
+        r#""jobs";q=1;qu="concurrent-requests""#
+    );
+    assert!(held.headers().get("ratelimit").is_none(), "admitted");
+    let refused = svc.ready().await.unwrap().call(call("a")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused.headers()["ratelimit-policy"],
+        r#""jobs";q=1;qu="concurrent-requests""#
+    );
+    assert_eq!(refused.headers()["ratelimit"], r#""jobs";r=0;t=2"#);
+    let mut pro = call("b");
+    pro.headers_mut().insert("x-plan", "pro".parse().unwrap());
+    let pro = svc.ready().await.unwrap().call(pro).await.unwrap();
+    assert_eq!(
+        pro.headers()["ratelimit-policy"],
+        r#""jobs";q=3;qu="concurrent-requests""#
+    );
+    drop(held);
+}
+
+#[test]
+fn an_advertised_name_is_checked() {
+    let error = builder(MemoryStore::new())
+        .limit(1)
+        .advertise("in flight")
+        .build()
+        .unwrap_err();
+    assert_eq!(error.kind(), ConfigErrorKind::Limit);
+    assert!(error.to_string().contains("\"in flight\""), "{error}");
 }

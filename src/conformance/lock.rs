@@ -74,6 +74,31 @@ pub async fn claim_expires_only_when_asked(store: &(impl LockStore + Clone)) {
     );
 }
 
+/// Work claimed `once_per` a period runs once per period: of 50 parallel attempts exactly one
+/// wins, none until the period ends, and exactly one of the next 50 after it.
+pub async fn once_per_period_runs_exactly_once_per_period(store: &(impl LockStore + Clone)) {
+    let period = Duration::from_millis(400);
+    let job = unique("every-400ms");
+    let wins = || async {
+        let attempts = (0..50).map(|_| {
+            let claims = Claims::new(store.clone());
+            let job = job.clone();
+            async move { claims.once_per(&job, period).await }
+        });
+        let results = futures_util::future::join_all(attempts).await;
+        let results: Vec<_> = results
+            .into_iter()
+            .map(|r| r.expect("store answers"))
+            .collect();
+        results.iter().filter(|claim| claim.won()).count()
+    };
+    assert_eq!(wins().await, 1, "the first period");
+    tokio::time::sleep(period / 4).await;
+    assert_eq!(wins().await, 0, "within the period");
+    tokio::time::sleep(period).await;
+    assert_eq!(wins().await, 1, "the next period");
+}
+
 /// Claim release is the winners alone.
 pub async fn claim_release_is_the_winners_alone(store: &(impl LockStore + Clone)) {
     let claims = Claims::new(store.clone());

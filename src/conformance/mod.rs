@@ -133,6 +133,7 @@ macro_rules! lock_store_suite {
             claim_has_exactly_one_winner,
             claim_expires_only_when_asked,
             claim_release_is_the_winners_alone,
+            once_per_period_runs_exactly_once_per_period,
             lock_excludes_and_expiry_frees,
             stale_owner_cannot_extend_or_release,
             fencing_tokens_strictly_increase,

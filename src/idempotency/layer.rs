@@ -347,8 +347,14 @@ impl<K> IdempotencyLayerBuilder<K> {
         self
     }
 
-    /// Validates the configuration.
+    /// Validates the configuration; an error names the layer by its prefix:
+    /// `idempotency "tollgate": …`.
     pub fn build(self) -> Result<IdempotencyLayer<K>, ConfigError> {
+        let layer = format!("idempotency {:?}", self.settings.prefix);
+        self.validated().map_err(|e| e.within(&layer))
+    }
+
+    fn validated(self) -> Result<IdempotencyLayer<K>, ConfigError> {
         if !self.scope_chosen {
             return Err(ConfigError::new(
                 ConfigErrorKind::Scope,

@@ -34,6 +34,60 @@ pub trait KeyExtractor: Send + Sync + 'static {
             second: other,
         }
     }
+
+    /// `self` behind a type that can be named: a layer keyed by a closure
+    /// ([`from_fn`]) is a `RateLimitLayer<BoxedKey>`, to keep in application state or a
+    /// struct field without naming the closure's type.
+    ///
+    /// ```
+    /// use http::request::Parts;
+    /// use tollgate::key::{BoxedKey, KeyExtractor, from_fn};
+    /// use tollgate::rate::Limit;
+    /// use tollgate::rate_limit::RateLimitLayer;
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// struct AppState {
+    ///     per_tenant: RateLimitLayer<BoxedKey>,
+    /// }
+    ///
+    /// let tenant = from_fn("tenant", |p: &Parts| p.headers.get("x-tenant").cloned());
+    /// let state = AppState {
+    ///     per_tenant: RateLimitLayer::builder(MemoryStore::new())
+    ///         .limit(Limit::per_second("api", 10))
+    ///         .key(tenant.clone().boxed())
+    ///         .build()
+    ///         .unwrap(),
+    /// };
+    /// let head = http::Request::get("/").header("x-tenant", "42").body(()).unwrap().into_parts().0;
+    /// assert_eq!(state.per_tenant.key_of(&head), Some(tenant.key(b"42")));
+    /// ```
+    fn boxed(self) -> BoxedKey
+    where
+        Self: Sized,
+    {
+        BoxedKey(std::sync::Arc::new(self))
+    }
+}
+
+/// Any extractor, behind a type that can be named; made by [`KeyExtractor::boxed`]. Clones share
+/// the extractor.
+#[derive(Clone)]
+pub struct BoxedKey(std::sync::Arc<dyn KeyExtractor>);
+
+impl KeyExtractor for BoxedKey {
+    fn extract(&self, parts: &Parts) -> Option<Key> {
+        self.0.extract(parts)
+    }
+
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+}
+
+impl std::fmt::Debug for BoxedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("BoxedKey").field(&self.0.describe()).finish()
+    }
 }
 
 /// A function of the request head as an extractor, its values hashed within `domain`: two

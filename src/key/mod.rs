@@ -30,5 +30,5 @@ mod tests;
 
 pub use digest::Key;
 pub(crate) use digest::{BASE64, encode_base64url, write_base64};
-pub use extract::{FromFn, Global, Header, KeyExtractor, MissingKey, Or, from_fn};
+pub use extract::{BoxedKey, FromFn, Global, Header, KeyExtractor, MissingKey, Or, from_fn};
 pub use ip::{Cidr, CidrError, ForwardedIp, PeerIp, peer_ip};

@@ -3,11 +3,15 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::body::Complete;
+use crate::rate::{RateCheck, RatePolicy};
+use crate::store::RateStore;
 
 pin_project! {
     /// The response body of the rate-limit layer: the inner service's body, or a complete body
@@ -17,6 +21,8 @@ pin_project! {
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
+        // with `settle_body_size`: counts the bytes sent, and settles them when dropped
+        meter: Option<BodyMeter>,
     }
 }
 
@@ -34,7 +40,13 @@ impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
+            meter: None,
         }
+    }
+
+    /// Counts the bytes of this body that go out, to settle its reservation on them.
+    pub(crate) fn meter(&mut self, meter: BodyMeter) {
+        self.meter = Some(meter);
     }
 }
 
@@ -42,6 +54,7 @@ impl<B> From<Complete> for ResponseBody<B> {
     fn from(body: Complete) -> Self {
         Self {
             kind: Kind::Complete { body },
+            meter: None,
         }
     }
 }
@@ -63,10 +76,16 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.project().kind.project() {
+        let this = self.project();
+        let frame = match this.kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx),
             KindProj::Complete { body } => Poll::Ready(body.next_frame().map(Ok)),
+        };
+        if let (Some(meter), Poll::Ready(Some(Ok(frame)))) = (this.meter.as_mut(), &frame) {
+            let sent = frame.data_ref().map_or(0, Buf::remaining);
+            meter.sent = meter.sent.saturating_add(sent as u64);
         }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
@@ -81,5 +100,69 @@ where
             Kind::Inner { body } => body.size_hint(),
             Kind::Complete { body } => body.size_hint(),
         }
+    }
+}
+
+/// The reservation of a response settled on its body's size: counts the bytes that go out and,
+/// when the body is dropped (sent in full, or cut short), settles the charge to them in the
+/// background.
+pub(crate) struct BodyMeter {
+    store: Arc<dyn RateStore>,
+    policy: Arc<RatePolicy>,
+    check: RateCheck,
+    sent: u64,
+}
+
+impl BodyMeter {
+    pub(crate) fn new(
+        store: &Arc<dyn RateStore>,
+        policy: &Arc<RatePolicy>,
+        check: RateCheck,
+    ) -> Self {
+        Self {
+            store: Arc::clone(store),
+            policy: Arc::clone(policy),
+            check,
+            sent: 0,
+        }
+    }
+}
+
+impl std::fmt::Debug for BodyMeter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BodyMeter")
+            .field("reserved", &self.check.cost())
+            .field("sent", &self.sent)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for BodyMeter {
+    fn drop(&mut self) {
+        if self.sent == self.check.cost() {
+            return;
+        }
+        // outside a runtime nothing can be sent: the reservation stays charged
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                target: "tollgate::rate_limit",
+                sent = self.sent,
+                "a response body ended outside a Tokio runtime: it stays charged what it reserved"
+            );
+            return;
+        };
+        let settled = self
+            .store
+            .check_rate(&self.policy, self.check.settle(self.sent));
+        let sent = self.sent;
+        runtime.spawn(async move {
+            if let Err(error) = settled.await {
+                tracing::warn!(
+                    target: "tollgate::rate_limit",
+                    %error, sent,
+                    "could not settle a response's body size: it stays charged what it reserved"
+                );
+            }
+        });
     }
 }

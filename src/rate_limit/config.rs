@@ -135,7 +135,10 @@ mod tests {
              [tiers]\npaid = [{ name = \"burst\", quota = 0, window = \"1s\" }]\n",
         )
         .unwrap_err();
-        assert_eq!(error, "tier \"paid\": limit \"burst\" has a zero quota");
+        assert_eq!(
+            error,
+            "rate limit \"tollgate\": tier \"paid\": limit \"burst\" has a zero quota"
+        );
         let error = build(
             "prefix = \"myapp:{api}\"\nlimits = [{ name = \"m\", quota = 5, window = 60 }]\n",
         )

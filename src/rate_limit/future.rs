@@ -12,11 +12,11 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::body::ResponseBody;
+use super::body::{BodyMeter, ResponseBody};
 use super::decide;
 use super::decision::{self, DecisionSource, RateLimitDecision};
 use super::rejection::Rejection;
-use super::settings::Settings;
+use super::settings::{Settings, Settle};
 use super::tiers::Tier;
 use crate::grpc::Wire;
 use crate::rate::{RateCheck, RateOutcome};
@@ -231,7 +231,16 @@ fn settlement<F, S, R, B>(
     let Some((check, charged)) = settle.zip(decision.as_ref()) else {
         return ControlFlow::Break(finish(settings, response, decision));
     };
-    let (response, actual) = actual_cost(settings, response);
+    let Some(Settle::Head(read)) = &settings.settle else {
+        // settled on the bytes of body sent, once it has gone out
+        let meter = BodyMeter::new(&settings.store, &charged.tier.policy, check);
+        let mut response = finish(settings, response, decision);
+        response.body_mut().meter(meter);
+        return ControlFlow::Break(response);
+    };
+    let (parts, body) = response.into_parts();
+    let actual = read(&parts);
+    let response = Response::from_parts(parts, body);
     let Some(actual) = actual.filter(|actual| *actual != check.cost()) else {
         return ControlFlow::Break(finish(settings, response, decision));
     };
@@ -266,13 +275,6 @@ fn settled_decision(
         (Ok(_), None) => {}
     }
     decision
-}
-
-/// `response`, and the actual cost the layer's settle function reads from its head.
-fn actual_cost<B>(settings: &Settings, response: Response<B>) -> (Response<B>, Option<u64>) {
-    let (parts, body) = response.into_parts();
-    let actual = settings.settle.as_ref().and_then(|settle| settle(&parts));
-    (Response::from_parts(parts, body), actual)
 }
 
 /// The response to send: the inner service's, with the decision's headers and record.

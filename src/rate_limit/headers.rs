@@ -20,19 +20,23 @@ pub(crate) use crate::rejection::{ceil_secs, retry_after};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum QuotaUnit {
-    /// Requests (`qu="request"`), the draft's default: a request costs 1, or what the cost
+    /// Requests (`qu="requests"`), the draft's default: a request costs 1, or what the cost
     /// closure says in requests.
     #[default]
     Request,
     /// Bytes of content (`qu="content-bytes"`): the cost closure gives a request's size.
     ContentBytes,
+    /// Requests in flight at once (`qu="concurrent-requests"`): what the concurrency limit
+    /// advertises.
+    ConcurrentRequests,
 }
 
 impl QuotaUnit {
-    fn token(self) -> &'static str {
+    pub(crate) fn token(self) -> &'static str {
         match self {
-            Self::Request => "request",
+            Self::Request => "requests",
             Self::ContentBytes => "content-bytes",
+            Self::ConcurrentRequests => "concurrent-requests",
         }
     }
 }

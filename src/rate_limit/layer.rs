@@ -12,7 +12,7 @@ use super::fallback;
 use super::headers::QuotaUnit;
 use super::policies::{MissingKey, OnStoreError};
 use super::service::RateLimit;
-use super::settings::{CostFn, GrpcMetadataFn, RejectionFn, Settings, SettleFn};
+use super::settings::{CostFn, GrpcMetadataFn, RejectionFn, Settings, Settle};
 use super::tiers::{Tier, TierFn, TierOptions, Tiers};
 use crate::error::ConfigError;
 use crate::key::{Global, Key, KeyExtractor};
@@ -227,7 +227,7 @@ struct Draft {
     algorithm: Algorithm,
     prefix: String,
     cost: Option<CostFn>,
-    settle: Option<SettleFn>,
+    settle: Option<Settle>,
     on_store_error: OnStoreError,
     missing_key: MissingKey,
     headers: bool,
@@ -426,7 +426,51 @@ impl<K> RateLimitLayerBuilder<K> {
         mut self,
         actual: impl Fn(&http::response::Parts) -> Option<u64> + Send + Sync + 'static,
     ) -> Self {
-        self.draft.settle = Some(Arc::new(actual));
+        self.draft.settle = Some(Settle::Head(Arc::new(actual)));
+        self
+    }
+
+    /// Reserve, then settle on the bytes sent: an admitted request reserves its
+    /// [`cost`](Self::cost) (the most its response may be: required), and once its response
+    /// body has gone out — or been dropped midway, a client gone — the charge is corrected to
+    /// the bytes of body actually sent, in the background, as [`settle`](Self::settle) does.
+    /// A byte budget per caller for downloads, exports and proxies. The response's `RateLimit`
+    /// headers, sent before its body, show the balance with the reservation charged.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use http::{Request, Response};
+    /// use http_body_util::BodyExt;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tollgate::key::Header;
+    /// use tollgate::rate_limit::{Algorithm, Limit, QuotaUnit, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let bytes = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_hour("egress", 1_000_000))
+    ///     .algorithm(Algorithm::SlidingCounter)
+    ///     .key(Header::from_static("x-api-key"))
+    ///     .cost(|_| 64 * 1024) // no response is larger
+    ///     .settle_body_size()
+    ///     .quota_unit(QuotaUnit::ContentBytes)
+    ///     .build()
+    ///     .unwrap();
+    /// let export = ServiceBuilder::new().layer(bytes.clone()).service_fn(|_: Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::new("x".repeat(300)))
+    /// });
+    /// let call = Request::get("/export").header("x-api-key", "alice").body(String::new()).unwrap();
+    /// let response = export.oneshot(call).await.unwrap();
+    /// let body = response.into_body().collect().await.unwrap().to_bytes();
+    /// assert_eq!(body.len(), 300);
+    /// # tokio::task::yield_now().await;
+    /// let alice = bytes.key_of(&Request::get("/").header("x-api-key", "alice").body(()).unwrap().into_parts().0);
+    /// let left = bytes.peek(alice.unwrap()).await.unwrap();
+    /// // charged the 300 bytes sent, not the 64 KiB reserved
+    /// assert_eq!(left.limits[0].remaining, 1_000_000 - 300);
+    /// # }
+    /// ```
+    pub fn settle_body_size(mut self) -> Self {
+        self.draft.settle = Some(Settle::BodyBytes);
         self
     }
 
@@ -576,8 +620,17 @@ impl<K> RateLimitLayerBuilder<K> {
         self
     }
 
-    /// Validates the configuration.
+    /// Validates the configuration. An error names the layer by its prefix, and the tier and
+    /// limit at fault: `rate limit "tollgate": tier "pro": limit "burst": …`.
     pub fn build(self) -> Result<RateLimitLayer<K>, ConfigError>
+    where
+        K: KeyExtractor,
+    {
+        let layer = format!("rate limit {:?}", self.draft.prefix);
+        self.validated().map_err(|e| e.within(&layer))
+    }
+
+    fn validated(self) -> Result<RateLimitLayer<K>, ConfigError>
     where
         K: KeyExtractor,
     {
@@ -600,6 +653,12 @@ impl<K> RateLimitLayerBuilder<K> {
             .into_iter()
             .map(|(name, limits)| Tier::new(Some(name), limits, &options))
             .collect::<Result<Vec<_>, _>>()?;
+        if matches!(draft.settle, Some(Settle::BodyBytes)) && draft.cost.is_none() {
+            return Err(ConfigError::new(
+                crate::error::ConfigErrorKind::Limit,
+                "settle_body_size needs .cost(..): the most a response may use, reserved first",
+            ));
+        }
         if draft.tier_by.is_some() && named.is_empty() {
             return Err(ConfigError::new(
                 crate::error::ConfigErrorKind::Limit,

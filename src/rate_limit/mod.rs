@@ -85,7 +85,7 @@ mod decision;
 mod deny_cache;
 mod fallback;
 mod future;
-mod headers;
+pub(crate) mod headers;
 mod layer;
 mod policies;
 mod rejection;

@@ -25,14 +25,23 @@ pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 /// The actual cost of an admitted request, read from its response head.
 pub(crate) type SettleFn = Arc<dyn Fn(&http::response::Parts) -> Option<u64> + Send + Sync>;
 
+/// Where the actual cost of an admitted request comes from.
+#[derive(Clone)]
+pub(crate) enum Settle {
+    /// The response head, read by the layer's function.
+    Head(SettleFn),
+    /// The bytes of the response body sent, counted as they go out.
+    BodyBytes,
+}
+
 /// Everything a request needs besides the key extractor; shared by every clone of the service.
 pub(crate) struct Settings {
     pub(crate) store: Arc<dyn RateStore>,
     /// The policies a request is checked against, one per request.
     pub(crate) tiers: Tiers,
     pub(crate) cost: Option<CostFn>,
-    /// Reads the actual cost from the response, to settle what the request reserved.
-    pub(crate) settle: Option<SettleFn>,
+    /// Where the actual cost comes from, to settle what the request reserved.
+    pub(crate) settle: Option<Settle>,
     pub(crate) on_store_error: OnStoreError,
     pub(crate) missing_key: MissingKey,
     /// The detail of a rejected request without a key: where the key is read from.

@@ -65,7 +65,7 @@ impl Tier {
         let namespace = match &name {
             None => options.namespace.clone(),
             Some(name) => {
-                check_name(name)?;
+                check_name(name).map_err(|e| e.within(&format!("tier {name:?}")))?;
                 format!("{}:{name}", options.namespace)
             }
         };

@@ -21,6 +21,7 @@ pub mod grpc_server;
 pub mod hyper_server;
 
 mod ambiguity_layers;
+mod body_settlement;
 mod config;
 mod config_example;
 mod grpc;

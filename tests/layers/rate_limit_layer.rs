@@ -1001,7 +1001,7 @@ async fn deny_cache_answers_repeat_denials_without_the_store() {
         assert_eq!(r.header("retry-after"), Some("1"));
         assert_eq!(
             r.header("ratelimit-policy"),
-            Some(r#""w";q=3;qu="request";w=1"#)
+            Some(r#""w";q=3;qu="requests";w=1"#)
         );
         assert_eq!(r.header("ratelimit"), Some(r#""w";r=1;t=1"#));
     }
@@ -1188,7 +1188,7 @@ async fn partition_keys_and_quota_units_are_said_as_the_draft_has_them() {
     let alice = send(&by_requests, get_costing("alice", 2)).await;
     assert_eq!(
         alice.header("ratelimit-policy"),
-        Some(r#""hourly";q=100;qu="request";w=3600"#)
+        Some(r#""hourly";q=100;qu="requests";w=3600"#)
     );
     let field = alice.header("ratelimit").unwrap().to_owned();
     let pk = field
