@@ -26,7 +26,7 @@ use crate::keys::{self, check_prefix};
 /// assert_eq!(limit, Limit::new("burst", 10, Duration::from_secs(1)));
 /// # }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(try_from = "LimitSpec"))]
 pub struct Limit {

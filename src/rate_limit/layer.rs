@@ -13,7 +13,7 @@ use super::headers::QuotaUnit;
 use super::policies::{MissingKey, OnStoreError};
 use super::service::RateLimit;
 use super::settings::{CostFn, GrpcMetadataFn, RejectionFn, Settings, Settle};
-use super::tiers::{Tier, TierFn, TierOptions, Tiers};
+use super::tiers::{LimitsFn, Tier, TierFn, TierOptions, Tiers};
 use crate::error::ConfigError;
 use crate::key::{Global, Key, KeyExtractor};
 use crate::keys;
@@ -73,6 +73,7 @@ impl RateLimitLayer {
                 limits: Vec::new(),
                 tiers: Vec::new(),
                 tier_by: None,
+                limits_by: None,
                 algorithm: Algorithm::default(),
                 prefix: keys::DEFAULT_PREFIX.to_owned(),
                 cost: None,
@@ -161,11 +162,11 @@ impl<K> RateLimitLayer<K> {
         let Some(key) = self.extractor.extract(parts) else {
             return Ok(None);
         };
-        let policy = &self.settings.tiers.for_request(parts).policy;
+        let tier = self.settings.tiers.for_request(parts);
         let check = RateCheck::new(key, 0);
         self.settings
             .store
-            .check_rate(policy, check)
+            .check_rate(&tier.policy, check)
             .await
             .map(Some)
     }
@@ -180,8 +181,9 @@ impl<K> RateLimitLayer<K> {
             .await
     }
 
-    /// Forgets what caller `key` has spent of this layer's limits — of every tier — in the
-    /// store (every copy sees it at once) and in this copy's deny cache. Another copy that
+    /// Forgets what caller `key` has spent of this layer's limits — of every tier, and of the
+    /// per-request limits ([`limits_by`](RateLimitLayerBuilder::limits_by)) this copy has met —
+    /// in the store (every copy sees it at once) and in this copy's deny cache. Another copy that
     /// cached a denial of `key` asks the store again within a second (the deny cache's longest
     /// hold), and then admits.
     pub async fn reset(&self, key: Key) -> Result<(), StoreError> {
@@ -224,6 +226,7 @@ struct Draft {
     limits: Vec<Limit>,
     tiers: Vec<(String, Vec<Limit>)>,
     tier_by: Option<TierFn>,
+    limits_by: Option<LimitsFn>,
     algorithm: Algorithm,
     prefix: String,
     cost: Option<CostFn>,
@@ -359,6 +362,54 @@ impl<K> RateLimitLayerBuilder<K> {
             draft: self.draft,
             extractor,
         }
+    }
+
+    /// Limits of a request's own, from the application's data — a tenant's plan read from a
+    /// table — beside the static tiers: where `limits_by` gives limits, the request is checked
+    /// against them; where it gives `None`, against its tier's (or the layer's own). Each
+    /// distinct set of limits is validated and built once, then kept (up to 1,024 sets); limits
+    /// that are invalid fall back to the request's tier, logged at warn.
+    ///
+    /// The limits live under the layer's own store keys, by name: a caller whose plan raises a
+    /// limit keeps what it has spent of it. The closure runs on every request, so it reads
+    /// data the application keeps at hand (loaded at start-up and refreshed, or a cache): a
+    /// plan read from a table is read-only configuration, the same on every copy.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::collections::HashMap;
+    /// use std::sync::{Arc, RwLock};
+    /// use http::Request;
+    /// use tollgate::key::Header;
+    /// use tollgate::rate_limit::{Limit, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// // tenant -> requests per minute, refreshed from the plans table by a task of the app
+    /// let plans: Arc<RwLock<HashMap<String, u64>>> = Arc::default();
+    /// plans.write().unwrap().insert("acme".into(), 5000);
+    /// let table = Arc::clone(&plans);
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_minute("minute", 100))
+    ///     .key(Header::from_static("x-tenant"))
+    ///     .limits_by(move |parts| {
+    ///         let tenant = parts.headers.get("x-tenant")?.to_str().ok()?;
+    ///         let quota = *table.read().ok()?.get(tenant)?;
+    ///         Some(vec![Limit::per_minute("minute", quota)])
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// let head = |tenant| Request::get("/").header("x-tenant", tenant).body(()).unwrap().into_parts().0;
+    /// let acme = layer.peek_request(&head("acme")).await.unwrap().unwrap();
+    /// let other = layer.peek_request(&head("other")).await.unwrap().unwrap();
+    /// assert_eq!((acme.limits[0].remaining, other.limits[0].remaining), (5000, 100));
+    /// # }
+    /// ```
+    pub fn limits_by(
+        mut self,
+        limits: impl Fn(&Parts) -> Option<Vec<Limit>> + Send + Sync + 'static,
+    ) -> Self {
+        self.draft.limits_by = Some(Arc::new(limits));
+        self
     }
 
     /// The cost of each request (default 1). A cost of 0 passes without a store call. With
@@ -665,10 +716,14 @@ impl<K> RateLimitLayerBuilder<K> {
                 "tier_by needs named tiers to choose among",
             ));
         }
+        let tiers = Tiers::new(own, named, draft.tier_by)?;
         Ok(RateLimitLayer {
             settings: Arc::new(Settings {
                 store: draft.store,
-                tiers: Tiers::new(own, named, draft.tier_by)?,
+                tiers: match draft.limits_by {
+                    Some(limits_by) => tiers.with_limits_by(limits_by, options),
+                    None => tiers,
+                },
                 cost: draft.cost,
                 settle: draft.settle,
                 on_store_error: draft.on_store_error,

@@ -78,7 +78,7 @@ where
         let wire = Wire::of(&parts.headers);
         let key = self.extractor.extract(&parts);
         let cost = settings.cost.as_ref().map_or(1, |cost| cost(&parts));
-        let tier = Arc::clone(settings.tiers.for_request(&parts));
+        let tier = settings.tiers.for_request(&parts);
         let request = Request::from_parts(parts, body);
 
         let Some(key) = key else {

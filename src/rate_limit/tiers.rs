@@ -6,8 +6,9 @@
 //! local fallback and metrics label; a request is still checked against one policy in one
 //! atomic store call.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use http::HeaderValue;
 use http::request::Parts;
@@ -21,6 +22,13 @@ use crate::rate::{Algorithm, Limit, RatePolicy};
 
 /// Names a request's tier from its head; `None` for the default tier.
 pub(crate) type TierFn = Arc<dyn Fn(&Parts) -> Option<&str> + Send + Sync>;
+
+/// Gives a request limits of its own from the application's data; `None` for its tier's.
+pub(crate) type LimitsFn = Arc<dyn Fn(&Parts) -> Option<Vec<Limit>> + Send + Sync>;
+
+/// The most distinct sets of per-request limits a layer keeps built; past it they are built
+/// anew (a plan table has a handful).
+const DYNAMIC_CAPACITY: usize = 1024;
 
 /// One policy a layer can check a request against, with what belongs to it.
 pub(crate) struct Tier {
@@ -45,6 +53,7 @@ impl fmt::Debug for Tier {
 }
 
 /// What every tier of a layer is built with.
+#[derive(Clone)]
 pub(crate) struct TierOptions {
     pub(crate) namespace: String,
     pub(crate) algorithm: Algorithm,
@@ -123,6 +132,49 @@ pub(crate) struct Tiers {
     select: Option<TierFn>,
     /// Unknown tier names are logged at warn at most once a second.
     unknown_warning: OncePerSecond,
+    /// Limits of a request's own, from the application's data.
+    dynamic: Option<Dynamic>,
+}
+
+/// Per-request limits: the closure that gives them, and the tiers built of them so far, by
+/// their limits.
+struct Dynamic {
+    limits_by: LimitsFn,
+    options: TierOptions,
+    built: Mutex<HashMap<Vec<Limit>, Arc<Tier>>>,
+    /// Invalid limits are logged at warn at most once a second.
+    invalid_warning: OncePerSecond,
+}
+
+impl Dynamic {
+    /// The tier of `limits`, under the layer's own namespace: a caller keeps what it spent of a
+    /// limit when its plan changes that limit's quota. `None` when they are invalid (logged).
+    fn tier(&self, limits: Vec<Limit>) -> Option<Arc<Tier>> {
+        let mut built = self.built.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(tier) = built.get(&limits) {
+            return Some(Arc::clone(tier));
+        }
+        match Tier::new(None, limits.clone(), &self.options) {
+            Ok(tier) => {
+                if built.len() >= DYNAMIC_CAPACITY {
+                    built.clear();
+                }
+                let tier = Arc::new(tier);
+                built.insert(limits, Arc::clone(&tier));
+                Some(tier)
+            }
+            Err(error) => {
+                if self.invalid_warning.ready() {
+                    tracing::warn!(
+                        target: "tollgate::rate_limit",
+                        %error,
+                        "invalid per-request limits: the request's tier applies (logged at most once a second)"
+                    );
+                }
+                None
+            }
+        }
+    }
 }
 
 impl fmt::Debug for Tiers {
@@ -161,7 +213,20 @@ impl Tiers {
             named: named.into_iter().map(Arc::new).collect(),
             select,
             unknown_warning: OncePerSecond::new(),
+            dynamic: None,
         })
+    }
+
+    /// Gives requests limits of their own where `limits_by` finds some, built as `options`
+    /// says.
+    pub(crate) fn with_limits_by(mut self, limits_by: LimitsFn, options: TierOptions) -> Self {
+        self.dynamic = Some(Dynamic {
+            limits_by,
+            options,
+            built: Mutex::default(),
+            invalid_warning: OncePerSecond::new(),
+        });
+        self
     }
 
     /// The layer's own tier.
@@ -169,9 +234,18 @@ impl Tiers {
         &self.default
     }
 
-    /// Every tier, the layer's own first.
-    pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<Tier>> {
-        std::iter::once(&self.default).chain(self.named.iter())
+    /// Every tier, the layer's own first, then the named ones and those built of per-request
+    /// limits so far.
+    pub(crate) fn all(&self) -> Vec<Arc<Tier>> {
+        let mut all: Vec<_> = std::iter::once(&self.default)
+            .chain(self.named.iter())
+            .cloned()
+            .collect();
+        if let Some(dynamic) = &self.dynamic {
+            let built = dynamic.built.lock().unwrap_or_else(PoisonError::into_inner);
+            all.extend(built.values().cloned());
+        }
+        all
     }
 
     /// The tier called `name`, or the layer's own when there is none of that name.
@@ -185,9 +259,19 @@ impl Tiers {
             .find(|tier| tier.name.as_deref() == Some(name))
     }
 
-    /// The tier of the request with head `parts`: the one its closure names, or the layer's own
-    /// when it names none or one that does not exist (logged at warn, at most once a second).
-    pub(crate) fn for_request(&self, parts: &Parts) -> &Arc<Tier> {
+    /// The tier of the request with head `parts`: its own limits, where the layer's
+    /// `limits_by` gives some; else the tier its closure names.
+    pub(crate) fn for_request(&self, parts: &Parts) -> Arc<Tier> {
+        let own = self.dynamic.as_ref().and_then(|dynamic| {
+            let limits = (dynamic.limits_by)(parts)?;
+            dynamic.tier(limits)
+        });
+        own.unwrap_or_else(|| Arc::clone(self.named_for(parts)))
+    }
+
+    /// The tier the request's closure names, or the layer's own when it names none or one that
+    /// does not exist (logged at warn, at most once a second).
+    fn named_for(&self, parts: &Parts) -> &Arc<Tier> {
         let Some(select) = &self.select else {
             return &self.default;
         };

@@ -1478,3 +1478,60 @@ async fn a_reset_through_one_copy_frees_the_caller_on_the_other_within_a_second(
         "admitted {admitted:?} after the reset"
     );
 }
+
+/// Per-request limits from the application's data (`limits_by`) on two copies: a tenant with a
+/// plan gets exactly its plan's quota across both, the rest the layer's own; a raised plan keeps
+/// what the tenant spent; a reset clears the plan's limits too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_request_limits_from_a_plan_table_hold_across_copies() {
+    use std::collections::HashMap;
+    use std::sync::RwLock;
+
+    let server = RedisServer::start();
+    let plans: Arc<RwLock<HashMap<String, u64>>> = Arc::default();
+    plans.write().unwrap().insert("acme".into(), 3);
+    let layer = |server: &RedisServer| {
+        let table = Arc::clone(&plans);
+        RateLimitLayer::builder(store(server, Duration::from_secs(2)))
+            .limit(Limit::per_hour("hourly", 1))
+            .key(Header::new(CLIENT))
+            .deny_cache(false)
+            .limits_by(move |parts| {
+                let tenant = parts.headers.get(CLIENT)?.to_str().ok()?;
+                let quota = *table.read().unwrap().get(tenant)?;
+                Some(vec![Limit::per_hour("hourly", quota)])
+            })
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (layer(&server), layer(&server));
+    let calls = Calls::default();
+    let copies = [stack(a, &calls), stack(b.clone(), &calls)];
+    let admitted = |tenant: &'static str, n: usize| {
+        let copies = copies.clone();
+        async move {
+            let mut admitted = 0;
+            for i in 0..n {
+                if send(&copies[i % 2], get(tenant)).await.status == StatusCode::OK {
+                    admitted += 1;
+                }
+            }
+            admitted
+        }
+    };
+    assert_eq!(admitted("acme", 10).await, 3, "the plan's quota");
+    assert_eq!(admitted("other", 10).await, 1, "the layer's own");
+    plans.write().unwrap().insert("acme".into(), 5);
+    assert_eq!(
+        admitted("acme", 10).await,
+        2,
+        "the raised plan, less what was spent"
+    );
+    let policy = send(&copies[0], get("acme")).await;
+    assert_eq!(
+        policy.header("ratelimit-policy"),
+        Some(r#""hourly";q=5;w=3600"#)
+    );
+    b.reset(Header::new(CLIENT).key(b"acme")).await.unwrap();
+    assert_eq!(admitted("acme", 10).await, 5, "reset");
+}
