@@ -17,9 +17,12 @@
 //! | `POST /reports/{name}/rebuild` | rebuilds under a lock: `200` with the fencing token, `409` while another copy holds it |
 //! | `POST /payments` | `201 {"id",...}` once per `Idempotency-Key` across all copies; retries replay it |
 //! | `POST /llm/complete` | `200 {"tokens": N}` for JSON `{"tokens": N}` with `x-api-key`; reserves `x-max-tokens` (default 1) of the key's `APP_TOKEN_LIMITS` budget and is charged the N it used; `429` with `Retry-After` when the reservation does not fit |
-//! | `POST /jobs/{tenant}/run` | runs a job for `APP_JOB_MS`: `200 {"tenant","permit"}` for at most `APP_JOB_CONCURRENCY` per tenant at once across all copies, `429` with `Retry-After` beyond |
+//! | `POST /jobs/{tenant}/run` | runs a job for `APP_JOB_MS`: `200 {"tenant","permit"}` for at most `APP_JOB_CONCURRENCY` per tenant at once across all copies (or the limit `APP_JOB_TIERS` gives the plan in `x-plan`), `429` with `Retry-After` beyond |
 //! | `POST /transfers` | with `DATABASE_URL`: JSON `{"from","to","amount"}` and a required `Idempotency-Key`; inserts one row into the app's table `app_transfers` in the transaction that records the response: `201 {"id",...}` once per key across all copies, replays with `idempotent-replayed: true`, `409` while in flight, `422` for another body under the key |
 //! | `GET /transfers/count` | with `DATABASE_URL`: `200 {"count": N}`, the rows of `app_transfers` |
+//! | `POST /webhooks/{source}` | processes a delivery once per `Webhook-Id` and sender across all copies: `200 {"source","webhook_id","bytes","run"}`, every repeated delivery answered with the first one's `run` (waiting for it while it runs); `400` without the header |
+//! | `GET /admin/callers/{key}` | with `APP_ADMIN_TOKEN` (`Authorization: Bearer …`): what API key `{key}` has left of `/api/*`'s limits and of its token budget, spending nothing |
+//! | `POST /admin/callers/{key}/reset` | with `APP_ADMIN_TOKEN`: forgets what API key `{key}` has spent, on every copy: `204` |
 //! | `GET /metrics`   | the crate's series in Prometheus text, not rate-limited             |
 //!
 //! A caller is the `x-api-key` header when present, otherwise the peer IP address. New groups of
@@ -52,6 +55,10 @@ use tollgate::store::{OnceTx, PgStore, Store};
 use tower::util::MapRequestLayer;
 
 use crate::env::{EnvError, Vars, process_var, whole_number};
+
+#[path = "ops.rs"]
+mod ops;
+pub use ops::{PLAN_HEADER, WEBHOOK_ID_HEADER, parse_job_tiers};
 
 /// The shared parsers of the app's variables, here too so that tests reach them as `app::…`.
 pub use crate::env::{DEFAULT_LIMITS, parse_algorithm, parse_limits, parse_port, redact_url};
@@ -127,6 +134,8 @@ pub struct AppConfig {
     /// `APP_TOKEN_LIMITS`: the token budget of `POST /llm/complete`, per API key, counted with
     /// `APP_ALGORITHM`.
     pub token_limits: Vec<Limit>,
+    /// `APP_ADMIN_TOKEN`: the bearer token of `/admin/*`; unset, those routes are not served.
+    pub admin_token: Option<String>,
 }
 
 /// The token budget when `APP_TOKEN_LIMITS` is not set.
@@ -140,7 +149,7 @@ pub const MAX_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-max-tokens"
 pub const TOKENS_USED_HEADER: HeaderName = HeaderName::from_static("x-tokens-used");
 
 /// The jobs of `POST /jobs/{tenant}/run`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobConfig {
     /// `APP_JOB_MS` (default 200): how long a job runs.
     pub duration: Duration,
@@ -149,6 +158,9 @@ pub struct JobConfig {
     pub concurrency: u32,
     /// `APP_JOB_LEASE_MS` (default 3000): how soon a copy that dies gives its jobs' permits back.
     pub lease: Duration,
+    /// `APP_JOB_TIERS` (`pro=10,enterprise=50`): the limits of the plans a request names in
+    /// `x-plan`, in place of `APP_JOB_CONCURRENCY`.
+    pub tiers: Vec<(String, u32)>,
 }
 
 impl Default for JobConfig {
@@ -157,6 +169,7 @@ impl Default for JobConfig {
             duration: Duration::from_millis(200),
             concurrency: 2,
             lease: Duration::from_millis(3000),
+            tiers: Vec::new(),
         }
     }
 }
@@ -340,6 +353,17 @@ impl AppConfig {
                 default_ms(default.lease),
                 ms,
             )?),
+            tiers: match vars.get("APP_JOB_TIERS") {
+                Some(value) => parse_job_tiers(&value).map_err(|problem| {
+                    EnvError::new(
+                        "APP_JOB_TIERS",
+                        &value,
+                        problem,
+                        "plans and their job limits, e.g. APP_JOB_TIERS=pro=10,enterprise=50",
+                    )
+                })?,
+                None => Vec::new(),
+            },
         };
         Ok(Self {
             port,
@@ -359,6 +383,9 @@ impl AppConfig {
             transfer_delay: Duration::from_millis(transfer_delay),
             jobs,
             token_limits: vars.limits_of("APP_TOKEN_LIMITS", DEFAULT_TOKEN_LIMITS)?,
+            admin_token: vars
+                .get("APP_ADMIN_TOKEN")
+                .filter(|token| !token.is_empty()),
         })
     }
 }
@@ -390,6 +417,8 @@ pub struct AppState {
     jobs: ConcurrencyLimitLayer<BoxedKey>,
     /// The token budget of `POST /llm/complete`: reserve, then settle.
     tokens: RateLimitLayer<Header>,
+    /// `POST /webhooks/{source}`: once per `Webhook-Id` and sender.
+    webhooks: IdempotencyLayer<BoxedKey>,
     /// With `DATABASE_URL`: the database of `POST /transfers`, and the idempotency layer that
     /// runs each transfer in a transaction recording its response.
     transfers: Option<(PgStore, IdempotencyLayer<Header>)>,
@@ -419,13 +448,20 @@ impl AppState {
             .required(true)
             .scope(Header::new(API_KEY_HEADER))
             .build()?;
-        let jobs = ConcurrencyLimitLayer::builder(Arc::clone(&store))
+        let mut jobs = ConcurrencyLimitLayer::builder(Arc::clone(&store))
             .prefix("tollgate-app")
             .limit(config.jobs.concurrency)
             .lease(config.jobs.lease)
             .retry_after(config.jobs.duration)
-            .key(key::from_fn("tenant", tenant_of).boxed())
-            .build()?;
+            .advertise("jobs")
+            .key(key::from_fn("tenant", tenant_of).boxed());
+        for (plan, limit) in &config.jobs.tiers {
+            jobs = jobs.tier(plan.clone(), *limit);
+        }
+        if !config.jobs.tiers.is_empty() {
+            jobs = jobs.tier_by(|parts| parts.headers.get(PLAN_HEADER)?.to_str().ok());
+        }
+        let jobs = jobs.build()?;
         let tokens = RateLimitLayer::builder(Arc::clone(&store))
             .prefix("tollgate-app:llm")
             .limits(config.token_limits.iter().cloned())
@@ -435,6 +471,7 @@ impl AppState {
             .cost(|request| header_number(&request.headers, &MAX_TOKENS_HEADER).unwrap_or(1))
             .settle(|response| header_number(&response.headers, &TOKENS_USED_HEADER))
             .build()?;
+        let webhooks = ops::webhook_layer(&store)?;
         Ok(Self {
             claims: Claims::new(Arc::clone(&store)).with_prefix("tollgate-app")?,
             locks: Locks::new(Arc::clone(&store)).with_prefix("tollgate-app")?,
@@ -444,6 +481,7 @@ impl AppState {
             payments,
             jobs,
             tokens,
+            webhooks,
             transfers: None,
         })
     }
@@ -474,6 +512,8 @@ pub fn router(state: AppState) -> Router {
         .merge(job_routes(&state))
         .merge(llm_routes(&state))
         .merge(transfer_routes(&state))
+        .merge(ops::webhook_routes(&state))
+        .merge(ops::admin_routes(&state))
         // Outermost, so that the rate limits below see the peer address.
         .layer(MapRequestLayer::new(peer_addr_extension))
         .with_state(state)

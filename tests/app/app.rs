@@ -48,6 +48,7 @@ fn config(limits: &str, algorithm: Algorithm, redis_url: Option<String>) -> AppC
         transfer_delay: Duration::ZERO,
         jobs: app::JobConfig::default(),
         token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
+        admin_token: None,
     }
 }
 
@@ -568,6 +569,7 @@ fn config_defaults_and_overrides() {
             transfer_delay: Duration::ZERO,
             jobs: app::JobConfig::default(),
             token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
+            admin_token: None,
         }
     );
     // empty counts as unset
@@ -609,6 +611,7 @@ fn config_defaults_and_overrides() {
             transfer_delay: Duration::ZERO,
             jobs: app::JobConfig::default(),
             token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
+            admin_token: None,
         }
     );
 }

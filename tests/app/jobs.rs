@@ -32,6 +32,7 @@ fn config() -> AppConfig {
             duration: JOB,
             concurrency: 2,
             lease: Duration::from_millis(3000),
+            tiers: Vec::new(),
         },
         ..AppConfig::defaults().unwrap()
     }

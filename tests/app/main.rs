@@ -20,6 +20,7 @@ mod ambiguity;
 mod app;
 mod app_coordination;
 mod jobs;
+mod operations;
 mod parsers;
 mod tokens;
 mod transfers;
