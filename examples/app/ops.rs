@@ -88,18 +88,18 @@ pub(super) fn admin_routes(state: &AppState) -> Router<AppState> {
         .route("/admin/callers/{key}/reset", post(reset_caller))
 }
 
-/// `401` unless `headers` carry the admin token.
-fn authorized(state: &AppState, headers: &HeaderMap) -> Result<(), Response> {
+/// `401`, unless `headers` carry the admin token.
+fn unauthorized(state: &AppState, headers: &HeaderMap) -> Option<Response> {
     let expected = state.config.admin_token.as_deref().unwrap_or_default();
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     if !expected.is_empty() && given == Some(expected) {
-        return Ok(());
+        return None;
     }
     let refused = json!({ "error": "an admin call needs Authorization: Bearer <APP_ADMIN_TOKEN>" });
-    Err((StatusCode::UNAUTHORIZED, Json(refused)).into_response())
+    Some((StatusCode::UNAUTHORIZED, Json(refused)).into_response())
 }
 
 /// The head of a request of API key `key` (and plan `plan`), as the layers would see it.
@@ -119,7 +119,7 @@ async fn peek_caller(
     Path(key): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(refused) = authorized(&state, &headers) {
+    if let Some(refused) = unauthorized(&state, &headers) {
         return refused;
     }
     let Some(head) = head_of(&key, None) else {
@@ -155,7 +155,7 @@ async fn reset_caller(
     Path(key): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(refused) = authorized(&state, &headers) {
+    if let Some(refused) = unauthorized(&state, &headers) {
         return refused;
     }
     let Some(caller) = head_of(&key, None).and_then(|head| state.api_limit.key_of(&head)) else {
