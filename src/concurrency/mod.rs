@@ -63,6 +63,7 @@
 mod body;
 mod layer;
 mod permit;
+mod report;
 mod service;
 #[cfg(test)]
 mod tests;

@@ -142,6 +142,7 @@ mod key_header;
 mod layer;
 mod record;
 mod rejection;
+mod report;
 mod service;
 mod settings;
 
