@@ -144,7 +144,8 @@ pub(crate) fn call_span(call: &Call<'_>, server: impl FnOnce() -> Option<Server>
     }
     if let Some(server) = server() {
         span.record("server.address", &*server.address);
-        span.record("server.port", server.port);
+        // OpenTelemetry wants an int: exporters take an i64 as one, a u64 as text
+        span.record("server.port", i64::from(server.port));
     }
     span
 }
@@ -153,7 +154,10 @@ pub(crate) fn call_span(call: &Call<'_>, server: impl FnOnce() -> Option<Server>
 /// only for two or more, as OpenTelemetry asks.
 pub(crate) fn record_batch(span: &Span, size: usize) {
     if size > 1 && !span.is_disabled() {
-        span.record("db.operation.batch.size", size);
+        span.record(
+            "db.operation.batch.size",
+            i64::try_from(size).unwrap_or(i64::MAX),
+        );
     }
 }
 
