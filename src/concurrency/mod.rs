@@ -26,7 +26,9 @@
 //!   logged; or `503`; or a local limit per copy.
 //! - **No key**: as [`MissingKey`] says — by default `400 Bad Request`.
 //!
-//! Every decision is counted in [`CONCURRENCY_DECISIONS`](crate::metrics::CONCURRENCY_DECISIONS).
+//! Every decision is counted in [`CONCURRENCY_DECISIONS`](crate::metrics::CONCURRENCY_DECISIONS)
+//! and told as a `tracing` event, target `tollgate::concurrency`, at `DEBUG` (`tollgate.outcome`
+//! `acquired`, `queued` or `refused`; see [Tracing](crate::guide::operations#tracing)).
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -65,6 +67,7 @@ mod body;
 mod config;
 mod layer;
 mod permit;
+mod report;
 mod service;
 #[cfg(test)]
 mod tests;

@@ -16,6 +16,7 @@ use super::OnStoreError;
 use super::body::PermitBody;
 use super::layer::Settings;
 use super::permit::{Held, Permit, StorePermit};
+use super::report::{Outcome, report};
 use crate::body::Complete;
 use crate::grpc::{Code, Wire};
 use crate::key::{Global, Key, KeyExtractor};
@@ -158,7 +159,7 @@ async fn admit(settings: &Settings, key: Key, limit: u32, wire: Wire) -> Admissi
                 if let Some(mut leave) = leave.take() {
                     UndoUnanswered::disarm(&mut leave);
                 }
-                crate::metrics::concurrency_decision(&settings.limiter, true, "store");
+                report(&settings.limiter, key, limit, Outcome::Acquired, "store");
                 let store = Arc::clone(&settings.store);
                 let (held, permit) = StorePermit::new(store, hold, settings.lease, fence);
                 return Admission::Admitted(Held::Store { _permit: held }, Some(permit));
@@ -167,12 +168,15 @@ async fn admit(settings: &Settings, key: Key, limit: u32, wire: Wire) -> Admissi
                 let now = Instant::now();
                 match give_up_at {
                     Some(at) if now + pause < at => {
+                        if leave.is_none() {
+                            report(&settings.limiter, key, limit, Outcome::Queued, "store");
+                        }
                         leave.get_or_insert_with(|| leave_queue(settings, &hold));
                         tokio::time::sleep(jittered(pause)).await;
                         pause = (pause * 2).min(LAST_PAUSE);
                     }
                     _ => {
-                        crate::metrics::concurrency_decision(&settings.limiter, false, "store");
+                        report(&settings.limiter, key, limit, Outcome::Refused, "store");
                         return Admission::Refused(full(settings, limit, next_free, wire));
                     }
                 }
@@ -248,11 +252,11 @@ fn unavailable(
     let limiter = &settings.limiter;
     match settings.on_store_error {
         OnStoreError::Allow => {
-            crate::metrics::concurrency_decision(limiter, true, "store_unavailable");
+            report(limiter, key, limit, Outcome::Acquired, "store_unavailable");
             Admission::Unlimited
         }
         OnStoreError::Deny => {
-            crate::metrics::concurrency_decision(limiter, false, "store_unavailable");
+            report(limiter, key, limit, Outcome::Refused, "store_unavailable");
             Admission::Refused(store_unavailable(wire))
         }
         OnStoreError::LocalFallback { .. } => {
@@ -262,11 +266,11 @@ fn unavailable(
                 .and_then(|local| local.acquire(key, limit))
             {
                 Some(permit) => {
-                    crate::metrics::concurrency_decision(limiter, true, "local_fallback");
+                    report(limiter, key, limit, Outcome::Acquired, "local_fallback");
                     Admission::Admitted(Held::Local { _permit: permit }, None)
                 }
                 None => {
-                    crate::metrics::concurrency_decision(limiter, false, "local_fallback");
+                    report(limiter, key, limit, Outcome::Refused, "local_fallback");
                     Admission::Refused(full(settings, limit, Duration::from_secs(1), wire))
                 }
             }

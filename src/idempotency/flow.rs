@@ -18,6 +18,7 @@ use super::fingerprint::fingerprint;
 use super::handler::{Handler, HttpBody, RequestBody};
 use super::record::StoredResponse;
 use super::rejection::Rejection;
+use super::report::report;
 use super::settings::{OnConcurrent, Settings};
 use crate::BoxError;
 use crate::body::Complete;
@@ -50,7 +51,7 @@ where
         Ok(claimed) => claimed,
         Err(refused) => return Ok(refused),
     };
-    crate::metrics::idempotency("executed");
+    report("executed", None);
     // the handler finds its transaction in the request's extensions
     #[cfg(feature = "postgres")]
     let parts = {
@@ -189,7 +190,7 @@ where
             Ok(Found::Claimed(claimed)) => return Ok(claimed),
             Ok(Found::Mismatch) => return Err(settings.reject(Rejection::Mismatch, wire)),
             Ok(Found::Completed(record)) => {
-                crate::metrics::idempotency("replayed");
+                report("replayed", None);
                 return Err(replay(settings, &record, wire));
             }
             Ok(Found::InFlight) => match wait_until {

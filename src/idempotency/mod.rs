@@ -80,6 +80,9 @@
 //!   does not end before the response begins.
 //! - Cost: a replay is one store round trip; a first execution two (claim, complete), plus one
 //!   lease extension per third of the lease that the handler outlives.
+//! - Traces: each keyed request is a `tracing` event, target `tollgate::idempotency`, at `DEBUG`,
+//!   with `tollgate.outcome` (`executed`, `replayed`, `conflict`, `mismatch`, `rejected`) and
+//!   `tollgate.reason` (see [Tracing](crate::guide::operations#tracing)).
 //!
 //! **In the handler's own transaction.** The record is made after the handler ran, so a crash
 //! between the two leaves its effects without the record. When those effects are rows in
@@ -142,6 +145,7 @@ mod key_header;
 mod layer;
 mod record;
 mod rejection;
+mod report;
 mod service;
 mod settings;
 

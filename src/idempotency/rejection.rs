@@ -11,6 +11,7 @@ use http::{HeaderName, HeaderValue, Response, StatusCode, header};
 
 use super::body::IdempotencyBody;
 use super::key_header::KeyProblem;
+use super::report::report;
 use crate::body::Complete;
 use crate::grpc::Code;
 use crate::grpc::Wire;
@@ -63,17 +64,7 @@ impl IdempotencyRejection {
     /// `unreadable_body`, `in_flight`, `mismatch`, `store_unavailable`, `busy`,
     /// `handler_failed` or `unrecorded`.
     pub fn code(&self) -> &'static str {
-        match self.rejection {
-            Rejection::BadKey(_) => "invalid_key",
-            Rejection::TooLarge => "body_too_large",
-            Rejection::UnreadableBody => "unreadable_body",
-            Rejection::InFlight => "in_flight",
-            Rejection::Mismatch => "mismatch",
-            Rejection::StoreUnavailable => "store_unavailable",
-            Rejection::Busy => "busy",
-            Rejection::HandlerFailed => "handler_failed",
-            Rejection::Unrecorded => "unrecorded",
-        }
+        self.rejection.code()
     }
 
     /// When the same request may succeed soon, the wait the response's `Retry-After` says (the
@@ -94,6 +85,21 @@ impl fmt::Debug for IdempotencyRejection {
 }
 
 impl Rejection {
+    /// The reason's stable name (see [`IdempotencyRejection::code`]).
+    fn code(&self) -> &'static str {
+        match self {
+            Self::BadKey(_) => "invalid_key",
+            Self::TooLarge => "body_too_large",
+            Self::UnreadableBody => "unreadable_body",
+            Self::InFlight => "in_flight",
+            Self::Mismatch => "mismatch",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::Busy => "busy",
+            Self::HandlerFailed => "handler_failed",
+            Self::Unrecorded => "unrecorded",
+        }
+    }
+
     /// The response: problem details (or what the layer's `custom` rejection closure builds) for
     /// HTTP, trailers-only for a gRPC call.
     pub(super) fn into_response<B>(
@@ -102,11 +108,12 @@ impl Rejection {
         header: &HeaderName,
         wire: Wire,
     ) -> Response<IdempotencyBody<B>> {
-        crate::metrics::idempotency(match self {
+        let outcome = match self {
             Self::InFlight => "conflict",
             Self::Mismatch => "mismatch",
             _ => "rejected",
-        });
+        };
+        report(outcome, Some(self.code()));
         let mut response = match custom {
             Some(custom) if wire == Wire::Http => {
                 let why = IdempotencyRejection {

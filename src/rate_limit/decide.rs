@@ -36,25 +36,7 @@ pub(crate) fn decide(
         tier,
         states: outcome.limits,
     };
-    tracing::debug!(
-        target: "tollgate::rate_limit",
-        %key, cost, admitted = decision.admitted, source = ?decision.source,
-        retry_after_ms = decision.retry_after.as_millis() as u64,
-        "rate-limit decision"
-    );
-    crate::metrics::rate_decision(
-        &decision.tier.limiter,
-        decision.admitted,
-        decision.source.label(),
-    );
-    if settings.shadow && !decision.admitted {
-        tracing::info!(
-            target: "tollgate::rate_limit",
-            %key, cost, source = ?decision.source,
-            retry_after_ms = decision.retry_after.as_millis() as u64,
-            "shadow mode: a request that would be denied goes through"
-        );
-    }
+    decision.report();
     if let Some(cache) = &settings.deny_cache
         && !decision.admitted
         && decision.source == DecisionSource::Store

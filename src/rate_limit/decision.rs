@@ -154,6 +154,52 @@ impl RateLimitDecision {
             .collect()
     }
 
+    /// Tells the metrics and the traces of this decision: one event, target
+    /// `tollgate::rate_limit`, at `DEBUG` (a shadow-mode denial, which lets a request through
+    /// that would be denied, at `INFO`). Its fields are computed only when a subscriber takes it.
+    pub(crate) fn report(&self) {
+        crate::metrics::rate_decision(&self.tier.limiter, self.admitted, self.source.label());
+        if self.shadow && !self.admitted {
+            tracing::event!(
+                target: "tollgate::rate_limit",
+                tracing::Level::INFO,
+                tollgate.outcome = "shadow",
+                tollgate.source = self.source.label(),
+                tollgate.limiter = &*self.tier.limiter,
+                tollgate.tier = self.tier(),
+                tollgate.key = %self.key,
+                tollgate.cost = self.cost,
+                tollgate.limit = self.tightest().map(|(name, _)| name),
+                tollgate.remaining = self.tightest().map(|(_, remaining)| remaining),
+                tollgate.retry_after_ms = millis(self.retry_after),
+                "shadow mode: a request that would be denied goes through"
+            );
+        } else {
+            tracing::event!(
+                target: "tollgate::rate_limit",
+                tracing::Level::DEBUG,
+                tollgate.outcome = if self.admitted { "admitted" } else { "denied" },
+                tollgate.source = self.source.label(),
+                tollgate.limiter = &*self.tier.limiter,
+                tollgate.tier = self.tier(),
+                tollgate.key = %self.key,
+                tollgate.cost = self.cost,
+                tollgate.limit = self.tightest().map(|(name, _)| name),
+                tollgate.remaining = self.tightest().map(|(_, remaining)| remaining),
+                tollgate.retry_after_ms = millis(self.retry_after),
+                "rate-limit decision"
+            );
+        }
+    }
+
+    /// The limit with the least room left, and that room; none when the store did not answer.
+    fn tightest(&self) -> Option<(&str, u64)> {
+        self.limits()
+            .into_iter()
+            .map(|(name, state)| (name, state.remaining))
+            .min_by_key(|(_, remaining)| *remaining)
+    }
+
     /// The names of the limits without room for this request's cost.
     pub(crate) fn violated(&self) -> Vec<&str> {
         self.policy()
@@ -221,4 +267,9 @@ pub(crate) fn record(extensions: &mut http::Extensions, decision: RateLimitDecis
         extensions.insert(all);
     }
     extensions.insert(decision);
+}
+
+/// `d` in whole milliseconds.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

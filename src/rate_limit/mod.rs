@@ -33,7 +33,8 @@
 //!
 //! Every response carries a [`RateLimitDecision`] in its extensions (admitted requests carry it in
 //! their request extensions too), and each decision is a `tracing` event with target
-//! `tollgate::rate_limit`.
+//! `tollgate::rate_limit` at `DEBUG` (a shadow-mode denial at `INFO`), its fields named
+//! `tollgate.*` (see [Tracing](crate::guide::operations#tracing)).
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {

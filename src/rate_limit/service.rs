@@ -99,7 +99,7 @@ where
             // a denial under another tier (the caller changed plans) says nothing of this one
             .filter(|denied| Arc::ptr_eq(&denied.tier, &tier))
         {
-            crate::metrics::rate_decision(&tier.limiter, false, denied.source.label());
+            denied.report();
             return ResponseFuture::reject(Rejection::Denied(denied), settings, wire);
         }
         // a check that will be settled is a reservation: the store keeps where it went

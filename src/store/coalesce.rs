@@ -38,6 +38,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
+use tracing::{Instrument, Span};
 
 use super::{StoreError, StoreErrorKind, StoreFuture};
 use crate::rate::{RateCheck, RateOutcome, RatePolicy};
@@ -111,6 +112,9 @@ struct Waiting {
     check: RateCheck,
     /// When its caller gives up: received later, the check charges nothing.
     deadline: Instant,
+    /// The caller's span: the span of the call its check goes out in is a child of the first
+    /// caller's in the batch (with no subscriber, none).
+    caller: Span,
     reply: oneshot::Sender<Result<RateOutcome, StoreError>>,
 }
 
@@ -158,6 +162,7 @@ impl<C: BatchCall> Coalescer<C> {
                 policy,
                 check,
                 deadline,
+                caller: Span::current(),
                 reply,
             }) {
                 tokio::spawn(Driver::new(&this).run());
@@ -269,13 +274,15 @@ impl<C: BatchCall> Coalescer<C> {
         }
     }
 
-    /// Sends one call for `batch` and tells each caller its answer.
+    /// Sends one call for `batch`, in the context of its first caller's span, and tells each
+    /// caller its answer.
     async fn send(&self, batch: Vec<Waiting>) {
         let checks: Vec<_> = batch
             .iter()
             .map(|w| (&*w.policy, w.check, w.deadline))
             .collect();
-        match self.decide(&checks).await {
+        let caller = batch.first().map_or_else(Span::none, |w| w.caller.clone());
+        match self.decide(&checks).instrument(caller).await {
             Ok(decided) => {
                 for (waiting, outcome) in batch.into_iter().zip(decided) {
                     // a caller that gave up meanwhile has no one to tell

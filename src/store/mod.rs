@@ -24,6 +24,11 @@
 //! - [`MemoryStore`]: the same semantics inside one process — for tests, docs and a single copy.
 //!   Two processes with a `MemoryStore` each do **not** share limits.
 //!
+//! Every round trip of [`RedisStore`] and [`PgStore`] runs in a `tracing` span at `DEBUG`
+//! (target `tollgate::store`) with OpenTelemetry's database attributes — `db.system.name`,
+//! `db.operation.name`, `server.address`, and on an error `db.response.status_code` — for
+//! `tracing-opentelemetry` to export: see [Tracing](crate::guide::operations#tracing).
+//!
 //! # Deadlines
 //!
 //! A call that timed out, or whose connection broke after it was sent, may have run — or may
@@ -105,6 +110,8 @@ mod memory;
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod span;
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) use deadline::StoreClock;

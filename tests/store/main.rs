@@ -27,4 +27,5 @@ mod postgres;
 mod postgres_once;
 mod postgres_tls;
 mod scripts;
+mod spans;
 mod tls;

@@ -11,6 +11,7 @@ use super::sql::{DEFAULT_SCHEMA, check_schema};
 use super::tls;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::coalesce::DEFAULT_MAX_BATCH;
+use crate::store::span::Server;
 use crate::store::{StoreError, StoreErrorKind, millis};
 
 /// The per-call timeout unless configured otherwise.
@@ -62,6 +63,8 @@ pub(super) struct Settings {
     pub(super) purge_batch: u32,
     pub(super) migration_timeout: Duration,
     pub(super) max_batch: usize,
+    /// Where the store's calls go, for their spans: known for a store made from a URL.
+    pub(super) server: Option<Server>,
 }
 
 impl Default for Settings {
@@ -75,6 +78,7 @@ impl Default for Settings {
             purge_batch: DEFAULT_PURGE_BATCH,
             migration_timeout: DEFAULT_MIGRATION_TIMEOUT,
             max_batch: DEFAULT_MAX_BATCH,
+            server: None,
         }
     }
 }
@@ -182,11 +186,16 @@ impl PgStoreBuilder {
     /// [`connect`](Self::connect)). Outside a tokio runtime no purge task is started.
     pub fn build(self) -> Result<PgStore, ConfigError> {
         check_schema(&self.settings.schema)?;
+        let mut settings = self.settings;
         let pool = match self.source {
             Source::Pool(pool) => pool,
-            Source::Url(url) => pool_for(&url, &self.settings)?,
+            Source::Url(url) => {
+                let (pool, server) = pool_for(&url, &settings)?;
+                settings.server = server;
+                pool
+            }
         };
-        Ok(PgStore::new(pool, self.settings))
+        Ok(PgStore::new(pool, settings))
     }
 
     /// Builds the store and runs [`PgStore::migrate`]: a store ready for use, or the error of
@@ -204,7 +213,7 @@ impl PgStoreBuilder {
 /// A pool of at most `settings.pool_size` connections to `url`, each with the store timeout as
 /// its `statement_timeout` (a call sets its own as well); over TLS as the URL's `sslmode` says
 /// (see `tls.rs`).
-fn pool_for(url: &str, settings: &Settings) -> Result<Pool, ConfigError> {
+fn pool_for(url: &str, settings: &Settings) -> Result<(Pool, Option<Server>), ConfigError> {
     let tls = tls::split(url)?;
     // the URL is not repeated: it may carry a password
     let mut config = tokio_postgres::Config::from_str(&tls.url).map_err(|e| {
@@ -222,8 +231,9 @@ fn pool_for(url: &str, settings: &Settings) -> Result<Pool, ConfigError> {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(settings.timeout);
     }
+    let server = server_of(&config);
     let manager = manager(config, &tls)?;
-    Pool::builder(manager)
+    let pool = Pool::builder(manager)
         .max_size(settings.pool_size)
         .runtime(Runtime::Tokio1)
         .build()
@@ -232,7 +242,23 @@ fn pool_for(url: &str, settings: &Settings) -> Result<Pool, ConfigError> {
                 ConfigErrorKind::Store,
                 format!("could not make the connection pool: {e}"),
             )
-        })
+        })?;
+    Ok((pool, server))
+}
+
+/// The first TCP host of `config` and its port, where the pool connects first.
+fn server_of(config: &tokio_postgres::Config) -> Option<Server> {
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let named = config.get_hosts().iter().find_map(|host| match host {
+        tokio_postgres::config::Host::Tcp(name) => Some(name.as_str().into()),
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(_) => None,
+    });
+    let address = named.or_else(|| {
+        let addr = config.get_hostaddrs().first()?;
+        Some(addr.to_string().into_boxed_str())
+    })?;
+    Some(Server { address, port })
 }
 
 /// The pool's manager: plain, or over TLS as `tls` asks.

@@ -23,7 +23,9 @@ use tokio::time::{Instant, timeout_at};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{CancelToken, NoTls, Row};
+use tracing::Instrument;
 
+use crate::store::span::{self, Call, Command, Server, System};
 use crate::store::{StoreClock, StoreError, StoreErrorKind, kit};
 
 /// A statement parameter, owned so that the call's future is `'static`.
@@ -40,6 +42,8 @@ pub(super) struct Calls {
     pub(super) clock: Arc<StoreClock>,
     /// The statement that reads the database clock.
     pub(super) now: String,
+    /// Where calls go, for their spans: known for a store made from a URL.
+    pub(super) server: Option<Server>,
 }
 
 /// A write's deadline on the caller's clock and, once mapped, on the database's: kept, so that
@@ -58,10 +62,35 @@ enum Failure {
 
 impl Calls {
     /// Runs `sql` with `params` — and, for a write (`deadline`), the time of its deadline on
-    /// the database clock as the last parameter — and returns its one row. A call whose
-    /// connection broke is sent once more on another connection within the same timeout, with
-    /// the same deadline: every operation of the store is safe to run twice.
+    /// the database clock as the last parameter — and returns its one row, in the span of the
+    /// call (carrying `batch` of the store's operations). A call whose connection broke is sent
+    /// once more on another connection within the same timeout, with the same deadline: every
+    /// operation of the store is safe to run twice.
     pub(super) async fn row(
+        &self,
+        operation: &'static str,
+        batch: usize,
+        sql: &str,
+        params: &[Param],
+        deadline: Option<Instant>,
+    ) -> Result<Row, StoreError> {
+        let call = Call {
+            system: System::Postgresql,
+            command: Command::Select,
+            target: routine(sql),
+            operation,
+        };
+        let span = span::call_span(&call, || self.server.clone());
+        span::record_batch(&span, batch);
+        let result = self
+            .row_once_or_twice(operation, sql, params, deadline)
+            .instrument(span.clone())
+            .await;
+        span::record_result(&span, &result, status_code);
+        result
+    }
+
+    async fn row_once_or_twice(
         &self,
         operation: &'static str,
         sql: &str,
@@ -164,6 +193,22 @@ fn cancel_in_background(token: CancelToken) {
         }
     });
 }
+/// The function `sql` calls (`"schema".function`), or nothing for a statement that calls none.
+fn routine(sql: &str) -> &str {
+    let Some(open) = sql.find('(') else {
+        return "";
+    };
+    let head = &sql[..open];
+    head.rsplit(' ').next().unwrap_or_default()
+}
+
+/// The SQLSTATE PostgreSQL answered for `error`, if it did.
+fn status_code(error: &StoreError) -> Option<&str> {
+    span::cause::<PgFailure>(error)
+        .and_then(|failure| failure.source.code())
+        .map(SqlState::code)
+}
+
 /// A failure to get a connection from the pool.
 pub(super) fn pool_error(e: PoolError) -> StoreError {
     match e {
@@ -294,6 +339,15 @@ fn caused_by_io(e: &tokio_postgres::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_names_its_function() {
+        let sql = super::super::sql::Sql::new("tollgate");
+        assert_eq!(routine(&sql.claim), "\"tollgate\".claim");
+        assert_eq!(routine(&sql.decide_rates), "\"tollgate\".decide_rates");
+        assert_eq!(routine(&sql.reset_rate), "\"tollgate\".reset_rate");
+        assert_eq!(routine(&sql.ping), "");
+    }
 
     #[test]
     fn sqlstates_map_to_kinds() {

@@ -236,6 +236,7 @@ impl PgStore {
                 timeout: settings.timeout,
                 clock: Arc::new(StoreClock::default()),
                 now: sql.now.clone(),
+                server: settings.server.clone(),
             },
             sql,
             purge_batch: i32::try_from(settings.purge_batch).unwrap_or(i32::MAX),
@@ -320,7 +321,7 @@ impl PgStore {
         Box::pin(async move {
             let row = shared
                 .calls
-                .row(operation, sql(&shared.sql), &params, deadline)
+                .row(operation, 1, sql(&shared.sql), &params, deadline)
                 .await?;
             decode(&row)
         })
@@ -334,7 +335,7 @@ async fn purge(shared: &Shared) -> Result<u64, StoreError> {
         let params: Vec<Param> = vec![Box::new(shared.purge_batch)];
         let row = shared
             .calls
-            .row("purge_expired", &shared.sql.purge_expired, &params, None)
+            .row("purge_expired", 1, &shared.sql.purge_expired, &params, None)
             .await?;
         let decoded: Result<(i32, i64), _> = (|| Ok((row.try_get(0)?, row.try_get(1)?)))();
         let (most, deleted) = decoded
@@ -504,6 +505,7 @@ impl RateCall {
             .calls
             .row(
                 "rate_check",
+                checks.len(),
                 &self.shared.sql.decide_rates,
                 &params,
                 Some(deadline),

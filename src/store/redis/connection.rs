@@ -15,8 +15,12 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, Value,
+};
 use tokio::time::Instant;
+
+use crate::store::span::Server;
 
 /// Every connection kind, so that one code path serves them all.
 #[derive(Clone)]
@@ -213,6 +217,8 @@ pub(super) struct Link {
     asked: AtomicU64,
     /// The generation of the store's [`KnownPrimary`] this connection is on.
     seen: AtomicU64,
+    /// Where calls go, for their spans; unknown on Cluster and on a given connection.
+    server: RwLock<Option<Server>>,
 }
 
 impl Link {
@@ -222,6 +228,11 @@ impl Link {
 
     /// A link behind sentinels, on `primary` now.
     pub(super) fn to(conn: Connection, opener: Opener, primary: String) -> Self {
+        let server = match &opener {
+            Opener::Single { client, .. } => server_of(client.get_connection_info()),
+            Opener::Sentinel { .. } => server_at(&primary),
+            Opener::Cluster { .. } | Opener::Given => None,
+        };
         Self {
             current: RwLock::new(conn),
             opener,
@@ -236,6 +247,15 @@ impl Link {
             primary: RwLock::new(primary),
             asked: AtomicU64::new(0),
             seen: AtomicU64::new(0),
+            server: RwLock::new(server),
+        }
+    }
+
+    /// Where calls go now, if known.
+    pub(super) fn server(&self) -> Option<Server> {
+        match self.server.read() {
+            Ok(server) => server.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
 
@@ -456,6 +476,11 @@ impl Link {
         match primary_client(&primary).and_then(|client| open_single(client, config.clone())) {
             Ok(conn) => {
                 self.set(conn);
+                let server = server_at(&primary);
+                match self.server.write() {
+                    Ok(mut current) => *current = server,
+                    Err(poisoned) => *poisoned.into_inner() = server,
+                }
                 self.set_primary(primary);
                 true
             }
@@ -490,6 +515,24 @@ impl Link {
     fn now_ms(&self) -> u64 {
         as_ms(self.epoch.elapsed())
     }
+}
+
+/// The host and port of a TCP connection's `info`.
+fn server_of(info: &ConnectionInfo) -> Option<Server> {
+    match info.addr() {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            Some(Server {
+                address: host.as_str().into(),
+                port: *port,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The host and port of the server at `url`.
+fn server_at(url: &str) -> Option<Server> {
+    url.into_connection_info().ok().as_ref().and_then(server_of)
 }
 
 fn as_ms(d: Duration) -> u64 {

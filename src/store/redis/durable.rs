@@ -23,10 +23,12 @@ use futures_util::stream::FuturesUnordered;
 use redis::{Pipeline, Value};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
+use tracing::{Instrument, Span};
 
 use super::connection::{Connection, Link};
 use super::script_call::ScriptCall;
-use super::store_error;
+use super::{redis_call, status_code, store_error};
+use crate::store::span::{self, Command};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// How many connections carry durable writes.
@@ -176,6 +178,8 @@ struct Write {
     call: ScriptCall,
     /// When its caller gives up: the `WAIT` of its pipeline ends before.
     deadline: Instant,
+    /// The caller's span, the parent of its pipeline's (with no subscriber, none).
+    caller: Span,
     reply: oneshot::Sender<Result<Acked, StoreError>>,
 }
 
@@ -210,6 +214,7 @@ impl DurableWrites {
             source,
             call,
             deadline,
+            caller: Span::current(),
             reply,
         }) {
             tokio::spawn(Arc::clone(self).drive());
@@ -302,10 +307,40 @@ impl DurableWrites {
         }
     }
 
-    /// One pipeline: the group's scripts, then `WAIT` (or `WAITAOF`) until the earliest deadline
-    /// among them (less room for the reply); tells each caller its reply and whether it was
-    /// acknowledged.
+    /// One pipeline, in its span: a child of the first write's caller's span, the others'
+    /// round trip as well. Tells each caller its reply and whether it was acknowledged.
     async fn send(&self, link: &Arc<Link>, group: Vec<Write>) {
+        let call = redis_call("durable_write", Command::Batch, "");
+        let span = match group.first() {
+            Some(first) => first
+                .caller
+                .in_scope(|| span::call_span(&call, || link.server())),
+            None => span::call_span(&call, || link.server()),
+        };
+        span::record_batch(&span, group.len());
+        let sent = self.round_trip(link, &group).instrument(span.clone()).await;
+        span::record_result(&span, &sent, status_code);
+        let (replies, short) = match sent {
+            Ok(sent) => sent,
+            Err(error) => return fail(group, &error),
+        };
+        for (write, reply) in group.into_iter().zip(replies) {
+            let answer = match reply {
+                Value::ServerError(e) => Err(store_error(e.into())),
+                reply => Ok((reply, short.as_ref().map(StoreError::shared))),
+            };
+            let _ = write.reply.send(answer);
+        }
+    }
+
+    /// The group's scripts, then `WAIT` (or `WAITAOF`) until the earliest deadline among them
+    /// (less room for the reply): each script's reply, and the failure their callers get if
+    /// too few acknowledged them.
+    async fn round_trip(
+        &self,
+        link: &Arc<Link>,
+        group: &[Write],
+    ) -> Result<(Vec<Value>, Option<StoreError>), StoreError> {
         let earliest = group.iter().map(|w| w.deadline).min();
         let left = earliest.map_or(Duration::ZERO, |d| {
             d.saturating_duration_since(Instant::now())
@@ -315,54 +350,40 @@ impl DurableWrites {
             .max(1);
         let mut pipe = Pipeline::with_capacity(group.len() + 1);
         pipe.ignore_errors();
-        for write in &group {
+        for write in group {
             write.call.add_eval(&mut pipe, write.source);
         }
         self.ack.add_wait(&mut pipe, wait_ms);
         let mut conn = link.get();
         let sent = tokio::time::timeout(left, pipe.query_async::<Vec<Value>>(&mut conn)).await;
-        let replies = match sent {
+        let mut replies = match sent {
             Ok(Ok(replies)) if replies.len() == group.len() + 1 => {
                 link.answered();
                 replies
             }
             Ok(Ok(_)) => {
-                return fail(
-                    group,
-                    &StoreError::protocol("WAIT pipeline: a reply of the wrong length"),
-                );
+                return Err(StoreError::protocol(
+                    "WAIT pipeline: a reply of the wrong length",
+                ));
             }
             Ok(Err(e)) => {
                 let error = store_error(e);
                 if error.kind() == StoreErrorKind::Unavailable {
                     self.unreachable();
                 }
-                return fail(group, &error);
+                return Err(error);
             }
             Err(_) => {
                 link.timed_out();
                 self.unreachable();
-                return fail(group, &StoreError::timeout());
+                return Err(StoreError::timeout());
             }
         };
-        let mut replies = replies.into_iter();
-        let short = match replies.next_back().map(|reply| self.ack.judge(reply)) {
-            Some(Ok(short)) => short,
-            Some(Err(error)) => return fail(group, &error),
-            None => {
-                return fail(
-                    group,
-                    &StoreError::protocol("a pipeline without its wait's reply"),
-                );
-            }
+        let short = match replies.pop() {
+            Some(reply) => self.ack.judge(reply)?,
+            None => return Err(StoreError::protocol("a pipeline without its wait's reply")),
         };
-        for (write, reply) in group.into_iter().zip(replies) {
-            let answer = match reply {
-                Value::ServerError(e) => Err(store_error(e.into())),
-                reply => Ok((reply, short.as_ref().map(StoreError::shared))),
-            };
-            let _ = write.reply.send(answer);
-        }
+        Ok((replies, short))
     }
 }
 

@@ -36,6 +36,7 @@ use crate::error::ConfigError;
 use crate::key::Key;
 use crate::keys;
 use crate::rate::{RateCheck, RateOutcome, RatePolicy};
+use crate::store::span::{self, Call, Command, System};
 
 /// A store on Redis or Valkey, shared by every copy of a service.
 ///
@@ -128,20 +129,31 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-/// A Lua script and its source: calls send its hash (`EVALSHA`), durable writes its source.
+/// A Lua script, its source and its name (its file's, as spans name it): calls send its hash
+/// (`EVALSHA`), durable writes its source.
 struct Lua {
     script: Script,
     source: &'static str,
+    name: &'static str,
 }
 
 impl Lua {
-    fn new(source: &'static str) -> Self {
+    fn new(name: &'static str, source: &'static str) -> Self {
         Self {
             script: Script::new(source),
             source,
+            name,
         }
     }
 }
+
+/// Loads `src/store/scripts/<name>.lua` as a [`Lua`] named `<name>`.
+macro_rules! lua {
+    ($name:literal) => {
+        Lua::new($name, include_str!(concat!("../scripts/", $name, ".lua")))
+    };
+}
+use lua;
 
 impl std::ops::Deref for Lua {
     type Target = Script;
@@ -169,18 +181,18 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         Self {
-            claim: Lua::new(include_str!("../scripts/claim.lua")),
-            lock_acquire: Lua::new(include_str!("../scripts/lock_acquire.lua")),
-            compare_and_pexpire: Lua::new(include_str!("../scripts/compare_and_pexpire.lua")),
-            compare_and_delete: Lua::new(include_str!("../scripts/compare_and_delete.lua")),
-            idem_begin: Lua::new(include_str!("../scripts/idem_begin.lua")),
-            idem_complete: Lua::new(include_str!("../scripts/idem_complete.lua")),
-            idem_release: Lua::new(include_str!("../scripts/idem_release.lua")),
-            idem_extend: Lua::new(include_str!("../scripts/idem_extend.lua")),
-            permit_acquire: Lua::new(include_str!("../scripts/permit_acquire.lua")),
-            permit_extend: Lua::new(include_str!("../scripts/permit_extend.lua")),
-            permit_release: Lua::new(include_str!("../scripts/permit_release.lua")),
-            settle: Lua::new(include_str!("../scripts/settle.lua")),
+            claim: lua!("claim"),
+            lock_acquire: lua!("lock_acquire"),
+            compare_and_pexpire: lua!("compare_and_pexpire"),
+            compare_and_delete: lua!("compare_and_delete"),
+            idem_begin: lua!("idem_begin"),
+            idem_complete: lua!("idem_complete"),
+            idem_release: lua!("idem_release"),
+            idem_extend: lua!("idem_extend"),
+            permit_acquire: lua!("permit_acquire"),
+            permit_extend: lua!("permit_extend"),
+            permit_release: lua!("permit_release"),
+            settle: lua!("settle"),
         }
     }
 }
@@ -345,7 +357,8 @@ impl RedisStore {
         let link = Arc::clone(&self.link);
         let deadline = deadline.min(Instant::now() + self.timeout);
         let Some(durable) = self.durable.clone() else {
-            return self.call(operation, move |mut conn, scripts| async move {
+            let trip = redis_call(operation, Command::Evalsha, script(&self.scripts).name);
+            return self.call(trip, move |mut conn, scripts| async move {
                 let at = store_deadline(&clock, &link, &mut conn, deadline).await?;
                 let reply: Value = call
                     .arg(at)
@@ -414,7 +427,8 @@ impl RedisStore {
         script: fn(&Scripts) -> &Lua,
         call: ScriptCall,
     ) -> StoreFuture<bool> {
-        self.call(operation, move |mut conn, scripts| async move {
+        let trip = redis_call(operation, Command::Evalsha, script(&self.scripts).name);
+        self.call(trip, move |mut conn, scripts| async move {
             let held: i64 = call
                 .invoke(script(&scripts), &mut conn)
                 .await
@@ -423,19 +437,20 @@ impl RedisStore {
         })
     }
 
-    /// Runs `op` on the store's connection within the store timeout.
-    fn call<T, F, Fut>(&self, operation: &'static str, op: F) -> StoreFuture<T>
+    /// Runs `op`, the round trip `call` describes, on the store's connection within the store
+    /// timeout.
+    fn call<T, F, Fut>(&self, call: Call<'static>, op: F) -> StoreFuture<T>
     where
         T: Send + 'static,
         F: FnOnce(Connection, Arc<Scripts>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
     {
-        self.call_on(operation, &self.link, op)
+        self.call_on(call, &self.link, op)
     }
 
-    /// Runs `op` on `link`'s connection within the store timeout, and tells the link's watch
-    /// whether a reply came.
-    fn call_on<T, F, Fut>(&self, operation: &'static str, link: &Arc<Link>, op: F) -> StoreFuture<T>
+    /// Runs `op`, the round trip `call` describes, on `link`'s connection within the store
+    /// timeout, in its span, and tells the link's watch whether a reply came.
+    fn call_on<T, F, Fut>(&self, call: Call<'static>, link: &Arc<Link>, op: F) -> StoreFuture<T>
     where
         T: Send + 'static,
         F: FnOnce(Connection, Arc<Scripts>) -> Fut + Send + 'static,
@@ -445,7 +460,7 @@ impl RedisStore {
         let conn = link.get();
         let scripts = Arc::clone(&self.scripts);
         let timeout = self.timeout;
-        Box::pin(async move { bounded(operation, &link, timeout, op(conn, scripts)).await })
+        Box::pin(async move { bounded(&call, 1, &link, timeout, op(conn, scripts)).await })
     }
 }
 
@@ -507,6 +522,22 @@ fn extend_call(key: String, token: String, lease: Duration) -> ScriptCall {
     ScriptCall::default().key(key).arg(token).arg(millis(lease))
 }
 
+/// A call to Redis of store operation `operation`, sending `command` (of script `script`), as
+/// its span describes it.
+fn redis_call(operation: &'static str, command: Command, script: &'static str) -> Call<'static> {
+    Call {
+        system: System::Redis,
+        command,
+        target: script,
+        operation,
+    }
+}
+
+/// The error code Redis answered for `error` (`NOSCRIPT`, `MOVED`, `READONLY`, ...), if it did.
+fn status_code(error: &StoreError) -> Option<&str> {
+    span::cause::<RedisError>(error).and_then(RedisError::code)
+}
+
 pub(super) fn store_error(e: RedisError) -> StoreError {
     let text = e.to_string();
     let kind = if e.kind() == ErrorKind::AuthenticationFailed
@@ -552,7 +583,8 @@ impl RateStore for RedisStore {
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
         let keys = policy.store_keys(&key);
-        self.call("reset_rate", move |mut conn, _| async move {
+        let call = redis_call("reset_rate", Command::Del, "");
+        self.call(call, move |mut conn, _| async move {
             redis::cmd("DEL")
                 .arg(&keys)
                 .query_async::<i64>(&mut conn)
@@ -838,7 +870,12 @@ impl IdempotencyStore for RedisStore {
         let clock = Arc::clone(&self.clock);
         let link = Arc::clone(&self.link);
         let deadline = deadline.min(Instant::now() + self.timeout);
-        self.call("idempotency_extend", move |mut conn, scripts| async move {
+        let call = redis_call(
+            "idempotency_extend",
+            Command::Evalsha,
+            self.scripts.idem_extend.name,
+        );
+        self.call(call, move |mut conn, scripts| async move {
             let at = store_deadline(&clock, &link, &mut conn, deadline).await?;
             let reply: Value = extend_call(key, token, lease)
                 .arg(at)
@@ -853,13 +890,16 @@ impl IdempotencyStore for RedisStore {
 
 impl Store for RedisStore {
     fn ping(&self) -> StoreFuture<()> {
-        self.call("ping", |mut conn, _| async move {
-            redis::cmd("PING")
-                .query_async::<String>(&mut conn)
-                .await
-                .map(drop)
-                .map_err(store_error)
-        })
+        self.call(
+            redis_call("ping", Command::Ping, ""),
+            |mut conn, _| async move {
+                redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .map(drop)
+                    .map_err(store_error)
+            },
+        )
     }
 }
 

@@ -18,15 +18,17 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::clock::store_deadline;
 use super::connection::{Connection, Link};
 use super::sent::{Place, SentChecks};
-use super::{Lua, store_error};
+use super::{Lua, redis_call, status_code, store_error};
 use crate::keys;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::coalesce::{BatchCall, Coalescer, Decided, Sent};
 use crate::store::kit;
+use crate::store::span::{self, Call, Command};
 use crate::store::{StoreClock, StoreError, StoreErrorKind};
 
 /// The rate checks of one store, coalesced into calls of `rate.lua`.
@@ -43,7 +45,7 @@ pub(super) fn rates(
         per_key: matches!(link.get(), Connection::Cluster(_)),
         link,
         clock,
-        script: Lua::new(include_str!("../scripts/rate.lua")),
+        script: super::lua!("rate"),
         timeout,
         // a place is kept as long as its call's record lives: the call's deadline (a timeout
         // after it went out) plus the retention
@@ -83,7 +85,8 @@ impl RateCall {
     /// Redis's clock; the link's watch learns whether a reply came.
     async fn call(&self, checks: &[Sent<'_>], deadline: Instant) -> Decided {
         let mut conn = self.link.get();
-        let reply = bounded("rate_check", &self.link, self.timeout, async {
+        let call = redis_call("rate_check", Command::Evalsha, self.script.name);
+        let reply = bounded(&call, checks.len(), &self.link, self.timeout, async {
             let deadline = store_deadline(&self.clock, &self.link, &mut conn, deadline).await?;
             let records = self.records(checks);
             let evalsha = command(
@@ -165,15 +168,22 @@ async fn send(conn: &mut Connection, cmd: &Cmd) -> RedisResult<Value> {
     }
 }
 
-/// Runs `op`, store operation `operation`, within `timeout`; tells `link`'s watch whether a
-/// reply came, and the metrics how long it took and how it failed.
+/// Runs `op`, the round trip `call` describes carrying `batch` of the store's operations, within
+/// `timeout`, in its span; tells `link`'s watch whether a reply came, and the metrics how long
+/// it took and how it failed.
 pub(super) async fn bounded<T>(
-    operation: &'static str,
+    call: &Call<'_>,
+    batch: usize,
     link: &Arc<Link>,
     timeout: Duration,
     op: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    let result = kit::timed(operation, timeout, op).await;
+    let span = span::call_span(call, || link.server());
+    span::record_batch(&span, batch);
+    let result = kit::timed(call.operation, timeout, op)
+        .instrument(span.clone())
+        .await;
+    span::record_result(&span, &result, status_code);
     match &result {
         Err(e) if e.kind() == StoreErrorKind::Timeout => link.timed_out(),
         Err(e) if e.kind() == StoreErrorKind::Unavailable => link.unreachable(),
