@@ -137,3 +137,32 @@ fn a_store_built_outside_a_runtime_is_refused_with_a_reason() {
     let _entered = runtime.enter();
     assert!(tollgate::store::RedisStore::open("redis://127.0.0.1:1/").is_ok());
 }
+
+/// A primary demoted to a replica refuses writes with `READONLY`: the store is elsewhere now, so
+/// the error is `Unavailable` (what moves a Sentinel-backed store to the new primary), not a
+/// protocol error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_primary_is_unavailable_not_a_protocol_error() {
+    use tollgate::key::Key;
+    use tollgate::rate::{Algorithm, Limit, RatePolicy};
+    use tollgate::store::{RateStore, Store};
+
+    let server = common::RedisServer::start();
+    let store = server.store();
+    store.ping().await.unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(common::free_port())
+        .query(&mut server.conn())
+        .unwrap();
+    let policy = RatePolicy::new(
+        "t:rl",
+        Algorithm::SlidingLog,
+        vec![Limit::per_second("s", 1)],
+    );
+    let error = store
+        .reset_rate(&std::sync::Arc::new(policy.unwrap()), Key::new("s", b"x"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Unavailable, "{error}");
+}

@@ -554,6 +554,7 @@ pub(super) fn store_error(e: RedisError) -> StoreError {
         || e.is_connection_refusal()
         || e.is_cluster_error()
         // a primary demoted to a replica: the write did not happen, the store is elsewhere now
+        || e.code() == Some("READONLY")
         || text.contains("READONLY")
     {
         StoreErrorKind::Unavailable
