@@ -448,7 +448,7 @@ impl RateStore for PgStore {
     }
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
-        let params: Vec<Param> = vec![Box::new(policy.store_keys(&key))];
+        let params: Vec<Param> = vec![Box::new(policy.reset_keys(&key))];
         self.call("reset_rate", |s| &s.reset_rate, params, None, |_| Ok(()))
     }
 }

@@ -551,7 +551,7 @@ impl RateStore for RedisStore {
     }
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
-        let keys = policy.store_keys(&key);
+        let keys = policy.reset_keys(&key);
         self.call("reset_rate", move |mut conn, _| async move {
             redis::cmd("DEL")
                 .arg(&keys)
