@@ -741,7 +741,10 @@ fn blocked_until(out: &RateOutcome, limit: usize, till: u64, what: &str) -> bool
         return false;
     }
     let left = Duration::from_micros(till - now);
-    assert!(!out.admitted, "{what}: blocked until {till}, decided at {now}");
+    assert!(
+        !out.admitted,
+        "{what}: blocked until {till}, decided at {now}"
+    );
     assert_eq!(out.retry_after, left, "{what}: the wait is the block's end");
     assert_eq!(out.limits[limit].remaining, 0, "{what}");
     assert_eq!(out.limits[limit].reset, left, "{what}");
@@ -773,7 +776,12 @@ pub async fn a_denial_blocks_the_caller_for_block_for(store: &impl RateStore) {
         let caller = key(&unique("blocked"));
         let denied = block(store, &p, caller).await;
         let till = at(&denied) + 900_000;
-        assert!(blocked_until(&denied, 0, till, &format!("{algorithm}: the denial")));
+        assert!(blocked_until(
+            &denied,
+            0,
+            till,
+            &format!("{algorithm}: the denial")
+        ));
         // the limit has room again after its window; the block still denies
         sleep_past(&denied, at(&denied) + 500_000).await;
         let out = check(store, &p, caller, 1).await;
@@ -782,7 +790,10 @@ pub async fn a_denial_blocks_the_caller_for_block_for(store: &impl RateStore) {
         sleep_past(&out, till).await;
         let after = check(store, &p, caller, 1).await;
         assert!(after.admitted, "{algorithm}: the block has ended");
-        assert_eq!(after.limits[0].remaining, 1, "{algorithm}: from its own state");
+        assert_eq!(
+            after.limits[0].remaining, 1,
+            "{algorithm}: from its own state"
+        );
     }
 }
 
@@ -810,7 +821,10 @@ pub async fn a_block_charges_nothing(store: &impl RateStore) {
         sleep_past(&denied, till).await;
         let after = check(store, &p, caller, 1).await;
         assert!(after.admitted, "{algorithm}");
-        assert_eq!(after.limits[1].remaining, 7, "{algorithm}: charged once more");
+        assert_eq!(
+            after.limits[1].remaining, 7,
+            "{algorithm}: charged once more"
+        );
     }
 }
 
@@ -848,7 +862,10 @@ pub async fn a_reset_ends_a_block_and_others_are_not_blocked(store: &impl RateSt
         let other = check(store, &p, b, 1).await;
         assert!(other.admitted, "{algorithm}: another caller");
         assert_eq!(other.limits[0].remaining, 1, "{algorithm}");
-        assert!(!check(store, &p, a, 0).await.admitted, "{algorithm}: a look too");
+        assert!(
+            !check(store, &p, a, 0).await.admitted,
+            "{algorithm}: a look too"
+        );
         store.reset_rate(&p, a).await.expect("store answers");
         let after = check(store, &p, a, 1).await;
         assert!(after.admitted, "{algorithm}: the reset ended the block");
@@ -878,7 +895,12 @@ pub async fn only_a_limit_with_block_for_blocks(store: &impl RateStore) {
         assert!(check(store, &p, caller, 1).await.admitted, "{algorithm}");
         // the limit with a penalty, spent, denies: it blocks
         let out = check(store, &p, caller, 1).await;
-        assert!(blocked_until(&out, 1, at(&out) + 8_000_000, &format!("{algorithm}")));
+        assert!(blocked_until(
+            &out,
+            1,
+            at(&out) + 8_000_000,
+            &format!("{algorithm}")
+        ));
     }
 }
 
@@ -903,6 +925,9 @@ pub async fn resent_checks_during_a_block_are_answered_as_recorded(store: &impl 
         let out = run(store, &p, third).await;
         blocked_until(&out, 0, till, &format!("{algorithm}: the denial re-sent"));
         sleep_past(&denied, till).await;
-        assert!(run(store, &p, third).await.admitted, "{algorithm}: not extended");
+        assert!(
+            run(store, &p, third).await.admitted,
+            "{algorithm}: not extended"
+        );
     }
 }
