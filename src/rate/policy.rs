@@ -379,9 +379,10 @@ impl RatePolicy {
         self.limits().iter().map(write).collect()
     }
 
-    /// Every key a reset of caller `key` deletes: its limits' ([`store_keys`](Self::store_keys))
-    /// and the blocks of those with a penalty.
-    pub(crate) fn reset_keys(&self, key: &Key) -> Vec<String> {
+    /// Every store key of caller `key` under this policy, which a reset deletes: its limits'
+    /// ([`store_keys`](Self::store_keys)), then the blocks of those with a
+    /// [penalty](Limit::block_for), each its limit's key plus `:block`.
+    pub fn reset_keys(&self, key: &Key) -> Vec<String> {
         let mut keys = self.store_keys(key);
         for limit in self.limits().iter().filter(|l| l.penalty().is_some()) {
             let mut out = String::new();
