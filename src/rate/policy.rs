@@ -181,6 +181,13 @@ impl Limit {
     /// assert_eq!(limit.penalty(), Some(Duration::from_secs(30)));
     /// let zero = Limit::per_second("burst", 10).block_for(Duration::ZERO);
     /// assert!(RatePolicy::new("app:rl", Algorithm::Gcra, vec![zero]).is_err());
+    /// # #[cfg(feature = "serde")] {
+    /// let from_config: Limit = serde_json::from_str(
+    ///     r#"{"name": "burst", "quota": 10, "window": "1s", "block_for": "30s"}"#,
+    /// )
+    /// .unwrap();
+    /// assert_eq!(from_config, limit);
+    /// # }
     /// ```
     pub fn block_for(self, duration: Duration) -> Self {
         Self {
