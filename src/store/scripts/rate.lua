@@ -165,7 +165,7 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
       end
       if oldest then count = redis.call('ZCARD', key) end
     end
-    counts[i], oldests[i], denied[i] = count, oldest, false
+    counts[i], oldests[i] = count, oldest
     if not replay and not settle and count + cost > quota then
       if cost > 0 and count > 0 and redis.call('ZSCORE', key, first_member) then
         -- charged by the first run of this attempt
@@ -263,7 +263,6 @@ local function sliding_counter(k, n, q, w, cost, _, replay, settle, place, block
       elseif idx == index - 1 then prev = tonumber(c) end
     end
     indexes[i], elapsed_ms[i], curs[i], prevs[i], sames[i] = index, elapsed, cur, prev, same
-    denied[i] = false
     -- scaled by window: used * window = cur * window + prev * (window - elapsed)
     if replay or settle then
       -- charged by an earlier run of this attempt, or a settlement: nothing to decide
@@ -373,7 +372,7 @@ local function gcra(k, n, q, w, cost, _, replay, settle, place, blocked)
       stored = int(stored)
       if stored >= now then tat, rem = stored, tonumber(r) end
     end
-    tats[i], rems[i], denied[i] = tat, rem, false
+    tats[i], rems[i] = tat, rem
     if replay or settle then
       -- charged by an earlier run of this attempt, or a settlement: nothing to decide
     elseif cost > quota then
@@ -456,11 +455,11 @@ local function gcra(k, n, q, w, cost, _, replay, settle, place, blocked)
 end
 
 -- The ends of the blocks of a check's limits (policy `policy`, its block keys from KEYS[bk + 1])
--- in `tills` (0: none or ended), and whether one has not ended.
+-- in `tills` (0: none or ended), and whether one has not ended; no limit has denied yet.
 local function blocks(bk, policy, tills)
   local b, j, blocked = policy[6], 0, false
   for i = 1, policy[2] do
-    tills[i] = 0
+    tills[i], denied[i] = 0, false
     if b[i] > 0 then
       j = j + 1
       local raw = redis.call('GET', KEYS[bk + j])
