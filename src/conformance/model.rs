@@ -223,24 +223,7 @@ impl Model {
             .zip(policy.limits())
             .map(|(k, l)| live(self.states.remove(k), l.window_us(), now))
             .collect();
-        let mut admitted = true;
-        let mut retry = 0u64;
-        let mut denied = vec![false; states.len()];
-        for (i, (state, limit)) in states.iter().zip(policy.limits()).enumerate() {
-            if replay {
-                continue;
-            }
-            let (q, w) = (limit.quota(), limit.window_us());
-            match wait(algorithm, state.as_ref(), q, w, now, cost) {
-                None => {}
-                // a log that would deny holding this attempt's first unit: charged before
-                Some(_) if first_unit_logged(state.as_ref(), id, cost) => replay = true,
-                Some(wait) => {
-                    (admitted, denied[i]) = (false, true);
-                    retry = retry.max(wait);
-                }
-            }
-        }
+        let (mut admitted, mut retry, denied) = decide(policy, &states, now, check, &mut replay);
         let blocks = Self::block_keys(policy, check.key());
         let blocked = self.blocked_for(&blocks, now);
         if replay {
@@ -298,6 +281,37 @@ impl Model {
         let (place, until) = self.ledger.get_mut(&of)?.place.take()?;
         (until > now).then_some(place)
     }
+}
+
+/// Decides `check` on every limit of `policy` (`states`, in order) at `now`, charging nothing:
+/// whether all have room, the wait, and per limit whether it denied. A log that would deny
+/// holding the attempt's first unit makes it a `replay`.
+fn decide(
+    policy: &RatePolicy,
+    states: &[Option<State>],
+    now: u64,
+    check: RateCheck,
+    replay: &mut bool,
+) -> (bool, u64, Vec<bool>) {
+    let (cost, id) = (check.cost(), check.attempt());
+    let (mut admitted, mut retry) = (true, 0u64);
+    let mut denied = vec![false; states.len()];
+    for (i, (state, limit)) in states.iter().zip(policy.limits()).enumerate() {
+        if *replay {
+            continue;
+        }
+        let (q, w) = (limit.quota(), limit.window_us());
+        match wait(policy.algorithm(), state.as_ref(), q, w, now, cost) {
+            None => {}
+            // a log that would deny holding this attempt's first unit: charged before
+            Some(_) if first_unit_logged(state.as_ref(), id, cost) => *replay = true,
+            Some(wait) => {
+                (admitted, denied[i]) = (false, true);
+                retry = retry.max(wait);
+            }
+        }
+    }
+    (admitted, retry, denied)
 }
 
 /// Until when a place is kept: a counter's until the end of the window after its own, a GCRA

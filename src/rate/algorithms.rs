@@ -256,13 +256,14 @@ struct Decision {
     denied: Vec<bool>,
 }
 
-/// Decides `check` on every limit, charging nothing.
+/// Decides `check` on every limit, charging nothing; a replay is admitted, a caller `blocked`
+/// (µs left) denied.
 fn decide(
     policy: &RatePolicy,
     slots: &mut [Slot],
     now: u64,
     check: RateCheck,
-    mut replay: bool,
+    (mut replay, blocked): (bool, u64),
 ) -> Decision {
     let (cost, id) = (check.cost(), check.attempt());
     let mut logs: Vec<VecDeque<(u64, Name)>> = Vec::new();
@@ -302,6 +303,11 @@ fn decide(
             retry = retry.max(wait);
         }
     }
+    if replay {
+        (admitted, retry) = (true, 0);
+    } else if blocked > 0 {
+        (admitted, retry) = (false, retry.max(blocked));
+    }
     Decision {
         admitted,
         retry,
@@ -324,13 +330,8 @@ fn charge(
 ) -> (bool, u64, Vec<LimitState>, Option<Box<[Place]>>) {
     let (cost, id) = (check.cost(), check.attempt());
     let algorithm = policy.algorithm();
-    let decision = decide(policy, slots, now, check, replay);
-    let (mut admitted, mut retry, replay) = (decision.admitted, decision.retry, decision.replay);
-    if replay {
-        (admitted, retry) = (true, 0);
-    } else if blocked > 0 {
-        (admitted, retry) = (false, retry.max(blocked));
-    }
+    let decision = decide(policy, slots, now, check, (replay, blocked));
+    let (admitted, mut retry, replay) = (decision.admitted, decision.retry, decision.replay);
     let charges = admitted && !replay && cost > 0;
     let mut place = Vec::with_capacity(if charges { slots.len() } else { 0 });
     let mut limits = Vec::with_capacity(slots.len());
