@@ -10,6 +10,7 @@
 //! | kind | key |
 //! | --- | --- |
 //! | rate limit | `<prefix>:rl:{<caller>}:<limit>:<log\|ctr\|gcra>` |
+//! | a limit's block (its `block_for` penalty) | the limit's key plus `:block` |
 //! | rate call record, reservation place (Redis) | `<prefix>:rl:{<caller>}:charged:<call>`, `<prefix>:rl:{<caller>}:place:<attempt>` |
 //! | claim | `<prefix>:claim:{<digest of name>}` |
 //! | lock, fencing counter | `<prefix>:lock:{<digest of name>}`, the same plus `:fence` |
@@ -83,6 +84,20 @@ pub(crate) fn write_rate(
     out.push_str(limit);
     out.push(':');
     out.push_str(algorithm);
+}
+
+/// Writes the key of the block of limit `limit` under `algorithm` in `namespace` for caller
+/// `key` into `out`, in place of what it held: the limit's key plus `:block`, in its slot.
+/// PostgreSQL's `check_rate` names its block rows so too (see `schema.sql`).
+pub(crate) fn write_rate_block(
+    out: &mut String,
+    namespace: &str,
+    key: &Key,
+    limit: &str,
+    algorithm: &str,
+) {
+    write_rate(out, namespace, key, limit, algorithm);
+    out.push_str(":block");
 }
 
 #[cfg(feature = "redis")]
@@ -182,6 +197,8 @@ mod tests {
         let mut rate = String::from("left over");
         write_rate(&mut rate, &rate_namespace("app"), &caller, "s", "gcra");
         assert_eq!(rate, format!("app:rl:{{{caller}}}:s:gcra"));
+        write_rate_block(&mut rate, &rate_namespace("app"), &caller, "s", "gcra");
+        assert_eq!(rate, format!("app:rl:{{{caller}}}:s:gcra:block"));
         #[cfg(feature = "redis")]
         {
             let mut place = String::from("left over");

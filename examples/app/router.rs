@@ -12,7 +12,7 @@
 //! | route            | what it does                                                        |
 //! | ---------------- | ------------------------------------------------------------------- |
 //! | `GET /healthz`   | `200 {"status":"ok"}` while the store answers `PING`, else `503`    |
-//! | `GET /api/hello` | `200 {"message":"hello",...}`, rate-limited per caller              |
+//! | `GET /api/hello` | `200 {"message":"hello",...}`, rate-limited per caller; with `APP_BLOCK`, a caller over a limit is blocked that long on every copy |
 //! | `POST /coupons/{code}/redeem` | `200` for exactly one redemption across all copies, `409` for every other (with `Retry-After` while one awaits its replicas), `503` when the store does not answer |
 //! | `POST /reports/{name}/rebuild` | rebuilds under a lock: `200` with the fencing token, `409` while another copy holds it |
 //! | `POST /payments` | `201 {"id",...}` once per `Idempotency-Key` across all copies; retries replay it |
@@ -136,6 +136,9 @@ pub struct AppConfig {
     pub token_limits: Vec<Limit>,
     /// `APP_ADMIN_TOKEN`: the bearer token of `/admin/*`; unset, those routes are not served.
     pub admin_token: Option<String>,
+    /// `APP_BLOCK` (`30s`, say): a caller that goes over a limit of `/api/*` is blocked that
+    /// long on every copy; unset, no penalty.
+    pub block: Option<Duration>,
 }
 
 /// The token budget when `APP_TOKEN_LIMITS` is not set.
@@ -386,6 +389,17 @@ impl AppConfig {
             admin_token: vars
                 .get("APP_ADMIN_TOKEN")
                 .filter(|token| !token.is_empty()),
+            block: match vars.get("APP_BLOCK") {
+                Some(value) => Some(tollgate::rate::parse_duration(&value).map_err(|e| {
+                    EnvError::new(
+                        "APP_BLOCK",
+                        &value,
+                        e.to_string(),
+                        "how long a caller over a limit is blocked, e.g. APP_BLOCK=30s",
+                    )
+                })?),
+                None => None,
+            },
         })
     }
 }
@@ -438,7 +452,10 @@ impl AppState {
     pub fn new(store: Arc<dyn Store>, config: AppConfig) -> Result<Self, ConfigError> {
         let api_limit = RateLimitLayer::builder(Arc::clone(&store))
             .prefix(API_PREFIX)
-            .limits(config.limits.iter().cloned())
+            .limits(config.limits.iter().map(|limit| match config.block {
+                Some(block) => limit.clone().block_for(block),
+                None => limit.clone(),
+            }))
             .algorithm(config.algorithm)
             .key(Header::new(API_KEY_HEADER).or(config.client_ip()))
             .on_store_error(config.on_store_error)

@@ -119,6 +119,12 @@ macro_rules! rate_store_suite {
             attempts_are_remembered_however_many_follow,
             a_refunded_reservation_sent_again_is_not_charged,
             huge_costs_fail_nothing_around_them,
+            a_denial_blocks_the_caller_for_block_for,
+            a_block_charges_nothing,
+            a_block_on_one_limit_blocks_the_whole_check,
+            a_reset_ends_a_block_and_others_are_not_blocked,
+            only_a_limit_with_block_for_blocks,
+            resent_checks_during_a_block_are_answered_as_recorded,
         );
     };
 }

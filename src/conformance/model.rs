@@ -53,6 +53,9 @@ struct Entry {
 #[derive(Debug, Clone)]
 pub struct Model {
     states: HashMap<String, State>,
+    /// Blocks by the key of the block (see [`Limit::block_for`](crate::rate::Limit::block_for)):
+    /// until when (µs).
+    blocks: HashMap<String, u64>,
     ledger: HashMap<u64, Entry>,
     /// How long past its decision a charged attempt is remembered.
     remembered: Duration,
@@ -64,6 +67,7 @@ impl Model {
     pub fn new(remembered: Duration) -> Self {
         Self {
             states: HashMap::new(),
+            blocks: HashMap::new(),
             ledger: HashMap::new(),
             remembered,
         }
@@ -77,12 +81,68 @@ impl Model {
             .is_some_and(|e| e.charged_until > now)
     }
 
-    /// Forgets what `key` spent of every limit of `policy`, as a store's reset does; the ledger
-    /// stays.
+    /// Forgets what `key` spent of every limit of `policy`, and its blocks, as a store's reset
+    /// does; the ledger stays.
     pub fn reset(&mut self, policy: &RatePolicy, key: crate::key::Key) {
-        for k in policy.store_keys(&key) {
+        for k in policy.reset_keys(&key) {
             self.states.remove(&k);
+            self.blocks.remove(&k);
         }
+    }
+
+    /// The key of the block of each limit of `policy` for `key`, `None` for a limit without a
+    /// penalty.
+    fn block_keys(policy: &RatePolicy, key: crate::key::Key) -> Vec<Option<String>> {
+        let block = |limit: &crate::rate::Limit| {
+            limit.penalty().map(|_| {
+                let mut out = String::new();
+                policy.write_block_key(&mut out, &key, limit);
+                out
+            })
+        };
+        policy.limits().iter().map(block).collect()
+    }
+
+    /// The time (µs) left at `now` of the latest block of `keys` (the policy's blocks); 0 when
+    /// the caller is not blocked.
+    fn blocked_for(&self, keys: &[Option<String>], now: u64) -> u64 {
+        keys.iter()
+            .flatten()
+            .filter_map(|k| self.blocks.get(k))
+            .map(|until| until.saturating_sub(now))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The penalties of a denied check: a caller not blocked yet is blocked, from `now`, on each
+    /// limit with a penalty that denied the check (`denied`; `None`: a look, which blocks
+    /// nothing); each limit that blocks it then answers 0 remaining and the time its block has
+    /// left. The longest block's time left.
+    fn penalize(
+        &mut self,
+        policy: &RatePolicy,
+        keys: &[Option<String>],
+        limits: &mut [LimitState],
+        denied: Option<&[bool]>,
+        now: u64,
+    ) -> u64 {
+        let blocked = self.blocked_for(keys, now) > 0;
+        let mut longest = 0;
+        for (i, (key, limit)) in keys.iter().zip(policy.limits()).enumerate() {
+            let Some(key) = key else { continue };
+            if !blocked && denied.is_some_and(|d| d[i]) {
+                self.blocks.insert(key.clone(), now + limit.block_us());
+            }
+            let until = self.blocks.get(key).copied().unwrap_or(0);
+            if until > now {
+                limits[i] = LimitState {
+                    remaining: 0,
+                    reset: Duration::from_micros(until - now),
+                };
+                longest = longest.max(until - now);
+            }
+        }
+        longest
     }
 
     /// Decides `check` under `policy` at store time `now` (µs), as a store must.
@@ -163,25 +223,14 @@ impl Model {
             .zip(policy.limits())
             .map(|(k, l)| live(self.states.remove(k), l.window_us(), now))
             .collect();
-        let mut admitted = true;
-        let mut retry = 0u64;
-        for (state, limit) in states.iter().zip(policy.limits()) {
-            if replay {
-                continue;
-            }
-            let (q, w) = (limit.quota(), limit.window_us());
-            match wait(algorithm, state.as_ref(), q, w, now, cost) {
-                None => {}
-                // a log that would deny holding this attempt's first unit: charged before
-                Some(_) if first_unit_logged(state.as_ref(), id, cost) => replay = true,
-                Some(wait) => {
-                    admitted = false;
-                    retry = retry.max(wait);
-                }
-            }
-        }
+        let (mut admitted, mut retry, denied) = decide(policy, &states, now, check, &mut replay);
+        let blocks = Self::block_keys(policy, check.key());
+        let blocked = self.blocked_for(&blocks, now);
         if replay {
             (admitted, retry) = (true, 0);
+        } else if blocked > 0 {
+            // blocked: denied, charging nothing, until the block ends
+            (admitted, retry) = (false, retry.max(blocked));
         }
         let mut place = Vec::new();
         let mut limits = Vec::new();
@@ -194,6 +243,10 @@ impl Model {
             if let Some(state) = state.take() {
                 self.states.insert(key.clone(), state);
             }
+        }
+        if !admitted {
+            let denied = (cost > 0).then_some(&denied[..]);
+            retry = retry.max(self.penalize(policy, &blocks, &mut limits, denied, now));
         }
         if admitted && cost > 0 {
             let place = (check.is_reservation() && !replay).then_some(place);
@@ -228,6 +281,37 @@ impl Model {
         let (place, until) = self.ledger.get_mut(&of)?.place.take()?;
         (until > now).then_some(place)
     }
+}
+
+/// Decides `check` on every limit of `policy` (`states`, in order) at `now`, charging nothing:
+/// whether all have room, the wait, and per limit whether it denied. A log that would deny
+/// holding the attempt's first unit makes it a `replay`.
+fn decide(
+    policy: &RatePolicy,
+    states: &[Option<State>],
+    now: u64,
+    check: RateCheck,
+    replay: &mut bool,
+) -> (bool, u64, Vec<bool>) {
+    let (cost, id) = (check.cost(), check.attempt());
+    let (mut admitted, mut retry) = (true, 0u64);
+    let mut denied = vec![false; states.len()];
+    for (i, (state, limit)) in states.iter().zip(policy.limits()).enumerate() {
+        if *replay {
+            continue;
+        }
+        let (q, w) = (limit.quota(), limit.window_us());
+        match wait(policy.algorithm(), state.as_ref(), q, w, now, cost) {
+            None => {}
+            // a log that would deny holding this attempt's first unit: charged before
+            Some(_) if first_unit_logged(state.as_ref(), id, cost) => *replay = true,
+            Some(wait) => {
+                (admitted, denied[i]) = (false, true);
+                retry = retry.max(wait);
+            }
+        }
+    }
+    (admitted, retry, denied)
 }
 
 /// Until when a place is kept: a counter's until the end of the window after its own, a GCRA

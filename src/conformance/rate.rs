@@ -725,3 +725,209 @@ pub async fn huge_costs_fail_nothing_around_them(store: &impl RateStore) {
         assert!(!check(store, &p, caller, 1).await.admitted, "{algorithm}");
     }
 }
+
+/// The store time (µs) `out` was decided at.
+fn at(out: &RateOutcome) -> u64 {
+    out.decided_at_us.expect("a store decides at its own time")
+}
+
+/// Whether `out`, decided while the caller's block on limit `limit` ends at `till` (µs, store
+/// time), is what a block answers: denied with the block's time left as the wait (the limits'
+/// own waits being shorter here), the limit at 0 remaining and the same reset. Decided at or
+/// after `till`, it is not blocked: `false`.
+fn blocked_until(out: &RateOutcome, limit: usize, till: u64, what: &str) -> bool {
+    let now = at(out);
+    if now >= till {
+        return false;
+    }
+    let left = Duration::from_micros(till - now);
+    assert!(
+        !out.admitted,
+        "{what}: blocked until {till}, decided at {now}"
+    );
+    assert_eq!(out.retry_after, left, "{what}: the wait is the block's end");
+    assert_eq!(out.limits[limit].remaining, 0, "{what}");
+    assert_eq!(out.limits[limit].reset, left, "{what}");
+    true
+}
+
+/// Sleeps until the store's clock, as `out` read it, is `until` (µs) or later, plus a margin.
+async fn sleep_past(out: &RateOutcome, until: u64) {
+    let wait = until.saturating_sub(at(out)) + 30_000;
+    tokio::time::sleep(Duration::from_micros(wait)).await;
+}
+
+/// Spends 2 of a quota of 2 per 300 ms, then is denied: the denial that blocks. Its answer.
+async fn block(store: &impl RateStore, p: &Arc<RatePolicy>, caller: Key) -> RateOutcome {
+    for i in 0..2 {
+        let out = check(store, p, caller, 1).await;
+        assert!(out.admitted, "{}: request {i}", p.algorithm());
+    }
+    check(store, p, caller, 1).await
+}
+
+/// A check denied by a limit with `block_for` blocks the caller for exactly that long from its
+/// decision: denied until then (after the limit's own window has passed) with the block's end
+/// as the wait and the limit at 0 remaining, then admitted from the limit's own state.
+pub async fn a_denial_blocks_the_caller_for_block_for(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let burst = Limit::new("s", 2, Duration::from_millis(300));
+        let p = policy(algorithm, vec![burst.block_for(Duration::from_millis(900))]);
+        let caller = key(&unique("blocked"));
+        let denied = block(store, &p, caller).await;
+        let till = at(&denied) + 900_000;
+        assert!(blocked_until(
+            &denied,
+            0,
+            till,
+            &format!("{algorithm}: the denial")
+        ));
+        // the limit has room again after its window; the block still denies
+        sleep_past(&denied, at(&denied) + 500_000).await;
+        let out = check(store, &p, caller, 1).await;
+        let blocked = blocked_until(&out, 0, till, &format!("{algorithm}: blocked"));
+        assert!(blocked, "{algorithm}: the store was slow to answer");
+        sleep_past(&out, till).await;
+        let after = check(store, &p, caller, 1).await;
+        assert!(after.admitted, "{algorithm}: the block has ended");
+        assert_eq!(
+            after.limits[0].remaining, 1,
+            "{algorithm}: from its own state"
+        );
+    }
+}
+
+/// A blocked caller is charged nothing (nor is the block extended): after the block, a limit
+/// without a penalty has what it had when the block began.
+pub async fn a_block_charges_nothing(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let burst = Limit::new("s", 2, Duration::from_millis(300));
+        let limits = vec![
+            burst.block_for(Duration::from_millis(600)),
+            Limit::per_minute("m", 10),
+        ];
+        let p = policy(algorithm, limits);
+        let caller = key(&unique("uncharged"));
+        let denied = block(store, &p, caller).await;
+        let till = at(&denied) + 600_000;
+        assert_eq!(denied.limits[1].remaining, 8, "{algorithm}");
+        for cost in [1, 1, 3, 0] {
+            let out = check(store, &p, caller, cost).await;
+            if blocked_until(&out, 0, till, &format!("{algorithm}: cost {cost}")) {
+                assert_eq!(out.limits[1].remaining, 8, "{algorithm}: nothing charged");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        sleep_past(&denied, till).await;
+        let after = check(store, &p, caller, 1).await;
+        assert!(after.admitted, "{algorithm}");
+        assert_eq!(
+            after.limits[1].remaining, 7,
+            "{algorithm}: charged once more"
+        );
+    }
+}
+
+/// A block on one limit of a policy denies the whole check, even when that limit has room
+/// again; the other limits answer what they hold.
+pub async fn a_block_on_one_limit_blocks_the_whole_check(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let limits = vec![
+            Limit::per_hour("h", 100),
+            Limit::new("s", 2, Duration::from_millis(300)).block_for(Duration::from_millis(800)),
+        ];
+        let p = policy(algorithm, limits);
+        let caller = key(&unique("whole"));
+        let denied = block(store, &p, caller).await;
+        let till = at(&denied) + 800_000;
+        assert!(blocked_until(&denied, 1, till, &format!("{algorithm}")));
+        sleep_past(&denied, at(&denied) + 400_000).await;
+        let out = check(store, &p, caller, 1).await;
+        if blocked_until(&out, 1, till, &format!("{algorithm}: blocked")) {
+            assert_eq!(out.limits[0].remaining, 98, "{algorithm}: the hourly limit");
+        }
+        sleep_past(&out, till).await;
+        assert!(check(store, &p, caller, 1).await.admitted, "{algorithm}");
+    }
+}
+
+/// A reset of the caller ends its block at once; other callers were never blocked.
+pub async fn a_reset_ends_a_block_and_others_are_not_blocked(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let burst = Limit::new("s", 2, Duration::from_millis(300));
+        let p = policy(algorithm, vec![burst.block_for(Duration::from_secs(60))]);
+        let (a, b) = (key(&unique("reset-block")), key(&unique("bystander")));
+        let denied = block(store, &p, a).await;
+        assert_eq!(denied.retry_after, Duration::from_secs(60), "{algorithm}");
+        let other = check(store, &p, b, 1).await;
+        assert!(other.admitted, "{algorithm}: another caller");
+        assert_eq!(other.limits[0].remaining, 1, "{algorithm}");
+        assert!(
+            !check(store, &p, a, 0).await.admitted,
+            "{algorithm}: a look too"
+        );
+        store.reset_rate(&p, a).await.expect("store answers");
+        let after = check(store, &p, a, 1).await;
+        assert!(after.admitted, "{algorithm}: the reset ended the block");
+        assert_eq!(after.limits[0].remaining, 1, "{algorithm}");
+    }
+}
+
+/// Only a denial by a limit with `block_for` blocks: one by a limit without waits as before;
+/// a limit with a penalty that denies later blocks then.
+pub async fn only_a_limit_with_block_for_blocks(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let limits = vec![
+            Limit::new("s", 2, Duration::from_millis(300)),
+            Limit::new("h", 3, Duration::from_secs(5)).block_for(Duration::from_secs(8)),
+        ];
+        let p = policy(algorithm, limits);
+        let caller = key(&unique("unblocked"));
+        let denied = block(store, &p, caller).await;
+        assert!(!denied.admitted, "{algorithm}");
+        assert!(
+            denied.retry_after <= Duration::from_millis(600),
+            "{algorithm}: no block, {:?}",
+            denied.retry_after
+        );
+        assert_eq!(denied.limits[1].remaining, 1, "{algorithm}");
+        tokio::time::sleep(denied.retry_after + Duration::from_millis(30)).await;
+        assert!(check(store, &p, caller, 1).await.admitted, "{algorithm}");
+        // the limit with a penalty, spent, denies: it blocks
+        let out = check(store, &p, caller, 1).await;
+        assert!(blocked_until(
+            &out,
+            1,
+            at(&out) + 8_000_000,
+            &format!("{algorithm}")
+        ));
+    }
+}
+
+/// Re-sent checks are answered as recorded: one admitted before the block is admitted again
+/// during it, charging nothing; the denial that blocked, sent again, is denied again and does
+/// not extend the block.
+pub async fn resent_checks_during_a_block_are_answered_as_recorded(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let burst = Limit::new("s", 2, Duration::from_millis(300));
+        let p = policy(algorithm, vec![burst.block_for(Duration::from_millis(800))]);
+        let caller = key(&unique("resent-block"));
+        let first = RateCheck::new(caller, 1);
+        assert!(run(store, &p, first).await.admitted, "{algorithm}");
+        assert!(check(store, &p, caller, 1).await.admitted, "{algorithm}");
+        let third = RateCheck::new(caller, 1);
+        let denied = run(store, &p, third).await;
+        let till = at(&denied) + 800_000;
+        assert!(blocked_until(&denied, 0, till, &format!("{algorithm}")));
+        let again = run(store, &p, first).await;
+        assert!(again.admitted, "{algorithm}: charged before the block");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let out = run(store, &p, third).await;
+        blocked_until(&out, 0, till, &format!("{algorithm}: the denial re-sent"));
+        sleep_past(&denied, till).await;
+        assert!(
+            run(store, &p, third).await.admitted,
+            "{algorithm}: not extended"
+        );
+    }
+}

@@ -118,6 +118,10 @@ pub(crate) struct Slot {
     pub(crate) state: Option<State>,
     /// Store time in microseconds after which the state is gone.
     pub(crate) expires_at: u64,
+    /// Store time in microseconds until which the caller is blocked by this limit's penalty
+    /// (see [`Limit::block_for`](super::Limit::block_for)); kept apart from the state, which
+    /// may expire first.
+    pub(crate) blocked_until: u64,
 }
 
 /// Decides `check` against every limit of `policy` at store time `now`, all or nothing; `slots`
@@ -145,7 +149,9 @@ pub(crate) fn check(
             (true, 0, limits)
         }
         None => {
-            let (admitted, retry, limits, place) = charge(policy, slots, now, check, replay);
+            let blocked = blocked_for(policy, slots, now);
+            let (admitted, retry, limits, place) =
+                charge(policy, slots, now, check, replay, blocked);
             if admitted && check.cost() > 0 {
                 let place = place.map(|place| {
                     let until = place
@@ -239,24 +245,33 @@ fn tat_of(slot: &Slot, now: u64) -> (u64, u64) {
     }
 }
 
-/// A check: every limit decided, then, admitted and costing, charged. Whether admitted, the wait
-/// (µs), the limits, and a reservation's place when it charged.
-fn charge(
+/// What deciding a check's limits found: whether all had room and the wait when not, whether
+/// the attempt turned out charged before (a log holding it), the logs as read, and per limit
+/// whether it denied the cost.
+struct Decision {
+    admitted: bool,
+    retry: u64,
+    replay: bool,
+    logs: Vec<VecDeque<(u64, Name)>>,
+    denied: Vec<bool>,
+}
+
+/// Decides `check` on every limit, charging nothing; a replay is admitted, a caller `blocked`
+/// (µs left) denied.
+fn decide(
     policy: &RatePolicy,
     slots: &mut [Slot],
     now: u64,
     check: RateCheck,
-    mut replay: bool,
-) -> (bool, u64, Vec<LimitState>, Option<Box<[Place]>>) {
-    let cost = check.cost();
-    let id = check.attempt();
-    let algorithm = policy.algorithm();
+    (mut replay, blocked): (bool, u64),
+) -> Decision {
+    let (cost, id) = (check.cost(), check.attempt());
     let mut logs: Vec<VecDeque<(u64, Name)>> = Vec::new();
-    let mut admitted = true;
-    let mut retry = 0u64;
+    let mut denied = Vec::with_capacity(slots.len());
+    let (mut admitted, mut retry) = (true, 0u64);
     for (slot, limit) in slots.iter_mut().zip(policy.limits()) {
         let (q, w) = (limit.quota(), limit.window_us());
-        let wait = match algorithm {
+        let wait = match policy.algorithm() {
             super::Algorithm::SlidingLog => {
                 let log = log_of(slot, w, now);
                 let wait = if replay {
@@ -282,6 +297,7 @@ fn charge(
             super::Algorithm::Gcra if !replay => gcra_wait(slot, q, w, now, cost),
             _ => None,
         };
+        denied.push(wait.is_some());
         if let Some(wait) = wait {
             admitted = false;
             retry = retry.max(wait);
@@ -289,11 +305,37 @@ fn charge(
     }
     if replay {
         (admitted, retry) = (true, 0);
+    } else if blocked > 0 {
+        (admitted, retry) = (false, retry.max(blocked));
     }
+    Decision {
+        admitted,
+        retry,
+        replay,
+        logs,
+        denied,
+    }
+}
+
+/// A check: every limit decided, then, admitted and costing, charged; a caller `blocked` (the
+/// time its block has left, µs; 0: none) is denied and charged nothing. Whether admitted, the
+/// wait (µs), the limits, and a reservation's place when it charged.
+fn charge(
+    policy: &RatePolicy,
+    slots: &mut [Slot],
+    now: u64,
+    check: RateCheck,
+    replay: bool,
+    blocked: u64,
+) -> (bool, u64, Vec<LimitState>, Option<Box<[Place]>>) {
+    let (cost, id) = (check.cost(), check.attempt());
+    let algorithm = policy.algorithm();
+    let decision = decide(policy, slots, now, check, (replay, blocked));
+    let (admitted, mut retry, replay) = (decision.admitted, decision.retry, decision.replay);
     let charges = admitted && !replay && cost > 0;
     let mut place = Vec::with_capacity(if charges { slots.len() } else { 0 });
     let mut limits = Vec::with_capacity(slots.len());
-    let mut logs = logs.into_iter();
+    let mut logs = decision.logs.into_iter();
     for (slot, limit) in slots.iter_mut().zip(policy.limits()) {
         let (q, w) = (limit.quota(), limit.window_us());
         match algorithm {
@@ -331,8 +373,53 @@ fn charge(
             }
         }
     }
+    if !admitted {
+        let denied = (cost > 0).then_some(&decision.denied[..]);
+        retry = retry.max(penalize(policy, slots, &mut limits, denied, now));
+    }
     let place = (charges && check.is_reservation()).then(|| place.into_boxed_slice());
     (admitted, retry, limits, place)
+}
+
+/// The time (µs) the caller's block under `policy` has left at `now`: the latest end among its
+/// limits with a penalty; 0 when it is not blocked.
+fn blocked_for(policy: &RatePolicy, slots: &[Slot], now: u64) -> u64 {
+    slots
+        .iter()
+        .zip(policy.limits())
+        .filter(|(_, limit)| limit.block_us() > 0)
+        .map(|(slot, _)| slot.blocked_until.saturating_sub(now))
+        .max()
+        .unwrap_or(0)
+}
+
+/// The penalties of a denied check, in its answer `limits`: a limit that blocks the caller
+/// answers 0 remaining and the time its block has left. A caller blocked already stays as it
+/// is (a denial does not extend a block); one that is not is blocked, from `now`, on each limit
+/// with a penalty that `denied` the check (`None`: a look, which blocks nothing). The longest
+/// block's time left (µs).
+fn penalize(
+    policy: &RatePolicy,
+    slots: &mut [Slot],
+    limits: &mut [LimitState],
+    denied: Option<&[bool]>,
+    now: u64,
+) -> u64 {
+    let blocked = blocked_for(policy, slots, now) > 0;
+    let mut longest = 0;
+    for (i, (slot, limit)) in slots.iter_mut().zip(policy.limits()).enumerate() {
+        let block = limit.block_us();
+        let starts = !blocked && block > 0 && denied.is_some_and(|d| d[i]);
+        if starts {
+            slot.blocked_until = now.saturating_add(block);
+        }
+        if block > 0 && slot.blocked_until > now {
+            let left = slot.blocked_until - now;
+            limits[i] = state(0, left);
+            longest = longest.max(left);
+        }
+    }
+    longest
 }
 
 /// A settlement applied to every limit (nothing changed when it is a `replay`): the debt added

@@ -217,12 +217,13 @@ impl Caller {
         for (&i, slot) in at.iter().zip(slots) {
             self.slots[i].slot = slot;
         }
-        self.slots
-            .retain(|l| l.slot.state.is_some() && l.slot.expires_at > now);
+        self.slots.retain(|l| {
+            (l.slot.state.is_some() && l.slot.expires_at > now) || l.slot.blocked_until > now
+        });
         self.expires_at = self
             .slots
             .iter()
-            .map(|l| l.slot.expires_at)
+            .map(|l| l.slot.expires_at.max(l.slot.blocked_until))
             .max()
             .unwrap_or(0)
             .max(self.ledger.expires_at());
@@ -246,12 +247,20 @@ impl Caller {
     }
 }
 
-/// `slot` if it is live at `now`; an empty slot otherwise.
+/// `slot` if it is live at `now`; an empty slot otherwise, which keeps a block that has not
+/// ended (a block outlives the state it was decided on).
 fn live(slot: Slot, now: u64) -> Slot {
     if slot.expires_at > now {
         slot
     } else {
-        Slot::default()
+        Slot {
+            blocked_until: if slot.blocked_until > now {
+                slot.blocked_until
+            } else {
+                0
+            },
+            ..Slot::default()
+        }
     }
 }
 

@@ -29,4 +29,4 @@ pub(crate) use check::hex;
 pub use check::{RateCheck, Settlement};
 pub(crate) use local::{Clock, LocalRates};
 pub use outcome::{LimitState, RateOutcome};
-pub use policy::{Algorithm, Limit, MAX_LOG_QUOTA, RatePolicy};
+pub use policy::{Algorithm, Limit, MAX_LOG_QUOTA, RatePolicy, parse_duration};

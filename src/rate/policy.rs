@@ -33,6 +33,7 @@ pub struct Limit {
     name: String,
     quota: u64,
     window: Duration,
+    block_for: Option<Duration>,
 }
 
 /// A limit as a configuration file writes it.
@@ -43,6 +44,8 @@ struct LimitSpec {
     name: String,
     quota: u64,
     window: WindowSpec,
+    #[serde(default)]
+    block_for: Option<WindowSpec>,
 }
 
 /// A window: `"250ms"`, `"1s"`, `"5m"`, `"1h"`, `"1d"`, or whole seconds; anything else is
@@ -94,12 +97,37 @@ impl TryFrom<LimitSpec> for Limit {
     type Error = String;
 
     fn try_from(spec: LimitSpec) -> Result<Self, String> {
-        Ok(Self::new(spec.name, spec.quota, spec.window.0))
+        let limit = Self::new(spec.name, spec.quota, spec.window.0);
+        Ok(match spec.block_for {
+            Some(block) => limit.block_for(block.0),
+            None => limit,
+        })
     }
 }
 
+/// Reads a duration as configuration files write a window or a `block_for`: a whole number and
+/// a unit, `ms`, `s`, `m`, `h` or `d` (`"250ms"`, `"30s"`, `"1h"`). For settings that come from
+/// elsewhere, such as an environment variable.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::rate::{parse_duration, Limit};
+///
+/// let block = parse_duration("30s").unwrap();
+/// assert_eq!(block, Duration::from_secs(30));
+/// let limit = Limit::per_minute("api", 100).block_for(block);
+/// assert_eq!(limit.penalty(), Some(block));
+/// assert!(parse_duration("30 seconds").is_err());
+/// ```
+///
+/// # Errors
+///
+/// A [`ConfigError`] of kind [`Limit`](ConfigErrorKind::Limit) that says what to write instead.
+pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
+    parse_window(text).map_err(limit_error)
+}
+
 /// `<whole number><ms|s|m|h|d>`.
-#[cfg(feature = "serde")]
 fn parse_window(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let digits = text.bytes().take_while(u8::is_ascii_digit).count();
@@ -131,7 +159,53 @@ impl Limit {
             name: name.into(),
             quota,
             window,
+            block_for: None,
         }
+    }
+
+    /// A penalty: a check that this limit denies also blocks the caller for `duration` (store
+    /// time, from the denial), on every copy. While blocked, every check of the caller under the
+    /// policy is denied and charges nothing; its wait is at least the block's end, and this
+    /// limit answers a remaining of 0 and a reset of the time the block has left. A denial
+    /// while blocked does not extend the block; a reset of the caller ends it. See the guide's
+    /// "Penalties: `block_for`".
+    ///
+    /// Checked when the policy is built: from a millisecond to 366 days. In a configuration file
+    /// (feature `serde`): `block_for = "30s"`, written as a window is.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::rate::{Algorithm, Limit, RatePolicy};
+    ///
+    /// let limit = Limit::per_second("burst", 10).block_for(Duration::from_secs(30));
+    /// assert_eq!(limit.penalty(), Some(Duration::from_secs(30)));
+    /// let zero = Limit::per_second("burst", 10).block_for(Duration::ZERO);
+    /// assert!(RatePolicy::new("app:rl", Algorithm::Gcra, vec![zero]).is_err());
+    /// # #[cfg(feature = "serde")] {
+    /// let from_config: Limit = serde_json::from_str(
+    ///     r#"{"name": "burst", "quota": 10, "window": "1s", "block_for": "30s"}"#,
+    /// )
+    /// .unwrap();
+    /// assert_eq!(from_config, limit);
+    /// # }
+    /// ```
+    pub fn block_for(self, duration: Duration) -> Self {
+        Self {
+            block_for: Some(duration),
+            ..self
+        }
+    }
+
+    /// How long a denial by this limit blocks the caller ([`block_for`](Self::block_for)), if
+    /// it does.
+    pub fn penalty(&self) -> Option<Duration> {
+        self.block_for
+    }
+
+    /// The penalty in microseconds; 0 without one.
+    pub(crate) fn block_us(&self) -> u64 {
+        self.block_for
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
     }
 
     /// `quota` per second.
@@ -312,6 +386,31 @@ impl RatePolicy {
         self.limits().iter().map(write).collect()
     }
 
+    /// Every store key of caller `key` under this policy, which a reset deletes: its limits'
+    /// ([`store_keys`](Self::store_keys)), then the blocks of those with a
+    /// [penalty](Limit::block_for), each its limit's key plus `:block`.
+    pub fn reset_keys(&self, key: &Key) -> Vec<String> {
+        let mut keys = self.store_keys(key);
+        for limit in self.limits().iter().filter(|l| l.penalty().is_some()) {
+            let mut out = String::new();
+            self.write_block_key(&mut out, key, limit);
+            keys.push(out);
+        }
+        keys
+    }
+
+    /// Writes the key of the block of `limit` (one of this policy's) for caller `key` into
+    /// `out`, in place of what it held: the limit's store key plus `:block`.
+    pub(crate) fn write_block_key(&self, out: &mut String, key: &Key, limit: &Limit) {
+        keys::write_rate_block(
+            out,
+            &self.namespace,
+            key,
+            limit.name(),
+            self.algorithm.tag(),
+        );
+    }
+
     /// Writes the store key of `limit` (one of this policy's) for caller `key` into `out`, in
     /// place of what it held: one buffer serves every key of a call.
     pub(crate) fn write_store_key(&self, out: &mut String, key: &Key, limit: &Limit) {
@@ -371,6 +470,25 @@ fn check_limit(limit: &Limit, algorithm: Algorithm) -> Result<(), ConfigError> {
         || u128::from(limit.quota()) * limit.window().as_millis() >= 1 << 52
     {
         return Err(limit_error(format!("limit {name:?} is out of range")));
+    }
+    check_penalty(limit)
+}
+
+/// Checks a limit's `block_for`: at least a millisecond, at most 366 days, as a window.
+fn check_penalty(limit: &Limit) -> Result<(), ConfigError> {
+    let Some(block) = limit.penalty() else {
+        return Ok(());
+    };
+    let name = limit.name();
+    if block < Duration::from_millis(1) {
+        return Err(limit_error(format!(
+            "limit {name:?} has a block_for under one millisecond: leave block_for out for no penalty"
+        )));
+    }
+    if block > Duration::from_secs(366 * 86_400) {
+        return Err(limit_error(format!(
+            "limit {name:?} has a block_for over 366 days"
+        )));
     }
     Ok(())
 }

@@ -49,6 +49,7 @@ fn config(limits: &str, algorithm: Algorithm, redis_url: Option<String>) -> AppC
         jobs: app::JobConfig::default(),
         token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
         admin_token: None,
+        block: None,
     }
 }
 
@@ -570,6 +571,7 @@ fn config_defaults_and_overrides() {
             jobs: app::JobConfig::default(),
             token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
             admin_token: None,
+            block: None,
         }
     );
     // empty counts as unset
@@ -612,6 +614,7 @@ fn config_defaults_and_overrides() {
             jobs: app::JobConfig::default(),
             token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
             admin_token: None,
+            block: None,
         }
     );
 }

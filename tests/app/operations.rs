@@ -264,3 +264,58 @@ fn job_tiers_are_parsed_or_refused_with_the_format() {
         .unwrap_err();
     assert_eq!(error.var, "APP_JOB_TIERS");
 }
+
+/// `APP_BLOCK=2s` with a limit of two a second: a caller that goes over on copy A is refused on
+/// both copies after the window has passed, until the block ends; then admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_block_holds_a_caller_over_the_limit_on_every_copy() {
+    let server = RedisServer::start();
+    let config = AppConfig {
+        limits: app::parse_limits("burst:2/1s").unwrap(),
+        block: Some(tollgate::rate::parse_duration("2s").unwrap()),
+        ..config()
+    };
+    let store = || {
+        let store = RedisStore::builder(server.url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        Arc::new(store) as Arc<dyn Store>
+    };
+    let copies: Vec<Router> = (0..2)
+        .map(|_| app::router(AppState::new(store(), config.clone()).unwrap()))
+        .collect();
+    let (a, b) = (&copies[0], &copies[1]);
+    assert_eq!(send(a, hello("bob")).await.0, StatusCode::OK);
+    assert_eq!(send(b, hello("bob")).await.0, StatusCode::OK);
+    let (status, headers, _) = send(a, hello("bob")).await;
+    let blocked_at = Instant::now();
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["retry-after"], "2");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    for copy in [a, b] {
+        assert_eq!(
+            send(copy, hello("bob")).await.0,
+            StatusCode::TOO_MANY_REQUESTS,
+            "blocked"
+        );
+    }
+    assert_eq!(send(b, hello("eve")).await.0, StatusCode::OK, "others");
+    tokio::time::sleep_until((blocked_at + Duration::from_millis(2_100)).into()).await;
+    assert_eq!(
+        send(b, hello("bob")).await.0,
+        StatusCode::OK,
+        "the block has ended"
+    );
+}
+
+#[test]
+fn app_block_is_parsed_or_refused_with_the_format() {
+    let lookup =
+        |value: &'static str| move |var: &str| (var == "APP_BLOCK").then(|| value.to_owned());
+    let config = AppConfig::from_lookup(lookup("30s")).unwrap();
+    assert_eq!(config.block, Some(Duration::from_secs(30)));
+    let error = AppConfig::from_lookup(lookup("30 seconds")).unwrap_err();
+    assert_eq!(error.var, "APP_BLOCK");
+    assert!(error.to_string().contains("APP_BLOCK=30s"), "{error}");
+}

@@ -1535,3 +1535,67 @@ async fn per_request_limits_from_a_plan_table_hold_across_copies() {
     b.reset(Header::new(CLIENT).key(b"acme")).await.unwrap();
     assert_eq!(admitted("acme", 10).await, 5, "reset");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Penalties
+// ---------------------------------------------------------------------------------------------
+
+/// A caller denied on copy A is blocked on copy B too, for the block's whole duration and no
+/// longer, though the limit itself has room again after its one-second window: the 429s carry
+/// the block's time left in `Retry-After` and the limit's `RateLimit` reset.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_block_on_one_copy_holds_on_every_copy_then_ends() {
+    let server = RedisServer::start();
+    let limit = Limit::new("burst", 2, Duration::from_secs(1)).block_for(Duration::from_secs(3));
+    let copy = |server: &RedisServer| {
+        let layer = RateLimitLayer::builder(store(server, Duration::from_secs(1)))
+            .limit(limit.clone())
+            .key(Header::new(CLIENT))
+            .build()
+            .unwrap();
+        stack(layer, &Calls::default())
+    };
+    let (a, b) = (copy(&server), copy(&server));
+    assert_eq!(send(&a, get("p")).await.status, StatusCode::OK);
+    assert_eq!(send(&b, get("p")).await.status, StatusCode::OK);
+    let denied = send(&a, get("p")).await;
+    let blocked_at = Instant::now();
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("retry-after"), Some("3"));
+    assert_eq!(denied.header("ratelimit"), Some("\"burst\";r=0;t=3"));
+    assert_eq!(denied.decision().retry_after(), Duration::from_secs(3));
+
+    let on_b = send(&b, get("p")).await;
+    assert_eq!(
+        on_b.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "blocked on copy B"
+    );
+    let secs = on_b.retry_after_secs();
+    assert!((1..=3).contains(&secs), "{secs}");
+    assert_eq!(
+        on_b.header("ratelimit"),
+        Some(&*format!("\"burst\";r=0;t={secs}"))
+    );
+    assert_eq!(
+        secs,
+        on_b.decision()
+            .retry_after()
+            .as_micros()
+            .div_ceil(1_000_000) as u64
+    );
+
+    // the window has passed, the block has not
+    tokio::time::sleep_until((blocked_at + Duration::from_millis(1_500)).into()).await;
+    for copy in [&a, &b] {
+        let r = send(copy, get("p")).await;
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(r.retry_after_secs() <= 2, "{:?}", r.header("retry-after"));
+        assert!(r.decision().retry_after() <= Duration::from_millis(1_500));
+    }
+    assert_eq!(send(&a, get("q")).await.status, StatusCode::OK, "others");
+
+    tokio::time::sleep_until((blocked_at + Duration::from_millis(3_100)).into()).await;
+    assert_eq!(send(&b, get("p")).await.status, StatusCode::OK, "copy B");
+    assert_eq!(send(&a, get("p")).await.status, StatusCode::OK, "copy A");
+}

@@ -1088,7 +1088,7 @@ async fn an_upgrade_drops_the_functions_without_deadlines() {
         .collect();
     assert_eq!(args, vec![4], "one claim: the one with a deadline");
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 5, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 6, Duration::ZERO).await);
     // a copy of version 1 started since, which migrates whatever the version row says, put its
     // functions back: the next migration finds them and runs its DDL again
     client.batch_execute(&old_claim).await.unwrap();
@@ -1195,7 +1195,7 @@ async fn a_schema_of_version_3_upgrades_and_keeps_its_limits() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 5, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 6, Duration::ZERO).await);
     // every function a copy of version 3 calls, or that one it calls calls, is still there
     let after = functions(&client, &s).await;
     let gone: Vec<&String> = before.iter().filter(|f| !after.contains(f)).collect();
@@ -1321,7 +1321,7 @@ async fn a_schema_of_version_4_upgrades_and_its_copies_keep_working() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 5, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 6, Duration::ZERO).await);
     // gone: only version 4's steps and settlements, which its functions alone called
     let after = functions(&client, &s).await;
     let replaced = [
@@ -1968,4 +1968,88 @@ async fn a_refund_returns_only_what_is_left_of_its_own_charge() {
     admitted(&store, &p, RateCheck::new(who, 3)).await;
     let settled = admitted(&store, &p, a.settle(0)).await;
     assert_eq!(settled.limits[0].remaining, 7, "b's 3 stay");
+}
+
+/// `schema.sql` of version 5, as it was.
+const SCHEMA_V5: &str = include_str!("fixtures/schema_v5.sql");
+
+/// A schema of version 5 upgrades to this version: a copy of version 5 still checks through the
+/// `decide_rates` it calls, with the reply it reads, and this version's store blocks a caller
+/// on the upgraded schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_version_5_upgrades_and_its_copies_keep_working() {
+    let server = server().await;
+    let s = unique_schema();
+    let client = server.client().await;
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA \"{s}\";
+             CREATE TABLE \"{s}\".migrations (
+               version integer PRIMARY KEY,
+               applied_at timestamptz NOT NULL DEFAULT now()
+             );
+             INSERT INTO \"{s}\".migrations (version) VALUES (5);"
+        ))
+        .await
+        .unwrap();
+    let v5 = SCHEMA_V5
+        .replace("__SCHEMA__", &format!("\"{s}\""))
+        .replace("__RATE_TABLES__", "UNLOGGED");
+    client.batch_execute(&v5).await.unwrap();
+    let as_v5 = format!(
+        "SELECT \"{s}\".decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+         \"{s}\".now_us() + 10000000)"
+    );
+    let decide = |attempt: i64| {
+        let (client, sql) = (&client, &as_v5);
+        async move {
+            let row = client
+                .query_one(
+                    sql,
+                    &[
+                        &vec![3i16],
+                        &vec![1i32],
+                        &vec!["v5:gcra".to_owned()],
+                        &vec![3i64],
+                        &vec![60_000_000i64],
+                        &vec![1i64],
+                        &vec![attempt],
+                        &vec![false],
+                        &vec![-1i64],
+                        &vec![0i64],
+                        &vec![false],
+                        &2_000_000i64,
+                    ],
+                )
+                .await
+                .unwrap();
+            row.get::<_, Vec<i64>>(0)
+        }
+    };
+    let before = decide(1).await;
+    assert_eq!((before[2], before[5]), (1, 2), "{before:?}");
+
+    let store = server.builder().schema(s.clone()).connect().await.unwrap();
+    let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
+    assert!(becomes(&client, &versions, 6, Duration::ZERO).await);
+    // the copy of version 5: its attempt re-sent is not charged again, a new one is
+    let again = decide(1).await;
+    assert_eq!((again[2], again[5]), (1, 2), "{again:?}");
+    let next = decide(2).await;
+    assert_eq!((next[2], next[5]), (1, 1), "{next:?}");
+
+    // this version blocks on the upgraded schema
+    let limit = Limit::new("b", 1, Duration::from_secs(60)).block_for(Duration::from_secs(90));
+    let p = policy(Algorithm::Gcra, limit);
+    assert!(
+        admitted(&store, &p, RateCheck::new(caller("block"), 1))
+            .await
+            .admitted
+    );
+    let denied = store
+        .check_rate(&p, RateCheck::new(caller("block"), 1))
+        .await
+        .unwrap();
+    assert!(!denied.admitted);
+    assert_eq!(denied.retry_after, Duration::from_secs(90));
 }

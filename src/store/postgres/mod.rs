@@ -449,7 +449,7 @@ impl RateStore for PgStore {
     }
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
-        let params: Vec<Param> = vec![Box::new(policy.store_keys(&key))];
+        let params: Vec<Param> = vec![Box::new(policy.reset_keys(&key))];
         self.call("reset_rate", |s| &s.reset_rate, params, None, |_| Ok(()))
     }
 }
@@ -528,12 +528,13 @@ fn missing_outcome() -> StoreError {
 
 /// The parameters of `decide_rates` for `checks` (its deadline aside): per check its algorithm,
 /// number of limits, cost, attempt and whether it is a reservation, and every check's keys,
-/// quotas and windows in turn; then per check what it settles, if it is a settlement; then how
+/// quotas, windows and penalties (µs, 0: none) in turn; then per check what it settles, if it is a settlement; then how
 /// long a charged attempt is remembered after its deadline, `retention_us`.
 fn rate_params(checks: &[Sent<'_>], retention_us: i64) -> Vec<Param> {
     let mut algorithms: Vec<i16> = Vec::with_capacity(checks.len());
     let mut counts: Vec<i32> = Vec::with_capacity(checks.len());
     let (mut keys, mut quotas, mut windows) = (Vec::new(), Vec::new(), Vec::new());
+    let mut blocks: Vec<i64> = Vec::new();
     let mut costs: Vec<i64> = Vec::with_capacity(checks.len());
     let mut attempts: Vec<i64> = Vec::with_capacity(checks.len());
     let mut reservations: Vec<bool> = Vec::with_capacity(checks.len());
@@ -554,6 +555,7 @@ fn rate_params(checks: &[Sent<'_>], retention_us: i64) -> Vec<Param> {
         for limit in limits {
             quotas.push(i64::try_from(limit.quota()).unwrap_or(i64::MAX));
             windows.push(i64::try_from(limit.window_us()).unwrap_or(i64::MAX));
+            blocks.push(i64::try_from(limit.block_us()).unwrap_or(i64::MAX));
         }
         // bounded by the client already (RateCheck::bounded); this cannot overflow a sum
         costs.push(i64::try_from(check.cost().min(1 << 62)).unwrap_or(1 << 62));
@@ -570,6 +572,7 @@ fn rate_params(checks: &[Sent<'_>], retention_us: i64) -> Vec<Param> {
         Box::new(keys),
         Box::new(quotas),
         Box::new(windows),
+        Box::new(blocks),
         Box::new(costs),
         Box::new(attempts),
         Box::new(reservations),

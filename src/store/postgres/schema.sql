@@ -1,4 +1,4 @@
--- tollgate on PostgreSQL, schema version 5: tables, indexes and the functions that are the
+-- tollgate on PostgreSQL, schema version 6: tables, indexes and the functions that are the
 -- store's atomic operations. `__SCHEMA__` stands for the configured schema (quoted) and
 -- `__RATE_TABLES__` for `UNLOGGED` or nothing. Every statement is idempotent. PgStore::migrate
 -- first reads the version recorded in `migrations` (locking none of the tables below) and runs
@@ -35,6 +35,11 @@
 -- 3, keep their signatures and replies (their checks kept as reservations, their settlements
 -- refunding), so copies of versions 3 and 4 keep working on a schema of version 5. The step
 -- functions and settlements of version 4, which only the functions here call, are replaced.
+-- Version 6 adds penalties (a limit's block_for): decide_rates and check_rate take each limit's
+-- penalty, and a check denied by a limit with one blocks its caller on that limit, in a row of
+-- rate_limits keyed by the limit's key plus ':block' (a = the block's end, µs; expiring then).
+-- decide_rates and check_rate of version 5 keep their signatures and replies (no penalties), so
+-- copies of version 5 keep working on a schema of version 6.
 --
 -- Time is the database clock in microseconds since the Unix epoch (`now_us()`, read from
 -- `clock_timestamp()` after the rows an operation touches are locked). Every row has an
@@ -682,6 +687,155 @@ BEGIN
   RETURN v_reply[1:2] || v_now || v_reply[3:2 + 2 * v_n];
 END $$;
 
+-- ---------------------------------------------------------------------------------------------
+-- Penalties (version 6; as rate.lua): a check (cost > 0, not a settlement) that a limit with a
+-- penalty (p_blocks[i] > 0, µs) denies, of a caller not blocked yet, blocks the caller on that
+-- limit until the decision's instant plus the penalty: its block row (the limit's key plus
+-- ':block' in rate_limits, a = the block's end) is written in the same transaction. While any
+-- block of the check's limits has not ended, the check is denied and charges nothing (an attempt
+-- the ledger remembers, or a log holds, is admitted as always): it waits at least until the
+-- latest block ends, and each blocking limit answers remaining 0 and the time its block has
+-- left. A denial while blocked writes nothing: the block is not extended. reset_rate deletes
+-- the block rows it is given.
+-- ---------------------------------------------------------------------------------------------
+
+-- The end of each limit's block at p_now (0: none, or ended).
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_blocks(
+  p_keys text[], p_blocks bigint[], p_now bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  v_tills bigint[] := '{}';
+  v_till bigint;
+BEGIN
+  FOR i IN 1..cardinality(p_keys) LOOP
+    v_till := NULL;
+    IF p_blocks[i] > 0 THEN
+      SELECT a INTO v_till FROM __SCHEMA__.rate_limits
+        WHERE key = p_keys[i] || ':block' AND expires_at > p_now;
+    END IF;
+    v_tills := v_tills || coalesce(v_till, 0);
+  END LOOP;
+  RETURN v_tills;
+END $$;
+
+-- Decides a check of cost p_cost on every limit at p_now and charges nothing, each limit's step
+-- alone: {replay 0|1 (a log holds the attempt), retry_after_us, then per limit denied 0|1,
+-- remaining, reset_us}.
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_look(
+  p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint,
+  p_attempt bigint, p_now bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  v_replay boolean := false;
+  v_retry bigint := 0;
+  v_limits bigint[] := '{}';
+  v_row __SCHEMA__.rate_limits;
+  v_log record;
+  v_step bigint[];
+BEGIN
+  FOR i IN 1..cardinality(p_keys) LOOP
+    SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
+    IF p_algorithm = 1 THEN
+      v_log := __SCHEMA__.rate_log_step(p_keys[i], v_row.a, v_row.expires_at, p_quotas[i],
+        p_windows[i], p_cost, p_attempt, p_now, v_replay, false);
+      v_replay := v_log.o_replay;
+      v_step := ARRAY[CASE WHEN v_log.o_admitted THEN 1 ELSE 0 END, v_log.o_retry,
+        v_log.o_remaining, v_log.o_reset];
+    ELSIF p_algorithm = 2 THEN
+      v_step := __SCHEMA__.rate_counter_step(p_keys[i], v_row.a, v_row.b, v_row.c,
+        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false);
+    ELSE
+      v_step := __SCHEMA__.rate_gcra_step(p_keys[i], v_row.a, v_row.b,
+        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false);
+    END IF;
+    v_retry := greatest(v_retry, v_step[2]);
+    v_limits := v_limits || ARRAY[1 - v_step[1], v_step[3], v_step[4]];
+  END LOOP;
+  RETURN ARRAY[CASE WHEN v_replay THEN 1 ELSE 0 END, v_retry] || v_limits;
+END $$;
+
+-- The penalties of a denied check (p_reply: check_rate's reply; p_look: rate_look's at the same
+-- instant, p_now; p_tills: rate_blocks'; p_blocked: a block had not ended): a caller not
+-- blocked yet is blocked on each limit with a penalty that denied a cost; each limit that
+-- blocks it answers remaining 0 and the time its block has left, and the check waits at least
+-- until the latest block ends. The reply so changed.
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_penalize(
+  p_keys text[], p_blocks bigint[], p_cost bigint, p_reply bigint[], p_look bigint[],
+  p_tills bigint[], p_blocked boolean, p_now bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+BEGIN
+  FOR i IN 1..cardinality(p_keys) LOOP
+    IF p_blocks[i] > 0 AND NOT p_blocked AND p_cost > 0 AND p_look[3 * i] = 1 THEN
+      p_tills[i] := p_now + p_blocks[i];
+      UPDATE __SCHEMA__.rate_limits
+        SET a = p_tills[i], expires_at = p_tills[i],
+            purge_at = __SCHEMA__.purge_mark(purge_at, p_tills[i], p_blocks[i])
+        WHERE key = p_keys[i] || ':block';
+    END IF;
+    IF p_blocks[i] > 0 AND p_tills[i] > p_now THEN
+      p_reply[2 + 2 * i] := 0;
+      p_reply[3 + 2 * i] := p_tills[i] - p_now;
+      p_reply[2] := greatest(p_reply[2], p_tills[i] - p_now);
+    END IF;
+  END LOOP;
+  RETURN p_reply;
+END $$;
+
+-- check_rate with penalties (version 6): as check_rate below, p_blocks holding each limit's
+-- penalty (µs; 0 or NULL: none). Without one it is check_rate. With one, the limits' rows and
+-- block rows are locked in key order and the blocks read first; a blocked caller is answered
+-- from rate_look (or, a replay, by check_rate), else check_rate decides and a denial is
+-- penalized, at check_rate's instant.
+CREATE OR REPLACE FUNCTION __SCHEMA__.check_rate(
+  p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[],
+  p_blocks bigint[], p_cost bigint, p_attempt bigint, p_reservation boolean,
+  p_retention_us bigint, p_deadline_us bigint
+) RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+  v_blocks text[] := '{}';
+  v_now bigint;
+  v_tills bigint[];
+  v_reply bigint[];
+  v_look bigint[];
+  v_row __SCHEMA__.rate_limits;
+BEGIN
+  FOR i IN 1..cardinality(p_keys) LOOP
+    IF p_blocks[i] > 0 THEN v_blocks := v_blocks || (p_keys[i] || ':block'); END IF;
+  END LOOP;
+  IF cardinality(v_blocks) = 0 THEN
+    RETURN __SCHEMA__.check_rate(p_algorithm, p_keys, p_quotas, p_windows, p_cost, p_attempt,
+      p_reservation, p_retention_us, p_deadline_us);
+  END IF;
+  IF __SCHEMA__.now_us() >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
+  PERFORM __SCHEMA__.lock_rate_rows(p_keys || v_blocks);
+  v_now := __SCHEMA__.now_us();
+  IF v_now >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
+  v_tills := __SCHEMA__.rate_blocks(p_keys, p_blocks, v_now);
+  IF (SELECT max(t) FROM unnest(v_tills) AS t) > v_now THEN
+    SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[1];
+    IF v_row.expires_at <= v_now THEN v_row.recent := '{}'; v_row.recent_until := '{}'; END IF;
+    v_look := __SCHEMA__.rate_look(p_algorithm, p_keys, p_quotas, p_windows, p_cost,
+      p_attempt, v_now);
+    IF NOT (v_look[1] = 1 OR (p_cost > 0 AND __SCHEMA__.remembered(p_keys[1], p_attempt, v_now,
+        v_row.recent, v_row.recent_until))) THEN
+      v_reply := ARRAY[0, v_look[2], v_now];
+      FOR i IN 1..cardinality(p_keys) LOOP
+        v_reply := v_reply || v_look[3 * i + 1:3 * i + 2];
+      END LOOP;
+      RETURN __SCHEMA__.rate_penalize(p_keys, p_blocks, p_cost, v_reply, v_look, v_tills, true,
+        v_now);
+    END IF;
+  END IF;
+  -- not blocked, or a replay: decided as without penalties
+  v_reply := __SCHEMA__.check_rate(p_algorithm, p_keys, p_quotas, p_windows, p_cost, p_attempt,
+    p_reservation, p_retention_us, p_deadline_us);
+  IF v_reply[1] <> 0 THEN RETURN v_reply; END IF;
+  v_look := __SCHEMA__.rate_look(p_algorithm, p_keys, p_quotas, p_windows, p_cost, p_attempt,
+    v_reply[3]);
+  RETURN __SCHEMA__.rate_penalize(p_keys, p_blocks, p_cost, v_reply, v_look, v_tills, false,
+    v_reply[3]);
+END $$;
+
 -- check_rate of versions 2 to 4, as above: a charged check is kept as a reservation and
 -- remembered for twice the time its call had left after its deadline; the reply is without
 -- decided_at_us.
@@ -698,20 +852,22 @@ BEGIN
   RETURN v_reply[1:2] || v_reply[4:];
 END $$;
 
--- A batch of rate checks in one call (version 5): checks that wait for the store at the same
+-- A batch of rate checks in one call (version 6): checks that wait for the store at the same
 -- moment, each decided by check_rate or settle_rate exactly as alone, in the order of their
 -- first key and, for one key, as sent, so that two batches lock the keys they share in the same
 -- order (a check's keys share its caller's prefix and sort together). Per check (1-based, as
 -- sent): its algorithm, its number of limits, its cost and attempt, whether it is a
 -- reservation, and, for a settlement, its reserved cost, the settled attempt and whether that
 -- was a reservation (refundable) — a check has -1, 0 and false there (p_reserved NULL: none is
--- a settlement); p_keys, p_quotas and p_windows hold the checks' limits one after another;
+-- a settlement); p_keys, p_quotas, p_windows and p_blocks (each limit's penalty in µs, 0 or
+-- NULL: none; NULL: no check has one) hold the checks' limits one after another;
 -- p_retention_us: how long after the deadline a charged attempt is remembered. Returns, per
 -- check in the order decided: its number, the length of its reply, then check_rate's (or
 -- settle_rate's) reply.
 CREATE OR REPLACE FUNCTION __SCHEMA__.decide_rates(
   p_algorithms smallint[], p_counts int[], p_keys text[], p_quotas bigint[],
-  p_windows bigint[], p_costs bigint[], p_attempts bigint[], p_reservations boolean[],
+  p_windows bigint[], p_blocks bigint[], p_costs bigint[], p_attempts bigint[],
+  p_reservations boolean[],
   p_reserved bigint[], p_of bigint[], p_refundable boolean[], p_retention_us bigint,
   p_deadline_us bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
@@ -738,13 +894,26 @@ BEGIN
         p_deadline_us);
     ELSE
       v_reply := __SCHEMA__.check_rate(p_algorithms[c], p_keys[v_first[c]:v_last],
-        p_quotas[v_first[c]:v_last], p_windows[v_first[c]:v_last], p_costs[c], p_attempts[c],
+        p_quotas[v_first[c]:v_last], p_windows[v_first[c]:v_last],
+        p_blocks[v_first[c]:v_last], p_costs[c], p_attempts[c],
         coalesce(p_reservations[c], false), p_retention_us, p_deadline_us);
     END IF;
     v_out := v_out || ARRAY[c, cardinality(v_reply)]::bigint[] || v_reply;
   END LOOP;
   RETURN v_out;
 END $$;
+
+-- decide_rates of version 5, what its copies call: as above, without penalties.
+CREATE OR REPLACE FUNCTION __SCHEMA__.decide_rates(
+  p_algorithms smallint[], p_counts int[], p_keys text[], p_quotas bigint[],
+  p_windows bigint[], p_costs bigint[], p_attempts bigint[], p_reservations boolean[],
+  p_reserved bigint[], p_of bigint[], p_refundable boolean[], p_retention_us bigint,
+  p_deadline_us bigint
+) RETURNS bigint[] LANGUAGE sql AS $$
+  SELECT __SCHEMA__.decide_rates(p_algorithms, p_counts, p_keys, p_quotas, p_windows,
+    NULL::bigint[], p_costs, p_attempts, p_reservations, p_reserved, p_of, p_refundable,
+    p_retention_us, p_deadline_us)
+$$;
 
 -- decide_rates of version 4, what its copies call: as above, every check kept as a reservation
 -- and every settlement refundable (version 4 refunded any), attempts remembered for twice the

@@ -10,7 +10,7 @@ pub(super) const DEFAULT_SCHEMA: &str = "tollgate";
 const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// The version `schema.sql` brings a schema to, recorded in its `migrations` table.
-pub(super) const SCHEMA_VERSION: i32 = 5;
+pub(super) const SCHEMA_VERSION: i32 = 6;
 
 /// Checks a schema name: 1 to 63 lowercase ASCII letters, digits and `_`, not starting with a
 /// digit — a name PostgreSQL takes as it is, quoted or not.
@@ -74,7 +74,7 @@ impl Sql {
         let s = quoted(schema);
         Self {
             decide_rates: format!(
-                "SELECT {s}.decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                "SELECT {s}.decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
             ),
             reset_rate: format!("SELECT 1 FROM {s}.reset_rate($1)"),
             claim: format!("SELECT * FROM {s}.claim($1, $2, $3, $4)"),

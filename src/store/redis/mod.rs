@@ -583,7 +583,7 @@ impl RateStore for RedisStore {
     }
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
-        let keys = policy.store_keys(&key);
+        let keys = policy.reset_keys(&key);
         let call = redis_call("reset_rate", Command::Del, "");
         self.call(call, move |mut conn, _| async move {
             redis::cmd("DEL")

@@ -223,14 +223,18 @@ fn place(policy: &RatePolicy, check: &RateCheck) -> Option<u64> {
 }
 
 /// `<verb> <script> numkeys keys... args...` for `checks` (see `rate.lua`): the `records`, every
-/// check's keys (its limits', then its place, if it names one), then the call's `deadline` (on the
-/// store's clock), the records' number and retention, each distinct policy once, then per check
-/// its policy, cost (marked as a reservation's; of a settlement: what it settles) and attempt
+/// check's keys (its limits', its limits' blocks, then its place, if it names one), then the
+/// call's `deadline` (on the store's clock), the records' number and retention, each distinct
+/// policy once (its limits' quotas and windows, a window with its limit's penalty), then per
+/// check its policy, cost (marked as a reservation's; of a settlement: what it settles) and attempt
 /// (with where it went before, if it did).
 fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records: &Records) -> Cmd {
     let keys: usize = checks
         .iter()
-        .map(|(p, c, _)| p.limits().len() + usize::from(place(p, c).is_some()))
+        .map(|(p, c, _)| {
+            let blocks = p.limits().iter().filter(|l| l.penalty().is_some()).count();
+            p.limits().len() + blocks + usize::from(place(p, c).is_some())
+        })
         .sum();
     let mut cmd = redis::cmd(verb);
     cmd.arg(script).arg(records.keys.len() + keys);
@@ -241,6 +245,10 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records
     for (policy, check, _) in checks {
         for limit in policy.limits() {
             policy.write_store_key(&mut key, &check.key(), limit);
+            cmd.arg(key.as_str());
+        }
+        for limit in policy.limits().iter().filter(|l| l.penalty().is_some()) {
+            policy.write_block_key(&mut key, &check.key(), limit);
             cmd.arg(key.as_str());
         }
         if let Some(attempt) = place(policy, check) {
@@ -261,7 +269,11 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records
         };
         cmd.arg(algorithm).arg(policy.limits().len());
         for limit in policy.limits() {
-            cmd.arg(limit.quota()).arg(limit.window_us());
+            cmd.arg(limit.quota());
+            match limit.penalty() {
+                Some(_) => cmd.arg(format!("{}:{}", limit.window_us(), limit.block_us())),
+                None => cmd.arg(limit.window_us()),
+            };
         }
     }
     for (((_, check, _), number), before) in checks.iter().zip(numbers).zip(&records.before) {

@@ -4,7 +4,8 @@
 -- exactly as it would be alone at this instant of store time, after the checks before it.
 --
 -- KEYS        m record keys, then every check's limit keys, check after check, each check's
---             followed by the key of its place when it has one (see below; one check's keys
+--             followed by the keys of the blocks of its limits with a penalty, in order, then
+--             by the key of its place when it has one (see below; one check's keys
 --             share a hash tag; on Cluster a call holds keys of one slot, its records too): the
 --             first record is this call's own, the others those of calls that carried one of
 --             its checks before
@@ -13,7 +14,8 @@
 --             no records), how long a record outlives the deadline in milliseconds, the number
 --             of policies, then per policy its algorithm (1 sliding log, 2 sliding counter, 3
 --             GCRA), its number of limits n and per limit the quota and the window in
---             microseconds; then per check its policy (1-based), its cost (integer >= 0; 0 only
+--             microseconds (of a limit with a penalty: '<window>:<block_for>', both in
+--             microseconds); then per check its policy (1-based), its cost (integer >= 0; 0 only
 --             looks; a reservation: 'r<cost>'; a settlement: 's<reserved>:<actual>:<settled
 --             attempt id>', or 'S...' when it settles a reservation, whose unused part it may
 --             refund) and its attempt id (16 hex digits), followed, for a check sent before, by
@@ -49,6 +51,14 @@
 -- key of the reservation after its limit keys and drops it: a refund is made once. Its own
 -- attempt id and record make a settlement count once, however often it is sent.
 --
+-- A penalty (a limit's block_for) blocks the caller: a check (cost > 0, not a settlement) that a
+-- limit with a penalty denies, of a caller not blocked yet, writes in the same run that limit's
+-- block key, holding the store time the block ends (kept a millisecond past it). While any
+-- block of the check's limits has not ended, the check is denied and charges nothing (a re-sent
+-- check that charged before is admitted, as always): it waits at least until the latest block
+-- ends, and each blocking limit answers remaining 0 and the time its block has left. A denial
+-- while blocked writes nothing: the block is not extended. Settlements ignore blocks.
+--
 -- Numbers go to redis.call formatted as integers by hand: Lua would print those of more than 14
 -- digits in exponent form, and Redis formats every number it is given as a float, which costs
 -- more. A policy's limits are sent and read once per call, whatever the number of its checks.
@@ -61,6 +71,8 @@ local format, match, sub, gmatch = string.format, string.match, string.sub, stri
 local floor, ceil, min, max, tonumber = math.floor, math.ceil, math.min, math.max, tonumber
 -- per-limit scratch of the check being decided, reused by every check of the call
 local s1, s2, s3, s4, s5 = {}, {}, {}, {}, {}
+-- per limit of the check being decided, whether it denied the cost (a penalty's cause)
+local denied = {}
 
 -- A decimal integer below 2^53, read as two short halves: strtod takes a slow path for the
 -- 16 digits of a microsecond time.
@@ -133,7 +145,7 @@ local function settle_log(key, s, count, cap, score)
   return change
 end
 
-local function sliding_log(k, n, q, w, cost, attempt, replay, settle)
+local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked)
   local counts, oldests = s1, s2
   local admitted, retry = 1, 0
   local first_member = attempt
@@ -159,7 +171,7 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle)
         -- charged by the first run of this attempt
         replay = true
       else
-        admitted = 0
+        admitted, denied[i] = 0, true
         local wait = window
         if cost <= quota then
           -- room appears once the (count + cost - quota) oldest entries have left the window
@@ -175,7 +187,7 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle)
       end
     end
   end
-  if replay then admitted, retry = 1, 0 end
+  if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
   push(admitted, retry)
   local score = format('%d', now_us)
   for i = 1, n do
@@ -233,7 +245,7 @@ end
 -- previous * (share of the previous window still inside the sliding one). GET, plus SET when
 -- admitted (KEEPTTL within a window). `place`: of a reservation, where it keeps the windows it
 -- charges; of a settlement, where its reservation kept them.
-local function sliding_counter(k, n, q, w, cost, _, replay, settle, place)
+local function sliding_counter(k, n, q, w, cost, _, replay, settle, place, blocked)
   local now = now_ms
   local indexes, elapsed_ms, curs, prevs, sames = s1, s2, s3, s4, s5
   local admitted, retry = 1, 0
@@ -255,7 +267,7 @@ local function sliding_counter(k, n, q, w, cost, _, replay, settle, place)
     if replay or settle then
       -- charged by an earlier run of this attempt, or a settlement: nothing to decide
     elseif (cur + cost) * window + prev * (window - elapsed) > quota * window then
-      admitted = 0
+      admitted, denied[i] = 0, true
       local wait
       local room = quota - cost - cur
       if cost > quota then
@@ -270,7 +282,7 @@ local function sliding_counter(k, n, q, w, cost, _, replay, settle, place)
       if wait > retry then retry = wait end
     end
   end
-  if replay then admitted, retry = 1, 0 end
+  if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
   push(admitted, ceil(retry * 1000))
   local charge = admitted == 1 and not replay and cost > 0
   -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
@@ -347,7 +359,7 @@ end
 -- 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52). GET, plus SET
 -- PX when admitted. `place`: of a reservation, where it keeps the ends of its spans; of a
 -- settlement, where its reservation kept them.
-local function gcra(k, n, q, w, cost, _, replay, settle, place)
+local function gcra(k, n, q, w, cost, _, replay, settle, place, blocked)
   local now = now_us
   local tats, rems = s1, s2
   local admitted, retry = 1, 0
@@ -364,18 +376,18 @@ local function gcra(k, n, q, w, cost, _, replay, settle, place)
     if replay or settle then
       -- charged by an earlier run of this attempt, or a settlement: nothing to decide
     elseif cost > quota then
-      admitted = 0
+      admitted, denied[i] = 0, true
       if window > retry then retry = window end
     else
       local ahead = (tat - now) * quota + rem + cost * window
       if ahead > window * quota then
-        admitted = 0
+        admitted, denied[i] = 0, true
         local wait = ceil_div(ahead - window * quota, quota)
         if wait > retry then retry = wait end
       end
     end
   end
-  if replay then admitted, retry = 1, 0 end
+  if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
   push(admitted, retry)
   local charge = admitted == 1 and not replay and cost > 0
   -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
@@ -442,6 +454,44 @@ local function gcra(k, n, q, w, cost, _, replay, settle, place)
   end
 end
 
+-- The ends of the blocks of a check's limits (policy `policy`, its block keys from KEYS[bk + 1])
+-- in `tills` (0: none or ended), and whether one has not ended; no limit has denied yet.
+local function blocks(bk, policy, tills)
+  local b, j, blocked = policy[6], 0, false
+  for i = 1, policy[2] do
+    tills[i], denied[i] = 0, false
+    if b[i] > 0 then
+      j = j + 1
+      local raw = redis.call('GET', KEYS[bk + j])
+      if raw and int(raw) > now_us then tills[i], blocked = int(raw), true end
+    end
+  end
+  return blocked
+end
+
+-- The penalties of a denied check whose answer starts at out[start + 1]: a caller not blocked
+-- yet (`blocked` false) is blocked, from now, on each limit with a penalty that denied a cost;
+-- each limit that blocks it answers remaining 0 and the time its block has left, and the check
+-- waits at least until the latest block ends.
+local function penalize(bk, policy, tills, blocked, cost, start)
+  local b, j = policy[6], 0
+  for i = 1, policy[2] do
+    if b[i] > 0 then
+      j = j + 1
+      if not blocked and cost > 0 and denied[i] then
+        tills[i] = now_us + b[i]
+        redis.call('SET', KEYS[bk + j], format('%d', tills[i]), 'PX',
+          format('%d', ceil(b[i] / 1000) + 1))
+      end
+      if tills[i] > now_us then
+        local left = tills[i] - now_us
+        out[start + 1 + 2 * i], out[start + 2 + 2 * i] = 0, left
+        if left > out[start + 2] then out[start + 2] = left end
+      end
+    end
+  end
+end
+
 local algorithms = {sliding_log, sliding_counter, gcra}
 local deadline = int(ARGV[1])
 local late = now_us >= deadline
@@ -472,19 +522,25 @@ end
 
 local policies, a = {}, 4
 for p = 1, tonumber(ARGV[4]) do
-  local n, q, w = tonumber(ARGV[a + 2]), {}, {}
+  local n, q, w, b, nb = tonumber(ARGV[a + 2]), {}, {}, {}, 0
   for i = 1, n do
-    q[i], w[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i])
+    q[i], w[i], b[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i]), 0
+    if not w[i] then
+      local window, block = match(ARGV[a + 2 + 2 * i], '^(%d+):(%d+)$')
+      w[i], b[i], nb = int(window), int(block), nb + 1
+    end
   end
   local algorithm = tonumber(ARGV[a + 1])
   -- the sliding log names a reservation's entries by its attempt: it keeps no place
-  policies[p] = {algorithms[algorithm], n, q, w, algorithm ~= 1}
+  policies[p] = {algorithms[algorithm], n, q, w, algorithm ~= 1, b, nb}
   a = a + 2 + 2 * n
 end
 local k, c, args = records, 0, #ARGV
+-- per limit of the check being decided, the end of its block
+local tills = {}
 while a < args do
   local policy = policies[tonumber(ARGV[a + 1])]
-  local n = policy[2]
+  local n, nb = policy[2], policy[7]
   local cost, attempt, where = tonumber(ARGV[a + 2]), ARGV[a + 3], nil
   -- a reservation keeps where its charge goes; a settlement of one reads it: the key follows the
   -- check's limit keys
@@ -493,12 +549,12 @@ while a < args do
     local kind = sub(ARGV[a + 2], 1, 1)
     if kind == 'r' then
       cost = int(sub(ARGV[a + 2], 2))
-      if policy[5] then place = KEYS[k + n + 1] end
+      if policy[5] then place = KEYS[k + n + nb + 1] end
     else
       -- a settlement: what it settles, whether it may refund, and nothing to decide
       local reserved, actual, of = match(ARGV[a + 2], '^[sS](%d+):(%d+):(%x+)$')
       settle, cost = {int(reserved), int(actual), of, kind == 'S'}, 0
-      if settle[4] and policy[5] then place = KEYS[k + n + 1] end
+      if settle[4] and policy[5] then place = KEYS[k + n + nb + 1] end
     end
   end
   -- an attempt sent before carries where: '<attempt>@j:p'
@@ -512,7 +568,19 @@ while a < args do
   else
     local counts = cost > 0 or settle ~= nil
     local replay = counts and replayed(c, where)
-    ok, err = pcall(policy[1], k, n, policy[3], policy[4], cost, attempt, replay, settle, place)
+    local penalties = nb > 0 and not settle
+    local blocked = false
+    if penalties then
+      ok, err = pcall(blocks, k + n, policy, tills)
+      blocked = ok and err
+    end
+    if ok then
+      ok, err = pcall(policy[1], k, n, policy[3], policy[4], cost, attempt, replay, settle, place,
+        blocked)
+    end
+    if ok and penalties and out[start + 1] == 0 then
+      ok, err = pcall(penalize, k + n, policy, tills, blocked, cost, start)
+    end
     if ok and counts and out[start + 1] == 1 then
       charged[c], any = '1', true
     end
@@ -524,7 +592,7 @@ while a < args do
     if type(err) == 'table' then err = err.err end
     push(-1, tostring(err))
   end
-  k, a = k + n, a + 3
+  k, a = k + n + nb, a + 3
   if place then k = k + 1 end
 end
 if any and records > 0 then
