@@ -129,6 +129,17 @@ impl DenyCache {
         self.lock(key).map.remove(&key);
     }
 
+    /// Forgets every denial.
+    pub(crate) fn clear(&self) {
+        for shard in &self.shards {
+            shard
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .map
+                .clear();
+        }
+    }
+
     fn lock(&self, key: Key) -> MutexGuard<'_, Entries> {
         let at = self.hasher.hash_one(key) as usize % SHARDS;
         // Every update is one insert or remove: a panic cannot leave a poisoned shard

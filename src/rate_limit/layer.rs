@@ -7,9 +7,9 @@ use http::request::Parts;
 use tower_layer::Layer;
 
 use super::decision::RateLimitDecision;
-use super::deny_cache::DenyCache;
 use super::fallback;
 use super::headers::QuotaUnit;
+use super::invalidated::Listener;
 use super::policies::{MissingKey, OnStoreError};
 use super::service::RateLimit;
 use super::settings::{CostFn, GrpcMetadataFn, RejectionFn, Settings, SettleFn};
@@ -624,7 +624,8 @@ impl<K> RateLimitLayerBuilder<K> {
                 partition_key: draft.partition_key,
                 rejection: draft.rejection,
                 grpc_metadata: draft.grpc_metadata,
-                deny_cache: (draft.deny_cache && !draft.shadow).then(DenyCache::default),
+                deny_cache: (draft.deny_cache && !draft.shadow).then(Arc::default),
+                listener: Listener::default(),
                 last_warning: OncePerSecond::new(),
             }),
             extractor: Arc::new(self.extractor),

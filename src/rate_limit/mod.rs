@@ -86,6 +86,7 @@ mod deny_cache;
 mod fallback;
 mod future;
 mod headers;
+mod invalidated;
 mod layer;
 mod policies;
 mod rejection;

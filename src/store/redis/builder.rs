@@ -301,7 +301,7 @@ impl RedisClusterBuilder {
     /// must answer now. A node URL that does not parse is a [`StoreErrorKind::Config`] error.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         check_urls("node", &self.nodes)?;
-        let builder = redis::cluster::ClusterClient::builder(self.nodes)
+        let builder = redis::cluster::ClusterClient::builder(self.nodes.clone())
             .tcp_settings(TcpSettings::default().set_nodelay(true))
             .connection_timeout(self.common.timeout)
             .response_timeout(self.common.timeout)
@@ -322,6 +322,12 @@ impl RedisClusterBuilder {
         let client = builder
             .build()
             .map_err(|e| StoreError::new(StoreErrorKind::Config, e))?;
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|url| self.common.tls.client(url))
+            .collect::<Result<Arc<[_]>, _>>()
+            .map_err(|e| StoreError::new(StoreErrorKind::Config, e))?;
         let timeout = self.common.timeout;
         let open = || async {
             let conn = tokio::time::timeout(timeout * 8, client.get_async_connection())
@@ -331,6 +337,7 @@ impl RedisClusterBuilder {
             let opener = Opener::Cluster {
                 client: client.clone(),
                 timeout,
+                nodes: Arc::clone(&nodes),
             };
             Ok::<_, StoreError>(Link::new(Connection::Cluster(conn), opener))
         };
