@@ -2,7 +2,8 @@
 //! refund, and one connection per store, outside the pool, that `LISTEN`s (see
 //! [Invalidations](crate::store#invalidations)).
 //!
-//! The channel is named from the store's schema, `<schema>_invalidated`; a notification's
+//! The channel is named from the store's schema, `<schema>_invalidated` (the subscriber's
+//! connection takes it as its `application_name`, as `pg_stat_activity` shows); a notification's
 //! payload is `<namespace> <caller>`, the policy's namespace and the caller's key as store keys
 //! write it. A notification is delivered when its transaction commits, so a reset is heard only
 //! once it is visible.
@@ -97,6 +98,9 @@ where
     T: MakeTlsConnect<Socket>,
     T::Stream: Send + 'static,
 {
+    let mut config = config;
+    // what an operator sees in `pg_stat_activity`
+    config.application_name(channel);
     let connecting = tokio::time::timeout(timeout, config.connect(tls));
     let (client, mut connection) = connecting
         .await
