@@ -1,7 +1,7 @@
 //! Invalidations: a store tells every layer subscribed to it that a caller may have room again.
 //!
 //! A rate-limit layer caches denials (its deny cache); a reset or a refund made through any copy
-//! makes such a denial stale. A store that offers [`RateStore::invalidations`] broadcasts those
+//! makes such a denial stale. A store that offers [`RateStore::invalidations`](super::RateStore::invalidations) broadcasts those
 //! events to every subscriber — in the process ([`MemoryStore`](super::MemoryStore)), or through
 //! the server to every copy (Redis Pub/Sub, PostgreSQL `NOTIFY`) — and each layer drops the
 //! caller's cached denial when one arrives.
@@ -42,7 +42,7 @@ pub enum Invalidation {
     Missed,
 }
 
-/// A subscription to a store's invalidations: what [`RateStore::invalidations`] returns.
+/// A subscription to a store's invalidations: what [`RateStore::invalidations`](super::RateStore::invalidations) returns.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
