@@ -1,7 +1,7 @@
 //! Resets and refunds reach every copy's deny cache through the store's invalidation broadcast:
 //! two copies (two `RateLimitLayer`s, each on a store client of its own, one server), the caller
 //! denied from copy A's cache, reset or refunded through copy B — and A admits well within the
-//! cache's one-second hold, on Redis (standalone and Cluster), PostgreSQL and a shared
+//! cache's one-second hold, on Redis (standalone, Sentinel and Cluster), PostgreSQL and a shared
 //! `MemoryStore`. With the subscriber's connection killed, the one-second bound still holds and
 //! the subscription comes back.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,6 +20,7 @@ use tower::util::BoxCloneSyncService;
 
 use super::rate_limit_layer::{CLIENT, Calls, Svc, cost_header, get, get_costing, send, stack};
 use crate::common::cluster::RedisCluster;
+use crate::common::sentinel::SentinelSetup;
 use crate::common::{RedisServer, postgres};
 use tollgate::key::Header;
 use tollgate::rate_limit::{DecisionSource, Limit, RateLimitLayer};
@@ -145,6 +146,21 @@ async fn a_reset_reaches_the_other_copy_at_once_on_redis_cluster() {
     let a = copy(cluster.store().await, &prefix, 2);
     let b = copy(cluster.store().await, &prefix, 2);
     a_reset_reaches_the_other_copy(a, b, pattern_subscribed(cluster.urls())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_reaches_the_other_copy_at_once_behind_sentinel() {
+    let setup = SentinelSetup::start_with("tollgate-invalidations", 1).await;
+    let sentinel = || {
+        RedisStore::sentinel_builder(setup.sentinel_urls(), setup.master_name())
+            .timeout(Duration::from_secs(2))
+            .connect()
+    };
+    let prefix = unique_prefix();
+    let a = copy(sentinel().await.unwrap(), &prefix, 2);
+    let b = copy(sentinel().await.unwrap(), &prefix, 2);
+    let primary = format!("redis://127.0.0.1:{}/", setup.primary_port());
+    a_reset_reaches_the_other_copy(a, b, pattern_subscribed(vec![primary])).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
