@@ -454,7 +454,7 @@ impl RateStore for PgStore {
             let params: Vec<Param> = vec![Box::new(channel), Box::new(payload)];
             let notified = shared
                 .calls
-                .row("notify", &shared.sql.notify, &params, None)
+                .row("invalidate", &shared.sql.notify, &params, None)
                 .await;
             if let Err(error) = notified {
                 tracing::debug!(
