@@ -316,3 +316,31 @@ async fn a_killed_subscriber_keeps_the_one_second_bound_and_comes_back() {
         "admitted {admitted:?} after the reset: the subscription did not come back"
     );
 }
+
+/// The subscriber lives no longer than somebody listens: once the only layer on a store is
+/// dropped, its Pub/Sub connection closes, though the store itself is still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_subscriber_closes_when_its_last_layer_goes() {
+    let server = RedisServer::start();
+    let store = redis_store(&server);
+    let copy_a = stack(copy(store.clone(), &unique_prefix(), 2), &Calls::default());
+    assert_eq!(send(&copy_a, get("ann")).await.status, StatusCode::OK);
+    pattern_subscribed(vec![server.url()]).await;
+
+    drop(copy_a);
+    let numpat = || -> i64 {
+        redis::cmd("PUBSUB")
+            .arg("NUMPAT")
+            .query(&mut server.conn())
+            .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tokio::task::block_in_place(numpat) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the subscriber outlived its layer by 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(store);
+}
