@@ -6,8 +6,13 @@
 //! the subscriber takes every rate namespace with one pattern, and each layer keeps what is its
 //! own. On Cluster, a plain `PUBLISH` is delivered to the subscribers of every node, so the
 //! subscriber listens on any one node; a sharded `SPUBLISH` would reach only the caller's shard,
-//! and hearing every caller would take a subscription on every shard. Resets and refunds are
-//! rare beside checks, so the broadcast's cost on the cluster bus is small.
+//! and hearing every caller would take a subscription on every shard. The price: each reset or
+//! refund is one message on the cluster bus to every node.
+//!
+//! Behind Sentinel the subscriber listens on the primary the sentinels name. After a failover
+//! it still hears what the new primary publishes: a killed primary's connection drops and the
+//! sentinels are asked again, and a demoted one receives the new primary's messages as its
+//! replica (Redis replicates `PUBLISH`).
 //!
 //! While the subscriber's connection is down, what is published is lost; it is made again with
 //! back-off, and tells the layers [`Invalidation::Missed`] each time it is (re)made.
@@ -37,7 +42,7 @@ fn channel(namespace: &str) -> String {
 }
 
 /// Publishes that caller `key` under `namespace` may have room again.
-pub(super) async fn publish(
+async fn publish(
     conn: &mut Connection,
     namespace: &str,
     key: Key,
