@@ -79,12 +79,13 @@
 //! | [`RedisStore`] (standalone, Sentinel, Cluster) | `PUBLISH <namespace>:invalidated <caller>` after the write | one Pub/Sub connection per store, `PSUBSCRIBE *:rl*:invalidated`, made again with back-off when it drops (behind Sentinel: on the primary the sentinels name; Cluster: on any node, as Cluster delivers a `PUBLISH` to every node) | as above | one `PUBLISH` per reset or refund, delivered to every subscribed copy |
 //! | [`PgStore`] | `pg_notify('<schema>_invalidated', '<namespace> <caller>')` (a reset's in its own transaction; a refund's right after the settlement) | one connection per store outside the pool, `LISTEN`, made again with back-off | as above | one notification per reset or refund |
 //!
-//! A store on a connection the application handed over (`RedisStore::from_connection`, and the
-//! like) cannot open a subscriber of its own: it publishes, but offers no subscription, and its
-//! layers keep the one-second bound. A settlement that refunds is published when the store's
-//! answer shows room on every limit, whether or not the refund itself returned any (a refund of
-//! a charge that has left the window returns nothing): the publish costs one command, never a
-//! wait for the settlement's answer.
+//! A layer subscribes once, on its first request. A store on a connection or pool the
+//! application handed over (`RedisStore::from_connection` and the like, `PgStore::from_pool`,
+//! `PgStore::pool_builder`) cannot open a subscriber of its own: it publishes, but offers no
+//! subscription, and its layers keep the one-second bound. A settlement that asks a refund is
+//! published when the store's answer shows room on every limit, whether or not the refund
+//! itself returned any (a refund of a charge that has left the window returns nothing); the
+//! publish is one command sent after the answer, which never waits for it.
 #![cfg_attr(
     not(feature = "postgres"),
     doc = "",
