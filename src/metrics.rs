@@ -14,6 +14,7 @@
 //! Store operations: `rate_check`, `reset_rate`, `claim`, `lock_acquire`, `lock_extend`,
 //! `lock_release`, `idempotency_begin`, `idempotency_complete`, `idempotency_release`,
 //! `idempotency_extend`, `permit_acquire`, `permit_extend`, `permit_release`, `ping`; on PostgreSQL also `purge_expired` (one per batch),
+//! `invalidate` (the notification of a refund, see [Invalidations](crate::store#invalidations)),
 //! and `once_begin` / `once_commit` for the runs of `PgStore::once` and `IdempotencyLayer::in_transaction`.
 
 #[cfg(any(feature = "redis", feature = "postgres"))]

@@ -26,6 +26,10 @@
 //!   holder alone extends or gives back its permit; fencing tokens strictly increase per key;
 //!   the same acquisition run twice takes one permit; waiters get the permits that free up in
 //!   arrival order, and a place lapses unless renewed.
+//! - **Invalidations** (optional): a store that offers
+//!   [`invalidations`](crate::store::RateStore::invalidations) tells every subscription of a
+//!   reset, and of a settlement that refunded a reservation and left the caller room (see the
+//!   store docs' "Invalidations").
 //! - **Deadlines**: a write received after its `deadline` changes nothing and fails as
 //!   [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind::Timeout) (see the store docs'
 //!   "Deadlines").
@@ -125,6 +129,7 @@ macro_rules! rate_store_suite {
             a_reset_ends_a_block_and_others_are_not_blocked,
             only_a_limit_with_block_for_blocks,
             resent_checks_during_a_block_are_answered_as_recorded,
+            resets_and_refunds_are_told_to_subscribers,
         );
     };
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::unique;
 use crate::key::Key;
 use crate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
-use crate::store::RateStore;
+use crate::store::{Invalidation, Invalidations, RateStore};
 
 /// The three algorithms, each rule run under every one.
 const ALGORITHMS: [Algorithm; 3] = [
@@ -930,4 +930,49 @@ pub async fn resent_checks_during_a_block_are_answered_as_recorded(store: &impl 
             "{algorithm}: not extended"
         );
     }
+}
+
+/// Whether `expected` arrives on `subscription` within `within`, past whatever else arrives
+/// (other tests' callers, [`Invalidation::Missed`]).
+async fn told(subscription: &mut Invalidations, expected: &Invalidation, within: Duration) -> bool {
+    let waited = tokio::time::timeout(within, async {
+        while let Some(invalidation) = subscription.next().await {
+            if invalidation == *expected {
+                return true;
+            }
+        }
+        false
+    });
+    waited.await.unwrap_or(false)
+}
+
+/// A store that offers [invalidations](RateStore::invalidations) tells its subscribers of a
+/// reset, and of a settlement that refunded a reservation and left the caller room: the
+/// caller's key under the policy's namespace. A store without invalidations passes.
+pub async fn resets_and_refunds_are_told_to_subscribers(store: &impl RateStore) {
+    let Some(mut subscription) = store.invalidations() else {
+        return;
+    };
+    let p = policy(Algorithm::SlidingLog, vec![Limit::per_hour("h", 10)]);
+    let a = key(&unique("told"));
+    let expected = Invalidation::Caller {
+        namespace: p.namespace().into(),
+        key: a,
+    };
+    // a networked subscriber connects in the background: what is published before is lost
+    let mut reset_heard = false;
+    for _ in 0..20 {
+        store.reset_rate(&p, a).await.expect("store answers");
+        if told(&mut subscription, &expected, Duration::from_millis(500)).await {
+            reset_heard = true;
+            break;
+        }
+    }
+    assert!(reset_heard, "a reset was never told");
+    let refunded = reserve_then_settle(store, &p, a, 5, 1).await;
+    assert_eq!(refunded.limits[0].remaining, 9, "refunded");
+    assert!(
+        told(&mut subscription, &expected, Duration::from_secs(2)).await,
+        "a refund was not told"
+    );
 }

@@ -36,6 +36,31 @@ impl Key {
     pub(crate) fn write_encoded(&self, out: &mut String) {
         write_base64url(&self.0, out);
     }
+
+    /// The key whose [`write_encoded`](Self::write_encoded) form is `text`; `None` for any
+    /// other text (wrong length, another alphabet, stray bits).
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+    pub(crate) fn from_encoded(text: &str) -> Option<Self> {
+        let text = text.as_bytes();
+        if text.len() != 22 {
+            return None;
+        }
+        let (mut out, mut filled) = ([0u8; 16], 0);
+        let (mut bits, mut held) = (0u32, 0u32);
+        for &c in text {
+            let value = BASE64URL.iter().position(|&a| a == c)?;
+            bits = (bits << 6) | value as u32;
+            held += 6;
+            if held >= 8 {
+                held -= 8;
+                *out.get_mut(filled)? = (bits >> held) as u8;
+                filled += 1;
+                bits &= (1 << held) - 1;
+            }
+        }
+        // 22 characters carry 132 bits: the last 4 are zero in the canonical form
+        (filled == 16 && bits == 0).then_some(Self(out))
+    }
 }
 
 /// Unpadded base64url of `bytes`.

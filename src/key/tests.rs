@@ -37,6 +37,24 @@ fn encoding_is_22_url_safe_chars() {
 }
 
 #[test]
+fn the_encoded_form_reads_back_and_nothing_else_does() {
+    for value in [&b""[..], b"alice", b"{}*\n", &[0xff; 64]] {
+        let key = Key::new("x", value);
+        assert_eq!(Key::from_encoded(&key.to_string()), Some(key));
+    }
+    let text = Key::new("x", b"alice").to_string();
+    assert_eq!(Key::from_encoded(&text[..21]), None);
+    assert_eq!(Key::from_encoded(&format!("{text}A")), None);
+    assert_eq!(Key::from_encoded(&text.replacen(&text[..1], "+", 1)), None);
+    // the last character carries 2 bits of the digest and 4 zero bits
+    assert_eq!(Key::from_encoded("AAAAAAAAAAAAAAAAAAAAAB"), None);
+    assert_eq!(
+        Key::from_encoded("AAAAAAAAAAAAAAAAAAAAAA").map(|k| *k.as_bytes()),
+        Some([0; 16])
+    );
+}
+
+#[test]
 fn domains_separate_equal_values() {
     assert_ne!(Key::new("ip", b"1"), Key::new("header:x", b"1"));
     assert_ne!(Key::new("ab", b"c"), Key::new("a", b"bc"));

@@ -8,10 +8,17 @@
 //! T is counted from when the check was sent, not from when the reply came: the store decided
 //! somewhere in between, so a slow reply must not stretch the denial beyond the store's.
 //!
-//! A denial is served from the cache for at most [`MAX_AGE`], however long the store's wait:
-//! then the store is asked again. So a reset, or a settlement that refunded the caller, through
-//! any copy frees the caller on every copy within that time (a denied caller flooding a copy
-//! still costs it at most one store check per `MAX_AGE`).
+//! A reset, or a settlement that refunded the caller, through any copy makes a cached denial
+//! stale. The store broadcasts it (see [`RateStore::invalidations`](crate::store::RateStore::invalidations)),
+//! and the layer drops the caller's entry when the word arrives (`invalidated.rs`): normally the
+//! caller is admitted on every copy within about a round trip of the broadcast. When the
+//! broadcast is lost (the subscriber's connection down, a store without one), the bound is
+//! [`MAX_AGE`]: a denial is served from the cache for at most that long, however long the
+//! store's wait, then the store is asked again (a denied caller flooding a copy still costs it
+//! at most one store check per `MAX_AGE`). A subscriber that may have missed broadcasts says so,
+//! and the whole cache is dropped. A denial whose check was sent before its caller was
+//! forgotten (the reset's word overtook the reply) is not cached: the store may have decided it
+//! before the reset.
 //!
 //! Callers are spread over [`SHARDS`] maps by a hash of their key, each behind its own lock, so
 //! that requests of different callers seldom wait for one another.
@@ -48,6 +55,9 @@ struct Entries {
     /// When this full shard was last swept: a flood of distinct callers must not make every
     /// denial scan the whole shard.
     swept: Option<Instant>,
+    /// When a denial of this shard was last forgotten (a reset or refund): a denial whose check
+    /// was sent before then may have been decided before the reset, and is not cached.
+    invalidated: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -86,6 +96,9 @@ impl DenyCache {
             return;
         }
         let mut entries = self.lock(decision.key);
+        if entries.invalidated.is_some_and(|at| sent_at <= at) {
+            return;
+        }
         if entries.map.len() >= CAPACITY / SHARDS && !entries.make_room(now) {
             return;
         }
@@ -124,9 +137,23 @@ impl DenyCache {
         Some(decision)
     }
 
-    /// Forgets the denial of `key`, if any.
+    /// Forgets the denial of `key`, if any, and any denial of a check sent until now that
+    /// arrives later (of a caller in the same shard: a few more store checks, never a stale
+    /// denial).
     pub(crate) fn forget(&self, key: Key) {
-        self.lock(key).map.remove(&key);
+        let mut entries = self.lock(key);
+        entries.map.remove(&key);
+        entries.invalidated = Some(Instant::now());
+    }
+
+    /// Forgets every denial, and any denial of a check sent until now that arrives later.
+    pub(crate) fn clear(&self) {
+        let now = Instant::now();
+        for shard in &self.shards {
+            let mut entries = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            entries.map.clear();
+            entries.invalidated = Some(now);
+        }
     }
 
     fn lock(&self, key: Key) -> MutexGuard<'_, Entries> {
@@ -289,9 +316,42 @@ mod tests {
         }
     }
 
+    /// A denial whose check was sent before the caller was forgotten (a reset or refund that
+    /// arrived while the check was on its way) is not cached: the store may have decided it
+    /// before the reset. One sent afterwards is.
+    #[tokio::test(start_paused = true)]
+    async fn a_denial_sent_before_an_invalidation_is_not_cached() {
+        let layer = RateLimitLayer::builder(LongDenial::default())
+            .limit(Limit::per_hour("h", 1))
+            .key(Header::from_static("x-caller"))
+            .deny_cache(false)
+            .build()
+            .unwrap();
+        let ok = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) };
+        let mut svc = tower_layer::Layer::layer(&layer, service_fn(ok));
+        let denial = decision(&mut svc).await;
+        let key = denial.key;
+        let cache = super::DenyCache::default();
+        let sent = tokio::time::Instant::now();
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        cache.forget(key);
+        cache.remember(&denial, sent);
+        assert!(
+            cache.check(key, 1).is_none(),
+            "a denial from before the reset"
+        );
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        cache.remember(&denial, tokio::time::Instant::now());
+        assert!(cache.check(key, 1).is_some(), "a denial from after it");
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        cache.clear();
+        assert!(cache.check(key, 1).is_none(), "cleared");
+    }
+
     /// However long the store's wait, a denial is served from the cache for at most
     /// `MAX_AGE`, then the store is asked again: a reset or refund made through another copy
-    /// frees the caller here within that time. The answers still count down the store's wait.
+    /// whose broadcast was lost frees the caller here within that time. The answers still count
+    /// down the store's wait.
     #[tokio::test(start_paused = true)]
     async fn a_long_denial_is_asked_again_after_the_cache_max_age() {
         let store = LongDenial::default();

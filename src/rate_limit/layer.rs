@@ -7,9 +7,9 @@ use http::request::Parts;
 use tower_layer::Layer;
 
 use super::decision::RateLimitDecision;
-use super::deny_cache::DenyCache;
 use super::fallback;
 use super::headers::QuotaUnit;
+use super::invalidated::Listener;
 use super::policies::{MissingKey, OnStoreError};
 use super::service::RateLimit;
 use super::settings::{CostFn, GrpcMetadataFn, RejectionFn, Settings, Settle};
@@ -183,9 +183,10 @@ impl<K> RateLimitLayer<K> {
 
     /// Forgets what caller `key` has spent of this layer's limits — of every tier, and of the
     /// per-request limits ([`limits_by`](RateLimitLayerBuilder::limits_by)) this copy has met —
-    /// in the store (every copy sees it at once) and in this copy's deny cache. Another copy that
-    /// cached a denial of `key` asks the store again within a second (the deny cache's longest
-    /// hold), and then admits.
+    /// in the store (every copy sees it at once) and in this copy's deny cache. The store
+    /// broadcasts the reset: another copy that cached a denial of `key` drops it within about a
+    /// round trip, and admits; if the broadcast is lost, it asks the store again within a second
+    /// (the deny cache's longest hold). See [Invalidations](crate::store#invalidations).
     pub async fn reset(&self, key: Key) -> Result<(), StoreError> {
         let settings = &self.settings;
         if let Some(cache) = &settings.deny_cache {
@@ -638,10 +639,12 @@ impl<K> RateLimitLayerBuilder<K> {
 
     /// Whether a copy, once the store has denied a caller until some time, denies that caller's
     /// requests (of the same or larger cost) locally until then, without a store round trip
-    /// (default true) — for at most a second at a time, then it asks the store again, so that a
-    /// reset or a refund made through any copy frees the caller on every copy within a second.
-    /// A flood from one caller then costs about one store call per copy and second. It caches
-    /// the store's decision and never admits on its own.
+    /// (default true) — for at most a second at a time, then it asks the store again. A reset
+    /// or a refund made through any copy frees the caller on every copy within about a round
+    /// trip of the store's broadcast (the layer subscribes to
+    /// [`RateStore::invalidations`] on its first request), and within a second when the
+    /// broadcast is lost. A flood from one caller then costs about one store call per copy and
+    /// second. It caches the store's decision and never admits on its own.
     pub fn deny_cache(mut self, enabled: bool) -> Self {
         self.draft.deny_cache = enabled;
         self
@@ -738,7 +741,8 @@ impl<K> RateLimitLayerBuilder<K> {
                 partition_key: draft.partition_key,
                 rejection: draft.rejection,
                 grpc_metadata: draft.grpc_metadata,
-                deny_cache: (draft.deny_cache && !draft.shadow).then(DenyCache::default),
+                deny_cache: (draft.deny_cache && !draft.shadow).then(Arc::default),
+                listener: Listener::default(),
                 last_warning: OncePerSecond::new(),
             }),
             extractor: Arc::new(self.extractor),

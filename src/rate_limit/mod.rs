@@ -21,8 +21,9 @@
 //!   logged.
 //! - **Floods**: once the store has denied a caller until some time, this copy denies that
 //!   caller's requests locally until then, without a round trip, asking the store again at least
-//!   once a second (a cache of the store's decision that can only deny, and that a reset through
-//!   another copy outlives by at most a second; [`RateLimitLayerBuilder::deny_cache`]).
+//!   once a second (a cache of the store's decision that can only deny; a reset or refund
+//!   through another copy reaches it through the store's broadcast within about a round trip,
+//!   and within a second if the broadcast is lost; [`RateLimitLayerBuilder::deny_cache`]).
 //! - **No key** (say, no API key header and no fallback): as [`MissingKey`] says — by default
 //!   `400 Bad Request`.
 //!
@@ -87,6 +88,7 @@ mod deny_cache;
 mod fallback;
 mod future;
 pub(crate) mod headers;
+mod invalidated;
 mod layer;
 mod policies;
 mod rejection;

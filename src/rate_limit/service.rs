@@ -92,6 +92,12 @@ where
         if cost == 0 {
             return ResponseFuture::unchecked(self.inner.call(request), settings);
         }
+        if let Some(cache) = &settings.deny_cache {
+            let namespaces = settings.tiers.fixed().map(|tier| tier.policy.namespace());
+            settings
+                .listener
+                .ensure(&*settings.store, cache, namespaces);
+        }
         if let Some(denied) = settings
             .deny_cache
             .as_ref()

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use http::request::Parts;
 
 use super::deny_cache::DenyCache;
+use super::invalidated::Listener;
 use super::policies::{MissingKey, OnStoreError};
 use super::tiers::Tiers;
 use crate::pace::OncePerSecond;
@@ -56,7 +57,9 @@ pub(crate) struct Settings {
     /// `RateLimit` members carry the caller's `pk`.
     pub(crate) partition_key: bool,
     /// Denials by the store, of every tier (a cached denial answers for its own tier only).
-    pub(crate) deny_cache: Option<DenyCache>,
+    pub(crate) deny_cache: Option<Arc<DenyCache>>,
+    /// Drops the cached denials that the store says are stale.
+    pub(crate) listener: Listener,
     /// Store failures are logged at warn at most once a second (the rest at debug): an outage
     /// under load must not flood the log.
     pub(crate) last_warning: OncePerSecond,

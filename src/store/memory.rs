@@ -18,9 +18,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use super::invalidation::{self, Hub};
 use super::{
-    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, PermitAttempt,
-    PermitStore, RateStore, Store, StoreError, StoreErrorKind, StoreFuture, fence_ttl, millis,
+    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, Invalidation, Invalidations,
+    LockAttempt, LockStore, PermitAttempt, PermitStore, RateStore, Store, StoreError,
+    StoreErrorKind, StoreFuture, fence_ttl, millis,
 };
 use crate::expiring::{Expiring, ExpiringMap, Full, Locked, Room};
 use crate::key::Key;
@@ -100,6 +102,8 @@ struct Inner {
     clock: Clock,
     rates: LocalRates,
     entries: Entries,
+    /// Resets and refunds, told to every layer on this store.
+    invalidations: Hub,
 }
 
 /// Claims, locks, fencing counters and idempotency records, sharded by hash tag.
@@ -262,6 +266,7 @@ impl MemoryStore {
                 clock,
                 rates: LocalRates::new(clock, capacity),
                 entries: Entries::new(capacity),
+                invalidations: Hub::default(),
             }),
         }
     }
@@ -534,8 +539,16 @@ fn full_denial(policy: &RatePolicy) -> RateOutcome {
 
 impl RateStore for MemoryStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
-        let outcome = self.inner.rates.check(policy, check.bounded(policy));
-        ready(outcome.unwrap_or_else(|_full| full_denial(policy)))
+        let check = check.bounded(policy);
+        let outcome = self.inner.rates.check(policy, check);
+        let outcome = outcome.unwrap_or_else(|_full| full_denial(policy));
+        if invalidation::refunded(&check, &outcome) {
+            self.inner.invalidations.send(Invalidation::Caller {
+                namespace: Arc::from(policy.namespace()),
+                key: check.key(),
+            });
+        }
+        ready(outcome)
     }
 
     /// Nominal: the memory store answers at once; a check is remembered as one on a store of
@@ -546,7 +559,17 @@ impl RateStore for MemoryStore {
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
         self.inner.rates.reset(policy, key);
+        self.inner.invalidations.send(Invalidation::Caller {
+            namespace: Arc::from(policy.namespace()),
+            key,
+        });
         ready(())
+    }
+
+    /// Every layer on this store (or a clone of it) hears the resets and refunds made through
+    /// any other, at once.
+    fn invalidations(&self) -> Option<Invalidations> {
+        Some(self.inner.invalidations.subscribe())
     }
 }
 

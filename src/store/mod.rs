@@ -68,6 +68,29 @@
 //! A settlement of a plain check ([`RateCheck::new`]) refunds nothing: only a reservation's
 //! place is kept. Costs are sent clamped to what changes no answer, so no cost a request names
 //! overflows a store's arithmetic; in a batch, a check whose step fails fails alone.
+//!
+//! # Invalidations
+//!
+//! A rate-limit layer caches denials; a reset or a refund through one copy makes another copy's
+//! cached denial stale. Each store broadcasts those events to every copy subscribed to it
+//! ([`RateStore::invalidations`]), and a layer drops the caller's cached denial on arrival: the
+//! caller is admitted on every copy within about a round trip of the broadcast. The broadcast
+//! is a shortcut, never what correctness rests on: when it is lost, a cached denial is still
+//! served for at most a second.
+//!
+//! | store | broadcast | subscriber | published | cost |
+//! | --- | --- | --- | --- | --- |
+//! | [`MemoryStore`] | a `tokio::sync::broadcast` in the process | every layer on the store | after a reset; after a settlement that refunds a reservation and leaves the caller room | none beyond the channel |
+//! | [`RedisStore`] (standalone, Sentinel, Cluster) | `PUBLISH <namespace>:invalidated <caller>` after the write | one Pub/Sub connection per store, `PSUBSCRIBE *:rl*:invalidated`, made again with back-off when it drops (behind Sentinel: on the primary the sentinels name; Cluster: on any node, as Cluster delivers a `PUBLISH` to every node) | as above | one `PUBLISH` per reset or refund, delivered to every subscribed copy |
+//! | [`PgStore`] | `pg_notify('<schema>_invalidated', '<namespace> <caller>')` (a reset's in its own transaction; a refund's right after the settlement) | one connection per store outside the pool, `LISTEN`, made again with back-off | as above | one notification per reset or refund |
+//!
+//! A layer subscribes once, on its first request. A store on a connection or pool the
+//! application handed over (`RedisStore::from_connection` and the like, `PgStore::from_pool`,
+//! `PgStore::pool_builder`) cannot open a subscriber of its own: it publishes, but offers no
+//! subscription, and its layers keep the one-second bound. A settlement that asks a refund is
+//! published when the store's answer shows room on every limit, whether or not the refund
+//! itself returned any (a refund of a charge that has left the window returns nothing); the
+//! publish is one command sent after the answer, which never waits for it.
 #![cfg_attr(
     not(feature = "postgres"),
     doc = "",
@@ -103,6 +126,7 @@ pub(crate) mod coalesce;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) mod deadline;
 mod error;
+mod invalidation;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod kit;
 mod memory;
@@ -116,6 +140,9 @@ mod span;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) use deadline::StoreClock;
 pub use error::{StoreError, StoreErrorKind};
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) use invalidation::publishing_refunds;
+pub use invalidation::{Invalidation, Invalidations};
 pub use memory::MemoryStore;
 #[cfg(all(feature = "postgres", feature = "axum"))]
 pub use postgres::NoTransaction;
@@ -146,7 +173,20 @@ pub trait RateStore: fmt::Debug + Send + Sync + 'static {
 
     /// Forgets what caller `key` has spent of every limit of `policy` (deletes its
     /// [`RatePolicy::store_keys`]), as if it had never been seen; other policies' state stays.
+    /// A store with [`invalidations`](Self::invalidations) then broadcasts
+    /// [`Invalidation::Caller`] for `key` under the policy's namespace.
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()>;
+
+    /// A subscription to the store's invalidation broadcast (see
+    /// [Invalidations](self#invalidations)), or `None` when the store has none (the default): a
+    /// rate-limit layer subscribes once, and drops a caller's cached denial when the caller is
+    /// reset or refunded through any copy. A store that offers it broadcasts
+    /// [`Invalidation::Caller`] after every [`reset_rate`](Self::reset_rate), and after every
+    /// settlement of a reservation that refunded quota and left the caller room on every limit;
+    /// and [`Invalidation::Missed`] when some may have been lost. Called inside a Tokio runtime.
+    fn invalidations(&self) -> Option<Invalidations> {
+        None
+    }
 }
 
 /// Conditional writes with a holder: the capability claims and locks need.
@@ -435,6 +475,10 @@ impl<T: RateStore + ?Sized> RateStore for Arc<T> {
 
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
         (**self).reset_rate(policy, key)
+    }
+
+    fn invalidations(&self) -> Option<Invalidations> {
+        (**self).invalidations()
     }
 }
 

@@ -31,4 +31,5 @@ mod hyper;
 mod idempotency;
 mod in_transaction;
 mod rate_limit_frameworks;
+mod rate_limit_invalidations;
 mod rate_limit_layer;

@@ -29,14 +29,15 @@ use tollgate::rate_limit::{
 };
 use tollgate::store::RedisStore;
 
-const CLIENT: HeaderName = HeaderName::from_static("x-client");
+pub(super) const CLIENT: HeaderName = HeaderName::from_static("x-client");
 const SAW: HeaderName = HeaderName::from_static("x-saw-decision");
 
-type Svc = BoxCloneSyncService<Request<String>, Response<ResponseBody<Full<Bytes>>>, Infallible>;
+pub(super) type Svc =
+    BoxCloneSyncService<Request<String>, Response<ResponseBody<Full<Bytes>>>, Infallible>;
 
 /// Counts the calls that reach the inner service.
 #[derive(Clone, Default)]
-struct Calls(Arc<AtomicUsize>);
+pub(super) struct Calls(Arc<AtomicUsize>);
 
 impl Calls {
     fn get(&self) -> usize {
@@ -46,7 +47,7 @@ impl Calls {
 
 /// The layer around an inner service that answers `200 hello`, counts its calls, and reports in
 /// `x-saw-decision` the decision it found in the request extensions.
-fn stack<K: KeyExtractor>(layer: RateLimitLayer<K>, calls: &Calls) -> Svc {
+pub(super) fn stack<K: KeyExtractor>(layer: RateLimitLayer<K>, calls: &Calls) -> Svc {
     let calls = Arc::clone(&calls.0);
     let inner = tower::service_fn(move |req: Request<String>| {
         calls.fetch_add(1, Ordering::SeqCst);
@@ -76,8 +77,8 @@ fn store(server: &RedisServer, timeout: Duration) -> RedisStore {
 
 /// A response, taken apart.
 #[derive(Debug)]
-struct Reply {
-    status: StatusCode,
+pub(super) struct Reply {
+    pub(super) status: StatusCode,
     headers: HeaderMap,
     decision: Option<RateLimitDecision>,
     body: Bytes,
@@ -92,7 +93,7 @@ impl Reply {
             .map(|v| v.to_str().expect("ASCII header"))
     }
 
-    fn decision(&self) -> &RateLimitDecision {
+    pub(super) fn decision(&self) -> &RateLimitDecision {
         self.decision
             .as_ref()
             .expect("a RateLimitDecision in the response extensions")
@@ -106,7 +107,7 @@ impl Reply {
     }
 }
 
-async fn send(svc: &Svc, req: Request<String>) -> Reply {
+pub(super) async fn send(svc: &Svc, req: Request<String>) -> Reply {
     let res = svc.clone().oneshot(req).await.unwrap();
     let (parts, body) = res.into_parts();
     let empty_body_hint = body.is_end_stream();
@@ -121,7 +122,7 @@ async fn send(svc: &Svc, req: Request<String>) -> Reply {
 }
 
 /// `GET /` from caller `client` (header `x-client`, any bytes).
-fn get(client: impl AsRef<[u8]>) -> Request<String> {
+pub(super) fn get(client: impl AsRef<[u8]>) -> Request<String> {
     Request::get("/")
         .header(CLIENT, HeaderValue::from_bytes(client.as_ref()).unwrap())
         .body(String::new())
@@ -129,14 +130,14 @@ fn get(client: impl AsRef<[u8]>) -> Request<String> {
 }
 
 /// `GET /` from caller `client` costing `cost`.
-fn get_costing(client: &str, cost: u64) -> Request<String> {
+pub(super) fn get_costing(client: &str, cost: u64) -> Request<String> {
     let mut req = get(client);
     req.headers_mut().insert("x-cost", HeaderValue::from(cost));
     req
 }
 
 /// The `x-cost` header, else 1.
-fn cost_header(parts: &Parts) -> u64 {
+pub(super) fn cost_header(parts: &Parts) -> u64 {
     parts
         .headers
         .get("x-cost")

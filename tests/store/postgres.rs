@@ -85,7 +85,7 @@ async fn migrate_is_idempotent_and_safe_to_run_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![5]);
+    assert_eq!(versions, vec![6]);
     let won = stores[2]
         .claim("k".into(), "a".into(), None, crate::common::soon())
         .await
@@ -922,7 +922,7 @@ async fn migrate_on_a_current_schema_takes_no_table_lock() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![5]);
+    assert_eq!(versions, vec![6]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
 use super::PgStore;
+use super::invalidation as listen;
 use super::sql::{DEFAULT_SCHEMA, check_schema};
 use super::tls;
 use crate::error::{ConfigError, ConfigErrorKind};
@@ -187,15 +188,15 @@ impl PgStoreBuilder {
     pub fn build(self) -> Result<PgStore, ConfigError> {
         check_schema(&self.settings.schema)?;
         let mut settings = self.settings;
-        let pool = match self.source {
-            Source::Pool(pool) => pool,
+        let (pool, listen) = match self.source {
+            Source::Pool(pool) => (pool, None),
             Source::Url(url) => {
-                let (pool, server) = pool_for(&url, &settings)?;
+                let (pool, server, listen) = pool_for(&url, &settings)?;
                 settings.server = server;
-                pool
+                (pool, Some(listen))
             }
         };
-        Ok(PgStore::new(pool, settings))
+        Ok(PgStore::new(pool, listen, settings))
     }
 
     /// Builds the store and runs [`PgStore::migrate`]: a store ready for use, or the error of
@@ -212,8 +213,11 @@ impl PgStoreBuilder {
 
 /// A pool of at most `settings.pool_size` connections to `url`, each with the store timeout as
 /// its `statement_timeout` (a call sets its own as well); over TLS as the URL's `sslmode` says
-/// (see `tls.rs`).
-fn pool_for(url: &str, settings: &Settings) -> Result<(Pool, Option<Server>), ConfigError> {
+/// (see `tls.rs`). With it, how the invalidation subscriber connects alike.
+fn pool_for(
+    url: &str,
+    settings: &Settings,
+) -> Result<(Pool, Option<Server>, listen::Source), ConfigError> {
     let tls = tls::split(url)?;
     // the URL is not repeated: it may carry a password
     let mut config = tokio_postgres::Config::from_str(&tls.url).map_err(|e| {
@@ -232,7 +236,7 @@ fn pool_for(url: &str, settings: &Settings) -> Result<(Pool, Option<Server>), Co
         config.connect_timeout(settings.timeout);
     }
     let server = server_of(&config);
-    let manager = manager(config, &tls)?;
+    let (manager, listen) = manager(config, &tls)?;
     let pool = Pool::builder(manager)
         .max_size(settings.pool_size)
         .runtime(Runtime::Tokio1)
@@ -243,7 +247,7 @@ fn pool_for(url: &str, settings: &Settings) -> Result<(Pool, Option<Server>), Co
                 format!("could not make the connection pool: {e}"),
             )
         })?;
-    Ok((pool, server))
+    Ok((pool, server, listen))
 }
 
 /// The first TCP host of `config` and its port, where the pool connects first.
@@ -261,17 +265,24 @@ fn server_of(config: &tokio_postgres::Config) -> Option<Server> {
     Some(Server { address, port })
 }
 
-/// The pool's manager: plain, or over TLS as `tls` asks.
-fn manager(mut config: tokio_postgres::Config, tls: &tls::Split) -> Result<Manager, ConfigError> {
+/// The pool's manager, and how the invalidation subscriber connects: plain, or over TLS as
+/// `tls` asks.
+fn manager(
+    mut config: tokio_postgres::Config,
+    tls: &tls::Split,
+) -> Result<(Manager, listen::Source), ConfigError> {
     let recycling = ManagerConfig {
         recycling_method: RecyclingMethod::Fast,
     };
+    let plain = |config: tokio_postgres::Config| {
+        let listen = listen::Source::Plain(config.clone());
+        (
+            Manager::from_config(config, tokio_postgres::NoTls, recycling.clone()),
+            listen,
+        )
+    };
     if tls.mode == tls::Mode::Disable {
-        return Ok(Manager::from_config(
-            config,
-            tokio_postgres::NoTls,
-            recycling,
-        ));
+        return Ok(plain(config));
     }
     #[cfg(feature = "postgres-tls")]
     {
@@ -283,18 +294,15 @@ fn manager(mut config: tokio_postgres::Config, tls: &tls::Split) -> Result<Manag
         };
         config.ssl_mode(mode);
         let connector = tls::connector(tls.mode, tls.root_cert.as_deref())?;
-        Ok(Manager::from_config(config, connector, recycling))
+        let listen = listen::Source::Tls(config.clone(), connector.clone());
+        Ok((Manager::from_config(config, connector, recycling), listen))
     }
     #[cfg(not(feature = "postgres-tls"))]
     {
         if tls.mode == tls::Mode::Prefer && tls.root_cert.is_none() {
             // no TLS to offer: plain text, as `prefer` allows
             config.ssl_mode(tokio_postgres::config::SslMode::Disable);
-            return Ok(Manager::from_config(
-                config,
-                tokio_postgres::NoTls,
-                recycling,
-            ));
+            return Ok(plain(config));
         }
         Err(ConfigError::new(
             ConfigErrorKind::Store,

@@ -32,6 +32,7 @@ mod call;
 mod clock;
 #[cfg(feature = "axum")]
 mod extract;
+mod invalidation;
 mod migrate;
 mod once;
 mod sql;
@@ -47,9 +48,9 @@ pub use once::{Once, OnceError, OnceTx};
 use sql::Sql;
 
 use super::{
-    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, PermitAttempt,
-    PermitStore, RELEASE_MARKER_TTL, RateStore, Store, StoreClock, StoreError, StoreErrorKind,
-    StoreFuture, fence_ttl, millis,
+    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, Invalidations, LockAttempt, LockStore,
+    PermitAttempt, PermitStore, RELEASE_MARKER_TTL, RateStore, Store, StoreClock, StoreError,
+    StoreErrorKind, StoreFuture, fence_ttl, millis,
 };
 use crate::key::Key;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
@@ -161,6 +162,8 @@ struct Inner {
     rates: Arc<Coalescer<RateCall>>,
     /// The background purge, stopped when the last clone of the store goes.
     purge_task: Option<JoinHandle<()>>,
+    /// Hears the resets and refunds of every copy, for the layers on this store.
+    listening: invalidation::Listening,
 }
 
 /// What calls, and the purge task, need.
@@ -219,7 +222,7 @@ impl PgStore {
     /// # Ok(()) }
     /// ```
     pub fn from_pool(pool: Pool) -> Self {
-        Self::new(pool, Settings::default())
+        Self::new(pool, None, Settings::default())
     }
 
     /// A store on the database at `url` with default settings, its schema created or updated
@@ -228,7 +231,7 @@ impl PgStore {
         Self::builder(url).connect().await
     }
 
-    fn new(pool: Pool, settings: Settings) -> Self {
+    fn new(pool: Pool, listen: Option<invalidation::Source>, settings: Settings) -> Self {
         let sql = Sql::new(&settings.schema);
         let shared = Arc::new(Shared {
             calls: Calls {
@@ -252,12 +255,14 @@ impl PgStore {
             settings.timeout,
             settings.max_batch,
         );
+        let listening = invalidation::Listening::new(listen, &settings.schema, settings.timeout);
         Self {
             inner: Arc::new(Inner {
                 shared,
                 settings,
                 rates: Arc::new(rates),
                 purge_task,
+                listening,
             }),
         }
     }
@@ -441,16 +446,46 @@ fn decode_permit(row: &Row) -> Result<PermitAttempt, StoreError> {
 
 impl RateStore for PgStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
-        self.inner.rates.check(policy, check.bounded(policy))
+        let check = check.bounded(policy);
+        let pending = self.inner.rates.check(policy, check);
+        let shared = Arc::clone(&self.inner.shared);
+        let channel = invalidation::channel(&self.inner.settings.schema);
+        let payload = invalidation::payload(policy.namespace(), check.key());
+        super::publishing_refunds(pending, check, move || async move {
+            let params: Vec<Param> = vec![Box::new(channel), Box::new(payload)];
+            let notified = shared
+                .calls
+                .row("invalidate", 1, &shared.sql.notify, &params, None)
+                .await;
+            if let Err(error) = notified {
+                tracing::debug!(
+                    target: "tollgate::store", %error,
+                    "could not notify a refund; cached denials of the caller end within a second"
+                );
+            }
+        })
     }
 
     fn timeout(&self) -> Duration {
         self.inner.settings.timeout
     }
 
+    /// Deletes the caller's rows and notifies the reset (see
+    /// [Invalidations](crate::store#invalidations)) in one transaction.
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
-        let params: Vec<Param> = vec![Box::new(policy.reset_keys(&key))];
+        let params: Vec<Param> = vec![
+            Box::new(policy.reset_keys(&key)),
+            Box::new(invalidation::channel(&self.inner.settings.schema)),
+            Box::new(invalidation::payload(policy.namespace(), key)),
+        ];
         self.call("reset_rate", |s| &s.reset_rate, params, None, |_| Ok(()))
+    }
+
+    /// One connection per store outside the pool, made on the first call; `None` for a store
+    /// on a pool the application made ([`PgStore::from_pool`], [`PgStore::pool_builder`]),
+    /// which cannot open a connection of its own.
+    fn invalidations(&self) -> Option<Invalidations> {
+        self.inner.listening.subscribe()
     }
 }
 

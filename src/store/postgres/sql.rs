@@ -51,6 +51,8 @@ pub(super) fn quoted(schema: &str) -> String {
 pub(super) struct Sql {
     pub(super) decide_rates: String,
     pub(super) reset_rate: String,
+    /// A notification on `$1` with payload `$2`, in a transaction of its own.
+    pub(super) notify: String,
     pub(super) claim: String,
     pub(super) lock_acquire: String,
     pub(super) extend_hold: String,
@@ -76,7 +78,9 @@ impl Sql {
             decide_rates: format!(
                 "SELECT {s}.decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
             ),
-            reset_rate: format!("SELECT 1 FROM {s}.reset_rate($1)"),
+            // the notification goes out when the reset commits
+            reset_rate: format!("SELECT 1 FROM {s}.reset_rate($1), pg_notify($2, $3)"),
+            notify: "SELECT 1 FROM pg_notify($1, $2)".to_owned(),
             claim: format!("SELECT * FROM {s}.claim($1, $2, $3, $4)"),
             lock_acquire: format!("SELECT * FROM {s}.lock_acquire($1, $2, $3, $4, $5, $6)"),
             extend_hold: format!("SELECT {s}.extend_hold($1, $2, $3, $4)"),

@@ -110,7 +110,7 @@ fn decoded(value: &str) -> String {
 }
 
 #[cfg(feature = "postgres-tls")]
-pub(super) use connector::connector;
+pub(super) use connector::{Connector, connector};
 
 #[cfg(feature = "postgres-tls")]
 mod connector {

@@ -297,11 +297,21 @@ impl RedisClusterBuilder {
     max_batch_setter!();
     tls_setters!();
 
+    /// A client per node, as the builder's nodes and TLS settings say: the invalidation
+    /// subscriber's way in.
+    fn node_clients(&self) -> Result<Arc<[redis::Client]>, StoreError> {
+        self.nodes
+            .iter()
+            .map(|url| self.common.tls.client(url))
+            .collect::<Result<Arc<[_]>, _>>()
+            .map_err(|e| StoreError::new(StoreErrorKind::Config, e))
+    }
+
     /// Connects to the cluster through the builder's nodes and reads its slot map; the cluster
     /// must answer now. A node URL that does not parse is a [`StoreErrorKind::Config`] error.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         check_urls("node", &self.nodes)?;
-        let builder = redis::cluster::ClusterClient::builder(self.nodes)
+        let builder = redis::cluster::ClusterClient::builder(self.nodes.clone())
             .tcp_settings(TcpSettings::default().set_nodelay(true))
             .connection_timeout(self.common.timeout)
             .response_timeout(self.common.timeout)
@@ -322,6 +332,7 @@ impl RedisClusterBuilder {
         let client = builder
             .build()
             .map_err(|e| StoreError::new(StoreErrorKind::Config, e))?;
+        let nodes = self.node_clients()?;
         let timeout = self.common.timeout;
         let open = || async {
             let conn = tokio::time::timeout(timeout * 8, client.get_async_connection())
@@ -331,6 +342,7 @@ impl RedisClusterBuilder {
             let opener = Opener::Cluster {
                 client: client.clone(),
                 timeout,
+                nodes: Arc::clone(&nodes),
             };
             Ok::<_, StoreError>(Link::new(Connection::Cluster(conn), opener))
         };

@@ -93,6 +93,8 @@ pub(super) enum Opener {
     Cluster {
         client: ClusterClient,
         timeout: Duration,
+        /// A client per node the store was given: the invalidation subscriber's way in.
+        nodes: Arc<[redis::Client]>,
     },
     /// A connection the application handed over: it reconnects (or not) as the application
     /// made it; the store cannot open another.
@@ -263,6 +265,11 @@ impl Link {
         self.opener.kind()
     }
 
+    /// How the connection is opened again.
+    pub(super) fn opener(&self) -> &Opener {
+        &self.opener
+    }
+
     /// The connection to send the next call on: behind sentinels, on the primary that another
     /// of the store's connections moved to, if one did since.
     pub(super) fn get(&self) -> Connection {
@@ -348,7 +355,9 @@ impl Link {
                 }
             }
             Opener::Sentinel { .. } => self.follow(true),
-            Opener::Cluster { client, timeout } => {
+            Opener::Cluster {
+                client, timeout, ..
+            } => {
                 if self.opening.swap(true, Ordering::Relaxed) {
                     return;
                 }

@@ -14,6 +14,7 @@ mod builder;
 mod clock;
 mod connection;
 mod durable;
+mod invalidation;
 mod rates;
 mod script_call;
 mod sent;
@@ -24,13 +25,14 @@ pub use builder::{RedisClusterBuilder, RedisSentinelBuilder, RedisStoreBuilder};
 use clock::store_deadline;
 use connection::{Connection, Link};
 use durable::{Ack, DurableWrites};
+use invalidation::Listening;
 use rates::{Rates, bounded, rates};
 use script_call::ScriptCall;
 
 use super::{
-    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, PermitAttempt,
-    PermitStore, RELEASE_MARKER_TTL, RateStore, Store, StoreClock, StoreError, StoreErrorKind,
-    StoreFuture, fence_ttl, kit, millis,
+    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, Invalidations, LockAttempt, LockStore,
+    PermitAttempt, PermitStore, RELEASE_MARKER_TTL, RateStore, Store, StoreClock, StoreError,
+    StoreErrorKind, StoreFuture, fence_ttl, kit, millis,
 };
 use crate::error::ConfigError;
 use crate::key::Key;
@@ -87,6 +89,8 @@ pub struct RedisStore {
     rates: Arc<Rates>,
     /// What the store's clock reads at least: deadlines are sent on it.
     clock: Arc<StoreClock>,
+    /// Hears the resets and refunds of every copy, for the layers on this store.
+    subscriber: Arc<Listening>,
 }
 
 /// The token-checked release that undoes a durable write nobody acknowledged.
@@ -300,6 +304,7 @@ impl RedisStore {
             settings.max_batch,
         );
         Self {
+            subscriber: Arc::new(Listening::new(link.opener(), settings.timeout)),
             link,
             durable: durable.map(|(ack, links)| Arc::new(DurableWrites::new(links, ack))),
             timeout: settings.timeout,
@@ -575,24 +580,42 @@ fn unexpired<R: FromRedisValue>(reply: Value) -> Result<R, StoreError> {
 
 impl RateStore for RedisStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
-        self.rates.check(policy, check.bounded(policy))
+        let check = check.bounded(policy);
+        let pending = self.rates.check(policy, check);
+        let (link, timeout) = (Arc::clone(&self.link), self.timeout);
+        let namespace: Arc<str> = Arc::from(policy.namespace());
+        super::publishing_refunds(pending, check, move || async move {
+            let published = invalidation::publish_or_log(link.get(), namespace, check.key());
+            let _ = tokio::time::timeout(timeout, published).await;
+        })
     }
 
     fn timeout(&self) -> Duration {
         self.timeout
     }
 
+    /// Deletes the caller's keys, then publishes the reset (see
+    /// [Invalidations](crate::store#invalidations)): a reset that failed to publish still
+    /// succeeds, and other copies' cached denials of the caller end within a second.
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
         let keys = policy.reset_keys(&key);
+        let namespace: Arc<str> = Arc::from(policy.namespace());
         let call = redis_call("reset_rate", Command::Del, "");
         self.call(call, move |mut conn, _| async move {
             redis::cmd("DEL")
                 .arg(&keys)
                 .query_async::<i64>(&mut conn)
                 .await
-                .map(drop)
-                .map_err(store_error)
+                .map_err(store_error)?;
+            invalidation::publish_or_log(conn, namespace, key).await;
+            Ok(())
         })
+    }
+
+    /// One Pub/Sub connection per store, made on the first call; `None` on a connection the
+    /// application handed over, which the store cannot open again.
+    fn invalidations(&self) -> Option<Invalidations> {
+        self.subscriber.subscribe()
     }
 }
 

@@ -245,6 +245,20 @@ end
 -- previous * (share of the previous window still inside the sliding one). GET, plus SET when
 -- admitted (KEEPTTL within a window). `place`: of a reservation, where it keeps the windows it
 -- charges; of a settlement, where its reservation kept them.
+-- How long until `cost` fits a sliding counter at `cur` this window and `prev` the last,
+-- `elapsed` into a window of `window` ms with `quota`.
+local function counter_wait(quota, window, elapsed, cur, prev, cost)
+  local room = quota - cost - cur
+  if cost > quota then
+    return window
+  elseif room >= 0 then
+    -- prev * (window - elapsed - x) <= room * window
+    return (window - elapsed) - room * window / prev
+  end
+  -- next window: cur becomes the previous one; cur * (window - x) <= (quota - cost) * window
+  return (window - elapsed) + window - (quota - cost) * window / cur
+end
+
 local function sliding_counter(k, n, q, w, cost, _, replay, settle, place, blocked)
   local now = now_ms
   local indexes, elapsed_ms, curs, prevs, sames = s1, s2, s3, s4, s5
@@ -268,17 +282,7 @@ local function sliding_counter(k, n, q, w, cost, _, replay, settle, place, block
       -- charged by an earlier run of this attempt, or a settlement: nothing to decide
     elseif (cur + cost) * window + prev * (window - elapsed) > quota * window then
       admitted, denied[i] = 0, true
-      local wait
-      local room = quota - cost - cur
-      if cost > quota then
-        wait = window
-      elseif room >= 0 then
-        -- prev * (window - elapsed - x) <= room * window
-        wait = (window - elapsed) - room * window / prev
-      else
-        -- next window: cur becomes the previous one; cur * (window - x) <= (quota - cost) * window
-        wait = (window - elapsed) + window - (quota - cost) * window / cur
-      end
+      local wait = counter_wait(quota, window, elapsed, cur, prev, cost)
       if wait > retry then retry = wait end
     end
   end
