@@ -295,35 +295,7 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
     where
         K: KeyExtractor,
     {
-        let limit = match self.limit {
-            Some(limit) if limit >= 1 => limit,
-            limit => {
-                return Err(ConfigError::new(
-                    ConfigErrorKind::Limit,
-                    format!("needs .limit(n) with n >= 1, got {limit:?}"),
-                ));
-            }
-        };
-        for (name, tier) in &self.tiers {
-            if name.is_empty() || *tier == 0 {
-                return Err(ConfigError::new(
-                    ConfigErrorKind::Limit,
-                    format!("tier {name:?} needs a name and a limit >= 1, got {tier}"),
-                ));
-            }
-            if self.tiers.iter().filter(|(other, _)| other == name).count() > 1 {
-                return Err(ConfigError::new(
-                    ConfigErrorKind::Limit,
-                    format!("tier {name:?} is given twice"),
-                ));
-            }
-        }
-        if self.tier_by.is_some() == self.tiers.is_empty() {
-            return Err(ConfigError::new(
-                ConfigErrorKind::Limit,
-                "tiers and tier_by go together: name the tiers and how a request picks one",
-            ));
-        }
+        let limit = self.checked_limits()?;
         if self.lease < Duration::from_millis(3) {
             return Err(ConfigError::new(
                 ConfigErrorKind::Duration,
@@ -338,16 +310,7 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             Some(name) => Some(advertised(name)?),
             None => None,
         };
-        let local = match self.on_store_error {
-            OnStoreError::LocalFallback { copies: 0 } => {
-                return Err(ConfigError::new(
-                    ConfigErrorKind::FailurePolicy,
-                    "the local fallback needs copies >= 1",
-                ));
-            }
-            OnStoreError::LocalFallback { copies } => Some(Arc::new(LocalPermits::new(copies))),
-            _ => None,
-        };
+        let local = local_permits(self.on_store_error)?;
         let settings = Settings {
             store: self.store,
             limit,
@@ -373,6 +336,47 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             settings: Arc::new(settings),
             extractor: Arc::new(self.extractor),
         })
+    }
+
+    /// The layer's own limit, once it and the tiers are checked.
+    fn checked_limits(&self) -> Result<u32, ConfigError> {
+        let limit_error = |message: String| ConfigError::new(ConfigErrorKind::Limit, message);
+        let limit = match self.limit {
+            Some(limit) if limit >= 1 => limit,
+            limit => {
+                return Err(limit_error(format!(
+                    "needs .limit(n) with n >= 1, got {limit:?}"
+                )));
+            }
+        };
+        for (name, tier) in &self.tiers {
+            if name.is_empty() || *tier == 0 {
+                return Err(limit_error(format!(
+                    "tier {name:?} needs a name and a limit >= 1, got {tier}"
+                )));
+            }
+            if self.tiers.iter().filter(|(other, _)| other == name).count() > 1 {
+                return Err(limit_error(format!("tier {name:?} is given twice")));
+            }
+        }
+        if self.tier_by.is_some() == self.tiers.is_empty() {
+            return Err(limit_error(
+                "tiers and tier_by go together: name the tiers and how a request picks one".into(),
+            ));
+        }
+        Ok(limit)
+    }
+}
+
+/// The local fallback's permits, with [`OnStoreError::LocalFallback`].
+fn local_permits(policy: OnStoreError) -> Result<Option<Arc<LocalPermits>>, ConfigError> {
+    match policy {
+        OnStoreError::LocalFallback { copies: 0 } => Err(ConfigError::new(
+            ConfigErrorKind::FailurePolicy,
+            "the local fallback needs copies >= 1",
+        )),
+        OnStoreError::LocalFallback { copies } => Ok(Some(Arc::new(LocalPermits::new(copies)))),
+        _ => Ok(None),
     }
 }
 

@@ -510,71 +510,103 @@ fn settle(
 ) -> Option<State> {
     let state = live(state, w, now);
     match algorithm {
-        Algorithm::SlidingLog => {
-            let mut log = match state {
-                Some(State::Log(log)) => log,
-                _ => BTreeMap::new(),
-            };
-            if debt > 0 {
-                let room = (2 * q).saturating_sub(log.len() as u64);
-                let last = unit.reserved + debt.min(room);
-                for u in unit.reserved + 1..=last {
-                    log.entry(name(unit.of, unit.reserved, u)).or_insert(now);
-                }
-            }
-            let actual = unit.reserved - refund;
-            for u in actual + 1..=unit.reserved {
-                if refund > 0 {
-                    log.remove(&name(unit.of, unit.reserved, u));
-                }
-            }
-            (!log.is_empty()).then_some(State::Log(log))
-        }
-        Algorithm::SlidingCounter => {
-            let (index, _, cur, prev) = window_of(state.as_ref(), w, now);
-            let (mut cur, mut prev) = (cur as u64, prev as u64);
-            if debt > 0 {
-                cur = (cur + debt).min(cur.max(2 * q));
-            } else if refund > 0 {
-                match place {
-                    Some(Place::Window(p)) if p as f64 == index => cur -= refund.min(cur),
-                    Some(Place::Window(p)) if p as f64 == index - 1.0 => prev -= refund.min(prev),
-                    _ => return state,
-                }
-            } else {
-                return state;
-            }
-            Some(State::Counter {
-                index: index as u64,
-                cur,
-                prev,
-            })
-        }
-        Algorithm::Gcra => {
-            let (tat, rem) = tat_of(state.as_ref(), now);
-            let (q, w) = (u128::from(q), u128::from(w));
-            let mut ahead = u128::from(tat - now) * q + u128::from(rem);
-            if debt > 0 {
-                ahead = (ahead + u128::from(debt) * w).min(ahead.max(2 * w * q));
-            } else if refund > 0 {
-                let Some(Place::End {
-                    tat: end,
-                    rem: end_rem,
-                }) = place
-                else {
-                    return state;
-                };
-                let left =
-                    (u128::from(end) * q + u128::from(end_rem)).saturating_sub(u128::from(now) * q);
-                ahead -= (u128::from(refund) * w).min(left).min(ahead);
-            } else {
-                return state;
-            }
-            let tat = now + u64::try_from(ahead / q).unwrap_or(u64::MAX / 4);
-            let rem = u64::try_from(ahead % q).unwrap_or(0);
-            Some(State::Tat { tat, rem })
+        Algorithm::SlidingLog => settle_log(state, q, now, unit, refund, debt),
+        Algorithm::SlidingCounter => settle_counter(state, (q, w), now, refund, debt, place),
+        Algorithm::Gcra => settle_gcra(state, (q, w), now, refund, debt, place),
+    }
+}
+
+/// A settlement on a log: the debt's units added after the reserved ones, the refunded units
+/// removed.
+fn settle_log(
+    state: Option<State>,
+    q: u64,
+    now: u64,
+    unit: Unit,
+    refund: u64,
+    debt: u64,
+) -> Option<State> {
+    let mut log = match state {
+        Some(State::Log(log)) => log,
+        _ => BTreeMap::new(),
+    };
+    if debt > 0 {
+        let room = (2 * q).saturating_sub(log.len() as u64);
+        let last = unit.reserved + debt.min(room);
+        for u in unit.reserved + 1..=last {
+            log.entry(name(unit.of, unit.reserved, u)).or_insert(now);
         }
     }
+    let actual = unit.reserved - refund;
+    for u in actual + 1..=unit.reserved {
+        if refund > 0 {
+            log.remove(&name(unit.of, unit.reserved, u));
+        }
+    }
+    (!log.is_empty()).then_some(State::Log(log))
+}
+
+/// A settlement on a sliding counter: the debt goes to this window, a refund comes out of the
+/// window the reservation went to, while that still counts.
+fn settle_counter(
+    state: Option<State>,
+    (q, w): (u64, u64),
+    now: u64,
+    refund: u64,
+    debt: u64,
+    place: Option<Place>,
+) -> Option<State> {
+    let (index, _, cur, prev) = window_of(state.as_ref(), w, now);
+    let (mut cur, mut prev) = (cur as u64, prev as u64);
+    if debt > 0 {
+        cur = (cur + debt).min(cur.max(2 * q));
+    } else if refund > 0 {
+        match place {
+            Some(Place::Window(p)) if p as f64 == index => cur -= refund.min(cur),
+            Some(Place::Window(p)) if p as f64 == index - 1.0 => prev -= refund.min(prev),
+            _ => return state,
+        }
+    } else {
+        return state;
+    }
+    Some(State::Counter {
+        index: index as u64,
+        cur,
+        prev,
+    })
+}
+
+/// A settlement on GCRA: the debt moves the arrival time on, a refund back by what of the
+/// reservation's span is still ahead.
+fn settle_gcra(
+    state: Option<State>,
+    (q, w): (u64, u64),
+    now: u64,
+    refund: u64,
+    debt: u64,
+    place: Option<Place>,
+) -> Option<State> {
+    let (tat, rem) = tat_of(state.as_ref(), now);
+    let (q, w) = (u128::from(q), u128::from(w));
+    let mut ahead = u128::from(tat - now) * q + u128::from(rem);
+    if debt > 0 {
+        ahead = (ahead + u128::from(debt) * w).min(ahead.max(2 * w * q));
+    } else if refund > 0 {
+        let Some(Place::End {
+            tat: end,
+            rem: end_rem,
+        }) = place
+        else {
+            return state;
+        };
+        let left = (u128::from(end) * q + u128::from(end_rem)).saturating_sub(u128::from(now) * q);
+        ahead -= (u128::from(refund) * w).min(left).min(ahead);
+    } else {
+        return state;
+    }
+    let tat = now + u64::try_from(ahead / q).unwrap_or(u64::MAX / 4);
+    let rem = u64::try_from(ahead % q).unwrap_or(0);
+    Some(State::Tat { tat, rem })
 }
 
 /// One limit's remaining quota and reset at `now`, as the stores answer them.

@@ -513,13 +513,52 @@ struct Sent {
 /// Runs `case` against `store`, one operation after another, holding every answer against the
 /// model; the first mismatch.
 pub async fn run(store: &impl RateStore, case: &Case) -> Result<(), Mismatch> {
+    let policies = policies_of(case).map_err(|e| Mismatch {
+        at: 0,
+        what: format!("the case's policies: {e}"),
+    })?;
+    let timeout = store.timeout();
+    let mut run = Run {
+        policies,
+        callers: [Key::new("caller", b"a"), Key::new("caller", b"b")],
+        timeout,
+        fresh: timeout.mul_f64(1.5),
+        model: Model::new(timeout * 3),
+        checks: Vec::new(),
+        settlements: Vec::new(),
+    };
+    for (at, op) in case.ops.iter().enumerate() {
+        let mismatch = |what: String| Mismatch { at, what };
+        let Some((check, policy)) = run.step(store, *op).await.map_err(mismatch)? else {
+            continue;
+        };
+        let policy = &run.policies[policy];
+        let got = store
+            .check_rate(policy, check)
+            .await
+            .map_err(|e| mismatch(format!("the store failed: {e}")))?;
+        let Some(now) = got.decided_at_us else {
+            return Err(mismatch("the store's answer has no decided_at_us".into()));
+        };
+        let want = run.model.decide(policy, check, now);
+        if !agree(&got, &want) {
+            return Err(mismatch(format!(
+                "{op:?} ({:?}) at store time {now}: the store answered {got:?}, the model {want:?}",
+                policy.algorithm()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The case's policies under a namespace of their own; a limit's name is its policy's, so two
+/// policies never share a key.
+fn policies_of(case: &Case) -> Result<Vec<Arc<RatePolicy>>, crate::ConfigError> {
     let namespace = format!("p{}:rl", uuid::Uuid::new_v4().simple());
-    let policies: Vec<Arc<RatePolicy>> = case
-        .policies
+    case.policies
         .iter()
         .enumerate()
         .map(|(i, (algorithm, limits))| {
-            // a limit's name is its policy's: two policies never share a key
             let limits = limits
                 .iter()
                 .enumerate()
@@ -529,36 +568,46 @@ pub async fn run(store: &impl RateStore, case: &Case) -> Result<(), Mismatch> {
                 .collect();
             RatePolicy::new(namespace.as_str(), *algorithm, limits).map(Arc::new)
         })
-        .collect::<Result<_, _>>()
-        .map_err(|e| Mismatch {
-            at: 0,
-            what: format!("the case's policies: {e}"),
-        })?;
-    let callers: [Key; 2] = [Key::new("caller", b"a"), Key::new("caller", b"b")];
-    let timeout = store.timeout();
-    let fresh = timeout.mul_f64(1.5);
-    let mut model = Model::new(timeout * 3);
-    let (mut checks, mut settlements): (Vec<Sent>, Vec<Sent>) = (Vec::new(), Vec::new());
-    for (at, op) in case.ops.iter().enumerate() {
-        let mismatch = |what: String| Mismatch { at, what };
-        let sent = match *op {
+        .collect()
+}
+
+/// A run in progress: its policies and callers, the model, and the attempts sent so far.
+struct Run {
+    policies: Vec<Arc<RatePolicy>>,
+    callers: [Key; 2],
+    timeout: Duration,
+    /// How recent an attempt must be to be sent again.
+    fresh: Duration,
+    model: Model,
+    checks: Vec<Sent>,
+    settlements: Vec<Sent>,
+}
+
+impl Run {
+    /// Carries out `op`: a wait or a reset, done here; or the check (and its policy) to send.
+    async fn step(
+        &mut self,
+        store: &impl RateStore,
+        op: Op,
+    ) -> Result<Option<(RateCheck, usize)>, String> {
+        let sent = match op {
             Op::Sleep { ms } => {
                 tokio::time::sleep(Duration::from_millis(u64::from(ms))).await;
-                continue;
+                None
             }
             Op::PastTimeout => {
-                tokio::time::sleep(timeout.mul_f64(1.2)).await;
-                continue;
+                tokio::time::sleep(self.timeout.mul_f64(1.2)).await;
+                None
             }
             Op::Reset { caller, policy } => {
-                let policy = &policies[usize::from(policy) % policies.len()];
-                let key = callers[usize::from(caller) % 2];
+                let policy = &self.policies[usize::from(policy) % self.policies.len()];
+                let key = self.callers[usize::from(caller) % 2];
                 store
                     .reset_rate(policy, key)
                     .await
-                    .map_err(|e| mismatch(format!("reset failed: {e}")))?;
-                model.reset(policy, key);
-                continue;
+                    .map_err(|e| format!("reset failed: {e}"))?;
+                self.model.reset(policy, key);
+                None
             }
             Op::Check {
                 caller,
@@ -566,59 +615,38 @@ pub async fn run(store: &impl RateStore, case: &Case) -> Result<(), Mismatch> {
                 cost,
                 reserve,
             } => {
-                let key = callers[usize::from(caller) % 2];
+                let key = self.callers[usize::from(caller) % 2];
                 let check = if reserve {
                     RateCheck::reservation(key, cost)
                 } else {
                     RateCheck::new(key, cost)
                 };
-                let policy = usize::from(policy) % policies.len();
-                checks.push(Sent {
-                    check,
-                    policy,
-                    at: Instant::now(),
-                });
-                (check, policy)
+                let policy = usize::from(policy) % self.policies.len();
+                Some(record(&mut self.checks, check, policy))
             }
-            Op::Resend { back } => match latest(&checks, back, fresh) {
-                Some(sent) => sent,
-                None => continue,
-            },
+            Op::Resend { back } => latest(&self.checks, back, self.fresh),
             Op::Settle { back, actual } => {
-                let Some(i) = checks.len().checked_sub(1 + usize::from(back)) else {
-                    continue;
-                };
-                let (check, policy) = (checks[i].check.settle(actual), checks[i].policy);
-                settlements.push(Sent {
-                    check,
-                    policy,
-                    at: Instant::now(),
-                });
-                (check, policy)
+                let i = self.checks.len().checked_sub(1 + usize::from(back));
+                i.map(|i| {
+                    let (check, policy) =
+                        (self.checks[i].check.settle(actual), self.checks[i].policy);
+                    record(&mut self.settlements, check, policy)
+                })
             }
-            Op::ResendSettlement { back } => match latest(&settlements, back, fresh) {
-                Some(sent) => sent,
-                None => continue,
-            },
+            Op::ResendSettlement { back } => latest(&self.settlements, back, self.fresh),
         };
-        let (check, policy) = sent;
-        let policy = &policies[policy];
-        let got = store
-            .check_rate(policy, check)
-            .await
-            .map_err(|e| mismatch(format!("the store failed: {e}")))?;
-        let Some(now) = got.decided_at_us else {
-            return Err(mismatch("the store's answer has no decided_at_us".into()));
-        };
-        let want = model.decide(policy, check, now);
-        if !agree(&got, &want) {
-            return Err(mismatch(format!(
-                "{op:?} ({:?}) at store time {now}: the store answered {got:?}, the model {want:?}",
-                policy.algorithm()
-            )));
-        }
+        Ok(sent)
     }
-    Ok(())
+}
+
+/// Keeps `check` of policy `policy` among `sent`, sent now; what to send.
+fn record(sent: &mut Vec<Sent>, check: RateCheck, policy: usize) -> (RateCheck, usize) {
+    sent.push(Sent {
+        check,
+        policy,
+        at: Instant::now(),
+    });
+    (check, policy)
 }
 
 /// The `back`-th latest of `sent`, if it went out within `fresh`.

@@ -449,80 +449,121 @@ fn settle(
     for (i, (slot, limit)) in slots.iter_mut().zip(policy.limits()).enumerate() {
         let (q, w) = (limit.quota(), limit.window_us());
         let place = place.and_then(|p| p.get(i).copied());
-        match policy.algorithm() {
+        let change = Change { debt, refund };
+        limits.push(match policy.algorithm() {
             super::Algorithm::SlidingLog => {
-                let mut log = log_of(slot, w, now);
-                if debt > 0 {
-                    let room = (2 * q).saturating_sub(log.len() as u64);
-                    let units = reserved + 1..=reserved + debt.min(room);
-                    if add_units(&mut log, (settled.of, reserved), units, now) > 0 {
-                        slot.expires_at = now + w.div_ceil(1000) * 1000;
-                    }
-                }
-                if refund > 0 {
-                    let names: Vec<Name> = (actual + 1..=reserved)
-                        .map(|u| name(settled.of, reserved, u))
-                        .collect();
-                    log.retain(|(_, n)| !names.contains(n));
-                }
-                limits.push(keep_log(slot, log, q, w, now));
+                let units = (settled.of, reserved, actual);
+                settle_log(slot, (q, w), now, change, units)
             }
-            super::Algorithm::SlidingCounter => {
-                let (index, elapsed, cur, prev) = counter_of(slot, w, now);
-                let (mut cur, mut prev) = (cur as u64, prev as u64);
-                let write = if debt > 0 {
-                    cur = (cur + debt).min(cur.max(2 * q));
-                    true
-                } else {
-                    match place {
-                        Some(Place::Window(p)) if refund > 0 && p as f64 == index => {
-                            cur -= refund.min(cur);
-                            true
-                        }
-                        Some(Place::Window(p)) if refund > 0 && p as f64 == index - 1.0 => {
-                            prev -= refund.min(prev);
-                            true
-                        }
-                        _ => false,
-                    }
-                };
-                if write {
-                    write_counter(slot, (index, elapsed), w, cur, prev, now);
-                }
-                limits.push(counter_state(q, w, elapsed, cur as f64, prev as f64));
-            }
-            super::Algorithm::Gcra => {
-                let (tat, rem) = tat_of(slot, now);
-                let (qq, ww) = (u128::from(q), u128::from(w));
-                let mut ahead = u128::from(tat - now) * qq + u128::from(rem);
-                let write = if debt > 0 {
-                    ahead = (ahead + u128::from(debt) * ww).min(ahead.max(2 * ww * qq));
-                    true
-                } else if let (
-                    true,
-                    Some(Place::End {
-                        tat: end,
-                        rem: end_rem,
-                    }),
-                ) = (refund > 0, place)
-                {
-                    let left = (u128::from(end) * qq + u128::from(end_rem))
-                        .saturating_sub(u128::from(now) * qq);
-                    ahead -= (u128::from(refund) * ww).min(left).min(ahead);
-                    true
-                } else {
-                    false
-                };
-                let tat = now + u64::try_from(ahead / qq).unwrap_or(u64::MAX / 4);
-                let rem = u64::try_from(ahead % qq).unwrap_or(0);
-                if write {
-                    write_tat(slot, tat, rem, now);
-                }
-                limits.push(gcra_state(tat - now, rem, q, w));
-            }
-        }
+            super::Algorithm::SlidingCounter => settle_counter(slot, (q, w), now, change, place),
+            super::Algorithm::Gcra => settle_gcra(slot, (q, w), now, change, place),
+        });
     }
     limits
+}
+
+/// What a settlement changes of each limit: a debt added, or a refund taken back.
+#[derive(Clone, Copy)]
+struct Change {
+    debt: u64,
+    refund: u64,
+}
+
+/// A settlement on a log: the debt's units added after the reserved ones, the refunded units of
+/// the attempt (`of`, what it reserved, what it used) removed.
+fn settle_log(
+    slot: &mut Slot,
+    (q, w): (u64, u64),
+    now: u64,
+    Change { debt, refund }: Change,
+    (of, reserved, actual): (u64, u64, u64),
+) -> LimitState {
+    let mut log = log_of(slot, w, now);
+    if debt > 0 {
+        let room = (2 * q).saturating_sub(log.len() as u64);
+        let units = reserved + 1..=reserved + debt.min(room);
+        if add_units(&mut log, (of, reserved), units, now) > 0 {
+            slot.expires_at = now + w.div_ceil(1000) * 1000;
+        }
+    }
+    if refund > 0 {
+        let names: Vec<Name> = (actual + 1..=reserved)
+            .map(|u| name(of, reserved, u))
+            .collect();
+        log.retain(|(_, n)| !names.contains(n));
+    }
+    keep_log(slot, log, q, w, now)
+}
+
+/// A settlement on a sliding counter: the debt goes to this window, a refund comes out of the
+/// window the reservation went to while that still counts.
+fn settle_counter(
+    slot: &mut Slot,
+    (q, w): (u64, u64),
+    now: u64,
+    Change { debt, refund }: Change,
+    place: Option<Place>,
+) -> LimitState {
+    let (index, elapsed, cur, prev) = counter_of(slot, w, now);
+    let (mut cur, mut prev) = (cur as u64, prev as u64);
+    let write = if debt > 0 {
+        cur = (cur + debt).min(cur.max(2 * q));
+        true
+    } else {
+        match place {
+            Some(Place::Window(p)) if refund > 0 && p as f64 == index => {
+                cur -= refund.min(cur);
+                true
+            }
+            Some(Place::Window(p)) if refund > 0 && p as f64 == index - 1.0 => {
+                prev -= refund.min(prev);
+                true
+            }
+            _ => false,
+        }
+    };
+    if write {
+        write_counter(slot, (index, elapsed), w, cur, prev, now);
+    }
+    counter_state(q, w, elapsed, cur as f64, prev as f64)
+}
+
+/// A settlement on GCRA: the debt moves the theoretical arrival time on, a refund back by what
+/// of the reservation's span is still ahead.
+fn settle_gcra(
+    slot: &mut Slot,
+    (q, w): (u64, u64),
+    now: u64,
+    Change { debt, refund }: Change,
+    place: Option<Place>,
+) -> LimitState {
+    let (tat, rem) = tat_of(slot, now);
+    let (qq, ww) = (u128::from(q), u128::from(w));
+    let mut ahead = u128::from(tat - now) * qq + u128::from(rem);
+    let write = if debt > 0 {
+        ahead = (ahead + u128::from(debt) * ww).min(ahead.max(2 * ww * qq));
+        true
+    } else if let (
+        true,
+        Some(Place::End {
+            tat: end,
+            rem: end_rem,
+        }),
+    ) = (refund > 0, place)
+    {
+        let left =
+            (u128::from(end) * qq + u128::from(end_rem)).saturating_sub(u128::from(now) * qq);
+        ahead -= (u128::from(refund) * ww).min(left).min(ahead);
+        true
+    } else {
+        false
+    };
+    let tat = now + u64::try_from(ahead / qq).unwrap_or(u64::MAX / 4);
+    let rem = u64::try_from(ahead % qq).unwrap_or(0);
+    if write {
+        write_tat(slot, tat, rem, now);
+    }
+    gcra_state(tat - now, rem, q, w)
 }
 
 /// Adds the units `units` of an attempt (`of`, its cost) to `log` at `now`, each only if the log

@@ -688,45 +688,12 @@ impl<K> RateLimitLayerBuilder<K> {
     where
         K: KeyExtractor,
     {
-        let draft = self.draft;
-        // checked as written: the namespace adds `:rl`, which the user never wrote
-        keys::check_prefix(&draft.prefix)?;
-        let options = TierOptions {
-            namespace: keys::rate_namespace(&draft.prefix),
-            algorithm: draft.algorithm,
-            unit: draft
-                .quota_unit
-                .or(draft.cost.is_some().then_some(QuotaUnit::Request)),
-            on_store_error: draft.on_store_error,
-            fallback_capacity: draft.fallback_capacity,
-            fallback_admits_when_full: draft.fallback_admits_when_full,
-        };
-        let own = Tier::new(None, draft.limits, &options)?;
-        let named = draft
-            .tiers
-            .into_iter()
-            .map(|(name, limits)| Tier::new(Some(name), limits, &options))
-            .collect::<Result<Vec<_>, _>>()?;
-        if matches!(draft.settle, Some(Settle::BodyBytes)) && draft.cost.is_none() {
-            return Err(ConfigError::new(
-                crate::error::ConfigErrorKind::Limit,
-                "settle_body_size needs .cost(..): the most a response may use, reserved first",
-            ));
-        }
-        if draft.tier_by.is_some() && named.is_empty() {
-            return Err(ConfigError::new(
-                crate::error::ConfigErrorKind::Limit,
-                "tier_by needs named tiers to choose among",
-            ));
-        }
-        let tiers = Tiers::new(own, named, draft.tier_by)?;
+        let mut draft = self.draft;
+        let tiers = draft.tiers()?;
         Ok(RateLimitLayer {
             settings: Arc::new(Settings {
                 store: draft.store,
-                tiers: match draft.limits_by {
-                    Some(limits_by) => tiers.with_limits_by(limits_by, options),
-                    None => tiers,
-                },
+                tiers,
                 cost: draft.cost,
                 settle: draft.settle,
                 on_store_error: draft.on_store_error,
@@ -746,6 +713,47 @@ impl<K> RateLimitLayerBuilder<K> {
                 last_warning: OncePerSecond::new(),
             }),
             extractor: Arc::new(self.extractor),
+        })
+    }
+}
+
+impl Draft {
+    /// The layer's tiers: its own limits, the named tiers, and the per-request limits, each
+    /// checked.
+    fn tiers(&mut self) -> Result<Tiers, ConfigError> {
+        // checked as written: the namespace adds `:rl`, which the user never wrote
+        keys::check_prefix(&self.prefix)?;
+        let options = TierOptions {
+            namespace: keys::rate_namespace(&self.prefix),
+            algorithm: self.algorithm,
+            unit: self
+                .quota_unit
+                .or(self.cost.is_some().then_some(QuotaUnit::Request)),
+            on_store_error: self.on_store_error,
+            fallback_capacity: self.fallback_capacity,
+            fallback_admits_when_full: self.fallback_admits_when_full,
+        };
+        let own = Tier::new(None, std::mem::take(&mut self.limits), &options)?;
+        let named = std::mem::take(&mut self.tiers)
+            .into_iter()
+            .map(|(name, limits)| Tier::new(Some(name), limits, &options))
+            .collect::<Result<Vec<_>, _>>()?;
+        if matches!(self.settle, Some(Settle::BodyBytes)) && self.cost.is_none() {
+            return Err(ConfigError::new(
+                crate::error::ConfigErrorKind::Limit,
+                "settle_body_size needs .cost(..): the most a response may use, reserved first",
+            ));
+        }
+        if self.tier_by.is_some() && named.is_empty() {
+            return Err(ConfigError::new(
+                crate::error::ConfigErrorKind::Limit,
+                "tier_by needs named tiers to choose among",
+            ));
+        }
+        let tiers = Tiers::new(own, named, self.tier_by.take())?;
+        Ok(match self.limits_by.take() {
+            Some(limits_by) => tiers.with_limits_by(limits_by, options),
+            None => tiers,
         })
     }
 }

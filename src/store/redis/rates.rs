@@ -241,40 +241,14 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records
     for record in &records.keys {
         cmd.arg(&**record);
     }
-    let mut key = String::new();
-    for (policy, check, _) in checks {
-        for limit in policy.limits() {
-            policy.write_store_key(&mut key, &check.key(), limit);
-            cmd.arg(key.as_str());
-        }
-        for limit in policy.limits().iter().filter(|l| l.penalty().is_some()) {
-            policy.write_block_key(&mut key, &check.key(), limit);
-            cmd.arg(key.as_str());
-        }
-        if let Some(attempt) = place(policy, check) {
-            keys::write_rate_place(&mut key, policy.namespace(), &check.key(), attempt);
-            cmd.arg(key.as_str());
-        }
-    }
+    push_keys(&mut cmd, checks);
     let (policies, numbers) = numbered(checks);
     cmd.arg(deadline)
         .arg(records.keys.len())
         .arg(records.retain_ms)
         .arg(policies.len());
     for policy in &policies {
-        let algorithm: u8 = match policy.algorithm() {
-            Algorithm::SlidingLog => 1,
-            Algorithm::SlidingCounter => 2,
-            Algorithm::Gcra => 3,
-        };
-        cmd.arg(algorithm).arg(policy.limits().len());
-        for limit in policy.limits() {
-            cmd.arg(limit.quota());
-            match limit.penalty() {
-                Some(_) => cmd.arg(format!("{}:{}", limit.window_us(), limit.block_us())),
-                None => cmd.arg(limit.window_us()),
-            };
-        }
+        push_policy(&mut cmd, policy);
     }
     for (((_, check, _), number), before) in checks.iter().zip(numbers).zip(&records.before) {
         cmd.arg(number);
@@ -298,6 +272,43 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records
         };
     }
     cmd
+}
+
+/// Every check's keys: its limits', its limits' blocks, then its place, if it names one.
+fn push_keys(cmd: &mut Cmd, checks: &[Sent<'_>]) {
+    let mut key = String::new();
+    for (policy, check, _) in checks {
+        for limit in policy.limits() {
+            policy.write_store_key(&mut key, &check.key(), limit);
+            cmd.arg(key.as_str());
+        }
+        for limit in policy.limits().iter().filter(|l| l.penalty().is_some()) {
+            policy.write_block_key(&mut key, &check.key(), limit);
+            cmd.arg(key.as_str());
+        }
+        if let Some(attempt) = place(policy, check) {
+            keys::write_rate_place(&mut key, policy.namespace(), &check.key(), attempt);
+            cmd.arg(key.as_str());
+        }
+    }
+}
+
+/// A policy as the script reads it: its algorithm, its number of limits, then each limit's
+/// quota and window (with its penalty, `<window>:<block>`, where it has one).
+fn push_policy(cmd: &mut Cmd, policy: &RatePolicy) {
+    let algorithm: u8 = match policy.algorithm() {
+        Algorithm::SlidingLog => 1,
+        Algorithm::SlidingCounter => 2,
+        Algorithm::Gcra => 3,
+    };
+    cmd.arg(algorithm).arg(policy.limits().len());
+    for limit in policy.limits() {
+        cmd.arg(limit.quota());
+        match limit.penalty() {
+            Some(_) => cmd.arg(format!("{}:{}", limit.window_us(), limit.block_us())),
+            None => cmd.arg(limit.window_us()),
+        };
+    }
 }
 
 /// Reads each check's answer from the script's reply, decided at the store time it ends with.
