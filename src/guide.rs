@@ -24,6 +24,10 @@ pub mod frameworks {
     #![doc = include_str!("../docs/frameworks.md")]
 }
 
+pub mod architecture {
+    #![doc = include_str!("../docs/architecture.md")]
+}
+
 pub mod ledger {
     #![doc = include_str!("../docs/ledger.md")]
     #![cfg_attr(
