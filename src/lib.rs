@@ -175,7 +175,7 @@
 //!    [`IdempotencyStore`](store::IdempotencyStore) and [`PermitStore`](store::PermitStore) — and
 //!    [`Store`](store::Store), all four plus a health check. A backend implements what it
 //!    serves; [`RedisStore`](store::RedisStore)
-//!    (Lua scripts in `src/store/scripts/`), [`PgStore`] (PL/pgSQL in
+//!    (Lua scripts in `src/store/redis/scripts/`), [`PgStore`] (PL/pgSQL in
 //!    `src/store/postgres/schema.sql`) and [`MemoryStore`](store::MemoryStore) implement all of
 //!    them and pass one conformance suite, which ships with the crate (feature `conformance`,
 //!    `tollgate::conformance`) for stores written outside it.

@@ -1,5 +1,5 @@
 //! The three algorithms in process, as plain functions over a caller's state: the same decisions
-//! as the Redis rate script (`src/store/scripts/rate.lua`) and the reference model
+//! as the Redis rate script (`src/store/redis/scripts/rate.lua`) and the reference model
 //! (`conformance::model`), for `MemoryStore` and the local fallback.
 //!
 //! Time is store time in microseconds. Each function gets one [`Slot`] per limit of the policy —

@@ -139,7 +139,7 @@ async fn wait_for_a_new_connection(store: &RedisStore) {
 /// on the store's new connection, while the partition still holds the writes they undo.
 async fn wait_for_the_undos(monitors: &[Arc<Mutex<String>>]) {
     let release = redis::Script::new(include_str!(
-        "../../src/store/scripts/compare_and_delete.lua"
+        "../../src/store/redis/scripts/compare_and_delete.lua"
     ));
     let undos = || {
         monitors
@@ -174,9 +174,9 @@ async fn deliver_late(proxies: &[Proxy], monitors: &[Arc<Mutex<String>>]) {
 
 /// The setup held: the claim's undo ran on another connection before the held claim arrived.
 fn assert_undone_first(monitors: &[Arc<Mutex<String>>]) {
-    let claim = redis::Script::new(include_str!("../../src/store/scripts/claim.lua"));
+    let claim = redis::Script::new(include_str!("../../src/store/redis/scripts/claim.lua"));
     let release = redis::Script::new(include_str!(
-        "../../src/store/scripts/compare_and_delete.lua"
+        "../../src/store/redis/scripts/compare_and_delete.lua"
     ));
     let seen: String = monitors.iter().map(|m| m.lock().unwrap().clone()).collect();
     // the client address of a MONITOR line: `+<time> [<db> <addr>] ...`

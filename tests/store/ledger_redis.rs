@@ -324,7 +324,7 @@ async fn a_plain_check_settled_for_less_refunds_nothing() {
 fn places_in_a_batch_keep_the_keys_of_the_checks_after_them_in_step() {
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let script = redis::Script::new(include_str!("../../src/store/scripts/rate.lua"));
+    let script = redis::Script::new(include_str!("../../src/store/redis/scripts/rate.lua"));
     let (ctr, log, gcra) = ("b:{1}:d:ctr", "b:{1}:d:log", "b:{1}:d:gcra");
     let (place_c, place_g) = (
         "b:{1}:place:00000000000000a1",

@@ -10,16 +10,20 @@ use redis::{Connection, Script, Value};
 
 fn script(name: &str) -> Script {
     let source = match name {
-        "claim" => include_str!("../../src/store/scripts/claim.lua"),
-        "lock_acquire" => include_str!("../../src/store/scripts/lock_acquire.lua"),
-        "compare_and_delete" => include_str!("../../src/store/scripts/compare_and_delete.lua"),
-        "compare_and_pexpire" => include_str!("../../src/store/scripts/compare_and_pexpire.lua"),
-        "idem_begin" => include_str!("../../src/store/scripts/idem_begin.lua"),
-        "idem_complete" => include_str!("../../src/store/scripts/idem_complete.lua"),
-        "idem_extend" => include_str!("../../src/store/scripts/idem_extend.lua"),
-        "idem_release" => include_str!("../../src/store/scripts/idem_release.lua"),
-        "rate" => include_str!("../../src/store/scripts/rate.lua"),
-        "settle" => include_str!("../../src/store/scripts/settle.lua"),
+        "claim" => include_str!("../../src/store/redis/scripts/claim.lua"),
+        "lock_acquire" => include_str!("../../src/store/redis/scripts/lock_acquire.lua"),
+        "compare_and_delete" => {
+            include_str!("../../src/store/redis/scripts/compare_and_delete.lua")
+        }
+        "compare_and_pexpire" => {
+            include_str!("../../src/store/redis/scripts/compare_and_pexpire.lua")
+        }
+        "idem_begin" => include_str!("../../src/store/redis/scripts/idem_begin.lua"),
+        "idem_complete" => include_str!("../../src/store/redis/scripts/idem_complete.lua"),
+        "idem_extend" => include_str!("../../src/store/redis/scripts/idem_extend.lua"),
+        "idem_release" => include_str!("../../src/store/redis/scripts/idem_release.lua"),
+        "rate" => include_str!("../../src/store/redis/scripts/rate.lua"),
+        "settle" => include_str!("../../src/store/redis/scripts/settle.lua"),
         other => panic!("no script {other}"),
     };
     Script::new(source)

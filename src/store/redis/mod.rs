@@ -5,8 +5,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use redis::{ErrorKind, FromRedisValue, RedisError, Script, Value};
 use tokio::time::Instant;
 
@@ -14,7 +12,11 @@ mod builder;
 mod clock;
 mod connection;
 mod durable;
+mod idempotency;
 mod invalidation;
+mod lock;
+mod permit;
+mod rate;
 mod rates;
 mod script_call;
 mod sent;
@@ -30,14 +32,10 @@ use rates::{Rates, bounded, rates};
 use script_call::ScriptCall;
 
 use super::{
-    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, Invalidations, LockAttempt, LockStore,
-    PermitAttempt, PermitStore, RELEASE_MARKER_TTL, RateStore, Store, StoreClock, StoreError,
-    StoreErrorKind, StoreFuture, fence_ttl, kit, millis,
+    RELEASE_MARKER_TTL, Store, StoreClock, StoreError, StoreErrorKind, StoreFuture, kit, millis,
 };
 use crate::error::ConfigError;
-use crate::key::Key;
 use crate::keys;
-use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 use crate::store::span::{self, Call, Command, System};
 
 /// A store on Redis or Valkey, shared by every copy of a service.
@@ -151,10 +149,10 @@ impl Lua {
     }
 }
 
-/// Loads `src/store/scripts/<name>.lua` as a [`Lua`] named `<name>`.
+/// Loads `src/store/redis/scripts/<name>.lua` as a [`Lua`] named `<name>`.
 macro_rules! lua {
     ($name:literal) => {
-        Lua::new($name, include_str!(concat!("../scripts/", $name, ".lua")))
+        Lua::new($name, include_str!(concat!("scripts/", $name, ".lua")))
     };
 }
 use lua;
@@ -506,21 +504,6 @@ fn release_call(key: &str, token: &str) -> ScriptCall {
         .arg(kit::release_call_id())
 }
 
-/// The arguments of `permit_release.lua`: the permits, their recent release calls, the token,
-/// the lifetime of a call's note and a random id of this call, so that the call re-sent answers
-/// as it did.
-fn permit_release_call(hold: &Hold) -> ScriptCall {
-    let (queue, waiting) = keys::permit_queue(&hold.key);
-    ScriptCall::default()
-        .key(&hold.key)
-        .key(keys::release_marker(&hold.key))
-        .key(queue)
-        .key(waiting)
-        .arg(&hold.token)
-        .arg(millis(RELEASE_MARKER_TTL))
-        .arg(kit::release_call_id())
-}
-
 /// The arguments of a token-checked extension (`compare_and_pexpire.lua`, `idem_extend.lua`):
 /// the key, the token and the new lease.
 fn extend_call(key: String, token: String, lease: Duration) -> ScriptCall {
@@ -578,340 +561,6 @@ fn unexpired<R: FromRedisValue>(reply: Value) -> Result<R, StoreError> {
     R::from_redis_value(reply).map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))
 }
 
-impl RateStore for RedisStore {
-    fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
-        let check = check.bounded(policy);
-        let pending = self.rates.check(policy, check);
-        let (link, timeout) = (Arc::clone(&self.link), self.timeout);
-        let namespace: Arc<str> = Arc::from(policy.namespace());
-        super::publishing_refunds(pending, check, move || async move {
-            let published = invalidation::publish_or_log(link.get(), namespace, check.key());
-            let _ = tokio::time::timeout(timeout, published).await;
-        })
-    }
-
-    fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    /// Deletes the caller's keys, then publishes the reset (see
-    /// [Invalidations](crate::store#invalidations)): a reset that failed to publish still
-    /// succeeds, and other copies' cached denials of the caller end within a second.
-    fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
-        let keys = policy.reset_keys(&key);
-        let namespace: Arc<str> = Arc::from(policy.namespace());
-        let call = redis_call("reset_rate", Command::Del, "");
-        self.call(call, move |mut conn, _| async move {
-            redis::cmd("DEL")
-                .arg(&keys)
-                .query_async::<i64>(&mut conn)
-                .await
-                .map_err(store_error)?;
-            invalidation::publish_or_log(conn, namespace, key).await;
-            Ok(())
-        })
-    }
-
-    /// One Pub/Sub connection per store, made on the first call; `None` on a connection the
-    /// application handed over, which the store cannot open again.
-    fn invalidations(&self) -> Option<Invalidations> {
-        self.subscriber.subscribe()
-    }
-}
-
-impl LockStore for RedisStore {
-    fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    fn claim(
-        &self,
-        key: String,
-        holder: String,
-        ttl: Option<Duration>,
-        deadline: Instant,
-    ) -> StoreFuture<ClaimOutcome> {
-        let undo = Self::release_of(&key, &holder, |s| &s.compare_and_delete);
-        let marker = keys::pending_marker(&key);
-        let pending = Pending {
-            marker: marker.clone(),
-            holder: holder.clone(),
-        };
-        let call = ScriptCall::default()
-            .key(key)
-            .key(marker)
-            .arg(holder)
-            .arg(ttl.map_or(0, millis))
-            .arg(self.pending_ms());
-        self.write(
-            "claim",
-            |s| &s.claim,
-            call,
-            deadline,
-            // 2: held by this holder already, not made by this call
-            Effect {
-                counts: |(tag, _): &(i64, Option<String>)| *tag == 1 || *tag == 2,
-                made: |(tag, _)| *tag == 1,
-            },
-            |(tag, holder)| {
-                Ok(ClaimOutcome {
-                    won: tag == 1 || tag == 2,
-                    holder: holder.unwrap_or_default(),
-                    pending: tag == 3,
-                })
-            },
-            Some(undo),
-            Some(pending),
-        )
-    }
-
-    fn lock_acquire(
-        &self,
-        hold: Hold,
-        fence_key: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<LockAttempt> {
-        let Hold { key, token } = hold;
-        let undo = Self::release_of(&key, &token, |s| &s.compare_and_delete);
-        let call = ScriptCall::default()
-            .key(key)
-            .key(fence_key)
-            .arg(token)
-            .arg(millis(lease))
-            .arg(millis(fence_ttl(lease)));
-        self.write(
-            "lock_acquire",
-            |s| &s.lock_acquire,
-            call,
-            deadline,
-            // 2: held by this owner already, only its lease reset
-            Effect {
-                counts: |(tag, _): &(i64, i64)| *tag >= 1,
-                made: |(tag, _)| *tag == 1,
-            },
-            |(acquired, value)| Ok(kit::lock_attempt(acquired >= 1, value)),
-            Some(undo),
-            None,
-        )
-    }
-
-    fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
-        let Hold { key, token } = hold;
-        self.write(
-            "lock_extend",
-            |s| &s.compare_and_pexpire,
-            extend_call(key, token, lease),
-            deadline,
-            Effect {
-                counts: |held: &i64| *held == 1,
-                made: |_| false,
-            },
-            |held| Ok(held == 1),
-            None,
-            None,
-        )
-    }
-
-    fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool> {
-        let Hold { key, token } = hold;
-        self.token_checked(
-            "lock_release",
-            |s| &s.compare_and_delete,
-            release_call(&key, &token),
-        )
-    }
-}
-
-impl PermitStore for RedisStore {
-    fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    fn permit_acquire(
-        &self,
-        hold: Hold,
-        fence_key: String,
-        limit: u32,
-        lease: Duration,
-        wait: Option<Duration>,
-        deadline: Instant,
-    ) -> StoreFuture<PermitAttempt> {
-        let undo = Undo {
-            script: |s| &s.permit_release,
-            call: permit_release_call(&hold),
-        };
-        let (queue, waiting) = keys::permit_queue(&hold.key);
-        let call = ScriptCall::default()
-            .key(hold.key)
-            .key(fence_key)
-            .key(queue)
-            .key(waiting)
-            .arg(hold.token)
-            .arg(limit)
-            .arg(millis(lease))
-            .arg(millis(fence_ttl(lease)))
-            .arg(wait.map_or(0, millis));
-        self.write(
-            "permit_acquire",
-            |s| &s.permit_acquire,
-            call,
-            deadline,
-            // 2: held by this holder already, only its lease reset
-            Effect {
-                counts: |reply: &Vec<i64>| reply.first().is_some_and(|tag| *tag >= 1),
-                made: |reply| reply.first() == Some(&1),
-            },
-            |reply| match reply[..] {
-                [tag, value] => kit::permit_attempt(tag, value, 0),
-                [tag, value, ahead] => kit::permit_attempt(tag, value, ahead),
-                _ => Err(StoreError::protocol(format!(
-                    "permit_acquire answered {reply:?}"
-                ))),
-            },
-            Some(undo),
-            None,
-        )
-    }
-
-    fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
-        self.write(
-            "permit_extend",
-            |s| &s.permit_extend,
-            extend_call(hold.key, hold.token, lease),
-            deadline,
-            Effect {
-                counts: |held: &i64| *held == 1,
-                made: |_| false,
-            },
-            |held| Ok(held == 1),
-            None,
-            None,
-        )
-    }
-
-    fn permit_release(&self, hold: Hold) -> StoreFuture<bool> {
-        self.token_checked(
-            "permit_release",
-            |s| &s.permit_release,
-            permit_release_call(&hold),
-        )
-    }
-}
-
-impl IdempotencyStore for RedisStore {
-    fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    fn idempotency_begin(
-        &self,
-        hold: Hold,
-        fingerprint: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<IdempotencyBegin> {
-        let Hold { key, token } = hold;
-        let undo = Self::release_of(&key, &token, |s| &s.idem_release);
-        let marker = keys::pending_marker(&key);
-        let call = ScriptCall::default()
-            .key(key)
-            .key(marker)
-            .arg(fingerprint)
-            .arg(token)
-            .arg(millis(lease));
-        self.write(
-            "idempotency_begin",
-            |s| &s.idem_begin,
-            call,
-            deadline,
-            // {4}: claimed by this token already, only its lease reset
-            Effect {
-                counts: |reply: &Vec<Value>| matches!(reply.first(), Some(Value::Int(0 | 4))),
-                made: |reply| reply.first() == Some(&Value::Int(0)),
-            },
-            decode_idem_begin,
-            Some(undo),
-            None,
-        )
-    }
-
-    fn idempotency_complete(
-        &self,
-        hold: Hold,
-        response: Bytes,
-        retention: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<bool> {
-        let Hold { key, token } = hold;
-        let marker = keys::pending_marker(&key);
-        let pending = Pending {
-            marker: marker.clone(),
-            holder: token.clone(),
-        };
-        let call = ScriptCall::default()
-            .key(key)
-            .key(marker)
-            .arg(token)
-            .arg(response.as_ref())
-            .arg(millis(retention))
-            .arg(self.pending_ms());
-        // a completion nobody acknowledged is not undone: it stays pending (read as still
-        // running) and the layer sends it again within the lease
-        self.write(
-            "idempotency_complete",
-            |s| &s.idem_complete,
-            call,
-            deadline,
-            Effect {
-                counts: |stored: &i64| *stored == 1,
-                made: |_| false,
-            },
-            |stored| Ok(stored == 1),
-            None,
-            Some(pending),
-        )
-    }
-
-    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {
-        let Hold { key, token } = hold;
-        self.token_checked(
-            "idempotency_release",
-            |s| &s.idem_release,
-            release_call(&key, &token),
-        )
-    }
-
-    fn idempotency_extend(
-        &self,
-        hold: Hold,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<bool> {
-        let Hold { key, token } = hold;
-        // no replica need acknowledge an extension before it counts: a failover loses at most
-        // the lease it added
-        let clock = Arc::clone(&self.clock);
-        let link = Arc::clone(&self.link);
-        let deadline = deadline.min(Instant::now() + self.timeout);
-        let call = redis_call(
-            "idempotency_extend",
-            Command::Evalsha,
-            self.scripts.idem_extend.name,
-        );
-        self.call(call, move |mut conn, scripts| async move {
-            let at = store_deadline(&clock, &link, &mut conn, deadline).await?;
-            let reply: Value = extend_call(key, token, lease)
-                .arg(at)
-                .invoke(&scripts.idem_extend, &mut conn)
-                .await
-                .map_err(store_error)?;
-            let extended: i64 = unexpired(reply)?;
-            Ok(extended == 1)
-        })
-    }
-}
-
 impl Store for RedisStore {
     fn ping(&self) -> StoreFuture<()> {
         self.call(
@@ -924,23 +573,5 @@ impl Store for RedisStore {
                     .map_err(store_error)
             },
         )
-    }
-}
-
-/// Decodes `{0}`, `{1, lease_left_ms}`, `{2}` or `{3, response}`.
-fn decode_idem_begin(reply: Vec<Value>) -> Result<IdempotencyBegin, StoreError> {
-    let mut reply = reply.into_iter();
-    let Some(Value::Int(tag)) = reply.next() else {
-        return Err(StoreError::protocol("idempotency script returned no tag"));
-    };
-    match (tag, reply.next()) {
-        (0 | 2 | 4, None) => kit::idempotency_begin(tag, None, None),
-        (1, Some(Value::Int(ms))) => kit::idempotency_begin(tag, Some(ms), None),
-        (3, Some(Value::BulkString(response))) => {
-            kit::idempotency_begin(tag, None, Some(Bytes::from(response)))
-        }
-        _ => Err(StoreError::protocol(
-            "idempotency script returned an unexpected reply",
-        )),
     }
 }

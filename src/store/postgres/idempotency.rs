@@ -1,0 +1,95 @@
+//! [`IdempotencyStore`] on PostgreSQL: idempotency claims and records, each one function call.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+use tokio_postgres::Row;
+
+use super::call::Param;
+use super::sql::Sql;
+use super::{PgStore, boolean, flag, ms, protocol, tag};
+use crate::store::{
+    Hold, IdempotencyBegin, IdempotencyStore, RELEASE_MARKER_TTL, StoreError, StoreFuture, kit,
+};
+
+impl IdempotencyStore for PgStore {
+    fn timeout(&self) -> Duration {
+        self.inner.settings.timeout
+    }
+
+    fn idempotency_begin(
+        &self,
+        hold: Hold,
+        fingerprint: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<IdempotencyBegin> {
+        let Hold { key, token } = hold;
+        let params: Vec<Param> = vec![
+            Box::new(key),
+            Box::new(fingerprint),
+            Box::new(token),
+            Box::new(ms(lease)),
+        ];
+        let sql: fn(&Sql) -> &String = |s| &s.idem_begin;
+        self.call(
+            "idempotency_begin",
+            sql,
+            params,
+            Some(deadline),
+            decode_idem_begin,
+        )
+    }
+
+    fn idempotency_complete(
+        &self,
+        hold: Hold,
+        response: Bytes,
+        retention: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
+        let params: Vec<Param> = vec![
+            Box::new(key),
+            Box::new(token),
+            Box::new(response.to_vec()),
+            Box::new(ms(retention)),
+        ];
+        let sql: fn(&Sql) -> &String = |s| &s.idem_complete;
+        self.call("idempotency_complete", sql, params, Some(deadline), flag)
+    }
+
+    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
+        let params: Vec<Param> = vec![
+            Box::new(key),
+            Box::new(token),
+            Box::new(kit::release_call_id()),
+            Box::new(ms(RELEASE_MARKER_TTL)),
+        ];
+        let sql: fn(&Sql) -> &String = |s| &s.idem_release;
+        self.call("idempotency_release", sql, params, None, boolean)
+    }
+
+    fn idempotency_extend(
+        &self,
+        hold: Hold,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
+        let params: Vec<Param> = vec![Box::new(key), Box::new(token), Box::new(ms(lease))];
+        let sql: fn(&Sql) -> &String = |s| &s.idem_extend;
+        self.call("idempotency_extend", sql, params, Some(deadline), flag)
+    }
+}
+
+/// `(tag, lease_left_ms, response)`: 0 claimed, 1 running elsewhere, 2 another fingerprint,
+/// 3 completed.
+fn decode_idem_begin(row: &Row) -> Result<IdempotencyBegin, StoreError> {
+    let tag = tag(row)?;
+    let lease_left_ms: Option<i64> = row.try_get(1).map_err(protocol)?;
+    let response: Option<Vec<u8>> = row.try_get(2).map_err(protocol)?;
+    kit::idempotency_begin(tag.into(), lease_left_ms, response.map(Bytes::from))
+}

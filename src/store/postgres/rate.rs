@@ -1,0 +1,294 @@
+//! [`RateStore`] on PostgreSQL: checks coalesced into calls of `decide_rates`, resets and
+//! invalidations.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::call::{self, Param};
+use super::{PgStore, Shared, invalidation};
+use crate::key::Key;
+use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
+use crate::store::coalesce::{BatchCall, Decided, Sent};
+use crate::store::{Invalidations, RateStore, StoreError, StoreErrorKind, StoreFuture};
+
+/// An id as the database keeps it: the same 64 bits, as a `bigint`.
+fn signed(id: u64) -> i64 {
+    i64::from_ne_bytes(id.to_ne_bytes())
+}
+
+impl RateStore for PgStore {
+    fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
+        let check = check.bounded(policy);
+        let pending = self.inner.rates.check(policy, check);
+        let shared = Arc::clone(&self.inner.shared);
+        let channel = invalidation::channel(&self.inner.settings.schema);
+        let payload = invalidation::payload(policy.namespace(), check.key());
+        crate::store::publishing_refunds(pending, check, move || async move {
+            let params: Vec<Param> = vec![Box::new(channel), Box::new(payload)];
+            let notified = shared
+                .calls
+                .row("invalidate", 1, &shared.sql.notify, &params, None)
+                .await;
+            if let Err(error) = notified {
+                tracing::debug!(
+                    target: "tollgate::store", %error,
+                    "could not notify a refund; cached denials of the caller end within a second"
+                );
+            }
+        })
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.settings.timeout
+    }
+
+    /// Deletes the caller's rows and notifies the reset (see
+    /// [Invalidations](crate::store#invalidations)) in one transaction.
+    fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
+        let params: Vec<Param> = vec![
+            Box::new(policy.reset_keys(&key)),
+            Box::new(invalidation::channel(&self.inner.settings.schema)),
+            Box::new(invalidation::payload(policy.namespace(), key)),
+        ];
+        self.call("reset_rate", |s| &s.reset_rate, params, None, |_| Ok(()))
+    }
+
+    /// One connection per store outside the pool, made on the first call; `None` for a store
+    /// on a pool the application made ([`PgStore::from_pool`], [`PgStore::pool_builder`]),
+    /// which cannot open a connection of its own.
+    fn invalidations(&self) -> Option<Invalidations> {
+        self.inner.listening.subscribe()
+    }
+}
+
+/// One call of `decide_rates`: a batch of checks in one transaction.
+pub(super) struct RateCall {
+    pub(super) shared: Arc<Shared>,
+    /// How long after its deadline a charged attempt is remembered, in µs: twice the timeout.
+    pub(super) retention_us: i64,
+}
+
+/// Twice `timeout` in microseconds (at most 2^53, so that a deadline plus it stays far from
+/// overflowing).
+pub(super) fn retention_us(timeout: Duration) -> i64 {
+    let twice = timeout.as_micros().saturating_mul(2).min(1 << 53);
+    i64::try_from(twice).unwrap_or(1 << 53)
+}
+
+impl BatchCall for RateCall {
+    fn decide(
+        &self,
+        checks: &[Sent<'_>],
+        deadline: Instant,
+    ) -> impl Future<Output = Decided> + Send {
+        self.call(checks, deadline)
+    }
+}
+
+impl RateCall {
+    /// `checks` in one call. When the call fails with an error of the database (a step that
+    /// raised: the transaction rolled back, nothing of the batch was committed), each check is
+    /// decided again in a call of its own, within the same deadline: only a check whose own
+    /// step fails fails, with its cause.
+    async fn call(&self, checks: &[Sent<'_>], deadline: Instant) -> Decided {
+        let decided = self.one_call(checks, deadline).await;
+        match decided {
+            Err(e) if checks.len() > 1 && call::failed_in_the_database(&e) => {
+                let alone = checks.iter().map(|check| async move {
+                    let mut decided = self.one_call(std::slice::from_ref(check), deadline).await?;
+                    decided.pop().unwrap_or_else(|| Err(missing_outcome()))
+                });
+                Ok(futures_util::future::join_all(alone).await)
+            }
+            decided => decided,
+        }
+    }
+
+    async fn one_call(&self, checks: &[Sent<'_>], deadline: Instant) -> Decided {
+        let params = rate_params(checks, self.retention_us);
+        let limits: Vec<usize> = checks.iter().map(|(p, _, _)| p.limits().len()).collect();
+        let row = self
+            .shared
+            .calls
+            .row(
+                "rate_check",
+                checks.len(),
+                &self.shared.sql.decide_rates,
+                &params,
+                Some(deadline),
+            )
+            .await?;
+        let reply: Vec<i64> = row
+            .try_get(0)
+            .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?;
+        decode_rates(&reply, &limits)
+    }
+}
+
+/// A reply that left a check out.
+fn missing_outcome() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        "decide_rates returned no outcome for a check",
+    )
+}
+
+/// The parameters of `decide_rates` for `checks` (its deadline aside): per check its algorithm,
+/// number of limits, cost, attempt and whether it is a reservation, and every check's keys,
+/// quotas, windows and penalties (µs, 0: none) in turn; then per check what it settles, if it is a settlement; then how
+/// long a charged attempt is remembered after its deadline, `retention_us`.
+fn rate_params(checks: &[Sent<'_>], retention_us: i64) -> Vec<Param> {
+    let mut algorithms: Vec<i16> = Vec::with_capacity(checks.len());
+    let mut counts: Vec<i32> = Vec::with_capacity(checks.len());
+    let (mut keys, mut quotas, mut windows) = (Vec::new(), Vec::new(), Vec::new());
+    let mut blocks: Vec<i64> = Vec::new();
+    let mut costs: Vec<i64> = Vec::with_capacity(checks.len());
+    let mut attempts: Vec<i64> = Vec::with_capacity(checks.len());
+    let mut reservations: Vec<bool> = Vec::with_capacity(checks.len());
+    // of a settlement, what its check reserved, the check's attempt and whether it was a
+    // reservation; -1, 0 and false otherwise
+    let mut reserved: Vec<i64> = Vec::with_capacity(checks.len());
+    let mut settled: Vec<i64> = Vec::with_capacity(checks.len());
+    let mut refundable: Vec<bool> = Vec::with_capacity(checks.len());
+    for (policy, check, _) in checks {
+        algorithms.push(match policy.algorithm() {
+            Algorithm::SlidingLog => 1,
+            Algorithm::SlidingCounter => 2,
+            Algorithm::Gcra => 3,
+        });
+        let limits = policy.limits();
+        counts.push(i32::try_from(limits.len()).unwrap_or(i32::MAX));
+        keys.extend(policy.store_keys(&check.key()));
+        for limit in limits {
+            quotas.push(i64::try_from(limit.quota()).unwrap_or(i64::MAX));
+            windows.push(i64::try_from(limit.window_us()).unwrap_or(i64::MAX));
+            blocks.push(i64::try_from(limit.block_us()).unwrap_or(i64::MAX));
+        }
+        // bounded by the client already (RateCheck::bounded); this cannot overflow a sum
+        costs.push(i64::try_from(check.cost().min(1 << 62)).unwrap_or(1 << 62));
+        attempts.push(signed(check.attempt()));
+        reservations.push(check.is_reservation());
+        let settles = check.settles();
+        reserved.push(settles.map_or(-1, |s| i64::try_from(s.reserved.min(1 << 62)).unwrap_or(0)));
+        settled.push(settles.map_or(0, |s| signed(s.of)));
+        refundable.push(settles.is_some_and(|s| s.refundable));
+    }
+    vec![
+        Box::new(algorithms),
+        Box::new(counts),
+        Box::new(keys),
+        Box::new(quotas),
+        Box::new(windows),
+        Box::new(blocks),
+        Box::new(costs),
+        Box::new(attempts),
+        Box::new(reservations),
+        Box::new(reserved),
+        Box::new(settled),
+        Box::new(refundable),
+        Box::new(retention_us),
+    ]
+}
+
+/// Each check's outcome from the reply of `decide_rates`: per check decided, its number, its
+/// reply's length and the reply; `limits` holds each check's number of limits, as sent.
+fn decode_rates(reply: &[i64], limits: &[usize]) -> Decided {
+    let garbled = || {
+        StoreError::new(
+            StoreErrorKind::Protocol,
+            "decide_rates returned a reply of the wrong shape",
+        )
+    };
+    let mut decided: Vec<Option<Result<RateOutcome, StoreError>>> = Vec::new();
+    decided.resize_with(limits.len(), || None);
+    let mut rest = reply;
+    while let [number, len, tail @ ..] = rest {
+        let check = usize::try_from(*number - 1).map_err(|_| garbled())?;
+        let len = usize::try_from(*len).map_err(|_| garbled())?;
+        let (Some(n), Some(one)) = (limits.get(check), tail.get(..len)) else {
+            return Err(garbled());
+        };
+        let slot = decided.get_mut(check).ok_or_else(garbled)?;
+        *slot = Some(decode_rate(one, *n));
+        rest = &tail[len..];
+    }
+    if !rest.is_empty() {
+        return Err(garbled());
+    }
+    decided
+        .into_iter()
+        .map(|outcome| outcome.ok_or_else(garbled))
+        .collect()
+}
+
+/// `{admitted, retry_after_us, decided_at_us, then per limit remaining, reset_us}` for `n`
+/// limits, or `{-2, 0}`: received after its deadline, charged nothing.
+fn decode_rate(reply: &[i64], n: usize) -> Result<RateOutcome, StoreError> {
+    if reply == [-2, 0] {
+        return Err(StoreError::expired());
+    }
+    if reply.len() != 3 + 2 * n {
+        return Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            format!("check_rate returned {} numbers for {n} limits", reply.len()),
+        ));
+    }
+    let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
+    let limits = reply[3..]
+        .chunks_exact(2)
+        .map(|pair| LimitState {
+            remaining: u64::try_from(pair[0]).unwrap_or(0),
+            reset: micros(pair[1]),
+        })
+        .collect();
+    Ok(RateOutcome {
+        decided_at_us: u64::try_from(reply[2]).ok(),
+        admitted: reply[0] == 1,
+        retry_after: micros(reply[1]),
+        limits,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_replies_decode_in_limit_order() {
+        let outcome = decode_rate(&[0, 1_500, 1_700_000, 3, 2_000_000, 0, 700], 2).unwrap();
+        assert!(!outcome.admitted);
+        assert_eq!(outcome.decided_at_us, Some(1_700_000));
+        assert_eq!(outcome.retry_after, Duration::from_micros(1_500));
+        assert_eq!(
+            outcome.limits,
+            vec![
+                LimitState {
+                    remaining: 3,
+                    reset: Duration::from_secs(2)
+                },
+                LimitState {
+                    remaining: 0,
+                    reset: Duration::from_micros(700)
+                },
+            ]
+        );
+        // a negative number (a clock step back) reads as zero; a short reply is an error
+        let outcome = decode_rate(&[1, -5, 9, 1, -1], 1).unwrap();
+        assert_eq!(outcome.retry_after, Duration::ZERO);
+        assert_eq!(outcome.limits[0].reset, Duration::ZERO);
+        let short = decode_rate(&[1, 0, 9, 1], 1).unwrap_err();
+        assert_eq!(short.kind(), StoreErrorKind::Protocol);
+        // received after its deadline: charged nothing, a timeout
+        let late = decode_rate(&[-2, 0], 1).unwrap_err();
+        assert_eq!(late.kind(), StoreErrorKind::Timeout);
+    }
+
+    #[test]
+    fn ids_keep_their_bits() {
+        assert_eq!(signed(u64::MAX), -1);
+        assert_eq!(signed(7), 7);
+    }
+}

@@ -1,0 +1,150 @@
+//! [`IdempotencyStore`] on Redis: idempotency claims and records, each one script.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::Value;
+use tokio::time::Instant;
+
+use super::clock::store_deadline;
+use super::script_call::ScriptCall;
+use super::{
+    Effect, Pending, RedisStore, extend_call, redis_call, release_call, store_error, unexpired,
+};
+use crate::keys;
+use crate::store::span::Command;
+use crate::store::{
+    Hold, IdempotencyBegin, IdempotencyStore, StoreError, StoreFuture, kit, millis,
+};
+
+impl IdempotencyStore for RedisStore {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn idempotency_begin(
+        &self,
+        hold: Hold,
+        fingerprint: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<IdempotencyBegin> {
+        let Hold { key, token } = hold;
+        let undo = Self::release_of(&key, &token, |s| &s.idem_release);
+        let marker = keys::pending_marker(&key);
+        let call = ScriptCall::default()
+            .key(key)
+            .key(marker)
+            .arg(fingerprint)
+            .arg(token)
+            .arg(millis(lease));
+        self.write(
+            "idempotency_begin",
+            |s| &s.idem_begin,
+            call,
+            deadline,
+            // {4}: claimed by this token already, only its lease reset
+            Effect {
+                counts: |reply: &Vec<Value>| matches!(reply.first(), Some(Value::Int(0 | 4))),
+                made: |reply| reply.first() == Some(&Value::Int(0)),
+            },
+            decode_idem_begin,
+            Some(undo),
+            None,
+        )
+    }
+
+    fn idempotency_complete(
+        &self,
+        hold: Hold,
+        response: Bytes,
+        retention: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
+        let marker = keys::pending_marker(&key);
+        let pending = Pending {
+            marker: marker.clone(),
+            holder: token.clone(),
+        };
+        let call = ScriptCall::default()
+            .key(key)
+            .key(marker)
+            .arg(token)
+            .arg(response.as_ref())
+            .arg(millis(retention))
+            .arg(self.pending_ms());
+        // a completion nobody acknowledged is not undone: it stays pending (read as still
+        // running) and the layer sends it again within the lease
+        self.write(
+            "idempotency_complete",
+            |s| &s.idem_complete,
+            call,
+            deadline,
+            Effect {
+                counts: |stored: &i64| *stored == 1,
+                made: |_| false,
+            },
+            |stored| Ok(stored == 1),
+            None,
+            Some(pending),
+        )
+    }
+
+    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
+        self.token_checked(
+            "idempotency_release",
+            |s| &s.idem_release,
+            release_call(&key, &token),
+        )
+    }
+
+    fn idempotency_extend(
+        &self,
+        hold: Hold,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
+        // no replica need acknowledge an extension before it counts: a failover loses at most
+        // the lease it added
+        let clock = Arc::clone(&self.clock);
+        let link = Arc::clone(&self.link);
+        let deadline = deadline.min(Instant::now() + self.timeout);
+        let call = redis_call(
+            "idempotency_extend",
+            Command::Evalsha,
+            self.scripts.idem_extend.name,
+        );
+        self.call(call, move |mut conn, scripts| async move {
+            let at = store_deadline(&clock, &link, &mut conn, deadline).await?;
+            let reply: Value = extend_call(key, token, lease)
+                .arg(at)
+                .invoke(&scripts.idem_extend, &mut conn)
+                .await
+                .map_err(store_error)?;
+            let extended: i64 = unexpired(reply)?;
+            Ok(extended == 1)
+        })
+    }
+}
+
+/// Decodes `{0}`, `{1, lease_left_ms}`, `{2}` or `{3, response}`.
+fn decode_idem_begin(reply: Vec<Value>) -> Result<IdempotencyBegin, StoreError> {
+    let mut reply = reply.into_iter();
+    let Some(Value::Int(tag)) = reply.next() else {
+        return Err(StoreError::protocol("idempotency script returned no tag"));
+    };
+    match (tag, reply.next()) {
+        (0 | 2 | 4, None) => kit::idempotency_begin(tag, None, None),
+        (1, Some(Value::Int(ms))) => kit::idempotency_begin(tag, Some(ms), None),
+        (3, Some(Value::BulkString(response))) => {
+            kit::idempotency_begin(tag, None, Some(Bytes::from(response)))
+        }
+        _ => Err(StoreError::protocol(
+            "idempotency script returned an unexpected reply",
+        )),
+    }
+}

@@ -1,0 +1,116 @@
+//! [`LockStore`] on Redis: claims and fenced locks, each one script.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::script_call::ScriptCall;
+use super::{Effect, Pending, RedisStore, extend_call, release_call};
+use crate::keys;
+use crate::store::{
+    ClaimOutcome, Hold, LockAttempt, LockStore, StoreFuture, fence_ttl, kit, millis,
+};
+
+impl LockStore for RedisStore {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn claim(
+        &self,
+        key: String,
+        holder: String,
+        ttl: Option<Duration>,
+        deadline: Instant,
+    ) -> StoreFuture<ClaimOutcome> {
+        let undo = Self::release_of(&key, &holder, |s| &s.compare_and_delete);
+        let marker = keys::pending_marker(&key);
+        let pending = Pending {
+            marker: marker.clone(),
+            holder: holder.clone(),
+        };
+        let call = ScriptCall::default()
+            .key(key)
+            .key(marker)
+            .arg(holder)
+            .arg(ttl.map_or(0, millis))
+            .arg(self.pending_ms());
+        self.write(
+            "claim",
+            |s| &s.claim,
+            call,
+            deadline,
+            // 2: held by this holder already, not made by this call
+            Effect {
+                counts: |(tag, _): &(i64, Option<String>)| *tag == 1 || *tag == 2,
+                made: |(tag, _)| *tag == 1,
+            },
+            |(tag, holder)| {
+                Ok(ClaimOutcome {
+                    won: tag == 1 || tag == 2,
+                    holder: holder.unwrap_or_default(),
+                    pending: tag == 3,
+                })
+            },
+            Some(undo),
+            Some(pending),
+        )
+    }
+
+    fn lock_acquire(
+        &self,
+        hold: Hold,
+        fence_key: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<LockAttempt> {
+        let Hold { key, token } = hold;
+        let undo = Self::release_of(&key, &token, |s| &s.compare_and_delete);
+        let call = ScriptCall::default()
+            .key(key)
+            .key(fence_key)
+            .arg(token)
+            .arg(millis(lease))
+            .arg(millis(fence_ttl(lease)));
+        self.write(
+            "lock_acquire",
+            |s| &s.lock_acquire,
+            call,
+            deadline,
+            // 2: held by this owner already, only its lease reset
+            Effect {
+                counts: |(tag, _): &(i64, i64)| *tag >= 1,
+                made: |(tag, _)| *tag == 1,
+            },
+            |(acquired, value)| Ok(kit::lock_attempt(acquired >= 1, value)),
+            Some(undo),
+            None,
+        )
+    }
+
+    fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
+        self.write(
+            "lock_extend",
+            |s| &s.compare_and_pexpire,
+            extend_call(key, token, lease),
+            deadline,
+            Effect {
+                counts: |held: &i64| *held == 1,
+                made: |_| false,
+            },
+            |held| Ok(held == 1),
+            None,
+            None,
+        )
+    }
+
+    fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool> {
+        let Hold { key, token } = hold;
+        self.token_checked(
+            "lock_release",
+            |s| &s.compare_and_delete,
+            release_call(&key, &token),
+        )
+    }
+}
