@@ -34,6 +34,15 @@ pub(crate) fn shared_prefix(prefix: impl Into<String>) -> Result<Arc<str>, Confi
     Ok(Arc::from(prefix))
 }
 
+/// Whether `name` may name a limit, a tier or an advertised policy: one or more ASCII letters,
+/// digits, `-`, `_` and `.` — a store-key segment and a `RateLimit` header token, unescaped.
+pub(crate) fn is_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
 /// Checks a store key prefix: visible ASCII without braces, so that it can neither select a
 /// Redis Cluster hash slot nor split a key's hash tag.
 pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {

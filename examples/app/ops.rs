@@ -32,11 +32,7 @@ pub const PLAN_HEADER: HeaderName = HeaderName::from_static("x-plan");
 
 /// The sender of `/webhooks/{source}`: its path's second segment.
 fn source_of(parts: &Parts) -> Option<String> {
-    let mut segments = parts.uri.path().split('/').skip(1);
-    match (segments.next(), segments.next()) {
-        (Some("webhooks"), Some(source)) if !source.is_empty() => Some(source.to_owned()),
-        _ => None,
-    }
+    super::segment_after(parts, "webhooks")
 }
 
 /// The idempotency layer of `/webhooks/{source}`: the delivery id is the key, scoped per sender;
@@ -123,11 +119,7 @@ async fn peek_caller(
         return refused;
     }
     let Some(head) = head_of(&key, None) else {
-        return (
-            StatusCode::BAD_REQUEST,
-            Json(json!({ "error": "not a valid API key" })),
-        )
-            .into_response();
+        return not_a_key();
     };
     let api = state.api_limit.peek_request(&head).await;
     let tokens = match state.tokens.key_of(&head) {
@@ -140,11 +132,7 @@ async fn peek_caller(
             let tokens = limits(state.tokens.policy().limits(), &tokens);
             Json(json!({ "key": key, "api": api, "tokens": tokens })).into_response()
         }
-        (Ok(_), Ok(_)) => (
-            StatusCode::BAD_REQUEST,
-            Json(json!({ "error": "not a valid API key" })),
-        )
-            .into_response(),
+        (Ok(_), Ok(_)) => not_a_key(),
         (Err(error), _) | (_, Err(error)) => store_failed(&error),
     }
 }
@@ -159,11 +147,7 @@ async fn reset_caller(
         return refused;
     }
     let Some(caller) = head_of(&key, None).and_then(|head| state.api_limit.key_of(&head)) else {
-        return (
-            StatusCode::BAD_REQUEST,
-            Json(json!({ "error": "not a valid API key" })),
-        )
-            .into_response();
+        return not_a_key();
     };
     let api = state.api_limit.reset(caller).await;
     let tokens = state.tokens.reset(caller).await;
@@ -171,6 +155,12 @@ async fn reset_caller(
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(error) => store_failed(&error),
     }
+}
+
+/// `400`: the path names no usable API key.
+fn not_a_key() -> Response {
+    let body = json!({ "error": "not a valid API key" });
+    (StatusCode::BAD_REQUEST, Json(body)).into_response()
 }
 
 fn limits(limits: &[Limit], outcome: &RateOutcome) -> Vec<Value> {

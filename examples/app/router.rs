@@ -134,9 +134,14 @@ pub struct AppState {
 
 /// The tenant named by a `/jobs/{tenant}/...` path.
 fn tenant_of(parts: &Parts) -> Option<String> {
+    segment_after(parts, "jobs")
+}
+
+/// The path segment after a first segment `group` (`/<group>/<this>/...`), if there is one.
+fn segment_after(parts: &Parts, group: &str) -> Option<String> {
     let mut segments = parts.uri.path().split('/').skip(1);
     match (segments.next(), segments.next()) {
-        (Some("jobs"), Some(tenant)) if !tenant.is_empty() => Some(tenant.to_owned()),
+        (Some(first), Some(next)) if first == group && !next.is_empty() => Some(next.to_owned()),
         _ => None,
     }
 }

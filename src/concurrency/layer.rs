@@ -382,8 +382,7 @@ fn local_permits(policy: OnStoreError) -> Result<Option<Arc<LocalPermits>>, Conf
 
 /// `name`, checked as a limit's name is: it goes into the headers unescaped.
 fn advertised(name: String) -> Result<Box<str>, ConfigError> {
-    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if name.is_empty() || !name.chars().all(valid) {
+    if !keys::is_name(&name) {
         return Err(ConfigError::new(
             ConfigErrorKind::Limit,
             format!("the advertised name {name:?} must be ASCII letters, digits, '-', '_' or '.'"),

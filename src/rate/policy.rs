@@ -431,12 +431,7 @@ fn limit_error(message: impl Into<String>) -> ConfigError {
 /// Checks one limit's name, quota and window, and that the algorithm counts it exactly.
 fn check_limit(limit: &Limit, algorithm: Algorithm) -> Result<(), ConfigError> {
     let name = limit.name();
-    if name.is_empty()
-        || name.len() > 64
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    {
+    if name.len() > 64 || !keys::is_name(name) {
         return Err(limit_error(format!(
             "invalid limit name {name:?}: use 1 to 64 ASCII letters, digits, '-', '_' or '.'"
         )));

@@ -111,11 +111,7 @@ impl Tier {
 
 /// Tier names are store-key segments: ASCII letters, digits, `-`, `_` and `.`, as limit names.
 fn check_name(name: &str) -> Result<(), ConfigError> {
-    let valid = !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if valid {
+    if crate::keys::is_name(name) {
         Ok(())
     } else {
         Err(ConfigError::new(
