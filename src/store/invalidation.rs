@@ -87,12 +87,18 @@ impl Invalidations {
 #[derive(Debug, Clone)]
 pub(crate) struct Hub {
     sender: broadcast::Sender<Invalidation>,
+    /// Whether a connection of the running listener has listened before: only a connection
+    /// made again can have missed something its subscribers needed.
+    #[cfg(any(feature = "redis", feature = "postgres"))]
+    listened: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Default for Hub {
     fn default() -> Self {
         Self {
             sender: broadcast::Sender::new(BACKLOG),
+            #[cfg(any(feature = "redis", feature = "postgres"))]
+            listened: std::sync::Arc::default(),
         }
     }
 }
@@ -106,6 +112,18 @@ impl Hub {
     /// Tells every subscription; nothing when there is none.
     pub(crate) fn send(&self, invalidation: Invalidation) {
         let _ = self.sender.send(invalidation);
+    }
+
+    /// A listener's connection listens: when one listened before it, whatever was published
+    /// in between is lost, and every subscription is told [`Invalidation::Missed`]. The first
+    /// connection tells nothing: a denial cached before it is bounded by the deny cache's
+    /// longest hold, and dropping every denial then would only cost store calls.
+    #[cfg(any(feature = "redis", feature = "postgres"))]
+    pub(crate) fn listening(&self) {
+        use std::sync::atomic::Ordering;
+        if self.listened.swap(true, Ordering::AcqRel) {
+            self.send(Invalidation::Missed);
+        }
     }
 
     /// Whether anybody still subscribes: a listener with nobody to tell may stop.
@@ -176,7 +194,7 @@ pub(crate) struct Subscriber {
 #[cfg(any(feature = "redis", feature = "postgres"))]
 impl Subscriber {
     /// A new subscription, the listening task started if it is not running: it runs
-    /// `session(hub, attempt)` — connect, subscribe, tell [`Invalidation::Missed`], then tell
+    /// `session(hub, attempt)` — connect, subscribe, [`Hub::listening`], then tell
     /// `hub` what arrives until the connection drops (`Ok`) or fails to be made (`Err`, its
     /// cause) — again and again, with back-off, for as long as anybody subscribes.
     pub(crate) fn subscribe<F, Fut>(&self, session: F) -> Invalidations
@@ -191,6 +209,10 @@ impl Subscriber {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if task.as_ref().is_none_or(|running| running.0.is_finished()) {
+            // a new listener: its subscribers are all newer than what the last one missed
+            self.hub
+                .listened
+                .store(false, std::sync::atomic::Ordering::Release);
             let listening = keep_listening(self.hub.clone(), session);
             *task = Some(crate::task::AbortOnDrop(tokio::spawn(listening)));
         }

@@ -123,7 +123,7 @@ where
         .map_err(|_| "LISTEN timed out".to_owned())?
         .map_err(|e| e.to_string())?;
     // whatever was notified while nobody listened is lost
-    hub.send(Invalidation::Missed);
+    hub.listening();
     tokio::select! {
         _ = &mut reading.0 => {}
         () = watch(&client, &hub, timeout) => {}

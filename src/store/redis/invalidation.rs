@@ -15,7 +15,7 @@
 //! replica (Redis replicates `PUBLISH`).
 //!
 //! While the subscriber's connection is down, what is published is lost; it is made again with
-//! back-off, and tells the layers [`Invalidation::Missed`] each time it is (re)made.
+//! back-off, and tells the layers [`Invalidation::Missed`] each time it is made again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -137,7 +137,7 @@ async fn session(
         .await
         .map_err(|_| "subscribing timed out".to_owned())??;
     // whatever was published while nobody listened is lost
-    hub.send(Invalidation::Missed);
+    hub.listening();
     serve(pubsub, hub, timeout).await;
     Ok(())
 }
