@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::ConfigError;
-use crate::keys;
+use crate::keyspace;
 use crate::lease::{self, Owner};
 use crate::store::{Hold, LockStore, StoreError};
 
@@ -85,13 +85,13 @@ impl Claims {
     pub fn new(store: impl LockStore) -> Self {
         Self {
             store: Arc::new(store),
-            prefix: Arc::from(keys::DEFAULT_PREFIX),
+            prefix: Arc::from(keyspace::DEFAULT_PREFIX),
         }
     }
 
     /// The same claims under another key prefix (visible ASCII without braces).
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
-        self.prefix = keys::shared_prefix(prefix)?;
+        self.prefix = keyspace::shared_prefix(prefix)?;
         Ok(self)
     }
 
@@ -111,7 +111,7 @@ impl Claims {
         ttl: impl Into<Option<Duration>>,
     ) -> Result<Claim, StoreError> {
         let holder = uuid::Uuid::new_v4().to_string();
-        let key = keys::claim(&self.prefix, name.as_ref());
+        let key = keyspace::claim(&self.prefix, name.as_ref());
         let deadline = Instant::now() + self.store.timeout();
         let undo = {
             let (store, key, holder) = (Arc::clone(&self.store), key.clone(), holder.clone());
@@ -135,7 +135,7 @@ impl Claims {
         holder: &str,
         ttl: impl Into<Option<Duration>>,
     ) -> Result<Claim, StoreError> {
-        let key = keys::claim(&self.prefix, name.as_ref());
+        let key = keyspace::claim(&self.prefix, name.as_ref());
         let deadline = Instant::now() + self.store.timeout();
         self.claim_key(key, holder.to_owned(), ttl.into(), deadline)
             .await

@@ -2,6 +2,9 @@
 
 use std::fmt;
 
+/// A boxed error, as body errors and error sources are passed on.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// A configuration is invalid: a zero quota or window, a bad limit name, a key prefix that could
 /// split a hash tag, an unparseable store URL, and so on. [`kind`](Self::kind) says which part;
 /// the message names the value.

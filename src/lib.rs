@@ -220,7 +220,7 @@ mod macros;
 pub mod error;
 mod expiring;
 pub mod key;
-mod keys;
+mod keyspace;
 pub mod rate;
 // where state lives
 pub mod store;
@@ -250,8 +250,5 @@ pub mod guide;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-pub use error::{ConfigError, ConfigErrorKind};
+pub use error::{BoxError, ConfigError, ConfigErrorKind};
 pub use rate_limit::{Limit, RateLimitLayer};
-
-/// A boxed error, as body errors and error sources are passed on.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

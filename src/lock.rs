@@ -58,7 +58,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::ConfigError;
-use crate::keys;
+use crate::keyspace;
 use crate::lease::{self, Owner};
 use crate::store::{Hold, LockAttempt, LockStore, StoreError};
 use crate::task::AbortOnDrop;
@@ -127,13 +127,13 @@ impl Locks {
     pub fn new(store: impl LockStore) -> Self {
         Self {
             store: Arc::new(store),
-            prefix: Arc::from(keys::DEFAULT_PREFIX),
+            prefix: Arc::from(keyspace::DEFAULT_PREFIX),
         }
     }
 
     /// The same locks under another key prefix (visible ASCII without braces).
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
-        self.prefix = keys::shared_prefix(prefix)?;
+        self.prefix = keyspace::shared_prefix(prefix)?;
         Ok(self)
     }
 
@@ -143,7 +143,7 @@ impl Locks {
         name: impl AsRef<[u8]>,
         lease: Duration,
     ) -> Result<LockGuard, LockError> {
-        let (key, fence_key) = keys::lock(&self.prefix, name.as_ref());
+        let (key, fence_key) = keyspace::lock(&self.prefix, name.as_ref());
         let token = uuid::Uuid::new_v4().to_string();
         let deadline = Instant::now() + self.store.timeout();
         // An attempt without an answer (an error, a timeout, a caller gone mid-call) may have

@@ -12,7 +12,7 @@ use super::service::ConcurrencyLimit;
 use super::{MissingKey, OnStoreError};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::{Global, KeyExtractor};
-use crate::keys;
+use crate::keyspace;
 use crate::pace::OncePerSecond;
 use crate::store::PermitStore;
 
@@ -77,7 +77,7 @@ impl ConcurrencyLimitLayer {
             queue: None,
             on_store_error: OnStoreError::Allow,
             missing_key: MissingKey::Reject,
-            prefix: keys::DEFAULT_PREFIX.to_owned(),
+            prefix: keyspace::DEFAULT_PREFIX.to_owned(),
             tiers: Vec::new(),
             tier_by: None,
             advertise: None,
@@ -305,7 +305,7 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
                 ),
             ));
         }
-        keys::check_prefix(&self.prefix)?;
+        keyspace::check_prefix(&self.prefix)?;
         let advertise = match self.advertise {
             Some(name) => Some(advertised(name)?),
             None => None,
@@ -382,7 +382,7 @@ fn local_permits(policy: OnStoreError) -> Result<Option<Arc<LocalPermits>>, Conf
 
 /// `name`, checked as a limit's name is: it goes into the headers unescaped.
 fn advertised(name: String) -> Result<Box<str>, ConfigError> {
-    if !keys::is_name(&name) {
+    if !keyspace::is_name(&name) {
         return Err(ConfigError::new(
             ConfigErrorKind::Limit,
             format!("the advertised name {name:?} must be ASCII letters, digits, '-', '_' or '.'"),

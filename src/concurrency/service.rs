@@ -20,7 +20,7 @@ use super::report::{Outcome, report};
 use crate::body::Complete;
 use crate::grpc::{Code, Wire};
 use crate::key::{Global, Key, KeyExtractor};
-use crate::keys;
+use crate::keyspace;
 use crate::lease::{self, Owner, UndoUnanswered};
 use crate::rate_limit::QuotaUnit;
 use crate::rate_limit::headers::{RATELIMIT, RATELIMIT_POLICY};
@@ -147,7 +147,7 @@ enum Admission {
 /// Takes one of `key`'s `limit` permits — waiting for one in the key's queue, if so configured —
 /// or says why not.
 async fn admit(settings: &Settings, key: Key, limit: u32, wire: Wire) -> Admission {
-    let (permits, fence_key) = keys::permits(&settings.prefix, &key);
+    let (permits, fence_key) = keyspace::permits(&settings.prefix, &key);
     let hold = Hold::new(permits, uuid::Uuid::new_v4().to_string());
     let give_up_at = settings.queue.map(|patience| Instant::now() + patience);
     // a waiter that goes away (cancelled, or giving up) leaves the queue at once

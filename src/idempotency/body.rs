@@ -8,8 +8,8 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::sync::mpsc;
 
-use crate::BoxError;
 use crate::body::Complete;
+use crate::error::BoxError;
 
 pin_project! {
     /// The inner service's body (passed through), a complete body (a rejection or a replay), or

@@ -20,12 +20,11 @@ use super::handler::{Handler, HttpBody, RequestBody};
 use super::record::StoredResponse;
 use super::rejection::Rejection;
 use super::settings::Settings;
-use crate::BoxError;
+use crate::error::BoxError;
 use crate::grpc::Wire;
 use crate::lease::{self, Owner};
 use crate::store::Hold;
-#[cfg(feature = "postgres")]
-use crate::store::postgres::Running;
+use crate::store::Run;
 use crate::task::AbortOnDrop;
 
 /// What the caller of a keyed request gets: a response, or the handler's error.
@@ -145,8 +144,7 @@ pub(super) enum Claimed {
     /// A claim in the store with a lease, checked by its token.
     Lease { key: String, token: String },
     /// An open transaction that holds the key's advisory lock, and in which the handler runs.
-    #[cfg(feature = "postgres")]
-    Transaction(Running),
+    Transaction(Box<dyn Run>),
 }
 
 /// The claim on the key until it is settled — by storing the response or by releasing the key —
@@ -165,7 +163,6 @@ impl Claim {
                 key.clone(),
                 token.clone(),
             )))),
-            #[cfg(feature = "postgres")]
             Claimed::Transaction(_) => None,
         };
         Self {
@@ -179,8 +176,7 @@ impl Claim {
     async fn complete(self, record: Bytes) -> bool {
         match self.claimed {
             Claimed::Lease { key, token } => complete(&self.settings, key, token, record).await,
-            #[cfg(feature = "postgres")]
-            Claimed::Transaction(running) => match running.commit(&record).await {
+            Claimed::Transaction(running) => match running.commit(record).await {
                 Ok(()) => true,
                 Err(error) => {
                     tracing::warn!(target: "tollgate::idempotency", ?error, "the handler's transaction did not commit; the caller is told so");
@@ -195,7 +191,6 @@ impl Claim {
     async fn release(self, why: &'static str) {
         match self.claimed {
             Claimed::Lease { key, token } => release(&self.settings, key, token, why).await,
-            #[cfg(feature = "postgres")]
             Claimed::Transaction(running) => {
                 tracing::debug!(target: "tollgate::idempotency", why, "rolling the handler's transaction back");
                 running.roll_back().await;

@@ -20,13 +20,11 @@ use super::record::StoredResponse;
 use super::rejection::Rejection;
 use super::report::report;
 use super::settings::{OnConcurrent, Settings};
-use crate::BoxError;
 use crate::body::Complete;
+use crate::error::BoxError;
 use crate::grpc::Wire;
 use crate::lease::{self, Owner};
-#[cfg(feature = "postgres")]
-use crate::store::postgres::Begun;
-use crate::store::{Hold, IdempotencyBegin, StoreError};
+use crate::store::{Hold, IdempotencyBegin, RunBegun, RunStart, StoreError};
 
 /// One keyed request: buffer and fingerprint it, then claim, replay or refuse.
 pub(super) async fn handle<S, ReqBody, ResBody>(
@@ -53,14 +51,10 @@ where
     };
     report("executed", None);
     // the handler finds its transaction in the request's extensions
-    #[cfg(feature = "postgres")]
-    let parts = {
-        let mut parts = parts;
-        if let Claimed::Transaction(running) = &claimed {
-            parts.extensions.insert(running.tx().clone());
-        }
-        parts
-    };
+    let mut parts = parts;
+    if let Claimed::Transaction(running) = &claimed {
+        running.lend(&mut parts.extensions);
+    }
     let request = Request::from_parts(parts, Either::Left(Full::new(body)));
     // the body's share of the buffer budget goes with it, until its execution ends
     spawn_execution(settings, service, request, claimed, wire, buffered).await
@@ -124,16 +118,14 @@ async fn claim<B>(
     fingerprint: &str,
     wire: Wire,
 ) -> Result<Claimed, Response<IdempotencyBody<B>>> {
-    #[cfg(feature = "postgres")]
     if let Some(store) = &settings.transaction {
         return claim_with(settings, wire, || async {
-            let (retention, idle) = (settings.retention, settings.lease);
-            let begun = store.begin_once(key, fingerprint, retention, idle).await?;
-            Ok(match begun {
-                Begun::Running(running) => Found::Claimed(Claimed::Transaction(running)),
-                Begun::Recorded(record) => Found::Completed(record),
-                Begun::Mismatch => Found::Mismatch,
-                Begun::InFlight => Found::InFlight,
+            let start = RunStart::new(key, fingerprint, settings.retention, settings.lease);
+            Ok(match store.begin_run(start).await? {
+                RunBegun::Running(running) => Found::Claimed(Claimed::Transaction(running)),
+                RunBegun::Recorded(record) => Found::Completed(record),
+                RunBegun::Mismatch => Found::Mismatch,
+                RunBegun::InFlight => Found::InFlight,
             })
         })
         .await;

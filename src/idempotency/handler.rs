@@ -6,7 +6,7 @@ use http_body::Body;
 use http_body_util::{Either, Full};
 use tower_service::Service;
 
-use crate::BoxError;
+use crate::error::BoxError;
 
 /// The request body the inner service receives: the buffered body of a keyed request, or the
 /// original body of a request the layer passes through.

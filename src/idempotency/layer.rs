@@ -12,8 +12,8 @@ use super::service::Idempotency;
 use super::settings::{OnConcurrent, Settings, grpc_outcome_is_final};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::{Global, KeyExtractor};
-use crate::keys::{self, check_prefix};
-use crate::store::IdempotencyStore;
+use crate::keyspace::{self, check_prefix};
+use crate::store::{IdempotencyStore, TransactionStore};
 
 /// The bytes of request bodies the layer buffers across all requests at once, by default.
 const DEFAULT_BUFFER_BUDGET: usize = 64 << 20;
@@ -65,7 +65,7 @@ impl IdempotencyLayer {
         IdempotencyLayerBuilder {
             settings: Settings {
                 store: Arc::new(store),
-                prefix: keys::DEFAULT_PREFIX.to_owned(),
+                prefix: keyspace::DEFAULT_PREFIX.to_owned(),
                 header: HeaderName::from_static("idempotency-key"),
                 required: false,
                 methods: vec![Method::POST, Method::PATCH],
@@ -80,7 +80,6 @@ impl IdempotencyLayer {
                 store_when: Arc::new(|status: StatusCode| !status.is_server_error()),
                 store_grpc_when: Arc::new(grpc_outcome_is_final),
                 rejection: None,
-                #[cfg(feature = "postgres")]
                 transaction: None,
             },
             scope: Global,
@@ -128,16 +127,19 @@ impl IdempotencyLayer {
     ///   [`OnceTx::prepare_cached`](crate::store::OnceTx::prepare_cached).
     ///
     /// ```
+    /// # #[cfg(feature = "postgres")]
     /// # fn layer(store: tollgate::store::PgStore) {
     /// use tollgate::idempotency::IdempotencyLayer;
     /// let layer = IdempotencyLayer::in_transaction(store).unscoped().build();
     /// assert!(layer.is_ok());
     /// # }
     /// ```
-    #[cfg(feature = "postgres")]
-    pub fn in_transaction(store: crate::store::PgStore) -> IdempotencyLayerBuilder {
+    pub fn in_transaction<S>(store: S) -> IdempotencyLayerBuilder
+    where
+        S: IdempotencyStore + TransactionStore + Clone,
+    {
         let mut builder = Self::builder(store.clone()).required(true);
-        builder.settings.transaction = Some(store);
+        builder.settings.transaction = Some(Arc::new(store));
         builder
     }
 }

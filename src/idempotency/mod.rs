@@ -137,6 +137,8 @@
 
 mod body;
 mod execute;
+#[cfg(all(feature = "postgres", feature = "axum"))]
+mod extract;
 mod fingerprint;
 mod flow;
 mod future;
@@ -150,6 +152,8 @@ mod service;
 mod settings;
 
 pub use body::IdempotencyBody;
+#[cfg(all(feature = "postgres", feature = "axum"))]
+pub use extract::NoTransaction;
 pub use future::ResponseFuture;
 pub use handler::RequestBody;
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder};

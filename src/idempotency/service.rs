@@ -18,10 +18,10 @@ use super::handler::RequestBody;
 use super::key_header::{self, KeyProblem};
 use super::rejection::Rejection;
 use super::settings::Settings;
-use crate::BoxError;
+use crate::error::BoxError;
 use crate::grpc::Wire;
 use crate::key::{Global, KeyExtractor};
-use crate::keys;
+use crate::keyspace;
 
 /// Runs each keyed request once across all copies of a service and replays its response to
 /// retries; made by [`IdempotencyLayer`](super::IdempotencyLayer).
@@ -110,7 +110,7 @@ where
             return ResponseFuture::ready(settings.reject(Rejection::TooLarge, wire));
         }
         let (parts, body) = request.into_parts();
-        let record_key = keys::idempotency_record(
+        let record_key = keyspace::idempotency_record(
             &settings.prefix,
             self.scope.extract(&parts),
             &idempotency_key,

@@ -11,7 +11,7 @@ use http::Response;
 use super::body::IdempotencyBody;
 use super::rejection::{Rejection, RejectionFn};
 use crate::grpc::Wire;
-use crate::store::IdempotencyStore;
+use crate::store::{IdempotencyStore, TransactionStore};
 
 /// Decides from its status whether a response is stored for replay.
 pub(crate) type StoreWhen = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
@@ -59,8 +59,7 @@ pub(crate) struct Settings {
     /// Builds rejections' HTTP responses instead of the problem details.
     pub(crate) rejection: Option<RejectionFn>,
     /// Handlers run in a transaction of this store that records their response in its commit.
-    #[cfg(feature = "postgres")]
-    pub(crate) transaction: Option<crate::store::PgStore>,
+    pub(crate) transaction: Option<Arc<dyn TransactionStore>>,
 }
 
 impl fmt::Debug for Settings {
@@ -85,10 +84,7 @@ impl fmt::Debug for Settings {
 impl Settings {
     /// Whether handlers run in a transaction that records their response.
     pub(super) fn in_transaction(&self) -> bool {
-        #[cfg(feature = "postgres")]
-        return self.transaction.is_some();
-        #[cfg(not(feature = "postgres"))]
-        false
+        self.transaction.is_some()
     }
 
     /// `rejection` as this layer answers it (see [`Rejection::into_response`]).

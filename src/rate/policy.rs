@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::Key;
-use crate::keys::{self, check_prefix};
+use crate::keyspace::{self, check_prefix};
 
 /// One named quota: at most `quota` cost per `window`.
 ///
@@ -402,7 +402,7 @@ impl RatePolicy {
     /// Writes the key of the block of `limit` (one of this policy's) for caller `key` into
     /// `out`, in place of what it held: the limit's store key plus `:block`.
     pub(crate) fn write_block_key(&self, out: &mut String, key: &Key, limit: &Limit) {
-        keys::write_rate_block(
+        keyspace::write_rate_block(
             out,
             &self.namespace,
             key,
@@ -414,7 +414,7 @@ impl RatePolicy {
     /// Writes the store key of `limit` (one of this policy's) for caller `key` into `out`, in
     /// place of what it held: one buffer serves every key of a call.
     pub(crate) fn write_store_key(&self, out: &mut String, key: &Key, limit: &Limit) {
-        keys::write_rate(
+        keyspace::write_rate(
             out,
             &self.namespace,
             key,
@@ -431,7 +431,7 @@ fn limit_error(message: impl Into<String>) -> ConfigError {
 /// Checks one limit's name, quota and window, and that the algorithm counts it exactly.
 fn check_limit(limit: &Limit, algorithm: Algorithm) -> Result<(), ConfigError> {
     let name = limit.name();
-    if name.len() > 64 || !keys::is_name(name) {
+    if name.len() > 64 || !keyspace::is_name(name) {
         return Err(limit_error(format!(
             "invalid limit name {name:?}: use 1 to 64 ASCII letters, digits, '-', '_' or '.'"
         )));

@@ -16,7 +16,7 @@ use super::settings::{CostFn, GrpcMetadataFn, RejectionFn, Settings, Settle};
 use super::tiers::{LimitsFn, Tier, TierFn, TierOptions, Tiers};
 use crate::error::ConfigError;
 use crate::key::{Global, Key, KeyExtractor};
-use crate::keys;
+use crate::keyspace;
 use crate::pace::OncePerSecond;
 use crate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
 use crate::store::{RateStore, StoreError};
@@ -75,7 +75,7 @@ impl RateLimitLayer {
                 tier_by: None,
                 limits_by: None,
                 algorithm: Algorithm::default(),
-                prefix: keys::DEFAULT_PREFIX.to_owned(),
+                prefix: keyspace::DEFAULT_PREFIX.to_owned(),
                 cost: None,
                 settle: None,
                 on_store_error: OnStoreError::Allow,
@@ -722,9 +722,9 @@ impl Draft {
     /// checked.
     fn tiers(&mut self) -> Result<Tiers, ConfigError> {
         // checked as written: the namespace adds `:rl`, which the user never wrote
-        keys::check_prefix(&self.prefix)?;
+        keyspace::check_prefix(&self.prefix)?;
         let options = TierOptions {
-            namespace: keys::rate_namespace(&self.prefix),
+            namespace: keyspace::rate_namespace(&self.prefix),
             algorithm: self.algorithm,
             unit: self
                 .quota_unit

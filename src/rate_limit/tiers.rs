@@ -111,7 +111,7 @@ impl Tier {
 
 /// Tier names are store-key segments: ASCII letters, digits, `-`, `_` and `.`, as limit names.
 fn check_name(name: &str) -> Result<(), ConfigError> {
-    if crate::keys::is_name(name) {
+    if crate::keyspace::is_name(name) {
         Ok(())
     } else {
         Err(ConfigError::new(

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::BoxError;
+use crate::error::BoxError;
 
 /// What went wrong talking to a store.
 #[derive(Debug)]

@@ -418,7 +418,7 @@ mod tests {
     fn soon() -> Instant {
         Instant::now() + Duration::from_secs(1)
     }
-    use crate::keys;
+    use crate::keyspace;
 
     #[tokio::test(start_paused = true)]
     async fn huge_durations_neither_panic_nor_wrap() {
@@ -455,7 +455,7 @@ mod tests {
         assert_eq!(hash_tag("a{b"), "a{b");
         assert_eq!(hash_tag("plain"), "plain");
         let store = MemoryStore::new();
-        let (lock, fence) = keys::lock("app", b"report");
+        let (lock, fence) = keyspace::lock("app", b"report");
         let entries = &store.inner.entries;
         assert_eq!(entries.shard(&lock), entries.shard(&fence));
     }
@@ -487,7 +487,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn room_is_taken_and_given_back_exactly() {
         let store = MemoryStore::with_capacity(1);
-        let (lock, fence) = keys::lock("app", b"l");
+        let (lock, fence) = keyspace::lock("app", b"l");
         let refused = store
             .lock_acquire(
                 Hold::new(lock.clone(), "t"),

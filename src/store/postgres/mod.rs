@@ -28,8 +28,6 @@ mod advisory;
 mod builder;
 mod call;
 mod clock;
-#[cfg(feature = "axum")]
-mod extract;
 mod idempotency;
 mod invalidation;
 mod lock;
@@ -43,9 +41,6 @@ mod tls;
 pub use builder::PgStoreBuilder;
 use builder::Settings;
 use call::{Calls, Param};
-#[cfg(feature = "axum")]
-pub use extract::NoTransaction;
-pub(crate) use once::{Begun, Running};
 pub use once::{Once, OnceError, OnceTx};
 use rate::{RateCall, retention_us};
 use sql::Sql;

@@ -16,7 +16,8 @@ use tokio_postgres::types::ToSql;
 use super::PgStore;
 use super::call::{pg_error, pool_error};
 use crate::store::kit::observed;
-use crate::store::{StoreError, StoreErrorKind, millis};
+use crate::store::transaction::{CommitError, Run, RunBegun, RunFuture, RunStart};
+use crate::store::{StoreError, StoreErrorKind, StoreFuture, TransactionStore, millis};
 
 /// What [`PgStore::once`] answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,7 +164,7 @@ impl Drop for Open {
 }
 
 /// How a run began.
-pub(crate) enum Begun {
+enum Begun {
     /// The key's transaction is open, its lock held: run the work.
     Running(Running),
     /// A run committed: its output.
@@ -175,7 +176,7 @@ pub(crate) enum Begun {
 }
 
 /// A run whose transaction is open and holds its key's lock.
-pub(crate) struct Running {
+struct Running {
     store: PgStore,
     tx: OnceTx,
     key: String,
@@ -187,17 +188,6 @@ impl fmt::Debug for Running {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Running").field("key", &self.key).finish()
     }
-}
-
-/// Why a run's commit did not stand.
-#[derive(Debug)]
-pub(crate) enum CommitError {
-    /// Nothing of the run stands (the key is free).
-    NotCommitted(StoreError),
-    /// The commit's answer was lost and its outcome could not be looked up: the run may stand.
-    Unknown(StoreError),
-    /// The key was recorded by a run with another fingerprint.
-    Mismatch,
 }
 
 impl PgStore {
@@ -260,7 +250,7 @@ impl PgStore {
     ///
     /// Bounded by the store timeout. The server ends the transaction should it stay idle for
     /// `idle` (its copy cut off from the database, or dead without closing its connection).
-    pub(crate) async fn begin_once(
+    async fn begin_once(
         &self,
         key: &str,
         fingerprint: &str,
@@ -383,13 +373,13 @@ impl PgStore {
 
 impl Running {
     /// The run's transaction.
-    pub(crate) fn tx(&self) -> &OnceTx {
+    fn tx(&self) -> &OnceTx {
         &self.tx
     }
 
     /// Records `output` and commits, in one round trip; a commit whose answer was lost is
     /// looked up before anything is said.
-    pub(crate) async fn commit(self, output: &[u8]) -> Result<(), CommitError> {
+    async fn commit(self, output: &[u8]) -> Result<(), CommitError> {
         let started = std::time::Instant::now();
         let committed = self.record_and_commit(output).await;
         let failure = match &committed {
@@ -477,12 +467,52 @@ impl Running {
     }
 
     /// Rolls the run back: nothing of it stands, and the key is free.
-    pub(crate) async fn roll_back(self) {
+    async fn roll_back(self) {
         let rollback = self.tx.batch_execute("ROLLBACK");
         // unanswered, the connection is dropped (not ended): the server rolls back without it
         if let Ok(Ok(())) = tokio::time::timeout(self.store.timeout(), rollback).await {
             self.tx.open.ended.store(true, Ordering::Release);
         }
+    }
+}
+
+impl TransactionStore for PgStore {
+    fn begin_run(&self, start: RunStart) -> StoreFuture<RunBegun> {
+        let store = self.clone();
+        Box::pin(async move {
+            let RunStart {
+                key,
+                fingerprint,
+                retention,
+                idle,
+                ..
+            } = start;
+            Ok(
+                match store
+                    .begin_once(&key, &fingerprint, retention, idle)
+                    .await?
+                {
+                    Begun::Running(running) => RunBegun::Running(Box::new(running)),
+                    Begun::Recorded(output) => RunBegun::Recorded(output),
+                    Begun::Mismatch => RunBegun::Mismatch,
+                    Begun::InFlight => RunBegun::InFlight,
+                },
+            )
+        })
+    }
+}
+
+impl Run for Running {
+    fn lend(&self, extensions: &mut http::Extensions) {
+        extensions.insert(self.tx.clone());
+    }
+
+    fn commit(self: Box<Self>, output: Bytes) -> RunFuture<Result<(), CommitError>> {
+        Box::pin(async move { Running::commit(*self, &output).await })
+    }
+
+    fn roll_back(self: Box<Self>) -> RunFuture<()> {
+        Box::pin(Running::roll_back(*self))
     }
 }
 

@@ -12,7 +12,7 @@ use super::script_call::ScriptCall;
 use super::{
     Effect, Pending, RedisStore, extend_call, redis_call, release_call, store_error, unexpired,
 };
-use crate::keys;
+use crate::keyspace;
 use crate::store::span::Command;
 use crate::store::{
     Hold, IdempotencyBegin, IdempotencyStore, StoreError, StoreFuture, kit, millis,
@@ -32,7 +32,7 @@ impl IdempotencyStore for RedisStore {
     ) -> StoreFuture<IdempotencyBegin> {
         let Hold { key, token } = hold;
         let undo = Self::release_of(&key, &token, |s| &s.idem_release);
-        let marker = keys::pending_marker(&key);
+        let marker = keyspace::pending_marker(&key);
         let call = ScriptCall::default()
             .key(key)
             .key(marker)
@@ -63,7 +63,7 @@ impl IdempotencyStore for RedisStore {
         deadline: Instant,
     ) -> StoreFuture<bool> {
         let Hold { key, token } = hold;
-        let marker = keys::pending_marker(&key);
+        let marker = keyspace::pending_marker(&key);
         let pending = Pending {
             marker: marker.clone(),
             holder: token.clone(),

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::script_call::ScriptCall;
 use super::{Effect, Pending, RedisStore, extend_call, release_call};
-use crate::keys;
+use crate::keyspace;
 use crate::store::{
     ClaimOutcome, Hold, LockAttempt, LockStore, StoreFuture, fence_ttl, kit, millis,
 };
@@ -24,7 +24,7 @@ impl LockStore for RedisStore {
         deadline: Instant,
     ) -> StoreFuture<ClaimOutcome> {
         let undo = Self::release_of(&key, &holder, |s| &s.compare_and_delete);
-        let marker = keys::pending_marker(&key);
+        let marker = keyspace::pending_marker(&key);
         let pending = Pending {
             marker: marker.clone(),
             holder: holder.clone(),

@@ -35,7 +35,7 @@ use super::{
     RELEASE_MARKER_TTL, Store, StoreClock, StoreError, StoreErrorKind, StoreFuture, kit, millis,
 };
 use crate::error::ConfigError;
-use crate::keys;
+use crate::keyspace;
 use crate::store::span::{self, Call, Command, System};
 
 /// A store on Redis or Valkey, shared by every copy of a service.
@@ -498,7 +498,7 @@ fn settle_in_background(scripts: &Arc<Scripts>, mut conn: Connection, pending: P
 fn release_call(key: &str, token: &str) -> ScriptCall {
     ScriptCall::default()
         .key(key)
-        .key(keys::release_marker(key))
+        .key(keyspace::release_marker(key))
         .arg(token)
         .arg(millis(RELEASE_MARKER_TTL))
         .arg(kit::release_call_id())

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::script_call::ScriptCall;
 use super::{Effect, RedisStore, Undo, extend_call};
-use crate::keys;
+use crate::keyspace;
 use crate::store::{
     Hold, PermitAttempt, PermitStore, RELEASE_MARKER_TTL, StoreError, StoreFuture, fence_ttl, kit,
     millis,
@@ -16,10 +16,10 @@ use crate::store::{
 /// the lifetime of a call's note and a random id of this call, so that the call re-sent answers
 /// as it did.
 fn permit_release_call(hold: &Hold) -> ScriptCall {
-    let (queue, waiting) = keys::permit_queue(&hold.key);
+    let (queue, waiting) = keyspace::permit_queue(&hold.key);
     ScriptCall::default()
         .key(&hold.key)
-        .key(keys::release_marker(&hold.key))
+        .key(keyspace::release_marker(&hold.key))
         .key(queue)
         .key(waiting)
         .arg(&hold.token)
@@ -45,7 +45,7 @@ impl PermitStore for RedisStore {
             script: |s| &s.permit_release,
             call: permit_release_call(&hold),
         };
-        let (queue, waiting) = keys::permit_queue(&hold.key);
+        let (queue, waiting) = keyspace::permit_queue(&hold.key);
         let call = ScriptCall::default()
             .key(hold.key)
             .key(fence_key)

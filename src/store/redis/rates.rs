@@ -24,7 +24,7 @@ use super::clock::store_deadline;
 use super::connection::{Connection, Link};
 use super::sent::{Place, SentChecks};
 use super::{Lua, redis_call, status_code, store_error};
-use crate::keys;
+use crate::keyspace;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::coalesce::{BatchCall, Coalescer, Decided, Sent};
 use crate::store::kit;
@@ -118,7 +118,7 @@ impl RateCall {
         let mut own = String::new();
         if let Some((policy, check, _)) = checks.first() {
             let call = uuid::Uuid::new_v4().as_u64_pair().0;
-            keys::write_rate_record(&mut own, policy.namespace(), &check.key(), call);
+            keyspace::write_rate_record(&mut own, policy.namespace(), &check.key(), call);
         }
         let own: Arc<str> = Arc::from(own);
         let mut records = Records {
@@ -287,7 +287,7 @@ fn push_keys(cmd: &mut Cmd, checks: &[Sent<'_>]) {
             cmd.arg(key.as_str());
         }
         if let Some(attempt) = place(policy, check) {
-            keys::write_rate_place(&mut key, policy.namespace(), &check.key(), attempt);
+            keyspace::write_rate_place(&mut key, policy.namespace(), &check.key(), attempt);
             cmd.arg(key.as_str());
         }
     }

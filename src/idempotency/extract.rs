@@ -9,9 +9,9 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::request::Parts;
 
-use super::OnceTx;
 use crate::grpc::{Code, Wire};
 use crate::rejection::Rejection;
+use crate::store::OnceTx;
 
 /// Takes the request's transaction in an axum handler behind
 /// [`IdempotencyLayer::in_transaction`](crate::idempotency::IdempotencyLayer::in_transaction):

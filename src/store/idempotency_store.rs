@@ -1,0 +1,116 @@
+//! [`IdempotencyStore`]: records claimed with a token and a lease, the capability the
+//! idempotency layer needs.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::{Hold, StoreFuture};
+
+/// Idempotency records claimed with a token and a lease: the capability the idempotency layer
+/// needs.
+///
+/// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`](super::RateStore); all but
+/// [`idempotency_begin`](Self::idempotency_begin) act only while `hold.token` owns the record. A
+/// write that takes a `deadline` runs only if the store receives it before then: see
+/// [Deadlines](crate::store#deadlines).
+pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
+    /// How long a call may take before it fails with [`StoreErrorKind::Timeout`](super::StoreErrorKind::Timeout): the
+    /// deadline callers give their writes.
+    fn timeout(&self) -> Duration;
+
+    /// Looks up idempotency record `hold.key` and, when there is none, claims it for a request with
+    /// `fingerprint`, owned by `hold.token`, for `lease` — in one atomic step. A record that
+    /// `hold.token` claimed and still runs is claimed again (its lease reset). Received after
+    /// `deadline`, it does nothing.
+    fn idempotency_begin(
+        &self,
+        hold: Hold,
+        fingerprint: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<IdempotencyBegin>;
+
+    /// Stores the encoded `response` in record `hold.key`, kept for `retention`, only while
+    /// `hold.token` still owns the claim; `false` (and nothing written) otherwise. A record that
+    /// `hold.token` completed with this very `response` already answers `true` again, unchanged.
+    /// Received after `deadline`, it does nothing.
+    fn idempotency_complete(
+        &self,
+        hold: Hold,
+        response: Bytes,
+        retention: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool>;
+
+    /// Deletes record `hold.key` only while `hold.token` still owns its claim and it is not
+    /// completed. A call re-sent after a lost reply answers as its first run did.
+    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool>;
+
+    /// Extends the claim on record `hold.key` to `lease` from now, only while `hold.token` owns it
+    /// and it is not completed. Received after `deadline`, it does nothing.
+    fn idempotency_extend(
+        &self,
+        hold: Hold,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool>;
+}
+
+/// The answer to [`IdempotencyStore::idempotency_begin`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdempotencyBegin {
+    /// The key was new: this request owns it now and should run.
+    Claimed,
+    /// Another request with the same key and fingerprint is running.
+    InFlight {
+        /// The running request's remaining lease.
+        lease_left: Duration,
+    },
+    /// The key was used with a different fingerprint.
+    Mismatch,
+    /// The key's request completed; its encoded response.
+    Completed(Bytes),
+}
+
+impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
+    fn timeout(&self) -> Duration {
+        (**self).timeout()
+    }
+
+    fn idempotency_begin(
+        &self,
+        hold: Hold,
+        fingerprint: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<IdempotencyBegin> {
+        (**self).idempotency_begin(hold, fingerprint, lease, deadline)
+    }
+
+    fn idempotency_complete(
+        &self,
+        hold: Hold,
+        response: Bytes,
+        retention: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        (**self).idempotency_complete(hold, response, retention, deadline)
+    }
+
+    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {
+        (**self).idempotency_release(hold)
+    }
+
+    fn idempotency_extend(
+        &self,
+        hold: Hold,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        (**self).idempotency_extend(hold, lease, deadline)
+    }
+}

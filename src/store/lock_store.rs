@@ -1,0 +1,118 @@
+//! [`LockStore`]: conditional writes with a holder, the capability claims and locks need.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Hold, StoreFuture};
+
+/// Conditional writes with a holder: the capability claims and locks need.
+///
+/// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`](super::RateStore). A write
+/// that takes a `deadline` runs only if the store receives it before then: see
+/// [Deadlines](crate::store#deadlines).
+pub trait LockStore: fmt::Debug + Send + Sync + 'static {
+    /// How long a call may take before it fails with [`StoreErrorKind::Timeout`](super::StoreErrorKind::Timeout): the
+    /// deadline callers give their writes.
+    fn timeout(&self) -> Duration;
+
+    /// Sets `key` to `holder` only if `key` does not exist (SET NX), expiring after `ttl` (`None`:
+    /// never). The loser learns the current holder in the same atomic step. A key that `holder`
+    /// holds already counts as won: the same attempt run twice wins twice. Received after
+    /// `deadline`, it does nothing.
+    fn claim(
+        &self,
+        key: String,
+        holder: String,
+        ttl: Option<Duration>,
+        deadline: Instant,
+    ) -> StoreFuture<ClaimOutcome>;
+
+    /// Sets lock `hold.key` to `hold.token` for `lease` if it is free and, only then, draws the
+    /// next fencing token from `fence_key` (same hash slot): above both the counter's last value
+    /// and the store time in microseconds, so it strictly increases per lock name even across a
+    /// counter lost or restored stale. The same attempt again (a lock that holds the token already)
+    /// is acquired again with the same fencing token and a fresh lease. Received after `deadline`,
+    /// it does nothing.
+    fn lock_acquire(
+        &self,
+        hold: Hold,
+        fence_key: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<LockAttempt>;
+
+    /// Resets `hold.key`'s expiry to `lease` from now, only while it holds `hold.token`; `false`
+    /// when it does not (expired, released, or taken over by another owner). Received after
+    /// `deadline`, it does nothing.
+    fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool>;
+
+    /// Deletes `hold.key` only while it holds `hold.token`; `false` when it does not. A call
+    /// re-sent after a lost reply answers as its first run did.
+    fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool>;
+}
+
+/// The answer to [`LockStore::claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimOutcome {
+    /// Whether this caller's write won.
+    pub won: bool,
+    /// The holder stored by the winner (this caller's holder when `won`), read in the same
+    /// atomic step as the failed write.
+    pub holder: String,
+    /// Whether the claim this caller lost to is still pending: made with durable writes
+    /// (`wait_replicas`) and not yet acknowledged by the replicas, so it may yet be undone — the
+    /// name is in progress, not taken. Always `false` on a store without durable writes.
+    pub pending: bool,
+}
+
+/// The answer to [`LockStore::lock_acquire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockAttempt {
+    /// The lock is ours; the fencing token of this acquisition.
+    Acquired {
+        /// Strictly greater than every earlier token of the same lock name.
+        fence: u64,
+    },
+    /// Another owner holds the lock for about this long still.
+    Held {
+        /// The other owner's remaining lease.
+        lease_left: Duration,
+    },
+}
+
+impl<T: LockStore + ?Sized> LockStore for Arc<T> {
+    fn timeout(&self) -> Duration {
+        (**self).timeout()
+    }
+
+    fn claim(
+        &self,
+        key: String,
+        holder: String,
+        ttl: Option<Duration>,
+        deadline: Instant,
+    ) -> StoreFuture<ClaimOutcome> {
+        (**self).claim(key, holder, ttl, deadline)
+    }
+
+    fn lock_acquire(
+        &self,
+        hold: Hold,
+        fence_key: String,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<LockAttempt> {
+        (**self).lock_acquire(hold, fence_key, lease, deadline)
+    }
+
+    fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        (**self).extend_if_held(hold, lease, deadline)
+    }
+
+    fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool> {
+        (**self).delete_if_held(hold)
+    }
+}

@@ -1,0 +1,97 @@
+//! [`PermitStore`]: permits with leases and a fair queue, the capability the concurrency-limit
+//! layer needs.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Hold, StoreFuture};
+
+/// Permits: at most `limit` holders of a key at once, each with a lease and a fencing token —
+/// the capability the [concurrency-limit layer](crate::concurrency) needs.
+///
+/// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`](super::RateStore). A write
+/// that takes a `deadline` runs only if the store receives it before then: see
+/// [Deadlines](crate::store#deadlines).
+pub trait PermitStore: fmt::Debug + Send + Sync + 'static {
+    /// How long a call may take before it fails with [`StoreErrorKind::Timeout`](super::StoreErrorKind::Timeout): the
+    /// deadline callers give their writes.
+    fn timeout(&self) -> Duration;
+
+    /// Takes one of the `limit` permits of `hold.key` for `hold.token`, for `lease`, if one is free
+    /// for it and, only then, draws a fencing token from `fence_key` (same hash slot) as
+    /// [`LockStore::lock_acquire`](super::LockStore::lock_acquire) does: strictly increasing per key. A permit that `hold.token`
+    /// holds already is taken again with a fresh lease and a fresh fencing token: the same attempt
+    /// run twice takes one permit. Received after `deadline`, it does nothing.
+    ///
+    /// Permits go to waiters first, in arrival order. With `wait` set, a holder that finds no
+    /// permit free for it keeps a place in the key's queue for `wait` from now (each attempt renews
+    /// it; [`permit_release`](Self::permit_release) gives it up); a permit is free for it while
+    /// fewer waiters arrived before it than permits are free (leases that ended do not count).
+    /// Without `wait`, a permit is free only when more are free than waiters queue.
+    fn permit_acquire(
+        &self,
+        hold: Hold,
+        fence_key: String,
+        limit: u32,
+        lease: Duration,
+        wait: Option<Duration>,
+        deadline: Instant,
+    ) -> StoreFuture<PermitAttempt>;
+
+    /// Resets the permit's lease to `lease` from now, only while `hold.token` holds one of
+    /// `hold.key`'s permits; `false` when it does not (released or expired). Received after
+    /// `deadline`, it does nothing.
+    fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool>;
+
+    /// Gives the permit back, only while `hold.token` holds one; `false` when it does not. A call
+    /// re-sent after a lost reply answers as its first run did. A place `hold.token` keeps in the
+    /// key's queue is given up too.
+    fn permit_release(&self, hold: Hold) -> StoreFuture<bool>;
+}
+
+/// The answer to [`PermitStore::permit_acquire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermitAttempt {
+    /// A permit is ours; the fencing token of this acquisition.
+    Acquired {
+        /// Strictly greater than every earlier token of the same key.
+        fence: u64,
+    },
+    /// No permit is free for this holder: every permit is held, or waiters that arrived
+    /// before it take those that are free.
+    Full {
+        /// The shortest remaining lease among the held permits (zero when none is held).
+        next_free: Duration,
+        /// How many waiters are ahead of this holder in the key's queue.
+        ahead: u32,
+    },
+}
+
+impl<T: PermitStore + ?Sized> PermitStore for Arc<T> {
+    fn timeout(&self) -> Duration {
+        (**self).timeout()
+    }
+
+    fn permit_acquire(
+        &self,
+        hold: Hold,
+        fence_key: String,
+        limit: u32,
+        lease: Duration,
+        wait: Option<Duration>,
+        deadline: Instant,
+    ) -> StoreFuture<PermitAttempt> {
+        (**self).permit_acquire(hold, fence_key, limit, lease, wait, deadline)
+    }
+
+    fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        (**self).permit_extend(hold, lease, deadline)
+    }
+
+    fn permit_release(&self, hold: Hold) -> StoreFuture<bool> {
+        (**self).permit_release(hold)
+    }
+}

@@ -1,0 +1,62 @@
+//! [`RateStore`]: rate checks, the capability a rate-limit layer needs.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Invalidations, StoreFuture};
+use crate::key::Key;
+use crate::rate::{RateCheck, RateOutcome, RatePolicy};
+
+/// Rate checks: the capability a rate-limit layer needs.
+///
+/// Implementations must finish every future within their own timeout (a store that is down must not
+/// hang a request) and make each check atomic with respect to every other caller of the same
+/// backend, in any process.
+pub trait RateStore: fmt::Debug + Send + Sync + 'static {
+    /// Checks the cost of `check` against every limit of `policy` for its caller and, only if all
+    /// have room, charges all of them — in one atomic step. The keys are
+    /// [`RatePolicy::store_keys`]. Safe to run twice: the same attempt again is charged once and
+    /// admitted again (see [`RateCheck`]).
+    fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome>;
+
+    /// How long a check may take before it fails with [`StoreErrorKind::Timeout`](super::StoreErrorKind::Timeout): a check is
+    /// remembered for its deadline plus twice this (see the
+    /// [attempt ledger](crate::store#the-attempt-ledger)).
+    fn timeout(&self) -> Duration;
+
+    /// Forgets what caller `key` has spent of every limit of `policy` (deletes its
+    /// [`RatePolicy::store_keys`]), as if it had never been seen; other policies' state stays.
+    /// A store with [`invalidations`](Self::invalidations) then broadcasts
+    /// [`Invalidation::Caller`](super::Invalidation::Caller) for `key` under the policy's namespace.
+    fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()>;
+
+    /// A subscription to the store's invalidation broadcast (see
+    /// [Invalidations](crate::store#invalidations)), or `None` when the store has none (the default): a
+    /// rate-limit layer subscribes once, and drops a caller's cached denial when the caller is
+    /// reset or refunded through any copy. A store that offers it broadcasts
+    /// [`Invalidation::Caller`](super::Invalidation::Caller) after every [`reset_rate`](Self::reset_rate), and after every
+    /// settlement of a reservation that refunded quota and left the caller room on every limit;
+    /// and [`Invalidation::Missed`](super::Invalidation::Missed) when some may have been lost. Called inside a Tokio runtime.
+    fn invalidations(&self) -> Option<Invalidations> {
+        None
+    }
+}
+
+impl<T: RateStore + ?Sized> RateStore for Arc<T> {
+    fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
+        (**self).check_rate(policy, check)
+    }
+
+    fn timeout(&self) -> Duration {
+        (**self).timeout()
+    }
+
+    fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
+        (**self).reset_rate(policy, key)
+    }
+
+    fn invalidations(&self) -> Option<Invalidations> {
+        (**self).invalidations()
+    }
+}
