@@ -233,6 +233,7 @@ mod lease;
 pub mod lock;
 pub mod metrics;
 mod pace;
+mod policy;
 mod task;
 // HTTP glue
 mod body;

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::OnStoreError;
 use super::layer::ConcurrencyLimitLayerBuilder;
+use crate::policy::OnStoreError;
 
 /// A concurrency-limit layer's settings from a configuration file; what is left out keeps the
 /// builder's default. Applied with [`ConcurrencyLimitLayerBuilder::config`]; the key extractor

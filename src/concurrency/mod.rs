@@ -69,6 +69,7 @@ mod layer;
 mod permit;
 mod report;
 mod service;
+mod settings;
 #[cfg(test)]
 mod tests;
 
@@ -80,30 +81,4 @@ pub use permit::Permit;
 pub use service::{ConcurrencyLimit, ResponseFuture};
 
 pub use crate::key::MissingKey;
-
-/// What a concurrency-limit layer does when its store fails or does not answer in time.
-///
-/// With the `serde` feature it reads as `"allow"`, `"deny"` or
-/// `{ "local_fallback": { "copies": n } }`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
-#[cfg_attr(
-    feature = "serde",
-    serde(rename_all = "snake_case", deny_unknown_fields)
-)]
-#[non_exhaustive]
-pub enum OnStoreError {
-    /// Let the request through without a permit and log a warning. Availability over
-    /// strictness: the default.
-    #[default]
-    Allow,
-    /// Answer `503 Service Unavailable` with `Retry-After: 1` (gRPC: UNAVAILABLE).
-    Deny,
-    /// Limit in process while the store is out of reach: at most `limit / copies` (rounded up)
-    /// requests per key in flight in this copy, `copies` being the number of copies expected to
-    /// share the load.
-    LocalFallback {
-        /// How many copies of the service share the traffic (at least 1).
-        copies: u32,
-    },
-}
+pub use crate::policy::OnStoreError;

@@ -12,16 +12,16 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::OnStoreError;
 use super::body::PermitBody;
-use super::layer::Settings;
 use super::permit::{Held, Permit, StorePermit};
 use super::report::{Outcome, report};
+use super::settings::Settings;
 use crate::body::Complete;
 use crate::grpc::{Code, Wire};
 use crate::key::{Global, Key, KeyExtractor};
 use crate::keyspace;
 use crate::lease::{self, Owner, UndoUnanswered};
+use crate::policy::OnStoreError;
 use crate::rate_limit::QuotaUnit;
 use crate::rate_limit::headers::{RATELIMIT, RATELIMIT_POLICY};
 use crate::rejection::{self, Rejection};

@@ -6,9 +6,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::decision::{DecisionSource, RateLimitDecision};
-use super::policies::OnStoreError;
 use super::settings::Settings;
 use super::tiers::Tier;
+use crate::policy::OnStoreError;
 use crate::rate::{RateCheck, RateOutcome};
 use crate::store::StoreError;
 

@@ -10,14 +10,15 @@ use super::decision::RateLimitDecision;
 use super::fallback;
 use super::headers::QuotaUnit;
 use super::invalidated::Listener;
-use super::policies::{MissingKey, OnStoreError};
 use super::service::RateLimit;
 use super::settings::{CostFn, GrpcMetadataFn, RejectionFn, Settings, Settle};
 use super::tiers::{LimitsFn, Tier, TierFn, TierOptions, Tiers};
 use crate::error::ConfigError;
+use crate::key::MissingKey;
 use crate::key::{Global, Key, KeyExtractor};
 use crate::keyspace;
 use crate::pace::OncePerSecond;
+use crate::policy::OnStoreError;
 use crate::rate::{Algorithm, Limit, RateCheck, RateOutcome, RatePolicy};
 use crate::store::{RateStore, StoreError};
 

@@ -90,7 +90,6 @@ mod future;
 pub(crate) mod headers;
 mod invalidated;
 mod layer;
-mod policies;
 mod rejection;
 mod service;
 mod settings;
@@ -98,6 +97,8 @@ mod settings;
 mod tests;
 mod tiers;
 
+pub use crate::key::MissingKey;
+pub use crate::policy::OnStoreError;
 pub use body::ResponseBody;
 #[cfg(feature = "serde")]
 pub use config::RateLimitConfig;
@@ -105,7 +106,6 @@ pub use decision::{DecisionSource, RateLimitDecision, RateLimitDecisions};
 pub use future::ResponseFuture;
 pub use headers::QuotaUnit;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
-pub use policies::{MissingKey, OnStoreError};
 pub use service::RateLimit;
 
 pub use crate::rate::{Algorithm, Limit, LimitState, MAX_LOG_QUOTA};

@@ -7,9 +7,10 @@ use http::request::Parts;
 
 use super::deny_cache::DenyCache;
 use super::invalidated::Listener;
-use super::policies::{MissingKey, OnStoreError};
 use super::tiers::Tiers;
+use crate::key::MissingKey;
 use crate::pace::OncePerSecond;
+use crate::policy::OnStoreError;
 use crate::store::RateStore;
 
 /// The response to a denied HTTP request, built from its decision.

@@ -15,9 +15,9 @@ use http::request::Parts;
 
 use super::fallback::Fallback;
 use super::headers::{self, QuotaUnit};
-use super::policies::OnStoreError;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::pace::OncePerSecond;
+use crate::policy::OnStoreError;
 use crate::rate::{Algorithm, Limit, RatePolicy};
 
 /// Names a request's tier from its head; `None` for the default tier.
