@@ -1,8 +1,13 @@
-//! The complete body that every layer's own responses (rejections, replays) are made of.
+//! The bodies every layer answers with: [`Complete`], which tollgate's own responses
+//! (rejections, replays) are made of, and [`LayerBody`], that or the inner service's body.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Frame, SizeHint};
+use pin_project_lite::pin_project;
 
 /// A complete body made by tollgate: its data (if any), then its trailers (if any).
 #[derive(Debug, Default)]
@@ -51,10 +56,10 @@ impl http_body::Body for Complete {
     type Error = std::convert::Infallible;
 
     fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        std::task::Poll::Ready(self.next_frame().map(Ok))
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.next_frame().map(Ok))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -63,5 +68,58 @@ impl http_body::Body for Complete {
 
     fn size_hint(&self) -> SizeHint {
         Complete::size_hint(self)
+    }
+}
+
+pin_project! {
+    /// What every layer answers with: the inner service's body, passed through, or a complete
+    /// body made by tollgate (a rejection, a replay). Its error is the inner body's, unboxed.
+    #[project = LayerBodyProj]
+    #[derive(Debug)]
+    pub(crate) enum LayerBody<B> {
+        Inner { #[pin] body: B },
+        Complete { body: Complete },
+    }
+}
+
+impl<B> LayerBody<B> {
+    /// The inner service's body.
+    pub(crate) fn inner(body: B) -> Self {
+        Self::Inner { body }
+    }
+}
+
+impl<B> From<Complete> for LayerBody<B> {
+    fn from(body: Complete) -> Self {
+        Self::Complete { body }
+    }
+}
+
+impl<B: http_body::Body<Data = Bytes>> http_body::Body for LayerBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project() {
+            LayerBodyProj::Inner { body } => body.poll_frame(cx),
+            LayerBodyProj::Complete { body } => Poll::Ready(body.next_frame().map(Ok)),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Inner { body } => body.is_end_stream(),
+            Self::Complete { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Inner { body } => body.size_hint(),
+            Self::Complete { body } => body.size_hint(),
+        }
     }
 }

@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use crate::error::ConfigError;
 use crate::keyspace;
 use crate::lease::{self, Owner};
+use crate::store::ClaimRequest;
 use crate::store::{Hold, LockStore, StoreError};
 
 /// Makes claims in a shared [`LockStore`]. Cheap to clone.
@@ -148,7 +149,10 @@ impl Claims {
         ttl: Option<Duration>,
         deadline: Instant,
     ) -> Result<Claim, StoreError> {
-        let outcome = self.store.claim(key.clone(), holder, ttl, deadline).await?;
+        let outcome = self
+            .store
+            .claim(ClaimRequest::new(key.clone(), holder, ttl), deadline)
+            .await?;
         Ok(Claim {
             won: outcome.won,
             holder: outcome.holder,

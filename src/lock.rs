@@ -60,6 +60,7 @@ use tokio::time::Instant;
 use crate::error::ConfigError;
 use crate::keyspace;
 use crate::lease::{self, Owner};
+use crate::store::LockRequest;
 use crate::store::{Hold, LockAttempt, LockStore, StoreError};
 use crate::task::AbortOnDrop;
 
@@ -154,9 +155,7 @@ impl Locks {
             move || store.delete_if_held(Hold::new(key.clone(), token.clone()))
         };
         let acquire = self.store.lock_acquire(
-            Hold::new(key.clone(), token.clone()),
-            fence_key,
-            lease,
+            LockRequest::new(Hold::new(key.clone(), token.clone()), fence_key, lease),
             deadline,
         );
         let attempt = lease::attempt_with_undo(Owner::Lock, deadline, undo, acquire)
@@ -396,7 +395,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
-    use crate::store::{ClaimOutcome, MemoryStore, StoreFuture};
+    use crate::store::{ClaimOutcome, ClaimRequest, MemoryStore, StoreFuture};
 
     /// A memory store whose first release never answers (a call stuck in a dead connection).
     #[derive(Debug, Clone, Default)]
@@ -409,23 +408,23 @@ mod tests {
         fn timeout(&self) -> Duration {
             self.inner.timeout()
         }
-        fn claim(
-            &self,
-            k: String,
-            h: String,
-            t: Option<Duration>,
-            d: Instant,
-        ) -> StoreFuture<ClaimOutcome> {
-            self.inner.claim(k, h, t, d)
+        fn claim(&self, request: ClaimRequest, d: Instant) -> StoreFuture<ClaimOutcome> {
+            let ClaimRequest {
+                key: k,
+                holder: h,
+                ttl: t,
+                ..
+            } = request;
+            self.inner.claim(ClaimRequest::new(k, h, t), d)
         }
-        fn lock_acquire(
-            &self,
-            h: Hold,
-            f: String,
-            l: Duration,
-            d: Instant,
-        ) -> StoreFuture<LockAttempt> {
-            self.inner.lock_acquire(h, f, l, d)
+        fn lock_acquire(&self, request: LockRequest, d: Instant) -> StoreFuture<LockAttempt> {
+            let LockRequest {
+                hold: h,
+                fence_key: f,
+                lease: l,
+                ..
+            } = request;
+            self.inner.lock_acquire(LockRequest::new(h, f, l), d)
         }
         fn extend_if_held(&self, h: Hold, l: Duration, d: Instant) -> StoreFuture<bool> {
             self.inner.extend_if_held(h, l, d)

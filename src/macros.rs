@@ -19,3 +19,49 @@ macro_rules! inner_service_accessors {
         }
     };
 }
+
+/// A layer's service: `$name<S, K = Global>` holding its inner service, the layer's shared
+/// `Settings` and its key extractor `$key: Arc<K>`, with `new`, the inner-service accessors, and
+/// `Clone` and `Debug` that leave `K` and `Settings` shared.
+macro_rules! layer_service {
+    ($(#[$doc:meta])* $name:ident { $key:ident }) => {
+        $(#[$doc])*
+        pub struct $name<S, K = crate::key::Global> {
+            inner: S,
+            settings: std::sync::Arc<Settings>,
+            $key: std::sync::Arc<K>,
+        }
+
+        impl<S, K> $name<S, K> {
+            pub(crate) fn new(
+                inner: S,
+                settings: std::sync::Arc<Settings>,
+                $key: std::sync::Arc<K>,
+            ) -> Self {
+                Self { inner, settings, $key }
+            }
+
+            inner_service_accessors!();
+        }
+
+        impl<S: Clone, K> Clone for $name<S, K> {
+            fn clone(&self) -> Self {
+                Self {
+                    inner: self.inner.clone(),
+                    settings: std::sync::Arc::clone(&self.settings),
+                    $key: std::sync::Arc::clone(&self.$key),
+                }
+            }
+        }
+
+        impl<S: std::fmt::Debug, K: std::fmt::Debug> std::fmt::Debug for $name<S, K> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("inner", &self.inner)
+                    .field("settings", &self.settings)
+                    .field(stringify!($key), &self.$key)
+                    .finish()
+            }
+        }
+    };
+}

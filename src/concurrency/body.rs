@@ -8,7 +8,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::permit::Held;
-use crate::body::Complete;
+use crate::body::{Complete, LayerBody};
 
 pin_project! {
     /// The response body of the concurrency-limit layer: the inner service's body, holding the
@@ -17,16 +17,8 @@ pin_project! {
     #[derive(Debug)]
     pub struct PermitBody<B> {
         #[pin]
-        kind: Kind<B>,
-    }
-}
-
-pin_project! {
-    #[project = KindProj]
-    #[derive(Debug)]
-    enum Kind<B> {
-        Inner { #[pin] body: B, held: Option<Held> },
-        Complete { body: Complete },
+        body: LayerBody<B>,
+        held: Option<Held>,
     }
 }
 
@@ -34,7 +26,8 @@ impl<B> PermitBody<B> {
     /// The inner service's body, holding `held` until it ends.
     pub(crate) fn inner(body: B, held: Option<Held>) -> Self {
         Self {
-            kind: Kind::Inner { body, held },
+            body: LayerBody::inner(body),
+            held,
         }
     }
 }
@@ -42,7 +35,8 @@ impl<B> PermitBody<B> {
 impl<B> From<Complete> for PermitBody<B> {
     fn from(body: Complete) -> Self {
         Self {
-            kind: Kind::Complete { body },
+            body: body.into(),
+            held: None,
         }
     }
 }
@@ -64,30 +58,20 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body, held } => {
-                let frame = body.poll_frame(cx);
-                if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
-                    // the response is done with: the permit goes back now
-                    held.take();
-                }
-                frame
-            }
-            KindProj::Complete { body } => Poll::Ready(body.next_frame().map(Ok)),
+        let this = self.project();
+        let frame = this.body.poll_frame(cx);
+        if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
+            // the response is done with: the permit goes back now
+            this.held.take();
         }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Inner { body, .. } => body.is_end_stream(),
-            Kind::Complete { body } => body.is_end_stream(),
-        }
+        self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Inner { body, .. } => body.size_hint(),
-            Kind::Complete { body } => body.size_hint(),
-        }
+        self.body.size_hint()
     }
 }

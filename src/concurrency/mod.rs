@@ -62,11 +62,14 @@
 //! # }
 //! ```
 
+mod admit;
 mod body;
 #[cfg(feature = "serde")]
 mod config;
+mod future;
 mod layer;
 mod permit;
+mod rejection;
 mod report;
 mod service;
 mod settings;
@@ -76,9 +79,10 @@ mod tests;
 pub use body::PermitBody;
 #[cfg(feature = "serde")]
 pub use config::ConcurrencyConfig;
+pub use future::ResponseFuture;
 pub use layer::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
 pub use permit::Permit;
-pub use service::{ConcurrencyLimit, ResponseFuture};
+pub use service::ConcurrencyLimit;
 
 pub use crate::key::MissingKey;
 pub use crate::policy::OnStoreError;

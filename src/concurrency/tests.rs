@@ -24,15 +24,7 @@ impl PermitStore for Down {
         Duration::from_millis(50)
     }
 
-    fn permit_acquire(
-        &self,
-        _: Hold,
-        _: String,
-        _: u32,
-        _: Duration,
-        _: Option<Duration>,
-        _: Instant,
-    ) -> StoreFuture<PermitAttempt> {
+    fn permit_acquire(&self, _: PermitRequest, _: Instant) -> StoreFuture<PermitAttempt> {
         Box::pin(async { Err(StoreError::timeout()) })
     }
 
@@ -45,6 +37,7 @@ impl PermitStore for Down {
     }
 }
 
+use crate::store::PermitRequest;
 use crate::store::PermitStore;
 
 type Svc = tower::util::BoxCloneService<

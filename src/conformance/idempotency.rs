@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{soon, unique};
+use crate::store::{BeginRequest, CompleteRequest};
 use crate::store::{Hold, IdempotencyBegin, IdempotencyStore, StoreErrorKind};
 
 fn idem_key() -> String {
@@ -18,9 +19,11 @@ pub async fn lifecycle(store: &(impl IdempotencyStore + Clone)) {
     let lease = Duration::from_secs(30);
     let begin = |fp: &str, token: &str| {
         store.idempotency_begin(
-            Hold::new(key.clone(), token.to_owned()),
-            fp.to_owned(),
-            lease,
+            BeginRequest::new(
+                Hold::new(key.clone(), token.to_owned()),
+                fp.to_owned(),
+                lease,
+            ),
             soon(),
         )
     };
@@ -42,9 +45,11 @@ pub async fn lifecycle(store: &(impl IdempotencyStore + Clone)) {
     assert!(
         store
             .idempotency_complete(
-                Hold::new(key.clone(), "a"),
-                response.clone(),
-                Duration::from_secs(60),
+                CompleteRequest::new(
+                    Hold::new(key.clone(), "a"),
+                    response.clone(),
+                    Duration::from_secs(60)
+                ),
                 soon()
             )
             .await
@@ -78,9 +83,11 @@ pub async fn exactly_one_claim_among_concurrent(store: &(impl IdempotencyStore +
     let key = idem_key();
     let attempts = (0..100).map(|i| {
         store.idempotency_begin(
-            Hold::new(key.clone(), format!("t{i}")),
-            "fp".into(),
-            Duration::from_secs(30),
+            BeginRequest::new(
+                Hold::new(key.clone(), format!("t{i}")),
+                "fp",
+                Duration::from_secs(30),
+            ),
             soon(),
         )
     });
@@ -102,9 +109,7 @@ pub async fn token_checks_and_takeover(store: &(impl IdempotencyStore + Clone)) 
     let key = idem_key();
     let begin = |token: &str, lease: Duration| {
         store.idempotency_begin(
-            Hold::new(key.clone(), token.to_owned()),
-            "fp".into(),
-            lease,
+            BeginRequest::new(Hold::new(key.clone(), token.to_owned()), "fp", lease),
             soon(),
         )
     };
@@ -146,9 +151,11 @@ async fn release(store: &impl IdempotencyStore, key: &str, token: &str) -> bool 
 async fn complete(store: &impl IdempotencyStore, key: &str, token: &str, response: Bytes) -> bool {
     let retention = Duration::from_secs(60);
     let complete = store.idempotency_complete(
-        Hold::new(key.to_owned(), token.to_owned()),
-        response,
-        retention,
+        CompleteRequest::new(
+            Hold::new(key.to_owned(), token.to_owned()),
+            response,
+            retention,
+        ),
         soon(),
     );
     complete.await.expect("store answers")
@@ -159,9 +166,11 @@ pub async fn retention_and_release(store: &(impl IdempotencyStore + Clone)) {
     let key = idem_key();
     let begin = |token: &str| {
         store.idempotency_begin(
-            Hold::new(key.clone(), token.to_owned()),
-            "fp".into(),
-            Duration::from_secs(30),
+            BeginRequest::new(
+                Hold::new(key.clone(), token.to_owned()),
+                "fp",
+                Duration::from_secs(30),
+            ),
             soon(),
         )
     };
@@ -184,9 +193,11 @@ pub async fn retention_and_release(store: &(impl IdempotencyStore + Clone)) {
     assert!(
         store
             .idempotency_complete(
-                Hold::new(key.clone(), "b"),
-                done.clone(),
-                Duration::from_millis(200),
+                CompleteRequest::new(
+                    Hold::new(key.clone(), "b"),
+                    done.clone(),
+                    Duration::from_millis(200)
+                ),
                 soon()
             )
             .await
@@ -209,9 +220,7 @@ pub async fn operations_run_twice_answer_alike(store: &(impl IdempotencyStore + 
     let lease = Duration::from_secs(30);
     let begin = |token: &str| {
         store.idempotency_begin(
-            Hold::new(key.clone(), token.to_owned()),
-            "fp".into(),
-            lease,
+            BeginRequest::new(Hold::new(key.clone(), token.to_owned()), "fp", lease),
             soon(),
         )
     };
@@ -244,9 +253,7 @@ pub async fn operations_run_twice_answer_alike(store: &(impl IdempotencyStore + 
     let other = idem_key();
     let begin_other = |token: &str| {
         store.idempotency_begin(
-            Hold::new(other.clone(), token.to_owned()),
-            "fp".into(),
-            lease,
+            BeginRequest::new(Hold::new(other.clone(), token.to_owned()), "fp", lease),
             soon(),
         )
     };
@@ -261,7 +268,10 @@ pub async fn huge_durations_are_clamped_alike(store: &(impl IdempotencyStore + C
     let forever = Duration::MAX;
     let key = idem_key();
     let claimed = store
-        .idempotency_begin(Hold::new(key.clone(), "a"), "fp".into(), forever, soon())
+        .idempotency_begin(
+            BeginRequest::new(Hold::new(key.clone(), "a"), "fp", forever),
+            soon(),
+        )
         .await
         .unwrap();
     assert_eq!(claimed, IdempotencyBegin::Claimed);
@@ -274,12 +284,18 @@ pub async fn huge_durations_are_clamped_alike(store: &(impl IdempotencyStore + C
     let record = Bytes::from_static(b"kept");
     assert!(
         store
-            .idempotency_complete(Hold::new(key.clone(), "a"), record.clone(), forever, soon())
+            .idempotency_complete(
+                CompleteRequest::new(Hold::new(key.clone(), "a"), record.clone(), forever),
+                soon()
+            )
             .await
             .unwrap()
     );
     let replay = store
-        .idempotency_begin(Hold::new(key, "b"), "fp".into(), forever, soon())
+        .idempotency_begin(
+            BeginRequest::new(Hold::new(key, "b"), "fp", forever),
+            soon(),
+        )
         .await
         .unwrap();
     assert_eq!(replay, IdempotencyBegin::Completed(record), "written whole");
@@ -295,16 +311,24 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl Idempotenc
     };
     let lease = Duration::from_secs(30);
     let record = format!("t:idem:{{{}}}", unique("late"));
-    let begin = store.idempotency_begin(Hold::new(record.clone(), "a"), "fp".into(), lease, passed);
+    let begin = store.idempotency_begin(
+        BeginRequest::new(Hold::new(record.clone(), "a"), "fp", lease),
+        passed,
+    );
     late("idempotency_begin", begin.await.err());
-    let begin = store.idempotency_begin(Hold::new(record.clone(), "b"), "fp".into(), lease, soon());
+    let begin = store.idempotency_begin(
+        BeginRequest::new(Hold::new(record.clone(), "b"), "fp", lease),
+        soon(),
+    );
     assert_eq!(
         begin.await.unwrap(),
         IdempotencyBegin::Claimed,
         "the record was left free"
     );
-    let complete =
-        store.idempotency_complete(Hold::new(record.clone(), "b"), "r".into(), lease, passed);
+    let complete = store.idempotency_complete(
+        CompleteRequest::new(Hold::new(record.clone(), "b"), "r", lease),
+        passed,
+    );
     late("idempotency_complete", complete.await.err());
     late(
         "idempotency_extend",
@@ -313,7 +337,10 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl Idempotenc
             .await
             .err(),
     );
-    let begin = store.idempotency_begin(Hold::new(record.clone(), "c"), "fp".into(), lease, soon());
+    let begin = store.idempotency_begin(
+        BeginRequest::new(Hold::new(record.clone(), "c"), "fp", lease),
+        soon(),
+    );
     assert!(
         matches!(begin.await.unwrap(), IdempotencyBegin::InFlight { .. }),
         "the late completion stored nothing"

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::{soon, unique};
 use crate::claim::Claims;
 use crate::lock::{LockError, Locks};
+use crate::store::{ClaimRequest, LockRequest};
 use crate::store::{Hold, LockAttempt, LockStore, StoreErrorKind};
 
 /// Keys of one hash slot for the raw lock operations: `(lock, fence)`.
@@ -292,9 +293,11 @@ pub async fn lock_acquisitions_run_twice_keep_their_fence(store: &(impl LockStor
     let lease = Duration::from_secs(5);
     let acquire = |token: &str, lease| {
         store.lock_acquire(
-            Hold::new(lock.clone(), token.to_owned()),
-            fence.clone(),
-            lease,
+            LockRequest::new(
+                Hold::new(lock.clone(), token.to_owned()),
+                fence.clone(),
+                lease,
+            ),
             soon(),
         )
     };
@@ -340,12 +343,15 @@ pub async fn fencing_tokens_pass_a_stale_counter_and_the_store_clock(
     let before = now_us();
     // a counter restored stale from an old snapshot: far below the tokens already handed out
     let stale = store
-        .claim(fence.clone(), "41".into(), None, soon())
+        .claim(ClaimRequest::new(fence.clone(), "41", None), soon())
         .await
         .unwrap();
     assert!(stale.won);
     let LockAttempt::Acquired { fence: token } = store
-        .lock_acquire(Hold::new(lock.clone(), "a"), fence.clone(), lease, soon())
+        .lock_acquire(
+            LockRequest::new(Hold::new(lock.clone(), "a"), fence.clone(), lease),
+            soon(),
+        )
         .await
         .unwrap()
     else {
@@ -363,7 +369,7 @@ pub async fn fencing_tokens_pass_a_stale_counter_and_the_store_clock(
             .unwrap()
     );
     let LockAttempt::Acquired { fence: next } = store
-        .lock_acquire(Hold::new(lock, "b"), fence, lease, soon())
+        .lock_acquire(LockRequest::new(Hold::new(lock, "b"), fence, lease), soon())
         .await
         .unwrap()
     else {
@@ -377,9 +383,7 @@ pub async fn a_release_frees_the_key_once(store: &(impl LockStore + Clone)) {
     let (lock, fence) = raw_lock_keys();
     let acquired = store
         .lock_acquire(
-            Hold::new(lock.clone(), "a"),
-            fence,
-            Duration::from_secs(5),
+            LockRequest::new(Hold::new(lock.clone(), "a"), fence, Duration::from_secs(5)),
             soon(),
         )
         .await
@@ -443,18 +447,27 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl LockStore 
     late(
         "claim",
         store
-            .claim(claim.clone(), "a".into(), None, passed)
+            .claim(ClaimRequest::new(claim.clone(), "a", None), passed)
             .await
             .err(),
     );
-    let won = store.claim(claim, "b".into(), None, soon()).await.unwrap();
+    let won = store
+        .claim(ClaimRequest::new(claim, "b", None), soon())
+        .await
+        .unwrap();
     assert!(won.won, "the claim was left free");
 
     let (lock, fence) = raw_lock_keys();
     let lease = Duration::from_secs(30);
-    let attempt = store.lock_acquire(Hold::new(lock.clone(), "a"), fence.clone(), lease, passed);
+    let attempt = store.lock_acquire(
+        LockRequest::new(Hold::new(lock.clone(), "a"), fence.clone(), lease),
+        passed,
+    );
     late("lock_acquire", attempt.await.err());
-    let attempt = store.lock_acquire(Hold::new(lock.clone(), "b"), fence, lease, soon());
+    let attempt = store.lock_acquire(
+        LockRequest::new(Hold::new(lock.clone(), "b"), fence, lease),
+        soon(),
+    );
     assert!(matches!(
         attempt.await.unwrap(),
         LockAttempt::Acquired { .. }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::{soon, unique};
+use crate::store::PermitRequest;
 use crate::store::{Hold, PermitAttempt, PermitStore, StoreErrorKind};
 
 /// A fresh key of one hash slot and its fence key: `(permits, fence)`.
@@ -23,11 +24,7 @@ async fn acquire(
 ) -> PermitAttempt {
     store
         .permit_acquire(
-            Hold::new(key, token),
-            fence.clone(),
-            limit,
-            lease,
-            None,
+            PermitRequest::new(Hold::new(key, token), fence.clone(), limit, lease, None),
             soon(),
         )
         .await
@@ -181,11 +178,7 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl PermitStor
     let lease = Duration::from_millis(500);
     let keys = raw_keys();
     let late = store.permit_acquire(
-        Hold::new(&keys.0, "a"),
-        keys.1.clone(),
-        1,
-        lease,
-        None,
+        PermitRequest::new(Hold::new(&keys.0, "a"), keys.1.clone(), 1, lease, None),
         passed,
     );
     let error = late.await.expect_err("a late acquisition answered");
@@ -211,7 +204,10 @@ async fn queue(
     let lease = Duration::from_secs(30);
     let hold = Hold::new(key, token);
     store
-        .permit_acquire(hold, fence.clone(), limit, lease, Some(wait), soon())
+        .permit_acquire(
+            PermitRequest::new(hold, fence.clone(), limit, lease, Some(wait)),
+            soon(),
+        )
         .await
         .expect("store answers")
 }

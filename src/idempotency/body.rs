@@ -8,7 +8,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::sync::mpsc;
 
-use crate::body::Complete;
+use crate::body::{Complete, LayerBody};
 use crate::error::BoxError;
 
 pin_project! {
@@ -26,8 +26,7 @@ pin_project! {
     #[project = KindProj]
     #[derive(Debug)]
     enum Kind<B> {
-        Inner { #[pin] body: B },
-        Complete { body: Complete },
+        Layer { #[pin] body: LayerBody<B> },
         Channel {
             frames: mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
             // the handler body's exact length, when it had one, less what was delivered
@@ -39,7 +38,9 @@ pin_project! {
 impl<B> IdempotencyBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         Self {
-            kind: Kind::Inner { body },
+            kind: Kind::Layer {
+                body: LayerBody::inner(body),
+            },
         }
     }
 
@@ -59,7 +60,7 @@ impl<B> IdempotencyBody<B> {
 impl<B> From<Complete> for IdempotencyBody<B> {
     fn from(body: Complete) -> Self {
         Self {
-            kind: Kind::Complete { body },
+            kind: Kind::Layer { body: body.into() },
         }
     }
 }
@@ -83,10 +84,9 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body } => body
+            KindProj::Layer { body } => body
                 .poll_frame(cx)
                 .map(|f| f.map(|f| f.map_err(Into::into))),
-            KindProj::Complete { body } => Poll::Ready(body.next_frame().map(Ok)),
             KindProj::Channel { frames, remaining } => {
                 let frame = std::task::ready!(frames.poll_recv(cx));
                 if let (Some(Ok(frame)), Some(left)) = (&frame, remaining.as_mut()) {
@@ -100,16 +100,14 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
-            Kind::Complete { body } => body.is_end_stream(),
+            Kind::Layer { body } => body.is_end_stream(),
             Kind::Channel { .. } => false,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
-            Kind::Complete { body } => body.size_hint(),
+            Kind::Layer { body } => body.size_hint(),
             Kind::Channel { remaining, .. } => {
                 remaining.map_or_else(SizeHint::default, SizeHint::with_exact)
             }

@@ -23,6 +23,7 @@ use super::settings::Settings;
 use crate::error::BoxError;
 use crate::grpc::Wire;
 use crate::lease::{self, Owner};
+use crate::store::CompleteRequest;
 use crate::store::Hold;
 use crate::store::Run;
 use crate::task::AbortOnDrop;
@@ -454,9 +455,11 @@ async fn complete(settings: &Settings, key: String, token: String, record: Bytes
     let mut pause = Duration::from_millis(20);
     loop {
         let attempt = settings.store.idempotency_complete(
-            Hold::new(key.clone(), token.clone()),
-            record.clone(),
-            settings.retention,
+            CompleteRequest::new(
+                Hold::new(key.clone(), token.clone()),
+                record.clone(),
+                settings.retention,
+            ),
             Instant::now() + settings.store.timeout(),
         );
         match attempt.await {

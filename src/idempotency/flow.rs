@@ -24,6 +24,7 @@ use crate::body::Complete;
 use crate::error::BoxError;
 use crate::grpc::Wire;
 use crate::lease::{self, Owner};
+use crate::store::BeginRequest;
 use crate::store::{Hold, IdempotencyBegin, RunBegun, RunStart, StoreError};
 
 /// One keyed request: buffer and fingerprint it, then claim, replay or refuse.
@@ -146,9 +147,7 @@ async fn claim<B>(
         };
         let hold = Hold::new(key.to_owned(), token.clone());
         let begin = settings.store.idempotency_begin(
-            hold,
-            fingerprint.to_owned(),
-            settings.lease,
+            BeginRequest::new(hold, fingerprint.to_owned(), settings.lease),
             deadline,
         );
         let begun = lease::attempt_with_undo(Owner::Idempotency, deadline, undo, begin).await?;

@@ -1,7 +1,6 @@
 //! The [`Idempotency`] service: which requests it covers, their store keys, and the hand-off of
 //! a keyed request to its flow.
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -20,47 +19,13 @@ use super::rejection::Rejection;
 use super::settings::Settings;
 use crate::error::BoxError;
 use crate::grpc::Wire;
-use crate::key::{Global, KeyExtractor};
+use crate::key::KeyExtractor;
 use crate::keyspace;
 
-/// Runs each keyed request once across all copies of a service and replays its response to
-/// retries; made by [`IdempotencyLayer`](super::IdempotencyLayer).
-pub struct Idempotency<S, K = Global> {
-    inner: S,
-    settings: Arc<Settings>,
-    scope: Arc<K>,
-}
-
-impl<S, K> Idempotency<S, K> {
-    pub(crate) fn new(inner: S, settings: Arc<Settings>, scope: Arc<K>) -> Self {
-        Self {
-            inner,
-            settings,
-            scope,
-        }
-    }
-
-    inner_service_accessors!();
-}
-
-impl<S: Clone, K> Clone for Idempotency<S, K> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            settings: Arc::clone(&self.settings),
-            scope: Arc::clone(&self.scope),
-        }
-    }
-}
-
-impl<S: fmt::Debug, K: fmt::Debug> fmt::Debug for Idempotency<S, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Idempotency")
-            .field("inner", &self.inner)
-            .field("settings", &self.settings)
-            .field("scope", &self.scope)
-            .finish()
-    }
+layer_service! {
+    /// Runs each keyed request once across all copies of a service and replays its response to
+    /// retries; made by [`IdempotencyLayer`](super::IdempotencyLayer).
+    Idempotency { scope }
 }
 
 impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, K>

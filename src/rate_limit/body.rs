@@ -9,29 +9,19 @@ use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::body::Complete;
+use crate::body::{Complete, LayerBody};
 use crate::rate::{RateCheck, RatePolicy};
 use crate::store::RateStore;
 
 pin_project! {
     /// The response body of the rate-limit layer: the inner service's body, or a complete body
     /// made by tollgate (a rejection). Its error is the inner body's, unboxed.
-    #[project = ResponseBodyProj]
     #[derive(Debug)]
     pub struct ResponseBody<B> {
         #[pin]
-        kind: Kind<B>,
+        body: LayerBody<B>,
         // with `settle_body_size`: counts the bytes sent, and settles them when dropped
         meter: Option<BodyMeter>,
-    }
-}
-
-pin_project! {
-    #[project = KindProj]
-    #[derive(Debug)]
-    enum Kind<B> {
-        Inner { #[pin] body: B },
-        Complete { body: Complete },
     }
 }
 
@@ -39,7 +29,7 @@ impl<B> ResponseBody<B> {
     /// Wraps the inner service's body.
     pub(crate) fn inner(body: B) -> Self {
         Self {
-            kind: Kind::Inner { body },
+            body: LayerBody::inner(body),
             meter: None,
         }
     }
@@ -53,7 +43,7 @@ impl<B> ResponseBody<B> {
 impl<B> From<Complete> for ResponseBody<B> {
     fn from(body: Complete) -> Self {
         Self {
-            kind: Kind::Complete { body },
+            body: body.into(),
             meter: None,
         }
     }
@@ -77,10 +67,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
-        let frame = match this.kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
-            KindProj::Complete { body } => Poll::Ready(body.next_frame().map(Ok)),
-        };
+        let frame = this.body.poll_frame(cx);
         if let (Some(meter), Poll::Ready(Some(Ok(frame)))) = (this.meter.as_mut(), &frame) {
             let sent = frame.data_ref().map_or(0, Buf::remaining);
             meter.sent = meter.sent.saturating_add(sent as u64);
@@ -89,17 +76,11 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
-            Kind::Complete { body } => body.is_end_stream(),
-        }
+        self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
-            Kind::Complete { body } => body.size_hint(),
-        }
+        self.body.size_hint()
     }
 }
 

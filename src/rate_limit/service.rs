@@ -1,6 +1,5 @@
 //! The [`RateLimit`] service.
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -12,51 +11,17 @@ use super::future::ResponseFuture;
 use super::rejection::Rejection;
 use super::settings::Settings;
 use crate::grpc::Wire;
-use crate::key::{Global, KeyExtractor};
+use crate::key::KeyExtractor;
 use crate::rate::RateCheck;
 
-/// Admits a request only while every limit has room for the caller; made by
-/// [`RateLimitLayer`](super::RateLimitLayer).
-///
-/// The decision is one round trip to the store, made in the response future: `poll_ready` only
-/// asks the inner service, so the service never waits for capacity (it rejects instead) and is
-/// cheap to clone.
-pub struct RateLimit<S, K = Global> {
-    inner: S,
-    settings: Arc<Settings>,
-    extractor: Arc<K>,
-}
-
-impl<S, K> RateLimit<S, K> {
-    pub(crate) fn new(inner: S, settings: Arc<Settings>, extractor: Arc<K>) -> Self {
-        Self {
-            inner,
-            settings,
-            extractor,
-        }
-    }
-
-    inner_service_accessors!();
-}
-
-impl<S: Clone, K> Clone for RateLimit<S, K> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            settings: Arc::clone(&self.settings),
-            extractor: Arc::clone(&self.extractor),
-        }
-    }
-}
-
-impl<S: fmt::Debug, K: fmt::Debug> fmt::Debug for RateLimit<S, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimit")
-            .field("inner", &self.inner)
-            .field("settings", &self.settings)
-            .field("key", &self.extractor)
-            .finish()
-    }
+layer_service! {
+    /// Admits a request only while every limit has room for the caller; made by
+    /// [`RateLimitLayer`](super::RateLimitLayer).
+    ///
+    /// The decision is one round trip to the store, made in the response future: `poll_ready` only
+    /// asks the inner service, so the service never waits for capacity (it rejects instead) and is
+    /// cheap to clone.
+    RateLimit { key }
 }
 
 impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K>
@@ -76,7 +41,7 @@ where
         let settings = Arc::clone(&self.settings);
         let (parts, body) = request.into_parts();
         let wire = Wire::of(&parts.headers);
-        let key = self.extractor.extract(&parts);
+        let key = self.key.extract(&parts);
         let cost = settings.cost.as_ref().map_or(1, |cost| cost(&parts));
         let tier = settings.tiers.for_request(&parts);
         let request = Request::from_parts(parts, body);

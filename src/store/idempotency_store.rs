@@ -17,6 +17,8 @@ use super::{Hold, StoreFuture};
 /// [`idempotency_begin`](Self::idempotency_begin) act only while `hold.token` owns the record. A
 /// write that takes a `deadline` runs only if the store receives it before then: see
 /// [Deadlines](crate::store#deadlines).
+///
+/// A write's arguments come as one request ([`BeginRequest`], [`CompleteRequest`]): the methods' docs name its fields.
 pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
     /// How long a call may take before it fails with [`StoreErrorKind::Timeout`](super::StoreErrorKind::Timeout): the
     /// deadline callers give their writes.
@@ -28,9 +30,7 @@ pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
     /// `deadline`, it does nothing.
     fn idempotency_begin(
         &self,
-        hold: Hold,
-        fingerprint: String,
-        lease: Duration,
+        request: BeginRequest,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin>;
 
@@ -40,9 +40,7 @@ pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
     /// Received after `deadline`, it does nothing.
     fn idempotency_complete(
         &self,
-        hold: Hold,
-        response: Bytes,
-        retention: Duration,
+        request: CompleteRequest,
         deadline: Instant,
     ) -> StoreFuture<bool>;
 
@@ -58,6 +56,54 @@ pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool>;
+}
+
+/// What [`IdempotencyStore::idempotency_begin`] takes: record `hold.key`, claimed for a request
+/// with `fingerprint` by `hold.token`, for `lease`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BeginRequest {
+    /// The record's key and the claimer's token.
+    pub hold: Hold,
+    /// Names the request the key is used with.
+    pub fingerprint: String,
+    /// How long the claim lasts unless extended.
+    pub lease: Duration,
+}
+
+impl BeginRequest {
+    /// `hold` for the request named by `fingerprint`, for `lease`.
+    pub fn new(hold: Hold, fingerprint: impl Into<String>, lease: Duration) -> Self {
+        Self {
+            hold,
+            fingerprint: fingerprint.into(),
+            lease,
+        }
+    }
+}
+
+/// What [`IdempotencyStore::idempotency_complete`] stores: the encoded `response` in record
+/// `hold.key`, kept for `retention`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CompleteRequest {
+    /// The record's key and the claimer's token.
+    pub hold: Hold,
+    /// The encoded response.
+    pub response: Bytes,
+    /// How long the record is kept.
+    pub retention: Duration,
+}
+
+impl CompleteRequest {
+    /// `response` for `hold`, kept for `retention`.
+    pub fn new(hold: Hold, response: impl Into<Bytes>, retention: Duration) -> Self {
+        Self {
+            hold,
+            response: response.into(),
+            retention,
+        }
+    }
 }
 
 /// The answer to [`IdempotencyStore::idempotency_begin`].
@@ -83,22 +129,18 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
 
     fn idempotency_begin(
         &self,
-        hold: Hold,
-        fingerprint: String,
-        lease: Duration,
+        request: BeginRequest,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
-        (**self).idempotency_begin(hold, fingerprint, lease, deadline)
+        (**self).idempotency_begin(request, deadline)
     }
 
     fn idempotency_complete(
         &self,
-        hold: Hold,
-        response: Bytes,
-        retention: Duration,
+        request: CompleteRequest,
         deadline: Instant,
     ) -> StoreFuture<bool> {
-        (**self).idempotency_complete(hold, response, retention, deadline)
+        (**self).idempotency_complete(request, deadline)
     }
 
     fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {

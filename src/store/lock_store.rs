@@ -13,6 +13,8 @@ use super::{Hold, StoreFuture};
 /// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`](super::RateStore). A write
 /// that takes a `deadline` runs only if the store receives it before then: see
 /// [Deadlines](crate::store#deadlines).
+///
+/// A write's arguments come as one request ([`ClaimRequest`], [`LockRequest`]): the methods' docs name its fields.
 pub trait LockStore: fmt::Debug + Send + Sync + 'static {
     /// How long a call may take before it fails with [`StoreErrorKind::Timeout`](super::StoreErrorKind::Timeout): the
     /// deadline callers give their writes.
@@ -22,13 +24,7 @@ pub trait LockStore: fmt::Debug + Send + Sync + 'static {
     /// never). The loser learns the current holder in the same atomic step. A key that `holder`
     /// holds already counts as won: the same attempt run twice wins twice. Received after
     /// `deadline`, it does nothing.
-    fn claim(
-        &self,
-        key: String,
-        holder: String,
-        ttl: Option<Duration>,
-        deadline: Instant,
-    ) -> StoreFuture<ClaimOutcome>;
+    fn claim(&self, request: ClaimRequest, deadline: Instant) -> StoreFuture<ClaimOutcome>;
 
     /// Sets lock `hold.key` to `hold.token` for `lease` if it is free and, only then, draws the
     /// next fencing token from `fence_key` (same hash slot): above both the counter's last value
@@ -36,13 +32,7 @@ pub trait LockStore: fmt::Debug + Send + Sync + 'static {
     /// counter lost or restored stale. The same attempt again (a lock that holds the token already)
     /// is acquired again with the same fencing token and a fresh lease. Received after `deadline`,
     /// it does nothing.
-    fn lock_acquire(
-        &self,
-        hold: Hold,
-        fence_key: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<LockAttempt>;
+    fn lock_acquire(&self, request: LockRequest, deadline: Instant) -> StoreFuture<LockAttempt>;
 
     /// Resets `hold.key`'s expiry to `lease` from now, only while it holds `hold.token`; `false`
     /// when it does not (expired, released, or taken over by another owner). Received after
@@ -52,6 +42,54 @@ pub trait LockStore: fmt::Debug + Send + Sync + 'static {
     /// Deletes `hold.key` only while it holds `hold.token`; `false` when it does not. A call
     /// re-sent after a lost reply answers as its first run did.
     fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool>;
+}
+
+/// What [`LockStore::claim`] writes: `key` set to `holder` only if `key` does not exist,
+/// expiring after `ttl` (`None`: never).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimRequest {
+    /// The store key.
+    pub key: String,
+    /// Who claims it.
+    pub holder: String,
+    /// How long the claim lasts; `None`: for ever.
+    pub ttl: Option<Duration>,
+}
+
+impl ClaimRequest {
+    /// `key` for `holder`, for `ttl`.
+    pub fn new(key: impl Into<String>, holder: impl Into<String>, ttl: Option<Duration>) -> Self {
+        Self {
+            key: key.into(),
+            holder: holder.into(),
+            ttl,
+        }
+    }
+}
+
+/// What [`LockStore::lock_acquire`] takes: lock `hold.key` for `hold.token`, for `lease`, its
+/// fencing counter at `fence_key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockRequest {
+    /// The lock's key and its owner's token.
+    pub hold: Hold,
+    /// The lock's fencing counter (same hash slot as the lock).
+    pub fence_key: String,
+    /// How long the lock lasts unless extended.
+    pub lease: Duration,
+}
+
+impl LockRequest {
+    /// `hold` for `lease`, fenced by the counter at `fence_key`.
+    pub fn new(hold: Hold, fence_key: impl Into<String>, lease: Duration) -> Self {
+        Self {
+            hold,
+            fence_key: fence_key.into(),
+            lease,
+        }
+    }
 }
 
 /// The answer to [`LockStore::claim`].
@@ -88,24 +126,12 @@ impl<T: LockStore + ?Sized> LockStore for Arc<T> {
         (**self).timeout()
     }
 
-    fn claim(
-        &self,
-        key: String,
-        holder: String,
-        ttl: Option<Duration>,
-        deadline: Instant,
-    ) -> StoreFuture<ClaimOutcome> {
-        (**self).claim(key, holder, ttl, deadline)
+    fn claim(&self, request: ClaimRequest, deadline: Instant) -> StoreFuture<ClaimOutcome> {
+        (**self).claim(request, deadline)
     }
 
-    fn lock_acquire(
-        &self,
-        hold: Hold,
-        fence_key: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<LockAttempt> {
-        (**self).lock_acquire(hold, fence_key, lease, deadline)
+    fn lock_acquire(&self, request: LockRequest, deadline: Instant) -> StoreFuture<LockAttempt> {
+        (**self).lock_acquire(request, deadline)
     }
 
     fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {

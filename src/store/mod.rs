@@ -138,13 +138,13 @@ mod transaction;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) use deadline::StoreClock;
 pub use error::{StoreError, StoreErrorKind};
-pub use idempotency_store::{IdempotencyBegin, IdempotencyStore};
+pub use idempotency_store::{BeginRequest, CompleteRequest, IdempotencyBegin, IdempotencyStore};
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) use invalidation::publishing_refunds;
 pub use invalidation::{Invalidation, Invalidations};
-pub use lock_store::{ClaimOutcome, LockAttempt, LockStore};
+pub use lock_store::{ClaimOutcome, ClaimRequest, LockAttempt, LockRequest, LockStore};
 pub use memory::MemoryStore;
-pub use permit_store::{PermitAttempt, PermitStore};
+pub use permit_store::{PermitAttempt, PermitRequest, PermitStore};
 #[cfg(feature = "postgres")]
 pub use postgres::{Once, OnceError, OnceTx, PgStore, PgStoreBuilder};
 pub use rate_store::RateStore;

@@ -15,6 +15,8 @@ use super::{Hold, StoreFuture};
 /// Each operation is atomic and bounded by the store's timeout, as for [`RateStore`](super::RateStore). A write
 /// that takes a `deadline` runs only if the store receives it before then: see
 /// [Deadlines](crate::store#deadlines).
+///
+/// A write's arguments come as one request ([`PermitRequest`]): the methods' docs name its fields.
 pub trait PermitStore: fmt::Debug + Send + Sync + 'static {
     /// How long a call may take before it fails with [`StoreErrorKind::Timeout`](super::StoreErrorKind::Timeout): the
     /// deadline callers give their writes.
@@ -33,11 +35,7 @@ pub trait PermitStore: fmt::Debug + Send + Sync + 'static {
     /// Without `wait`, a permit is free only when more are free than waiters queue.
     fn permit_acquire(
         &self,
-        hold: Hold,
-        fence_key: String,
-        limit: u32,
-        lease: Duration,
-        wait: Option<Duration>,
+        request: PermitRequest,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt>;
 
@@ -50,6 +48,44 @@ pub trait PermitStore: fmt::Debug + Send + Sync + 'static {
     /// re-sent after a lost reply answers as its first run did. A place `hold.token` keeps in the
     /// key's queue is given up too.
     fn permit_release(&self, hold: Hold) -> StoreFuture<bool>;
+}
+
+/// What [`PermitStore::permit_acquire`] takes: one of the `limit` permits of `hold.key` for
+/// `hold.token`, for `lease`, fenced by the counter at `fence_key`; with `wait`, a place in the
+/// key's queue for that long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PermitRequest {
+    /// The permits' key and the holder's token.
+    pub hold: Hold,
+    /// The key's fencing counter (same hash slot as the permits).
+    pub fence_key: String,
+    /// How many permits the key has.
+    pub limit: u32,
+    /// How long a permit lasts unless extended.
+    pub lease: Duration,
+    /// How long the holder keeps its place in the queue; `None`: it does not queue.
+    pub wait: Option<Duration>,
+}
+
+impl PermitRequest {
+    /// One of `limit` permits of `hold.key` for `lease`, fenced at `fence_key`, queueing for
+    /// `wait`.
+    pub fn new(
+        hold: Hold,
+        fence_key: impl Into<String>,
+        limit: u32,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> Self {
+        Self {
+            hold,
+            fence_key: fence_key.into(),
+            limit,
+            lease,
+            wait,
+        }
+    }
 }
 
 /// The answer to [`PermitStore::permit_acquire`].
@@ -77,14 +113,10 @@ impl<T: PermitStore + ?Sized> PermitStore for Arc<T> {
 
     fn permit_acquire(
         &self,
-        hold: Hold,
-        fence_key: String,
-        limit: u32,
-        lease: Duration,
-        wait: Option<Duration>,
+        request: PermitRequest,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
-        (**self).permit_acquire(hold, fence_key, limit, lease, wait, deadline)
+        (**self).permit_acquire(request, deadline)
     }
 
     fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {

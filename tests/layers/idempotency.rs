@@ -30,6 +30,7 @@ use tower::{Layer, ServiceExt};
 use common::RedisServer;
 use tollgate::idempotency::{IdempotencyBody, IdempotencyLayer, OnConcurrent, RequestBody};
 use tollgate::key::{Header, KeyExtractor};
+use tollgate::store::{BeginRequest, CompleteRequest};
 use tollgate::store::{
     Hold, IdempotencyBegin, IdempotencyStore, MemoryStore, RedisStore, Store, StoreFuture,
 };
@@ -1511,27 +1512,38 @@ impl IdempotencyStore for SlowWrites {
 
     fn idempotency_begin(
         &self,
-        hold: Hold,
-        fingerprint: String,
-        lease: Duration,
+        request: BeginRequest,
         deadline: tokio::time::Instant,
     ) -> StoreFuture<IdempotencyBegin> {
+        let BeginRequest {
+            hold,
+            fingerprint,
+            lease,
+            ..
+        } = request;
         let Hold { key, token } = hold;
-        self.0
-            .idempotency_begin(Hold::new(key, token), fingerprint, lease, deadline)
+        self.0.idempotency_begin(
+            BeginRequest::new(Hold::new(key, token), fingerprint, lease),
+            deadline,
+        )
     }
 
     fn idempotency_complete(
         &self,
-        hold: Hold,
-        response: Bytes,
-        retention: Duration,
+        request: CompleteRequest,
         deadline: tokio::time::Instant,
     ) -> StoreFuture<bool> {
+        let CompleteRequest {
+            hold,
+            response,
+            retention,
+            ..
+        } = request;
         let Hold { key, token } = hold;
-        let write =
-            self.0
-                .idempotency_complete(Hold::new(key, token), response, retention, deadline);
+        let write = self.0.idempotency_complete(
+            CompleteRequest::new(Hold::new(key, token), response, retention),
+            deadline,
+        );
         Box::pin(async move {
             tokio::time::sleep(SLOW_WRITE).await;
             write.await
@@ -1751,9 +1763,11 @@ async fn lease_takeover(store: impl Store) {
     let fp = "fingerprint-1".to_owned();
     let begin = |token: &str, lease_ms: u64| {
         store.idempotency_begin(
-            Hold::new(key.clone(), token.to_owned()),
-            fp.clone(),
-            Duration::from_millis(lease_ms),
+            BeginRequest::new(
+                Hold::new(key.clone(), token.to_owned()),
+                fp.clone(),
+                Duration::from_millis(lease_ms),
+            ),
             crate::common::soon(),
         )
     };
@@ -1766,9 +1780,11 @@ async fn lease_takeover(store: impl Store) {
     }
     let other_fp = store
         .idempotency_begin(
-            Hold::new(key.clone(), "Y"),
-            "fingerprint-2".into(),
-            Duration::from_secs(30),
+            BeginRequest::new(
+                Hold::new(key.clone(), "Y"),
+                "fingerprint-2",
+                Duration::from_secs(30),
+            ),
             crate::common::soon(),
         )
         .await
@@ -1790,9 +1806,7 @@ async fn lease_takeover(store: impl Store) {
     assert!(
         !store
             .idempotency_complete(
-                Hold::new(key.clone(), "B"),
-                Bytes::from_static(b"x"),
-                lease,
+                CompleteRequest::new(Hold::new(key.clone(), "B"), Bytes::from_static(b"x"), lease),
                 crate::common::soon()
             )
             .await
@@ -1818,9 +1832,7 @@ async fn lease_takeover(store: impl Store) {
     assert!(
         !store
             .idempotency_complete(
-                Hold::new(key.clone(), "A"),
-                a_bytes,
-                retention,
+                CompleteRequest::new(Hold::new(key.clone(), "A"), a_bytes, retention),
                 crate::common::soon()
             )
             .await
@@ -1846,9 +1858,7 @@ async fn lease_takeover(store: impl Store) {
     assert!(
         store
             .idempotency_complete(
-                Hold::new(key.clone(), "B"),
-                b_bytes.clone(),
-                retention,
+                CompleteRequest::new(Hold::new(key.clone(), "B"), b_bytes.clone(), retention),
                 crate::common::soon()
             )
             .await
@@ -1874,9 +1884,11 @@ async fn lease_takeover(store: impl Store) {
     assert!(
         !store
             .idempotency_complete(
-                Hold::new(key.clone(), "B"),
-                Bytes::from_static(b"again"),
-                retention,
+                CompleteRequest::new(
+                    Hold::new(key.clone(), "B"),
+                    Bytes::from_static(b"again"),
+                    retention
+                ),
                 crate::common::soon()
             )
             .await
@@ -1888,9 +1900,7 @@ async fn lease_takeover(store: impl Store) {
     );
     let mismatch = store
         .idempotency_begin(
-            Hold::new(key.clone(), "E"),
-            "fingerprint-2".into(),
-            lease,
+            BeginRequest::new(Hold::new(key.clone(), "E"), "fingerprint-2", lease),
             crate::common::soon(),
         )
         .await

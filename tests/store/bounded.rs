@@ -17,6 +17,7 @@ use tollgate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 use tollgate::rate_limit::{
     DecisionSource, Limit, OnStoreError, RateLimitDecision, RateLimitLayer,
 };
+use tollgate::store::{BeginRequest, ClaimRequest, LockRequest};
 use tollgate::store::{
     Hold, IdempotencyStore, LockAttempt, LockStore, MemoryStore, RateStore, StoreError,
     StoreErrorKind, StoreFuture,
@@ -199,40 +200,41 @@ async fn a_full_store_refuses_new_keys_with_an_error() {
     let ttl = Some(Duration::from_secs(10));
     assert!(
         store
-            .claim("a".into(), "x".into(), ttl, soon())
+            .claim(ClaimRequest::new("a", "x", ttl), soon())
             .await
             .unwrap()
             .won
     );
     assert!(
         store
-            .claim("b".into(), "x".into(), Some(Duration::from_secs(1)), soon())
+            .claim(
+                ClaimRequest::new("b", "x", Some(Duration::from_secs(1))),
+                soon()
+            )
             .await
             .unwrap()
             .won
     );
     assert_eq!(
-        refused(store.claim("c".into(), "x".into(), ttl, soon()).await),
+        refused(store.claim(ClaimRequest::new("c", "x", ttl), soon()).await),
         StoreErrorKind::Protocol
     );
     let begin = store.idempotency_begin(
-        Hold::new("i", "t"),
-        "f".into(),
-        Duration::from_secs(5),
+        BeginRequest::new(Hold::new("i", "t"), "f", Duration::from_secs(5)),
         soon(),
     );
     assert_eq!(refused(begin.await), StoreErrorKind::Protocol);
     // what is held still answers: the holder wins again, another holder loses
     assert!(
         store
-            .claim("a".into(), "x".into(), ttl, soon())
+            .claim(ClaimRequest::new("a", "x", ttl), soon())
             .await
             .unwrap()
             .won
     );
     assert!(
         !store
-            .claim("a".into(), "y".into(), ttl, soon())
+            .claim(ClaimRequest::new("a", "y", ttl), soon())
             .await
             .unwrap()
             .won
@@ -245,11 +247,14 @@ async fn a_full_store_refuses_new_keys_with_an_error() {
     tokio::time::advance(Duration::from_secs(1)).await;
     let (lock, fence) = ("t:lock:{l}".to_owned(), "t:lock:{l}:fence".to_owned());
     let lease = Duration::from_secs(5);
-    let attempt = store.lock_acquire(Hold::new(lock.clone(), "t"), fence.clone(), lease, soon());
+    let attempt = store.lock_acquire(
+        LockRequest::new(Hold::new(lock.clone(), "t"), fence.clone(), lease),
+        soon(),
+    );
     assert_eq!(refused(attempt.await), StoreErrorKind::Protocol);
     assert!(store.delete_if_held(Hold::new("a", "x")).await.unwrap());
     let attempt = store
-        .lock_acquire(Hold::new(lock, "t"), fence, lease, soon())
+        .lock_acquire(LockRequest::new(Hold::new(lock, "t"), fence, lease), soon())
         .await
         .unwrap();
     assert!(matches!(attempt, LockAttempt::Acquired { .. }));

@@ -15,6 +15,7 @@ use tollgate::claim::Claims;
 use tollgate::key::Key;
 use tollgate::lock::{LockError, Locks};
 use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
+use tollgate::store::{BeginRequest, CompleteRequest};
 use tollgate::store::{
     Hold, IdempotencyBegin, IdempotencyStore, RateStore, RedisStore, StoreErrorKind,
 };
@@ -117,9 +118,7 @@ async fn acknowledged_writes_succeed() {
     let key = unique("idem");
     let begin = store
         .idempotency_begin(
-            Hold::new(key.clone(), "t"),
-            "fp".into(),
-            Duration::from_secs(5),
+            BeginRequest::new(Hold::new(key.clone(), "t"), "fp", Duration::from_secs(5)),
             crate::common::soon(),
         )
         .await
@@ -129,9 +128,7 @@ async fn acknowledged_writes_succeed() {
     assert!(
         store
             .idempotency_complete(
-                Hold::new(key, "t"),
-                record,
-                Duration::from_secs(60),
+                CompleteRequest::new(Hold::new(key, "t"), record, Duration::from_secs(60)),
                 crate::common::soon()
             )
             .await
@@ -157,9 +154,7 @@ async fn unacknowledged_writes_fail_closed_and_are_undone() {
     assert!(
         store
             .idempotency_begin(
-                Hold::new(key.clone(), "t"),
-                "fp".into(),
-                Duration::from_secs(60),
+                BeginRequest::new(Hold::new(key.clone(), "t"), "fp", Duration::from_secs(60)),
                 crate::common::soon()
             )
             .await
@@ -185,9 +180,7 @@ async fn unacknowledged_writes_fail_closed_and_are_undone() {
     );
     let begin = plain
         .idempotency_begin(
-            Hold::new(key, "u"),
-            "fp".into(),
-            Duration::from_secs(60),
+            BeginRequest::new(Hold::new(key, "u"), "fp", Duration::from_secs(60)),
             crate::common::soon(),
         )
         .await
@@ -365,15 +358,16 @@ async fn an_unacknowledged_completion_reads_as_running_not_completed() {
     let lease = Duration::from_secs(30);
     let begin = |token: &str| {
         store.idempotency_begin(
-            Hold::new(key.clone(), token),
-            "fp".into(),
-            lease,
+            BeginRequest::new(Hold::new(key.clone(), token), "fp", lease),
             common::soon(),
         )
     };
     let complete = || {
         let record = bytes::Bytes::from_static(b"paid");
-        store.idempotency_complete(Hold::new(key.clone(), "t"), record, lease, common::soon())
+        store.idempotency_complete(
+            CompleteRequest::new(Hold::new(key.clone(), "t"), record, lease),
+            common::soon(),
+        )
     };
     assert_eq!(begin("t").await.unwrap(), IdempotencyBegin::Claimed);
     proxy.silence();

@@ -21,6 +21,7 @@ use tollgate::claim::Claims;
 use tollgate::key::Key;
 use tollgate::lock::Locks;
 use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
+use tollgate::store::{BeginRequest, PermitRequest};
 use tollgate::store::{
     Hold, IdempotencyStore, PermitAttempt, PermitStore, RateStore, RedisStore, Store,
     StoreErrorKind,
@@ -95,18 +96,22 @@ async fn send_into_the_partition(store: &RedisStore, proxies: &[Proxy]) -> Held 
         claims.claim_once(&held.coupon, None),
         locks.try_acquire(&held.lock, Duration::from_secs(600)),
         store.idempotency_begin(
-            Hold::new(held.record.clone(), "t"),
-            "fp".into(),
-            Duration::from_secs(600),
+            BeginRequest::new(
+                Hold::new(held.record.clone(), "t"),
+                "fp",
+                Duration::from_secs(600)
+            ),
             Instant::now() + STORE_TIMEOUT
         ),
         store.permit_acquire(
-            Hold::new(&held.permits, "t"),
-            format!("{}:fence", held.permits),
-            1,
-            Duration::from_secs(600),
-            None,
-            Instant::now() + STORE_TIMEOUT,
+            PermitRequest::new(
+                Hold::new(&held.permits, "t"),
+                format!("{}:fence", held.permits),
+                1,
+                Duration::from_secs(600),
+                None
+            ),
+            Instant::now() + STORE_TIMEOUT
         ),
         store.check_rate(&held.policy, RateCheck::new(held.caller, 4)),
     );
@@ -225,9 +230,11 @@ async fn assert_nothing_changed(copies: [&RedisStore; 2], held: &Held) {
 
     let begin = copies[1]
         .idempotency_begin(
-            Hold::new(held.record.clone(), "u"),
-            "fp".into(),
-            Duration::from_secs(5),
+            BeginRequest::new(
+                Hold::new(held.record.clone(), "u"),
+                "fp",
+                Duration::from_secs(5),
+            ),
             common::soon(),
         )
         .await
@@ -236,11 +243,13 @@ async fn assert_nothing_changed(copies: [&RedisStore; 2], held: &Held) {
 
     let permit = copies[1]
         .permit_acquire(
-            Hold::new(&held.permits, "u"),
-            format!("{}:fence", held.permits),
-            1,
-            Duration::from_secs(5),
-            None,
+            PermitRequest::new(
+                Hold::new(&held.permits, "u"),
+                format!("{}:fence", held.permits),
+                1,
+                Duration::from_secs(5),
+                None,
+            ),
             common::soon(),
         )
         .await

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::time::Instant;
 use tollgate::key::Key;
 use tollgate::rate::{RateCheck, RateOutcome, RatePolicy};
+use tollgate::store::{BeginRequest, ClaimRequest, CompleteRequest, LockRequest, PermitRequest};
 use tollgate::store::{
     ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, MemoryStore,
     PermitAttempt, PermitStore, RateStore, StoreFuture,
@@ -36,26 +36,25 @@ impl LockStore for Delegating {
         LockStore::timeout(&self.0)
     }
 
-    fn claim(
-        &self,
-        key: String,
-        holder: String,
-        ttl: Option<Duration>,
-        deadline: Instant,
-    ) -> StoreFuture<ClaimOutcome> {
-        self.0.claim(key, holder, ttl, deadline)
+    fn claim(&self, request: ClaimRequest, deadline: Instant) -> StoreFuture<ClaimOutcome> {
+        let ClaimRequest {
+            key, holder, ttl, ..
+        } = request;
+        self.0.claim(ClaimRequest::new(key, holder, ttl), deadline)
     }
 
-    fn lock_acquire(
-        &self,
-        hold: Hold,
-        fence_key: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<LockAttempt> {
+    fn lock_acquire(&self, request: LockRequest, deadline: Instant) -> StoreFuture<LockAttempt> {
+        let LockRequest {
+            hold,
+            fence_key,
+            lease,
+            ..
+        } = request;
         let Hold { key, token } = hold;
-        self.0
-            .lock_acquire(Hold::new(key, token), fence_key, lease, deadline)
+        self.0.lock_acquire(
+            LockRequest::new(Hold::new(key, token), fence_key, lease),
+            deadline,
+        )
     }
 
     fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
@@ -77,26 +76,38 @@ impl IdempotencyStore for Delegating {
 
     fn idempotency_begin(
         &self,
-        hold: Hold,
-        fingerprint: String,
-        lease: Duration,
+        request: BeginRequest,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
+        let BeginRequest {
+            hold,
+            fingerprint,
+            lease,
+            ..
+        } = request;
         let Hold { key, token } = hold;
-        self.0
-            .idempotency_begin(Hold::new(key, token), fingerprint, lease, deadline)
+        self.0.idempotency_begin(
+            BeginRequest::new(Hold::new(key, token), fingerprint, lease),
+            deadline,
+        )
     }
 
     fn idempotency_complete(
         &self,
-        hold: Hold,
-        response: Bytes,
-        retention: Duration,
+        request: CompleteRequest,
         deadline: Instant,
     ) -> StoreFuture<bool> {
+        let CompleteRequest {
+            hold,
+            response,
+            retention,
+            ..
+        } = request;
         let Hold { key, token } = hold;
-        self.0
-            .idempotency_complete(Hold::new(key, token), response, retention, deadline)
+        self.0.idempotency_complete(
+            CompleteRequest::new(Hold::new(key, token), response, retention),
+            deadline,
+        )
     }
 
     fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {
@@ -123,15 +134,21 @@ impl PermitStore for Delegating {
 
     fn permit_acquire(
         &self,
-        hold: Hold,
-        fence_key: String,
-        limit: u32,
-        lease: Duration,
-        wait: Option<Duration>,
+        request: PermitRequest,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
-        self.0
-            .permit_acquire(hold, fence_key, limit, lease, wait, deadline)
+        let PermitRequest {
+            hold,
+            fence_key,
+            limit,
+            lease,
+            wait,
+            ..
+        } = request;
+        self.0.permit_acquire(
+            PermitRequest::new(hold, fence_key, limit, lease, wait),
+            deadline,
+        )
     }
 
     fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {

@@ -10,6 +10,7 @@ use common::postgres::{PgServer, shared, unique_schema};
 use tollgate::ConfigErrorKind;
 use tollgate::key::Key;
 use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
+use tollgate::store::{BeginRequest, ClaimRequest, LockRequest};
 use tollgate::store::{
     Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, PgStore, RateStore, Store,
     StoreErrorKind,
@@ -87,12 +88,12 @@ async fn migrate_is_idempotent_and_safe_to_run_at_once() {
         .collect();
     assert_eq!(versions, vec![6]);
     let won = stores[2]
-        .claim("k".into(), "a".into(), None, crate::common::soon())
+        .claim(ClaimRequest::new("k", "a", None), crate::common::soon())
         .await
         .unwrap();
     assert!(won.won);
     let lost = stores[3]
-        .claim("k".into(), "b".into(), None, crate::common::soon())
+        .claim(ClaimRequest::new("k", "b", None), crate::common::soon())
         .await
         .unwrap();
     assert!(!lost.won && lost.holder == "a", "one schema, seen by all");
@@ -159,9 +160,7 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
         assert!(
             store
                 .claim(
-                    format!("brief-{i}"),
-                    "h".into(),
-                    Some(brief),
+                    ClaimRequest::new(format!("brief-{i}"), "h", Some(brief)),
                     crate::common::soon()
                 )
                 .await
@@ -171,9 +170,7 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     }
     let lock = store
         .lock_acquire(
-            Hold::new("lock-brief", "t"),
-            "lock-brief:fence".into(),
-            brief,
+            LockRequest::new(Hold::new("lock-brief", "t"), "lock-brief:fence", brief),
             crate::common::soon(),
         )
         .await
@@ -181,9 +178,7 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     assert!(matches!(lock, LockAttempt::Acquired { .. }));
     let idem = store
         .idempotency_begin(
-            Hold::new("idem-brief", "t"),
-            "fp".into(),
-            brief,
+            BeginRequest::new(Hold::new("idem-brief", "t"), "fp", brief),
             crate::common::soon(),
         )
         .await
@@ -208,7 +203,10 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     // live: a claim kept forever, a claim, a lock and a record for a minute, a minute's log
     assert!(
         store
-            .claim("forever".into(), "h".into(), None, crate::common::soon())
+            .claim(
+                ClaimRequest::new("forever", "h", None),
+                crate::common::soon()
+            )
             .await
             .unwrap()
             .won
@@ -216,9 +214,7 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     assert!(
         store
             .claim(
-                "minute".into(),
-                "h".into(),
-                Some(long),
+                ClaimRequest::new("minute", "h", Some(long)),
                 crate::common::soon()
             )
             .await
@@ -227,9 +223,7 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     );
     let held = store
         .lock_acquire(
-            Hold::new("lock-long", "t"),
-            "lock-long:fence".into(),
-            long,
+            LockRequest::new(Hold::new("lock-long", "t"), "lock-long:fence", long),
             crate::common::soon(),
         )
         .await
@@ -237,9 +231,7 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     assert!(matches!(held, LockAttempt::Acquired { .. }));
     let record = store
         .idempotency_begin(
-            Hold::new("idem-long", "t"),
-            "fp".into(),
-            long,
+            BeginRequest::new(Hold::new("idem-long", "t"), "fp", long),
             crate::common::soon(),
         )
         .await
@@ -281,23 +273,27 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     // the live state is untouched
     assert!(
         !store
-            .claim("forever".into(), "x".into(), None, crate::common::soon())
+            .claim(
+                ClaimRequest::new("forever", "x", None),
+                crate::common::soon()
+            )
             .await
             .unwrap()
             .won
     );
     assert!(
         !store
-            .claim("minute".into(), "x".into(), None, crate::common::soon())
+            .claim(
+                ClaimRequest::new("minute", "x", None),
+                crate::common::soon()
+            )
             .await
             .unwrap()
             .won
     );
     let busy = store
         .lock_acquire(
-            Hold::new("lock-long", "x"),
-            "lock-long:fence".into(),
-            long,
+            LockRequest::new(Hold::new("lock-long", "x"), "lock-long:fence", long),
             crate::common::soon(),
         )
         .await
@@ -305,9 +301,7 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     assert!(matches!(busy, LockAttempt::Held { .. }));
     let running = store
         .idempotency_begin(
-            Hold::new("idem-long", "x"),
-            "fp".into(),
-            long,
+            BeginRequest::new(Hold::new("idem-long", "x"), "fp", long),
             crate::common::soon(),
         )
         .await
@@ -321,7 +315,10 @@ async fn purge_removes_expired_rows_and_keeps_live_ones() {
     // and the purged keys are free
     assert!(
         store
-            .claim("brief-0".into(), "x".into(), None, crate::common::soon())
+            .claim(
+                ClaimRequest::new("brief-0", "x", None),
+                crate::common::soon()
+            )
             .await
             .unwrap()
             .won
@@ -343,7 +340,10 @@ async fn the_background_purge_runs_and_stops_with_the_store() {
         let ttl = Some(Duration::from_millis(50));
         assert!(
             store
-                .claim(format!("c{i}"), "h".into(), ttl, crate::common::soon())
+                .claim(
+                    ClaimRequest::new(format!("c{i}"), "h", ttl),
+                    crate::common::soon()
+                )
                 .await
                 .unwrap()
                 .won
@@ -360,9 +360,7 @@ async fn the_background_purge_runs_and_stops_with_the_store() {
     assert!(
         clone
             .claim(
-                "late".into(),
-                "h".into(),
-                Some(Duration::from_millis(50)),
+                ClaimRequest::new("late", "h", Some(Duration::from_millis(50))),
                 crate::common::soon()
             )
             .await
@@ -386,7 +384,7 @@ async fn a_stopped_server_gives_an_error_within_the_timeout_then_recovers() {
         .unwrap();
     assert!(
         store
-            .claim("kept".into(), "a".into(), None, crate::common::soon())
+            .claim(ClaimRequest::new("kept", "a", None), crate::common::soon())
             .await
             .unwrap()
             .won
@@ -408,7 +406,7 @@ async fn a_stopped_server_gives_an_error_within_the_timeout_then_recovers() {
                 .await
                 .unwrap_err(),
             store
-                .claim("other".into(), "b".into(), None, crate::common::soon())
+                .claim(ClaimRequest::new("other", "b", None), crate::common::soon())
                 .await
                 .unwrap_err(),
         ];
@@ -439,7 +437,7 @@ async fn a_stopped_server_gives_an_error_within_the_timeout_then_recovers() {
         .await
         .expect("the store recovers after a restart");
     let again = store
-        .claim("kept".into(), "b".into(), None, crate::common::soon())
+        .claim(ClaimRequest::new("kept", "b", None), crate::common::soon())
         .await
         .unwrap();
     assert!(
@@ -460,7 +458,7 @@ async fn a_call_blocked_on_the_server_times_out() {
         .unwrap();
     assert!(
         store
-            .claim("busy".into(), "a".into(), None, crate::common::soon())
+            .claim(ClaimRequest::new("busy", "a", None), crate::common::soon())
             .await
             .unwrap()
             .won
@@ -479,7 +477,7 @@ async fn a_call_blocked_on_the_server_times_out() {
     .unwrap();
     let started = Instant::now();
     let error = store
-        .claim("busy".into(), "b".into(), None, crate::common::soon())
+        .claim(ClaimRequest::new("busy", "b", None), crate::common::soon())
         .await
         .unwrap_err();
     let elapsed = started.elapsed();
@@ -492,7 +490,7 @@ async fn a_call_blocked_on_the_server_times_out() {
     tx.rollback().await.unwrap();
     // the store goes on, on another connection
     let lost = store
-        .claim("busy".into(), "b".into(), None, crate::common::soon())
+        .claim(ClaimRequest::new("busy", "b", None), crate::common::soon())
         .await
         .unwrap();
     assert!(!lost.won);
@@ -519,14 +517,14 @@ async fn calls_before_the_migration_are_protocol_errors() {
     let server = server().await;
     let store = server.builder().build().unwrap();
     let error = store
-        .claim("k".into(), "a".into(), None, crate::common::soon())
+        .claim(ClaimRequest::new("k", "a", None), crate::common::soon())
         .await
         .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Protocol, "{error}");
     store.migrate().await.unwrap();
     assert!(
         store
-            .claim("k".into(), "a".into(), None, crate::common::soon())
+            .claim(ClaimRequest::new("k", "a", None), crate::common::soon())
             .await
             .unwrap()
             .won
@@ -644,9 +642,7 @@ async fn a_release_sent_again_answers_as_its_first_run() {
     let s = store.schema();
     let acquired = store
         .lock_acquire(
-            Hold::new("lock", "t"),
-            "lock:fence".into(),
-            Duration::from_secs(5),
+            LockRequest::new(Hold::new("lock", "t"), "lock:fence", Duration::from_secs(5)),
             crate::common::soon(),
         )
         .await
@@ -660,9 +656,7 @@ async fn a_release_sent_again_answers_as_its_first_run() {
     // the same for an idempotency claim
     let claimed = store
         .idempotency_begin(
-            Hold::new("idem", "t"),
-            "fp".into(),
-            Duration::from_secs(5),
+            BeginRequest::new(Hold::new("idem", "t"), "fp", Duration::from_secs(5)),
             crate::common::soon(),
         )
         .await
@@ -813,9 +807,7 @@ async fn becomes(
 async fn claims_won(store: &PgStore, code: &str, n: usize) -> usize {
     let claims = (0..n).map(|i| {
         store.claim(
-            code.to_owned(),
-            format!("redeemer-{i}"),
-            None,
+            ClaimRequest::new(code.to_owned(), format!("redeemer-{i}"), None),
             crate::common::soon(),
         )
     });
@@ -841,7 +833,10 @@ async fn a_claim_held_by_a_partition_arrives_late_and_changes_nothing() {
         .unwrap();
     // its one connection has prepared the claim and read the clock: the claim below is sent
     // whole into the partition
-    let warm_up = held.claim("warm-up".into(), "w".into(), None, crate::common::soon());
+    let warm_up = held.claim(
+        ClaimRequest::new("warm-up", "w", None),
+        crate::common::soon(),
+    );
     assert!(warm_up.await.unwrap().won);
     let conn = held.pool().get().await.unwrap();
     let pid: i32 = conn
@@ -854,7 +849,10 @@ async fn a_claim_held_by_a_partition_arrives_late_and_changes_nothing() {
     let coupon = "coupon:held";
     let started = Instant::now();
     let error = held
-        .claim(coupon.into(), "late".into(), None, crate::common::soon())
+        .claim(
+            ClaimRequest::new(coupon, "late", None),
+            crate::common::soon(),
+        )
         .await
         .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
@@ -952,9 +950,7 @@ async fn checks_and_migrations_at_once_never_deadlock() {
                     } else {
                         let (key, lease) = (format!("idem:{name}"), Duration::from_secs(5));
                         let begin = store.idempotency_begin(
-                            Hold::new(key.clone(), "t"),
-                            "fp".into(),
-                            lease,
+                            BeginRequest::new(Hold::new(key.clone(), "t"), "fp", lease),
                             crate::common::soon(),
                         );
                         assert_eq!(begin.await.unwrap(), IdempotencyBegin::Claimed);
@@ -1000,7 +996,10 @@ async fn a_claim_blocked_on_a_given_pool_is_cancelled_on_the_server() {
     tx.execute(&lock, &[]).await.unwrap();
     let started = Instant::now();
     let error = store
-        .claim("blocked".into(), "new".into(), None, crate::common::soon())
+        .claim(
+            ClaimRequest::new("blocked", "new", None),
+            crate::common::soon(),
+        )
         .await
         .unwrap_err();
     assert_eq!(error.kind(), StoreErrorKind::Timeout, "{error}");
@@ -1037,7 +1036,7 @@ async fn a_call_is_one_round_trip() {
         .build()
         .unwrap();
     // prepared on the connection, the clock read
-    let claim = |key: &str| store.claim(key.into(), "a".into(), None, crate::common::soon());
+    let claim = |key: &str| store.claim(ClaimRequest::new(key, "a", None), crate::common::soon());
     assert!(claim("warm-up").await.unwrap().won);
     // 50 ms each way: BEGIN, the claim and COMMIT one after the other would take 300 ms, two
     // round trips 200 ms
@@ -1398,8 +1397,9 @@ async fn a_commit_waiting_for_a_standby_is_cancelled_at_the_deadline() {
         .connect()
         .await
         .unwrap();
-    let claim =
-        |key: &str, who: &str| store.claim(key.into(), who.into(), None, crate::common::soon());
+    let claim = |key: &str, who: &str| {
+        store.claim(ClaimRequest::new(key, who, None), crate::common::soon())
+    };
     assert!(claim("warm-up", "w").await.unwrap().won);
     // a synchronous standby that never answers: every commit that wrote waits for it
     let admin = server.client().await;
@@ -1493,23 +1493,19 @@ async fn a_lock_a_record_and_a_rate_check_held_by_a_partition_change_nothing() {
     let lease = Duration::from_secs(600);
     // every statement prepared and the clock read on the one connection, before the partition
     assert!(
-        held.claim("warm".into(), "w".into(), None, crate::common::soon())
+        held.claim(ClaimRequest::new("warm", "w", None), crate::common::soon())
             .await
             .unwrap()
             .won
     );
     held.lock_acquire(
-        Hold::new("warm-l", "w"),
-        "warm-f".into(),
-        lease,
+        LockRequest::new(Hold::new("warm-l", "w"), "warm-f", lease),
         crate::common::soon(),
     )
     .await
     .unwrap();
     held.idempotency_begin(
-        Hold::new("warm-i", "w"),
-        "f".into(),
-        lease,
+        BeginRequest::new(Hold::new("warm-i", "w"), "f", lease),
         crate::common::soon(),
     )
     .await
@@ -1519,16 +1515,12 @@ async fn a_lock_a_record_and_a_rate_check_held_by_a_partition_change_nothing() {
         .unwrap();
 
     let lock = held.lock_acquire(
-        Hold::new("l", "t"),
-        "f".into(),
-        lease,
+        LockRequest::new(Hold::new("l", "t"), "f", lease),
         crate::common::soon(),
     );
     held_then_delivered(&held, &proxy, &client, lock).await;
     let begin = held.idempotency_begin(
-        Hold::new("i", "t"),
-        "f".into(),
-        lease,
+        BeginRequest::new(Hold::new("i", "t"), "f", lease),
         crate::common::soon(),
     );
     held_then_delivered(&held, &proxy, &client, begin).await;
@@ -1536,9 +1528,7 @@ async fn a_lock_a_record_and_a_rate_check_held_by_a_partition_change_nothing() {
     held_then_delivered(&held, &proxy, &client, check).await;
 
     let other = direct.lock_acquire(
-        Hold::new("l", "u"),
-        "f".into(),
-        lease,
+        LockRequest::new(Hold::new("l", "u"), "f", lease),
         crate::common::soon(),
     );
     assert!(
@@ -1546,9 +1536,7 @@ async fn a_lock_a_record_and_a_rate_check_held_by_a_partition_change_nothing() {
         "the lock is free"
     );
     let begin = direct.idempotency_begin(
-        Hold::new("i", "u"),
-        "f".into(),
-        lease,
+        BeginRequest::new(Hold::new("i", "u"), "f", lease),
         crate::common::soon(),
     );
     assert_eq!(

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tollgate::key::Key;
 use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
+use tollgate::store::ClaimRequest;
 use tollgate::store::{LockStore, RateStore, Store, StoreErrorKind};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -159,9 +160,7 @@ async fn spans_of_redis_calls_carry_the_database_conventions() {
     assert_eq!(ping.attributes(), attrs(&expected));
 
     let claimed = store.claim(
-        format!("s{}", rand::random::<u64>()),
-        "me".into(),
-        None,
+        ClaimRequest::new(format!("s{}", rand::random::<u64>()), "me", None),
         soon(),
     );
     assert!(claimed.await.unwrap().won);

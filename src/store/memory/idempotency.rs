@@ -6,6 +6,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::{Entry, MemoryStore, NOMINAL_TIMEOUT, OnMatch, Value, before, expiry};
+use crate::store::{BeginRequest, CompleteRequest};
 use crate::store::{Hold, IdempotencyBegin, IdempotencyStore, StoreFuture};
 
 #[derive(Debug)]
@@ -51,11 +52,15 @@ impl IdempotencyStore for MemoryStore {
 
     fn idempotency_begin(
         &self,
-        hold: Hold,
-        fingerprint: String,
-        lease: Duration,
+        request: BeginRequest,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
+        let BeginRequest {
+            hold,
+            fingerprint,
+            lease,
+            ..
+        } = request;
         let Hold { key, token } = hold;
         before(deadline, || {
             let now = self.now_us();
@@ -91,11 +96,15 @@ impl IdempotencyStore for MemoryStore {
 
     fn idempotency_complete(
         &self,
-        hold: Hold,
-        response: Bytes,
-        retention: Duration,
+        request: CompleteRequest,
         deadline: Instant,
     ) -> StoreFuture<bool> {
+        let CompleteRequest {
+            hold,
+            response,
+            retention,
+            ..
+        } = request;
         let Hold { key, token } = hold;
         before(deadline, || {
             let now = self.now_us();

@@ -6,6 +6,7 @@ use tokio::time::Instant;
 
 use super::{MemoryStore, NOMINAL_TIMEOUT, OnMatch, Value, before, expiry};
 use crate::store::{ClaimOutcome, Hold, LockAttempt, LockStore, StoreFuture, fence_ttl};
+use crate::store::{ClaimRequest, LockRequest};
 
 impl Value {
     /// Whether this is a claim or lock held by `token`.
@@ -19,13 +20,10 @@ impl LockStore for MemoryStore {
         NOMINAL_TIMEOUT
     }
 
-    fn claim(
-        &self,
-        key: String,
-        holder: String,
-        ttl: Option<Duration>,
-        deadline: Instant,
-    ) -> StoreFuture<ClaimOutcome> {
+    fn claim(&self, request: ClaimRequest, deadline: Instant) -> StoreFuture<ClaimOutcome> {
+        let ClaimRequest {
+            key, holder, ttl, ..
+        } = request;
         before(deadline, || {
             let now = self.now_us();
             self.inner.entries.run(&key, None, now, |held| {
@@ -54,13 +52,13 @@ impl LockStore for MemoryStore {
         })
     }
 
-    fn lock_acquire(
-        &self,
-        hold: Hold,
-        fence_key: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<LockAttempt> {
+    fn lock_acquire(&self, request: LockRequest, deadline: Instant) -> StoreFuture<LockAttempt> {
+        let LockRequest {
+            hold,
+            fence_key,
+            lease,
+            ..
+        } = request;
         let Hold { key, token } = hold;
         before(deadline, || {
             let now = self.now_us();

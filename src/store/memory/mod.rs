@@ -412,6 +412,7 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{ClaimRequest, LockRequest};
     use crate::store::{Hold, LockAttempt, LockStore};
 
     /// A deadline that a call made now meets.
@@ -424,12 +425,12 @@ mod tests {
     async fn huge_durations_neither_panic_nor_wrap() {
         let store = MemoryStore::new();
         let won = store
-            .claim("c".into(), "a".into(), Some(Duration::MAX), soon())
+            .claim(ClaimRequest::new("c", "a", Some(Duration::MAX)), soon())
             .await
             .unwrap();
         assert!(won.won);
         let lost = store
-            .claim("c".into(), "b".into(), None, soon())
+            .claim(ClaimRequest::new("c", "b", None), soon())
             .await
             .unwrap();
         assert!(
@@ -474,9 +475,15 @@ mod tests {
         };
         let fence = format!("{key}:fence");
         let lease = Duration::from_secs(5);
-        let first = store.lock_acquire(Hold::new(key.clone(), "a"), fence.clone(), lease, soon());
+        let first = store.lock_acquire(
+            LockRequest::new(Hold::new(key.clone(), "a"), fence.clone(), lease),
+            soon(),
+        );
         assert!(matches!(first.await.unwrap(), LockAttempt::Acquired { .. }));
-        let second = store.lock_acquire(Hold::new(key.clone(), "b"), fence.clone(), lease, soon());
+        let second = store.lock_acquire(
+            LockRequest::new(Hold::new(key.clone(), "b"), fence.clone(), lease),
+            soon(),
+        );
         assert!(matches!(second.await.unwrap(), LockAttempt::Held { .. }));
         assert_eq!(store.len(), 2);
         assert_consistent(&store);
@@ -490,9 +497,11 @@ mod tests {
         let (lock, fence) = keyspace::lock("app", b"l");
         let refused = store
             .lock_acquire(
-                Hold::new(lock.clone(), "t"),
-                fence.clone(),
-                Duration::from_secs(1),
+                LockRequest::new(
+                    Hold::new(lock.clone(), "t"),
+                    fence.clone(),
+                    Duration::from_secs(1),
+                ),
                 soon(),
             )
             .await;
@@ -501,9 +510,7 @@ mod tests {
         assert_consistent(&store);
         let claim = |name: &str| {
             store.claim(
-                name.into(),
-                "h".into(),
-                Some(Duration::from_secs(1)),
+                ClaimRequest::new(name, "h", Some(Duration::from_secs(1))),
                 soon(),
             )
         };

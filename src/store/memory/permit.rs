@@ -5,6 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Entry, MemoryStore, NOMINAL_TIMEOUT, Value, before, done, expiry};
+use crate::store::PermitRequest;
 use crate::store::{Hold, PermitAttempt, PermitStore, StoreFuture, fence_ttl};
 
 #[derive(Debug, Default)]
@@ -93,13 +94,17 @@ impl PermitStore for MemoryStore {
 
     fn permit_acquire(
         &self,
-        hold: Hold,
-        fence_key: String,
-        limit: u32,
-        lease: Duration,
-        wait: Option<Duration>,
+        request: PermitRequest,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
+        let PermitRequest {
+            hold,
+            fence_key,
+            limit,
+            lease,
+            wait,
+            ..
+        } = request;
         before(deadline, || {
             let now = self.now_us();
             let key = hold.key.as_str();

@@ -9,6 +9,7 @@ use tokio_postgres::Row;
 use super::call::Param;
 use super::sql::Sql;
 use super::{PgStore, boolean, flag, ms, protocol, tag};
+use crate::store::{BeginRequest, CompleteRequest};
 use crate::store::{
     Hold, IdempotencyBegin, IdempotencyStore, RELEASE_MARKER_TTL, StoreError, StoreFuture, kit,
 };
@@ -20,11 +21,15 @@ impl IdempotencyStore for PgStore {
 
     fn idempotency_begin(
         &self,
-        hold: Hold,
-        fingerprint: String,
-        lease: Duration,
+        request: BeginRequest,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
+        let BeginRequest {
+            hold,
+            fingerprint,
+            lease,
+            ..
+        } = request;
         let Hold { key, token } = hold;
         let params: Vec<Param> = vec![
             Box::new(key),
@@ -44,11 +49,15 @@ impl IdempotencyStore for PgStore {
 
     fn idempotency_complete(
         &self,
-        hold: Hold,
-        response: Bytes,
-        retention: Duration,
+        request: CompleteRequest,
         deadline: Instant,
     ) -> StoreFuture<bool> {
+        let CompleteRequest {
+            hold,
+            response,
+            retention,
+            ..
+        } = request;
         let Hold { key, token } = hold;
         let params: Vec<Param> = vec![
             Box::new(key),

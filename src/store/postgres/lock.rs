@@ -12,6 +12,7 @@ use crate::store::{
     ClaimOutcome, Hold, LockAttempt, LockStore, RELEASE_MARKER_TTL, StoreError, StoreFuture,
     fence_ttl, kit,
 };
+use crate::store::{ClaimRequest, LockRequest};
 
 /// `(tag, holder)`: 1 claimed by this call, 2 held by this holder already, 0 by another.
 fn decode_claim(row: &Row) -> Result<ClaimOutcome, StoreError> {
@@ -45,24 +46,21 @@ impl LockStore for PgStore {
         self.inner.settings.timeout
     }
 
-    fn claim(
-        &self,
-        key: String,
-        holder: String,
-        ttl: Option<Duration>,
-        deadline: Instant,
-    ) -> StoreFuture<ClaimOutcome> {
+    fn claim(&self, request: ClaimRequest, deadline: Instant) -> StoreFuture<ClaimOutcome> {
+        let ClaimRequest {
+            key, holder, ttl, ..
+        } = request;
         let params: Vec<Param> = vec![Box::new(key), Box::new(holder), Box::new(ttl.map_or(0, ms))];
         self.call("claim", |s| &s.claim, params, Some(deadline), decode_claim)
     }
 
-    fn lock_acquire(
-        &self,
-        hold: Hold,
-        fence_key: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<LockAttempt> {
+    fn lock_acquire(&self, request: LockRequest, deadline: Instant) -> StoreFuture<LockAttempt> {
+        let LockRequest {
+            hold,
+            fence_key,
+            lease,
+            ..
+        } = request;
         let Hold { key, token } = hold;
         let params: Vec<Param> = vec![
             Box::new(key),

@@ -9,6 +9,7 @@ use tokio_postgres::Row;
 use super::call::Param;
 use super::sql::Sql;
 use super::{PgStore, boolean, flag, ms, protocol, tag};
+use crate::store::PermitRequest;
 use crate::store::{
     Hold, PermitAttempt, PermitStore, RELEASE_MARKER_TTL, StoreError, StoreFuture, fence_ttl, kit,
 };
@@ -30,13 +31,17 @@ impl PermitStore for PgStore {
 
     fn permit_acquire(
         &self,
-        hold: Hold,
-        fence_key: String,
-        limit: u32,
-        lease: Duration,
-        wait: Option<Duration>,
+        request: PermitRequest,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
+        let PermitRequest {
+            hold,
+            fence_key,
+            limit,
+            lease,
+            wait,
+            ..
+        } = request;
         let params: Vec<Param> = vec![
             Box::new(hold.key),
             Box::new(fence_key),

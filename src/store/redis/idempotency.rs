@@ -14,6 +14,7 @@ use super::{
 };
 use crate::keyspace;
 use crate::store::span::Command;
+use crate::store::{BeginRequest, CompleteRequest};
 use crate::store::{
     Hold, IdempotencyBegin, IdempotencyStore, StoreError, StoreFuture, kit, millis,
 };
@@ -25,11 +26,15 @@ impl IdempotencyStore for RedisStore {
 
     fn idempotency_begin(
         &self,
-        hold: Hold,
-        fingerprint: String,
-        lease: Duration,
+        request: BeginRequest,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
+        let BeginRequest {
+            hold,
+            fingerprint,
+            lease,
+            ..
+        } = request;
         let Hold { key, token } = hold;
         let undo = Self::release_of(&key, &token, |s| &s.idem_release);
         let marker = keyspace::pending_marker(&key);
@@ -57,11 +62,15 @@ impl IdempotencyStore for RedisStore {
 
     fn idempotency_complete(
         &self,
-        hold: Hold,
-        response: Bytes,
-        retention: Duration,
+        request: CompleteRequest,
         deadline: Instant,
     ) -> StoreFuture<bool> {
+        let CompleteRequest {
+            hold,
+            response,
+            retention,
+            ..
+        } = request;
         let Hold { key, token } = hold;
         let marker = keyspace::pending_marker(&key);
         let pending = Pending {

@@ -10,19 +10,17 @@ use crate::keyspace;
 use crate::store::{
     ClaimOutcome, Hold, LockAttempt, LockStore, StoreFuture, fence_ttl, kit, millis,
 };
+use crate::store::{ClaimRequest, LockRequest};
 
 impl LockStore for RedisStore {
     fn timeout(&self) -> Duration {
         self.timeout
     }
 
-    fn claim(
-        &self,
-        key: String,
-        holder: String,
-        ttl: Option<Duration>,
-        deadline: Instant,
-    ) -> StoreFuture<ClaimOutcome> {
+    fn claim(&self, request: ClaimRequest, deadline: Instant) -> StoreFuture<ClaimOutcome> {
+        let ClaimRequest {
+            key, holder, ttl, ..
+        } = request;
         let undo = Self::release_of(&key, &holder, |s| &s.compare_and_delete);
         let marker = keyspace::pending_marker(&key);
         let pending = Pending {
@@ -57,13 +55,13 @@ impl LockStore for RedisStore {
         )
     }
 
-    fn lock_acquire(
-        &self,
-        hold: Hold,
-        fence_key: String,
-        lease: Duration,
-        deadline: Instant,
-    ) -> StoreFuture<LockAttempt> {
+    fn lock_acquire(&self, request: LockRequest, deadline: Instant) -> StoreFuture<LockAttempt> {
+        let LockRequest {
+            hold,
+            fence_key,
+            lease,
+            ..
+        } = request;
         let Hold { key, token } = hold;
         let undo = Self::release_of(&key, &token, |s| &s.compare_and_delete);
         let call = ScriptCall::default()

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use super::script_call::ScriptCall;
 use super::{Effect, RedisStore, Undo, extend_call};
 use crate::keyspace;
+use crate::store::PermitRequest;
 use crate::store::{
     Hold, PermitAttempt, PermitStore, RELEASE_MARKER_TTL, StoreError, StoreFuture, fence_ttl, kit,
     millis,
@@ -34,13 +35,17 @@ impl PermitStore for RedisStore {
 
     fn permit_acquire(
         &self,
-        hold: Hold,
-        fence_key: String,
-        limit: u32,
-        lease: Duration,
-        wait: Option<Duration>,
+        request: PermitRequest,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
+        let PermitRequest {
+            hold,
+            fence_key,
+            limit,
+            lease,
+            wait,
+            ..
+        } = request;
         let undo = Undo {
             script: |s| &s.permit_release,
             call: permit_release_call(&hold),
