@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::Finding;
 use super::kind::{Kind, Place};
-use super::model::{Model, Spot, Types, show, unwrap_shared};
+use super::model::{Model, Spot, Types, is_resource, show, unwrap_shared};
 use super::scan::Collected;
 
 /// Whether a struct's name says it is an application's state or context.
@@ -36,7 +36,8 @@ fn state_structs(model: &Model, collected: &Collected) -> BTreeMap<String, Place
         let cloned_with_shared_state = defs.iter().any(|def| {
             def.derives_clone
                 && def.fields.iter().any(|field| {
-                    is_arc(&field.ty) && Types::new(model, def.file).shared(&field.ty).is_some()
+                    let types = Types::new(model, def.file);
+                    types.is_arc(&field.ty) && types.shared(&field.ty).is_some()
                 })
         });
         if named_as_state(name) || cloned_with_shared_state {
@@ -75,11 +76,6 @@ fn state_structs(model: &Model, collected: &Collected) -> BTreeMap<String, Place
         }
     }
     places
-}
-
-fn is_arc(ty: &syn::Type) -> bool {
-    matches!(ty, syn::Type::Path(path)
-        if path.path.segments.last().is_some_and(|s| s.ident == "Arc"))
 }
 
 /// The first line of an allow comment's reason, if `text` holds
@@ -128,20 +124,25 @@ pub(crate) fn findings(model: &Model, collected: Collected) -> Vec<Finding> {
     let mut found: Vec<(Spot, Kind, String)> = Vec::new();
 
     for (name, place) in state_structs(model, &collected) {
+        // the parts of a pool or a client (`DbPool { pool, semaphore }`) are that copy's own
+        if is_resource(&name) {
+            continue;
+        }
         for def in model.structs.get(&name).into_iter().flatten() {
             let types = Types::new(model, def.file);
             for field in &def.fields {
                 let Some(base) = types.shared(&field.ty) else {
                     continue;
                 };
-                let kind = base.kind(place, &field.name);
+                let base = base.named(&field.name);
+                let kind = base.kind(place, &format!("{}_{}", def.name, field.name));
                 let held = match place {
                     Place::State => "the application's shared state",
                     Place::Static => "held in a static",
                 };
                 let message = format!(
                     "`{}` in field `{}` of `{}`, {held}: {}",
-                    show(&field.ty),
+                    types.describe(&field.ty),
                     field.name,
                     def.name,
                     base.why(kind)
@@ -166,6 +167,7 @@ pub(crate) fn findings(model: &Model, collected: Collected) -> Vec<Finding> {
             }
             let alias_types = Types::new(model, alias.spot.file);
             if let Some(base) = alias_types.shared(&alias.ty) {
+                let base = base.named(name);
                 let kind = base.kind(Place::State, name);
                 let message = format!(
                     "`{}` in type `{name}`, shared with every request as `{}<{name}>`: {}",
@@ -212,20 +214,21 @@ pub(crate) fn findings(model: &Model, collected: Collected) -> Vec<Finding> {
         let Some(base) = base else {
             continue;
         };
+        let base = base.named(&item.name);
         let kind = base.kind(Place::Static, &item.name);
         let message = if item.thread_local {
             format!(
                 "a per-thread `{}` in `thread_local!` `{}`: every thread of every copy has its \
-                 own; {}",
+                 own, so what one request records is not seen by requests on other threads or \
+                 copies",
                 show(&item.ty),
                 item.name,
-                base.why(kind)
             )
         } else {
             let keyword = if item.mutable { "static mut" } else { "static" };
             format!(
                 "a process-wide `{}` in `{keyword} {}`: {}",
-                show(&item.ty),
+                types.describe(&item.ty),
                 item.name,
                 base.why(kind)
             )

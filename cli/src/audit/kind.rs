@@ -160,7 +160,17 @@ pub(crate) enum Base {
 }
 
 impl Base {
-    /// The kind for this base in `place`, held under `name` (a field or a static).
+    /// A lock whose name says it caches (`CSS_CACHE`, `token_cache`) is a cache.
+    pub(crate) fn named(self, name: &str) -> Base {
+        if self == Base::Lock && words(name).iter().any(|w| w == "cache" || w == "cached") {
+            Base::Cache
+        } else {
+            self
+        }
+    }
+
+    /// The kind for this base in `place`, held under `name` (a field or a static; for a field,
+    /// the struct's name and the field's joined by `_`).
     pub(crate) fn kind(self, place: Place, name: &str) -> Kind {
         if matches!(self, Base::Map | Base::Cache) && names_done_work(name) {
             return Kind::SeenSet;

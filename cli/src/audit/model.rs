@@ -281,8 +281,8 @@ const INTEGERS: &[&str] = &[
 ];
 
 /// Ends of type names for what a lock guards without being state that must hold across
-/// copies: connections and clients, channels, handles, files, random generators, clocks, and
-/// configuration reloaded in each copy.
+/// copies: connections and clients, channels, handles, files, random generators, compiled
+/// regular expressions, and configuration reloaded in each copy.
 const RESOURCE_SUFFIXES: &[&str] = &[
     "Client",
     "Connection",
@@ -305,8 +305,6 @@ const RESOURCE_SUFFIXES: &[&str] = &[
     "Stderr",
     "Interval",
     "Transaction",
-    "Instant",
-    "SystemTime",
     "Config",
     "Configuration",
     "Settings",
@@ -316,6 +314,8 @@ const RESOURCE_SUFFIXES: &[&str] = &[
     "Logger",
     "PhantomData",
     "JoinSet",
+    "Regex",
+    "RegexSet",
 ];
 
 /// What a lock guards.
@@ -351,7 +351,9 @@ fn last_segment(ty: &Type) -> Option<(&syn::Path, String, Vec<&Type>)> {
     Some((&path.path, segment.ident.to_string(), args))
 }
 
-fn is_resource(name: &str) -> bool {
+/// Whether a type name says it is a resource: a client, a pool, a connection, a channel end,
+/// a handle, configuration (see [`RESOURCE_SUFFIXES`]).
+pub(crate) fn is_resource(name: &str) -> bool {
     RESOURCE_SUFFIXES
         .iter()
         .any(|suffix| name.ends_with(suffix))
@@ -437,11 +439,18 @@ impl<'a> Types<'a> {
                 if ATOMIC_INTEGERS.contains(&name) {
                     return Some(Base::Counter);
                 }
-                if self.is_concurrent_map(path, name) {
-                    return Some(Base::Map);
-                }
-                if self.is_shared_cache(path, name) {
-                    return Some(Base::Cache);
+                if self.is_concurrent_map(path, name) || self.is_shared_cache(path, name) {
+                    // a map of clients or connections is a pool: each copy has its own
+                    if args.last().is_some_and(|value| {
+                        self.contents_at(value, depth + 1) == Contents::Resource
+                    }) {
+                        return None;
+                    }
+                    return Some(if self.is_shared_cache(path, name) {
+                        Base::Cache
+                    } else {
+                        Base::Map
+                    });
                 }
                 if name == "Semaphore" && !self.model.structs.contains_key(name) {
                     return Some(Base::Semaphore);
@@ -474,7 +483,7 @@ impl<'a> Types<'a> {
             Type::Reference(reference) => self.contents_at(&reference.elem, depth + 1),
             Type::Paren(paren) => self.contents_at(&paren.elem, depth + 1),
             Type::Group(group) => self.contents_at(&group.elem, depth + 1),
-            Type::Tuple(tuple) => self.fold(tuple.elems.iter(), self.file, depth),
+            Type::Tuple(tuple) => self.fold_tuple(tuple.elems.iter(), depth),
             Type::Path(_) => {
                 let Some((path, name, args)) = last_segment(ty) else {
                     return Contents::Data;
@@ -485,16 +494,25 @@ impl<'a> Types<'a> {
                         .first()
                         .map_or(Contents::Data, |arg| self.contents_at(arg, depth + 1));
                 }
-                if MAPS.contains(&name) || self.is_concurrent_map(path, name) {
-                    return Contents::Collection(Base::Map);
-                }
-                if CACHES.contains(&name) || self.is_shared_cache(path, name) {
-                    return Contents::Collection(Base::Cache);
+                let map = MAPS.contains(&name) || self.is_concurrent_map(path, name);
+                let cache = CACHES.contains(&name) || self.is_shared_cache(path, name);
+                if map || cache {
+                    // a map of clients or connections is a pool: each copy has its own
+                    if args.last().is_some_and(|value| {
+                        self.contents_at(value, depth + 1) == Contents::Resource
+                    }) {
+                        return Contents::Resource;
+                    }
+                    return Contents::Collection(if cache { Base::Cache } else { Base::Map });
                 }
                 if INTEGERS.contains(&name) || ATOMIC_INTEGERS.contains(&name) {
                     return Contents::Counter;
                 }
                 if name == "bool" || name == "AtomicBool" {
+                    return Contents::Resource;
+                }
+                // the name says what it is, even for a struct of the code read (`Config`, `DbPool`)
+                if is_resource(name) {
                     return Contents::Resource;
                 }
                 if path.segments.len() == 1 {
@@ -512,9 +530,6 @@ impl<'a> Types<'a> {
                         }
                         return self.fold(def.fields.iter().map(|f| &f.ty), def.file, depth);
                     }
-                }
-                if is_resource(name) {
-                    return Contents::Resource;
                 }
                 if !args.is_empty()
                     && args
@@ -547,6 +562,23 @@ impl<'a> Types<'a> {
             return Contents::Resource;
         }
         Contents::Data
+    }
+
+    /// What a tuple guards: as [`fold`](Self::fold), with strings beside a resource taken as
+    /// its description (`(String, Regex)`: a pattern and its compiled form).
+    fn fold_tuple<'t>(&self, types: impl Iterator<Item = &'t Type>, depth: u8) -> Contents {
+        let types: Vec<&Type> = types.collect();
+        let is_string = |ty: &&Type| {
+            last_segment(ty).is_some_and(|(_, name, _)| matches!(name.as_str(), "String" | "str"))
+        };
+        let others: Vec<&Type> = types.iter().copied().filter(|ty| !is_string(ty)).collect();
+        if !others.is_empty()
+            && others.len() < types.len()
+            && self.fold(others.iter().copied(), self.file, depth) == Contents::Resource
+        {
+            return Contents::Resource;
+        }
+        self.fold(types.into_iter(), self.file, depth)
     }
 
     /// The names of the structs of the code read that a type refers to, through aliases too.
@@ -602,6 +634,17 @@ impl<'a> Types<'a> {
         Some((key.as_str(), aliases.first()?))
     }
 
+    /// Whether a type is an `Arc<..>`, written so or through an alias.
+    pub(crate) fn is_arc(&self, ty: &Type) -> bool {
+        match last_segment(ty) {
+            Some((_, name, _)) if name == "Arc" => true,
+            Some(_) => self.alias(ty).is_some_and(
+                |(_, alias)| matches!(last_segment(&alias.ty), Some((_, name, _)) if name == "Arc"),
+            ),
+            None => false,
+        }
+    }
+
     /// Whether a type names a struct of the code read.
     pub(crate) fn is_struct(&self, ty: &Type) -> bool {
         last_segment(ty).is_some_and(|(_, name, _)| self.model.structs.contains_key(&name))
@@ -628,6 +671,17 @@ pub(crate) fn unwrap_shared(ty: &Type) -> &Type {
 /// A type as the reader wrote it, shortened: `Arc<Mutex<HashMap<..>>>`.
 pub(crate) fn show(ty: &Type) -> String {
     show_at(ty, 0)
+}
+
+impl Types<'_> {
+    /// A type as [`show`] writes it, followed by what it stands for when it is an alias:
+    /// `` SharedState` (`Arc<RwLock<State>>`) ``, without the outer backquotes.
+    pub(crate) fn describe(&self, ty: &Type) -> String {
+        match self.alias(ty) {
+            Some((_, alias)) => format!("{}` = `{}", show(ty), show(&alias.ty)),
+            None => show(ty),
+        }
+    }
 }
 
 fn show_at(ty: &Type, level: u8) -> String {

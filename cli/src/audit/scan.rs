@@ -108,10 +108,40 @@ pub(crate) fn uses_of(file: &syn::File) -> Uses {
         fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
             self.0.add(&item.tree);
         }
+        fn visit_item_macro(&mut self, item: &'ast syn::ItemMacro) {
+            for inner in items_in_macro(item) {
+                self.visit_item(&inner);
+            }
+        }
     }
     let mut visitor = UseVisitor(Uses::default());
     visitor.visit_file(file);
     visitor.0
+}
+
+/// The items of an item-position macro that wraps items in braces, as `cfg_if!` and
+/// `cfg_select!` do: each top-level `{ .. }` group that parses as items. Not `macro_rules!`
+/// definitions, `lazy_static!` nor `thread_local!`.
+fn items_in_macro(item: &syn::ItemMacro) -> Vec<syn::Item> {
+    let name = item.mac.path.segments.last().map(|s| s.ident.to_string());
+    if item.ident.is_some()
+        || matches!(
+            name.as_deref(),
+            Some("macro_rules" | "lazy_static" | "thread_local")
+        )
+    {
+        return Vec::new();
+    }
+    let mut items = Vec::new();
+    for token in item.mac.tokens.clone() {
+        if let TokenTree::Group(group) = token
+            && group.delimiter() == proc_macro2::Delimiter::Brace
+            && let Ok(file) = syn::parse2::<syn::File>(group.stream())
+        {
+            items.extend(file.items);
+        }
+    }
+    items
 }
 
 /// One entry of `lazy_static!` or `thread_local!`.
@@ -480,7 +510,47 @@ impl<'ast> Visit<'ast> for Collector<'_> {
     fn visit_item_macro(&mut self, item: &'ast syn::ItemMacro) {
         if !is_test_only(&item.attrs) {
             self.macro_statics(&item.mac);
+            for inner in items_in_macro(item) {
+                self.visit_item(&inner);
+            }
         }
+    }
+
+    fn visit_item_enum(&mut self, item: &'ast syn::ItemEnum) {
+        if is_test_only(&item.attrs) {
+            return;
+        }
+        // an enum's variants hold state as a struct's fields do: `Cache::Memory(MemoryCache)`
+        let mut fields = Vec::new();
+        for variant in &item.variants {
+            for (index, field) in variant.fields.iter().enumerate() {
+                let (name, at) = match &field.ident {
+                    Some(ident) => (format!("{}.{ident}", variant.ident), line(ident.span())),
+                    None => (format!("{}.{index}", variant.ident), line(field.ty.span())),
+                };
+                fields.push(Field {
+                    name,
+                    ty: field.ty.clone(),
+                    spot: Spot {
+                        file: self.file,
+                        line: at,
+                        start: line(field.span()),
+                    },
+                });
+            }
+        }
+        let name = item.ident.to_string();
+        self.model
+            .structs
+            .entry(name.clone())
+            .or_default()
+            .push(StructDef {
+                name,
+                fields,
+                derives_clone: derives_clone(&item.attrs),
+                file: self.file,
+            });
+        self.with_item(line(item.span()), |this| visit::visit_item_enum(this, item));
     }
 
     fn visit_stmt_macro(&mut self, stmt: &'ast syn::StmtMacro) {
