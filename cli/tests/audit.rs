@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -33,7 +33,7 @@ fn tollgate(args: &[&str]) -> Run {
     }
 }
 
-fn audit_json(path: &PathBuf, extra: &[&str]) -> (i32, Vec<Value>) {
+fn audit_json(path: &Path, extra: &[&str]) -> (i32, Vec<Value>) {
     let mut args = vec!["audit", path.to_str().unwrap(), "--format", "json"];
     args.extend_from_slice(extra);
     let run = tollgate(&args);
