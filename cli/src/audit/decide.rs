@@ -60,19 +60,11 @@ fn state_structs(model: &Model, collected: &Collected) -> BTreeMap<String, Place
                 Types::new(model, def.file).struct_refs(&field.ty, &mut refs);
                 for inner in refs {
                     if !places.contains_key(&inner) {
-                        if std::env::var_os("TOLLGATE_AUDIT_DEBUG").is_some() {
-                            eprintln!("debug: {inner} through {name}.{}", field.name);
-                        }
                         places.insert(inner.clone(), place);
                         queue.push((inner, place));
                     }
                 }
             }
-        }
-    }
-    if std::env::var_os("TOLLGATE_AUDIT_DEBUG").is_some() {
-        for (name, place) in &places {
-            eprintln!("debug: state struct {name} ({place:?})");
         }
     }
     places
