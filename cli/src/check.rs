@@ -1,0 +1,426 @@
+//! `tollgate check`: many requests at once over a service's copies, and the statuses they
+//! answer compared with what one service would give.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Args;
+use http::header::{HeaderName, HeaderValue};
+use http::{Method, Request, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::Barrier;
+
+pub(crate) const LONG_ABOUT: &str = "\
+Send parallel requests over a service's copies and check the statuses they answer.
+
+Sends --requests requests at once (they wait for each other and start together), spread round \
+robin over the --target base URLs with PATH appended to each, prints a table of the statuses \
+each copy answered, and checks every --expect STATUS=COUNT against the totals. Point --target at \
+each copy's own address, not at the load balancer, so that every copy takes its share. A \
+service that keeps its state in a shared store answers as one: one `200` for 50 redemptions of \
+one coupon, whichever copies they reach; copies with state of their own each answer `200` once.";
+
+pub(crate) const AFTER_HELP: &str = "\
+Example: two copies, one coupon redeemed 50 times at once, exactly one redemption wins:
+  tollgate check --target http://127.0.0.1:4001 --target http://127.0.0.1:4002 \\
+      -X POST /coupons/WELCOME5/redeem --requests 50 --expect 200=1 --expect 409=49
+
+  target                   200  409  error
+  http://127.0.0.1:4001      1   24      0
+  http://127.0.0.1:4002      0   25      0
+  total                      1   49      0
+
+  200=1 as expected
+  409=49 as expected
+
+Exit codes: 0 every expectation holds; 1 one does not; 2 bad arguments, or no request could be \
+sent. Plain http only: targets are the copies' own addresses.";
+
+/// A status count the totals must show: `STATUS=COUNT`, STATUS a code or `error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Expectation {
+    outcome: Outcome,
+    count: usize,
+}
+
+/// What one request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Outcome {
+    /// An HTTP status.
+    Status(u16),
+    /// No response: refused, reset, timed out.
+    Error,
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Status(code) => write!(f, "{code}"),
+            Outcome::Error => f.write_str("error"),
+        }
+    }
+}
+
+fn parse_expectation(text: &str) -> Result<Expectation, String> {
+    let (status, count) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}` is not STATUS=COUNT, e.g. 200=1"))?;
+    let outcome = match status.trim() {
+        "error" => Outcome::Error,
+        code => match code.parse::<u16>() {
+            Ok(code) if (100..=999).contains(&code) => Outcome::Status(code),
+            _ => {
+                return Err(format!(
+                    "`{code}` is not an HTTP status (100-999) nor `error`"
+                ));
+            }
+        },
+    };
+    let count = count
+        .trim()
+        .parse::<usize>()
+        .map_err(|_| format!("`{count}` is not a count"))?;
+    Ok(Expectation { outcome, count })
+}
+
+fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let (name, value) = text
+        .split_once(':')
+        .ok_or_else(|| format!("`{text}` is not `name: value`"))?;
+    let name = HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|_| format!("`{}` is not a header name", name.trim()))?;
+    let value = HeaderValue::from_str(value.trim())
+        .map_err(|_| format!("`{}` is not a header value", value.trim()))?;
+    Ok((name, value))
+}
+
+fn parse_method(text: &str) -> Result<Method, String> {
+    Method::from_bytes(text.to_ascii_uppercase().as_bytes())
+        .map_err(|_| format!("`{text}` is not an HTTP method"))
+}
+
+/// A duration: `10s`, `500ms`, `2m`, or a number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, scale) = if let Some(ms) = text.strip_suffix("ms") {
+        (ms, 0.001)
+    } else if let Some(s) = text.strip_suffix('s') {
+        (s, 1.0)
+    } else if let Some(m) = text.strip_suffix('m') {
+        (m, 60.0)
+    } else {
+        (text, 1.0)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration, e.g. 10s or 500ms"))?;
+    if !value.is_finite() || value <= 0.0 {
+        return Err(format!("`{text}` is not a positive duration"));
+    }
+    Ok(Duration::from_secs_f64(value * scale))
+}
+
+/// The arguments of `tollgate check`.
+#[derive(Debug, Args)]
+pub(crate) struct CheckArgs {
+    /// A copy's base URL, e.g. http://10.0.0.1:8080 (repeat for each copy).
+    #[arg(long = "target", value_name = "URL", required = true)]
+    targets: Vec<String>,
+    /// How many requests to send at once, spread round robin over the targets.
+    #[arg(short = 'n', long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    requests: u32,
+    /// The request method [default: GET, or POST with --data].
+    #[arg(short = 'X', long, value_parser = parse_method)]
+    method: Option<Method>,
+    /// A request header, `name: value` (repeatable).
+    #[arg(short = 'H', long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// The request body, the same for every request.
+    #[arg(short = 'd', long)]
+    data: Option<String>,
+    /// How long a request may take, e.g. 10s or 500ms; past it, it counts as an `error`.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// A count the totals must show exactly: `STATUS=COUNT`, STATUS a code or `error`
+    /// (repeatable).
+    #[arg(long = "expect", value_name = "STATUS=COUNT", value_parser = parse_expectation)]
+    expectations: Vec<Expectation>,
+    /// The path appended to every target, e.g. /coupons/WELCOME5/redeem.
+    path: String,
+}
+
+/// Each target's URL with the path, checked.
+fn urls(args: &CheckArgs) -> Result<Vec<Uri>, String> {
+    let path = if args.path.starts_with('/') {
+        args.path.clone()
+    } else {
+        format!("/{}", args.path)
+    };
+    args.targets
+        .iter()
+        .map(|target| {
+            let base: Uri = target
+                .parse()
+                .map_err(|e| format!("--target `{target}` is not a URL: {e}"))?;
+            match base.scheme_str() {
+                Some("http") => {}
+                Some("https") => {
+                    return Err(format!(
+                        "--target `{target}`: https is not supported; point each --target at a \
+                         copy's own http address"
+                    ));
+                }
+                _ => return Err(format!("--target `{target}` is not an http:// URL")),
+            }
+            if base.query().is_some() {
+                return Err(format!("--target `{target}` has a query: put it in PATH"));
+            }
+            let full = format!("{}{path}", target.trim_end_matches('/'));
+            full.parse::<Uri>()
+                .map_err(|e| format!("`{full}` is not a URL: {e}"))
+        })
+        .collect()
+}
+
+/// What the requests came to: per target, per outcome, a count; and the first errors.
+#[derive(Debug, Default)]
+struct Tally {
+    per_target: Vec<BTreeMap<Outcome, usize>>,
+    errors: Vec<String>,
+}
+
+impl Tally {
+    fn total(&self) -> BTreeMap<Outcome, usize> {
+        let mut total = BTreeMap::new();
+        for row in &self.per_target {
+            for (outcome, count) in row {
+                *total.entry(*outcome).or_insert(0) += count;
+            }
+        }
+        total
+    }
+}
+
+async fn send_all(args: &CheckArgs, urls: &[Uri]) -> Tally {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(connector);
+    let method = args.method.clone().unwrap_or(if args.data.is_some() {
+        Method::POST
+    } else {
+        Method::GET
+    });
+    let body = Bytes::from(args.data.clone().unwrap_or_default());
+    let n = args.requests as usize;
+    let barrier = Arc::new(Barrier::new(n));
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let target = i % urls.len();
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(urls[target].clone());
+        for (name, value) in &args.headers {
+            request = request.header(name, value);
+        }
+        let request = request.body(Full::new(body.clone()));
+        let client = client.clone();
+        let barrier = Arc::clone(&barrier);
+        let timeout = args.timeout;
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let exchange = async {
+                let request = request.map_err(|e| e.to_string())?;
+                let response = client.request(request).await.map_err(|e| {
+                    let mut text = e.to_string();
+                    let mut source = std::error::Error::source(&e);
+                    while let Some(inner) = source {
+                        let _ = write!(text, ": {inner}");
+                        source = inner.source();
+                    }
+                    text
+                })?;
+                let status = response.status().as_u16();
+                // read the answer whole, so that the copy finishes its work on this request
+                response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| format!("reading the body: {e}"))?;
+                Ok::<u16, String>(status)
+            };
+            match tokio::time::timeout(timeout, exchange).await {
+                Ok(result) => result,
+                Err(_) => Err(format!("no answer within {timeout:?}")),
+            }
+            .map(|status| (target, status))
+            .map_err(|e| (target, e))
+        }));
+    }
+    let mut tally = Tally {
+        per_target: vec![BTreeMap::new(); urls.len()],
+        errors: Vec::new(),
+    };
+    for task in tasks {
+        let (target, outcome) = match task.await {
+            Ok(Ok((target, status))) => (target, Outcome::Status(status)),
+            Ok(Err((target, error))) => {
+                if !tally.errors.contains(&error) && tally.errors.len() < 3 {
+                    tally.errors.push(error);
+                }
+                (target, Outcome::Error)
+            }
+            Err(join) => {
+                tally.errors.push(join.to_string());
+                continue;
+            }
+        };
+        *tally.per_target[target].entry(outcome).or_insert(0) += 1;
+    }
+    tally
+}
+
+/// The table: a row per target and a total row, a column per status seen and `error`.
+fn table(targets: &[String], tally: &Tally) -> String {
+    let total = tally.total();
+    let mut columns: Vec<Outcome> = total
+        .keys()
+        .copied()
+        .filter(|o| *o != Outcome::Error)
+        .collect();
+    columns.push(Outcome::Error);
+    let first = targets
+        .iter()
+        .map(String::len)
+        .chain(["target".len(), "total".len()])
+        .max()
+        .unwrap_or(6);
+    let width = |outcome: &Outcome| outcome.to_string().len().max(3);
+    let mut out = String::new();
+    let mut row = |label: &str, counts: &BTreeMap<Outcome, usize>, header: bool| {
+        let _ = write!(out, "{label:<first$}");
+        for column in &columns {
+            let w = width(column);
+            if header {
+                let _ = write!(out, "  {:>w$}", column.to_string());
+            } else {
+                let _ = write!(out, "  {:>w$}", counts.get(column).copied().unwrap_or(0));
+            }
+        }
+        out.push('\n');
+    };
+    row("target", &BTreeMap::new(), true);
+    for (target, counts) in targets.iter().zip(&tally.per_target) {
+        row(target, counts, false);
+    }
+    row("total", &total, false);
+    out
+}
+
+async fn check(args: &CheckArgs) -> Result<bool, String> {
+    let urls = urls(args)?;
+    let tally = send_all(args, &urls).await;
+    print!("{}", table(&args.targets, &tally));
+    for error in &tally.errors {
+        eprintln!("error: {error}");
+    }
+    let total = tally.total();
+    let answered: usize = total
+        .iter()
+        .filter(|(outcome, _)| **outcome != Outcome::Error)
+        .map(|(_, count)| count)
+        .sum();
+    if answered == 0 {
+        return Err("no request could be sent: no target answered".to_owned());
+    }
+    let mut all_hold = true;
+    if !args.expectations.is_empty() {
+        println!();
+    }
+    for expectation in &args.expectations {
+        let got = total.get(&expectation.outcome).copied().unwrap_or(0);
+        let Expectation { outcome, count } = expectation;
+        if got == *count {
+            println!("{outcome}={count} as expected");
+        } else {
+            all_hold = false;
+            println!("expected {outcome}={count}, got {outcome}={got}");
+        }
+    }
+    Ok(all_hold)
+}
+
+/// Runs `tollgate check`: 0 when every expectation holds, 1 when one does not, 2 on bad
+/// arguments or when no request could be sent.
+pub(crate) fn run(args: &CheckArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: could not start the runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(check(args)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expectations() {
+        assert_eq!(
+            parse_expectation("200=1"),
+            Ok(Expectation {
+                outcome: Outcome::Status(200),
+                count: 1
+            })
+        );
+        assert_eq!(
+            parse_expectation("error=0"),
+            Ok(Expectation {
+                outcome: Outcome::Error,
+                count: 0
+            })
+        );
+        assert!(parse_expectation("200").is_err());
+        assert!(parse_expectation("20=1").is_err());
+        assert!(parse_expectation("200=x").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn headers() {
+        let (name, value) = parse_header("Idempotency-Key:  abc ").unwrap();
+        assert_eq!(name, "idempotency-key");
+        assert_eq!(value, "abc");
+        assert!(parse_header("no colon").is_err());
+    }
+}

@@ -1,0 +1,74 @@
+//! `tollgate`: the two halves of the check that a service keeps no state in process memory.
+//!
+//! - `tollgate audit [PATH]` reads the Rust code under PATH and reports locks, counters, maps,
+//!   caches, semaphores and rate limiters kept in process memory across requests: each copy of
+//!   the service has its own, so N copies disagree.
+//! - `tollgate check --target URL --target URL PATH` sends many requests at once, spread over the
+//!   copies of a running service, and compares the statuses with what one service would answer
+//!   (`--expect 200=1 --expect 409=49`).
+//!
+//! Exit codes: 0 when all is well, 1 when the audit found something or an expectation failed,
+//! 2 on an error (bad arguments, an unreadable path, no request sent).
+
+mod audit;
+mod check;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+const ABOUT: &str = "Find and check state that breaks when a service runs as several copies.";
+
+const LONG_ABOUT: &str = "\
+Find and check state that breaks when a service runs as several copies.
+
+A lock, a counter or an \"already done\" set kept in process memory works with one copy of a \
+service and silently breaks behind a load balancer: with three copies a coupon is redeemed three \
+times and a rate limit lets a caller through three times as often. `tollgate audit` reads the \
+code for such state; `tollgate check` sends parallel requests to the running copies and compares \
+the answers with what one service would give.";
+
+const AFTER_HELP: &str = "\
+Examples:
+  tollgate audit                      # the Rust code under the current directory
+  tollgate audit --format sarif src > tollgate.sarif
+  tollgate check --target http://10.0.0.1:8080 --target http://10.0.0.2:8080 \\
+      -X POST /coupons/WELCOME5/redeem --requests 50 --expect 200=1 --expect 409=49
+
+Exit codes: 0 all is well; 1 findings, or an expectation that failed; 2 an error.";
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The subcommands. Each returns the process's exit code.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Report state kept in process memory that several copies of a service would not share.
+    #[command(
+        long_about = audit::LONG_ABOUT,
+        after_help = audit::AFTER_HELP,
+    )]
+    Audit(audit::AuditArgs),
+    /// Send parallel requests over a service's copies and check the statuses they answer.
+    #[command(long_about = check::LONG_ABOUT, after_help = check::AFTER_HELP)]
+    Check(check::CheckArgs),
+}
+
+impl Command {
+    fn run(self) -> ExitCode {
+        match self {
+            Command::Audit(args) => audit::run(&args),
+            Command::Check(args) => check::run(&args),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    // clap exits with 2 on bad arguments and 0 for --help and --version
+    Cli::parse().command.run()
+}
