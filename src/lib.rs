@@ -245,6 +245,8 @@ pub mod idempotency;
 pub mod rate_limit;
 // docs
 pub mod guide;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 /// The README's code, compiled and run as doctests so that it cannot rot.
 #[cfg(doctest)]

@@ -181,6 +181,51 @@ async fn in_process_state_would_fail_the_coupon_check() {
     assert_eq!(redeem_in_parallel(&apps, "LOCAL", 50).await, (2, 48));
 }
 
+/// The check as a user writes it with `tollgate::testing`: a throwaway `redis-server`, two copies
+/// of the app on it (each with its own connection, as separate processes), 50 redemptions at
+/// once — and the same two copies on stores of their own, which redeem twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coupon_check_with_tollgate_testing() {
+    use tollgate::testing::{Copies, RedisServer};
+
+    let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let shared = Copies::new(2, |_| {
+        let store = RedisStore::builder(server.url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        app::router(AppState::new(Arc::new(store), config(Duration::ZERO)).unwrap())
+    });
+    let statuses = shared.fire(50, |_| redeem("SHARED")).await;
+    assert_eq!(statuses.count(StatusCode::OK), 1, "\n{statuses}");
+    assert_eq!(statuses.count(StatusCode::CONFLICT), 49, "\n{statuses}");
+    assert_eq!(statuses.errors(), 0);
+    assert_eq!(
+        statuses.count_at(0, StatusCode::CONFLICT) + statuses.count_at(1, StatusCode::CONFLICT),
+        49
+    );
+
+    let apart = Copies::new(2, |_| {
+        let store = Arc::new(MemoryStore::new());
+        app::router(AppState::new(store, config(Duration::ZERO)).unwrap())
+    });
+    let statuses = apart.fire(50, |_| redeem("APART")).await;
+    assert_eq!(statuses.count_at(0, StatusCode::OK), 1, "\n{statuses}");
+    assert_eq!(statuses.count_at(1, StatusCode::OK), 1, "\n{statuses}");
+    assert_eq!(statuses.count(StatusCode::CONFLICT), 48, "\n{statuses}");
+    let table = statuses.to_string();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "copy       200   409  error",
+            "0            1    24      0",
+            "1            1    24      0",
+            "total        2    48      0",
+        ]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redemptions_fail_closed_when_redis_is_down() {
     let mut server = RedisServer::start();
