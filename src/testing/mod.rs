@@ -1,5 +1,6 @@
-//! The rule's check in your own tests (feature `testing`): a throwaway `redis-server`, several
-//! copies of your service on it, and many requests at once across them.
+//! The rule's check in your own tests (feature `testing`): a throwaway `redis-server` or
+//! PostgreSQL server, several copies of your service on it, and many requests at once across
+//! them.
 //!
 //! A lock, counter or "already done" set kept in process memory holds while one copy runs and
 //! breaks with two. The check that catches it: build the service twice — each copy with its own
@@ -38,7 +39,50 @@
 //! store, say), the same test counts one `200` and 49 `409`s.
 
 mod copies;
+mod postgres;
 mod redis;
 
+use std::fmt;
+use std::io;
+
 pub use copies::{Copies, Statuses};
-pub use redis::{RedisServer, StartError};
+pub use postgres::PgServer;
+pub use redis::RedisServer;
+
+/// Why a [`RedisServer`] or a [`PgServer`] did not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The server's binaries were not found; `hint` says how to install them.
+    NotInstalled {
+        /// How to install the server.
+        hint: &'static str,
+    },
+    /// The server, or a step of its set-up, exited at start (with this status and what it
+    /// said).
+    Exited(String),
+    /// The server did not become ready in time.
+    NotReady,
+    /// Starting or watching a process, or making its dir, failed.
+    Io(io::Error),
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotInstalled { hint } => f.write_str(hint),
+            Self::Exited(status) => write!(f, "the test server exited at start: {status}"),
+            Self::NotReady => f.write_str("the test server did not become ready in time"),
+            Self::Io(e) => write!(f, "could not start the test server: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}

@@ -6,6 +6,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::StartError;
+
 /// How to install the server when it is missing.
 const INSTALL_HINT: &str = "redis-server was not found on PATH: install it, e.g. \
      `sudo apt-get install redis-server` (Debian/Ubuntu) or `brew install redis` (macOS); \
@@ -39,7 +41,7 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound => StartError::NotInstalled,
+                io::ErrorKind::NotFound => StartError::NotInstalled { hint: INSTALL_HINT },
                 _ => StartError::Io(e),
             })?;
         let mut server = Self { port, child };
@@ -107,45 +109,11 @@ fn pong(addr: SocketAddr) -> bool {
 
 /// A port of `127.0.0.1` that is free now, drawn below the kernel's ephemeral range (32768 and
 /// up on Linux), where no outgoing connection takes it before the server does.
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     loop {
         let candidate = 10_000 + (crate::lock::rand_unit() * 12_000.0) as u16;
         if TcpListener::bind(("127.0.0.1", candidate)).is_ok() {
             return candidate;
-        }
-    }
-}
-
-/// Why a [`RedisServer`] did not start.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum StartError {
-    /// `redis-server` is not on `PATH`; the message says how to install it.
-    NotInstalled,
-    /// The server exited at start (with this status).
-    Exited(String),
-    /// The server did not answer `PING` within 10 s.
-    NotReady,
-    /// Starting or watching the process failed.
-    Io(io::Error),
-}
-
-impl fmt::Display for StartError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NotInstalled => f.write_str(INSTALL_HINT),
-            Self::Exited(status) => write!(f, "redis-server exited at start: {status}"),
-            Self::NotReady => f.write_str("redis-server did not answer PING within 10 s"),
-            Self::Io(e) => write!(f, "could not start redis-server: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for StartError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Io(e) => Some(e),
-            _ => None,
         }
     }
 }

@@ -226,6 +226,35 @@ async fn the_coupon_check_with_tollgate_testing() {
     );
 }
 
+/// The same check on a throwaway PostgreSQL server of `tollgate::testing`: two copies, each
+/// with its own pool on one schema, 50 redemptions at once, exactly one success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_the_coupon_check_with_tollgate_testing() {
+    use tollgate::testing::{Copies, PgServer};
+
+    let server = tokio::task::spawn_blocking(PgServer::start)
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut stores = Vec::new();
+    for _ in 0..2 {
+        let store = tollgate::store::PgStore::builder(server.url())
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .expect("a migrated store");
+        stores.push(Arc::new(store));
+    }
+    let copies = Copies::new(2, |i| {
+        let state = AppState::new(stores[i].clone(), config(Duration::ZERO)).unwrap();
+        app::router(state)
+    });
+    let statuses = copies.fire(50, |_| redeem("PG")).await;
+    assert_eq!(statuses.count(StatusCode::OK), 1, "\n{statuses}");
+    assert_eq!(statuses.count(StatusCode::CONFLICT), 49, "\n{statuses}");
+    assert_eq!(statuses.errors(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redemptions_fail_closed_when_redis_is_down() {
     let mut server = RedisServer::start();
