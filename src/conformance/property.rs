@@ -553,7 +553,7 @@ pub async fn run(store: &impl RateStore, case: &Case) -> Result<(), Mismatch> {
 
 /// The case's policies under a namespace of their own; a limit's name is its policy's, so two
 /// policies never share a key.
-fn policies_of(case: &Case) -> Result<Vec<Arc<RatePolicy>>, crate::ConfigError> {
+fn policies_of(case: &Case) -> Result<Vec<Arc<RatePolicy>>, crate::error::ConfigError> {
     let namespace = format!("p{}:rl", uuid::Uuid::new_v4().simple());
     case.policies
         .iter()
