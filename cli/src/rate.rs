@@ -304,7 +304,7 @@ impl Target {
         let store = self.store.describe();
         match tokio::time::timeout(within, call).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(format!("{store}: {e}")),
+            Ok(Err(e)) => Err(self.store.explain(format!("{store}: {e}"))),
             Err(_) => Err(format!("{store} did not answer within {within:?}")),
         }
     }

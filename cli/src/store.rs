@@ -58,6 +58,18 @@ impl StoreArgs {
         }
     }
 
+    /// `message` with what to try when it says the PostgreSQL schema is missing.
+    pub(crate) fn explain(&self, message: String) -> String {
+        let missing = format!("schema \"{}\" does not exist", self.pg_schema);
+        match self.kind() {
+            Ok(Kind::Postgres) if message.contains(&missing) => format!(
+                "{message}\n(the service's store is in another schema? name it with --pg-schema; \
+                 this command never creates one)"
+            ),
+            _ => message,
+        }
+    }
+
     /// Opens the store: lazily for a standalone Redis and PostgreSQL (the first call finds out
     /// whether it answers), at once for a cluster (it reads the slot map).
     pub(crate) async fn open(&self) -> Result<Arc<dyn RateStore>, String> {
