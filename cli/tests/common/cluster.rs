@@ -110,6 +110,14 @@ impl RedisCluster {
         cluster
     }
 
+    /// The number of keys on each node.
+    pub(crate) fn key_counts(&self) -> Vec<usize> {
+        self.ports
+            .iter()
+            .map(|&port| redis_cli(port, &["dbsize"]).trim().parse().unwrap_or(0))
+            .collect()
+    }
+
     pub(crate) fn urls(&self) -> Vec<String> {
         self.ports
             .iter()
