@@ -43,8 +43,8 @@ Example: the caller with API key `alice` of a service keyed by `x-api-key`, its 
   limits  config-example:rl (sliding-counter)
 
   limit  quota  window  remaining  resets in
-  burst      5  1s              2  1s
-  daily   1000  1d            997  24h
+  burst      5      1s          2  263ms
+  daily   1000      1d        997  19h17m
 
   not blocked
 
