@@ -31,7 +31,9 @@ A lock, a counter or an \"already done\" set kept in process memory works with o
 service and silently breaks behind a load balancer: with three copies a coupon is redeemed three \
 times and a rate limit lets a caller through three times as often. `tollgate audit` reads the \
 code for such state; `tollgate check` sends parallel requests to the running copies and compares \
-the answers with what one service would give.";
+the answers with what one service would give. For a service that keeps its rate limits in a \
+shared store, `tollgate inspect` shows what a caller has left of each limit, and `tollgate reset` \
+gives it its full quota back on every copy at once.";
 
 const AFTER_HELP: &str = "\
 Examples:
