@@ -20,7 +20,7 @@ use serde_json::json;
 use tollgate::key::{Header, Key, KeyExtractor, PeerIp, from_fn};
 use tollgate::rate::{Limit, RateOutcome, RatePolicy};
 use tollgate::rate_limit::{RateLimitConfig, RateLimitLayer};
-use tollgate::store::RateStore;
+use tollgate::store::{RateStore, StoreErrorKind};
 
 use crate::store::StoreArgs;
 
@@ -304,6 +304,10 @@ impl Target {
         let store = self.store.describe();
         match tokio::time::timeout(within, call).await {
             Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) if e.kind() == StoreErrorKind::Timeout => Err(format!(
+                "{store} did not answer within {:?} (--timeout)",
+                self.store.timeout
+            )),
             Ok(Err(e)) => Err(self.store.explain(format!("{store}: {e}"))),
             Err(_) => Err(format!("{store} did not answer within {within:?}")),
         }

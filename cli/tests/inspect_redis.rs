@@ -286,6 +286,22 @@ async fn errors_exit_2_and_say_what_is_wrong() {
     assert!(down.stderr.contains("unavailable"), "{down:?}");
     assert!(!down.stderr.contains("pw"), "{down:?}");
 
+    // a port that takes connections and never answers
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("redis://{}/", silent.local_addr().unwrap());
+    let started = std::time::Instant::now();
+    let args = ["inspect", "--store", &silent_url, "--config", config];
+    let mut args = args.to_vec();
+    args.extend(["--header", "x-api-key=a", "--timeout", "500ms"]);
+    let hangs = tollgate(&args).await;
+    assert_eq!(hangs.code, 2, "{hangs:?}");
+    assert_eq!(
+        hangs.stderr,
+        format!("error: {silent_url} did not answer within 500ms (--timeout)\n")
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(3));
+    drop(silent);
+
     let bad_url = run("http://127.0.0.1/", config.to_owned()).await;
     assert_eq!(bad_url.code, 2, "{bad_url:?}");
     assert!(
