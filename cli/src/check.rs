@@ -107,7 +107,7 @@ fn parse_method(text: &str) -> Result<Method, String> {
 }
 
 /// A duration: `10s`, `500ms`, `2m`, or a number of seconds.
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, scale) = if let Some(ms) = text.strip_suffix("ms") {
         (ms, 0.001)

@@ -6,12 +6,17 @@
 //! - `tollgate check --target URL --target URL PATH` sends many requests at once, spread over the
 //!   copies of a running service, and compares the statuses with what one service would answer
 //!   (`--expect 200=1 --expect 409=49`).
+//! - `tollgate inspect --store URL --config FILE --header NAME=VALUE` shows a caller's remaining
+//!   rate-limit quota in the store the copies share, spending none; `tollgate reset …` forgets
+//!   what the caller spent.
 //!
 //! Exit codes: 0 when all is well, 1 when the audit found something or an expectation failed,
 //! 2 on an error (bad arguments, an unreadable path, no request sent).
 
 mod audit;
 mod check;
+mod rate;
+mod store;
 
 use std::process::ExitCode;
 
@@ -26,7 +31,9 @@ A lock, a counter or an \"already done\" set kept in process memory works with o
 service and silently breaks behind a load balancer: with three copies a coupon is redeemed three \
 times and a rate limit lets a caller through three times as often. `tollgate audit` reads the \
 code for such state; `tollgate check` sends parallel requests to the running copies and compares \
-the answers with what one service would give.";
+the answers with what one service would give. For a service that keeps its rate limits in a \
+shared store, `tollgate inspect` shows what a caller has left of each limit, and `tollgate reset` \
+gives it its full quota back on every copy at once.";
 
 const AFTER_HELP: &str = "\
 Examples:
@@ -34,6 +41,8 @@ Examples:
   tollgate audit --format sarif src > tollgate.sarif
   tollgate check --target http://10.0.0.1:8080 --target http://10.0.0.2:8080 \\
       -X POST /coupons/WELCOME5/redeem --requests 50 --expect 200=1 --expect 409=49
+  tollgate inspect --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
+  tollgate reset --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
 
 Exit codes: 0 all is well; 1 findings, or an expectation that failed; 2 an error.";
 
@@ -57,6 +66,12 @@ enum Command {
     /// Send parallel requests over a service's copies and check the statuses they answer.
     #[command(long_about = check::LONG_ABOUT, after_help = check::AFTER_HELP)]
     Check(check::CheckArgs),
+    /// Show a caller's remaining rate-limit quota in the shared store, spending none.
+    #[command(long_about = rate::INSPECT_LONG_ABOUT, after_help = rate::INSPECT_AFTER_HELP)]
+    Inspect(rate::InspectArgs),
+    /// Forget what a caller has spent of a service's rate limits, on every copy at once.
+    #[command(long_about = rate::RESET_LONG_ABOUT, after_help = rate::RESET_AFTER_HELP)]
+    Reset(rate::ResetArgs),
 }
 
 impl Command {
@@ -64,6 +79,8 @@ impl Command {
         match self {
             Command::Audit(args) => audit::run(&args),
             Command::Check(args) => check::run(&args),
+            Command::Inspect(args) => rate::run_inspect(&args),
+            Command::Reset(args) => rate::run_reset(&args),
         }
     }
 }

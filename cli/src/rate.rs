@@ -1,0 +1,594 @@
+//! `tollgate inspect` and `tollgate reset`: a caller's rate-limit quota in the store a service's
+//! copies share, read without spending any, and forgotten.
+//!
+//! Both build the service's `RateLimitLayer` from its own limits file (`RateLimitConfig`), and
+//! name the caller as the service's key extractor does: the store holds a digest of the
+//! extractor's domain and the value (`tollgate::key::Key`), never the value itself.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use http::header::{HeaderName, HeaderValue};
+use serde::Deserialize;
+use serde_json::json;
+use tollgate::key::{Header, Key, KeyExtractor, PeerIp, from_fn};
+use tollgate::rate::{Limit, RateOutcome, RatePolicy};
+use tollgate::rate_limit::{RateLimitConfig, RateLimitLayer};
+use tollgate::store::{RateStore, StoreErrorKind};
+
+use crate::store::StoreArgs;
+
+pub(crate) const INSPECT_LONG_ABOUT: &str = "\
+Show a caller's remaining rate-limit quota, spending none.
+
+Builds the service's rate-limit layer from its limits file (--config, the file tollgate's \
+RateLimitConfig reads), names the caller as the service's key extractor does (--header, \
+--peer-ip or --key-fn), and asks the store for each limit of the layer (or of --tier) with a \
+check of cost 0: its quota, window, what is left, and the time until it grows again. A caller \
+under a penalty (a limit's `block_for`) is shown as blocked, with the time the block has left.";
+
+pub(crate) const INSPECT_AFTER_HELP: &str = "\
+Example: the caller with API key `alice` of a service keyed by `x-api-key`, its limits under \
+[rate_limit] in tollgate.toml:
+  tollgate inspect --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
+
+  store   redis://10.0.0.5:6379/
+  caller  header x-api-key=alice
+  limits  config-example:rl (sliding-counter)
+
+  limit  quota  window  remaining  resets in
+  burst      5      1s          2  263ms
+  daily   1000      1d        997  19h17m
+
+  not blocked
+
+Stores: redis:// or rediss:// (standalone), --store repeated or --cluster (Redis Cluster \
+nodes), postgres:// (--pg-schema if the service's store is not in schema `tollgate`).
+Exit codes: 0 the quota was read; 2 an error (bad arguments, config file or URL, a store that \
+does not answer).";
+
+pub(crate) const RESET_LONG_ABOUT: &str = "\
+Forget what a caller has spent of a service's rate limits.
+
+Deletes the caller's counters (and penalty blocks) of every limit of the layer and of each of \
+its tiers, or of --tier only, in the store every copy of the service shares: the caller starts \
+afresh at once on every copy. The store broadcasts the reset, so copies that cached a denial of \
+the caller drop it.";
+
+pub(crate) const RESET_AFTER_HELP: &str = "\
+Example: give the caller with API key `alice` its full quota back:
+  tollgate reset --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
+
+  reset header x-api-key=alice on redis://10.0.0.5:6379/
+    config-example:rl        burst, daily
+    config-example:rl:paid   burst, daily
+
+Exit codes: 0 the caller was reset; 2 an error (bad arguments, config file or URL, a store that \
+does not answer).";
+
+/// The service's limits and the caller: what both subcommands read.
+#[derive(Debug, Args)]
+pub(crate) struct Target {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The service's limits file (TOML): the fields of tollgate's RateLimitConfig, at the top or
+    /// under a table (see --section).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// The table of --config that holds the limits, e.g. `rate_limit` or `http.limits`
+    /// [default: the whole file, or its `rate_limit` table when the file has no `limits`].
+    #[arg(long, value_name = "TABLE")]
+    section: Option<String>,
+    #[command(flatten)]
+    caller: Caller,
+    /// With --peer-ip: the service's `PeerIp::ipv4_prefix`, the bits that name a caller.
+    #[arg(long, value_name = "BITS", requires = "peer_ip", value_parser = clap::value_parser!(u8).range(0..=32))]
+    ipv4_prefix: Option<u8>,
+    /// With --peer-ip: the service's `PeerIp::ipv6_prefix`, the bits that name a caller.
+    #[arg(long, value_name = "BITS", requires = "peer_ip", value_parser = clap::value_parser!(u8).range(0..=128))]
+    ipv6_prefix: Option<u8>,
+    /// The tier of the limits (a table under `tiers` in the file) [default: the layer's own
+    /// limits; reset: the layer's own and every tier's].
+    #[arg(long, value_name = "NAME")]
+    tier: Option<String>,
+}
+
+/// Who the caller is, as the service's key extractor names it: exactly one.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+struct Caller {
+    /// The caller's header, for a service keyed by `key::Header`: e.g. x-api-key=alice.
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_header)]
+    header: Option<(HeaderName, HeaderValue)>,
+    /// The caller's address, for a service keyed by `key::PeerIp` (or `ForwardedIp`): an IP,
+    /// or IP:port.
+    #[arg(long, value_name = "ADDR", value_parser = parse_ip)]
+    peer_ip: Option<IpAddr>,
+    /// The caller's value under a service's own extractor `key::from_fn(DOMAIN, …)`: e.g.
+    /// tenant=42.
+    #[arg(long, value_name = "DOMAIN=VALUE", value_parser = parse_pair)]
+    key_fn: Option<(String, String)>,
+}
+
+/// The arguments of `tollgate inspect`.
+#[derive(Debug, Args)]
+pub(crate) struct InspectArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Print a JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The arguments of `tollgate reset`.
+#[derive(Debug, Args)]
+pub(crate) struct ResetArgs {
+    #[command(flatten)]
+    target: Target,
+}
+
+fn parse_pair(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
+    Ok((name.trim().to_owned(), value.to_owned()))
+}
+
+fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let (name, value) = parse_pair(text)?;
+    let name = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("`{name}` is not a header name"))?;
+    if value.is_empty() {
+        return Err("an empty header value names no caller (the service finds no key)".to_owned());
+    }
+    let value =
+        HeaderValue::from_str(&value).map_err(|_| format!("`{value}` is not a header value"))?;
+    Ok((name, value))
+}
+
+fn parse_ip(text: &str) -> Result<IpAddr, String> {
+    let text = text.trim();
+    text.parse::<IpAddr>()
+        .or_else(|_| text.parse::<SocketAddr>().map(|addr| addr.ip()))
+        .map_err(|_| format!("`{text}` is not an IP address (or IP:port)"))
+}
+
+/// The caller named: its store key, and how to say who it is.
+struct Who {
+    key: Key,
+    label: String,
+}
+
+impl Target {
+    /// The caller's key, found in a request head as the service's extractor finds it.
+    fn who(&self) -> Result<Who, String> {
+        let caller = &self.caller;
+        let mut request = http::Request::get("/");
+        if let Some((name, value)) = &caller.header {
+            request = request.header(name, value);
+            let parts = head(request)?;
+            let key = Header::new(name.clone()).extract(&parts);
+            let label = format!(
+                "header {name}={}",
+                String::from_utf8_lossy(value.as_bytes())
+            );
+            return key.map(|key| Who { key, label }).ok_or_else(no_key);
+        }
+        if let Some(ip) = caller.peer_ip {
+            // as hyper / axum put it into the extensions
+            let mut parts = head(request)?;
+            parts.extensions.insert(SocketAddr::new(ip, 0));
+            let mut extractor = PeerIp::new();
+            if let Some(bits) = self.ipv4_prefix {
+                extractor = extractor.ipv4_prefix(bits);
+            }
+            if let Some(bits) = self.ipv6_prefix {
+                extractor = extractor.ipv6_prefix(bits);
+            }
+            let key = extractor.extract(&parts);
+            let label = format!("peer IP {ip}");
+            return key.map(|key| Who { key, label }).ok_or_else(no_key);
+        }
+        if let Some((domain, value)) = &caller.key_fn {
+            let extractor = from_fn(domain.clone(), |_: &http::request::Parts| None::<Vec<u8>>);
+            let key = extractor.key(value.as_bytes());
+            let label = format!("key-fn {domain}={value}");
+            return Ok(Who { key, label });
+        }
+        Err("name the caller: --header, --peer-ip or --key-fn".to_owned())
+    }
+}
+
+fn head(request: http::request::Builder) -> Result<http::request::Parts, String> {
+    request
+        .body(())
+        .map(|request| request.into_parts().0)
+        .map_err(|e| e.to_string())
+}
+
+fn no_key() -> String {
+    "the service's extractor finds no key in such a request".to_owned()
+}
+
+/// The limits file: the whole of it, or a table of it.
+fn load_config(path: &Path, section: Option<&str>) -> Result<RateLimitConfig, String> {
+    let name = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{name}: {e}"))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| format!("{name}: {e}"))?;
+    if let Some(section) = section {
+        let whole = toml::Value::Table(table);
+        let mut value = &whole;
+        for part in section.split('.') {
+            value = value
+                .get(part)
+                .filter(|value| value.is_table())
+                .ok_or_else(|| format!("{name}: there is no table [{section}]"))?;
+        }
+        return value
+            .clone()
+            .try_into()
+            .map_err(|e| format!("{name}: [{section}]: {e}"));
+    }
+    let at_top = table.contains_key("limits") || table.contains_key("tiers");
+    if !at_top && table.get("rate_limit").is_some_and(toml::Value::is_table) {
+        /// A file with its limits under `[rate_limit]`, beside other settings.
+        #[derive(Deserialize)]
+        struct Wrapped {
+            rate_limit: RateLimitConfig,
+        }
+        let wrapped: Wrapped = toml::from_str(&text).map_err(|e| format!("{name}: {e}"))?;
+        return Ok(wrapped.rate_limit);
+    }
+    toml::from_str(&text).map_err(|e| {
+        format!(
+            "{name}: {e}\n(the limits go at the top of the file or under [rate_limit]; \
+             --section names another table)"
+        )
+    })
+}
+
+/// What both subcommands set up: the layer as the service builds it, and the caller.
+struct Setup {
+    store: Arc<dyn RateStore>,
+    layer: RateLimitLayer,
+    config: RateLimitConfig,
+    who: Who,
+}
+
+impl Target {
+    async fn setup(&self) -> Result<Setup, String> {
+        let config = load_config(&self.config, self.section.as_deref())?;
+        if let Some(tier) = &self.tier
+            && !config.tiers.contains_key(tier)
+        {
+            let names: Vec<&str> = config.tiers.keys().map(String::as_str).collect();
+            let known = match names.is_empty() {
+                true => "it has no tiers".to_owned(),
+                false => format!("its tiers: {}", names.join(", ")),
+            };
+            let file = self.config.display();
+            return Err(format!("{file}: no tier {tier:?} ({known})"));
+        }
+        let who = self.who()?;
+        let store = self.store.open().await?;
+        let mut builder = RateLimitLayer::builder(Arc::clone(&store))
+            .config(config.clone())
+            // this process admits nothing: no deny cache, no subscription to the broadcast
+            .deny_cache(false);
+        if !config.tiers.is_empty() {
+            builder = builder.tier_by(|_| None);
+        }
+        let layer = builder
+            .build()
+            .map_err(|e| format!("{}: {e}", self.config.display()))?;
+        Ok(Setup {
+            store,
+            layer,
+            config,
+            who,
+        })
+    }
+
+    /// `call` bounded by the store's timeout (and a second more), its error naming the store.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, tollgate::store::StoreError>>,
+    ) -> Result<T, String> {
+        let within = self.store.timeout + Duration::from_secs(1);
+        let store = self.store.describe();
+        match tokio::time::timeout(within, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) if e.kind() == StoreErrorKind::Timeout => Err(format!(
+                "{store} did not answer within {:?} (--timeout)",
+                self.store.timeout
+            )),
+            Ok(Err(e)) => Err(self.store.explain(format!("{store}: {e}"))),
+            Err(_) => Err(format!("{store} did not answer within {within:?}")),
+        }
+    }
+}
+
+/// One limit's state, as both outputs show it.
+struct Row<'a> {
+    limit: &'a Limit,
+    remaining: u64,
+    reset: Duration,
+    blocked: bool,
+}
+
+fn rows<'a>(policy: &'a RatePolicy, outcome: &RateOutcome) -> Vec<Row<'a>> {
+    policy
+        .limits()
+        .iter()
+        .zip(&outcome.limits)
+        .map(|(limit, state)| Row {
+            limit,
+            remaining: state.remaining,
+            reset: state.reset,
+            // a check of cost 0 is denied only under a block; the blocked limit answers 0 left
+            blocked: !outcome.admitted && limit.penalty().is_some() && state.remaining == 0,
+        })
+        .collect()
+}
+
+async fn inspect(args: &InspectArgs) -> Result<String, String> {
+    let target = &args.target;
+    let setup = target.setup().await?;
+    let key = setup.who.key;
+    let (policy, outcome) = match &target.tier {
+        Some(tier) => (
+            setup.layer.tier_policy(tier),
+            target.bounded(setup.layer.peek_tier(tier, key)).await?,
+        ),
+        None => (
+            setup.layer.policy(),
+            target.bounded(setup.layer.peek(key)).await?,
+        ),
+    };
+    let rows = rows(policy, &outcome);
+    if args.json {
+        return Ok(inspect_json(target, &setup.who, policy, &outcome, &rows));
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "store   {}", target.store.describe());
+    let _ = writeln!(out, "caller  {}", setup.who.label);
+    let _ = writeln!(
+        out,
+        "limits  {} ({})",
+        policy.namespace(),
+        policy.algorithm()
+    );
+    if let Some(tier) = &target.tier {
+        let _ = writeln!(out, "tier    {tier}");
+    }
+    out.push('\n');
+    let mut table = vec![[
+        "limit".to_owned(),
+        "quota".to_owned(),
+        "window".to_owned(),
+        "remaining".to_owned(),
+        "resets in".to_owned(),
+    ]];
+    for row in &rows {
+        let remaining = match row.blocked {
+            true => "0 (blocked)".to_owned(),
+            false => row.remaining.to_string(),
+        };
+        table.push([
+            row.limit.name().to_owned(),
+            row.limit.quota().to_string(),
+            window(row.limit.window()),
+            remaining,
+            human(row.reset),
+        ]);
+    }
+    let widths: Vec<usize> = (0..5)
+        .map(|i| {
+            table
+                .iter()
+                .map(|r| r[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in &table {
+        let mut line = format!("{:<w$}", row[0], w = widths[0]);
+        for i in 1..4 {
+            let _ = write!(line, "  {:>w$}", row[i], w = widths[i]);
+        }
+        let _ = write!(line, "  {}", row[4]);
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    out.push('\n');
+    if outcome.admitted {
+        out.push_str("not blocked\n");
+    } else {
+        let by: Vec<&str> = rows
+            .iter()
+            .filter(|row| row.blocked)
+            .map(|row| row.limit.name())
+            .collect();
+        let _ = write!(out, "blocked for {}", human(outcome.retry_after));
+        if !by.is_empty() {
+            let _ = write!(out, " (penalty of {})", by.join(", "));
+        }
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+fn inspect_json(
+    target: &Target,
+    who: &Who,
+    policy: &RatePolicy,
+    outcome: &RateOutcome,
+    rows: &[Row<'_>],
+) -> String {
+    let limits: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|row| {
+            json!({
+                "name": row.limit.name(),
+                "quota": row.limit.quota(),
+                "window": window(row.limit.window()),
+                "window_ms": millis(row.limit.window()),
+                "remaining": row.remaining,
+                "reset_ms": millis(row.reset),
+                "block_for_ms": row.limit.penalty().map(millis),
+                "blocked": row.blocked,
+            })
+        })
+        .collect();
+    let value = json!({
+        "store": target.store.describe(),
+        "caller": who.label,
+        "key": who.key.to_string(),
+        "namespace": policy.namespace(),
+        "algorithm": policy.algorithm().to_string(),
+        "tier": target.tier,
+        "blocked": !outcome.admitted,
+        "retry_after_ms": millis(outcome.retry_after),
+        "limits": limits,
+    });
+    let mut out = serde_json::to_string_pretty(&value).unwrap_or_default();
+    out.push('\n');
+    out
+}
+
+async fn reset(args: &ResetArgs) -> Result<String, String> {
+    let target = &args.target;
+    let setup = target.setup().await?;
+    let key = setup.who.key;
+    // (namespace, limits) of each policy reset
+    let mut done: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut record = |policy: &RatePolicy| {
+        let names = policy
+            .limits()
+            .iter()
+            .map(|l| l.name().to_owned())
+            .collect();
+        done.insert(policy.namespace().to_owned(), names);
+    };
+    match &target.tier {
+        Some(tier) => {
+            let policy = Arc::new(setup.layer.tier_policy(tier).clone());
+            target.bounded(setup.store.reset_rate(&policy, key)).await?;
+            record(&policy);
+        }
+        None => {
+            target.bounded(setup.layer.reset(key)).await?;
+            record(setup.layer.policy());
+            for tier in setup.config.tiers.keys() {
+                record(setup.layer.tier_policy(tier));
+            }
+        }
+    }
+    let mut out = format!("reset {} on {}\n", setup.who.label, target.store.describe());
+    let width = done.keys().map(String::len).max().unwrap_or(0);
+    for (namespace, limits) in &done {
+        let _ = writeln!(out, "  {namespace:<width$}   {}", limits.join(", "));
+    }
+    Ok(out)
+}
+
+/// A window as a configuration file writes it: `1s`, `5m`, `1h`, `1d`, `250ms`.
+fn window(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
+/// A time left, to a tenth of a second under a minute: `0s`, `850ms`, `12.3s`, `4m05s`, `23h59m`.
+fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    let secs = d.as_secs();
+    match ms {
+        0 => "0s".to_owned(),
+        1..1_000 => format!("{ms}ms"),
+        1_000..60_000 => {
+            let tenths = ms.div_ceil(100);
+            match tenths % 10 {
+                0 => format!("{}s", tenths / 10),
+                t => format!("{}.{t}s", tenths / 10),
+            }
+        }
+        60_000..3_600_000 => format!("{}m{:02}s", secs / 60, secs % 60),
+        _ => format!("{}h{:02}m", secs / 3600, secs / 60 % 60),
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn runtime_and<F: Future<Output = Result<String, String>>>(run: impl FnOnce() -> F) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: could not start the runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+pub(crate) fn run_inspect(args: &InspectArgs) -> ExitCode {
+    runtime_and(|| inspect(args))
+}
+
+pub(crate) fn run_reset(args: &ResetArgs) -> ExitCode {
+    runtime_and(|| reset(args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(window(Duration::from_secs(60)), "1m");
+        assert_eq!(window(Duration::from_secs(86_400)), "1d");
+        assert_eq!(window(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(human(Duration::ZERO), "0s");
+        assert_eq!(human(Duration::from_millis(850)), "850ms");
+        assert_eq!(human(Duration::from_millis(12_301)), "12.4s");
+        assert_eq!(human(Duration::from_secs(245)), "4m05s");
+        assert_eq!(human(Duration::from_secs(86_399)), "23h59m");
+    }
+
+    #[test]
+    fn callers() {
+        assert!(parse_header("x-api-key=alice").is_ok());
+        assert!(parse_header("x-api-key=").is_err());
+        assert!(parse_header("x api=1").is_err());
+        assert_eq!(parse_ip("10.0.0.1:443"), Ok("10.0.0.1".parse().unwrap()));
+        assert_eq!(parse_ip("::1"), Ok("::1".parse().unwrap()));
+    }
+}

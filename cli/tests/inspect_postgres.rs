@@ -1,0 +1,109 @@
+//! `tollgate inspect` and `tollgate reset` on PostgreSQL: a server of the test's own
+//! (`common::postgres`), the service's store in a schema of its own, migrated by the service.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::postgres::PgServer;
+use common::*;
+use http::StatusCode;
+use tollgate::store::PgStore;
+
+#[tokio::test]
+async fn inspect_and_reset_on_postgres() {
+    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let url = server.url();
+    let store = PgStore::builder(url.clone())
+        .schema("svc_limits")
+        .timeout(Duration::from_secs(2))
+        .purge_interval(None)
+        .connect()
+        .await
+        .unwrap();
+    let (_dir, config) = write_config(TOLLGATE_TOML);
+    let layer = by_api_key(Arc::new(store), &config);
+    for _ in 0..3 {
+        assert_eq!(
+            call(&layer, &[("x-api-key", "alice")], None).await,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        call(&layer, &[("x-api-key", "bob")], None).await,
+        StatusCode::OK
+    );
+
+    let config = config.to_str().unwrap();
+    let base = [
+        "--store",
+        &url,
+        "--config",
+        config,
+        "--pg-schema",
+        "svc_limits",
+    ];
+    let inspect = |who: &'static str| {
+        let header = format!("x-api-key={who}");
+        let mut args = vec!["inspect", "--json"];
+        args.extend(base);
+        async move {
+            let mut args = args;
+            args.extend(["--header", &header]);
+            tollgate(&args).await.json()
+        }
+    };
+    assert_eq!(
+        remaining(&inspect("alice").await),
+        rows(&[("minute", 5, 2), ("hour", 100, 97)])
+    );
+    assert_eq!(
+        remaining(&inspect("bob").await),
+        rows(&[("minute", 5, 4), ("hour", 100, 99)])
+    );
+
+    let mut reset = vec!["reset"];
+    reset.extend(base);
+    reset.extend(["--header", "x-api-key=alice"]);
+    let reset = tollgate(&reset).await;
+    assert_eq!(reset.code, 0, "{reset:?}");
+    assert_eq!(
+        reset.stdout,
+        format!(
+            "reset header x-api-key=alice on {url}\n  svc:rl        minute, hour\n  svc:rl:paid   minute\n"
+        )
+    );
+    assert_eq!(
+        remaining(&inspect("alice").await),
+        rows(&[("minute", 5, 5), ("hour", 100, 100)])
+    );
+    assert_eq!(
+        remaining(&inspect("bob").await),
+        rows(&[("minute", 5, 4), ("hour", 100, 99)])
+    );
+
+    // the CLI never migrates: a schema the service never made is an error
+    let wrong = tollgate(&[
+        "inspect",
+        "--store",
+        &url,
+        "--config",
+        config,
+        "--header",
+        "x-api-key=alice",
+    ])
+    .await;
+    assert_eq!(wrong.code, 2, "{wrong:?}");
+    assert!(
+        wrong.stderr.starts_with(&format!("error: {url}: ")),
+        "{wrong:?}"
+    );
+    assert!(
+        wrong.stderr.contains("schema \"tollgate\" does not exist"),
+        "{wrong:?}"
+    );
+    assert!(wrong.stderr.contains("--pg-schema"), "{wrong:?}");
+}
