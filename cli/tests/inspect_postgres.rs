@@ -1,5 +1,5 @@
 //! `tollgate inspect` and `tollgate reset` on PostgreSQL: a server of the test's own
-//! (`common::postgres`), the service's store in a schema of its own, migrated by the service.
+//! (`tollgate::testing::PgServer`), the service's store in a schema of its own, migrated by the service.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -8,14 +8,17 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::postgres::PgServer;
 use common::*;
 use http::StatusCode;
 use tollgate::store::PgStore;
+use tollgate::testing::PgServer;
 
 #[tokio::test]
 async fn inspect_and_reset_on_postgres() {
-    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let server = tokio::task::spawn_blocking(PgServer::start)
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}"));
     let url = server.url();
     let store = PgStore::builder(url.clone())
         .schema("svc_limits")

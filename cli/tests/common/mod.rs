@@ -4,7 +4,6 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub(crate) mod cluster;
-pub(crate) mod postgres;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
