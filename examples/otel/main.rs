@@ -39,6 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let store: Arc<dyn RateStore> = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => Arc::new(RedisStore::open(url)?),
+        // tollgate: allow(the example without REDIS_URL: one process)
         _ => Arc::new(MemoryStore::new()),
     };
     let limit = RateLimitLayer::builder(store)

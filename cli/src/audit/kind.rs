@@ -33,11 +33,13 @@ pub(crate) enum Kind {
     InProcessRateLimit,
     /// A concurrency limit that counts in process memory.
     InProcessConcurrencyLimit,
+    /// tollgate's own in-process store, `MemoryStore`: one copy's counters, claims and records.
+    InProcessStore,
 }
 
 impl Kind {
     /// Every kind, in the order of the SARIF rules.
-    pub(crate) const ALL: [Kind; 13] = [
+    pub(crate) const ALL: [Kind; 14] = [
         Kind::StaticMutex,
         Kind::StaticMap,
         Kind::StaticCounter,
@@ -51,6 +53,7 @@ impl Kind {
         Kind::SeenSet,
         Kind::InProcessRateLimit,
         Kind::InProcessConcurrencyLimit,
+        Kind::InProcessStore,
     ];
 
     /// The stable kebab-case id.
@@ -69,6 +72,7 @@ impl Kind {
             Kind::SeenSet => "seen-set",
             Kind::InProcessRateLimit => "in-process-rate-limit",
             Kind::InProcessConcurrencyLimit => "in-process-concurrency-limit",
+            Kind::InProcessStore => "in-process-store",
         }
     }
 
@@ -93,6 +97,9 @@ impl Kind {
             }
             Kind::InProcessConcurrencyLimit => {
                 "A concurrency limit in process memory: N copies let N times as many in"
+            }
+            Kind::InProcessStore => {
+                "tollgate's MemoryStore: each copy keeps its own counters, claims and records"
             }
         }
     }
@@ -130,6 +137,11 @@ impl Kind {
             Kind::InProcessRateLimit => {
                 "`tollgate::rate_limit::RateLimitLayer` keeps each caller's count in the shared \
                  store, so that all copies enforce one limit"
+            }
+            Kind::InProcessStore => {
+                "give every copy one shared store: `tollgate::store::RedisStore` (Redis or \
+                 Valkey) or `tollgate::store::PgStore` (PostgreSQL); `MemoryStore` is for a \
+                 single copy, tests and docs"
             }
         }
     }

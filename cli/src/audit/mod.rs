@@ -28,7 +28,7 @@ requests but lives in one process: locks, maps and sets changed at run time, cou
 and semaphores in statics (`static`, `lazy_static!`, `thread_local!`, `LazyLock`, `OnceLock`) \
 or in the application's state (axum `State`/`Extension`, actix `web::Data`, Rocket `State`, \
 tonic services, structs named `*State`/`*Context`), and in-process rate and concurrency \
-limiters (tower's, governor's). Read-only values (configuration, a `Regex`, a client pool, \
+limiters (tower's, governor's), and tollgate's own in-process `MemoryStore`. Read-only values (configuration, a `Regex`, a client pool, \
 metrics) and test code are not reported. A comment `// tollgate: allow(<reason>)` above an item \
 or a field, or at the end of its line, silences it.";
 

@@ -319,6 +319,11 @@ impl Collector<'_> {
                 "an in-process concurrency limit ({what}): each copy has its own permits, so N \
                  copies let N times as many requests in at once"
             ),
+            Kind::InProcessStore => format!(
+                "an in-process store ({what}): each copy keeps its own counters, claims and \
+                 records, so N copies admit N times, redeem N times and run a keyed request N \
+                 times"
+            ),
             _ => format!(
                 "an in-process rate limiter ({what}): each copy counts on its own, so N copies \
                  let a caller through N times as often"
@@ -653,6 +658,16 @@ impl<'ast> Visit<'ast> for Collector<'_> {
                     self.hit(
                         Kind::InProcessRateLimit,
                         &format!("tower's `{owner}`"),
+                        span,
+                    );
+                }
+                "MemoryStore"
+                    if self.uses.is_from(path, &["tollgate"])
+                        && matches!(last, "new" | "with_capacity" | "default") =>
+                {
+                    self.hit(
+                        Kind::InProcessStore,
+                        &format!("tollgate's `MemoryStore::{last}`"),
                         span,
                     );
                 }
