@@ -150,8 +150,8 @@ impl AppConfig {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, EnvError> {
         let vars = Vars::new(lookup);
         let port = vars.port(DEFAULT_PORT, PORT_FORMAT)?;
-        let limits = vars.limits()?;
         let algorithm = vars.algorithm()?;
+        let limits = vars.limits(algorithm)?;
         let redis_url = vars.redis_url();
         let redis_cluster_urls = vars.list("REDIS_CLUSTER_URLS");
         let redis_sentinels = vars.list("REDIS_SENTINELS");
@@ -295,7 +295,7 @@ impl AppConfig {
             report_work: Duration::from_millis(report_work),
             transfer_delay: Duration::from_millis(transfer_delay),
             jobs,
-            token_limits: vars.limits_of("APP_TOKEN_LIMITS", DEFAULT_TOKEN_LIMITS)?,
+            token_limits: vars.limits_of("APP_TOKEN_LIMITS", DEFAULT_TOKEN_LIMITS, algorithm)?,
             admin_token: vars
                 .get("APP_ADMIN_TOKEN")
                 .filter(|token| !token.is_empty()),

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use tollgate::rate_limit::Limit;
+use tollgate::rate_limit::{Algorithm, Limit};
 use tollgate::store::Store;
 
 use crate::env::{self, EnvError, Vars, process_var};
@@ -52,7 +52,7 @@ impl Config {
         let vars = Vars::new(lookup);
         Ok(Self {
             port: vars.port(default_port, PORT_FORMAT)?,
-            limits: vars.limits()?,
+            limits: vars.limits(Algorithm::default())?,
             redis_url: vars.redis_url(),
         })
     }

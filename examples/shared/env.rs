@@ -85,15 +85,22 @@ impl<L: Fn(&str) -> Option<String>> Vars<L> {
         }
     }
 
-    /// `APP_LIMITS`, else [`DEFAULT_LIMITS`].
-    pub fn limits(&self) -> Result<Vec<Limit>, EnvError> {
-        self.limits_of("APP_LIMITS", DEFAULT_LIMITS)
+    /// `APP_LIMITS`, else [`DEFAULT_LIMITS`], held to `algorithm`'s bounds.
+    pub fn limits(&self, algorithm: Algorithm) -> Result<Vec<Limit>, EnvError> {
+        self.limits_of("APP_LIMITS", DEFAULT_LIMITS, algorithm)
     }
 
-    /// Limits in the syntax of `APP_LIMITS` from `name`, else `default`.
-    pub fn limits_of(&self, name: &'static str, default: &str) -> Result<Vec<Limit>, EnvError> {
+    /// Limits in the syntax of `APP_LIMITS` from `name`, else `default`, held to `algorithm`'s
+    /// bounds (only the sliding log caps a quota: it keeps an entry per unit).
+    pub fn limits_of(
+        &self,
+        name: &'static str,
+        default: &str,
+        algorithm: Algorithm,
+    ) -> Result<Vec<Limit>, EnvError> {
         let value = self.get(name).unwrap_or_else(|| default.to_owned());
-        parse_limits(&value).map_err(|problem| EnvError::new(name, &value, problem, LIMITS_FORMAT))
+        parse_limits_for(&value, algorithm)
+            .map_err(|problem| EnvError::new(name, &value, problem, LIMITS_FORMAT))
     }
 
     /// `APP_ALGORITHM`, else the default algorithm (`sliding-log`).
@@ -170,15 +177,22 @@ pub fn parse_algorithm(value: &str) -> Result<Algorithm, String> {
 
 /// Parses `APP_LIMITS`: comma-separated `name:count/<seconds>s` entries, e.g.
 /// `burst:5/1s,minute:100/60s`. Names are 1 to 64 ASCII letters, digits, `-`, `_` or `.`, each
-/// used once; counts and windows are whole numbers of at least 1.
+/// used once; counts and windows are whole numbers of at least 1. Held to the default
+/// algorithm's bounds (the sliding log's); [`parse_limits_for`] to another's.
 pub fn parse_limits(value: &str) -> Result<Vec<Limit>, String> {
+    parse_limits_for(value, Algorithm::default())
+}
+
+/// Parses `APP_LIMITS` (see [`parse_limits`]) for limits counted by `algorithm`: a quota over
+/// [`MAX_LOG_QUOTA`](tollgate::rate::MAX_LOG_QUOTA) is refused for the sliding log only.
+pub fn parse_limits_for(value: &str, algorithm: Algorithm) -> Result<Vec<Limit>, String> {
     let limits = value
         .split(',')
         .map(|entry| parse_limit(entry.trim()))
         .collect::<Result<Vec<_>, _>>()?;
-    // The crate's own validation: names, duplicates, ranges. The namespace is only checked, and
-    // any valid one gives the same answer.
-    RatePolicy::new("check", Algorithm::default(), limits.clone()).map_err(|e| e.to_string())?;
+    // The crate's own validation: names, duplicates, ranges, the algorithm's bounds. The
+    // namespace is only checked, and any valid one gives the same answer.
+    RatePolicy::new("check", algorithm, limits.clone()).map_err(|e| e.to_string())?;
     Ok(limits)
 }
 

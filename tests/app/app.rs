@@ -619,6 +619,30 @@ fn config_defaults_and_overrides() {
     );
 }
 
+/// `APP_LIMITS` is held to the chosen algorithm's own bounds: only the sliding log, which keeps
+/// an entry per unit, caps a quota (at `MAX_LOG_QUOTA`); GCRA and the counter take any.
+#[test]
+fn app_limits_are_held_to_the_chosen_algorithms_bounds() {
+    let huge = "api:100000000/1s";
+    for algorithm in ["gcra", "sliding-counter"] {
+        let config = AppConfig::from_lookup(lookup(&[
+            ("APP_LIMITS", huge),
+            ("APP_ALGORITHM", algorithm),
+        ]))
+        .unwrap();
+        assert_eq!(config.limits[0].quota(), 100_000_000, "{algorithm}");
+    }
+    for algorithm in [None, Some("sliding-log")] {
+        let mut vars = vec![("APP_LIMITS", huge)];
+        vars.extend(algorithm.map(|a| ("APP_ALGORITHM", a)));
+        let err = AppConfig::from_lookup(lookup(&vars)).unwrap_err();
+        assert_eq!(err.var, "APP_LIMITS");
+        assert!(err.to_string().contains("at most 100000"), "{err}");
+    }
+    let at_cap = AppConfig::from_lookup(lookup(&[("APP_LIMITS", "api:100000/1s")])).unwrap();
+    assert_eq!(at_cap.limits[0].quota(), tollgate::rate::MAX_LOG_QUOTA);
+}
+
 #[test]
 fn config_errors_name_the_variable_and_the_format() {
     let cases = [
