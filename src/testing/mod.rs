@@ -44,6 +44,8 @@ mod redis;
 
 use std::fmt;
 use std::io;
+use std::process::Child;
+use std::time::{Duration, Instant};
 
 pub use copies::{Copies, Statuses};
 pub use postgres::PgServer;
@@ -85,4 +87,25 @@ impl std::error::Error for StartError {
             _ => None,
         }
     }
+}
+
+/// Waits up to `within` for `ready` to hold, polling every `every`; an error when `child` exits
+/// first or time runs out.
+fn wait_ready(
+    child: &mut Child,
+    within: Duration,
+    every: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), StartError> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().map_err(StartError::Io)? {
+            return Err(StartError::Exited(status.to_string()));
+        }
+        if ready() {
+            return Ok(());
+        }
+        std::thread::sleep(every);
+    }
+    Err(StartError::NotReady)
 }

@@ -5,10 +5,10 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::StartError;
 use super::redis::free_port;
+use super::{StartError, wait_ready};
 
 /// How long a new server has to accept connections.
 const READY_WITHIN: Duration = Duration::from_secs(30);
@@ -86,26 +86,15 @@ impl PgServer {
             child,
             watchdog: Some(watchdog),
         };
-        server.wait_ready()?;
+        let (addr, pid_file) = (server.addr(), server.dir.join("data/postmaster.pid"));
+        // the server accepts TCP before it takes queries: its pid file says "ready"
+        let ready = || {
+            TcpStream::connect(addr).is_ok()
+                && std::fs::read_to_string(&pid_file).is_ok_and(|text| text.contains("ready"))
+        };
+        let every = Duration::from_millis(50);
+        wait_ready(&mut server.child, READY_WITHIN, every, ready)?;
         Ok(server)
-    }
-
-    fn wait_ready(&mut self) -> Result<(), StartError> {
-        let deadline = Instant::now() + READY_WITHIN;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().map_err(StartError::Io)? {
-                return Err(StartError::Exited(status.to_string()));
-            }
-            // the server accepts TCP before it takes queries: its pid file says "ready"
-            let pid_file = std::fs::read_to_string(self.dir.join("data/postmaster.pid"));
-            if TcpStream::connect(self.addr()).is_ok()
-                && pid_file.is_ok_and(|text| text.contains("ready"))
-            {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Err(StartError::NotReady)
     }
 
     /// The server's port.

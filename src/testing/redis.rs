@@ -4,9 +4,9 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::StartError;
+use super::{StartError, wait_ready};
 
 /// How to install the server when it is missing.
 const INSTALL_HINT: &str = "redis-server was not found on PATH: install it, e.g. \
@@ -45,22 +45,10 @@ impl RedisServer {
                 _ => StartError::Io(e),
             })?;
         let mut server = Self { port, child };
-        server.wait_ready()?;
+        let addr = server.addr();
+        let every = Duration::from_millis(10);
+        wait_ready(&mut server.child, READY_WITHIN, every, || pong(addr))?;
         Ok(server)
-    }
-
-    fn wait_ready(&mut self) -> Result<(), StartError> {
-        let deadline = Instant::now() + READY_WITHIN;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().map_err(StartError::Io)? {
-                return Err(StartError::Exited(status.to_string()));
-            }
-            if pong(self.addr()) {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Err(StartError::NotReady)
     }
 
     /// The server's port.
