@@ -55,13 +55,7 @@ impl IdempotencyStore for MemoryStore {
         request: BeginRequest,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
-        let BeginRequest {
-            hold,
-            fingerprint,
-            lease,
-            ..
-        } = request;
-        let Hold { key, token } = hold;
+        let Hold { key, token } = request.hold;
         before(deadline, || {
             let now = self.now_us();
             self.inner.entries.run(&key, None, now, |held| {
@@ -69,14 +63,14 @@ impl IdempotencyStore for MemoryStore {
                 Ok(match held.live(&key, now) {
                     None => {
                         let record = IdemRecord {
-                            fingerprint: fingerprint.clone(),
+                            fingerprint: request.fingerprint.clone(),
                             token: token.clone(),
                             response: None,
                         };
-                        held.put(&key, Value::Idem(record), expiry(now, lease))?;
+                        held.put(&key, Value::Idem(record), expiry(now, request.lease))?;
                         IdempotencyBegin::Claimed
                     }
-                    Some(Value::Idem(record)) if record.fingerprint != fingerprint => {
+                    Some(Value::Idem(record)) if record.fingerprint != request.fingerprint => {
                         IdempotencyBegin::Mismatch
                     }
                     Some(Value::Idem(IdemRecord {
@@ -85,7 +79,7 @@ impl IdempotencyStore for MemoryStore {
                     })) => IdempotencyBegin::Completed(response.clone()),
                     // the same attempt again: claimed already
                     Some(v) if v.owned_by(&token) => {
-                        held.set_expiry(&key, expiry(now, lease));
+                        held.set_expiry(&key, expiry(now, request.lease));
                         IdempotencyBegin::Claimed
                     }
                     Some(_) => IdempotencyBegin::InFlight { lease_left },
@@ -99,18 +93,14 @@ impl IdempotencyStore for MemoryStore {
         request: CompleteRequest,
         deadline: Instant,
     ) -> StoreFuture<bool> {
-        let CompleteRequest {
-            hold,
-            response,
-            retention,
-            ..
-        } = request;
-        let Hold { key, token } = hold;
+        let Hold { key, token } = request.hold;
         before(deadline, || {
             let now = self.now_us();
             self.inner.entries.run(&key, None, now, |held| {
-                let retained = expiry(now, retention);
-                let stored = held.update(&key, |entry| entry.complete(&token, &response, retained));
+                let retained = expiry(now, request.retention);
+                let stored = held.update(&key, |entry| {
+                    entry.complete(&token, &request.response, retained)
+                });
                 Ok(stored.unwrap_or(false))
             })
         })

@@ -21,15 +21,12 @@ impl LockStore for MemoryStore {
     }
 
     fn claim(&self, request: ClaimRequest, deadline: Instant) -> StoreFuture<ClaimOutcome> {
-        let ClaimRequest {
-            key, holder, ttl, ..
-        } = request;
         before(deadline, || {
             let now = self.now_us();
-            self.inner.entries.run(&key, None, now, |held| {
-                Ok(match held.live(&key, now) {
+            self.inner.entries.run(&request.key, None, now, |held| {
+                Ok(match held.live(&request.key, now) {
                     Some(Value::Str(current)) => ClaimOutcome {
-                        won: *current == holder,
+                        won: *current == request.holder,
                         holder: current.clone(),
                         pending: false,
                     },
@@ -39,11 +36,11 @@ impl LockStore for MemoryStore {
                         pending: false,
                     },
                     None => {
-                        let expires_at = ttl.map_or(u64::MAX, |ttl| expiry(now, ttl));
-                        held.put(&key, Value::Str(holder.clone()), expires_at)?;
+                        let expires_at = request.ttl.map_or(u64::MAX, |ttl| expiry(now, ttl));
+                        held.put(&request.key, Value::Str(request.holder.clone()), expires_at)?;
                         ClaimOutcome {
                             won: true,
-                            holder: holder.clone(),
+                            holder: request.holder.clone(),
                             pending: false,
                         }
                     }
@@ -53,43 +50,39 @@ impl LockStore for MemoryStore {
     }
 
     fn lock_acquire(&self, request: LockRequest, deadline: Instant) -> StoreFuture<LockAttempt> {
-        let LockRequest {
-            hold,
-            fence_key,
-            lease,
-            ..
-        } = request;
-        let Hold { key, token } = hold;
+        let Hold { key, token } = request.hold;
         before(deadline, || {
             let now = self.now_us();
-            self.inner.entries.run(&key, Some(&fence_key), now, |held| {
-                let drawn = match held.live(&fence_key, now) {
-                    Some(Value::Fence(last)) => Some(*last),
-                    _ => None,
-                };
-                Ok(match held.live(&key, now) {
-                    // the same attempt again: acquired already, with the fence it drew
-                    Some(v) if v.held_by(&token) && drawn.is_some() => {
-                        let fence = drawn.unwrap_or(now);
-                        held.set_expiry(&key, expiry(now, lease));
-                        LockAttempt::Acquired { fence }
-                    }
-                    Some(v) if !v.held_by(&token) => LockAttempt::Held {
-                        lease_left: held.left(&key, now),
-                    },
-                    _ => {
-                        // both keys or neither
-                        held.make_room(&[&key, &fence_key])?;
-                        held.put(&key, Value::Str(token.clone()), expiry(now, lease))?;
-                        // above both the last token and the store time: a stale counter cannot
-                        // repeat one
-                        let fence = drawn.map_or(now, |last| now.max(last.saturating_add(1)));
-                        let fence_expiry = expiry(now, fence_ttl(lease));
-                        held.put(&fence_key, Value::Fence(fence), fence_expiry)?;
-                        LockAttempt::Acquired { fence }
-                    }
+            self.inner
+                .entries
+                .run(&key, Some(&request.fence_key), now, |held| {
+                    let drawn = match held.live(&request.fence_key, now) {
+                        Some(Value::Fence(last)) => Some(*last),
+                        _ => None,
+                    };
+                    Ok(match held.live(&key, now) {
+                        // the same attempt again: acquired already, with the fence it drew
+                        Some(v) if v.held_by(&token) && drawn.is_some() => {
+                            let fence = drawn.unwrap_or(now);
+                            held.set_expiry(&key, expiry(now, request.lease));
+                            LockAttempt::Acquired { fence }
+                        }
+                        Some(v) if !v.held_by(&token) => LockAttempt::Held {
+                            lease_left: held.left(&key, now),
+                        },
+                        _ => {
+                            // both keys or neither
+                            held.make_room(&[&key, &request.fence_key])?;
+                            held.put(&key, Value::Str(token.clone()), expiry(now, request.lease))?;
+                            // above both the last token and the store time: a stale counter cannot
+                            // repeat one
+                            let fence = drawn.map_or(now, |last| now.max(last.saturating_add(1)));
+                            let fence_expiry = expiry(now, fence_ttl(request.lease));
+                            held.put(&request.fence_key, Value::Fence(fence), fence_expiry)?;
+                            LockAttempt::Acquired { fence }
+                        }
+                    })
                 })
-            })
         })
     }
 

@@ -97,38 +97,37 @@ impl PermitStore for MemoryStore {
         request: PermitRequest,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
-        let PermitRequest {
-            hold,
-            fence_key,
-            limit,
-            lease,
-            wait,
-            ..
-        } = request;
         before(deadline, || {
             let now = self.now_us();
-            let key = hold.key.as_str();
-            self.inner.entries.run(key, Some(&fence_key), now, |held| {
-                held.make_room(&[key, &fence_key])?;
-                if !matches!(held.live(key, now), Some(Value::Permits(_))) {
-                    held.put(key, Value::Permits(Permits::default()), now + 1)?;
-                }
-                let (ends, until) = (expiry(now, lease), wait.map(|wait| expiry(now, wait)));
-                let take =
-                    |entry: &mut Entry| take_permit(entry, &hold.token, limit, ends, until, now);
-                if let Some((first, ahead)) = held.update(key, take).unwrap_or(Some((now, 0))) {
-                    let next_free = Duration::from_millis(first.saturating_sub(now).div_ceil(1000));
-                    let ahead = u32::try_from(ahead).unwrap_or(u32::MAX);
-                    return Ok(PermitAttempt::Full { next_free, ahead });
-                }
-                let fence = match held.live(&fence_key, now) {
-                    Some(Value::Fence(last)) => now.max(last.saturating_add(1)),
-                    _ => now,
-                };
-                let fence_expiry = expiry(now, fence_ttl(lease));
-                held.put(&fence_key, Value::Fence(fence), fence_expiry)?;
-                Ok(PermitAttempt::Acquired { fence })
-            })
+            let key = request.hold.key.as_str();
+            self.inner
+                .entries
+                .run(key, Some(&request.fence_key), now, |held| {
+                    held.make_room(&[key, &request.fence_key])?;
+                    if !matches!(held.live(key, now), Some(Value::Permits(_))) {
+                        held.put(key, Value::Permits(Permits::default()), now + 1)?;
+                    }
+                    let (ends, until) = (
+                        expiry(now, request.lease),
+                        request.wait.map(|wait| expiry(now, wait)),
+                    );
+                    let take = |entry: &mut Entry| {
+                        take_permit(entry, &request.hold.token, request.limit, ends, until, now)
+                    };
+                    if let Some((first, ahead)) = held.update(key, take).unwrap_or(Some((now, 0))) {
+                        let next_free =
+                            Duration::from_millis(first.saturating_sub(now).div_ceil(1000));
+                        let ahead = u32::try_from(ahead).unwrap_or(u32::MAX);
+                        return Ok(PermitAttempt::Full { next_free, ahead });
+                    }
+                    let fence = match held.live(&request.fence_key, now) {
+                        Some(Value::Fence(last)) => now.max(last.saturating_add(1)),
+                        _ => now,
+                    };
+                    let fence_expiry = expiry(now, fence_ttl(request.lease));
+                    held.put(&request.fence_key, Value::Fence(fence), fence_expiry)?;
+                    Ok(PermitAttempt::Acquired { fence })
+                })
         })
     }
 

@@ -24,18 +24,12 @@ impl IdempotencyStore for PgStore {
         request: BeginRequest,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
-        let BeginRequest {
-            hold,
-            fingerprint,
-            lease,
-            ..
-        } = request;
-        let Hold { key, token } = hold;
+        let Hold { key, token } = request.hold;
         let params: Vec<Param> = vec![
             Box::new(key),
-            Box::new(fingerprint),
+            Box::new(request.fingerprint),
             Box::new(token),
-            Box::new(ms(lease)),
+            Box::new(ms(request.lease)),
         ];
         let sql: fn(&Sql) -> &String = |s| &s.idem_begin;
         self.call(
@@ -52,18 +46,12 @@ impl IdempotencyStore for PgStore {
         request: CompleteRequest,
         deadline: Instant,
     ) -> StoreFuture<bool> {
-        let CompleteRequest {
-            hold,
-            response,
-            retention,
-            ..
-        } = request;
-        let Hold { key, token } = hold;
+        let Hold { key, token } = request.hold;
         let params: Vec<Param> = vec![
             Box::new(key),
             Box::new(token),
-            Box::new(response.to_vec()),
-            Box::new(ms(retention)),
+            Box::new(request.response.to_vec()),
+            Box::new(ms(request.retention)),
         ];
         let sql: fn(&Sql) -> &String = |s| &s.idem_complete;
         self.call("idempotency_complete", sql, params, Some(deadline), flag)

@@ -47,27 +47,22 @@ impl LockStore for PgStore {
     }
 
     fn claim(&self, request: ClaimRequest, deadline: Instant) -> StoreFuture<ClaimOutcome> {
-        let ClaimRequest {
-            key, holder, ttl, ..
-        } = request;
-        let params: Vec<Param> = vec![Box::new(key), Box::new(holder), Box::new(ttl.map_or(0, ms))];
+        let params: Vec<Param> = vec![
+            Box::new(request.key),
+            Box::new(request.holder),
+            Box::new(request.ttl.map_or(0, ms)),
+        ];
         self.call("claim", |s| &s.claim, params, Some(deadline), decode_claim)
     }
 
     fn lock_acquire(&self, request: LockRequest, deadline: Instant) -> StoreFuture<LockAttempt> {
-        let LockRequest {
-            hold,
-            fence_key,
-            lease,
-            ..
-        } = request;
-        let Hold { key, token } = hold;
+        let Hold { key, token } = request.hold;
         let params: Vec<Param> = vec![
             Box::new(key),
-            Box::new(fence_key),
+            Box::new(request.fence_key),
             Box::new(token),
-            Box::new(ms(lease)),
-            Box::new(ms(fence_ttl(lease))),
+            Box::new(ms(request.lease)),
+            Box::new(ms(fence_ttl(request.lease))),
         ];
         let sql: fn(&Sql) -> &String = |s| &s.lock_acquire;
         self.call("lock_acquire", sql, params, Some(deadline), decode_lock)

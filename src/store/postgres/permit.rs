@@ -34,22 +34,14 @@ impl PermitStore for PgStore {
         request: PermitRequest,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
-        let PermitRequest {
-            hold,
-            fence_key,
-            limit,
-            lease,
-            wait,
-            ..
-        } = request;
         let params: Vec<Param> = vec![
-            Box::new(hold.key),
-            Box::new(fence_key),
-            Box::new(hold.token),
-            Box::new(i64::from(limit)),
-            Box::new(ms(lease)),
-            Box::new(ms(fence_ttl(lease))),
-            Box::new(wait.map_or(0, ms)),
+            Box::new(request.hold.key),
+            Box::new(request.fence_key),
+            Box::new(request.hold.token),
+            Box::new(i64::from(request.limit)),
+            Box::new(ms(request.lease)),
+            Box::new(ms(fence_ttl(request.lease))),
+            Box::new(request.wait.map_or(0, ms)),
         ];
         let sql: fn(&Sql) -> &String = |s| &s.permit_acquire;
         self.call("permit_acquire", sql, params, Some(deadline), decode_permit)

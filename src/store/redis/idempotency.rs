@@ -29,21 +29,15 @@ impl IdempotencyStore for RedisStore {
         request: BeginRequest,
         deadline: Instant,
     ) -> StoreFuture<IdempotencyBegin> {
-        let BeginRequest {
-            hold,
-            fingerprint,
-            lease,
-            ..
-        } = request;
-        let Hold { key, token } = hold;
+        let Hold { key, token } = request.hold;
         let undo = Self::release_of(&key, &token, |s| &s.idem_release);
         let marker = keyspace::pending_marker(&key);
         let call = ScriptCall::default()
             .key(key)
             .key(marker)
-            .arg(fingerprint)
+            .arg(request.fingerprint)
             .arg(token)
-            .arg(millis(lease));
+            .arg(millis(request.lease));
         self.write(
             "idempotency_begin",
             |s| &s.idem_begin,
@@ -65,13 +59,7 @@ impl IdempotencyStore for RedisStore {
         request: CompleteRequest,
         deadline: Instant,
     ) -> StoreFuture<bool> {
-        let CompleteRequest {
-            hold,
-            response,
-            retention,
-            ..
-        } = request;
-        let Hold { key, token } = hold;
+        let Hold { key, token } = request.hold;
         let marker = keyspace::pending_marker(&key);
         let pending = Pending {
             marker: marker.clone(),
@@ -81,8 +69,8 @@ impl IdempotencyStore for RedisStore {
             .key(key)
             .key(marker)
             .arg(token)
-            .arg(response.as_ref())
-            .arg(millis(retention))
+            .arg(request.response.as_ref())
+            .arg(millis(request.retention))
             .arg(self.pending_ms());
         // a completion nobody acknowledged is not undone: it stays pending (read as still
         // running) and the layer sends it again within the lease

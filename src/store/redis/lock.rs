@@ -18,20 +18,17 @@ impl LockStore for RedisStore {
     }
 
     fn claim(&self, request: ClaimRequest, deadline: Instant) -> StoreFuture<ClaimOutcome> {
-        let ClaimRequest {
-            key, holder, ttl, ..
-        } = request;
-        let undo = Self::release_of(&key, &holder, |s| &s.compare_and_delete);
-        let marker = keyspace::pending_marker(&key);
+        let undo = Self::release_of(&request.key, &request.holder, |s| &s.compare_and_delete);
+        let marker = keyspace::pending_marker(&request.key);
         let pending = Pending {
             marker: marker.clone(),
-            holder: holder.clone(),
+            holder: request.holder.clone(),
         };
         let call = ScriptCall::default()
-            .key(key)
+            .key(request.key)
             .key(marker)
-            .arg(holder)
-            .arg(ttl.map_or(0, millis))
+            .arg(request.holder)
+            .arg(request.ttl.map_or(0, millis))
             .arg(self.pending_ms());
         self.write(
             "claim",
@@ -56,20 +53,14 @@ impl LockStore for RedisStore {
     }
 
     fn lock_acquire(&self, request: LockRequest, deadline: Instant) -> StoreFuture<LockAttempt> {
-        let LockRequest {
-            hold,
-            fence_key,
-            lease,
-            ..
-        } = request;
-        let Hold { key, token } = hold;
+        let Hold { key, token } = request.hold;
         let undo = Self::release_of(&key, &token, |s| &s.compare_and_delete);
         let call = ScriptCall::default()
             .key(key)
-            .key(fence_key)
+            .key(request.fence_key)
             .arg(token)
-            .arg(millis(lease))
-            .arg(millis(fence_ttl(lease)));
+            .arg(millis(request.lease))
+            .arg(millis(fence_ttl(request.lease)));
         self.write(
             "lock_acquire",
             |s| &s.lock_acquire,

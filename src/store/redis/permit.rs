@@ -38,29 +38,21 @@ impl PermitStore for RedisStore {
         request: PermitRequest,
         deadline: Instant,
     ) -> StoreFuture<PermitAttempt> {
-        let PermitRequest {
-            hold,
-            fence_key,
-            limit,
-            lease,
-            wait,
-            ..
-        } = request;
         let undo = Undo {
             script: |s| &s.permit_release,
-            call: permit_release_call(&hold),
+            call: permit_release_call(&request.hold),
         };
-        let (queue, waiting) = keyspace::permit_queue(&hold.key);
+        let (queue, waiting) = keyspace::permit_queue(&request.hold.key);
         let call = ScriptCall::default()
-            .key(hold.key)
-            .key(fence_key)
+            .key(request.hold.key)
+            .key(request.fence_key)
             .key(queue)
             .key(waiting)
-            .arg(hold.token)
-            .arg(limit)
-            .arg(millis(lease))
-            .arg(millis(fence_ttl(lease)))
-            .arg(wait.map_or(0, millis));
+            .arg(request.hold.token)
+            .arg(request.limit)
+            .arg(millis(request.lease))
+            .arg(millis(fence_ttl(request.lease)))
+            .arg(request.wait.map_or(0, millis));
         self.write(
             "permit_acquire",
             |s| &s.permit_acquire,
