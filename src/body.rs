@@ -71,6 +71,13 @@ impl http_body::Body for Complete {
     }
 }
 
+/// What a layer's body does with each frame of its inner body as it goes out (or its end, or an
+/// error), e.g. count the bytes sent or give a permit back.
+pub(crate) trait Tap {
+    /// Sees `frame`, just polled.
+    fn frame<E>(&mut self, frame: &Poll<Option<Result<Frame<Bytes>, E>>>);
+}
+
 pin_project! {
     /// What every layer answers with: the inner service's body, passed through, or a complete
     /// body made by tollgate (a rejection, a replay). Its error is the inner body's, unboxed.

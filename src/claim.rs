@@ -24,7 +24,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,24 +31,14 @@ use tokio::time::Instant;
 
 use crate::error::ConfigError;
 use crate::keyspace;
-use crate::lease::{self, Owner};
+use crate::lease::{self, LockSpace, Owner};
 use crate::store::ClaimRequest;
 use crate::store::{Hold, LockStore, StoreError};
 
 /// Makes claims in a shared [`LockStore`]. Cheap to clone.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Claims {
-    store: Arc<dyn LockStore>,
-    prefix: Arc<str>,
-}
-
-impl fmt::Debug for Claims {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Claims")
-            .field("store", &self.store)
-            .field("prefix", &self.prefix)
-            .finish()
-    }
+    space: LockSpace,
 }
 
 /// The result of a claim attempt.
@@ -85,14 +74,13 @@ impl Claims {
     /// Claims in `store`, under keys `tollgate:claim:{<digest of name>}`.
     pub fn new(store: impl LockStore) -> Self {
         Self {
-            store: Arc::new(store),
-            prefix: Arc::from(keyspace::DEFAULT_PREFIX),
+            space: LockSpace::new(store),
         }
     }
 
     /// The same claims under another key prefix (visible ASCII without braces).
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
-        self.prefix = keyspace::shared_prefix(prefix)?;
+        self.space = self.space.with_prefix(prefix)?;
         Ok(self)
     }
 
@@ -112,10 +100,10 @@ impl Claims {
         ttl: impl Into<Option<Duration>>,
     ) -> Result<Claim, StoreError> {
         let holder = uuid::Uuid::new_v4().to_string();
-        let key = keyspace::claim(&self.prefix, name.as_ref());
-        let deadline = Instant::now() + self.store.timeout();
+        let key = keyspace::claim(&self.space.prefix, name.as_ref());
+        let deadline = Instant::now() + self.space.store.timeout();
         let undo = {
-            let (store, key, holder) = (Arc::clone(&self.store), key.clone(), holder.clone());
+            let (store, key, holder) = (Arc::clone(&self.space.store), key.clone(), holder.clone());
             move || store.delete_if_held(Hold::new(key.clone(), holder.clone()))
         };
         let attempt = self.claim_key(key, holder, ttl.into(), deadline);
@@ -136,8 +124,8 @@ impl Claims {
         holder: &str,
         ttl: impl Into<Option<Duration>>,
     ) -> Result<Claim, StoreError> {
-        let key = keyspace::claim(&self.prefix, name.as_ref());
-        let deadline = Instant::now() + self.store.timeout();
+        let key = keyspace::claim(&self.space.prefix, name.as_ref());
+        let deadline = Instant::now() + self.space.store.timeout();
         self.claim_key(key, holder.to_owned(), ttl.into(), deadline)
             .await
     }
@@ -150,6 +138,7 @@ impl Claims {
         deadline: Instant,
     ) -> Result<Claim, StoreError> {
         let outcome = self
+            .space
             .store
             .claim(ClaimRequest::new(key.clone(), holder, ttl), deadline)
             .await?;
@@ -205,7 +194,8 @@ impl Claims {
         if !claim.won {
             return Ok(false);
         }
-        self.store
+        self.space
+            .store
             .delete_if_held(Hold::new(claim.key.clone(), claim.holder.clone()))
             .await
     }

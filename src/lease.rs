@@ -2,13 +2,40 @@
 //! and given back in the background when their owner goes away.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::store::{StoreError, StoreFuture};
+use crate::error::ConfigError;
+use crate::keyspace;
+use crate::store::{LockStore, StoreError, StoreFuture};
 
 /// Whose lease it is: the log target and wording of its warnings.
+/// Where [`Claims`](crate::claim::Claims) and [`Locks`](crate::lock::Locks) keep their keys:
+/// a shared store, under a key prefix.
+#[derive(Clone, Debug)]
+pub(crate) struct LockSpace {
+    pub(crate) store: Arc<dyn LockStore>,
+    pub(crate) prefix: Arc<str>,
+}
+
+impl LockSpace {
+    /// `store`, under the default prefix.
+    pub(crate) fn new(store: impl LockStore) -> Self {
+        Self {
+            store: Arc::new(store),
+            prefix: Arc::from(keyspace::DEFAULT_PREFIX),
+        }
+    }
+
+    /// The same store under `prefix` (visible ASCII without braces).
+    pub(crate) fn with_prefix(self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
+        let prefix = keyspace::shared_prefix(prefix)?;
+        Ok(Self { prefix, ..self })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Owner {
     /// A lock of [`Locks`](crate::lock::Locks).

@@ -195,22 +195,9 @@
 //!
 //! No framework is a default dependency: the layers work on `http::Request` / `http::Response`
 //! and fit axum, tonic and hyper alike.
-#![cfg_attr(feature = "postgres", doc = "", doc = "[`PgStore`]: store::PgStore")]
-#![cfg_attr(
-    not(feature = "postgres"),
-    doc = "",
-    doc = "[`PgStore`]: https://docs.rs/tollgate/latest/tollgate/store/struct.PgStore.html"
-)]
-#![cfg_attr(
-    feature = "serde",
-    doc = "",
-    doc = "[`RateLimitConfig`]: rate_limit::RateLimitConfig"
-)]
-#![cfg_attr(
-    not(feature = "serde"),
-    doc = "",
-    doc = "[`RateLimitConfig`]: https://docs.rs/tollgate/latest/tollgate/rate_limit/struct.RateLimitConfig.html"
-)]
+//!
+//! [`PgStore`]: https://docs.rs/tollgate/latest/tollgate/store/struct.PgStore.html
+//! [`RateLimitConfig`]: https://docs.rs/tollgate/latest/tollgate/rate_limit/struct.RateLimitConfig.html
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[macro_use]

@@ -59,25 +59,15 @@ use tokio::time::Instant;
 
 use crate::error::ConfigError;
 use crate::keyspace;
-use crate::lease::{self, Owner};
+use crate::lease::{self, LockSpace, Owner};
 use crate::store::LockRequest;
 use crate::store::{Hold, LockAttempt, LockStore, StoreError};
 use crate::task::AbortOnDrop;
 
 /// Takes locks in a shared [`LockStore`]. Cheap to clone.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Locks {
-    store: Arc<dyn LockStore>,
-    prefix: Arc<str>,
-}
-
-impl fmt::Debug for Locks {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Locks")
-            .field("store", &self.store)
-            .field("prefix", &self.prefix)
-            .finish()
-    }
+    space: LockSpace,
 }
 
 /// Why a lock operation failed.
@@ -127,14 +117,13 @@ impl Locks {
     /// Locks in `store`, under keys `tollgate:lock:{<digest of name>}`.
     pub fn new(store: impl LockStore) -> Self {
         Self {
-            store: Arc::new(store),
-            prefix: Arc::from(keyspace::DEFAULT_PREFIX),
+            space: LockSpace::new(store),
         }
     }
 
     /// The same locks under another key prefix (visible ASCII without braces).
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
-        self.prefix = keyspace::shared_prefix(prefix)?;
+        self.space = self.space.with_prefix(prefix)?;
         Ok(self)
     }
 
@@ -144,17 +133,17 @@ impl Locks {
         name: impl AsRef<[u8]>,
         lease: Duration,
     ) -> Result<LockGuard, LockError> {
-        let (key, fence_key) = keyspace::lock(&self.prefix, name.as_ref());
+        let (key, fence_key) = keyspace::lock(&self.space.prefix, name.as_ref());
         let token = uuid::Uuid::new_v4().to_string();
-        let deadline = Instant::now() + self.store.timeout();
+        let deadline = Instant::now() + self.space.store.timeout();
         // An attempt without an answer (an error, a timeout, a caller gone mid-call) may have
         // taken the lock: it is given back in the background, token-checked, once its deadline
         // has passed.
         let undo = {
-            let (store, key, token) = (Arc::clone(&self.store), key.clone(), token.clone());
+            let (store, key, token) = (Arc::clone(&self.space.store), key.clone(), token.clone());
             move || store.delete_if_held(Hold::new(key.clone(), token.clone()))
         };
-        let acquire = self.store.lock_acquire(
+        let acquire = self.space.store.lock_acquire(
             LockRequest::new(Hold::new(key.clone(), token.clone()), fence_key, lease),
             deadline,
         );
@@ -167,7 +156,7 @@ impl Locks {
         });
         match attempt {
             LockAttempt::Acquired { fence } => Ok(LockGuard {
-                store: Arc::clone(&self.store),
+                store: Arc::clone(&self.space.store),
                 key,
                 token,
                 fence,

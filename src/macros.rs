@@ -65,3 +65,61 @@ macro_rules! layer_service {
         }
     };
 }
+
+/// A layer's public response body `$name<B>`: a [`LayerBody`](crate::body::LayerBody) and a
+/// `$tap` field that sees every frame as it goes out ([`Tap`](crate::body::Tap)), with
+/// `From<Complete>` and `Default` (a complete body, the tap at its default) and `Body`.
+macro_rules! tapped_body {
+    ($(#[$doc:meta])* $name:ident { $tap:ident: $tap_type:ty }) => {
+        pin_project_lite::pin_project! {
+            $(#[$doc])*
+            #[derive(Debug)]
+            pub struct $name<B> {
+                #[pin]
+                body: crate::body::LayerBody<B>,
+                $tap: $tap_type,
+            }
+        }
+
+        impl<B> From<crate::body::Complete> for $name<B> {
+            fn from(body: crate::body::Complete) -> Self {
+                Self {
+                    body: body.into(),
+                    $tap: Default::default(),
+                }
+            }
+        }
+
+        impl<B> Default for $name<B> {
+            fn default() -> Self {
+                crate::body::Complete::default().into()
+            }
+        }
+
+        impl<B> http_body::Body for $name<B>
+        where
+            B: http_body::Body<Data = bytes::Bytes>,
+        {
+            type Data = bytes::Bytes;
+            type Error = B::Error;
+
+            fn poll_frame(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+                let this = self.project();
+                let frame = this.body.poll_frame(cx);
+                crate::body::Tap::frame(this.$tap, &frame);
+                frame
+            }
+
+            fn is_end_stream(&self) -> bool {
+                self.body.is_end_stream()
+            }
+
+            fn size_hint(&self) -> http_body::SizeHint {
+                self.body.size_hint()
+            }
+        }
+    };
+}

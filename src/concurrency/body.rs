@@ -1,25 +1,18 @@
 //! The concurrency-limit layer's response body: it holds the request's permit until it ends.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::Poll;
 
 use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
+use http_body::Frame;
 
 use super::permit::Held;
-use crate::body::{Complete, LayerBody};
+use crate::body::{LayerBody, Tap};
 
-pin_project! {
+tapped_body! {
     /// The response body of the concurrency-limit layer: the inner service's body, holding the
     /// request's permit until it ends (its last frame, an error, or dropped), or a complete body
     /// made by tollgate (a rejection). Its error is the inner body's, unboxed.
-    #[derive(Debug)]
-    pub struct PermitBody<B> {
-        #[pin]
-        body: LayerBody<B>,
-        held: Option<Held>,
-    }
+    PermitBody { held: Option<Held> }
 }
 
 impl<B> PermitBody<B> {
@@ -32,46 +25,11 @@ impl<B> PermitBody<B> {
     }
 }
 
-impl<B> From<Complete> for PermitBody<B> {
-    fn from(body: Complete) -> Self {
-        Self {
-            body: body.into(),
-            held: None,
-        }
-    }
-}
-
-impl<B> Default for PermitBody<B> {
-    fn default() -> Self {
-        Complete::default().into()
-    }
-}
-
-impl<B> Body for PermitBody<B>
-where
-    B: Body<Data = Bytes>,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.project();
-        let frame = this.body.poll_frame(cx);
+impl Tap for Option<Held> {
+    fn frame<E>(&mut self, frame: &Poll<Option<Result<Frame<Bytes>, E>>>) {
         if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
             // the response is done with: the permit goes back now
-            this.held.take();
+            self.take();
         }
-        frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }

@@ -72,6 +72,28 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// A check by `caller` on policy `policy` of `cost`, charged at once.
+    pub const fn check(caller: u8, policy: u8, cost: u64) -> Self {
+        Self::Check {
+            caller,
+            policy,
+            cost,
+            reserve: false,
+        }
+    }
+
+    /// A reservation by `caller` on policy `policy` of `cost`, to be settled.
+    pub const fn reserve(caller: u8, policy: u8, cost: u64) -> Self {
+        Self::Check {
+            caller,
+            policy,
+            cost,
+            reserve: true,
+        }
+    }
+}
+
 /// A policy of a case: its algorithm and limits, each a quota and a window in milliseconds.
 pub type PolicySpec = (Algorithm, &'static [(u64, u64)]);
 
@@ -109,71 +131,26 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
             (Algorithm::SlidingCounter, &[(10, 300)]),
         ],
         &[
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 10,
-                reserve: true,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 10,
-                reserve: true,
-            },
+            Op::reserve(0, 0, 10),
+            Op::reserve(0, 1, 10),
             Op::Sleep { ms: 650 },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 10,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 10,
-                reserve: false,
-            },
+            Op::check(0, 0, 10),
+            Op::check(0, 1, 10),
             Op::Settle { back: 3, actual: 0 },
             Op::Settle { back: 2, actual: 0 },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 10,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 10,
-                reserve: false,
-            },
+            Op::check(0, 0, 10),
+            Op::check(0, 1, 10),
         ],
     ),
     (
         "a counter refund in the next window comes out of the previous one",
         &[(Algorithm::SlidingCounter, &[(10, 400)])],
         &[
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 6,
-                reserve: true,
-            },
+            Op::reserve(0, 0, 6),
             Op::Sleep { ms: 450 },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 2,
-                reserve: false,
-            },
+            Op::check(0, 0, 2),
             Op::Settle { back: 1, actual: 1 },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 0,
-                reserve: false,
-            },
+            Op::check(0, 0, 0),
         ],
     ),
     (
@@ -183,31 +160,11 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
             (Algorithm::SlidingCounter, &[(10, 60_000)]),
         ],
         &[
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 1,
-                reserve: false,
-            },
+            Op::check(0, 0, 1),
+            Op::check(0, 1, 1),
             Op::PastTimeout,
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 1,
-                reserve: false,
-            },
+            Op::check(0, 0, 1),
+            Op::check(0, 1, 1),
             Op::Resend { back: 3 },
             Op::Resend { back: 2 },
         ],
@@ -220,49 +177,19 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
             (Algorithm::Gcra, &[(10, 60_000)]),
         ],
         &[
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 4,
-                reserve: true,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 4,
-                reserve: true,
-            },
+            Op::reserve(0, 0, 4),
+            Op::reserve(0, 0, 4),
             Op::Settle { back: 1, actual: 1 },
             Op::PastTimeout,
             Op::Settle { back: 0, actual: 2 },
             Op::ResendSettlement { back: 1 },
-            Op::Check {
-                caller: 1,
-                policy: 1,
-                cost: 4,
-                reserve: true,
-            },
-            Op::Check {
-                caller: 1,
-                policy: 1,
-                cost: 4,
-                reserve: true,
-            },
+            Op::reserve(1, 1, 4),
+            Op::reserve(1, 1, 4),
             Op::Settle { back: 1, actual: 1 },
             Op::Settle { back: 0, actual: 2 },
             Op::ResendSettlement { back: 1 },
-            Op::Check {
-                caller: 1,
-                policy: 2,
-                cost: 4,
-                reserve: true,
-            },
-            Op::Check {
-                caller: 1,
-                policy: 2,
-                cost: 4,
-                reserve: true,
-            },
+            Op::reserve(1, 2, 4),
+            Op::reserve(1, 2, 4),
             Op::Settle { back: 1, actual: 1 },
             Op::Settle { back: 0, actual: 2 },
             Op::ResendSettlement { back: 1 },
@@ -275,115 +202,25 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
             (Algorithm::Gcra, &[(20, 60_000)]),
         ],
         &[
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
+            Op::check(0, 0, 1),
+            Op::check(0, 0, 1),
+            Op::check(0, 0, 1),
+            Op::check(0, 0, 1),
+            Op::check(0, 0, 1),
+            Op::check(0, 0, 1),
+            Op::check(0, 0, 1),
+            Op::check(0, 0, 1),
+            Op::check(0, 0, 1),
             Op::Resend { back: 8 },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 1,
-                reserve: false,
-            },
+            Op::check(0, 1, 1),
+            Op::check(0, 1, 1),
+            Op::check(0, 1, 1),
+            Op::check(0, 1, 1),
+            Op::check(0, 1, 1),
+            Op::check(0, 1, 1),
+            Op::check(0, 1, 1),
+            Op::check(0, 1, 1),
+            Op::check(0, 1, 1),
             Op::Resend { back: 8 },
         ],
     ),
@@ -391,20 +228,10 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
         "a reservation refunded by its settlement and sent again is not charged again",
         &[(Algorithm::SlidingLog, &[(10, 60_000)])],
         &[
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 3,
-                reserve: true,
-            },
+            Op::reserve(0, 0, 3),
             Op::Settle { back: 0, actual: 0 },
             Op::Resend { back: 0 },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 0,
-                reserve: false,
-            },
+            Op::check(0, 0, 0),
         ],
     ),
     (
@@ -416,25 +243,10 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
             (Algorithm::SlidingCounter, &[(4, 300)]),
         ],
         &[
-            Op::Check {
-                caller: 1,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 0,
-                reserve: true,
-            },
+            Op::check(1, 0, 1),
+            Op::reserve(0, 0, 0),
             Op::Settle { back: 1, actual: 9 },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 5,
-                reserve: true,
-            },
+            Op::reserve(0, 1, 5),
             Op::Sleep { ms: 500 },
             Op::Settle {
                 back: 2,
@@ -456,12 +268,7 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
                 reserve: true,
             },
             Op::Settle { back: 0, actual: 0 },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 2,
-                reserve: true,
-            },
+            Op::reserve(0, 0, 2),
             Op::Settle {
                 back: 0,
                 actual: u64::MAX,
@@ -473,18 +280,8 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
                 reserve: true,
             },
             Op::Settle { back: 0, actual: 1 },
-            Op::Check {
-                caller: 0,
-                policy: 0,
-                cost: 1,
-                reserve: false,
-            },
-            Op::Check {
-                caller: 0,
-                policy: 1,
-                cost: 1,
-                reserve: false,
-            },
+            Op::check(0, 0, 1),
+            Op::check(0, 1, 1),
         ],
     ),
 ];

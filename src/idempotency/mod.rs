@@ -122,18 +122,8 @@
 //! assert_eq!(service.clone().oneshot(changed).await.unwrap().status(), StatusCode::UNPROCESSABLE_ENTITY);
 //! # }
 //! ```
-#![cfg_attr(
-    feature = "postgres",
-    doc = "",
-    doc = "[`IdempotencyLayer::in_transaction`]: IdempotencyLayer::in_transaction",
-    doc = "[`OnceTx`]: crate::store::OnceTx"
-)]
-#![cfg_attr(
-    not(feature = "postgres"),
-    doc = "",
-    doc = "[`IdempotencyLayer::in_transaction`]: https://docs.rs/tollgate/latest/tollgate/idempotency/struct.IdempotencyLayer.html#method.in_transaction",
-    doc = "[`OnceTx`]: https://docs.rs/tollgate/latest/tollgate/store/struct.OnceTx.html"
-)]
+//!
+//! [`OnceTx`]: https://docs.rs/tollgate/latest/tollgate/store/struct.OnceTx.html
 
 mod body;
 mod execute;

@@ -21,6 +21,24 @@ struct Networks {
     v6: u8,
 }
 
+/// `ipv6_prefix` and `ipv4_prefix` of an extractor that counts its `$who` by networks
+/// (`self.networks`).
+macro_rules! network_setters {
+    ($who:literal) => {
+        #[doc = concat!("Counts IPv6 ", $who, " by networks of `bits` leading bits (default 64; at most 128).")]
+        pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+            self.networks = self.networks.ipv6(bits);
+            self
+        }
+
+        #[doc = concat!("Counts IPv4 ", $who, " by networks of `bits` leading bits (default 32; at most 32).")]
+        pub fn ipv4_prefix(mut self, bits: u8) -> Self {
+            self.networks = self.networks.ipv4(bits);
+            self
+        }
+    };
+}
+
 impl Default for Networks {
     fn default() -> Self {
         Self { v4: 32, v6: 64 }
@@ -105,17 +123,7 @@ impl PeerIp {
         Self::default()
     }
 
-    /// Counts IPv6 peers by networks of `bits` leading bits (default 64; at most 128).
-    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.networks = self.networks.ipv6(bits);
-        self
-    }
-
-    /// Counts IPv4 peers by networks of `bits` leading bits (default 32; at most 32).
-    pub fn ipv4_prefix(mut self, bits: u8) -> Self {
-        self.networks = self.networks.ipv4(bits);
-        self
-    }
+    network_setters!("peers");
 }
 
 /// The peer address of a request, as [`PeerIp`] finds it.
@@ -297,17 +305,7 @@ impl ForwardedIp {
         self
     }
 
-    /// Counts IPv6 clients by networks of `bits` leading bits (default 64; at most 128).
-    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.networks = self.networks.ipv6(bits);
-        self
-    }
-
-    /// Counts IPv4 clients by networks of `bits` leading bits (default 32; at most 32).
-    pub fn ipv4_prefix(mut self, bits: u8) -> Self {
-        self.networks = self.networks.ipv4(bits);
-        self
-    }
+    network_setters!("clients");
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
         self.trusted.iter().any(|net| net.contains(ip))

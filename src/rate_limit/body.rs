@@ -1,27 +1,21 @@
 //! The rate-limit layer's response body.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::{Buf, Bytes};
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
+use http_body::Frame;
 
-use crate::body::{Complete, LayerBody};
+use crate::body::{LayerBody, Tap};
 use crate::rate::{RateCheck, RatePolicy};
 use crate::store::RateStore;
 
-pin_project! {
+tapped_body! {
     /// The response body of the rate-limit layer: the inner service's body, or a complete body
     /// made by tollgate (a rejection). Its error is the inner body's, unboxed.
-    #[derive(Debug)]
-    pub struct ResponseBody<B> {
-        #[pin]
-        body: LayerBody<B>,
+    ResponseBody {
         // with `settle_body_size`: counts the bytes sent, and settles them when dropped
-        meter: Option<BodyMeter>,
+        meter: Option<BodyMeter>
     }
 }
 
@@ -40,47 +34,12 @@ impl<B> ResponseBody<B> {
     }
 }
 
-impl<B> From<Complete> for ResponseBody<B> {
-    fn from(body: Complete) -> Self {
-        Self {
-            body: body.into(),
-            meter: None,
-        }
-    }
-}
-
-impl<B> Default for ResponseBody<B> {
-    fn default() -> Self {
-        Complete::default().into()
-    }
-}
-
-impl<B> Body for ResponseBody<B>
-where
-    B: Body<Data = Bytes>,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.project();
-        let frame = this.body.poll_frame(cx);
-        if let (Some(meter), Poll::Ready(Some(Ok(frame)))) = (this.meter.as_mut(), &frame) {
+impl Tap for Option<BodyMeter> {
+    fn frame<E>(&mut self, frame: &Poll<Option<Result<Frame<Bytes>, E>>>) {
+        if let (Some(meter), Poll::Ready(Some(Ok(frame)))) = (self.as_mut(), frame) {
             let sent = frame.data_ref().map_or(0, Buf::remaining);
             meter.sent = meter.sent.saturating_add(sent as u64);
         }
-        frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
 

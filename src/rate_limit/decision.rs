@@ -54,6 +54,27 @@ pub struct RateLimitDecision {
     pub(crate) states: Vec<LimitState>,
 }
 
+/// One `tracing` event of `$decision` at `$level` (a constant, as `tracing` wants it), with the
+/// decision's `tollgate.*` fields.
+macro_rules! decision_event {
+    ($decision:expr, $level:expr, $outcome:expr, $message:literal) => {
+        tracing::event!(
+            target: "tollgate::rate_limit",
+            $level,
+            tollgate.outcome = $outcome,
+            tollgate.source = $decision.source.label(),
+            tollgate.limiter = &*$decision.tier.limiter,
+            tollgate.tier = $decision.tier(),
+            tollgate.key = %$decision.key,
+            tollgate.cost = $decision.cost,
+            tollgate.limit = $decision.tightest().map(|(name, _)| name),
+            tollgate.remaining = $decision.tightest().map(|(_, remaining)| remaining),
+            tollgate.retry_after_ms = millis($decision.retry_after),
+            $message
+        )
+    };
+}
+
 impl RateLimitDecision {
     /// Whether the request was let through.
     pub fn admitted(&self) -> bool {
@@ -160,35 +181,15 @@ impl RateLimitDecision {
     pub(crate) fn report(&self) {
         crate::metrics::rate_decision(&self.tier.limiter, self.admitted, self.source.label());
         if self.shadow && !self.admitted {
-            tracing::event!(
-                target: "tollgate::rate_limit",
+            decision_event!(
+                self,
                 tracing::Level::INFO,
-                tollgate.outcome = "shadow",
-                tollgate.source = self.source.label(),
-                tollgate.limiter = &*self.tier.limiter,
-                tollgate.tier = self.tier(),
-                tollgate.key = %self.key,
-                tollgate.cost = self.cost,
-                tollgate.limit = self.tightest().map(|(name, _)| name),
-                tollgate.remaining = self.tightest().map(|(_, remaining)| remaining),
-                tollgate.retry_after_ms = millis(self.retry_after),
+                "shadow",
                 "shadow mode: a request that would be denied goes through"
             );
         } else {
-            tracing::event!(
-                target: "tollgate::rate_limit",
-                tracing::Level::DEBUG,
-                tollgate.outcome = if self.admitted { "admitted" } else { "denied" },
-                tollgate.source = self.source.label(),
-                tollgate.limiter = &*self.tier.limiter,
-                tollgate.tier = self.tier(),
-                tollgate.key = %self.key,
-                tollgate.cost = self.cost,
-                tollgate.limit = self.tightest().map(|(name, _)| name),
-                tollgate.remaining = self.tightest().map(|(_, remaining)| remaining),
-                tollgate.retry_after_ms = millis(self.retry_after),
-                "rate-limit decision"
-            );
+            let outcome = if self.admitted { "admitted" } else { "denied" };
+            decision_event!(self, tracing::Level::DEBUG, outcome, "rate-limit decision");
         }
     }
 

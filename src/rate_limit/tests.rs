@@ -339,28 +339,33 @@ async fn stacked_layers_append_their_members_and_decisions() {
     assert_eq!(outermost.limits()[0].0, "per-caller");
 }
 
+/// The status and body text that `layer` answers `request` with.
+async fn answer<K: crate::key::KeyExtractor>(
+    layer: &RateLimitLayer<K>,
+    request: Request<()>,
+) -> (StatusCode, String) {
+    use http_body_util::{BodyExt, Full};
+    let inner = service_fn(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::new())))
+    });
+    let response = tower_layer::Layer::layer(layer, inner)
+        .oneshot(request)
+        .await
+        .unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
 #[tokio::test]
 async fn a_request_without_a_key_learns_where_the_key_is_read_from() {
-    use http_body_util::{BodyExt, Full};
     let layer = RateLimitLayer::builder(MemoryStore::new())
         .limit(Limit::per_minute("m", 1))
         .key(Header::from_static("x-caller"))
         .build()
         .unwrap();
-    let inner = service_fn(|_: Request<()>| async {
-        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::new())))
-    });
-    let mut svc = tower_layer::Layer::layer(&layer, inner);
-    let res = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::new(()))
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    let body = String::from_utf8_lossy(&body);
+    let (status, body) = answer(&layer, Request::new(())).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(
         body.contains(
             "\"detail\":\"the request carries no rate-limit key: it is read from header x-caller\""
@@ -374,7 +379,6 @@ async fn a_request_without_a_key_learns_where_the_key_is_read_from() {
 /// the key is the caller's credential).
 #[tokio::test]
 async fn a_missing_key_may_be_answered_401_and_names_nothing_internal() {
-    use http_body_util::{BodyExt, Full};
     let layer = RateLimitLayer::builder(MemoryStore::new())
         .limit(Limit::per_minute("m", 1))
         .key(crate::key::from_fn("api-key", |parts| {
@@ -386,20 +390,8 @@ async fn a_missing_key_may_be_answered_401_and_names_nothing_internal() {
         .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
         .build()
         .unwrap();
-    let inner = service_fn(|_: Request<()>| async {
-        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::new())))
-    });
-    let mut svc = tower_layer::Layer::layer(&layer, inner);
-    let res = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::new(()))
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    let body = String::from_utf8_lossy(&body);
+    let (status, body) = answer(&layer, Request::new(())).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(
         body.contains("\"status\":401")
             && body.contains(
@@ -412,8 +404,7 @@ async fn a_missing_key_may_be_answered_401_and_names_nothing_internal() {
         .header("authorization", "k")
         .body(())
         .unwrap();
-    let res = svc.ready().await.unwrap().call(keyed).await.unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(answer(&layer, keyed).await.0, StatusCode::OK);
 }
 
 /// An admin endpoint peeks at a caller as a request of it would be counted: its key from a

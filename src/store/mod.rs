@@ -91,23 +91,10 @@
 //! published when the store's answer shows room on every limit, whether or not the refund
 //! itself returned any (a refund of a charge that has left the window returns nothing); the
 //! publish is one command sent after the answer, which never waits for it.
-#![cfg_attr(
-    not(feature = "postgres"),
-    doc = "",
-    doc = "[`PgStore`]: https://docs.rs/tollgate/latest/tollgate/store/struct.PgStore.html"
-)]
-#![cfg_attr(
-    feature = "conformance",
-    doc = "",
-    doc = "[`conformance::model`]: crate::conformance::model",
-    doc = "[`conformance::property`]: crate::conformance::property"
-)]
-#![cfg_attr(
-    not(feature = "conformance"),
-    doc = "",
-    doc = "[`conformance::model`]: https://docs.rs/tollgate/latest/tollgate/conformance/model/index.html",
-    doc = "[`conformance::property`]: https://docs.rs/tollgate/latest/tollgate/conformance/property/index.html"
-)]
+//!
+//! [`PgStore`]: https://docs.rs/tollgate/latest/tollgate/store/struct.PgStore.html
+//! [`conformance::model`]: https://docs.rs/tollgate/latest/tollgate/conformance/model/index.html
+//! [`conformance::property`]: https://docs.rs/tollgate/latest/tollgate/conformance/property/index.html
 
 use std::future::Future;
 use std::pin::Pin;

@@ -221,10 +221,8 @@ impl PgStore {
         retention: Duration,
         work: impl AsyncFnOnce(&OnceTx) -> Result<Bytes, E>,
     ) -> Result<Once, OnceError<E>> {
-        let running = match self
-            .begin_once(key, fingerprint, retention, ONCE_IDLE)
-            .await?
-        {
+        let start = RunStart::new(key, fingerprint, retention, ONCE_IDLE);
+        let running = match self.begin_once(start).await? {
             Begun::Running(running) => running,
             Begun::Recorded(output) => return Ok(Once::Replayed(output)),
             Begun::Mismatch => return Err(OnceError::Mismatch),
@@ -250,16 +248,10 @@ impl PgStore {
     ///
     /// Bounded by the store timeout. The server ends the transaction should it stay idle for
     /// `idle` (its copy cut off from the database, or dead without closing its connection).
-    async fn begin_once(
-        &self,
-        key: &str,
-        fingerprint: &str,
-        retention: Duration,
-        idle: Duration,
-    ) -> Result<Begun, StoreError> {
+    async fn begin_once(&self, start: RunStart) -> Result<Begun, StoreError> {
         // a transaction begun too late is dropped with its connection: the server rolls it back
         let started = std::time::Instant::now();
-        let begin = self.begin_within(key, fingerprint, retention, idle);
+        let begin = self.begin_within(start);
         let begun = tokio::time::timeout(self.timeout(), begin)
             .await
             .unwrap_or_else(|_| Err(StoreError::timeout()));
@@ -267,13 +259,14 @@ impl PgStore {
         begun
     }
 
-    async fn begin_within(
-        &self,
-        key: &str,
-        fingerprint: &str,
-        retention: Duration,
-        idle: Duration,
-    ) -> Result<Begun, StoreError> {
+    async fn begin_within(&self, start: RunStart) -> Result<Begun, StoreError> {
+        let RunStart {
+            key,
+            fingerprint,
+            retention,
+            idle,
+            ..
+        } = start;
         let client = self.pool().get().await.map_err(pool_error)?;
         let sql = &self.inner.shared.sql;
         // prepared together (once per connection): the commit then sends the record and COMMIT
@@ -312,14 +305,14 @@ impl PgStore {
         let running = Running {
             store: self.clone(),
             tx,
-            key: key.to_owned(),
-            fingerprint: fingerprint.to_owned(),
+            key,
+            fingerprint,
             retention,
         };
         // a record answers whoever holds the lock (a replay takes it for a moment too); the
         // transaction of an answer that is not a run ends in the background
         let begun = match (row, locked.try_get::<_, bool>(0).map_err(pg_error)?) {
-            (Some(row), _) => recorded(&row, fingerprint)?,
+            (Some(row), _) => recorded(&row, &running.fingerprint)?,
             (None, false) => Begun::InFlight,
             (None, true) => return Ok(Begun::Running(running)),
         };
@@ -480,24 +473,12 @@ impl TransactionStore for PgStore {
     fn begin_run(&self, start: RunStart) -> StoreFuture<RunBegun> {
         let store = self.clone();
         Box::pin(async move {
-            let RunStart {
-                key,
-                fingerprint,
-                retention,
-                idle,
-                ..
-            } = start;
-            Ok(
-                match store
-                    .begin_once(&key, &fingerprint, retention, idle)
-                    .await?
-                {
-                    Begun::Running(running) => RunBegun::Running(Box::new(running)),
-                    Begun::Recorded(output) => RunBegun::Recorded(output),
-                    Begun::Mismatch => RunBegun::Mismatch,
-                    Begun::InFlight => RunBegun::InFlight,
-                },
-            )
+            Ok(match store.begin_once(start).await? {
+                Begun::Running(running) => RunBegun::Running(Box::new(running)),
+                Begun::Recorded(output) => RunBegun::Recorded(output),
+                Begun::Mismatch => RunBegun::Mismatch,
+                Begun::InFlight => RunBegun::InFlight,
+            })
         })
     }
 }

@@ -1659,61 +1659,20 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.purge_expired(
 DECLARE
   v_now bigint := __SCHEMA__.now_us();
   v_count integer;
+  t text;
 BEGIN
   o_most := 0;
   o_total := 0;
-  DELETE FROM __SCHEMA__.rate_limits WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM __SCHEMA__.rate_limits WHERE purge_at <= v_now
-    LIMIT p_limit FOR UPDATE SKIP LOCKED
-  ));
-  GET DIAGNOSTICS v_count = ROW_COUNT;
-  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
-  DELETE FROM __SCHEMA__.rate_attempts WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM __SCHEMA__.rate_attempts WHERE expires_at <= v_now
-    LIMIT p_limit FOR UPDATE SKIP LOCKED
-  ));
-  GET DIAGNOSTICS v_count = ROW_COUNT;
-  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
-  DELETE FROM __SCHEMA__.holds WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM __SCHEMA__.holds WHERE expires_at <= v_now
-    LIMIT p_limit FOR UPDATE SKIP LOCKED
-  ));
-  GET DIAGNOSTICS v_count = ROW_COUNT;
-  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
-  DELETE FROM __SCHEMA__.permits WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM __SCHEMA__.permits WHERE expires_at <= v_now
-    LIMIT p_limit FOR UPDATE SKIP LOCKED
-  ));
-  GET DIAGNOSTICS v_count = ROW_COUNT;
-  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
-  DELETE FROM __SCHEMA__.permit_queue WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM __SCHEMA__.permit_queue WHERE expires_at <= v_now
-    LIMIT p_limit FOR UPDATE SKIP LOCKED
-  ));
-  GET DIAGNOSTICS v_count = ROW_COUNT;
-  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
-  DELETE FROM __SCHEMA__.fences WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM __SCHEMA__.fences WHERE expires_at <= v_now
-    LIMIT p_limit FOR UPDATE SKIP LOCKED
-  ));
-  GET DIAGNOSTICS v_count = ROW_COUNT;
-  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
-  DELETE FROM __SCHEMA__.idempotency WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM __SCHEMA__.idempotency WHERE expires_at <= v_now
-    LIMIT p_limit FOR UPDATE SKIP LOCKED
-  ));
-  GET DIAGNOSTICS v_count = ROW_COUNT;
-  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
-  DELETE FROM __SCHEMA__.releases WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM __SCHEMA__.releases WHERE expires_at <= v_now
-    LIMIT p_limit FOR UPDATE SKIP LOCKED
-  ));
-  GET DIAGNOSTICS v_count = ROW_COUNT;
-  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
-  DELETE FROM __SCHEMA__.once_records WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM __SCHEMA__.once_records WHERE expires_at <= v_now
-    LIMIT p_limit FOR UPDATE SKIP LOCKED
-  ));
-  GET DIAGNOSTICS v_count = ROW_COUNT;
-  o_most := greatest(o_most, v_count); o_total := o_total + v_count;
+  -- in the lock order; rate_limits by its purge mark, the others by their expiry
+  FOREACH t IN ARRAY ARRAY['rate_limits', 'rate_attempts', 'holds', 'permits', 'permit_queue',
+                           'fences', 'idempotency', 'releases', 'once_records'] LOOP
+    EXECUTE format(
+      'DELETE FROM %s.%I WHERE ctid = ANY (ARRAY('
+      '  SELECT ctid FROM %s.%I WHERE %I <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED))',
+      '__SCHEMA__', t, '__SCHEMA__', t,
+      CASE t WHEN 'rate_limits' THEN 'purge_at' ELSE 'expires_at' END
+    ) USING v_now, p_limit;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    o_most := greatest(o_most, v_count); o_total := o_total + v_count;
+  END LOOP;
 END $$;
