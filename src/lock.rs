@@ -303,15 +303,7 @@ pub struct LockGuard {
     released: bool,
 }
 
-impl fmt::Debug for LockGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockGuard")
-            .field("key", &self.key)
-            .field("fence", &self.fence)
-            .field("lease", &self.lease)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(LockGuard { key, fence, lease });
 
 impl LockGuard {
     /// The fencing token of this acquisition: strictly greater than that of every earlier

@@ -123,3 +123,17 @@ macro_rules! tapped_body {
         }
     };
 }
+
+/// `Debug` for `$name` that shows the fields named, each under its own name, and `..` for the
+/// rest (closures, caches and handles with nothing to show).
+macro_rules! debug_fields {
+    ($name:ident $(<$param:ident>)? { $($field:ident),* $(,)? }) => {
+        impl$(<$param: std::fmt::Debug>)? std::fmt::Debug for $name$(<$param>)? {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    $(.field(stringify!($field), &self.$field))*
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}

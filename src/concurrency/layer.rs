@@ -1,6 +1,5 @@
 //! [`ConcurrencyLimitLayer`] and its builder.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,14 +51,7 @@ impl<K> Clone for ConcurrencyLimitLayer<K> {
     }
 }
 
-impl<K: fmt::Debug> fmt::Debug for ConcurrencyLimitLayer<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConcurrencyLimitLayer")
-            .field("settings", &self.settings)
-            .field("key", &self.extractor)
-            .finish()
-    }
-}
+debug_fields!(ConcurrencyLimitLayer<K> { settings, extractor });
 
 /// How long a permit's lease runs unless configured otherwise.
 pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(10);
@@ -129,17 +121,7 @@ pub struct ConcurrencyLimitLayerBuilder<K = Global> {
     extractor: K,
 }
 
-impl<K: fmt::Debug> fmt::Debug for ConcurrencyLimitLayerBuilder<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConcurrencyLimitLayerBuilder")
-            .field("store", &self.store)
-            .field("limit", &self.limit)
-            .field("tiers", &self.tiers)
-            .field("lease", &self.lease)
-            .field("key", &self.extractor)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(ConcurrencyLimitLayerBuilder<K> { store, limit, tiers, lease, extractor });
 
 impl<K> ConcurrencyLimitLayerBuilder<K> {
     /// At most `limit` (at least 1) requests per key in flight, across every copy: the limit

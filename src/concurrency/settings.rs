@@ -1,6 +1,5 @@
 //! What every clone of a concurrency-limit layer shares.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,18 +54,14 @@ impl Settings {
     }
 }
 
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("store", &self.store)
-            .field("limit", &self.limit)
-            .field("tiers", &self.tiers)
-            .field("lease", &self.lease)
-            .field("retry_after", &self.retry_after)
-            .field("queue", &self.queue)
-            .field("on_store_error", &self.on_store_error)
-            .field("missing_key", &self.missing_key)
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Settings {
+    store,
+    limit,
+    tiers,
+    lease,
+    retry_after,
+    queue,
+    on_store_error,
+    missing_key,
+    prefix
+});

@@ -1,6 +1,5 @@
 //! [`IdempotencyLayer`] and its builder.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,14 +48,7 @@ impl<K> Clone for IdempotencyLayer<K> {
     }
 }
 
-impl<K: fmt::Debug> fmt::Debug for IdempotencyLayer<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyLayer")
-            .field("settings", &self.settings)
-            .field("scope", &self.scope)
-            .finish()
-    }
-}
+debug_fields!(IdempotencyLayer<K> { settings, scope });
 
 impl IdempotencyLayer {
     /// Starts a builder on `store` (a [`RedisStore`](crate::store::RedisStore) so that every copy
@@ -160,14 +152,7 @@ pub struct IdempotencyLayerBuilder<K = Global> {
     scope_chosen: bool,
 }
 
-impl<K: fmt::Debug> fmt::Debug for IdempotencyLayerBuilder<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyLayerBuilder")
-            .field("settings", &self.settings)
-            .field("scope", &self.scope)
-            .finish()
-    }
-}
+debug_fields!(IdempotencyLayerBuilder<K> { settings, scope });
 
 impl<K> IdempotencyLayerBuilder<K> {
     /// The header carrying the key (default `Idempotency-Key`; gRPC metadata arrives as the same

@@ -55,14 +55,7 @@ impl<K> Clone for RateLimitLayer<K> {
     }
 }
 
-impl<K: fmt::Debug> fmt::Debug for RateLimitLayer<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitLayer")
-            .field("settings", &self.settings)
-            .field("key", &self.extractor)
-            .finish()
-    }
-}
+debug_fields!(RateLimitLayer<K> { settings, extractor });
 
 impl RateLimitLayer {
     /// Starts a builder on `store` (a [`RedisStore`](crate::store::RedisStore) to share limits

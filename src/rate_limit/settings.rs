@@ -1,6 +1,5 @@
 //! What a layer is configured with: its [`Settings`].
 
-use std::fmt;
 use std::sync::Arc;
 
 use http::request::Parts;
@@ -66,15 +65,11 @@ pub(crate) struct Settings {
     pub(crate) last_warning: OncePerSecond,
 }
 
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("store", &self.store)
-            .field("tiers", &self.tiers)
-            .field("on_store_error", &self.on_store_error)
-            .field("missing_key", &self.missing_key)
-            .field("headers", &self.headers)
-            .field("shadow", &self.shadow)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Settings {
+    store,
+    tiers,
+    on_store_error,
+    missing_key,
+    headers,
+    shadow
+});

@@ -7,7 +7,6 @@
 //! atomic store call.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use http::HeaderValue;
@@ -43,14 +42,7 @@ pub(crate) struct Tier {
     pub(crate) limiter: Arc<str>,
 }
 
-impl fmt::Debug for Tier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tier")
-            .field("name", &self.name)
-            .field("policy", &self.policy)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Tier { name, policy });
 
 /// What every tier of a layer is built with.
 #[derive(Clone)]
@@ -173,14 +165,7 @@ impl Dynamic {
     }
 }
 
-impl fmt::Debug for Tiers {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tiers")
-            .field("default", &self.default)
-            .field("named", &self.named)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Tiers { default, named });
 
 impl Tiers {
     /// `default` and the distinct `named` tiers, chosen by `select`.

@@ -1,6 +1,5 @@
 //! [`PgServer`]: a throwaway PostgreSQL server on a free port, in a temp dir of its own.
 
-use std::fmt;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -114,14 +113,7 @@ impl PgServer {
     }
 }
 
-impl fmt::Debug for PgServer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgServer")
-            .field("port", &self.port)
-            .field("dir", &self.dir)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(PgServer { port, dir });
 
 impl Drop for PgServer {
     fn drop(&mut self) {

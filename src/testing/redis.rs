@@ -1,6 +1,5 @@
 //! [`RedisServer`]: a throwaway `redis-server` on a free port.
 
-use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -67,13 +66,7 @@ impl RedisServer {
     }
 }
 
-impl fmt::Debug for RedisServer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisServer")
-            .field("port", &self.port)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(RedisServer { port });
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
