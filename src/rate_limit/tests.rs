@@ -65,12 +65,11 @@ fn service(builder: RateLimitLayerBuilder) -> Svc {
 }
 
 async fn respond(svc: &mut Svc, caller: &str) -> <Svc as Service<Request<()>>>::Response {
-    svc.ready()
-        .await
-        .unwrap()
-        .call(request(caller))
-        .await
-        .unwrap()
+    send(svc, request(caller)).await
+}
+
+async fn send(svc: &mut Svc, request: Request<()>) -> <Svc as Service<Request<()>>>::Response {
+    svc.ready().await.unwrap().call(request).await.unwrap()
 }
 
 async fn status(svc: &mut Svc, caller: &str) -> StatusCode {
@@ -209,13 +208,7 @@ async fn failure_policies() {
 async fn missing_keys_and_free_requests() {
     let mut strict =
         service(RateLimitLayer::builder(MemoryStore::new()).limit(Limit::per_minute("m", 1)));
-    let res = strict
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::new(()))
-        .await
-        .unwrap();
+    let res = send(&mut strict, Request::new(())).await;
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
 
     let mut lenient = service(
@@ -224,13 +217,7 @@ async fn missing_keys_and_free_requests() {
             .on_missing_key(MissingKey::Allow),
     );
     for _ in 0..3 {
-        let res = lenient
-            .ready()
-            .await
-            .unwrap()
-            .call(Request::new(()))
-            .await
-            .unwrap();
+        let res = send(&mut lenient, Request::new(())).await;
         assert_eq!(res.status(), StatusCode::OK);
     }
 

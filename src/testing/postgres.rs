@@ -96,6 +96,12 @@ impl PgServer {
         Ok(server)
     }
 
+    /// A URL of the server's `postgres` database, for
+    /// [`PgStore::builder`](crate::store::PgStore) or a `DATABASE_URL`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
     /// The server's port.
     pub fn port(&self) -> u16 {
         self.port
@@ -104,12 +110,6 @@ impl PgServer {
     /// The server's address.
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
-    }
-
-    /// A URL of the server's `postgres` database, for
-    /// [`PgStore::builder`](crate::store::PgStore) or a `DATABASE_URL`.
-    pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 }
 

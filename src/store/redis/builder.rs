@@ -128,6 +128,15 @@ impl Tls {
     }
 }
 
+/// The setters every Redis builder has: durability, batching and TLS.
+macro_rules! common_setters {
+    () => {
+        durability_setters!();
+        max_batch_setter!();
+        tls_setters!();
+    };
+}
+
 /// The TLS setters of every builder.
 macro_rules! tls_setters {
     () => {
@@ -233,9 +242,7 @@ impl RedisStoreBuilder {
         self
     }
 
-    durability_setters!();
-    max_batch_setter!();
-    tls_setters!();
+    common_setters!();
 
     /// Builds the store. Connects lazily, so a Redis that is down now is not an error: calls fail
     /// (within the timeout) until it is back. [`ConfigError`] when the URL does not parse, or
@@ -293,9 +300,7 @@ impl RedisClusterBuilder {
         self
     }
 
-    durability_setters!();
-    max_batch_setter!();
-    tls_setters!();
+    common_setters!();
 
     /// A client per node, as the builder's nodes and TLS settings say: the invalidation
     /// subscriber's way in.
@@ -380,9 +385,7 @@ impl RedisSentinelBuilder {
         self
     }
 
-    durability_setters!();
-    max_batch_setter!();
-    tls_setters!();
+    common_setters!();
 
     /// The client of `url`, a sentinel or a primary, with the builder's certificates for
     /// `rediss://`.
