@@ -34,6 +34,7 @@ pub struct Limit {
     quota: u64,
     window: Duration,
     block_for: Option<Duration>,
+    leased: bool,
 }
 
 /// A limit as a configuration file writes it.
@@ -46,6 +47,8 @@ struct LimitSpec {
     window: WindowSpec,
     #[serde(default)]
     block_for: Option<WindowSpec>,
+    #[serde(default)]
+    leased: bool,
 }
 
 /// A window: `"250ms"`, `"1s"`, `"5m"`, `"1h"`, `"1d"`, or whole seconds; anything else is
@@ -97,11 +100,11 @@ impl TryFrom<LimitSpec> for Limit {
     type Error = String;
 
     fn try_from(spec: LimitSpec) -> Result<Self, String> {
-        let limit = Self::new(spec.name, spec.quota, spec.window.0);
-        Ok(match spec.block_for {
-            Some(block) => limit.block_for(block.0),
-            None => limit,
-        })
+        let mut limit = Self::new(spec.name, spec.quota, spec.window.0);
+        if let Some(block) = spec.block_for {
+            limit = limit.block_for(block.0);
+        }
+        Ok(if spec.leased { limit.leased() } else { limit })
     }
 }
 
@@ -160,7 +163,47 @@ impl Limit {
             quota,
             window,
             block_for: None,
+            leased: false,
         }
+    }
+
+    /// Leased quota: each copy of the service takes a slice of a caller's quota in one store
+    /// check and admits from it locally until it is spent or its lease ends (a tenth of the
+    /// window, at most a second); what is left of a slice goes back with a settlement. A caller
+    /// is decided per request until it sends several requests within a lease, and again as its
+    /// quota runs low. For hot keys — a global limit, a large tenant — where one store key
+    /// would otherwise serve every request of every copy.
+    ///
+    /// Never more is admitted than the quota: every slice is charged in the store before a
+    /// request is admitted from it. A caller may be admitted less, by at most the slices that
+    /// copies hold unspent. Every limit of a tier is leased, or none; a leased limit has no
+    /// [penalty](Self::block_for), and a layer that settles actual costs leases nothing. See
+    /// the guide's "Leased quota". In a configuration file (feature `serde`): `leased = true`.
+    ///
+    /// ```
+    /// use tollgate::rate::Limit;
+    ///
+    /// let global = Limit::per_second("api", 50_000).leased();
+    /// assert!(global.is_leased());
+    /// assert!(!Limit::per_second("api", 50_000).is_leased());
+    /// # #[cfg(feature = "serde")] {
+    /// let from_config: Limit = serde_json::from_str(
+    ///     r#"{"name": "api", "quota": 50000, "window": "1s", "leased": true}"#,
+    /// )
+    /// .unwrap();
+    /// assert_eq!(from_config, global);
+    /// # }
+    /// ```
+    pub fn leased(self) -> Self {
+        Self {
+            leased: true,
+            ..self
+        }
+    }
+
+    /// Whether this limit's quota is [leased](Self::leased) to the copies.
+    pub fn is_leased(&self) -> bool {
+        self.leased
     }
 
     /// A penalty: a check that this limit denies also blocks the caller for `duration` (store
@@ -342,6 +385,7 @@ impl RatePolicy {
             }
             check_limit(limit, algorithm)?;
         }
+        check_leases(&limits)?;
         Ok(Self {
             namespace,
             algorithm,
@@ -357,6 +401,11 @@ impl RatePolicy {
             limit.quota = (limit.quota / u64::from(copies.max(1))).max(1);
         }
         divided
+    }
+
+    /// Whether the policy's quota is [leased](Limit::leased) to the copies (all its limits are).
+    pub fn is_leased(&self) -> bool {
+        self.limits.iter().all(Limit::is_leased)
     }
 
     /// The limits in configuration order.
@@ -429,6 +478,33 @@ fn limit_error(message: impl Into<String>) -> ConfigError {
 }
 
 /// Checks one limit's name, quota and window, and that the algorithm counts it exactly.
+/// Leased limits are decided together, by slices charged in one check: every limit of a policy
+/// is leased or none is, and none of them blocks (a slice denied for its size is no denial of
+/// the caller's).
+fn check_leases(limits: &[Limit]) -> Result<(), ConfigError> {
+    let leased: Vec<&str> = limits
+        .iter()
+        .filter(|l| l.leased)
+        .map(Limit::name)
+        .collect();
+    if leased.is_empty() {
+        return Ok(());
+    }
+    if leased.len() < limits.len() {
+        return Err(limit_error(format!(
+            "limits {leased:?} are leased and others are not: lease every limit of a tier or none \
+             (they are decided in one store check)"
+        )));
+    }
+    match limits.iter().find(|l| l.block_for.is_some()) {
+        Some(limit) => Err(limit_error(format!(
+            "limit {:?} is leased and has a block_for: a leased limit has no penalty",
+            limit.name
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn check_limit(limit: &Limit, algorithm: Algorithm) -> Result<(), ConfigError> {
     let name = limit.name();
     if name.len() > 64 || !keyspace::is_name(name) {

@@ -23,6 +23,12 @@ pub(crate) fn decide(
 ) -> RateLimitDecision {
     let (key, cost) = (check.key(), check.cost());
     let (outcome, source) = match result {
+        // no store decided it: admitted from a slice this copy leased, after waiting for it
+        Ok(outcome)
+            if outcome.admitted && outcome.decided_at_us.is_none() && tier.leases.is_some() =>
+        {
+            (outcome, DecisionSource::Lease)
+        }
         Ok(outcome) => (outcome, DecisionSource::Store),
         Err(error) => on_store_failure(settings, &error, &tier, check),
     };
@@ -43,6 +49,27 @@ pub(crate) fn decide(
     {
         cache.remember(&decision, sent_at);
     }
+    decision
+}
+
+/// The decision of a request admitted from a slice `tier` leased on this copy.
+pub(crate) fn leased(
+    settings: &Settings,
+    outcome: RateOutcome,
+    tier: Arc<Tier>,
+    check: RateCheck,
+) -> RateLimitDecision {
+    let decision = RateLimitDecision {
+        admitted: true,
+        shadow: settings.shadow,
+        source: DecisionSource::Lease,
+        key: check.key(),
+        cost: check.cost(),
+        retry_after: Duration::ZERO,
+        tier,
+        states: outcome.limits,
+    };
+    decision.report();
     decision
 }
 

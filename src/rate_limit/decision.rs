@@ -23,6 +23,9 @@ pub enum DecisionSource {
     /// The store denied this caller moments ago, until a time not yet reached: denied again
     /// without a round trip (see [`RateLimitLayerBuilder::deny_cache`](super::RateLimitLayerBuilder::deny_cache)).
     DenyCache,
+    /// Admitted from a slice of the caller's quota that this copy leased from the store (see
+    /// [`Limit::leased`](crate::rate::Limit::leased)), without a round trip.
+    Lease,
 }
 
 impl DecisionSource {
@@ -33,6 +36,7 @@ impl DecisionSource {
             Self::StoreUnavailable => "store_unavailable",
             Self::LocalFallback => "local_fallback",
             Self::DenyCache => "deny_cache",
+            Self::Lease => "lease",
         }
     }
 }

@@ -103,6 +103,22 @@ where
         }
     }
 
+    /// The inner call of a request admitted without a round trip, with its decision.
+    pub(super) fn admitted(
+        future: S::Future,
+        settings: Arc<Settings>,
+        decision: RateLimitDecision,
+    ) -> Self {
+        Self {
+            state: State::Inner {
+                future,
+                decision: Some(decision),
+                settle: None,
+            },
+            settings,
+        }
+    }
+
     pub(super) fn unchecked(future: S::Future, settings: Arc<Settings>) -> Self {
         Self {
             state: State::Inner {

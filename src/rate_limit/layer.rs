@@ -187,6 +187,10 @@ impl<K> RateLimitLayer<K> {
             cache.forget(key);
         }
         for tier in settings.tiers.all() {
+            // the slices of the caller were charged before the reset, which erased them
+            if let Some(leases) = &tier.leases {
+                leases.forget(key);
+            }
             settings.store.reset_rate(&tier.policy, key).await?;
         }
         // a denial cached while the reset was on its way
@@ -194,6 +198,31 @@ impl<K> RateLimitLayer<K> {
             cache.forget(key);
         }
         Ok(())
+    }
+
+    /// Gives back what this copy holds unspent of its [leased](crate::rate::Limit::leased)
+    /// slices, with one settlement each, and waits for the store's answers: for a graceful
+    /// shutdown, so that the quota is the other copies' at once. (Slices left when the layer is
+    /// dropped are given back in the background.) Requests admitted afterwards lease again.
+    pub async fn give_back_leases(&self) {
+        for tier in self.settings.tiers.all() {
+            if let Some(leases) = &tier.leases {
+                leases.give_back_all().await;
+            }
+        }
+    }
+
+    /// What this copy holds unspent of its leased slices, over every caller and tier: charged
+    /// in the store, not admitted yet. The most by which a caller may be admitted less than its
+    /// quota is the sum of this over the copies.
+    pub fn leases_unspent(&self) -> u64 {
+        self.settings
+            .tiers
+            .all()
+            .iter()
+            .filter_map(|tier| tier.leases.as_ref())
+            .map(|leases| leases.unspent())
+            .sum()
     }
 }
 
@@ -726,6 +755,8 @@ impl Draft {
             on_store_error: self.on_store_error,
             fallback_capacity: self.fallback_capacity,
             fallback_admits_when_full: self.fallback_admits_when_full,
+            store: Arc::clone(&self.store),
+            settles: self.settle.is_some(),
         };
         let own = Tier::new(None, std::mem::take(&mut self.limits), &options)?;
         let named = std::mem::take(&mut self.tiers)

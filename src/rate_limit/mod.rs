@@ -90,6 +90,7 @@ mod future;
 pub(crate) mod headers;
 mod invalidated;
 mod layer;
+mod lease;
 mod rejection;
 mod service;
 mod settings;

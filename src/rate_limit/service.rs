@@ -8,8 +8,10 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
+use super::lease::Take;
 use super::rejection::Rejection;
 use super::settings::Settings;
+use super::{decide, decision};
 use crate::grpc::Wire;
 use crate::key::KeyExtractor;
 use crate::rate::RateCheck;
@@ -79,7 +81,17 @@ where
         } else {
             RateCheck::new(key, cost)
         };
-        let pending = settings.store.check_rate(&tier.policy, check);
+        let pending = match tier.leases.as_ref().map(|leases| leases.take(check)) {
+            None => settings.store.check_rate(&tier.policy, check),
+            Some(Take::Store(pending)) => pending,
+            Some(Take::Local(outcome)) => {
+                let decision = decide::leased(&settings, outcome, tier, check);
+                let mut request = request;
+                decision::record(request.extensions_mut(), decision.clone());
+                let future = self.inner.call(request);
+                return ResponseFuture::admitted(future, settings, decision);
+            }
+        };
         // The clone goes on serving; the instance that `poll_ready` readied handles this request.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);

@@ -14,10 +14,12 @@ use http::request::Parts;
 
 use super::fallback::Fallback;
 use super::headers::{self, QuotaUnit};
+use super::lease::Leases;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::pace::OncePerSecond;
 use crate::policy::OnStoreError;
 use crate::rate::{Algorithm, Limit, RatePolicy};
+use crate::store::RateStore;
 
 /// Names a request's tier from its head; `None` for the default tier.
 pub(crate) type TierFn = Arc<dyn Fn(&Parts) -> Option<&str> + Send + Sync>;
@@ -40,6 +42,8 @@ pub(crate) struct Tier {
     pub(crate) fallback: Option<Fallback>,
     /// The `limiter` label of the metrics: the policy's namespace.
     pub(crate) limiter: Arc<str>,
+    /// The callers' slices of a leased tier on this copy.
+    pub(crate) leases: Option<Arc<Leases>>,
 }
 
 debug_fields!(Tier { name, policy });
@@ -53,6 +57,10 @@ pub(crate) struct TierOptions {
     pub(crate) on_store_error: OnStoreError,
     pub(crate) fallback_capacity: usize,
     pub(crate) fallback_admits_when_full: bool,
+    /// Where leased tiers take their slices.
+    pub(crate) store: Arc<dyn RateStore>,
+    /// Whether the layer settles actual costs, which leased tiers do not support.
+    pub(crate) settles: bool,
 }
 
 impl Tier {
@@ -91,12 +99,24 @@ impl Tier {
             )?),
             _ => None,
         };
+        if policy.is_leased() && options.settles {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Limit,
+                "leased limits are not settled: leave .leased() out, or .settle(..) and \
+                 .settle_body_size()",
+            ));
+        }
+        let policy = Arc::new(policy);
+        let leases = policy
+            .is_leased()
+            .then(|| Arc::new(Leases::new(Arc::clone(&options.store), Arc::clone(&policy))));
         Ok(Self {
             name: name.map(String::into_boxed_str),
             policy_header: headers::policy(&policy, options.unit)?,
             limiter: Arc::from(policy.namespace()),
-            policy: Arc::new(policy),
+            policy,
             fallback,
+            leases,
         })
     }
 }

@@ -33,3 +33,4 @@ mod in_transaction;
 mod rate_limit_frameworks;
 mod rate_limit_invalidations;
 mod rate_limit_layer;
+mod rate_limit_leases;

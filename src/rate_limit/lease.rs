@@ -1,0 +1,557 @@
+//! Leased quota ([`Limit::leased`](crate::rate::Limit::leased)): a copy takes a slice of a
+//! caller's quota in one store check — a reservation, charged like any check — and admits from
+//! it locally until it is spent or its lease ends; what is left goes back with a settlement,
+//! under the ledger's rules.
+//!
+//! - **Never more than the quota**: a request is admitted from a slice only after the store
+//!   charged the slice, so the store's count is never below what the copies admitted.
+//! - **The shortfall**: at most what the copies hold unspent of their slices; a slice is at most
+//!   an eighth of the smallest quota and half of what the store last said was left, so slices
+//!   shrink as the quota runs low, and a caller close to its limit is checked per request, as
+//!   without leases.
+//! - **Who gets a slice**: a caller that sent [`WARM`] requests to this copy within one lease;
+//!   others are checked per request (a slice for a caller seen once would cost a settlement
+//!   more than it saves). A slice is sized to what the caller spent of the one before in a
+//!   lease, doubled while it runs out early.
+//! - **No waiting**: when a slice is three-quarters spent the next one is fetched in the
+//!   background; a request that finds no slice with room while one is fetched is checked per
+//!   request.
+//! - **Memory**: at most [`CAPACITY`] callers per tier, removed once idle for two leases; a
+//!   caller beyond that is checked per request. The slices left are given back when the layer
+//!   goes ([`Leases`] dropped) or on [`RateLimitLayer::give_back_leases`].
+//!
+//! [`RateLimitLayer::give_back_leases`]: super::RateLimitLayer::give_back_leases
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::key::Key;
+use crate::rate::{LimitState, RateCheck, RateOutcome, RatePolicy};
+use crate::store::{RateStore, StoreError, StoreFuture};
+use crate::task::AbortOnDrop;
+
+/// Requests of a caller on this copy within one lease before it is leased a slice.
+pub(crate) const WARM: u64 = 4;
+/// Callers with a lease entry per tier, at most.
+pub(crate) const CAPACITY: usize = 65_536;
+/// Shards of the lease table, each behind its own lock.
+const SHARDS: usize = 16;
+
+/// The slices of one tier's callers on this copy.
+pub(crate) struct Leases {
+    store: Arc<dyn RateStore>,
+    policy: Arc<RatePolicy>,
+    shards: Box<[Mutex<HashMap<Key, Lease>>]>,
+    hasher: RandomState,
+    /// How long a slice may be spent.
+    lease: Duration,
+    /// The largest slice: an eighth of the smallest quota.
+    largest: u64,
+    /// Returns expired slices of callers that went quiet; started with the first slice.
+    sweeper: OnceLock<AbortOnDrop>,
+}
+
+impl std::fmt::Debug for Leases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leases")
+            .field("lease", &self.lease)
+            .field("largest", &self.largest)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One caller's state on this copy.
+#[derive(Debug)]
+struct Lease {
+    /// The slices being spent, oldest first (at most two: the current one and the next).
+    slices: Vec<Slice>,
+    /// A slice is being fetched; `fetched` wakes who waits for it.
+    fetching: bool,
+    fetched: Arc<tokio::sync::Notify>,
+    /// The size of the next slice.
+    size: u64,
+    /// Requests since `since`, while the caller has no slice yet.
+    seen: u64,
+    since: Instant,
+    /// The limits' states at the store's last answer, and the least quota left among them.
+    states: Vec<LimitState>,
+    room: u64,
+    /// The last request.
+    touched: Instant,
+}
+
+/// A slice: a reservation charged in the store, and what of it was admitted.
+#[derive(Debug, Clone, Copy)]
+struct Slice {
+    check: RateCheck,
+    used: u64,
+    taken_at: Instant,
+    ends: Instant,
+}
+
+impl Slice {
+    fn left(&self) -> u64 {
+        self.check.cost() - self.used
+    }
+
+    /// The settlement that returns what is left, if anything is.
+    fn give_back(&self) -> Option<RateCheck> {
+        (self.used < self.check.cost()).then(|| self.check.settle(self.used))
+    }
+}
+
+/// How a request of a leased tier is decided.
+pub(crate) enum Take {
+    /// Admitted from a slice: the outcome to answer with, decided here.
+    Local(RateOutcome),
+    /// Decided by the store: a slice fetched with the request's cost in it, or a check of the
+    /// request alone. The future records what the store answered.
+    Store(StoreFuture<RateOutcome>),
+}
+
+impl Leases {
+    /// The leases of `policy`'s callers, their slices charged in `store`.
+    pub(crate) fn new(store: Arc<dyn RateStore>, policy: Arc<RatePolicy>) -> Self {
+        let limits = policy.limits();
+        let window = limits.iter().map(|l| l.window()).min().unwrap_or_default();
+        let quota = limits.iter().map(|l| l.quota()).min().unwrap_or(1);
+        Self {
+            store,
+            policy,
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+            lease: (window / 10).clamp(Duration::from_millis(1), Duration::from_secs(1)),
+            largest: (quota / 8).max(1),
+            sweeper: OnceLock::new(),
+        }
+    }
+
+    fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Key, Lease>> {
+        let index = self.hasher.hash_one(key) as usize % SHARDS;
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Decides `check` (a request's cost for its caller): from a slice when one has room, else
+    /// by the store.
+    pub(crate) fn take(self: &Arc<Self>, check: RateCheck) -> Take {
+        self.take_or_wait(check, true)
+    }
+
+    /// [`take`](Self::take); while a slice is being fetched, a request waits for it when `wait`,
+    /// else is checked alone.
+    fn take_or_wait(self: &Arc<Self>, check: RateCheck, wait: bool) -> Take {
+        /// What the lease table said, acted on once its lock is let go.
+        enum Step {
+            Local(RateOutcome, Option<u64>),
+            Fetch(u64),
+            Wait(tokio::sync::futures::OwnedNotified),
+            Direct,
+        }
+        let now = Instant::now();
+        let (key, cost) = (check.key(), check.cost());
+        let mut returned = Vec::new();
+        let step = {
+            let mut shard = self.shard(&key);
+            if !shard.contains_key(&key) && shard.len() >= CAPACITY / SHARDS {
+                Step::Direct
+            } else {
+                let lease = shard.entry(key).or_insert_with(|| Lease::new(now));
+                lease.touched = now;
+                lease.retire(now, &mut returned);
+                let cap = self.cap(lease.room, cost);
+                match lease.admit(cost) {
+                    Some(outcome) => Step::Local(outcome, lease.prefetch(cap)),
+                    None if lease.fetching && wait => {
+                        Step::Wait(Arc::clone(&lease.fetched).notified_owned())
+                    }
+                    None => match lease.next_fetch(now, cost, self.lease, cap) {
+                        Some(size) => Step::Fetch(size),
+                        None => Step::Direct,
+                    },
+                }
+            }
+        };
+        self.ensure_sweeper();
+        self.give_back(returned);
+        match step {
+            Step::Local(outcome, prefetch) => {
+                if let Some(size) = prefetch {
+                    self.spawn_fetch(key, size);
+                }
+                Take::Local(outcome)
+            }
+            Step::Fetch(size) => Take::Store(self.fetch(check, size)),
+            Step::Wait(fetched) => {
+                let leases = Arc::clone(self);
+                Take::Store(Box::pin(async move {
+                    fetched.await;
+                    match leases.take_or_wait(check, false) {
+                        Take::Local(outcome) => Ok(outcome),
+                        Take::Store(pending) => pending.await,
+                    }
+                }))
+            }
+            Step::Direct => Take::Store(self.direct(check)),
+        }
+    }
+
+    /// The largest slice that may be taken now for requests of `cost`: none (a check per
+    /// request) when that is less than two requests' worth.
+    fn cap(&self, room: u64, cost: u64) -> Option<u64> {
+        let cap = self.largest.min(room / 2);
+        (cap >= cost.saturating_mul(2)).then_some(cap)
+    }
+
+    /// A check of the request alone, its answer recorded.
+    fn direct(self: &Arc<Self>, check: RateCheck) -> StoreFuture<RateOutcome> {
+        let leases = Arc::clone(self);
+        let pending = self.store.check_rate(&self.policy, check);
+        Box::pin(async move {
+            let outcome = pending.await?;
+            leases.record(check.key(), &outcome);
+            Ok(outcome)
+        })
+    }
+
+    /// A slice of `size` for `check`'s caller, `check`'s cost admitted from it; when the store
+    /// has no room for the slice, a check of the request alone.
+    fn fetch(self: &Arc<Self>, check: RateCheck, size: u64) -> StoreFuture<RateOutcome> {
+        let leases = Arc::clone(self);
+        let slice = RateCheck::reservation(check.key(), size);
+        let pending = self.store.check_rate(&self.policy, slice);
+        let fetching = Fetching(Arc::clone(self), check.key());
+        Box::pin(async move {
+            let answer = pending.await;
+            let installed = fetching.0.install(slice, check.cost(), answer);
+            drop(fetching);
+            match installed? {
+                Some(outcome) => Ok(outcome),
+                None => leases.direct(check).await,
+            }
+        })
+    }
+
+    /// Fetches a slice of `size` for `key` in the background.
+    fn spawn_fetch(self: &Arc<Self>, key: Key, size: u64) {
+        let leases = Arc::clone(self);
+        let slice = RateCheck::reservation(key, size);
+        let fetching = Fetching(Arc::clone(self), key);
+        let pending = self.store.check_rate(&self.policy, slice);
+        spawn(async move {
+            if let Err(error) = leases.install(slice, 0, pending.await) {
+                tracing::debug!(target: "tollgate::rate_limit", %error, "could not lease a slice");
+            }
+            drop(fetching);
+        });
+    }
+
+    /// Takes the store's answer to the slice `slice`: when admitted, the slice is the caller's,
+    /// `cost` of it spent, and the outcome of that admission is returned; when denied, `None`.
+    fn install(
+        self: &Arc<Self>,
+        slice: RateCheck,
+        cost: u64,
+        answer: Result<RateOutcome, StoreError>,
+    ) -> Result<Option<RateOutcome>, StoreError> {
+        let key = slice.key();
+        let now = Instant::now();
+        let mut shard = self.shard(&key);
+        let Some(lease) = shard.get_mut(&key) else {
+            drop(shard);
+            // the caller went quiet and its entry was swept while the slice was fetched
+            if let Ok(outcome) = &answer
+                && outcome.admitted
+            {
+                self.give_back(vec![slice.settle(cost)]);
+            }
+            return answer.map(|outcome| outcome.admitted.then_some(outcome));
+        };
+        lease.fetching = false;
+        let outcome = answer?;
+        lease.observe(&outcome);
+        if !outcome.admitted {
+            return Ok(None);
+        }
+        lease.slices.push(Slice {
+            check: slice,
+            used: cost,
+            taken_at: now,
+            ends: now + self.lease,
+        });
+        let admitted = RateOutcome {
+            decided_at_us: outcome.decided_at_us,
+            ..lease.outcome()
+        };
+        drop(shard);
+        self.ensure_sweeper();
+        Ok(Some(admitted))
+    }
+
+    /// Records the store's answer to a check of `key`'s request alone.
+    fn record(&self, key: Key, outcome: &RateOutcome) {
+        if let Some(lease) = self.shard(&key).get_mut(&key) {
+            lease.observe(outcome);
+        }
+    }
+
+    /// Sends the settlements that return what `slices` left unspent, in the background.
+    fn give_back(&self, settlements: Vec<RateCheck>) {
+        for settlement in settlements {
+            let pending = self.store.check_rate(&self.policy, settlement);
+            spawn(async move {
+                if let Err(error) = pending.await {
+                    tracing::debug!(
+                        target: "tollgate::rate_limit",
+                        %error, "could not give back what a leased slice left unspent"
+                    );
+                }
+            });
+        }
+    }
+
+    /// Starts the task that gives back the expired slices of callers that went quiet.
+    fn ensure_sweeper(self: &Arc<Self>) {
+        if self.sweeper.get().is_some() || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let leases = Arc::downgrade(self);
+        let every = self.lease;
+        let _ = self
+            .sweeper
+            .set(AbortOnDrop(tokio::spawn(sweep(leases, every))));
+    }
+
+    /// Drops `key`'s slices without giving them back: a reset erased their charges.
+    pub(crate) fn forget(&self, key: Key) {
+        self.shard(&key).remove(&key);
+    }
+
+    /// Takes every slice out, to give back: the layer is going.
+    fn drain(&self) -> Vec<RateCheck> {
+        let mut settlements = Vec::new();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            for lease in shard.values_mut() {
+                settlements.extend(lease.slices.drain(..).filter_map(|s| s.give_back()));
+            }
+        }
+        settlements
+    }
+
+    /// Gives back every slice's unspent quota now, and waits for the store's answers.
+    pub(crate) async fn give_back_all(&self) {
+        let pending: Vec<_> = self
+            .drain()
+            .into_iter()
+            .map(|settlement| self.store.check_rate(&self.policy, settlement))
+            .collect();
+        for settled in pending {
+            if let Err(error) = settled.await {
+                tracing::warn!(
+                    target: "tollgate::rate_limit",
+                    %error, "could not give back what a leased slice left unspent"
+                );
+            }
+        }
+    }
+
+    /// What the copy holds unspent of its slices, over every caller.
+    pub(crate) fn unspent(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|shard| {
+                let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+                shard
+                    .values()
+                    .flat_map(|lease| &lease.slices)
+                    .map(Slice::left)
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
+    /// Retires the expired slices of every caller and forgets the callers idle for two leases.
+    fn sweep_once(&self) {
+        let now = Instant::now();
+        let mut returned = Vec::new();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            shard.retain(|_, lease| {
+                lease.retire(now, &mut returned);
+                !lease.slices.is_empty()
+                    || lease.fetching
+                    || now.duration_since(lease.touched) < 2 * self.lease
+            });
+        }
+        self.give_back(returned);
+    }
+}
+
+/// Runs `task` in the background, when there is a runtime to run it on (outside one, a
+/// settlement is not sent: its slice stays charged until its window passes).
+fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(task);
+    }
+}
+
+/// A slice being fetched for a caller: once the fetch is over, or dropped half-way (its request
+/// went), the caller may fetch again.
+struct Fetching(Arc<Leases>, Key);
+
+impl Drop for Fetching {
+    fn drop(&mut self) {
+        if let Some(lease) = self.0.shard(&self.1).get_mut(&self.1) {
+            lease.fetching = false;
+            lease.fetched.notify_waiters();
+        }
+    }
+}
+
+/// Every `every`, the expired slices of quiet callers go back, until the leases are gone.
+async fn sweep(leases: Weak<Leases>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match leases.upgrade() {
+            Some(leases) => leases.sweep_once(),
+            None => return,
+        }
+    }
+}
+
+impl Drop for Leases {
+    fn drop(&mut self) {
+        let settlements = self.drain();
+        self.give_back(settlements);
+    }
+}
+
+impl Lease {
+    fn new(now: Instant) -> Self {
+        Self {
+            slices: Vec::new(),
+            fetching: false,
+            fetched: Arc::default(),
+            size: 0,
+            seen: 0,
+            since: now,
+            states: Vec::new(),
+            room: u64::MAX,
+            touched: now,
+        }
+    }
+
+    /// Admits `cost` from the oldest slice with room, if one has.
+    fn admit(&mut self, cost: u64) -> Option<RateOutcome> {
+        let slice = self.slices.iter_mut().find(|s| s.left() >= cost)?;
+        slice.used += cost;
+        Some(self.outcome())
+    }
+
+    /// The outcome of an admission from a slice: the store's last states, with what the
+    /// slices hold unspent counted as left.
+    fn outcome(&self) -> RateOutcome {
+        let unspent: u64 = self.slices.iter().map(Slice::left).sum();
+        RateOutcome {
+            admitted: true,
+            retry_after: Duration::ZERO,
+            limits: self
+                .states
+                .iter()
+                .map(|state| LimitState {
+                    remaining: state.remaining.saturating_add(unspent),
+                    reset: state.reset,
+                })
+                .collect(),
+            decided_at_us: None,
+        }
+    }
+
+    /// Takes out the slices that expired or are spent, adding their settlements to
+    /// `returned`, and sizes the next slice on how the last one went.
+    fn retire(&mut self, now: Instant, returned: &mut Vec<RateCheck>) {
+        let mut i = 0;
+        while i < self.slices.len() {
+            let slice = self.slices[i];
+            let expired = now >= slice.ends;
+            if !expired && slice.left() > 0 {
+                i += 1;
+                continue;
+            }
+            self.slices.remove(i);
+            returned.extend(slice.give_back());
+            let lasted = now.duration_since(slice.taken_at);
+            let lease = slice.ends.duration_since(slice.taken_at);
+            self.size = if !expired && lasted < lease / 2 {
+                // spent in under half a lease: twice as much next time
+                slice.check.cost().saturating_mul(2)
+            } else {
+                slice.used.max(1)
+            };
+        }
+    }
+
+    /// When the slices are three-quarters spent and none is being fetched: the size of the next
+    /// one, to fetch now (`None` when `cap` allows no slice).
+    fn prefetch(&mut self, cap: Option<u64>) -> Option<u64> {
+        let taken: u64 = self.slices.iter().map(|s| s.check.cost()).sum();
+        let left: u64 = self.slices.iter().map(Slice::left).sum();
+        if self.fetching || left.saturating_mul(4) > taken {
+            return None;
+        }
+        let size = self.size.max(taken).min(cap?);
+        self.fetching = true;
+        Some(size)
+    }
+
+    /// For a request that no slice has room for: the size of a slice to fetch with it, or
+    /// `None` for a check of the request alone (a caller not warm yet, a slice already being
+    /// fetched, too little quota left).
+    fn next_fetch(
+        &mut self,
+        now: Instant,
+        cost: u64,
+        lease: Duration,
+        cap: Option<u64>,
+    ) -> Option<u64> {
+        if self.fetching {
+            return None;
+        }
+        if self.size == 0 {
+            // not leased yet: count the caller's requests within a lease
+            if now.duration_since(self.since) >= lease {
+                (self.seen, self.since) = (0, now);
+            }
+            self.seen += 1;
+            if self.seen < WARM {
+                return None;
+            }
+            self.size = self.seen.saturating_mul(cost).saturating_mul(2);
+        }
+        let size = self.size.max(cost.saturating_mul(2)).min(cap?);
+        self.fetching = true;
+        Some(size)
+    }
+
+    /// Takes in what the store answered for this caller.
+    fn observe(&mut self, outcome: &RateOutcome) {
+        if outcome.limits.is_empty() {
+            return;
+        }
+        self.room = outcome
+            .limits
+            .iter()
+            .map(|s| s.remaining)
+            .min()
+            .unwrap_or(0);
+        self.states.clone_from(&outcome.limits);
+    }
+}

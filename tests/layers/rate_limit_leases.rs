@@ -1,0 +1,342 @@
+//! Leased quota (`Limit::leased`) on every backend: four copies of a service, 4,000 requests of
+//! one caller each, against a leased limit of 1,000 — never more admitted than the quota, less
+//! by at most the slices the copies hold unspent, and exactly the quota once they are given
+//! back; a copy that dies holding a slice loses that slice and no more.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use http::{Request, Response, StatusCode};
+use tower::ServiceExt;
+
+use crate::common::cluster::RedisCluster;
+use crate::common::{RedisServer, postgres};
+use tollgate::key::{Header, Key};
+use tollgate::rate_limit::{Algorithm, DecisionSource, Limit, RateLimitDecision, RateLimitLayer};
+use tollgate::store::{MemoryStore, RateStore};
+
+const QUOTA: u64 = 1_000;
+const PER_COPY: usize = 4_000;
+
+/// A copy of the service: a leased limit of 1,000 a day per `x-api-key` (one window for the
+/// whole test), under `prefix`.
+fn copy(store: impl RateStore, algorithm: Algorithm, prefix: &str) -> RateLimitLayer<Header> {
+    RateLimitLayer::builder(store)
+        .limit(Limit::per_day("api", QUOTA).leased())
+        .algorithm(algorithm)
+        .prefix(prefix)
+        .key(Header::from_static("x-api-key"))
+        .build()
+        .unwrap()
+}
+
+fn unique(what: &str) -> String {
+    format!("{what}-{:x}", rand::random::<u64>())
+}
+
+/// What came of `n` requests of `caller` through `copy`, 32 at a time.
+#[derive(Debug, Default)]
+struct Tally {
+    admitted: u64,
+    from_lease: u64,
+    denied: u64,
+}
+
+async fn fire(copy: &RateLimitLayer<Header>, caller: &str, n: usize) -> Tally {
+    let service = tower::Layer::layer(
+        copy,
+        tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
+    );
+    let replies: Vec<_> = futures_util::stream::iter(0..n)
+        .map(|_| {
+            let request = Request::get("/")
+                .header("x-api-key", caller)
+                .body(())
+                .unwrap();
+            service.clone().oneshot(request)
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let mut tally = Tally::default();
+    for reply in replies {
+        let reply = reply.unwrap();
+        match reply.status() {
+            StatusCode::OK => {
+                tally.admitted += 1;
+                let decision = reply.extensions().get::<RateLimitDecision>().unwrap();
+                if decision.source() == DecisionSource::Lease {
+                    tally.from_lease += 1;
+                }
+            }
+            StatusCode::TOO_MANY_REQUESTS => tally.denied += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    tally
+}
+
+fn key_of(copy: &RateLimitLayer<Header>, caller: &str) -> Key {
+    let head = Request::get("/")
+        .header("x-api-key", caller)
+        .body(())
+        .unwrap();
+    copy.key_of(&head.into_parts().0).unwrap()
+}
+
+/// Waits until the store says `caller` has `expected` left (the settlements that give slices
+/// back are sent in the background), or fails naming what it has.
+async fn left_becomes(copy: &RateLimitLayer<Header>, caller: &str, expected: u64) {
+    let key = key_of(copy, caller);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = copy.peek(key).await.unwrap().limits[0].remaining;
+        if left == expected {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{caller} has {left} left in the store, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Four copies, 4,000 requests each at once: at most the quota admitted, at least the quota less
+/// the slices held unspent, most of it without a round trip; the store holds exactly what was
+/// admitted plus what the slices hold; given back, the quota is spent to the last unit.
+async fn four_copies_admit_at_most_the_quota(copies: [RateLimitLayer<Header>; 4]) {
+    let caller = unique("hot");
+    let tallies =
+        futures_util::future::join_all(copies.iter().map(|c| fire(c, &caller, PER_COPY))).await;
+    let admitted: u64 = tallies.iter().map(|t| t.admitted).sum();
+    let from_lease: u64 = tallies.iter().map(|t| t.from_lease).sum();
+    let unspent: u64 = copies.iter().map(RateLimitLayer::leases_unspent).sum();
+    assert!(
+        admitted <= QUOTA,
+        "{admitted} admitted of {QUOTA}: {tallies:?}"
+    );
+    assert!(
+        admitted + unspent >= QUOTA,
+        "{admitted} admitted and {unspent} unspent in slices, of {QUOTA}: {tallies:?}"
+    );
+    assert!(
+        from_lease * 2 >= admitted,
+        "only {from_lease} of {admitted} admitted from slices: {tallies:?}"
+    );
+    // the store counts every admission and every unspent unit of a slice, nothing more
+    left_becomes(&copies[0], &caller, QUOTA - admitted - unspent).await;
+    for copy in &copies {
+        copy.give_back_leases().await;
+        assert_eq!(copy.leases_unspent(), 0);
+    }
+    left_becomes(&copies[1], &caller, QUOTA - admitted).await;
+    // what was given back is admitted, to the last unit, and then no more
+    let mut more = 0;
+    for copy in &copies {
+        more += fire(copy, &caller, 200).await.admitted;
+        copy.give_back_leases().await;
+    }
+    let last = fire(&copies[3], &caller, (QUOTA - admitted) as usize + 10).await;
+    assert_eq!(
+        admitted + more + last.admitted,
+        QUOTA,
+        "{admitted} admitted at first, {more} then, {} last",
+        last.admitted
+    );
+}
+
+/// A copy that dies holding a slice (nothing given back) takes that slice with it, no more:
+/// the other copy admits the quota less what the dead one admitted and held.
+async fn a_dead_copy_loses_its_slice(alive: RateLimitLayer<Header>, dead: RateLimitLayer<Header>) {
+    let caller = unique("dies");
+    let before = fire(&dead, &caller, 40).await;
+    // a slice fetched in the background lands
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = dead.leases_unspent();
+    assert_eq!(before.admitted, 40);
+    assert!(before.from_lease > 0 && held > 0, "{before:?}, {held} held");
+    assert!(held <= QUOTA / 8, "{held} held in one slice");
+    // killed: no settlement is ever sent
+    std::mem::forget(dead);
+    let after = fire(&alive, &caller, QUOTA as usize).await;
+    alive.give_back_leases().await;
+    let last = fire(&alive, &caller, 50).await;
+    assert_eq!(after.admitted + last.admitted, QUOTA - 40 - held);
+}
+
+fn memory_copies(algorithm: Algorithm) -> [RateLimitLayer<Header>; 4] {
+    let store = MemoryStore::new();
+    let prefix = unique("lease");
+    std::array::from_fn(|_| copy(store.clone(), algorithm, &prefix))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_four_copies_admit_at_most_the_quota() {
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::SlidingCounter,
+        Algorithm::SlidingLog,
+    ] {
+        four_copies_admit_at_most_the_quota(memory_copies(algorithm)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_four_copies_admit_at_most_the_quota() {
+    let server = RedisServer::start();
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::SlidingCounter,
+        Algorithm::SlidingLog,
+    ] {
+        let prefix = unique("lease");
+        let copies = std::array::from_fn(|_| copy(server.store(), algorithm, &prefix));
+        four_copies_admit_at_most_the_quota(copies).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_cluster_four_copies_admit_at_most_the_quota() {
+    let cluster = RedisCluster::shared();
+    let prefix = unique("lease");
+    let mut copies = Vec::new();
+    for _ in 0..4 {
+        copies.push(copy(cluster.store().await, Algorithm::Gcra, &prefix));
+    }
+    four_copies_admit_at_most_the_quota(copies.try_into().unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_four_copies_admit_at_most_the_quota() {
+    let store = postgres::store().await;
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::SlidingCounter,
+        Algorithm::SlidingLog,
+    ] {
+        let prefix = unique("lease");
+        let copies = std::array::from_fn(|_| copy(store.clone(), algorithm, &prefix));
+        four_copies_admit_at_most_the_quota(copies).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_copy_killed_holding_a_slice_loses_only_that_slice() {
+    let server = RedisServer::start();
+    let prefix = unique("lease");
+    a_dead_copy_loses_its_slice(
+        copy(server.store(), Algorithm::Gcra, &prefix),
+        copy(server.store(), Algorithm::Gcra, &prefix),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_a_copy_killed_holding_a_slice_loses_only_that_slice() {
+    let store = postgres::store().await;
+    let prefix = unique("lease");
+    a_dead_copy_loses_its_slice(
+        copy(store.clone(), Algorithm::SlidingCounter, &prefix),
+        copy(store, Algorithm::SlidingCounter, &prefix),
+    )
+    .await;
+}
+
+/// A caller is decided by the store until it sent a few requests within a lease; then from its
+/// slice, whose unspent part the `RateLimit` header counts as left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_caller_is_checked_per_request_then_leased() {
+    let layer = copy(MemoryStore::new(), Algorithm::Gcra, "lease");
+    let service = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
+    );
+    let mut sources = Vec::new();
+    let mut remaining = Vec::new();
+    for _ in 0..6 {
+        let request = Request::get("/")
+            .header("x-api-key", "alice")
+            .body(())
+            .unwrap();
+        let reply = service.clone().oneshot(request).await.unwrap();
+        sources.push(
+            reply
+                .extensions()
+                .get::<RateLimitDecision>()
+                .unwrap()
+                .source(),
+        );
+        let header = reply.headers()["ratelimit"].to_str().unwrap().to_owned();
+        remaining.push(header);
+    }
+    use DecisionSource::{Lease, Store};
+    // the fourth request fetches a slice of 8 with itself in it; the next two are spent from it
+    assert_eq!(sources, [Store, Store, Store, Store, Lease, Lease]);
+    let left: Vec<&str> = remaining
+        .iter()
+        .map(|h| h.split(";r=").nth(1).unwrap().split(';').next().unwrap())
+        .collect();
+    assert_eq!(left, ["999", "998", "997", "996", "995", "994"]);
+}
+
+#[test]
+fn leases_are_refused_where_they_cannot_keep_their_promise() {
+    let build = |limits: Vec<Limit>| {
+        let mut builder = RateLimitLayer::builder(MemoryStore::new());
+        for limit in limits {
+            builder = builder.limit(limit);
+        }
+        builder.build().map(|_| ()).unwrap_err().to_string()
+    };
+    let mixed = build(vec![
+        Limit::per_second("burst", 10).leased(),
+        Limit::per_minute("steady", 100),
+    ]);
+    assert!(
+        mixed.contains("lease every limit of a tier or none"),
+        "{mixed}"
+    );
+    let blocking = build(vec![
+        Limit::per_second("burst", 10)
+            .leased()
+            .block_for(Duration::from_secs(30)),
+    ]);
+    assert!(
+        blocking.contains("a leased limit has no penalty"),
+        "{blocking}"
+    );
+    let settled = RateLimitLayer::builder(MemoryStore::new())
+        .limit(Limit::per_minute("tokens", 10_000).leased())
+        .cost(|_| 100)
+        .settle(|_| Some(10))
+        .build()
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        settled.contains("leased limits are not settled"),
+        "{settled}"
+    );
+}
+
+/// A reset through the copy that holds a slice drops the slice with the caller's charges: the
+/// caller has its whole quota again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_drops_the_slices_of_the_copy_that_made_it() {
+    let layer = copy(MemoryStore::new(), Algorithm::SlidingLog, "lease");
+    let caller = "bob";
+    for _ in 0..10 {
+        assert_eq!(fire(&layer, caller, 1).await.admitted, 1);
+    }
+    assert!(layer.leases_unspent() > 0);
+    layer.reset(key_of(&layer, caller)).await.unwrap();
+    assert_eq!(layer.leases_unspent(), 0);
+    left_becomes(&layer, caller, QUOTA).await;
+    let after = fire(&layer, caller, QUOTA as usize + 20).await;
+    layer.give_back_leases().await;
+    let last = fire(&layer, caller, 20).await;
+    assert_eq!(after.admitted + last.admitted, QUOTA);
+}
