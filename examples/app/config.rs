@@ -49,6 +49,9 @@ pub struct AppConfig {
     /// `APP_BLOCK` (`30s`, say): a caller that goes over a limit of `/api/*` is blocked that
     /// long on every copy; unset, no penalty.
     pub block: Option<Duration>,
+    /// `APP_LEASE=on`: the quota of `/api/*`'s limits is leased to each copy in slices
+    /// ([`Limit::leased`]); `off` (the default) checks every request in the store.
+    pub lease: bool,
 }
 
 /// The token budget when `APP_TOKEN_LIMITS` is not set.
@@ -309,6 +312,26 @@ impl AppConfig {
                     )
                 })?),
                 None => None,
+            },
+            lease: match vars.get("APP_LEASE").as_deref() {
+                None | Some("off") => false,
+                Some("on") if vars.get("APP_BLOCK").is_some() => {
+                    return Err(EnvError::new(
+                        "APP_LEASE",
+                        "on",
+                        "APP_BLOCK is set as well: a leased limit has no penalty".to_owned(),
+                        "APP_LEASE=on or APP_BLOCK, not both",
+                    ));
+                }
+                Some("on") => true,
+                Some(other) => {
+                    return Err(EnvError::new(
+                        "APP_LEASE",
+                        other,
+                        "expected on or off".to_owned(),
+                        "APP_LEASE=on leases the quota of /api/* to each copy in slices",
+                    ));
+                }
             },
         })
     }

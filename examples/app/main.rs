@@ -29,6 +29,7 @@
 //! | `APP_JOB_LEASE_MS` | `3000`                   | how soon a dead copy's job permits come back   |
 //! | `APP_LIMITS`    | `burst:5/1s,minute:100/60s` | limits of `/api/*`: `name:count/<seconds>s,…`  |
 //! | `APP_ALGORITHM` | `sliding-log`               | `sliding-log`, `sliding-counter` or `gcra`     |
+//! | `APP_LEASE`     | `off`                       | `on`: `/api/*`'s quota leased to each copy in slices (not with `APP_BLOCK`) |
 //! | `RUST_LOG`      | `info`                      | log filter (`tollgate=debug` shows decisions)  |
 //!
 //! An invalid value exits with status 2 and a message naming the variable; other startup

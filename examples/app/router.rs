@@ -151,10 +151,16 @@ impl AppState {
     pub fn new(store: Arc<dyn Store>, config: AppConfig) -> Result<Self, ConfigError> {
         let api_limit = RateLimitLayer::builder(Arc::clone(&store))
             .prefix(API_PREFIX)
-            .limits(config.limits.iter().map(|limit| match config.block {
-                Some(block) => limit.clone().block_for(block),
-                None => limit.clone(),
-            }))
+            .limits(
+                config
+                    .limits
+                    .iter()
+                    .map(|limit| match (config.block, config.lease) {
+                        (Some(block), _) => limit.clone().block_for(block),
+                        (None, true) => limit.clone().leased(),
+                        (None, false) => limit.clone(),
+                    }),
+            )
             .algorithm(config.algorithm)
             .key(Header::new(API_KEY_HEADER).or(config.client_ip()))
             .on_store_error(config.on_store_error)

@@ -50,6 +50,7 @@ fn config(limits: &str, algorithm: Algorithm, redis_url: Option<String>) -> AppC
         token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
         admin_token: None,
         block: None,
+        lease: false,
     }
 }
 
@@ -572,6 +573,7 @@ fn config_defaults_and_overrides() {
             token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
             admin_token: None,
             block: None,
+            lease: false,
         }
     );
     // empty counts as unset
@@ -615,6 +617,7 @@ fn config_defaults_and_overrides() {
             token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
             admin_token: None,
             block: None,
+            lease: false,
         }
     );
 }

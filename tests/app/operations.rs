@@ -319,3 +319,59 @@ fn app_block_is_parsed_or_refused_with_the_format() {
     assert_eq!(error.var, "APP_BLOCK");
     assert!(error.to_string().contains("APP_BLOCK=30s"), "{error}");
 }
+
+/// `APP_LEASE=on` with 100 a minute on two copies: 400 requests of one caller, spread over both,
+/// admit at most 100, and less by no more than the slices the copies can hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_lease_admits_at_most_the_limit_over_two_copies() {
+    let server = RedisServer::start();
+    let config = AppConfig {
+        limits: app::parse_limits("minute:100/60s").unwrap(),
+        lease: true,
+        ..config()
+    };
+    let copies: Vec<Router> = (0..2)
+        .map(|_| {
+            let store = Arc::new(RedisStore::open(server.url()).unwrap()) as Arc<dyn Store>;
+            app::router(AppState::new(store, config.clone()).unwrap())
+        })
+        .collect();
+    let mut admitted = 0;
+    for i in 0..400 {
+        match send(&copies[i % 2], hello("carol")).await.0 {
+            StatusCode::OK => admitted += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!(admitted <= 100, "{admitted} admitted");
+    // two copies hold at most two slices each of an eighth of the quota
+    assert!(admitted >= 100 - 4 * 12, "{admitted} admitted");
+}
+
+#[test]
+fn app_lease_is_on_or_off_and_not_with_a_block() {
+    let lookup = |vars: &'static [(&'static str, &'static str)]| {
+        move |var: &str| {
+            vars.iter()
+                .find(|(name, _)| *name == var)
+                .map(|(_, value)| (*value).to_owned())
+        }
+    };
+    assert!(!AppConfig::from_lookup(lookup(&[])).unwrap().lease);
+    assert!(
+        !AppConfig::from_lookup(lookup(&[("APP_LEASE", "off")]))
+            .unwrap()
+            .lease
+    );
+    assert!(
+        AppConfig::from_lookup(lookup(&[("APP_LEASE", "on")]))
+            .unwrap()
+            .lease
+    );
+    let error = AppConfig::from_lookup(lookup(&[("APP_LEASE", "yes")])).unwrap_err();
+    assert_eq!(error.var, "APP_LEASE");
+    assert!(error.to_string().contains("on or off"), "{error}");
+    let both = AppConfig::from_lookup(lookup(&[("APP_LEASE", "on"), ("APP_BLOCK", "30s")]));
+    assert!(both.unwrap_err().to_string().contains("no penalty"));
+}
