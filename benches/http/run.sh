@@ -16,6 +16,8 @@
 #            QUIET_PCT=10 QUIET_MAX_WAIT=900 OTHER_MAX=0.4 TRIES=6 (foreign-load guard, below)
 #            REDIS_PORT / APP_PORT (default: first free port from 6431 / 3131)
 #            ONLY="limited plain" (restrict to these labels; extras always run)
+#            CALLERS=random (10,000 random x-api-key callers) | hot (one caller, never denied:
+#            every limit is raised to hold it)
 #            DELAY_MS=1 (the servers reach Redis through delay/, a proxy adding that many ms to
 #            every chunk each way; 0 is the proxy alone; unset: no proxy). At a distance wrk needs
 #            more connections to keep the servers busy: CONNS=256 is a fair start.
@@ -28,7 +30,13 @@ REPO="$(cd "$HERE/../.." && pwd)"               # the tollgate repository
 export CARGO_TARGET_DIR="$HERE/target"          # this workspace's own target/, whatever the caller set
 T="$CARGO_TARGET_DIR/release"
 APP_BIN="$REPO/target/release/examples/app"     # the repository's example app, built in its target/
-LUA="$HERE/rand_key.lua"
+# CALLERS=random (default): 10,000 random callers; CALLERS=hot: one caller for every request
+CALLERS=${CALLERS:-random}
+case "$CALLERS" in
+  random) LUA="$HERE/rand_key.lua" ;;
+  hot) LUA="$HERE/hot.lua" ;;
+  *) echo "CALLERS=$CALLERS: expected random or hot"; exit 2 ;;
+esac
 ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8s}; WARM=${WARM:-2s}; CONNS=${CONNS:-50}; THREADS=${THREADS:-1}
 BUILD=${BUILD:-1}; ONLY=${ONLY:-}; DELAY_MS=${DELAY_MS:-}
 for tool in wrk redis-server redis-cli curl bc ss python3; do
@@ -70,7 +78,7 @@ fi
 
 # ---------------------------------------------------------------- servers under test
 # Every limit is far above what wrk's 10,000 random callers send, so nothing is denied.
-LABELS=(limited trl_redis trl tollgate_gcra tollgate_counter tollgate_log app)
+LABELS=(limited trl_redis trl tollgate_gcra tollgate_counter tollgate_log tollgate_lease app app_lease)
 declare -A CMD=(
   [limited]="LIMITER=log $T/limited"
   [trl_redis]="$T/trl_redis"
@@ -82,8 +90,18 @@ declare -A CMD=(
   [tollgate_settle]="ALGO=gcra QUOTA=65535 WINDOW_S=65535 SETTLE=1 $T/tollgate"
   # the sliding log caps a quota at 100,000 (the baseline's is 1e9 per 60 s)
   [app]="APP_ALGORITHM=sliding-log APP_LIMITS=minute:100000/60s $APP_BIN"
+  # leased (Limit::leased): GCRA, 5e7 per 60 s, callers decided from slices once warm
+  [tollgate_lease]="ALGO=gcra LEASE=1 $T/tollgate"
+  [app_lease]="APP_ALGORITHM=gcra APP_LIMITS=minute:50000000/60s APP_LEASE=on $APP_BIN"
   [plain]="$T/plain"
 )
+if [ "$CALLERS" = hot ]; then
+  # one caller at tens of thousands a second: every limit raised so that none denies it
+  CMD[trl_redis]="GCRA_EMISSION_US=1 $T/trl_redis"
+  CMD[tollgate_gcra]="ALGO=gcra $T/tollgate"
+  CMD[tollgate_log]="ALGO=log QUOTA=100000 WINDOW_S=1 $T/tollgate"
+  CMD[app]="APP_ALGORITHM=gcra APP_LIMITS=minute:50000000/60s $APP_BIN"
+fi
 if [ -n "$ONLY" ]; then LABELS=($ONLY); fi
 KEEP=()
 for l in "${LABELS[@]}"; do  # drop servers whose binary is missing (e.g. failed build)
@@ -121,7 +139,7 @@ if [ -n "$DELAY_MS" ]; then
 fi
 
 {
-  echo "date_utc=$(date -u +%FT%TZ) host_cpus=$(nproc) rounds=$ROUNDS dur=$DUR warm=$WARM conns=$CONNS threads=$THREADS delay_ms=${DELAY_MS:-none}"
+  echo "date_utc=$(date -u +%FT%TZ) host_cpus=$(nproc) callers=$CALLERS rounds=$ROUNDS dur=$DUR warm=$WARM conns=$CONNS threads=$THREADS delay_ms=${DELAY_MS:-none}"
   echo "redis_port=$REDIS_PORT app_port=$APP_PORT $(redis-server --version)"
   echo "$(rustc --version); $(wrk -v 2>&1 | head -1)"
   echo "$TRL_NOTE"

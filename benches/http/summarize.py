@@ -15,6 +15,12 @@ PAIRS = [  # (a, b, why)
     ("tollgate_counter", "trl", "window counter in Lua (sliding vs fixed)"),
     ("tollgate_log", "limited", "sliding log in Lua"),
     ("app", "limited", "the example app (sliding log)"),
+    ("tollgate_lease", "plain", "leased quota against no limiter (the ceiling)"),
+    ("tollgate_lease", "tollgate_gcra", "leased quota against a check per request"),
+    ("tollgate_lease", "trl_redis", "leased quota against GCRA in Lua"),
+    ("tollgate_lease", "trl", "leased quota against a window counter in Lua"),
+    ("tollgate_lease", "limited", "leased quota against the hand-written sliding log"),
+    ("app_lease", "app", "the example app, leased against per request"),
 ]
 
 def ms(v):

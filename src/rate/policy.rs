@@ -169,7 +169,7 @@ impl Limit {
 
     /// Leased quota: each copy of the service takes a slice of a caller's quota in one store
     /// check and admits from it locally until it is spent or its lease ends (a tenth of the
-    /// window, at most a second); what is left of a slice goes back with a settlement. A caller
+    /// window, at most ten seconds); what is left of a slice goes back with a settlement. A caller
     /// is decided per request until it sends several requests within a lease, and again as its
     /// quota runs low. For hot keys — a global limit, a large tenant — where one store key
     /// would otherwise serve every request of every copy.

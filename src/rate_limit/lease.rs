@@ -124,7 +124,7 @@ impl Leases {
             policy,
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::new(),
-            lease: (window / 10).clamp(Duration::from_millis(1), Duration::from_secs(1)),
+            lease: (window / 10).clamp(Duration::from_millis(1), Duration::from_secs(10)),
             largest: (quota / 8).max(1),
             sweeper: OnceLock::new(),
         }

@@ -4,6 +4,8 @@
 // Redis is down.
 // ALGO=concurrency: a ConcurrencyLimitLayer instead (at most QUOTA, default 1e6, requests per
 // x-api-key in flight: never refused here), to price a permit taken and given back per request.
+// LEASE=1: the limit is leased (`Limit::leased`): each caller that sends several requests within
+// a lease is decided from slices of its quota taken in one store check each.
 // SETTLE=1: each request reserves 2 and is settled to 1 after its response (reserve, then
 // settle), to price the settlement.
 // ALGO=log (default, sliding log) | counter (sliding counter) | gcra. One limit of QUOTA per
@@ -48,8 +50,14 @@ async fn main() {
     };
     let quota = env_u64("QUOTA").unwrap_or(quota);
     let window = Duration::from_secs(env_u64("WINDOW_S").unwrap_or(60));
+    let limit = Limit::new("api", quota, window);
+    let limit = if std::env::var("LEASE").as_deref() == Ok("1") {
+        limit.leased()
+    } else {
+        limit
+    };
     let layer = RateLimitLayer::builder(RedisStore::open(url).unwrap())
-        .limit(Limit::new("api", quota, window))
+        .limit(limit)
         .algorithm(algorithm)
         .key(Header::from_static("x-api-key").or(Global))
         .headers_on_success(std::env::var("HEADERS").map_or(true, |v| v != "0"));
