@@ -145,7 +145,7 @@ mod future;
 mod handler;
 mod key_header;
 mod layer;
-mod record;
+pub(crate) mod record;
 mod rejection;
 mod report;
 mod service;

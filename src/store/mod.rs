@@ -11,9 +11,14 @@
 //! | trait | operations | used by |
 //! | --- | --- | --- |
 //! | [`RateStore`] | [`check_rate`](RateStore::check_rate) | rate limits |
-//! | [`LockStore`] | claims, lock acquisition, token-checked extend and delete | claims and locks |
-//! | [`IdempotencyStore`] | begin, complete, release and extend a record | idempotency keys |
-//! | [`PermitStore`] | acquire, extend and release one of N permits | concurrency limits |
+//! | [`LockStore`] | claims, lock acquisition, token-checked extend and delete; a lock's state | claims and locks |
+//! | [`IdempotencyStore`] | begin, complete, release and extend a record; its state | idempotency keys |
+//! | [`PermitStore`] | acquire, extend and release one of N permits; the permits in use and waiters | concurrency limits |
+//!
+//! The reads ([`lock_state`](LockStore::lock_state), [`permit_usage`](PermitStore::permit_usage),
+//! [`idempotency_state`](IdempotencyStore::idempotency_state)) change nothing: they serve tools
+//! that show an operator what a service keeps, on the keys [`keys`] names. A backend written
+//! before them keeps the traits' defaults, which fail with [`StoreErrorKind::Unsupported`].
 //!
 //! [`Store`] is all four plus a health check: what [`RedisStore`], [`PgStore`] and
 //! [`MemoryStore`] provide, and what `Arc<dyn Store>` shares between layers.
@@ -121,6 +126,7 @@ pub(crate) mod deadline;
 mod error;
 mod idempotency_store;
 mod invalidation;
+pub mod keys;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod kit;
 mod lock_store;
@@ -138,13 +144,15 @@ mod transaction;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) use deadline::StoreClock;
 pub use error::{StoreError, StoreErrorKind};
-pub use idempotency_store::{BeginRequest, CompleteRequest, IdempotencyBegin, IdempotencyStore};
+pub use idempotency_store::{
+    BeginRequest, CompleteRequest, IdempotencyBegin, IdempotencyState, IdempotencyStore,
+};
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) use invalidation::publishing_refunds;
 pub use invalidation::{Invalidation, Invalidations};
-pub use lock_store::{ClaimOutcome, ClaimRequest, LockAttempt, LockRequest, LockStore};
+pub use lock_store::{ClaimOutcome, ClaimRequest, LockAttempt, LockRequest, LockState, LockStore};
 pub use memory::MemoryStore;
-pub use permit_store::{PermitAttempt, PermitRequest, PermitStore};
+pub use permit_store::{PermitAttempt, PermitRequest, PermitStore, PermitUsage};
 #[cfg(feature = "postgres")]
 pub use postgres::{Once, OnceError, OnceTx, PgStore, PgStoreBuilder};
 pub use rate_store::RateStore;

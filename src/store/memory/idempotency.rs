@@ -5,8 +5,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{Entry, MemoryStore, NOMINAL_TIMEOUT, OnMatch, Value, before, expiry};
-use crate::store::{BeginRequest, CompleteRequest};
+use super::{Entry, MemoryStore, NOMINAL_TIMEOUT, OnMatch, Value, before, done, expiry};
+use crate::store::{BeginRequest, CompleteRequest, IdempotencyState};
 use crate::store::{Hold, IdempotencyBegin, IdempotencyStore, StoreFuture};
 
 #[derive(Debug)]
@@ -120,5 +120,23 @@ impl IdempotencyStore for MemoryStore {
         let Hold { key, token } = hold;
         let expire = OnMatch::Expire(lease);
         self.token_checked(&key, |v| v.owned_by(&token), expire, Some(deadline))
+    }
+
+    fn idempotency_state(&self, key: &str) -> StoreFuture<IdempotencyState> {
+        let now = self.now_us();
+        done(self.inner.entries.run(key, None, now, |held| {
+            let left = held.left(key, now);
+            Ok(match held.live(key, now) {
+                Some(Value::Idem(IdemRecord {
+                    response: Some(response),
+                    ..
+                })) => IdempotencyState::Completed {
+                    response: response.clone(),
+                    retention_left: left,
+                },
+                Some(Value::Idem(_)) => IdempotencyState::InFlight { lease_left: left },
+                _ => IdempotencyState::Absent,
+            })
+        }))
     }
 }

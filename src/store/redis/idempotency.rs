@@ -10,11 +10,12 @@ use tokio::time::Instant;
 use super::clock::store_deadline;
 use super::script_call::ScriptCall;
 use super::{
-    Effect, Pending, RedisStore, extend_call, redis_call, release_call, store_error, unexpired,
+    Effect, Pending, RedisStore, extend_call, left_ms, redis_call, release_call, store_error,
+    unexpired,
 };
 use crate::keyspace;
 use crate::store::span::Command;
-use crate::store::{BeginRequest, CompleteRequest};
+use crate::store::{BeginRequest, CompleteRequest, IdempotencyState};
 use crate::store::{
     Hold, IdempotencyBegin, IdempotencyStore, StoreError, StoreFuture, kit, millis,
 };
@@ -125,6 +126,44 @@ impl IdempotencyStore for RedisStore {
             let extended: i64 = unexpired(reply)?;
             Ok(extended == 1)
         })
+    }
+
+    fn idempotency_state(&self, key: &str) -> StoreFuture<IdempotencyState> {
+        let call = ScriptCall::default()
+            .key(key)
+            .key(keyspace::pending_marker(key));
+        let span = redis_call(
+            "idempotency_state",
+            Command::Evalsha,
+            self.scripts.idem_state.name,
+        );
+        self.call(span, move |mut conn, scripts| async move {
+            let reply: Vec<Value> = call
+                .invoke(&scripts.idem_state, &mut conn)
+                .await
+                .map_err(store_error)?;
+            decode_idem_state(reply)
+        })
+    }
+}
+
+/// Decodes `{0}`, `{1, lease_left_ms}` or `{2, retention_left_ms, response}`.
+fn decode_idem_state(reply: Vec<Value>) -> Result<IdempotencyState, StoreError> {
+    let mut reply = reply.into_iter();
+    match (reply.next(), reply.next(), reply.next(), reply.next()) {
+        (Some(Value::Int(0)), None, None, None) => Ok(IdempotencyState::Absent),
+        (Some(Value::Int(1)), Some(Value::Int(ms)), None, None) => Ok(IdempotencyState::InFlight {
+            lease_left: left_ms(ms),
+        }),
+        (Some(Value::Int(2)), Some(Value::Int(ms)), Some(Value::BulkString(response)), None) => {
+            Ok(IdempotencyState::Completed {
+                response: Bytes::from(response),
+                retention_left: left_ms(ms),
+            })
+        }
+        _ => Err(StoreError::protocol(
+            "idempotency_state answered an unexpected reply",
+        )),
     }
 }
 
