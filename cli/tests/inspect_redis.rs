@@ -370,3 +370,12 @@ async fn a_table_named_by_section() {
     assert!(run.stderr.contains("unknown field `http`"), "{run:?}");
     assert!(run.stderr.contains("--section"), "{run:?}");
 }
+
+#[tokio::test]
+async fn inspect_shows_a_lock_permits_and_records() {
+    let server = server();
+    let store: Arc<dyn tollgate::store::Store> = Arc::new(RedisStore::open(server.url()).unwrap());
+    let url = server.url();
+    let args = vec!["--store".to_owned(), url.clone()];
+    common::state::locks_permits_and_records(store, &args, &url).await;
+}
