@@ -92,7 +92,7 @@ Exit codes: 0 the record was read; 2 an error.";
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub(crate) struct InspectCommand {
     #[command(subcommand)]
-    what: Option<What>,
+    what: Option<Box<What>>,
     #[command(flatten)]
     rate: rate::InspectArgs,
 }
@@ -202,7 +202,7 @@ struct Scope {
 
 /// Runs `tollgate inspect`.
 pub(crate) fn run(command: &InspectCommand) -> ExitCode {
-    match &command.what {
+    match command.what.as_deref() {
         Some(What::Rate(args)) => rate::run_inspect(args),
         None => rate::run_inspect(&command.rate),
         Some(What::Lock(args)) => runtime_and(|| lock(args)),
