@@ -26,7 +26,7 @@ Show what a service keeps in its shared store, changing nothing.
 `tollgate inspect rate …` (or `tollgate inspect …` with --config, as before) shows a caller's \
 remaining rate-limit quota; `lock` who holds a lock, its fencing token and the lease it has left; \
 `permits` a concurrency limit's permits in use and its waiters; `record` an idempotency record: \
-absent, in flight, or completed with its response's status. Each reads only: it never spends \
+absent, in flight, or completed with its response's status, and its age. Each reads only: it never spends \
 quota, takes a permit or migrates a PostgreSQL schema.";
 
 pub(crate) const AFTER_HELP: &str = "\
@@ -80,11 +80,12 @@ under an IdempotencyLayer scoped by `x-api-key`:
   key         tollgate:idem:{a7Jd0Qe5Rk2mWx9cLp3bTs}
 
   state       completed
+  age         4m12s
   status      201 Created
-  kept for    23h59m
+  kept for    23h55m
 
-A record still running shows `state in flight` and its lease left; one not in the store, \
-`state absent`.
+The age is the time since the record's request began. A record still running shows `state \
+in flight`, its age and its lease left; one not in the store, `state absent`.
 Exit codes: 0 the record was read; 2 an error.";
 
 /// The arguments of `tollgate inspect`: a subcommand, or the rate inspect's own arguments.
@@ -395,12 +396,16 @@ fn show_record(
 ) -> String {
     let store = args.common.store.describe();
     let status = state.response_status();
-    let (name, lease_left, retention_left) = match state {
-        IdempotencyState::InFlight { lease_left } => ("in flight", Some(*lease_left), None),
-        IdempotencyState::Completed { retention_left, .. } => {
-            ("completed", None, Some(*retention_left))
+    let (name, lease_left, retention_left, age) = match state {
+        IdempotencyState::InFlight { lease_left, age } => {
+            ("in flight", Some(*lease_left), None, *age)
         }
-        _ => ("absent", None, None),
+        IdempotencyState::Completed {
+            retention_left,
+            age,
+            ..
+        } => ("completed", None, Some(*retention_left), *age),
+        _ => ("absent", None, None, None),
     };
     if args.common.json {
         return pretty(&json!({
@@ -412,6 +417,7 @@ fn show_record(
             "status": status.map(|s| s.as_u16()),
             "lease_left_ms": lease_left.map(millis),
             "retention_left_ms": retention_left.map(millis),
+            "age_ms": age.map(millis),
         }));
     }
     let mut rows = vec![
@@ -425,6 +431,9 @@ fn show_record(
         ("", String::new()),
         ("state", name.to_owned()),
     ];
+    if let Some(age) = age {
+        rows.push(("age", human(age)));
+    }
     if let Some(left) = lease_left {
         rows.push(("lease left", human(left)));
     }

@@ -364,7 +364,8 @@ fn fresh(left: Duration, lease: Duration) -> bool {
 }
 
 /// A record's state reads absent, in flight with its lease left, or completed with its response
-/// and retention left, and changes nothing; a released or expired record reads absent.
+/// and retention left — each with its age since its claim — and changes nothing; a released or
+/// expired record reads absent.
 pub async fn idempotency_state_reads_the_record_and_changes_nothing(
     store: &(impl IdempotencyStore + Clone),
 ) {
@@ -376,14 +377,19 @@ pub async fn idempotency_state_reads_the_record_and_changes_nothing(
         store.idempotency_begin(BeginRequest::new(hold, "fp", lease), soon())
     };
     assert_eq!(begin("a", lease).await.unwrap(), IdempotencyBegin::Claimed);
+    let mut first_age = Duration::ZERO;
     for _ in 0..2 {
         match state_of(store, &key).await {
-            IdempotencyState::InFlight { lease_left } => {
+            IdempotencyState::InFlight { lease_left, age } => {
                 assert!(fresh(lease_left, lease), "{lease_left:?}");
+                let age = age.expect("the record's age is kept");
+                assert!(age < Duration::from_secs(1), "{age:?}");
+                first_age = age;
             }
             other => panic!("expected in flight, got {other:?}"),
         }
     }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(matches!(
         begin("b", lease).await.unwrap(),
         IdempotencyBegin::InFlight { .. }
@@ -394,8 +400,15 @@ pub async fn idempotency_state_reads_the_record_and_changes_nothing(
             IdempotencyState::Completed {
                 response,
                 retention_left,
+                age,
             } => {
                 assert_eq!(response, Bytes::from_static(b"done"));
+                // aged since its claim, not since its completion
+                let age = age.expect("the record's age is kept");
+                assert!(
+                    age >= first_age + Duration::from_millis(300) && age < Duration::from_secs(2),
+                    "{age:?} after {first_age:?}"
+                );
                 assert!(
                     fresh(retention_left, Duration::from_secs(60)),
                     "{retention_left:?}"

@@ -113,6 +113,7 @@ mod tests {
         let completed = |response: Bytes| IdempotencyState::Completed {
             response,
             retention_left: Duration::from_secs(1),
+            age: None,
         };
         let encoded = sample(None).encode();
         assert_eq!(
@@ -122,6 +123,7 @@ mod tests {
         assert_eq!(completed(Bytes::from_static(b"x")).response_status(), None);
         let running = IdempotencyState::InFlight {
             lease_left: Duration::from_secs(1),
+            age: Some(Duration::ZERO),
         };
         assert_eq!(running.response_status(), None);
     }

@@ -59,7 +59,7 @@ pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
 
     /// Reads idempotency record `key`, changing nothing: absent, in flight with the time its
     /// claim's lease has left, or completed with its encoded response and the time it is kept
-    /// still — on the store's clock, in one atomic step. A completion that replicas have not
+    /// still, each with its age (since its request claimed it) — on the store's clock, in one atomic step. A completion that replicas have not
     /// acknowledged yet (durable writes) reads as in flight, as
     /// [`idempotency_begin`](Self::idempotency_begin) answers it. For tools that show a record
     /// to an operator; the layer never calls it.
@@ -84,6 +84,9 @@ pub enum IdempotencyState {
     InFlight {
         /// The time its claim's lease has left, in whole milliseconds.
         lease_left: Duration,
+        /// How long ago the request claimed the record, in whole milliseconds; `None` for a
+        /// record written by a version of the store that did not keep it.
+        age: Option<Duration>,
     },
     /// The key's request completed.
     Completed {
@@ -91,6 +94,9 @@ pub enum IdempotencyState {
         response: Bytes,
         /// How long the record is kept still, in whole milliseconds.
         retention_left: Duration,
+        /// How long ago the request claimed the record, in whole milliseconds; `None` for a
+        /// record written by a version of the store that did not keep it.
+        age: Option<Duration>,
     },
 }
 

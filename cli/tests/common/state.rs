@@ -57,6 +57,38 @@ fn fresh_ms(json: &Value, field: &str, lease: Duration) -> u64 {
     ms
 }
 
+/// `text` without its `age` line, which must be there, and the age it shows (under 30 s:
+/// `12ms`, `1.4s`).
+fn without_age(text: &str) -> (String, String) {
+    let mut age = None;
+    let mut rest = String::new();
+    for line in text.lines() {
+        match line.strip_prefix("age         ") {
+            Some(shown) => age = Some(shown.to_owned()),
+            None => {
+                rest.push_str(line);
+                rest.push('\n');
+            }
+        }
+    }
+    let age = age.unwrap_or_else(|| panic!("no age in {text}"));
+    let number = age.trim_end_matches("ms").trim_end_matches('s');
+    assert!(
+        number.parse::<f64>().is_ok_and(|n| n < 30_000.0),
+        "age {age}"
+    );
+    (rest, age)
+}
+
+/// `json["age_ms"]`, checked to be a young record's.
+fn young_ms(json: &Value) -> u64 {
+    let ms = json["age_ms"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("age_ms: {json}"));
+    assert!(ms < 30_000, "{json}");
+    ms
+}
+
 /// The key of tenant `value` under a layer keyed by `x-tenant`, as the layer's extractor finds it.
 fn tenant(value: &str) -> Key {
     let parts = Request::get("/")
@@ -271,6 +303,7 @@ async fn records(store: &Arc<dyn Store>, args: &[String], described: &str) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let (completed, _) = without_age(&completed);
     assert_eq!(
         completed,
         format!(
@@ -285,6 +318,7 @@ async fn records(store: &Arc<dyn Store>, args: &[String], described: &str) {
         "retention_left_ms",
         Duration::from_millis(86_430_500),
     );
+    let age = young_ms(&json);
     assert_eq!(
         json,
         json!({
@@ -296,6 +330,7 @@ async fn records(store: &Arc<dyn Store>, args: &[String], described: &str) {
             "status": 201,
             "lease_left_ms": null,
             "retention_left_ms": left,
+            "age_ms": age,
         })
     );
     // the quoted form names the same key
@@ -323,7 +358,7 @@ async fn records(store: &Arc<dyn Store>, args: &[String], described: &str) {
         IdempotencyBegin::Claimed
     );
     assert_eq!(
-        inspect(&["record", &running], args, false).await,
+        without_age(&inspect(&["record", &running], args, false).await).0,
         format!(
             "store       {described}\nrecord      {running}\nscope       none (unscoped)\n\
              key         {running_key}\n\nstate       in flight\nlease left  2h30m\n"
@@ -331,6 +366,7 @@ async fn records(store: &Arc<dyn Store>, args: &[String], described: &str) {
     );
     let json = inspect_json(&["record", &running], args).await;
     let left = fresh_ms(&json, "lease_left_ms", LONG);
+    let age = young_ms(&json);
     assert_eq!(
         json,
         json!({
@@ -342,6 +378,7 @@ async fn records(store: &Arc<dyn Store>, args: &[String], described: &str) {
             "status": null,
             "lease_left_ms": left,
             "retention_left_ms": null,
+            "age_ms": age,
         })
     );
 }

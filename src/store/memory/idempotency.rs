@@ -16,6 +16,8 @@ pub(super) struct IdemRecord {
     token: String,
     /// The response, once done.
     response: Option<Bytes>,
+    /// Store time in microseconds when the request claimed it.
+    created: u64,
 }
 
 impl Value {
@@ -66,6 +68,7 @@ impl IdempotencyStore for MemoryStore {
                             fingerprint: request.fingerprint.clone(),
                             token: token.clone(),
                             response: None,
+                            created: now,
                         };
                         held.put(&key, Value::Idem(record), expiry(now, request.lease))?;
                         IdempotencyBegin::Claimed
@@ -126,16 +129,22 @@ impl IdempotencyStore for MemoryStore {
         let now = self.now_us();
         done(self.inner.entries.run(key, None, now, |held| {
             let left = held.left(key, now);
-            Ok(match held.live(key, now) {
-                Some(Value::Idem(IdemRecord {
-                    response: Some(response),
-                    ..
-                })) => IdempotencyState::Completed {
+            let Some(Value::Idem(record)) = held.live(key, now) else {
+                return Ok(IdempotencyState::Absent);
+            };
+            let age = Some(Duration::from_millis(
+                now.saturating_sub(record.created) / 1000,
+            ));
+            Ok(match &record.response {
+                Some(response) => IdempotencyState::Completed {
                     response: response.clone(),
                     retention_left: left,
+                    age,
                 },
-                Some(Value::Idem(_)) => IdempotencyState::InFlight { lease_left: left },
-                _ => IdempotencyState::Absent,
+                None => IdempotencyState::InFlight {
+                    lease_left: left,
+                    age,
+                },
             })
         }))
     }

@@ -88,24 +88,31 @@ impl IdempotencyStore for PgStore {
     }
 }
 
-/// `(done, response, left_ms)`: `done` `NULL` when there is no record.
+/// `(done, response, left_ms, age_ms)`: `done` `NULL` when there is no record, `age_ms` when
+/// it was made before its creation was kept.
 fn decode_idem_state(row: &Row) -> Result<IdempotencyState, StoreError> {
     let done: Option<bool> = row.try_get(0).map_err(protocol)?;
     let response: Option<Vec<u8>> = row.try_get(1).map_err(protocol)?;
     let left: Option<i64> = row.try_get(2).map_err(protocol)?;
     let left = left_ms(left.unwrap_or(0));
+    let age: Option<i64> = row.try_get(3).map_err(protocol)?;
+    let age = age.map(left_ms);
     Ok(match (done, response) {
         (None, _) => IdempotencyState::Absent,
         (Some(true), Some(response)) => IdempotencyState::Completed {
             response: Bytes::from(response),
             retention_left: left,
+            age,
         },
         (Some(true), None) => {
             return Err(StoreError::protocol(
                 "idempotency_state read a completed record without a response",
             ));
         }
-        (Some(false), _) => IdempotencyState::InFlight { lease_left: left },
+        (Some(false), _) => IdempotencyState::InFlight {
+            lease_left: left,
+            age,
+        },
     })
 }
 

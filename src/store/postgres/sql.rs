@@ -10,7 +10,7 @@ pub(super) const DEFAULT_SCHEMA: &str = "tollgate";
 const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// The version `schema.sql` brings a schema to, recorded in its `migrations` table.
-pub(super) const SCHEMA_VERSION: i32 = 6;
+pub(super) const SCHEMA_VERSION: i32 = 7;
 
 /// Checks a schema name: 1 to 63 lowercase ASCII letters, digits and `_`, not starting with a
 /// digit — a name PostgreSQL takes as it is, quoted or not.
@@ -127,7 +127,8 @@ impl Sql {
                  FROM (SELECT {s}.now_us() AS now) n"
             ),
             idem_state: format!(
-                "SELECT i.done, i.response, (i.expires_at - n.now) / 1000 \
+                "SELECT i.done, i.response, (i.expires_at - n.now) / 1000, \
+                 (n.now - (to_jsonb(i) ->> 'created_at')::bigint) / 1000 \
                  FROM (SELECT {s}.now_us() AS now) n \
                  LEFT JOIN {s}.idempotency i ON i.key = $1 AND i.expires_at > n.now"
             ),

@@ -147,20 +147,27 @@ impl IdempotencyStore for RedisStore {
     }
 }
 
-/// Decodes `{0}`, `{1, lease_left_ms}` or `{2, retention_left_ms, response}`.
+/// Decodes `{0}`, `{1, lease_left_ms, age_ms}` or `{2, retention_left_ms, response, age_ms}`
+/// (`age_ms` -1: not kept).
 fn decode_idem_state(reply: Vec<Value>) -> Result<IdempotencyState, StoreError> {
-    let mut reply = reply.into_iter();
-    match (reply.next(), reply.next(), reply.next(), reply.next()) {
-        (Some(Value::Int(0)), None, None, None) => Ok(IdempotencyState::Absent),
-        (Some(Value::Int(1)), Some(Value::Int(ms)), None, None) => Ok(IdempotencyState::InFlight {
-            lease_left: left_ms(ms),
+    let age = |ms: i64| (ms >= 0).then(|| left_ms(ms));
+    let reply: Vec<Value> = reply.into_iter().take(5).collect();
+    match &reply[..] {
+        [Value::Int(0)] => Ok(IdempotencyState::Absent),
+        [Value::Int(1), Value::Int(ms), Value::Int(old)] => Ok(IdempotencyState::InFlight {
+            lease_left: left_ms(*ms),
+            age: age(*old),
         }),
-        (Some(Value::Int(2)), Some(Value::Int(ms)), Some(Value::BulkString(response)), None) => {
-            Ok(IdempotencyState::Completed {
-                response: Bytes::from(response),
-                retention_left: left_ms(ms),
-            })
-        }
+        [
+            Value::Int(2),
+            Value::Int(ms),
+            Value::BulkString(response),
+            Value::Int(old),
+        ] => Ok(IdempotencyState::Completed {
+            response: Bytes::copy_from_slice(response),
+            retention_left: left_ms(*ms),
+            age: age(*old),
+        }),
         _ => Err(StoreError::protocol(
             "idempotency_state answered an unexpected reply",
         )),
