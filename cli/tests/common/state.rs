@@ -10,6 +10,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use tollgate::concurrency::ConcurrencyLimitLayer;
 use tollgate::idempotency::{IdempotencyLayer, RequestBody};
 use tollgate::key::{Header, Key, KeyExtractor};
 use tollgate::lock::Locks;
@@ -243,6 +244,42 @@ async fn permits(store: &Arc<dyn Store>, args: &[String], described: &str) {
         released,
         format!("{head}in use   0\nwaiting  0\nleases   -\n")
     );
+    // a permit the concurrency limit itself holds, named as the layer names it
+    let layer = ConcurrencyLimitLayer::builder(Arc::clone(store))
+        .limit(3)
+        .key(Header::from_static("x-tenant"))
+        .prefix("svc")
+        .lease(LONG)
+        .build()
+        .unwrap();
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .service(tower::service_fn(|_: Request<String>| async {
+            Ok::<_, Infallible>(Response::new(String::from("running")))
+        }));
+    let request = Request::get("/jobs")
+        .header("x-tenant", &value)
+        .body(String::new())
+        .unwrap();
+    // the permit is held until the response's body ends
+    let running = service.oneshot(request).await.unwrap();
+    assert_eq!(running.status(), StatusCode::OK);
+    let text = inspect(&what, args, false).await;
+    assert_eq!(
+        text,
+        format!("{head}in use   1\nwaiting  0\nleases   2h30m\n")
+    );
+    running.into_body().collect().await.unwrap();
+    let mut ended = String::new();
+    for _ in 0..50 {
+        ended = inspect(&what, args, false).await;
+        if ended.contains("in use   0") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(ended, format!("{head}in use   0\nwaiting  0\nleases   -\n"));
+
     let global = inspect(&["permits", "--global"], args, true).await;
     let global: Value = serde_json::from_str(&global).unwrap();
     assert_eq!(global["caller"], "global (one key for every request)");
