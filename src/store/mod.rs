@@ -1,7 +1,8 @@
 //! Where shared state lives: the store capabilities, and the backends that provide them.
 //!
 //! Every operation is one round trip and atomic on the server: one Lua script, one conditional
-//! command or one PL/pgSQL function call, never a read-modify-write across round trips. Time
+//! command or one PL/pgSQL function call (a read that changes nothing: one `SELECT`), never a
+//! read-modify-write across round trips. Time
 //! comes from the store (`TIME` inside the scripts, `clock_timestamp()` in the functions), so
 //! clock skew between copies of a service cannot change a decision.
 //!
