@@ -8,13 +8,15 @@
 //!   (`--expect 200=1 --expect 409=49`).
 //! - `tollgate inspect --store URL --config FILE --header NAME=VALUE` shows a caller's remaining
 //!   rate-limit quota in the store the copies share, spending none; `tollgate reset …` forgets
-//!   what the caller spent.
+//!   what the caller spent. `tollgate inspect lock|permits|record` shows a lock's holder, a
+//!   concurrency limit's permits and an idempotency record, changing nothing.
 //!
 //! Exit codes: 0 when all is well, 1 when the audit found something or an expectation failed,
 //! 2 on an error (bad arguments, an unreadable path, no request sent).
 
 mod audit;
 mod check;
+mod inspect;
 mod rate;
 mod store;
 
@@ -32,8 +34,9 @@ service and silently breaks behind a load balancer: with three copies a coupon i
 times and a rate limit lets a caller through three times as often. `tollgate audit` reads the \
 code for such state; `tollgate check` sends parallel requests to the running copies and compares \
 the answers with what one service would give. For a service that keeps its rate limits in a \
-shared store, `tollgate inspect` shows what a caller has left of each limit, and `tollgate reset` \
-gives it its full quota back on every copy at once.";
+shared store, `tollgate inspect` shows what a caller has left of each limit (and who holds a \
+lock, the permits of a concurrency limit, an idempotency record), and `tollgate reset` gives a \
+caller its full quota back on every copy at once.";
 
 const AFTER_HELP: &str = "\
 Examples:
@@ -42,6 +45,7 @@ Examples:
   tollgate check --target http://10.0.0.1:8080 --target http://10.0.0.2:8080 \\
       -X POST /coupons/WELCOME5/redeem --requests 50 --expect 200=1 --expect 409=49
   tollgate inspect --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
+  tollgate inspect lock nightly-report --store redis://10.0.0.5:6379/
   tollgate reset --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
 
 Exit codes: 0 all is well; 1 findings, or an expectation that failed; 2 an error.";
@@ -66,9 +70,10 @@ enum Command {
     /// Send parallel requests over a service's copies and check the statuses they answer.
     #[command(long_about = check::LONG_ABOUT, after_help = check::AFTER_HELP)]
     Check(check::CheckArgs),
-    /// Show a caller's remaining rate-limit quota in the shared store, spending none.
-    #[command(long_about = rate::INSPECT_LONG_ABOUT, after_help = rate::INSPECT_AFTER_HELP)]
-    Inspect(rate::InspectArgs),
+    /// Show what a service keeps in the shared store: a caller's quota, a lock, permits, an
+    /// idempotency record.
+    #[command(long_about = inspect::LONG_ABOUT, after_help = inspect::AFTER_HELP)]
+    Inspect(inspect::InspectCommand),
     /// Forget what a caller has spent of a service's rate limits, on every copy at once.
     #[command(long_about = rate::RESET_LONG_ABOUT, after_help = rate::RESET_AFTER_HELP)]
     Reset(rate::ResetArgs),
@@ -79,7 +84,7 @@ impl Command {
         match self {
             Command::Audit(args) => audit::run(&args),
             Command::Check(args) => check::run(&args),
-            Command::Inspect(args) => rate::run_inspect(&args),
+            Command::Inspect(args) => inspect::run(&args),
             Command::Reset(args) => rate::run_reset(&args),
         }
     }

@@ -20,7 +20,7 @@ use serde_json::json;
 use tollgate::key::{Header, Key, KeyExtractor, PeerIp, from_fn};
 use tollgate::rate::{Limit, RateOutcome, RatePolicy};
 use tollgate::rate_limit::{RateLimitConfig, RateLimitLayer};
-use tollgate::store::{RateStore, StoreErrorKind};
+use tollgate::store::RateStore;
 
 use crate::store::StoreArgs;
 
@@ -79,8 +79,9 @@ pub(crate) struct Target {
     store: StoreArgs,
     /// The service's limits file (TOML): the fields of tollgate's RateLimitConfig, at the top or
     /// under a table (see --section).
-    #[arg(long, value_name = "FILE")]
-    config: PathBuf,
+    // optional to the parser only when `tollgate inspect` is given a subcommand instead
+    #[arg(long, value_name = "FILE", required = true)]
+    config: Option<PathBuf>,
     /// The table of --config that holds the limits, e.g. `rate_limit` or `http.limits`
     /// [default: the whole file, or its `rate_limit` table when the file has no `limits`].
     #[arg(long, value_name = "TABLE")]
@@ -102,18 +103,18 @@ pub(crate) struct Target {
 /// Who the caller is, as the service's key extractor names it: exactly one.
 #[derive(Debug, Args)]
 #[group(required = true, multiple = false)]
-struct Caller {
+pub(crate) struct Caller {
     /// The caller's header, for a service keyed by `key::Header`: e.g. x-api-key=alice.
     #[arg(long, value_name = "NAME=VALUE", value_parser = parse_header)]
-    header: Option<(HeaderName, HeaderValue)>,
+    pub(crate) header: Option<(HeaderName, HeaderValue)>,
     /// The caller's address, for a service keyed by `key::PeerIp` (or `ForwardedIp`): an IP,
     /// or IP:port.
     #[arg(long, value_name = "ADDR", value_parser = parse_ip)]
-    peer_ip: Option<IpAddr>,
+    pub(crate) peer_ip: Option<IpAddr>,
     /// The caller's value under a service's own extractor `key::from_fn(DOMAIN, …)`: e.g.
     /// tenant=42.
     #[arg(long, value_name = "DOMAIN=VALUE", value_parser = parse_pair)]
-    key_fn: Option<(String, String)>,
+    pub(crate) key_fn: Option<(String, String)>,
 }
 
 /// The arguments of `tollgate inspect`.
@@ -133,14 +134,14 @@ pub(crate) struct ResetArgs {
     target: Target,
 }
 
-fn parse_pair(text: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_pair(text: &str) -> Result<(String, String), String> {
     let (name, value) = text
         .split_once('=')
         .ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
     Ok((name.trim().to_owned(), value.to_owned()))
 }
 
-fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
+pub(crate) fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
     let (name, value) = parse_pair(text)?;
     let name = HeaderName::from_bytes(name.as_bytes())
         .map_err(|_| format!("`{name}` is not a header name"))?;
@@ -152,7 +153,7 @@ fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
     Ok((name, value))
 }
 
-fn parse_ip(text: &str) -> Result<IpAddr, String> {
+pub(crate) fn parse_ip(text: &str) -> Result<IpAddr, String> {
     let text = text.trim();
     text.parse::<IpAddr>()
         .or_else(|_| text.parse::<SocketAddr>().map(|addr| addr.ip()))
@@ -160,17 +161,27 @@ fn parse_ip(text: &str) -> Result<IpAddr, String> {
 }
 
 /// The caller named: its store key, and how to say who it is.
-struct Who {
-    key: Key,
-    label: String,
+pub(crate) struct Who {
+    pub(crate) key: Key,
+    pub(crate) label: String,
 }
 
-impl Target {
-    /// The caller's key, found in a request head as the service's extractor finds it.
-    fn who(&self) -> Result<Who, String> {
-        let caller = &self.caller;
+/// A caller named on the command line: by a header, an address or a `from_fn` value.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Named<'a> {
+    pub(crate) header: Option<&'a (HeaderName, HeaderValue)>,
+    pub(crate) peer_ip: Option<IpAddr>,
+    pub(crate) key_fn: Option<&'a (String, String)>,
+    pub(crate) ipv4_prefix: Option<u8>,
+    pub(crate) ipv6_prefix: Option<u8>,
+}
+
+impl Named<'_> {
+    /// The key, found in a request head as the service's extractor finds it; `None` when no
+    /// caller is named.
+    pub(crate) fn who(&self) -> Result<Option<Who>, String> {
         let mut request = http::Request::get("/");
-        if let Some((name, value)) = &caller.header {
+        if let Some((name, value)) = self.header {
             request = request.header(name, value);
             let parts = head(request)?;
             let key = Header::new(name.clone()).extract(&parts);
@@ -178,9 +189,9 @@ impl Target {
                 "header {name}={}",
                 String::from_utf8_lossy(value.as_bytes())
             );
-            return key.map(|key| Who { key, label }).ok_or_else(no_key);
+            return key.map(|key| Some(Who { key, label })).ok_or_else(no_key);
         }
-        if let Some(ip) = caller.peer_ip {
+        if let Some(ip) = self.peer_ip {
             // as hyper / axum put it into the extensions
             let mut parts = head(request)?;
             parts.extensions.insert(SocketAddr::new(ip, 0));
@@ -193,15 +204,31 @@ impl Target {
             }
             let key = extractor.extract(&parts);
             let label = format!("peer IP {ip}");
-            return key.map(|key| Who { key, label }).ok_or_else(no_key);
+            return key.map(|key| Some(Who { key, label })).ok_or_else(no_key);
         }
-        if let Some((domain, value)) = &caller.key_fn {
+        if let Some((domain, value)) = self.key_fn {
             let extractor = from_fn(domain.clone(), |_: &http::request::Parts| None::<Vec<u8>>);
             let key = extractor.key(value.as_bytes());
             let label = format!("key-fn {domain}={value}");
-            return Ok(Who { key, label });
+            return Ok(Some(Who { key, label }));
         }
-        Err("name the caller: --header, --peer-ip or --key-fn".to_owned())
+        Ok(None)
+    }
+}
+
+impl Target {
+    /// The caller's key, found in a request head as the service's extractor finds it.
+    fn who(&self) -> Result<Who, String> {
+        let named = Named {
+            header: self.caller.header.as_ref(),
+            peer_ip: self.caller.peer_ip,
+            key_fn: self.caller.key_fn.as_ref(),
+            ipv4_prefix: self.ipv4_prefix,
+            ipv6_prefix: self.ipv6_prefix,
+        };
+        named
+            .who()?
+            .ok_or_else(|| "name the caller: --header, --peer-ip or --key-fn".to_owned())
     }
 }
 
@@ -263,7 +290,11 @@ struct Setup {
 
 impl Target {
     async fn setup(&self) -> Result<Setup, String> {
-        let config = load_config(&self.config, self.section.as_deref())?;
+        let path = self
+            .config
+            .as_deref()
+            .ok_or_else(|| "name the service's limits file: --config FILE".to_owned())?;
+        let config = load_config(path, self.section.as_deref())?;
         if let Some(tier) = &self.tier
             && !config.tiers.contains_key(tier)
         {
@@ -272,11 +303,11 @@ impl Target {
                 true => "it has no tiers".to_owned(),
                 false => format!("its tiers: {}", names.join(", ")),
             };
-            let file = self.config.display();
+            let file = path.display();
             return Err(format!("{file}: no tier {tier:?} ({known})"));
         }
         let who = self.who()?;
-        let store = self.store.open().await?;
+        let store: Arc<dyn RateStore> = self.store.open().await?;
         let mut builder = RateLimitLayer::builder(Arc::clone(&store))
             .config(config.clone())
             // this process admits nothing: no deny cache, no subscription to the broadcast
@@ -286,7 +317,7 @@ impl Target {
         }
         let layer = builder
             .build()
-            .map_err(|e| format!("{}: {e}", self.config.display()))?;
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(Setup {
             store,
             layer,
@@ -300,17 +331,7 @@ impl Target {
         &self,
         call: impl Future<Output = Result<T, tollgate::store::StoreError>>,
     ) -> Result<T, String> {
-        let within = self.store.timeout + Duration::from_secs(1);
-        let store = self.store.describe();
-        match tokio::time::timeout(within, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) if e.kind() == StoreErrorKind::Timeout => Err(format!(
-                "{store} did not answer within {:?} (--timeout)",
-                self.store.timeout
-            )),
-            Ok(Err(e)) => Err(self.store.explain(format!("{store}: {e}"))),
-            Err(_) => Err(format!("{store} did not answer within {within:?}")),
-        }
+        self.store.bounded(call).await
     }
 }
 
@@ -514,7 +535,7 @@ fn window(d: Duration) -> String {
 }
 
 /// A time left, to a tenth of a second under a minute: `0s`, `850ms`, `12.3s`, `4m05s`, `23h59m`.
-fn human(d: Duration) -> String {
+pub(crate) fn human(d: Duration) -> String {
     let ms = d.as_millis();
     let secs = d.as_secs();
     match ms {
@@ -532,11 +553,13 @@ fn human(d: Duration) -> String {
     }
 }
 
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn runtime_and<F: Future<Output = Result<String, String>>>(run: impl FnOnce() -> F) -> ExitCode {
+pub(crate) fn runtime_and<F: Future<Output = Result<String, String>>>(
+    run: impl FnOnce() -> F,
+) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

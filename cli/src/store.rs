@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use tollgate::store::{PgStore, RateStore, RedisStore};
+use tollgate::store::{PgStore, RedisStore, Store, StoreError, StoreErrorKind};
 
 /// Where the store is and how long it may take.
 #[derive(Debug, Args)]
@@ -72,9 +72,9 @@ impl StoreArgs {
 
     /// Opens the store: lazily for a standalone Redis and PostgreSQL (the first call finds out
     /// whether it answers), at once for a cluster (it reads the slot map).
-    pub(crate) async fn open(&self) -> Result<Arc<dyn RateStore>, String> {
+    pub(crate) async fn open(&self) -> Result<Arc<dyn Store>, String> {
         let timeout = self.timeout;
-        let store: Arc<dyn RateStore> = match self.kind()? {
+        let store: Arc<dyn Store> = match self.kind()? {
             Kind::Redis => {
                 let store = RedisStore::builder(self.urls[0].clone())
                     .timeout(timeout)
@@ -106,6 +106,26 @@ impl StoreArgs {
             }
         };
         Ok(store)
+    }
+}
+
+impl StoreArgs {
+    /// `call` bounded by the store's timeout (and a second more), its error naming the store.
+    pub(crate) async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, String> {
+        let within = self.timeout + Duration::from_secs(1);
+        let store = self.describe();
+        match tokio::time::timeout(within, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) if e.kind() == StoreErrorKind::Timeout => Err(format!(
+                "{store} did not answer within {:?} (--timeout)",
+                self.timeout
+            )),
+            Ok(Err(e)) => Err(self.explain(format!("{store}: {e}"))),
+            Err(_) => Err(format!("{store} did not answer within {within:?}")),
+        }
     }
 }
 

@@ -86,3 +86,22 @@ async fn inspect(config: &str, seeds: &[String], who: &str) -> serde_json::Value
     args.extend(["--header", &header]);
     tollgate(&args).await.json()
 }
+
+#[tokio::test]
+async fn inspect_shows_a_lock_permits_and_records_on_a_cluster() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let urls = cluster.urls();
+    let store = RedisStore::cluster_builder(urls.clone())
+        .timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let every_node: Vec<String> = urls
+        .iter()
+        .flat_map(|url| ["--store".to_owned(), url.clone()])
+        .collect();
+    let described = format!("Redis Cluster {}", urls.join(", "));
+    common::state::locks_permits_and_records(Arc::new(store), &every_node, &described).await;
+}

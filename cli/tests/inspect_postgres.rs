@@ -110,3 +110,49 @@ async fn inspect_and_reset_on_postgres() {
     );
     assert!(wrong.stderr.contains("--pg-schema"), "{wrong:?}");
 }
+
+#[tokio::test]
+async fn inspect_shows_a_lock_permits_and_records_on_postgres() {
+    let server = tokio::task::spawn_blocking(PgServer::start)
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = server.url();
+    let store = PgStore::builder(url.clone())
+        .schema("svc_state")
+        .timeout(Duration::from_secs(2))
+        .purge_interval(None)
+        .connect()
+        .await
+        .unwrap();
+    let args = vec![
+        "--store".to_owned(),
+        url.clone(),
+        "--pg-schema".to_owned(),
+        "svc_state".to_owned(),
+    ];
+    common::state::locks_permits_and_records(Arc::new(store), &args, &url).await;
+
+    // read-only: a schema the service never made is an error, not created
+    for what in [
+        vec!["lock", "nightly"],
+        vec!["permits", "--global"],
+        vec!["record", "order-1"],
+    ] {
+        let mut args = vec!["inspect"];
+        args.extend(what);
+        args.extend(["--store", &url]);
+        let wrong = tollgate(&args).await;
+        assert_eq!(wrong.code, 2, "{wrong:?}");
+        assert!(wrong.stdout.is_empty(), "{wrong:?}");
+        assert!(
+            wrong.stderr.starts_with(&format!("error: {url}: ")),
+            "{wrong:?}"
+        );
+        assert!(
+            wrong.stderr.contains("schema \"tollgate\" does not exist"),
+            "{wrong:?}"
+        );
+        assert!(wrong.stderr.contains("--pg-schema"), "{wrong:?}");
+    }
+}

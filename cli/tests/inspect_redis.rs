@@ -370,3 +370,60 @@ async fn a_table_named_by_section() {
     assert!(run.stderr.contains("unknown field `http`"), "{run:?}");
     assert!(run.stderr.contains("--section"), "{run:?}");
 }
+
+#[tokio::test]
+async fn inspect_shows_a_lock_permits_and_records() {
+    let server = server();
+    let store: Arc<dyn tollgate::store::Store> = Arc::new(RedisStore::open(server.url()).unwrap());
+    let url = server.url();
+    let args = vec!["--store".to_owned(), url.clone()];
+    common::state::locks_permits_and_records(store, &args, &url).await;
+}
+
+#[tokio::test]
+async fn inspecting_a_lock_permits_or_record_fails_plainly() {
+    let bad_prefix = tollgate(&[
+        "inspect",
+        "lock",
+        "x",
+        "--store",
+        "redis://127.0.0.1:1/",
+        "--prefix",
+        "{a}",
+    ])
+    .await;
+    assert_eq!(bad_prefix.code, 2, "{bad_prefix:?}");
+    assert_eq!(
+        bad_prefix.stderr,
+        "error: --prefix: invalid key prefix \"{a}\": use visible ASCII without braces\n"
+    );
+    let no_key = tollgate(&["inspect", "permits", "--store", "redis://127.0.0.1:1/"]).await;
+    assert_eq!(no_key.code, 2, "{no_key:?}");
+    assert!(no_key.stderr.contains("--global"), "{no_key:?}");
+    let down = tollgate(&[
+        "inspect",
+        "record",
+        "order-1",
+        "--store",
+        "redis://127.0.0.1:1/",
+        "--timeout",
+        "300ms",
+    ])
+    .await;
+    assert_eq!(down.code, 2, "{down:?}");
+    assert!(
+        down.stderr.starts_with("error: redis://127.0.0.1:1/"),
+        "{down:?}"
+    );
+    let help = tollgate(&["inspect", "--help"]).await;
+    assert_eq!(help.code, 0, "{help:?}");
+    for line in [
+        "  rate     ",
+        "  lock     ",
+        "  permits  ",
+        "  record   ",
+        "tollgate inspect lock nightly-report",
+    ] {
+        assert!(help.stdout.contains(line), "{line}: {}", help.stdout);
+    }
+}

@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::{soon, unique};
 use crate::store::{BeginRequest, CompleteRequest};
-use crate::store::{Hold, IdempotencyBegin, IdempotencyStore, StoreErrorKind};
+use crate::store::{Hold, IdempotencyBegin, IdempotencyState, IdempotencyStore, StoreErrorKind};
 
 fn idem_key() -> String {
     format!("t:idem:{{{}}}", unique("k"))
@@ -350,5 +350,94 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl Idempotenc
             .idempotency_release(Hold::new(record, "b"))
             .await
             .unwrap()
+    );
+}
+
+/// `idempotency_state` of `key`.
+async fn state_of(store: &impl IdempotencyStore, key: &str) -> IdempotencyState {
+    store.idempotency_state(key).await.expect("store answers")
+}
+
+/// Whether `left` is within the last second of `lease`: a lease read just after it was set.
+fn fresh(left: Duration, lease: Duration) -> bool {
+    left <= lease && left > lease - Duration::from_secs(1)
+}
+
+/// A record's state reads absent, in flight with its lease left, or completed with its response
+/// and retention left — each with its age since its claim — and changes nothing; a released or
+/// expired record reads absent.
+pub async fn idempotency_state_reads_the_record_and_changes_nothing(
+    store: &(impl IdempotencyStore + Clone),
+) {
+    let key = idem_key();
+    assert_eq!(state_of(store, &key).await, IdempotencyState::Absent);
+    let lease = Duration::from_secs(30);
+    let begin = |token: &str, lease: Duration| {
+        let hold = Hold::new(key.clone(), token.to_owned());
+        store.idempotency_begin(BeginRequest::new(hold, "fp", lease), soon())
+    };
+    assert_eq!(begin("a", lease).await.unwrap(), IdempotencyBegin::Claimed);
+    let mut first_age = Duration::ZERO;
+    for _ in 0..2 {
+        match state_of(store, &key).await {
+            IdempotencyState::InFlight { lease_left, age } => {
+                assert!(fresh(lease_left, lease), "{lease_left:?}");
+                let age = age.expect("the record's age is kept");
+                assert!(age < Duration::from_secs(1), "{age:?}");
+                first_age = age;
+            }
+            other => panic!("expected in flight, got {other:?}"),
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(matches!(
+        begin("b", lease).await.unwrap(),
+        IdempotencyBegin::InFlight { .. }
+    ));
+    assert!(complete(store, &key, "a", Bytes::from_static(b"done")).await);
+    for _ in 0..2 {
+        match state_of(store, &key).await {
+            IdempotencyState::Completed {
+                response,
+                retention_left,
+                age,
+            } => {
+                assert_eq!(response, Bytes::from_static(b"done"));
+                // aged since its claim, not since its completion
+                let age = age.expect("the record's age is kept");
+                assert!(
+                    age >= first_age + Duration::from_millis(300) && age < Duration::from_secs(2),
+                    "{age:?} after {first_age:?}"
+                );
+                assert!(
+                    fresh(retention_left, Duration::from_secs(60)),
+                    "{retention_left:?}"
+                );
+            }
+            other => panic!("expected completed, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        begin("c", lease).await.unwrap(),
+        IdempotencyBegin::Completed(Bytes::from_static(b"done"))
+    );
+    let released = idem_key();
+    let hold = Hold::new(released.clone(), "r".to_owned());
+    let claimed = store.idempotency_begin(BeginRequest::new(hold, "fp", lease), soon());
+    assert_eq!(claimed.await.unwrap(), IdempotencyBegin::Claimed);
+    assert!(release(store, &released, "r").await);
+    assert_eq!(state_of(store, &released).await, IdempotencyState::Absent);
+    let brief = idem_key();
+    let hold = Hold::new(brief.clone(), "s".to_owned());
+    let short = BeginRequest::new(hold, "fp", Duration::from_millis(300));
+    assert_eq!(
+        store.idempotency_begin(short, soon()).await.unwrap(),
+        IdempotencyBegin::Claimed
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        state_of(store, &brief).await,
+        IdempotencyState::Absent,
+        "its lease ended"
     );
 }

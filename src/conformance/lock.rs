@@ -6,7 +6,7 @@ use super::{soon, unique};
 use crate::claim::Claims;
 use crate::lock::{LockError, Locks};
 use crate::store::{ClaimRequest, LockRequest};
-use crate::store::{Hold, LockAttempt, LockStore, StoreErrorKind};
+use crate::store::{Hold, LockAttempt, LockState, LockStore, StoreErrorKind};
 
 /// Keys of one hash slot for the raw lock operations: `(lock, fence)`.
 fn raw_lock_keys() -> (String, String) {
@@ -482,5 +482,65 @@ pub async fn writes_after_their_deadline_change_nothing(store: &(impl LockStore 
     assert!(
         store.delete_if_held(Hold::new(lock, "b")).await.unwrap(),
         "still b's"
+    );
+}
+
+/// `lock_state` of `(lock, fence)`.
+async fn state_of(store: &impl LockStore, (lock, fence): &(String, String)) -> LockState {
+    store.lock_state(lock, fence).await.expect("store answers")
+}
+
+/// Whether `left` is within the last second of `lease`: a lease read just after it was set.
+fn fresh(left: Duration, lease: Duration) -> bool {
+    left <= lease && left > lease - Duration::from_secs(1)
+}
+
+/// A lock's state reads its holder's token, the lease it has left and its fencing token, and
+/// changes nothing; once released or expired it reads free, its last fencing token kept.
+pub async fn lock_state_reads_the_holder_and_changes_nothing(store: &(impl LockStore + Clone)) {
+    let keys = raw_lock_keys();
+    let free = state_of(store, &keys).await;
+    assert_eq!(free, LockState::new(None, Duration::ZERO, None));
+    let lease = Duration::from_secs(30);
+    let acquire = |token: &str, lease: Duration| {
+        let hold = Hold::new(keys.0.clone(), token.to_owned());
+        store.lock_acquire(LockRequest::new(hold, keys.1.clone(), lease), soon())
+    };
+    let LockAttempt::Acquired { fence } = acquire("a", lease).await.unwrap() else {
+        panic!("a free lock is acquired");
+    };
+    for _ in 0..2 {
+        let held = state_of(store, &keys).await;
+        assert_eq!(held.holder.as_deref(), Some("a"));
+        assert_eq!(held.fence, Some(fence));
+        assert!(fresh(held.lease_left, lease), "{:?}", held.lease_left);
+    }
+    match acquire("b", lease).await.unwrap() {
+        LockAttempt::Held { lease_left } => assert!(fresh(lease_left, lease), "{lease_left:?}"),
+        other => panic!("reading the lock freed it: {other:?}"),
+    }
+    assert!(
+        store
+            .delete_if_held(Hold::new(keys.0.clone(), "a"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        state_of(store, &keys).await,
+        LockState::new(None, Duration::ZERO, Some(fence)),
+        "released: free, its counter kept"
+    );
+    let LockAttempt::Acquired { fence: next } =
+        acquire("c", Duration::from_millis(300)).await.unwrap()
+    else {
+        panic!("a released lock is acquired");
+    };
+    assert!(next > fence);
+    assert_eq!(state_of(store, &keys).await.holder.as_deref(), Some("c"));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        state_of(store, &keys).await,
+        LockState::new(None, Duration::ZERO, Some(next)),
+        "expired: free"
     );
 }

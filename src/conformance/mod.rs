@@ -26,6 +26,8 @@
 //!   holder alone extends or gives back its permit; fencing tokens strictly increase per key;
 //!   the same acquisition run twice takes one permit; waiters get the permits that free up in
 //!   arrival order, and a place lapses unless renewed.
+//! - **Reads** for operators' tools: a lock's state, a key's permits in use and waiters, an
+//!   idempotency record's state, each read on the store's clock and changing nothing.
 //! - **Invalidations** (optional): a store that offers
 //!   [`invalidations`](crate::store::RateStore::invalidations) tells every subscription of a
 //!   reset, and of a settlement that refunded a reservation and left the caller room (see the
@@ -156,6 +158,7 @@ macro_rules! lock_store_suite {
             a_release_frees_the_key_once,
             huge_durations_are_clamped_alike,
             writes_after_their_deadline_change_nothing,
+            lock_state_reads_the_holder_and_changes_nothing,
         );
     };
 }
@@ -174,6 +177,7 @@ macro_rules! idempotency_store_suite {
             operations_run_twice_answer_alike,
             huge_durations_are_clamped_alike,
             writes_after_their_deadline_change_nothing,
+            idempotency_state_reads_the_record_and_changes_nothing,
         );
     };
 }
@@ -196,6 +200,7 @@ macro_rules! permit_store_suite {
             writes_after_their_deadline_change_nothing,
             permits_go_to_waiters_in_arrival_order,
             a_lapsed_place_leaves_the_queue,
+            permit_usage_reads_permits_and_waiters,
         );
     };
 }

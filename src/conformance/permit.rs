@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{soon, unique};
 use crate::store::PermitRequest;
-use crate::store::{Hold, PermitAttempt, PermitStore, StoreErrorKind};
+use crate::store::{Hold, PermitAttempt, PermitStore, PermitUsage, StoreErrorKind};
 
 /// A fresh key of one hash slot and its fence key: `(permits, fence)`.
 fn raw_keys() -> (String, String) {
@@ -258,4 +258,67 @@ pub async fn a_lapsed_place_leaves_the_queue(store: &(impl PermitStore + Clone))
     );
     assert!(store.permit_release(Hold::new(&keys.0, "a")).await.unwrap());
     fence_of(queue(store, &keys, "c", 1, long).await);
+}
+
+/// `permit_usage` of `key`.
+async fn usage_of(store: &impl PermitStore, (key, _): &(String, String)) -> PermitUsage {
+    store.permit_usage(key).await.expect("store answers")
+}
+
+/// Whether `left` is within the last second of `lease`: a lease read just after it was set.
+fn fresh(left: Duration, lease: Duration) -> bool {
+    left <= lease && left > lease - Duration::from_secs(1)
+}
+
+/// A key's usage reads each permit in use with the lease it has left, shortest first, and the
+/// waiters that keep a place, and changes nothing; released permits, ended leases and places
+/// given up or lapsed are not counted.
+pub async fn permit_usage_reads_permits_and_waiters(store: &(impl PermitStore + Clone)) {
+    let keys = raw_keys();
+    assert_eq!(
+        usage_of(store, &keys).await,
+        PermitUsage::new(Vec::new(), 0)
+    );
+    let (long, short) = (Duration::from_secs(30), Duration::from_secs(10));
+    fence_of(acquire(store, &keys, "a", 2, long).await);
+    fence_of(acquire(store, &keys, "b", 2, short).await);
+    let wait = Duration::from_secs(30);
+    assert_eq!(ahead_of(queue(store, &keys, "c", 2, wait).await), 0);
+    assert_eq!(
+        ahead_of(queue(store, &keys, "d", 2, Duration::from_millis(300)).await),
+        1
+    );
+    // one that does not queue is not a waiter
+    assert!(matches!(
+        acquire(store, &keys, "e", 2, long).await,
+        PermitAttempt::Full { .. }
+    ));
+    for _ in 0..2 {
+        let usage = usage_of(store, &keys).await;
+        assert_eq!((usage.in_use(), usage.waiting), (2, 2), "{usage:?}");
+        assert!(fresh(usage.leases_left[0], short), "{usage:?}");
+        assert!(fresh(usage.leases_left[1], long), "{usage:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(usage_of(store, &keys).await.waiting, 1, "d's place lapsed");
+    assert!(store.permit_release(Hold::new(&keys.0, "b")).await.unwrap());
+    let usage = usage_of(store, &keys).await;
+    assert_eq!((usage.in_use(), usage.waiting), (1, 1), "{usage:?}");
+    assert!(fresh(usage.leases_left[0], long), "{usage:?}");
+    assert!(!store.permit_release(Hold::new(&keys.0, "c")).await.unwrap());
+    assert_eq!(
+        usage_of(store, &keys).await.waiting,
+        0,
+        "c gave its place up"
+    );
+    fence_of(acquire(store, &keys, "f", 2, Duration::from_millis(300)).await);
+    assert_eq!(usage_of(store, &keys).await.in_use(), 2);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let usage = usage_of(store, &keys).await;
+    assert_eq!(usage.in_use(), 1, "f's lease ended: {usage:?}");
+    assert!(store.permit_release(Hold::new(&keys.0, "a")).await.unwrap());
+    assert_eq!(
+        usage_of(store, &keys).await,
+        PermitUsage::new(Vec::new(), 0)
+    );
 }

@@ -135,7 +135,7 @@ mod future;
 mod handler;
 mod key_header;
 mod layer;
-mod record;
+pub(crate) mod record;
 mod rejection;
 mod report;
 mod service;

@@ -106,6 +106,28 @@ fn take_headers(input: &mut &[u8]) -> Option<HeaderMap> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_completed_records_state_names_its_status() {
+        use crate::store::IdempotencyState;
+        use std::time::Duration;
+        let completed = |response: Bytes| IdempotencyState::Completed {
+            response,
+            retention_left: Duration::from_secs(1),
+            age: None,
+        };
+        let encoded = sample(None).encode();
+        assert_eq!(
+            completed(encoded).response_status(),
+            Some(StatusCode::CREATED)
+        );
+        assert_eq!(completed(Bytes::from_static(b"x")).response_status(), None);
+        let running = IdempotencyState::InFlight {
+            lease_left: Duration::from_secs(1),
+            age: Some(Duration::ZERO),
+        };
+        assert_eq!(running.response_status(), None);
+    }
+
     fn sample(trailers: Option<HeaderMap>) -> StoredResponse {
         let mut headers = HeaderMap::new();
         headers.insert("content-type", HeaderValue::from_static("application/json"));

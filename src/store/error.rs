@@ -25,6 +25,9 @@ pub enum StoreErrorKind {
     /// parse, a wrong password or database name, a role without the rights it needs, a server
     /// without a command the configuration asks for.
     Config,
+    /// The store does not offer the operation: a backend written before the operation was added
+    /// to its capability trait keeps the trait's default, which answers this.
+    Unsupported,
 }
 
 impl StoreError {
@@ -59,6 +62,15 @@ impl StoreError {
         )
     }
 
+    /// The operation `what` is not offered by this store (kind
+    /// [`Unsupported`](StoreErrorKind::Unsupported)).
+    pub(crate) fn unsupported(what: &str) -> Self {
+        Self::new(
+            StoreErrorKind::Unsupported,
+            format!("this store does not offer {what}"),
+        )
+    }
+
     /// The kind of failure.
     pub fn kind(&self) -> StoreErrorKind {
         self.kind
@@ -75,7 +87,8 @@ impl StoreError {
 }
 
 impl StoreErrorKind {
-    /// The kind as the metrics label it: `timeout`, `unavailable`, `protocol` or `config`.
+    /// The kind as the metrics label it: `timeout`, `unavailable`, `protocol`, `config` or
+    /// `unsupported`.
     ///
     /// ```
     /// use tollgate::store::StoreErrorKind;
@@ -88,6 +101,7 @@ impl StoreErrorKind {
             Self::Unavailable => "unavailable",
             Self::Protocol => "protocol",
             Self::Config => "config",
+            Self::Unsupported => "unsupported",
         }
     }
 }
@@ -99,6 +113,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Unavailable => "store unavailable",
             StoreErrorKind::Protocol => "store protocol error",
             StoreErrorKind::Config => "store configuration invalid",
+            StoreErrorKind::Unsupported => "store operation unsupported",
         };
         match &self.source {
             Some(source) => write!(f, "{what}: {source}"),

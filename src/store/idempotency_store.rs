@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{Hold, StoreFuture};
+use super::{Hold, StoreError, StoreFuture};
 
 /// Idempotency records claimed with a token and a lease: the capability the idempotency layer
 /// needs.
@@ -56,6 +56,67 @@ pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
         lease: Duration,
         deadline: Instant,
     ) -> StoreFuture<bool>;
+
+    /// Reads idempotency record `key`, changing nothing: absent, in flight with the time its
+    /// claim's lease has left, or completed with its encoded response and the time it is kept
+    /// still, each with its age (since its request claimed it) — on the store's clock, in one atomic step. A completion that replicas have not
+    /// acknowledged yet (durable writes) reads as in flight, as
+    /// [`idempotency_begin`](Self::idempotency_begin) answers it. For tools that show a record
+    /// to an operator; the layer never calls it.
+    ///
+    /// The default fails with [`StoreErrorKind::Unsupported`](super::StoreErrorKind::Unsupported), so
+    /// that a backend written before this method keeps building.
+    fn idempotency_state(&self, key: &str) -> StoreFuture<IdempotencyState> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(StoreError::unsupported(
+            "idempotency_state",
+        ))))
+    }
+}
+
+/// The answer to [`IdempotencyStore::idempotency_state`]: a record as the store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IdempotencyState {
+    /// No record under the key: never used, released, or expired.
+    Absent,
+    /// A request with the key runs.
+    InFlight {
+        /// The time its claim's lease has left, in whole milliseconds.
+        lease_left: Duration,
+        /// How long ago the request claimed the record, in whole milliseconds; `None` for a
+        /// record written by a version of the store that did not keep it.
+        age: Option<Duration>,
+    },
+    /// The key's request completed.
+    Completed {
+        /// The encoded response, as [`IdempotencyBegin::Completed`] replays it.
+        response: Bytes,
+        /// How long the record is kept still, in whole milliseconds.
+        retention_left: Duration,
+        /// How long ago the request claimed the record, in whole milliseconds; `None` for a
+        /// record written by a version of the store that did not keep it.
+        age: Option<Duration>,
+    },
+}
+
+impl IdempotencyState {
+    /// The status of the completed response, when the record is completed and holds a response
+    /// as the [idempotency layer](crate::idempotency) encodes it; `None` otherwise.
+    ///
+    /// ```
+    /// use tollgate::store::IdempotencyState;
+    ///
+    /// assert_eq!(IdempotencyState::Absent.response_status(), None);
+    /// ```
+    pub fn response_status(&self) -> Option<http::StatusCode> {
+        match self {
+            Self::Completed { response, .. } => {
+                crate::idempotency::record::StoredResponse::decode(response).map(|r| r.status)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// What [`IdempotencyStore::idempotency_begin`] takes: record `hold.key`, claimed for a request
@@ -154,5 +215,9 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
         deadline: Instant,
     ) -> StoreFuture<bool> {
         (**self).idempotency_extend(hold, lease, deadline)
+    }
+
+    fn idempotency_state(&self, key: &str) -> StoreFuture<IdempotencyState> {
+        (**self).idempotency_state(key)
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Hold, StoreFuture};
+use super::{Hold, StoreError, StoreFuture};
 
 /// Conditional writes with a holder: the capability claims and locks need.
 ///
@@ -42,6 +42,46 @@ pub trait LockStore: fmt::Debug + Send + Sync + 'static {
     /// Deletes `hold.key` only while it holds `hold.token`; `false` when it does not. A call
     /// re-sent after a lost reply answers as its first run did.
     fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool>;
+
+    /// Reads lock `key` and its fencing counter `fence_key` (same hash slot), changing neither:
+    /// who holds the lock, for how long still, and the last fencing token drawn — on the store's
+    /// clock, in one atomic step. For tools that show a lock to an operator; the layers never
+    /// call it.
+    ///
+    /// The default fails with [`StoreErrorKind::Unsupported`](super::StoreErrorKind::Unsupported), so
+    /// that a backend written before this method keeps building.
+    fn lock_state(&self, key: &str, fence_key: &str) -> StoreFuture<LockState> {
+        let _ = (key, fence_key);
+        Box::pin(std::future::ready(Err(StoreError::unsupported(
+            "lock_state",
+        ))))
+    }
+}
+
+/// The answer to [`LockStore::lock_state`]: a lock as the store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockState {
+    /// The token of the owner holding the lock; `None` when the lock is free (never taken,
+    /// released, or its lease ended).
+    pub holder: Option<String>,
+    /// How long the holder's lease has left, in whole milliseconds; zero when free.
+    pub lease_left: Duration,
+    /// The last fencing token drawn for the lock name — the holder's, while it is held; `None`
+    /// when none was drawn within the counter's lifetime ([`fence_ttl`](super::fence_ttl)).
+    pub fence: Option<u64>,
+}
+
+impl LockState {
+    /// A lock held by `holder` for `lease_left` more, with fencing token `fence`; `holder`
+    /// `None`: free, its counter at `fence`.
+    pub fn new(holder: Option<String>, lease_left: Duration, fence: Option<u64>) -> Self {
+        Self {
+            holder,
+            lease_left,
+            fence,
+        }
+    }
 }
 
 /// What [`LockStore::claim`] writes: `key` set to `holder` only if `key` does not exist,
@@ -140,5 +180,9 @@ impl<T: LockStore + ?Sized> LockStore for Arc<T> {
 
     fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool> {
         (**self).delete_if_held(hold)
+    }
+
+    fn lock_state(&self, key: &str, fence_key: &str) -> StoreFuture<LockState> {
+        (**self).lock_state(key, fence_key)
     }
 }

@@ -1,7 +1,8 @@
 //! Where shared state lives: the store capabilities, and the backends that provide them.
 //!
 //! Every operation is one round trip and atomic on the server: one Lua script, one conditional
-//! command or one PL/pgSQL function call, never a read-modify-write across round trips. Time
+//! command or one PL/pgSQL function call (a read that changes nothing: one `SELECT`), never a
+//! read-modify-write across round trips. Time
 //! comes from the store (`TIME` inside the scripts, `clock_timestamp()` in the functions), so
 //! clock skew between copies of a service cannot change a decision.
 //!
@@ -11,9 +12,14 @@
 //! | trait | operations | used by |
 //! | --- | --- | --- |
 //! | [`RateStore`] | [`check_rate`](RateStore::check_rate) | rate limits |
-//! | [`LockStore`] | claims, lock acquisition, token-checked extend and delete | claims and locks |
-//! | [`IdempotencyStore`] | begin, complete, release and extend a record | idempotency keys |
-//! | [`PermitStore`] | acquire, extend and release one of N permits | concurrency limits |
+//! | [`LockStore`] | claims, lock acquisition, token-checked extend and delete; a lock's state | claims and locks |
+//! | [`IdempotencyStore`] | begin, complete, release and extend a record; its state | idempotency keys |
+//! | [`PermitStore`] | acquire, extend and release one of N permits; the permits in use and waiters | concurrency limits |
+//!
+//! The reads ([`lock_state`](LockStore::lock_state), [`permit_usage`](PermitStore::permit_usage),
+//! [`idempotency_state`](IdempotencyStore::idempotency_state)) change nothing: they serve tools
+//! that show an operator what a service keeps, on the keys [`keys`] names. A backend written
+//! before them keeps the traits' defaults, which fail with [`StoreErrorKind::Unsupported`].
 //!
 //! [`Store`] is all four plus a health check: what [`RedisStore`], [`PgStore`] and
 //! [`MemoryStore`] provide, and what `Arc<dyn Store>` shares between layers.
@@ -108,6 +114,7 @@ pub(crate) mod deadline;
 mod error;
 mod idempotency_store;
 mod invalidation;
+pub mod keys;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod kit;
 mod lock_store;
@@ -125,13 +132,15 @@ mod transaction;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) use deadline::StoreClock;
 pub use error::{StoreError, StoreErrorKind};
-pub use idempotency_store::{BeginRequest, CompleteRequest, IdempotencyBegin, IdempotencyStore};
+pub use idempotency_store::{
+    BeginRequest, CompleteRequest, IdempotencyBegin, IdempotencyState, IdempotencyStore,
+};
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) use invalidation::publishing_refunds;
 pub use invalidation::{Invalidation, Invalidations};
-pub use lock_store::{ClaimOutcome, ClaimRequest, LockAttempt, LockRequest, LockStore};
+pub use lock_store::{ClaimOutcome, ClaimRequest, LockAttempt, LockRequest, LockState, LockStore};
 pub use memory::MemoryStore;
-pub use permit_store::{PermitAttempt, PermitRequest, PermitStore};
+pub use permit_store::{PermitAttempt, PermitRequest, PermitStore, PermitUsage};
 #[cfg(feature = "postgres")]
 pub use postgres::{Once, OnceError, OnceTx, PgStore, PgStoreBuilder};
 pub use rate_store::RateStore;

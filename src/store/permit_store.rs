@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Hold, StoreFuture};
+use super::{Hold, StoreError, StoreFuture};
 
 /// Permits: at most `limit` holders of a key at once, each with a lease and a fencing token —
 /// the capability the [concurrency-limit layer](crate::concurrency) needs.
@@ -48,6 +48,47 @@ pub trait PermitStore: fmt::Debug + Send + Sync + 'static {
     /// re-sent after a lost reply answers as its first run did. A place `hold.token` keeps in the
     /// key's queue is given up too.
     fn permit_release(&self, hold: Hold) -> StoreFuture<bool>;
+
+    /// Reads the permits of `key` and its queue of waiters, changing neither: the permits whose
+    /// lease has not ended, each with the time it has left, and the waiters whose place has not
+    /// lapsed — on the store's clock, in one atomic step. For tools that show a concurrency
+    /// limit to an operator; the layer never calls it.
+    ///
+    /// The default fails with [`StoreErrorKind::Unsupported`](super::StoreErrorKind::Unsupported), so
+    /// that a backend written before this method keeps building.
+    fn permit_usage(&self, key: &str) -> StoreFuture<PermitUsage> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(StoreError::unsupported(
+            "permit_usage",
+        ))))
+    }
+}
+
+/// The answer to [`PermitStore::permit_usage`]: the permits of a key in use, and its waiters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PermitUsage {
+    /// The time each permit in use has left on its lease, in whole milliseconds, shortest
+    /// first: as many entries as permits are held.
+    pub leases_left: Vec<Duration>,
+    /// How many waiters keep a place in the key's queue.
+    pub waiting: u32,
+}
+
+impl PermitUsage {
+    /// Permits held with `leases_left` (sorted here, shortest first), `waiting` waiters queued.
+    pub fn new(mut leases_left: Vec<Duration>, waiting: u32) -> Self {
+        leases_left.sort_unstable();
+        Self {
+            leases_left,
+            waiting,
+        }
+    }
+
+    /// How many permits are in use.
+    pub fn in_use(&self) -> usize {
+        self.leases_left.len()
+    }
 }
 
 /// What [`PermitStore::permit_acquire`] takes: one of the `limit` permits of `hold.key` for
@@ -125,5 +166,9 @@ impl<T: PermitStore + ?Sized> PermitStore for Arc<T> {
 
     fn permit_release(&self, hold: Hold) -> StoreFuture<bool> {
         (**self).permit_release(hold)
+    }
+
+    fn permit_usage(&self, key: &str) -> StoreFuture<PermitUsage> {
+        (**self).permit_usage(key)
     }
 }

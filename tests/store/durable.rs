@@ -17,7 +17,8 @@ use tollgate::lock::{LockError, Locks};
 use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
 use tollgate::store::{BeginRequest, CompleteRequest};
 use tollgate::store::{
-    Hold, IdempotencyBegin, IdempotencyStore, RateStore, RedisStore, StoreErrorKind,
+    Hold, IdempotencyBegin, IdempotencyState, IdempotencyStore, RateStore, RedisStore,
+    StoreErrorKind,
 };
 
 /// A replica of `primary`, killed on drop (with its directory).
@@ -377,6 +378,12 @@ async fn an_unacknowledged_completion_reads_as_running_not_completed() {
         matches!(retry, IdempotencyBegin::InFlight { .. }),
         "{retry:?}"
     );
+    // an operator reading the record is told the same
+    let read = store.idempotency_state(&key).await.unwrap();
+    assert!(
+        matches!(read, IdempotencyState::InFlight { age: Some(_), .. }),
+        "{read:?}"
+    );
     proxy.unsilence();
     // the layer sends the completion again within the lease
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -386,7 +393,16 @@ async fn an_unacknowledged_completion_reads_as_running_not_completed() {
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
         match begin("u").await.unwrap() {
-            IdempotencyBegin::Completed(record) => break assert_eq!(&record[..], b"paid"),
+            IdempotencyBegin::Completed(record) => {
+                assert_eq!(&record[..], b"paid");
+                let read = store.idempotency_state(&key).await.unwrap();
+                match read {
+                    IdempotencyState::Completed { response, .. } => {
+                        break assert_eq!(&response[..], b"paid");
+                    }
+                    other => panic!("replayed, but read as {other:?}"),
+                }
+            }
             other => assert!(
                 Instant::now() < deadline,
                 "not replayed once acknowledged: {other:?}"

@@ -9,8 +9,9 @@ use tollgate::key::Key;
 use tollgate::rate::{RateCheck, RateOutcome, RatePolicy};
 use tollgate::store::{BeginRequest, ClaimRequest, CompleteRequest, LockRequest, PermitRequest};
 use tollgate::store::{
-    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, MemoryStore,
-    PermitAttempt, PermitStore, RateStore, StoreFuture,
+    ClaimOutcome, Hold, IdempotencyBegin, IdempotencyState, IdempotencyStore, LockAttempt,
+    LockState, LockStore, MemoryStore, PermitAttempt, PermitStore, PermitUsage, RateStore,
+    StoreErrorKind, StoreFuture,
 };
 
 /// The outside store: every operation handed to the memory store it wraps.
@@ -66,6 +67,10 @@ impl LockStore for Delegating {
     fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool> {
         let Hold { key, token } = hold;
         self.0.delete_if_held(Hold::new(key, token))
+    }
+
+    fn lock_state(&self, key: &str, fence_key: &str) -> StoreFuture<LockState> {
+        self.0.lock_state(key, fence_key)
     }
 }
 
@@ -125,6 +130,10 @@ impl IdempotencyStore for Delegating {
         self.0
             .idempotency_extend(Hold::new(key, token), lease, deadline)
     }
+
+    fn idempotency_state(&self, key: &str) -> StoreFuture<IdempotencyState> {
+        self.0.idempotency_state(key)
+    }
 }
 
 impl PermitStore for Delegating {
@@ -158,6 +167,106 @@ impl PermitStore for Delegating {
     fn permit_release(&self, hold: Hold) -> StoreFuture<bool> {
         self.0.permit_release(hold)
     }
+
+    fn permit_usage(&self, key: &str) -> StoreFuture<PermitUsage> {
+        self.0.permit_usage(key)
+    }
 }
 
 tollgate::store_suite!((Delegating::default(), ()));
+
+/// A store written before the reads were added to the capability traits: it implements only
+/// the writes, and still builds; its reads answer `Unsupported`.
+#[derive(Debug, Clone, Default)]
+struct WritesOnly(MemoryStore);
+
+impl LockStore for WritesOnly {
+    fn timeout(&self) -> Duration {
+        LockStore::timeout(&self.0)
+    }
+
+    fn claim(&self, request: ClaimRequest, deadline: Instant) -> StoreFuture<ClaimOutcome> {
+        self.0.claim(request, deadline)
+    }
+
+    fn lock_acquire(&self, request: LockRequest, deadline: Instant) -> StoreFuture<LockAttempt> {
+        self.0.lock_acquire(request, deadline)
+    }
+
+    fn extend_if_held(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        self.0.extend_if_held(hold, lease, deadline)
+    }
+
+    fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool> {
+        self.0.delete_if_held(hold)
+    }
+}
+
+impl IdempotencyStore for WritesOnly {
+    fn timeout(&self) -> Duration {
+        IdempotencyStore::timeout(&self.0)
+    }
+
+    fn idempotency_begin(
+        &self,
+        request: BeginRequest,
+        deadline: Instant,
+    ) -> StoreFuture<IdempotencyBegin> {
+        self.0.idempotency_begin(request, deadline)
+    }
+
+    fn idempotency_complete(
+        &self,
+        request: CompleteRequest,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        self.0.idempotency_complete(request, deadline)
+    }
+
+    fn idempotency_release(&self, hold: Hold) -> StoreFuture<bool> {
+        self.0.idempotency_release(hold)
+    }
+
+    fn idempotency_extend(
+        &self,
+        hold: Hold,
+        lease: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<bool> {
+        self.0.idempotency_extend(hold, lease, deadline)
+    }
+}
+
+impl PermitStore for WritesOnly {
+    fn timeout(&self) -> Duration {
+        PermitStore::timeout(&self.0)
+    }
+
+    fn permit_acquire(
+        &self,
+        request: PermitRequest,
+        deadline: Instant,
+    ) -> StoreFuture<PermitAttempt> {
+        self.0.permit_acquire(request, deadline)
+    }
+
+    fn permit_extend(&self, hold: Hold, lease: Duration, deadline: Instant) -> StoreFuture<bool> {
+        self.0.permit_extend(hold, lease, deadline)
+    }
+
+    fn permit_release(&self, hold: Hold) -> StoreFuture<bool> {
+        self.0.permit_release(hold)
+    }
+}
+
+#[tokio::test]
+async fn reads_a_store_does_not_offer_answer_unsupported() {
+    let store = WritesOnly::default();
+    let kind = |error: tollgate::store::StoreError| error.kind();
+    let lock = store.lock_state("k", "k:fence").await.map_err(kind);
+    assert_eq!(lock, Err(StoreErrorKind::Unsupported));
+    let permits = store.permit_usage("k").await.map_err(kind);
+    assert_eq!(permits, Err(StoreErrorKind::Unsupported));
+    let record = store.idempotency_state("k").await.map_err(kind);
+    assert_eq!(record, Err(StoreErrorKind::Unsupported));
+}

@@ -12,8 +12,8 @@ use tollgate::key::Key;
 use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
 use tollgate::store::{BeginRequest, ClaimRequest, LockRequest};
 use tollgate::store::{
-    Hold, IdempotencyBegin, IdempotencyStore, LockAttempt, LockStore, PgStore, RateStore, Store,
-    StoreErrorKind,
+    Hold, IdempotencyBegin, IdempotencyState, IdempotencyStore, LockAttempt, LockStore, PgStore,
+    RateStore, Store, StoreErrorKind,
 };
 
 /// A pool the application would make itself on `server`: plain connections, no settings.
@@ -86,7 +86,7 @@ async fn migrate_is_idempotent_and_safe_to_run_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![6]);
+    assert_eq!(versions, vec![7]);
     let won = stores[2]
         .claim(ClaimRequest::new("k", "a", None), crate::common::soon())
         .await
@@ -920,7 +920,7 @@ async fn migrate_on_a_current_schema_takes_no_table_lock() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![6]);
+    assert_eq!(versions, vec![7]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1087,7 +1087,7 @@ async fn an_upgrade_drops_the_functions_without_deadlines() {
         .collect();
     assert_eq!(args, vec![4], "one claim: the one with a deadline");
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 6, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 7, Duration::ZERO).await);
     // a copy of version 1 started since, which migrates whatever the version row says, put its
     // functions back: the next migration finds them and runs its DDL again
     client.batch_execute(&old_claim).await.unwrap();
@@ -1194,7 +1194,7 @@ async fn a_schema_of_version_3_upgrades_and_keeps_its_limits() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 6, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 7, Duration::ZERO).await);
     // every function a copy of version 3 calls, or that one it calls calls, is still there
     let after = functions(&client, &s).await;
     let gone: Vec<&String> = before.iter().filter(|f| !after.contains(f)).collect();
@@ -1320,7 +1320,7 @@ async fn a_schema_of_version_4_upgrades_and_its_copies_keep_working() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 6, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 7, Duration::ZERO).await);
     // gone: only version 4's steps and settlements, which its functions alone called
     let after = functions(&client, &s).await;
     let replaced = [
@@ -2019,7 +2019,7 @@ async fn a_schema_of_version_5_upgrades_and_its_copies_keep_working() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 6, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 7, Duration::ZERO).await);
     // the copy of version 5: its attempt re-sent is not charged again, a new one is
     let again = decide(1).await;
     assert_eq!((again[2], again[5]), (1, 2), "{again:?}");
@@ -2040,4 +2040,70 @@ async fn a_schema_of_version_5_upgrades_and_its_copies_keep_working() {
         .unwrap();
     assert!(!denied.admitted);
     assert_eq!(denied.retry_after, Duration::from_secs(90));
+}
+
+/// `schema.sql` of version 6, as it was.
+const SCHEMA_V6: &str = include_str!("fixtures/schema_v6.sql");
+
+/// A schema of version 6 upgrades to this version: a record a copy of version 6 claimed reads
+/// without an age, one this version claims with its age, and the copy of version 6 still begins
+/// records through the `idem_begin` it calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_version_6_upgrades_and_its_records_read_alike() {
+    let server = server().await;
+    let s = unique_schema();
+    let client = server.client().await;
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA \"{s}\";
+             CREATE TABLE \"{s}\".migrations (
+               version integer PRIMARY KEY,
+               applied_at timestamptz NOT NULL DEFAULT now()
+             );
+             INSERT INTO \"{s}\".migrations (version) VALUES (6);"
+        ))
+        .await
+        .unwrap();
+    let v6 = SCHEMA_V6
+        .replace("__SCHEMA__", &format!("\"{s}\""))
+        .replace("__RATE_TABLES__", "UNLOGGED");
+    client.batch_execute(&v6).await.unwrap();
+    let as_v6 = format!(
+        "SELECT o_tag FROM \"{s}\".idem_begin($1, 'fp', 't', 60000, \"{s}\".now_us() + 10000000)"
+    );
+    let begin_v6 = |key: &'static str| {
+        let (client, sql) = (&client, &as_v6);
+        async move {
+            let row = client.query_one(sql, &[&key]).await.unwrap();
+            row.get::<_, i16>(0)
+        }
+    };
+    assert_eq!(begin_v6("old").await, 0);
+
+    let store = server.builder().schema(s.clone()).connect().await.unwrap();
+    let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
+    assert!(becomes(&client, &versions, 7, Duration::ZERO).await);
+    match store.idempotency_state("old").await.unwrap() {
+        IdempotencyState::InFlight { lease_left, age } => {
+            assert!(lease_left <= Duration::from_secs(60), "{lease_left:?}");
+            assert_eq!(age, None, "claimed before the schema kept it");
+        }
+        other => panic!("expected in flight, got {other:?}"),
+    }
+    // the copy of version 6 on the upgraded schema: its record now keeps its age
+    assert_eq!(begin_v6("copy").await, 0);
+    let new = BeginRequest::new(Hold::new("new", "t"), "fp", Duration::from_secs(60));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    assert_eq!(
+        store.idempotency_begin(new, deadline).await.unwrap(),
+        IdempotencyBegin::Claimed
+    );
+    for key in ["copy", "new"] {
+        match store.idempotency_state(key).await.unwrap() {
+            IdempotencyState::InFlight { age: Some(age), .. } => {
+                assert!(age < Duration::from_secs(2), "{key}: {age:?}");
+            }
+            other => panic!("{key}: expected in flight with an age, got {other:?}"),
+        }
+    }
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub(crate) mod cluster;
+pub(crate) mod state;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

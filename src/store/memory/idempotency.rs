@@ -5,8 +5,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{Entry, MemoryStore, NOMINAL_TIMEOUT, OnMatch, Value, before, expiry};
-use crate::store::{BeginRequest, CompleteRequest};
+use super::{Entry, MemoryStore, NOMINAL_TIMEOUT, OnMatch, Value, before, done, expiry};
+use crate::store::{BeginRequest, CompleteRequest, IdempotencyState};
 use crate::store::{Hold, IdempotencyBegin, IdempotencyStore, StoreFuture};
 
 #[derive(Debug)]
@@ -16,6 +16,8 @@ pub(super) struct IdemRecord {
     token: String,
     /// The response, once done.
     response: Option<Bytes>,
+    /// Store time in microseconds when the request claimed it.
+    created: u64,
 }
 
 impl Value {
@@ -66,6 +68,7 @@ impl IdempotencyStore for MemoryStore {
                             fingerprint: request.fingerprint.clone(),
                             token: token.clone(),
                             response: None,
+                            created: now,
                         };
                         held.put(&key, Value::Idem(record), expiry(now, request.lease))?;
                         IdempotencyBegin::Claimed
@@ -120,5 +123,29 @@ impl IdempotencyStore for MemoryStore {
         let Hold { key, token } = hold;
         let expire = OnMatch::Expire(lease);
         self.token_checked(&key, |v| v.owned_by(&token), expire, Some(deadline))
+    }
+
+    fn idempotency_state(&self, key: &str) -> StoreFuture<IdempotencyState> {
+        let now = self.now_us();
+        done(self.inner.entries.run(key, None, now, |held| {
+            let left = held.left(key, now);
+            let Some(Value::Idem(record)) = held.live(key, now) else {
+                return Ok(IdempotencyState::Absent);
+            };
+            let age = Some(Duration::from_millis(
+                now.saturating_sub(record.created) / 1000,
+            ));
+            Ok(match &record.response {
+                Some(response) => IdempotencyState::Completed {
+                    response: response.clone(),
+                    retention_left: left,
+                    age,
+                },
+                None => IdempotencyState::InFlight {
+                    lease_left: left,
+                    age,
+                },
+            })
+        }))
     }
 }

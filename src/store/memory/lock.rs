@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{MemoryStore, NOMINAL_TIMEOUT, OnMatch, Value, before, expiry};
-use crate::store::{ClaimOutcome, Hold, LockAttempt, LockStore, StoreFuture, fence_ttl};
+use super::{MemoryStore, NOMINAL_TIMEOUT, OnMatch, Value, before, done, expiry};
+use crate::store::MAX_EXPIRY;
+use crate::store::{ClaimOutcome, Hold, LockAttempt, LockState, LockStore, StoreFuture, fence_ttl};
 use crate::store::{ClaimRequest, LockRequest};
 
 impl Value {
@@ -95,5 +96,22 @@ impl LockStore for MemoryStore {
     fn delete_if_held(&self, hold: Hold) -> StoreFuture<bool> {
         let Hold { key, token } = hold;
         self.token_checked(&key, |v| v.held_by(&token), OnMatch::Release, None)
+    }
+
+    fn lock_state(&self, key: &str, fence_key: &str) -> StoreFuture<LockState> {
+        let now = self.now_us();
+        done(self.inner.entries.run(key, Some(fence_key), now, |held| {
+            let fence = match held.live(fence_key, now) {
+                Some(Value::Fence(last)) => Some(*last),
+                _ => None,
+            };
+            Ok(match held.live(key, now) {
+                Some(Value::Str(token)) => {
+                    let lease_left = held.left(key, now).min(MAX_EXPIRY);
+                    LockState::new(Some(token.clone()), lease_left, fence)
+                }
+                _ => LockState::new(None, Duration::ZERO, fence),
+            })
+        }))
     }
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Entry, MemoryStore, NOMINAL_TIMEOUT, Value, before, done, expiry};
-use crate::store::PermitRequest;
 use crate::store::{Hold, PermitAttempt, PermitStore, StoreFuture, fence_ttl};
+use crate::store::{PermitRequest, PermitUsage};
 
 #[derive(Debug, Default)]
 pub(super) struct Permits {
@@ -171,6 +171,26 @@ impl PermitStore for MemoryStore {
                 released
             };
             Ok(held.update(&hold.key, release).unwrap_or(false))
+        }))
+    }
+
+    fn permit_usage(&self, key: &str) -> StoreFuture<PermitUsage> {
+        let now = self.now_us();
+        done(self.inner.entries.run(key, None, now, |held| {
+            let Some(Value::Permits(permits)) = held.live(key, now) else {
+                return Ok(PermitUsage::new(Vec::new(), 0));
+            };
+            let leases_left = permits
+                .held
+                .iter()
+                .filter(|p| p.ends > now)
+                .map(|p| Duration::from_millis((p.ends - now) / 1000))
+                .collect();
+            let waiting = permits.queue.iter().filter(|w| w.until > now).count();
+            Ok(PermitUsage::new(
+                leases_left,
+                u32::try_from(waiting).unwrap_or(u32::MAX),
+            ))
         }))
     }
 }

@@ -8,8 +8,8 @@ use tokio_postgres::Row;
 
 use super::call::Param;
 use super::sql::Sql;
-use super::{PgStore, boolean, flag, ms, protocol, tag};
-use crate::store::{BeginRequest, CompleteRequest};
+use super::{PgStore, boolean, flag, left_ms, ms, protocol, tag};
+use crate::store::{BeginRequest, CompleteRequest, IdempotencyState};
 use crate::store::{
     Hold, IdempotencyBegin, IdempotencyStore, RELEASE_MARKER_TTL, StoreError, StoreFuture, kit,
 };
@@ -80,6 +80,40 @@ impl IdempotencyStore for PgStore {
         let sql: fn(&Sql) -> &String = |s| &s.idem_extend;
         self.call("idempotency_extend", sql, params, Some(deadline), flag)
     }
+
+    fn idempotency_state(&self, key: &str) -> StoreFuture<IdempotencyState> {
+        let params: Vec<Param> = vec![Box::new(key.to_owned())];
+        let sql: fn(&Sql) -> &String = |s| &s.idem_state;
+        self.call("idempotency_state", sql, params, None, decode_idem_state)
+    }
+}
+
+/// `(done, response, left_ms, age_ms)`: `done` `NULL` when there is no record, `age_ms` when
+/// it was made before its creation was kept.
+fn decode_idem_state(row: &Row) -> Result<IdempotencyState, StoreError> {
+    let done: Option<bool> = row.try_get(0).map_err(protocol)?;
+    let response: Option<Vec<u8>> = row.try_get(1).map_err(protocol)?;
+    let left: Option<i64> = row.try_get(2).map_err(protocol)?;
+    let left = left_ms(left.unwrap_or(0));
+    let age: Option<i64> = row.try_get(3).map_err(protocol)?;
+    let age = age.map(left_ms);
+    Ok(match (done, response) {
+        (None, _) => IdempotencyState::Absent,
+        (Some(true), Some(response)) => IdempotencyState::Completed {
+            response: Bytes::from(response),
+            retention_left: left,
+            age,
+        },
+        (Some(true), None) => {
+            return Err(StoreError::protocol(
+                "idempotency_state read a completed record without a response",
+            ));
+        }
+        (Some(false), _) => IdempotencyState::InFlight {
+            lease_left: left,
+            age,
+        },
+    })
 }
 
 /// `(tag, lease_left_ms, response)`: 0 claimed, 1 running elsewhere, 2 another fingerprint,

@@ -7,10 +7,10 @@ use tokio_postgres::Row;
 
 use super::call::Param;
 use super::sql::Sql;
-use super::{PgStore, boolean, flag, ms, protocol, tag};
+use super::{PgStore, boolean, flag, left_ms, ms, protocol, tag};
 use crate::store::{
-    ClaimOutcome, Hold, LockAttempt, LockStore, RELEASE_MARKER_TTL, StoreError, StoreFuture,
-    fence_ttl, kit,
+    ClaimOutcome, Hold, LockAttempt, LockState, LockStore, RELEASE_MARKER_TTL, StoreError,
+    StoreFuture, fence_ttl, kit,
 };
 use crate::store::{ClaimRequest, LockRequest};
 
@@ -90,4 +90,33 @@ impl LockStore for PgStore {
         ];
         self.call("lock_release", |s| &s.release_hold, params, None, boolean)
     }
+
+    fn lock_state(&self, key: &str, fence_key: &str) -> StoreFuture<LockState> {
+        let params: Vec<Param> = vec![Box::new(key.to_owned()), Box::new(fence_key.to_owned())];
+        self.call(
+            "lock_state",
+            |s| &s.lock_state,
+            params,
+            None,
+            decode_lock_state,
+        )
+    }
+}
+
+/// `(holder, lease_left_ms, fence)`: holder `NULL` when the lock is free.
+fn decode_lock_state(row: &Row) -> Result<LockState, StoreError> {
+    let holder: Option<String> = row.try_get(0).map_err(protocol)?;
+    let left: Option<i64> = row.try_get(1).map_err(protocol)?;
+    let fence: Option<i64> = row.try_get(2).map_err(protocol)?;
+    let fence = fence
+        .map(|fence| {
+            u64::try_from(fence)
+                .map_err(|_| StoreError::protocol(format!("lock_state read the fence {fence}")))
+        })
+        .transpose()?;
+    let lease_left = match (&holder, left) {
+        (Some(_), Some(ms)) => left_ms(ms),
+        _ => Duration::ZERO,
+    };
+    Ok(LockState::new(holder, lease_left, fence))
 }

@@ -371,6 +371,15 @@ fn protocol(e: tokio_postgres::Error) -> StoreError {
     StoreError::protocol(e)
 }
 
+/// A time left as a read answers it, in milliseconds: `-1` (no expiry) as
+/// [`MAX_EXPIRY`](crate::store::MAX_EXPIRY), anything else below zero as zero.
+fn left_ms(ms: i64) -> Duration {
+    match ms {
+        -1 => crate::store::MAX_EXPIRY,
+        ms => Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
+    }
+}
+
 /// A release's answer.
 fn boolean(row: &Row) -> Result<bool, StoreError> {
     row.try_get(0).map_err(protocol)

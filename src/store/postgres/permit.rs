@@ -8,11 +8,11 @@ use tokio_postgres::Row;
 
 use super::call::Param;
 use super::sql::Sql;
-use super::{PgStore, boolean, flag, ms, protocol, tag};
-use crate::store::PermitRequest;
+use super::{PgStore, boolean, flag, left_ms, ms, protocol, tag};
 use crate::store::{
     Hold, PermitAttempt, PermitStore, RELEASE_MARKER_TTL, StoreError, StoreFuture, fence_ttl, kit,
 };
+use crate::store::{PermitRequest, PermitUsage};
 
 /// `(tag, value, ahead)`: see [`kit::permit_attempt`].
 fn decode_permit(row: &Row) -> Result<PermitAttempt, StoreError> {
@@ -67,4 +67,25 @@ impl PermitStore for PgStore {
         let sql: fn(&Sql) -> &String = |s| &s.permit_release;
         self.call("permit_release", sql, params, None, boolean)
     }
+
+    fn permit_usage(&self, key: &str) -> StoreFuture<PermitUsage> {
+        let params: Vec<Param> = vec![Box::new(key.to_owned())];
+        self.call(
+            "permit_usage",
+            |s| &s.permit_usage,
+            params,
+            None,
+            decode_permit_usage,
+        )
+    }
+}
+
+/// `(leases_left_ms[], waiting)`.
+fn decode_permit_usage(row: &Row) -> Result<PermitUsage, StoreError> {
+    let leases: Vec<i64> = row.try_get(0).map_err(protocol)?;
+    let waiting: i64 = row.try_get(1).map_err(protocol)?;
+    Ok(PermitUsage::new(
+        leases.into_iter().map(left_ms).collect(),
+        u32::try_from(waiting).unwrap_or(u32::MAX),
+    ))
 }

@@ -1,4 +1,4 @@
--- tollgate on PostgreSQL, schema version 6: tables, indexes and the functions that are the
+-- tollgate on PostgreSQL, schema version 7: tables, indexes and the functions that are the
 -- store's atomic operations. `__SCHEMA__` stands for the configured schema (quoted) and
 -- `__RATE_TABLES__` for `UNLOGGED` or nothing. Every statement is idempotent. PgStore::migrate
 -- first reads the version recorded in `migrations` (locking none of the tables below) and runs
@@ -40,6 +40,10 @@
 -- rate_limits keyed by the limit's key plus ':block' (a = the block's end, µs; expiring then).
 -- decide_rates and check_rate of version 5 keep their signatures and replies (no penalties), so
 -- copies of version 5 keep working on a schema of version 6.
+-- Version 7 keeps when an idempotency record was claimed (`idempotency.created_at`, set by
+-- idem_begin), for operators' tools; a record of an earlier version has none. The signatures
+-- and replies of every function stay, so copies of version 6 keep working on a schema of
+-- version 7.
 --
 -- Time is the database clock in microseconds since the Unix epoch (`now_us()`, read from
 -- `clock_timestamp()` after the rows an operation touches are locked). Every row has an
@@ -244,6 +248,9 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.idempotency (
   response bytea,
   expires_at bigint NOT NULL
 );
+-- when the record's request was claimed (µs of store time), for operators' tools; a record made
+-- before the column has none
+ALTER TABLE __SCHEMA__.idempotency ADD COLUMN IF NOT EXISTS created_at bigint;
 CREATE INDEX IF NOT EXISTS idempotency_expiry ON __SCHEMA__.idempotency (expires_at);
 
 -- Runs recorded by PgStore::once, in the same transaction as their work: the output of the
@@ -1557,11 +1564,13 @@ BEGIN
   IF v_now >= p_deadline_us THEN
     o_tag := -1;
   ELSIF NOT v_found OR v_row.expires_at <= v_now THEN
-    INSERT INTO __SCHEMA__.idempotency (key, done, fingerprint, token, response, expires_at)
-      VALUES (p_key, false, p_fingerprint, p_token, NULL, v_now + p_lease_ms * 1000)
+    INSERT INTO __SCHEMA__.idempotency
+        (key, done, fingerprint, token, response, expires_at, created_at)
+      VALUES (p_key, false, p_fingerprint, p_token, NULL, v_now + p_lease_ms * 1000, v_now)
       ON CONFLICT (key) DO UPDATE
         SET done = false, fingerprint = EXCLUDED.fingerprint, token = EXCLUDED.token,
-            response = NULL, expires_at = EXCLUDED.expires_at;
+            response = NULL, expires_at = EXCLUDED.expires_at,
+            created_at = EXCLUDED.created_at;
     o_tag := 0;
   ELSIF v_row.fingerprint <> p_fingerprint THEN
     o_tag := 2;

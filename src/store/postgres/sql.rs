@@ -10,7 +10,7 @@ pub(super) const DEFAULT_SCHEMA: &str = "tollgate";
 const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// The version `schema.sql` brings a schema to, recorded in its `migrations` table.
-pub(super) const SCHEMA_VERSION: i32 = 6;
+pub(super) const SCHEMA_VERSION: i32 = 7;
 
 /// Checks a schema name: 1 to 63 lowercase ASCII letters, digits and `_`, not starting with a
 /// digit — a name PostgreSQL takes as it is, quoted or not.
@@ -66,6 +66,12 @@ pub(super) struct Sql {
     pub(super) idem_complete: String,
     pub(super) idem_release: String,
     pub(super) idem_extend: String,
+    /// Reads only: a lock (`$1`) and its fencing counter (`$2`).
+    pub(super) lock_state: String,
+    /// Reads only: the permits of `$1` in use, and its waiters.
+    pub(super) permit_usage: String,
+    /// Reads only: idempotency record `$1`.
+    pub(super) idem_state: String,
     pub(super) purge_expired: String,
     pub(super) ping: String,
     pub(super) now: String,
@@ -104,6 +110,28 @@ impl Sql {
             idem_complete: format!("SELECT {s}.idem_complete($1, $2, $3, $4, $5)"),
             idem_release: format!("SELECT {s}.idem_release($1, $2, $3, $4)"),
             idem_extend: format!("SELECT {s}.idem_extend($1, $2, $3, $4)"),
+            lock_state: format!(
+                "SELECT h.holder, CASE WHEN h.expires_at IS NULL THEN -1 \
+                 ELSE (h.expires_at - n.now) / 1000 END, f.last \
+                 FROM (SELECT {s}.now_us() AS now) n \
+                 LEFT JOIN {s}.holds h ON h.key = $1 \
+                 AND (h.expires_at IS NULL OR h.expires_at > n.now) \
+                 LEFT JOIN {s}.fences f ON f.key = $2 AND f.expires_at > n.now"
+            ),
+            permit_usage: format!(
+                "SELECT coalesce((SELECT array_agg((p.expires_at - n.now) / 1000 \
+                 ORDER BY p.expires_at) FROM {s}.permits p \
+                 WHERE p.key = $1 AND p.expires_at > n.now), '{{}}'::bigint[]), \
+                 (SELECT count(*) FROM {s}.permit_queue q \
+                 WHERE q.key = $1 AND q.expires_at > n.now) \
+                 FROM (SELECT {s}.now_us() AS now) n"
+            ),
+            idem_state: format!(
+                "SELECT i.done, i.response, (i.expires_at - n.now) / 1000, \
+                 (n.now - (to_jsonb(i) ->> 'created_at')::bigint) / 1000 \
+                 FROM (SELECT {s}.now_us() AS now) n \
+                 LEFT JOIN {s}.idempotency i ON i.key = $1 AND i.expires_at > n.now"
+            ),
             purge_expired: format!("SELECT * FROM {s}.purge_expired($1)"),
             ping: "SELECT 1".to_owned(),
             now: format!("SELECT {s}.now_us()"),

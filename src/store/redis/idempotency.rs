@@ -10,11 +10,12 @@ use tokio::time::Instant;
 use super::clock::store_deadline;
 use super::script_call::ScriptCall;
 use super::{
-    Effect, Pending, RedisStore, extend_call, redis_call, release_call, store_error, unexpired,
+    Effect, Pending, RedisStore, extend_call, left_ms, redis_call, release_call, store_error,
+    unexpired,
 };
 use crate::keyspace;
 use crate::store::span::Command;
-use crate::store::{BeginRequest, CompleteRequest};
+use crate::store::{BeginRequest, CompleteRequest, IdempotencyState};
 use crate::store::{
     Hold, IdempotencyBegin, IdempotencyStore, StoreError, StoreFuture, kit, millis,
 };
@@ -125,6 +126,51 @@ impl IdempotencyStore for RedisStore {
             let extended: i64 = unexpired(reply)?;
             Ok(extended == 1)
         })
+    }
+
+    fn idempotency_state(&self, key: &str) -> StoreFuture<IdempotencyState> {
+        let call = ScriptCall::default()
+            .key(key)
+            .key(keyspace::pending_marker(key));
+        let span = redis_call(
+            "idempotency_state",
+            Command::Evalsha,
+            self.scripts.idem_state.name,
+        );
+        self.call(span, move |mut conn, scripts| async move {
+            let reply: Vec<Value> = call
+                .invoke(&scripts.idem_state, &mut conn)
+                .await
+                .map_err(store_error)?;
+            decode_idem_state(reply)
+        })
+    }
+}
+
+/// Decodes `{0}`, `{1, lease_left_ms, age_ms}` or `{2, retention_left_ms, response, age_ms}`
+/// (`age_ms` -1: not kept).
+fn decode_idem_state(reply: Vec<Value>) -> Result<IdempotencyState, StoreError> {
+    let age = |ms: i64| (ms >= 0).then(|| left_ms(ms));
+    let reply: Vec<Value> = reply.into_iter().take(5).collect();
+    match &reply[..] {
+        [Value::Int(0)] => Ok(IdempotencyState::Absent),
+        [Value::Int(1), Value::Int(ms), Value::Int(old)] => Ok(IdempotencyState::InFlight {
+            lease_left: left_ms(*ms),
+            age: age(*old),
+        }),
+        [
+            Value::Int(2),
+            Value::Int(ms),
+            Value::BulkString(response),
+            Value::Int(old),
+        ] => Ok(IdempotencyState::Completed {
+            response: Bytes::copy_from_slice(response),
+            retention_left: left_ms(*ms),
+            age: age(*old),
+        }),
+        _ => Err(StoreError::protocol(
+            "idempotency_state answered an unexpected reply",
+        )),
     }
 }
 

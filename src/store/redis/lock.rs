@@ -4,11 +4,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use redis::Value;
+
 use super::script_call::ScriptCall;
-use super::{Effect, Pending, RedisStore, extend_call, release_call};
+use super::{
+    Effect, Pending, RedisStore, extend_call, left_ms, redis_call, release_call, store_error,
+};
 use crate::keyspace;
+use crate::store::span::Command;
 use crate::store::{
-    ClaimOutcome, Hold, LockAttempt, LockStore, StoreFuture, fence_ttl, kit, millis,
+    ClaimOutcome, Hold, LockAttempt, LockState, LockStore, StoreError, StoreFuture, fence_ttl, kit,
+    millis,
 };
 use crate::store::{ClaimRequest, LockRequest};
 
@@ -101,5 +107,50 @@ impl LockStore for RedisStore {
             |s| &s.compare_and_delete,
             release_call(&key, &token),
         )
+    }
+
+    fn lock_state(&self, key: &str, fence_key: &str) -> StoreFuture<LockState> {
+        let call = ScriptCall::default().key(key).key(fence_key);
+        let span = redis_call("lock_state", Command::Evalsha, self.scripts.lock_state.name);
+        self.call(span, move |mut conn, scripts| async move {
+            let reply: Vec<Value> = call
+                .invoke(&scripts.lock_state, &mut conn)
+                .await
+                .map_err(store_error)?;
+            decode_lock_state(reply)
+        })
+    }
+}
+
+/// Decodes `{holder or nil, lease_left_ms, fence or nil}`.
+fn decode_lock_state(reply: Vec<Value>) -> Result<LockState, StoreError> {
+    let text = |value: Value| match value {
+        Value::Nil => Ok(None),
+        Value::BulkString(bytes) => String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| StoreError::protocol("lock_state answered a holder that is not UTF-8")),
+        other => Err(StoreError::protocol(format!(
+            "lock_state answered {other:?}"
+        ))),
+    };
+    let mut reply = reply.into_iter();
+    match (reply.next(), reply.next(), reply.next(), reply.next()) {
+        (Some(holder), Some(Value::Int(left)), Some(fence), None) => {
+            let holder = text(holder)?;
+            let fence = match text(fence)? {
+                Some(fence) => Some(fence.parse::<u64>().map_err(|_| {
+                    StoreError::protocol(format!("lock_state answered the fence {fence:?}"))
+                })?),
+                None => None,
+            };
+            let lease_left = match holder {
+                Some(_) => left_ms(left),
+                None => Duration::ZERO,
+            };
+            Ok(LockState::new(holder, lease_left, fence))
+        }
+        _ => Err(StoreError::protocol(
+            "lock_state answered an unexpected reply",
+        )),
     }
 }

@@ -178,6 +178,9 @@ struct Scripts {
     permit_extend: Lua,
     permit_release: Lua,
     settle: Lua,
+    lock_state: Lua,
+    permit_usage: Lua,
+    idem_state: Lua,
 }
 
 impl Scripts {
@@ -195,6 +198,9 @@ impl Scripts {
             permit_extend: lua!("permit_extend"),
             permit_release: lua!("permit_release"),
             settle: lua!("settle"),
+            lock_state: lua!("lock_state"),
+            permit_usage: lua!("permit_usage"),
+            idem_state: lua!("idem_state"),
         }
     }
 }
@@ -518,6 +524,15 @@ fn redis_call(operation: &'static str, command: Command, script: &'static str) -
         command,
         target: script,
         operation,
+    }
+}
+
+/// A time left as a read script answers it, in milliseconds: `-1` (no expiry) as
+/// [`MAX_EXPIRY`](crate::store::MAX_EXPIRY), `-2` (gone) and below as zero.
+fn left_ms(ms: i64) -> Duration {
+    match ms {
+        -1 => crate::store::MAX_EXPIRY,
+        ms => Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
     }
 }
 

@@ -5,13 +5,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::script_call::ScriptCall;
-use super::{Effect, RedisStore, Undo, extend_call};
+use super::{Effect, RedisStore, Undo, extend_call, left_ms, redis_call, store_error};
 use crate::keyspace;
-use crate::store::PermitRequest;
+use crate::store::span::Command;
 use crate::store::{
     Hold, PermitAttempt, PermitStore, RELEASE_MARKER_TTL, StoreError, StoreFuture, fence_ttl, kit,
     millis,
 };
+use crate::store::{PermitRequest, PermitUsage};
 
 /// The arguments of `permit_release.lua`: the permits, their recent release calls, the token,
 /// the lifetime of a call's note and a random id of this call, so that the call re-sent answers
@@ -97,5 +98,29 @@ impl PermitStore for RedisStore {
             |s| &s.permit_release,
             permit_release_call(&hold),
         )
+    }
+
+    fn permit_usage(&self, key: &str) -> StoreFuture<PermitUsage> {
+        let (_, waiting) = keyspace::permit_queue(key);
+        let call = ScriptCall::default().key(key).key(waiting);
+        let span = redis_call(
+            "permit_usage",
+            Command::Evalsha,
+            self.scripts.permit_usage.name,
+        );
+        self.call(span, move |mut conn, scripts| async move {
+            let reply: Vec<i64> = call
+                .invoke(&scripts.permit_usage, &mut conn)
+                .await
+                .map_err(store_error)?;
+            let Some((&waiting, leases)) = reply.split_first() else {
+                return Err(StoreError::protocol("permit_usage answered nothing"));
+            };
+            let leases = leases.iter().map(|&ms| left_ms(ms)).collect();
+            Ok(PermitUsage::new(
+                leases,
+                u32::try_from(waiting).unwrap_or(u32::MAX),
+            ))
+        })
     }
 }

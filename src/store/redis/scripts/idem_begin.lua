@@ -1,7 +1,8 @@
 -- Idempotency: look up a key and, when it is new, claim it for this request — atomically.
 --
 -- KEYS[1]  the idempotency record, a hash: s = "run" | "done", f = fingerprint,
---          t = the owner's token (kept once done), r = encoded response (when done)
+--          t = the owner's token (kept once done), r = encoded response (when done),
+--          c = when it was claimed, in microseconds of store time (for idem_state.lua)
 -- KEYS[2]  its pending marker (same hash tag): the token of a completion that replicas have
 --          not acknowledged yet, which reads as still running
 -- ARGV[1]  the request fingerprint
@@ -17,10 +18,11 @@
 -- Safe to run twice: a record this token claimed and still runs is claimed again (lease reset).
 -- too late: the caller gave up on this call at its deadline
 local t = redis.call('TIME')
-if tonumber(t[1]) * 1000000 + tonumber(t[2]) >= tonumber(ARGV[4]) then return -1 end
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if now >= tonumber(ARGV[4]) then return -1 end
 local rec = redis.call('HMGET', KEYS[1], 's', 'f', 'r', 't')
 if not rec[1] then
-  redis.call('HSET', KEYS[1], 's', 'run', 'f', ARGV[1], 't', ARGV[2])
+  redis.call('HSET', KEYS[1], 's', 'run', 'f', ARGV[1], 't', ARGV[2], 'c', string.format('%.0f', now))
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {0}
 end
