@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use super::decision::{DecisionSource, RateLimitDecision};
 use super::settings::Settings;
 use super::tiers::Tier;
+use crate::key::Key;
 use crate::policy::OnStoreError;
 use crate::rate::{RateCheck, RateOutcome};
 use crate::store::StoreError;
@@ -57,14 +58,15 @@ pub(crate) fn leased(
     settings: &Settings,
     outcome: RateOutcome,
     tier: Arc<Tier>,
-    check: RateCheck,
+    key: Key,
+    cost: u64,
 ) -> RateLimitDecision {
     let decision = RateLimitDecision {
         admitted: true,
         shadow: settings.shadow,
         source: DecisionSource::Lease,
-        key: check.key(),
-        cost: check.cost(),
+        key,
+        cost,
         retry_after: Duration::ZERO,
         tier,
         states: outcome.limits,

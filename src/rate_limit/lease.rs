@@ -137,6 +137,30 @@ impl Leases {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Admits `cost` of `key`'s quota from a slice this copy holds, if one has room: the
+    /// outcome to answer with. Fetches the next slice in the background when these run low.
+    pub(crate) fn admit(self: &Arc<Self>, key: Key, cost: u64) -> Option<RateOutcome> {
+        let now = Instant::now();
+        let mut returned = Vec::new();
+        let (outcome, prefetch) = {
+            let mut shard = self.shard(&key);
+            let lease = shard.get_mut(&key)?;
+            lease.touched = now;
+            lease.retire(now, &mut returned);
+            let outcome = lease.admit(cost);
+            let prefetch = outcome
+                .is_some()
+                .then(|| lease.prefetch(self.cap(lease.room, cost)))
+                .flatten();
+            (outcome, prefetch)
+        };
+        self.give_back(returned);
+        if let Some(size) = prefetch {
+            self.spawn_fetch(key, size);
+        }
+        outcome
+    }
+
     /// Decides `check` (a request's cost for its caller): from a slice when one has room, else
     /// by the store.
     pub(crate) fn take(self: &Arc<Self>, check: RateCheck) -> Take {

@@ -11,10 +11,11 @@ use super::future::ResponseFuture;
 use super::lease::Take;
 use super::rejection::Rejection;
 use super::settings::Settings;
+use super::tiers::Tier;
 use super::{decide, decision};
 use crate::grpc::Wire;
-use crate::key::KeyExtractor;
-use crate::rate::RateCheck;
+use crate::key::{Key, KeyExtractor};
+use crate::rate::{RateCheck, RateOutcome};
 
 layer_service! {
     /// Admits a request only while every limit has room for the caller; made by
@@ -59,6 +60,10 @@ where
         if cost == 0 {
             return ResponseFuture::unchecked(self.inner.call(request), settings);
         }
+        // a slice with room answers first: it was charged in the store, whatever was denied since
+        if let Some(outcome) = tier.leases.as_ref().and_then(|l| l.admit(key, cost)) {
+            return self.leased(request, settings, tier, (key, cost), outcome);
+        }
         if let Some(cache) = &settings.deny_cache {
             let namespaces = settings.tiers.fixed().map(|tier| tier.policy.namespace());
             settings
@@ -85,16 +90,32 @@ where
             None => settings.store.check_rate(&tier.policy, check),
             Some(Take::Store(pending)) => pending,
             Some(Take::Local(outcome)) => {
-                let decision = decide::leased(&settings, outcome, tier, check);
-                let mut request = request;
-                decision::record(request.extensions_mut(), decision.clone());
-                let future = self.inner.call(request);
-                return ResponseFuture::admitted(future, settings, decision);
+                return self.leased(request, settings, tier, (key, cost), outcome);
             }
         };
         // The clone goes on serving; the instance that `poll_ready` readied handles this request.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::check(pending, ready, request, settings, tier, check, wire)
+    }
+}
+
+impl<S, K> RateLimit<S, K> {
+    /// The inner call of a request admitted from a slice of its caller's quota.
+    fn leased<ReqBody>(
+        &mut self,
+        mut request: Request<ReqBody>,
+        settings: Arc<Settings>,
+        tier: Arc<Tier>,
+        (key, cost): (Key, u64),
+        outcome: RateOutcome,
+    ) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        let decision = decide::leased(&settings, outcome, tier, key, cost);
+        decision::record(request.extensions_mut(), decision.clone());
+        let future = self.inner.call(request);
+        ResponseFuture::admitted(future, settings, decision)
     }
 }
