@@ -948,7 +948,8 @@ async fn told(subscription: &mut Invalidations, expected: &Invalidation, within:
 
 /// A store that offers [invalidations](RateStore::invalidations) tells its subscribers of a
 /// reset, and of a settlement that refunded a reservation and left the caller room: the
-/// caller's key under the policy's namespace. A store without invalidations passes.
+/// caller's key under the policy's namespace; not of a [quiet](RateCheck::quiet) settlement's
+/// refund. A store without invalidations passes.
 pub async fn resets_and_refunds_are_told_to_subscribers(store: &impl RateStore) {
     let Some(mut subscription) = store.invalidations() else {
         return;
@@ -974,5 +975,24 @@ pub async fn resets_and_refunds_are_told_to_subscribers(store: &impl RateStore) 
     assert!(
         told(&mut subscription, &expected, Duration::from_secs(2)).await,
         "a refund was not told"
+    );
+    // a quiet settlement's refund is not told: the next word is of another caller's reset
+    let quiet = RateCheck::reservation(a, 3).quiet();
+    assert!(
+        run(store, &p, quiet).await.admitted,
+        "the quiet reservation"
+    );
+    assert_eq!(run(store, &p, quiet.settle(0)).await.limits[0].remaining, 9);
+    let b = key(&unique("told"));
+    store.reset_rate(&p, b).await.expect("store answers");
+    let next = tokio::time::timeout(Duration::from_secs(2), subscription.next()).await;
+    let reset_b = Invalidation::Caller {
+        namespace: p.namespace().into(),
+        key: b,
+    };
+    assert_eq!(
+        next.ok().flatten(),
+        Some(reset_b),
+        "a quiet refund was told, or a reset was not"
     );
 }

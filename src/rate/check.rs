@@ -25,6 +25,7 @@ pub struct RateCheck {
     attempt: u64,
     reservation: bool,
     settles: Option<Settlement>,
+    quiet: bool,
 }
 
 /// What a settlement corrects: the check it settles, and what that check charged.
@@ -53,6 +54,7 @@ impl RateCheck {
             attempt: uuid::Uuid::new_v4().as_u64_pair().0,
             reservation: false,
             settles: None,
+            quiet: false,
         }
     }
 
@@ -77,6 +79,34 @@ impl RateCheck {
             reservation: true,
             ..Self::new(key, cost)
         }
+    }
+
+    /// The same check, its settlements [quiet](Self::is_quiet): a refund they make is not
+    /// broadcast as an invalidation. For a reservation that a copy makes for itself — a
+    /// [leased](crate::rate::Limit::leased) slice — whose unspent part going back frees no
+    /// caller that another copy would have denied; a broadcast that follows a reset must not be
+    /// mistaken for it.
+    ///
+    /// ```
+    /// use tollgate::key::Key;
+    /// use tollgate::rate::RateCheck;
+    ///
+    /// let slice = RateCheck::reservation(Key::new("user", b"alice"), 64).quiet();
+    /// assert!(slice.settle(10).is_quiet());
+    /// assert!(!RateCheck::reservation(slice.key(), 64).settle(10).is_quiet());
+    /// ```
+    pub fn quiet(self) -> Self {
+        Self {
+            quiet: true,
+            ..self
+        }
+    }
+
+    /// Whether a refund this check makes goes unannounced: a store broadcasts the
+    /// [invalidation](crate::store::Invalidation) of a refunding settlement only when this is
+    /// `false`.
+    pub fn is_quiet(&self) -> bool {
+        self.quiet
     }
 
     /// Whether this check is a [reservation](Self::reservation).
@@ -116,6 +146,7 @@ impl RateCheck {
                 reserved: self.cost,
                 refundable: self.reservation,
             }),
+            quiet: self.quiet,
         }
     }
 

@@ -176,7 +176,8 @@ impl Limit {
     ///
     /// Never more is admitted than the quota: every slice is charged in the store before a
     /// request is admitted from it. A caller may be admitted less, by at most the slices that
-    /// copies hold unspent. Every limit of a tier is leased, or none; a leased limit has no
+    /// copies hold unspent; a reset through any copy drops every copy's slices of the caller.
+    /// Every limit of a tier is leased, or none; a leased limit has no
     /// [penalty](Self::block_for), and a layer that settles actual costs leases nothing. See
     /// the guide's "Leased quota". In a configuration file (feature `serde`): `leased = true`.
     ///

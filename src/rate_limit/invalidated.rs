@@ -1,10 +1,11 @@
-//! Keeps a layer's deny cache in step with its store's invalidation broadcast: a caller reset or
-//! refunded through any copy loses its cached denial here as soon as the store's word arrives.
+//! Keeps a layer's copy-local state in step with its store's invalidation broadcast: a caller
+//! reset or refunded through any copy loses its cached denial here, and a caller reset loses the
+//! slices this copy leased of its quota, as soon as the store's word arrives.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
-use super::deny_cache::DenyCache;
-use crate::store::{Invalidation, Invalidations, RateStore};
+use super::settings::Settings;
+use crate::store::{Invalidation, Invalidations};
 use crate::task::AbortOnDrop;
 
 /// A layer's subscription to its store's invalidations, made once, on the first request made
@@ -17,44 +18,54 @@ pub(crate) struct Listener {
 }
 
 impl Listener {
-    /// Subscribes `cache` to `store`'s invalidations of the policies named `namespaces`, unless
-    /// done already or outside a Tokio runtime.
-    pub(crate) fn ensure<'a>(
-        &self,
-        store: &dyn RateStore,
-        cache: &Arc<DenyCache>,
-        namespaces: impl Iterator<Item = &'a str>,
-    ) {
+    /// Subscribes the layer of `settings` to its store's invalidations, unless done already, or
+    /// outside a Tokio runtime.
+    pub(crate) fn ensure(&self, settings: &Arc<Settings>) {
         if self.task.get().is_some() || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
         self.task.get_or_init(|| {
-            let invalidations = store.invalidations()?;
-            let namespaces = namespaces.map(Box::from).collect();
-            let cache = Arc::clone(cache);
-            let task = tokio::spawn(drop_invalidated(invalidations, cache, namespaces));
+            let invalidations = settings.store.invalidations()?;
+            let task = tokio::spawn(drop_invalidated(invalidations, Arc::downgrade(settings)));
             Some(AbortOnDrop(task))
         });
     }
 }
 
-/// Drops the cached denials that `invalidations` make stale: of a caller reset or refunded under
-/// one of `namespaces` (another layer's policies on the same store are none of this one's
-/// business), or every denial when some invalidations were missed.
-async fn drop_invalidated(
-    mut invalidations: Invalidations,
-    cache: Arc<DenyCache>,
-    namespaces: Box<[Box<str>]>,
-) {
+/// Drops what `invalidations` make stale, while the layer lives:
+/// - of a caller reset or refunded under one of the layer's namespaces (another layer's
+///   policies on the same store are none of this one's business), its cached denial and — a
+///   leased tier's invalidation can only be a reset, as a slice's settlement is
+///   [quiet](crate::rate::RateCheck::quiet) and leased tiers settle nothing else — its slices,
+///   not given back (the reset erased their charges);
+/// - when some invalidations were missed, every cached denial (slices are kept: a reset missed
+///   here is spent past by at most one lease's slices).
+async fn drop_invalidated(mut invalidations: Invalidations, settings: Weak<Settings>) {
     while let Some(invalidation) = invalidations.next().await {
+        let Some(settings) = settings.upgrade() else {
+            return;
+        };
         match invalidation {
             Invalidation::Caller { namespace, key } => {
-                if namespaces.iter().any(|ours| **ours == *namespace) {
+                let tiers = settings.tiers.all();
+                let ours = tiers.iter().filter(|t| t.policy.namespace() == &*namespace);
+                let mut known = false;
+                for tier in ours {
+                    known = true;
+                    if let Some(leases) = &tier.leases {
+                        leases.forget(key);
+                    }
+                }
+                if let Some(cache) = settings.deny_cache.as_ref().filter(|_| known) {
                     cache.forget(key);
                 }
             }
             // `Missed`, and whatever a later version adds: dropping every denial is always safe
-            _ => cache.clear(),
+            _ => {
+                if let Some(cache) = &settings.deny_cache {
+                    cache.clear();
+                }
+            }
         }
     }
 }

@@ -17,7 +17,10 @@
 //!   background; a request that finds no slice with room while one is fetched is checked per
 //!   request.
 //! - **Memory**: at most [`CAPACITY`] callers per tier, removed once idle for two leases; a
-//!   caller beyond that is checked per request. The slices left are given back when the layer
+//!   caller beyond that is checked per request.
+//! - **Resets**: a slice's settlement is [quiet](RateCheck::quiet), so the only invalidation a
+//!   leased tier hears is a reset, on which the caller's slices are dropped (the layer's
+//!   listener calls [`Leases::forget`]). The slices left are given back when the layer
 //!   goes ([`Leases`] dropped) or on [`RateLimitLayer::give_back_leases`].
 //!
 //! [`RateLimitLayer::give_back_leases`]: super::RateLimitLayer::give_back_leases
@@ -213,8 +216,10 @@ impl Leases {
             Step::Fetch(size) => Take::Store(self.fetch(check, size)),
             Step::Wait(fetched) => {
                 let leases = Arc::clone(self);
+                let patience = self.store.timeout();
                 Take::Store(Box::pin(async move {
-                    fetched.await;
+                    // a fetch ends within the store's timeout; past it, the request goes alone
+                    let _ = tokio::time::timeout(patience, fetched).await;
                     match leases.take_or_wait(check, false) {
                         Take::Local(outcome) => Ok(outcome),
                         Take::Store(pending) => pending.await,
@@ -247,12 +252,12 @@ impl Leases {
     /// has no room for the slice, a check of the request alone.
     fn fetch(self: &Arc<Self>, check: RateCheck, size: u64) -> StoreFuture<RateOutcome> {
         let leases = Arc::clone(self);
-        let slice = RateCheck::reservation(check.key(), size);
+        let slice = RateCheck::reservation(check.key(), size).quiet();
         let pending = self.store.check_rate(&self.policy, slice);
-        let fetching = Fetching(Arc::clone(self), check.key());
+        let fetching = Fetching::new(self, check.key());
         Box::pin(async move {
             let answer = pending.await;
-            let installed = fetching.0.install(slice, check.cost(), answer);
+            let installed = fetching.leases.install(slice, check.cost(), answer);
             drop(fetching);
             match installed? {
                 Some(outcome) => Ok(outcome),
@@ -264,8 +269,8 @@ impl Leases {
     /// Fetches a slice of `size` for `key` in the background.
     fn spawn_fetch(self: &Arc<Self>, key: Key, size: u64) {
         let leases = Arc::clone(self);
-        let slice = RateCheck::reservation(key, size);
-        let fetching = Fetching(Arc::clone(self), key);
+        let slice = RateCheck::reservation(key, size).quiet();
+        let fetching = Fetching::new(self, key);
         let pending = self.store.check_rate(&self.policy, slice);
         spawn(async move {
             if let Err(error) = leases.install(slice, 0, pending.await) {
@@ -368,8 +373,29 @@ impl Leases {
         settlements
     }
 
-    /// Gives back every slice's unspent quota now, and waits for the store's answers.
+    /// The fetches under way, to wait for.
+    fn fetches(&self) -> Vec<tokio::sync::futures::OwnedNotified> {
+        let mut fetches = Vec::new();
+        for shard in &self.shards {
+            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            fetches.extend(
+                shard
+                    .values()
+                    .filter(|lease| lease.fetching)
+                    .map(|lease| Arc::clone(&lease.fetched).notified_owned()),
+            );
+        }
+        fetches
+    }
+
+    /// Gives back every slice's unspent quota now, those being fetched included once they land
+    /// (within the store's timeout), and waits for the store's answers.
     pub(crate) async fn give_back_all(&self) {
+        let fetches = self.fetches();
+        if !fetches.is_empty() {
+            let landed = futures_util::future::join_all(fetches);
+            let _ = tokio::time::timeout(self.store.timeout() * 2, landed).await;
+        }
         let pending: Vec<_> = self
             .drain()
             .into_iter()
@@ -426,15 +452,36 @@ fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) {
 }
 
 /// A slice being fetched for a caller: once the fetch is over, or dropped half-way (its request
-/// went), the caller may fetch again.
-struct Fetching(Arc<Leases>, Key);
+/// went), the caller may fetch again, and who waits for it is woken (even when the caller's
+/// entry is gone: reset, or swept).
+struct Fetching {
+    leases: Arc<Leases>,
+    key: Key,
+    fetched: Arc<tokio::sync::Notify>,
+}
+
+impl Fetching {
+    /// Marks `key`'s fetch under way, when its entry is there to mark.
+    fn new(leases: &Arc<Leases>, key: Key) -> Self {
+        let fetched = leases
+            .shard(&key)
+            .get(&key)
+            .map(|lease| Arc::clone(&lease.fetched))
+            .unwrap_or_default();
+        Self {
+            leases: Arc::clone(leases),
+            key,
+            fetched,
+        }
+    }
+}
 
 impl Drop for Fetching {
     fn drop(&mut self) {
-        if let Some(lease) = self.0.shard(&self.1).get_mut(&self.1) {
+        if let Some(lease) = self.leases.shard(&self.key).get_mut(&self.key) {
             lease.fetching = false;
-            lease.fetched.notify_waiters();
         }
+        self.fetched.notify_waiters();
     }
 }
 

@@ -60,15 +60,13 @@ where
         if cost == 0 {
             return ResponseFuture::unchecked(self.inner.call(request), settings);
         }
+        // the deny cache and leased slices hear of resets and refunds made through other copies
+        if settings.deny_cache.is_some() || tier.leases.is_some() {
+            settings.listener.ensure(&settings);
+        }
         // a slice with room answers first: it was charged in the store, whatever was denied since
         if let Some(outcome) = tier.leases.as_ref().and_then(|l| l.admit(key, cost)) {
             return self.leased(request, settings, tier, (key, cost), outcome);
-        }
-        if let Some(cache) = &settings.deny_cache {
-            let namespaces = settings.tiers.fixed().map(|tier| tier.policy.namespace());
-            settings
-                .listener
-                .ensure(&*settings.store, cache, namespaces);
         }
         if let Some(denied) = settings
             .deny_cache

@@ -235,12 +235,6 @@ impl Tiers {
         &self.default
     }
 
-    /// The layer's own tier and the named ones: every namespace the layer's keys live under
-    /// (per-request limits live under the layer's own).
-    pub(crate) fn fixed(&self) -> impl Iterator<Item = &Arc<Tier>> {
-        std::iter::once(&self.default).chain(self.named.iter())
-    }
-
     /// Every tier, the layer's own first, then the named ones and those built of per-request
     /// limits so far.
     pub(crate) fn all(&self) -> Vec<Arc<Tier>> {

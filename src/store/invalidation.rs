@@ -134,14 +134,15 @@ impl Hub {
 }
 
 /// Whether `outcome`, the answer to settlement `check`, calls for an invalidation: the check
-/// settles a reservation for less than it reserved (a refund), and the caller has room on every
-/// limit after it. A settlement that leaves some limit without room frees nobody, so it is not
+/// settles a reservation for less than it reserved (a refund), it is not
+/// [quiet](RateCheck::quiet), and the caller has room on every limit after it. A settlement that leaves some limit without room frees nobody, so it is not
 /// published.
 pub(crate) fn refunded(check: &RateCheck, outcome: &RateOutcome) -> bool {
     let Some(settled) = check.settles() else {
         return false;
     };
     settled.refundable
+        && !check.is_quiet()
         && check.cost() < settled.reserved
         && outcome.limits.iter().all(|limit| limit.remaining > 0)
 }

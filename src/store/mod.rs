@@ -96,7 +96,9 @@
 //! subscription, and its layers keep the one-second bound. A settlement that asks a refund is
 //! published when the store's answer shows room on every limit, whether or not the refund
 //! itself returned any (a refund of a charge that has left the window returns nothing); the
-//! publish is one command sent after the answer, which never waits for it.
+//! publish is one command sent after the answer, which never waits for it. A settlement of a
+//! [quiet](crate::rate::RateCheck::quiet) reservation (a leased slice given back) is never
+//! published: a leased tier's layer takes every word it hears as a reset.
 //!
 //! [`PgStore`]: https://docs.rs/tollgate/latest/tollgate/store/struct.PgStore.html
 //! [`conformance::model`]: https://docs.rs/tollgate/latest/tollgate/conformance/model/index.html

@@ -340,3 +340,83 @@ async fn a_reset_drops_the_slices_of_the_copy_that_made_it() {
     let last = fire(&layer, caller, 20).await;
     assert_eq!(after.admitted + last.admitted, QUOTA);
 }
+
+/// Waits until `copy` holds no slice (its listener heard of a reset), or fails.
+async fn slices_dropped(copy: &RateLimitLayer<Header>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while copy.leases_unspent() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the copy still holds {} after the reset",
+            copy.leases_unspent()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A reset through one copy reaches the others' slices: they drop them, and the caller has its
+/// whole quota, no more; a slice given back (a quiet refund) drops nobody's.
+async fn a_reset_reaches_every_copys_slices(a: RateLimitLayer<Header>, b: RateLimitLayer<Header>) {
+    let caller = unique("reset");
+    for copy in [&a, &b] {
+        for _ in 0..10 {
+            assert_eq!(fire(copy, &caller, 1).await.admitted, 1);
+        }
+    }
+    // slices fetched in the background land
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = b.leases_unspent();
+    assert!(a.leases_unspent() > 0 && held > 0);
+    // a slice given back is no reset: the other copy keeps its own
+    a.give_back_leases().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(b.leases_unspent(), held, "a quiet refund dropped a slice");
+    for _ in 0..10 {
+        assert_eq!(fire(&a, &caller, 1).await.admitted, 1);
+    }
+    assert!(a.leases_unspent() > 0);
+    a.reset(key_of(&a, &caller)).await.unwrap();
+    slices_dropped(&b).await;
+    assert_eq!(a.leases_unspent(), 0);
+    left_becomes(&b, &caller, QUOTA).await;
+    let mut admitted = 0;
+    for copy in [&a, &b] {
+        admitted += fire(copy, &caller, QUOTA as usize).await.admitted;
+        copy.give_back_leases().await;
+    }
+    admitted += fire(&b, &caller, 100).await.admitted;
+    assert_eq!(admitted, QUOTA);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_a_reset_reaches_every_copys_slices() {
+    let store = MemoryStore::new();
+    let prefix = unique("lease");
+    a_reset_reaches_every_copys_slices(
+        copy(store.clone(), Algorithm::Gcra, &prefix),
+        copy(store, Algorithm::Gcra, &prefix),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_reset_reaches_every_copys_slices() {
+    let server = RedisServer::start();
+    let prefix = unique("lease");
+    a_reset_reaches_every_copys_slices(
+        copy(server.store(), Algorithm::SlidingLog, &prefix),
+        copy(server.store(), Algorithm::SlidingLog, &prefix),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_a_reset_reaches_every_copys_slices() {
+    let store = postgres::store().await;
+    let prefix = unique("lease");
+    a_reset_reaches_every_copys_slices(
+        copy(store.clone(), Algorithm::SlidingCounter, &prefix),
+        copy(store, Algorithm::SlidingCounter, &prefix),
+    )
+    .await;
+}
