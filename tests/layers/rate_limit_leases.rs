@@ -420,3 +420,68 @@ async fn on_postgres_a_reset_reaches_every_copys_slices() {
     )
     .await;
 }
+
+/// A slice whose command is held by a partition and delivered after its deadline charges
+/// nothing: the request it carried is refused as the failure policy says (`Deny`: `503`), the
+/// late reservation changes nothing in the store, no phantom slice is held, and the caller's
+/// requests go on — none waits on the lost fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_held_by_a_partition_and_delivered_late_charges_nothing() {
+    use crate::common::proxy::Proxy;
+    use tollgate::rate_limit::OnStoreError;
+    use tollgate::store::RedisStore;
+
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let prefix = unique("lease");
+    let late = RateLimitLayer::builder(
+        RedisStore::builder(proxy.url())
+            .timeout(Duration::from_millis(200))
+            .build()
+            .unwrap(),
+    )
+    .limit(Limit::per_day("api", QUOTA).leased())
+    .algorithm(Algorithm::Gcra)
+    .prefix(prefix.as_str())
+    .key(Header::from_static("x-api-key"))
+    .on_store_error(OnStoreError::Deny)
+    .build()
+    .unwrap();
+    let direct = copy(server.store(), Algorithm::Gcra, &prefix);
+    let caller = unique("held");
+    // three requests checked one by one: the fourth takes a slice
+    for _ in 0..3 {
+        assert_eq!(fire(&late, &caller, 1).await.admitted, 1);
+    }
+    proxy.silence();
+    let service = tower::Layer::layer(
+        &late,
+        tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
+    );
+    let request = Request::get("/")
+        .header("x-api-key", &caller)
+        .body(())
+        .unwrap();
+    let refused = service.oneshot(request).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        late.leases_unspent(),
+        0,
+        "no slice without the store's answer"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.unsilence();
+    // the held reservation arrives past its deadline: the store has charged the three only
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    left_becomes(&direct, &caller, QUOTA - 3).await;
+    assert_eq!(
+        late.leases_unspent(),
+        0,
+        "the late answer installed no slice"
+    );
+    // the caller goes on: leased again, and charged exactly what was admitted
+    let after = fire(&late, &caller, 20).await;
+    assert_eq!(after.admitted, 20, "{after:?}");
+    late.give_back_leases().await;
+    left_becomes(&direct, &caller, QUOTA - 23).await;
+}
