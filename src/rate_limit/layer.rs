@@ -187,7 +187,7 @@ impl<K> RateLimitLayer<K> {
             cache.forget(key);
         }
         for tier in settings.tiers.all() {
-            // the slices of the caller were charged before the reset, which erased them
+            // the caller's slices were charged before the reset, which erases them
             if let Some(leases) = &tier.leases {
                 leases.forget(key);
             }
@@ -207,7 +207,12 @@ impl<K> RateLimitLayer<K> {
     pub async fn give_back_leases(&self) {
         for tier in self.settings.tiers.all() {
             if let Some(leases) = &tier.leases {
-                leases.give_back_all().await;
+                let given = leases.give_back_all().await;
+                // a denial this copy cached of those callers is stale now (the settlements are
+                // quiet: other copies' cached denials end within their second)
+                if let Some(cache) = &self.settings.deny_cache {
+                    given.into_iter().for_each(|key| cache.forget(key));
+                }
             }
         }
     }

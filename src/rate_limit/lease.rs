@@ -257,7 +257,9 @@ impl Leases {
         let fetching = Fetching::new(self, check.key());
         Box::pin(async move {
             let answer = pending.await;
-            let installed = fetching.leases.install(slice, check.cost(), answer);
+            let installed = fetching
+                .leases
+                .install(slice, check.cost(), answer, &fetching);
             drop(fetching);
             match installed? {
                 Some(outcome) => Ok(outcome),
@@ -273,7 +275,7 @@ impl Leases {
         let fetching = Fetching::new(self, key);
         let pending = self.store.check_rate(&self.policy, slice);
         spawn(async move {
-            if let Err(error) = leases.install(slice, 0, pending.await) {
+            if let Err(error) = leases.install(slice, 0, pending.await, &fetching) {
                 tracing::debug!(target: "tollgate::rate_limit", %error, "could not lease a slice");
             }
             drop(fetching);
@@ -287,13 +289,16 @@ impl Leases {
         slice: RateCheck,
         cost: u64,
         answer: Result<RateOutcome, StoreError>,
+        fetching: &Fetching,
     ) -> Result<Option<RateOutcome>, StoreError> {
         let key = slice.key();
         let now = Instant::now();
         let mut shard = self.shard(&key);
-        let Some(lease) = shard.get_mut(&key) else {
+        let Some(lease) = shard.get_mut(&key).filter(|lease| fetching.is_for(lease)) else {
             drop(shard);
-            // the caller went quiet and its entry was swept while the slice was fetched
+            // the caller's entry was swept, or forgotten on a reset (and maybe made anew), while
+            // the slice was fetched: the slice may have been charged before the reset, so it is
+            // given back — a settlement returns only what the store still counts
             if let Ok(outcome) = &answer
                 && outcome.admitted
             {
@@ -356,7 +361,11 @@ impl Leases {
             .set(AbortOnDrop(tokio::spawn(sweep(leases, every))));
     }
 
-    /// Drops `key`'s slices without giving them back: a reset erased their charges.
+    /// Forgets `key` on a reset, dropping its slices without giving them back: a slice charged
+    /// before the reset must not be settled after it (the store would refund a charge the reset
+    /// erased, out of what was charged since); one taken after the reset, before its word
+    /// arrived, is lost until its charge leaves the window. The caller is leased anew from its
+    /// next requests.
     pub(crate) fn forget(&self, key: Key) {
         self.shard(&key).remove(&key);
     }
@@ -389,17 +398,18 @@ impl Leases {
     }
 
     /// Gives back every slice's unspent quota now, those being fetched included once they land
-    /// (within the store's timeout), and waits for the store's answers.
-    pub(crate) async fn give_back_all(&self) {
+    /// (within the store's timeout), and waits for the store's answers: the callers given back
+    /// quota.
+    pub(crate) async fn give_back_all(&self) -> Vec<Key> {
         let fetches = self.fetches();
         if !fetches.is_empty() {
             let landed = futures_util::future::join_all(fetches);
             let _ = tokio::time::timeout(self.store.timeout() * 2, landed).await;
         }
-        let pending: Vec<_> = self
-            .drain()
-            .into_iter()
-            .map(|settlement| self.store.check_rate(&self.policy, settlement))
+        let settlements = self.drain();
+        let pending: Vec<_> = settlements
+            .iter()
+            .map(|settlement| self.store.check_rate(&self.policy, *settlement))
             .collect();
         for settled in pending {
             if let Err(error) = settled.await {
@@ -409,6 +419,7 @@ impl Leases {
                 );
             }
         }
+        settlements.iter().map(RateCheck::key).collect()
     }
 
     /// What the copy holds unspent of its slices, over every caller.
@@ -476,11 +487,20 @@ impl Fetching {
     }
 }
 
+impl Fetching {
+    /// Whether `lease` is the entry this fetch was started for (not one made anew since).
+    fn is_for(&self, lease: &Lease) -> bool {
+        Arc::ptr_eq(&lease.fetched, &self.fetched)
+    }
+}
+
 impl Drop for Fetching {
     fn drop(&mut self) {
-        if let Some(lease) = self.leases.shard(&self.key).get_mut(&self.key) {
+        let mut shard = self.leases.shard(&self.key);
+        if let Some(lease) = shard.get_mut(&self.key).filter(|lease| self.is_for(lease)) {
             lease.fetching = false;
         }
+        drop(shard);
         self.fetched.notify_waiters();
     }
 }
