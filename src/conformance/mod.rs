@@ -119,6 +119,7 @@ macro_rules! rate_store_suite {
             an_overrun_denies_until_the_debt_is_gone,
             settlements_run_twice_apply_once,
             a_late_refund_returns_nothing_others_spent,
+            a_refund_after_a_reset_returns_nothing_others_spent,
             a_counter_refund_comes_out_of_its_own_window,
             a_check_retried_past_its_deadline_is_charged_once,
             a_settlement_resent_after_another_is_applied_once,

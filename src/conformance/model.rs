@@ -23,21 +23,30 @@ enum State {
     /// Sliding log: per unit of admitted cost its member name and score (µs); a name is
     /// `(attempt, unit)`, unit 0 for the attempt's only unit.
     Log(BTreeMap<(u64, u64), u64>),
-    /// Sliding counter: window index, the window's cost and the previous window's.
-    Counter { index: u64, cur: u64, prev: u64 },
-    /// GCRA: theoretical arrival time (µs) and remainder (1/quota µs).
-    Tat { tat: u64, rem: u64 },
+    /// Sliding counter: window index, the window's cost and the previous window's, and the
+    /// attempt that began the state's life.
+    Counter {
+        index: u64,
+        cur: u64,
+        prev: u64,
+        born: u64,
+    },
+    /// GCRA: theoretical arrival time (µs) and remainder (1/quota µs), and the attempt that
+    /// began the state's life.
+    Tat { tat: u64, rem: u64, born: u64 },
 }
 
-/// Where a reservation's charge went, per limit.
+/// Where a reservation's charge went, per limit. A counter's or GCRA's place names the life of
+/// the state it charged (`born`: the attempt that began it): a refund comes only out of that
+/// life, never out of a state begun since — after a reset, or after the state lapsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
     /// A sliding log: its entries are named by the attempt.
     Log,
     /// A sliding counter: the index of the window it was added to.
-    Window(u64),
+    Window { index: u64, born: u64 },
     /// GCRA: the arrival time right after the charge.
-    End { tat: u64, rem: u64 },
+    End { tat: u64, rem: u64, born: u64 },
 }
 
 /// An attempt in the ledger.
@@ -171,6 +180,7 @@ impl Model {
                         let unit = Unit {
                             of: settled.of,
                             reserved: settled.reserved,
+                            by: check.attempt(),
                         };
                         settle(
                             policy.algorithm(),
@@ -319,7 +329,7 @@ fn decide(
 fn place_until(place: Place, window: u64, now: u64) -> u64 {
     match place {
         Place::Log => now,
-        Place::Window(index) => {
+        Place::Window { index, .. } => {
             let w = window / 1000;
             (index + 2) * w * 1000
         }
@@ -367,6 +377,7 @@ fn window_of(state: Option<&State>, window: u64, now: u64) -> (f64, f64, f64, f6
             index: i,
             cur,
             prev,
+            ..
         }) if *i as f64 == index => (*cur as f64, *prev as f64),
         Some(State::Counter { index: i, cur, .. }) if *i as f64 == index - 1.0 => {
             (0.0, *cur as f64)
@@ -379,8 +390,22 @@ fn window_of(state: Option<&State>, window: u64, now: u64) -> (f64, f64, f64, f6
 /// GCRA's arrival time and remainder at `now`: the state's, or now when it has passed.
 fn tat_of(state: Option<&State>, now: u64) -> (u64, u64) {
     match state {
-        Some(State::Tat { tat, rem }) if *tat >= now => (*tat, *rem),
+        Some(State::Tat { tat, rem, .. }) if *tat >= now => (*tat, *rem),
         _ => (now, 0),
+    }
+}
+
+/// The attempt that began the life of a counter or GCRA `state` still living at `now` (a
+/// counter of this window or the one before, an arrival time not passed); `None` when a charge
+/// now begins a new one.
+fn born_of(state: Option<&State>, window: u64, now: u64) -> Option<u64> {
+    match state? {
+        State::Counter { index, born, .. } => {
+            let current = ((now / 1000) as f64 / (window as f64 / 1000.0)).floor();
+            (*index as f64 == current || *index as f64 == current - 1.0).then_some(*born)
+        }
+        State::Tat { tat, born, .. } => (*tat >= now).then_some(*born),
+        State::Log(_) => None,
     }
 }
 
@@ -469,29 +494,34 @@ fn add(
         Algorithm::SlidingCounter => {
             let (index, _, cur, prev) = window_of(state.as_ref(), w, now);
             let index = index as u64;
+            let born = born_of(state.as_ref(), w, now).unwrap_or(id);
             *state = Some(State::Counter {
                 index,
                 cur: cur as u64 + cost,
                 prev: prev as u64,
+                born,
             });
-            Place::Window(index)
+            Place::Window { index, born }
         }
         Algorithm::Gcra => {
             let (tat, rem) = tat_of(state.as_ref(), now);
             let units = u128::from(rem) + u128::from(cost) * u128::from(w);
             let tat = tat + u64::try_from(units / u128::from(q)).unwrap_or(u64::MAX / 4);
             let rem = u64::try_from(units % u128::from(q)).unwrap_or(0);
-            *state = Some(State::Tat { tat, rem });
-            Place::End { tat, rem }
+            let born = born_of(state.as_ref(), w, now).unwrap_or(id);
+            *state = Some(State::Tat { tat, rem, born });
+            Place::End { tat, rem, born }
         }
     }
 }
 
-/// The units a settlement names: those of the settled attempt `of`, which charged `reserved`.
+/// The units a settlement names: those of the settled attempt `of`, which charged `reserved`;
+/// `by`, the settlement's own attempt.
 #[derive(Debug, Clone, Copy)]
 struct Unit {
     of: u64,
     reserved: u64,
+    by: u64,
 }
 
 /// Applies a settlement to one limit at `now`: `debt` added now, or `refund` returned from
@@ -511,8 +541,10 @@ fn settle(
     let state = live(state, w, now);
     match algorithm {
         Algorithm::SlidingLog => settle_log(state, q, now, unit, refund, debt),
-        Algorithm::SlidingCounter => settle_counter(state, (q, w), now, refund, debt, place),
-        Algorithm::Gcra => settle_gcra(state, (q, w), now, refund, debt, place),
+        Algorithm::SlidingCounter => {
+            settle_counter(state, (q, w), now, unit, (refund, debt), place)
+        }
+        Algorithm::Gcra => settle_gcra(state, (q, w), now, unit, (refund, debt), place),
     }
 }
 
@@ -546,24 +578,33 @@ fn settle_log(
     (!log.is_empty()).then_some(State::Log(log))
 }
 
-/// A settlement on a sliding counter: the debt goes to this window, a refund comes out of the
-/// window the reservation went to, while that still counts.
+/// A settlement on a sliding counter: the debt goes to this window (a state begun by it is
+/// born of the settlement), a refund comes out of the window the reservation went to, while
+/// that still counts and the state is the one it charged.
 fn settle_counter(
     state: Option<State>,
     (q, w): (u64, u64),
     now: u64,
-    refund: u64,
-    debt: u64,
+    unit: Unit,
+    (refund, debt): (u64, u64),
     place: Option<Place>,
 ) -> Option<State> {
     let (index, _, cur, prev) = window_of(state.as_ref(), w, now);
     let (mut cur, mut prev) = (cur as u64, prev as u64);
+    let life = born_of(state.as_ref(), w, now);
     if debt > 0 {
         cur = (cur + debt).min(cur.max(2 * q));
     } else if refund > 0 {
         match place {
-            Some(Place::Window(p)) if p as f64 == index => cur -= refund.min(cur),
-            Some(Place::Window(p)) if p as f64 == index - 1.0 => prev -= refund.min(prev),
+            Some(Place::Window { index: p, born }) if life == Some(born) => {
+                if p as f64 == index {
+                    cur -= refund.min(cur);
+                } else if p as f64 == index - 1.0 {
+                    prev -= refund.min(prev);
+                } else {
+                    return state;
+                }
+            }
             _ => return state,
         }
     } else {
@@ -573,20 +614,23 @@ fn settle_counter(
         index: index as u64,
         cur,
         prev,
+        born: life.unwrap_or(unit.by),
     })
 }
 
-/// A settlement on GCRA: the debt moves the arrival time on, a refund back by what of the
-/// reservation's span is still ahead.
+/// A settlement on GCRA: the debt moves the arrival time on (a state begun by it is born of the
+/// settlement), a refund back by what of the reservation's span is still ahead, while the state
+/// is the one it charged.
 fn settle_gcra(
     state: Option<State>,
     (q, w): (u64, u64),
     now: u64,
-    refund: u64,
-    debt: u64,
+    unit: Unit,
+    (refund, debt): (u64, u64),
     place: Option<Place>,
 ) -> Option<State> {
     let (tat, rem) = tat_of(state.as_ref(), now);
+    let life = born_of(state.as_ref(), w, now);
     let (q, w) = (u128::from(q), u128::from(w));
     let mut ahead = u128::from(tat - now) * q + u128::from(rem);
     if debt > 0 {
@@ -595,10 +639,14 @@ fn settle_gcra(
         let Some(Place::End {
             tat: end,
             rem: end_rem,
+            born,
         }) = place
         else {
             return state;
         };
+        if life != Some(born) {
+            return state;
+        }
         let left = (u128::from(end) * q + u128::from(end_rem)).saturating_sub(u128::from(now) * q);
         ahead -= (u128::from(refund) * w).min(left).min(ahead);
     } else {
@@ -606,7 +654,8 @@ fn settle_gcra(
     }
     let tat = now + u64::try_from(ahead / q).unwrap_or(u64::MAX / 4);
     let rem = u64::try_from(ahead % q).unwrap_or(0);
-    Some(State::Tat { tat, rem })
+    let born = life.unwrap_or(unit.by);
+    Some(State::Tat { tat, rem, born })
 }
 
 /// One limit's remaining quota and reset at `now`, as the stores answer them.
@@ -696,6 +745,32 @@ mod tests {
             assert!(
                 !m.decide(&p, RateCheck::new(key, 10), t1 + 2_000).admitted,
                 "{algorithm}"
+            );
+        }
+    }
+
+    /// A reset ends the state a reservation charged: its settlement refunds nothing of what was
+    /// charged since, on every algorithm.
+    #[test]
+    fn a_refund_after_a_reset_returns_nothing_others_spent() {
+        for algorithm in [
+            Algorithm::SlidingLog,
+            Algorithm::SlidingCounter,
+            Algorithm::Gcra,
+        ] {
+            let p = policy(algorithm);
+            let mut m = Model::new(Duration::from_secs(3));
+            let key = Key::new("t", b"k");
+            let t0 = 1_000 * S + 100_000;
+            let a = RateCheck::reservation(key, 8);
+            assert!(m.decide(&p, a, t0).admitted);
+            m.reset(&p, key);
+            let b = m.decide(&p, RateCheck::new(key, 5), t0 + 1_000);
+            assert_eq!(b.limits[0].remaining, 5, "{algorithm}");
+            let settled = m.decide(&p, a.settle(0), t0 + 2_000);
+            assert_eq!(
+                settled.limits[0].remaining, 5,
+                "{algorithm}: B's 5 stay charged"
             );
         }
     }

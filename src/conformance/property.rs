@@ -284,6 +284,31 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
             Op::check(0, 1, 1),
         ],
     ),
+    (
+        "a refund after a reset returns nothing of what was charged since",
+        &[
+            (Algorithm::SlidingCounter, &[(10, 60_000)]),
+            (Algorithm::Gcra, &[(5, 400), (12, 60_000)]),
+        ],
+        &[
+            Op::reserve(0, 0, 8),
+            Op::reserve(0, 1, 4),
+            Op::Reset {
+                caller: 0,
+                policy: 0,
+            },
+            Op::Reset {
+                caller: 0,
+                policy: 1,
+            },
+            Op::check(0, 0, 5),
+            Op::check(0, 1, 3),
+            Op::Settle { back: 3, actual: 0 },
+            Op::Settle { back: 2, actual: 1 },
+            Op::check(0, 0, 6),
+            Op::check(0, 1, 2),
+        ],
+    ),
 ];
 
 /// The cases of [`CORPUS`].

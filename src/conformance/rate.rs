@@ -576,6 +576,46 @@ pub async fn a_late_refund_returns_nothing_others_spent(store: &impl RateStore) 
     futures_util::future::join_all(runs).await;
 }
 
+/// A reset ends what a reservation charged: its settlement afterwards refunds nothing of what
+/// others spent since (a limit of 10: A reserves 8; a reset; B spends 5; A settles for 0 — 5
+/// are left, not 10), with one limit and with two.
+pub async fn a_refund_after_a_reset_returns_nothing_others_spent(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        for limits in [
+            vec![daily("day", 10)],
+            vec![daily("day", 10), daily("team", 100)],
+        ] {
+            let n = limits.len();
+            let p = policy(algorithm, limits);
+            let caller = key(&unique("reset-refund"));
+            let a = RateCheck::reservation(caller, 8);
+            assert!(run(store, &p, a).await.admitted, "{algorithm}/{n}: A");
+            store
+                .reset_rate(&p, caller)
+                .await
+                .unwrap_or_else(|e| panic!("{algorithm}/{n}: reset failed: {e}"));
+            let b = check(store, &p, caller, 5).await;
+            assert!(b.admitted, "{algorithm}/{n}: B");
+            let settled = run(store, &p, a.settle(0)).await;
+            let look = check(store, &p, caller, 0).await;
+            for out in [&settled, &look] {
+                assert_eq!(
+                    out.limits[0].remaining, 5,
+                    "{algorithm}/{n}: B's 5 stay charged"
+                );
+                if n == 2 {
+                    assert_eq!(
+                        out.limits[1].remaining, 95,
+                        "{algorithm}: B's 5 stay charged"
+                    );
+                }
+            }
+            let c = check(store, &p, caller, 6).await;
+            assert!(!c.admitted, "{algorithm}/{n}: 11 of 10");
+        }
+    }
+}
+
 /// A sliding counter refunds from the window its reservation was charged to: made in the next
 /// window, the refund comes out of the previous one (whose weight has faded by half), never out
 /// of the current window's charges by others.

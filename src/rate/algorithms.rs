@@ -20,10 +20,17 @@ type Name = (u64, u64);
 pub(crate) enum State {
     /// A sliding log: per unit of admitted cost its score and name, ascending by score.
     Log(VecDeque<(u64, Name)>),
-    /// A sliding counter: window index, current and previous window's cost.
-    Counter { index: u64, cur: u64, prev: u64 },
-    /// A GCRA theoretical arrival time: whole microseconds plus `rem` / quota of one.
-    Tat { tat: u64, rem: u64 },
+    /// A sliding counter: window index, current and previous window's cost, and the attempt
+    /// that began the state's life.
+    Counter {
+        index: u64,
+        cur: u64,
+        prev: u64,
+        born: u64,
+    },
+    /// A GCRA theoretical arrival time: whole microseconds plus `rem` / quota of one, and the
+    /// attempt that began the state's life.
+    Tat { tat: u64, rem: u64, born: u64 },
 }
 
 /// How long a charged attempt is remembered past its decision: a memory store's call has the
@@ -31,15 +38,16 @@ pub(crate) enum State {
 /// until that deadline plus twice the timeout.
 pub(crate) const REMEMBERED_US: u64 = 3_000_000;
 
-/// Where a reservation's charge went on one limit.
+/// Where a reservation's charge went on one limit; a counter's or GCRA's names the life of the
+/// state it charged (`born`), so that a refund never comes out of a state begun since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
     /// A sliding log: the entries named by the attempt.
     Log,
     /// A sliding counter: the window it was added to.
-    Window(u64),
+    Window { index: u64, born: u64 },
     /// GCRA: the arrival time right after the charge.
-    End { tat: u64, rem: u64 },
+    End { tat: u64, rem: u64, born: u64 },
 }
 
 /// The attempts that charged a caller: until when each is remembered, and where a reservation's
@@ -180,7 +188,7 @@ pub(crate) fn check(
 fn place_until(place: Place, window: u64, now: u64) -> u64 {
     match place {
         Place::Log => now,
-        Place::Window(index) => (index + 2) * (window / 1000) * 1000,
+        Place::Window { index, .. } => (index + 2) * (window / 1000) * 1000,
         Place::End { tat, .. } => now + ((tat - now).div_ceil(1000) + 1) * 1000,
     }
 }
@@ -230,6 +238,7 @@ fn counter_of(slot: &Slot, window_us: u64, now_us: u64) -> (f64, f64, f64, f64) 
             index: i,
             cur,
             prev,
+            ..
         }) if i as f64 == index => (cur as f64, prev as f64),
         Some(State::Counter { index: i, cur, .. }) if i as f64 == index - 1.0 => (0.0, cur as f64),
         _ => (0.0, 0.0),
@@ -240,8 +249,22 @@ fn counter_of(slot: &Slot, window_us: u64, now_us: u64) -> (f64, f64, f64, f64) 
 /// A GCRA arrival time and remainder from `slot` at `now`: now when it has passed.
 fn tat_of(slot: &Slot, now: u64) -> (u64, u64) {
     match slot.state {
-        Some(State::Tat { tat, rem }) if tat >= now => (tat, rem),
+        Some(State::Tat { tat, rem, .. }) if tat >= now => (tat, rem),
         _ => (now, 0),
+    }
+}
+
+/// The attempt that began the life of a counter or GCRA state still living in `slot` at `now`
+/// (a counter of this window or the one before, an arrival time not passed); `None` when a
+/// charge now begins a new one.
+fn born_of(slot: &Slot, window_us: u64, now_us: u64) -> Option<u64> {
+    match slot.state.as_ref()? {
+        State::Counter { index, born, .. } => {
+            let current = ((now_us / 1000) as f64 / (window_us as f64 / 1000.0)).floor();
+            (*index as f64 == current || *index as f64 == current - 1.0).then_some(*born)
+        }
+        State::Tat { tat, born, .. } => (*tat >= now_us).then_some(*born),
+        State::Log(_) => None,
     }
 }
 
@@ -355,8 +378,12 @@ fn charge(
                 let mut cur = cur as u64;
                 if charges {
                     cur += cost;
-                    write_counter(slot, (index, elapsed), w, cur, prev as u64, now);
-                    place.push(Place::Window(index as u64));
+                    let born = born_of(slot, w, now).unwrap_or(id);
+                    write_counter(slot, (index, elapsed), w, (cur, prev as u64, born), now);
+                    place.push(Place::Window {
+                        index: index as u64,
+                        born,
+                    });
                 }
                 limits.push(counter_state(q, w, elapsed, cur as f64, prev));
             }
@@ -366,8 +393,9 @@ fn charge(
                     let units = u128::from(rem) + u128::from(cost) * u128::from(w);
                     tat += u64::try_from(units / u128::from(q)).unwrap_or(u64::MAX / 4);
                     rem = u64::try_from(units % u128::from(q)).unwrap_or(0);
-                    write_tat(slot, tat, rem, now);
-                    place.push(Place::End { tat, rem });
+                    let born = born_of(slot, w, now).unwrap_or(id);
+                    write_tat(slot, (tat, rem, born), now);
+                    place.push(Place::End { tat, rem, born });
                 }
                 limits.push(gcra_state(tat - now, rem, q, w));
             }
@@ -449,7 +477,11 @@ fn settle(
     for (i, (slot, limit)) in slots.iter_mut().zip(policy.limits()).enumerate() {
         let (q, w) = (limit.quota(), limit.window_us());
         let place = place.and_then(|p| p.get(i).copied());
-        let change = Change { debt, refund };
+        let change = Change {
+            debt,
+            refund,
+            by: check.attempt(),
+        };
         limits.push(match policy.algorithm() {
             super::Algorithm::SlidingLog => {
                 let units = (settled.of, reserved, actual);
@@ -462,11 +494,13 @@ fn settle(
     limits
 }
 
-/// What a settlement changes of each limit: a debt added, or a refund taken back.
+/// What a settlement changes of each limit: a debt added, or a refund taken back; `by`, the
+/// settlement's own attempt (a state its debt begins is born of it).
 #[derive(Clone, Copy)]
 struct Change {
     debt: u64,
     refund: u64,
+    by: u64,
 }
 
 /// A settlement on a log: the debt's units added after the reserved ones, the refunded units of
@@ -475,7 +509,7 @@ fn settle_log(
     slot: &mut Slot,
     (q, w): (u64, u64),
     now: u64,
-    Change { debt, refund }: Change,
+    Change { debt, refund, .. }: Change,
     (of, reserved, actual): (u64, u64, u64),
 ) -> LimitState {
     let mut log = log_of(slot, w, now);
@@ -496,48 +530,54 @@ fn settle_log(
 }
 
 /// A settlement on a sliding counter: the debt goes to this window, a refund comes out of the
-/// window the reservation went to while that still counts.
+/// window the reservation went to while that still counts and the state is the one it charged.
 fn settle_counter(
     slot: &mut Slot,
     (q, w): (u64, u64),
     now: u64,
-    Change { debt, refund }: Change,
+    Change { debt, refund, by }: Change,
     place: Option<Place>,
 ) -> LimitState {
     let (index, elapsed, cur, prev) = counter_of(slot, w, now);
     let (mut cur, mut prev) = (cur as u64, prev as u64);
+    let life = born_of(slot, w, now);
     let write = if debt > 0 {
         cur = (cur + debt).min(cur.max(2 * q));
         true
     } else {
         match place {
-            Some(Place::Window(p)) if refund > 0 && p as f64 == index => {
-                cur -= refund.min(cur);
-                true
-            }
-            Some(Place::Window(p)) if refund > 0 && p as f64 == index - 1.0 => {
-                prev -= refund.min(prev);
-                true
+            Some(Place::Window { index: p, born }) if refund > 0 && life == Some(born) => {
+                if p as f64 == index {
+                    cur -= refund.min(cur);
+                    true
+                } else if p as f64 == index - 1.0 {
+                    prev -= refund.min(prev);
+                    true
+                } else {
+                    false
+                }
             }
             _ => false,
         }
     };
     if write {
-        write_counter(slot, (index, elapsed), w, cur, prev, now);
+        let born = life.unwrap_or(by);
+        write_counter(slot, (index, elapsed), w, (cur, prev, born), now);
     }
     counter_state(q, w, elapsed, cur as f64, prev as f64)
 }
 
 /// A settlement on GCRA: the debt moves the theoretical arrival time on, a refund back by what
-/// of the reservation's span is still ahead.
+/// of the reservation's span is still ahead, while the state is the one it charged.
 fn settle_gcra(
     slot: &mut Slot,
     (q, w): (u64, u64),
     now: u64,
-    Change { debt, refund }: Change,
+    Change { debt, refund, by }: Change,
     place: Option<Place>,
 ) -> LimitState {
     let (tat, rem) = tat_of(slot, now);
+    let life = born_of(slot, w, now);
     let (qq, ww) = (u128::from(q), u128::from(w));
     let mut ahead = u128::from(tat - now) * qq + u128::from(rem);
     let write = if debt > 0 {
@@ -548,8 +588,10 @@ fn settle_gcra(
         Some(Place::End {
             tat: end,
             rem: end_rem,
+            born,
         }),
     ) = (refund > 0, place)
+        && life == Some(born)
     {
         let left =
             (u128::from(end) * qq + u128::from(end_rem)).saturating_sub(u128::from(now) * qq);
@@ -561,7 +603,7 @@ fn settle_gcra(
     let tat = now + u64::try_from(ahead / qq).unwrap_or(u64::MAX / 4);
     let rem = u64::try_from(ahead % qq).unwrap_or(0);
     if write {
-        write_tat(slot, tat, rem, now);
+        write_tat(slot, (tat, rem, life.unwrap_or(by)), now);
     }
     gcra_state(tat - now, rem, q, w)
 }
@@ -613,8 +655,7 @@ fn write_counter(
     slot: &mut Slot,
     (index, elapsed): (f64, f64),
     w: u64,
-    cur: u64,
-    prev: u64,
+    (cur, prev, born): (u64, u64, u64),
     now: u64,
 ) {
     let same = matches!(slot.state, Some(State::Counter { index: i, .. }) if i as f64 == index);
@@ -626,13 +667,14 @@ fn write_counter(
         index: index as u64,
         cur,
         prev,
+        born,
     });
 }
 
-/// Writes a GCRA arrival time, expiring a millisecond after it.
-fn write_tat(slot: &mut Slot, tat: u64, rem: u64, now: u64) {
+/// Writes a GCRA arrival time (and the life it belongs to), expiring a millisecond after it.
+fn write_tat(slot: &mut Slot, (tat, rem, born): (u64, u64, u64), now: u64) {
     let ttl_ms = (tat - now).div_ceil(1000) + 1;
-    slot.state = Some(State::Tat { tat, rem });
+    slot.state = Some(State::Tat { tat, rem, born });
     slot.expires_at = now.saturating_add(ttl_ms * 1000);
 }
 

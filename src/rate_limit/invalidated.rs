@@ -37,7 +37,7 @@ impl Listener {
 ///   policies on the same store are none of this one's business), its cached denial and — a
 ///   leased tier's invalidation can only be a reset, as a slice's settlement is
 ///   [quiet](crate::rate::RateCheck::quiet) and leased tiers settle nothing else — its slices,
-///   dropped without giving them back (the reset erased their charges);
+///   given back (the store refunds nothing of a charge the reset erased);
 /// - when some invalidations were missed, every cached denial (slices are kept: a reset missed
 ///   here is spent past by at most one lease's slices).
 async fn drop_invalidated(mut invalidations: Invalidations, settings: Weak<Settings>) {

@@ -187,7 +187,8 @@ impl<K> RateLimitLayer<K> {
             cache.forget(key);
         }
         for tier in settings.tiers.all() {
-            // the caller's slices were charged before the reset, which erases them
+            // the caller's slices were charged before the reset, which erases them: given back,
+            // they refund nothing
             if let Some(leases) = &tier.leases {
                 leases.forget(key);
             }

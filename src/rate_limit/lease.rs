@@ -19,8 +19,8 @@
 //! - **Memory**: at most [`CAPACITY`] callers per tier, removed once idle for two leases; a
 //!   caller beyond that is checked per request.
 //! - **Resets**: a slice's settlement is [quiet](RateCheck::quiet), so the only invalidation a
-//!   leased tier hears is a reset, on which the caller's slices are dropped (the layer's
-//!   listener calls [`Leases::forget`]). The slices left are given back when the layer
+//!   leased tier hears is a reset, on which the caller's slices are given back (the layer's
+//!   listener calls [`Leases::forget`]; the store refunds nothing of a charge the reset erased). The slices left are given back when the layer
 //!   goes ([`Leases`] dropped) or on [`RateLimitLayer::give_back_leases`].
 //!
 //! [`RateLimitLayer::give_back_leases`]: super::RateLimitLayer::give_back_leases
@@ -361,13 +361,15 @@ impl Leases {
             .set(AbortOnDrop(tokio::spawn(sweep(leases, every))));
     }
 
-    /// Forgets `key` on a reset, dropping its slices without giving them back: a slice charged
-    /// before the reset must not be settled after it (the store would refund a charge the reset
-    /// erased, out of what was charged since); one taken after the reset, before its word
-    /// arrived, is lost until its charge leaves the window. The caller is leased anew from its
-    /// next requests.
+    /// Forgets `key` on a reset, giving its slices back: the store refunds nothing of a slice
+    /// charged before the reset (a refund comes only out of the life of the state it charged;
+    /// see the [attempt ledger](crate::store#the-attempt-ledger)), and what is left of one taken
+    /// after it, before its word arrived. The caller is leased anew from its next requests.
     pub(crate) fn forget(&self, key: Key) {
-        self.shard(&key).remove(&key);
+        let lease = self.shard(&key).remove(&key);
+        if let Some(lease) = lease {
+            self.give_back(lease.slices.iter().filter_map(Slice::give_back).collect());
+        }
     }
 
     /// Takes every slice out, to give back: the layer is going.

@@ -65,11 +65,11 @@
 //! ([`conformance::property`]). The rules in depth:
 //! [`guide::ledger`](crate::guide::ledger).
 //!
-//! | store | an attempt is remembered | a re-send | a late first send | a settlement after the window rolled | a re-sent settlement |
-//! | --- | --- | --- | --- | --- | --- |
-//! | [`MemoryStore`] | 3 s after its decision (the deadline of a 1 s timeout, plus twice that) | admitted, charged nothing | — (its calls are never late) | refunds only what the limit still counts | applied once |
-//! | [`RedisStore`] (standalone, Sentinel, Cluster; Redis or Valkey) | its call's deadline + 2 × timeout (a record per call, named again by the copy that re-sends) | admitted, charged nothing | refused ([`Timeout`](StoreErrorKind::Timeout)), nothing changed | refunds only what the limit still counts | applied once |
-//! | [`PgStore`] | its deadline + 2 × timeout (a row per attempt) | admitted, charged nothing | refused ([`Timeout`](StoreErrorKind::Timeout)), nothing changed | refunds only what the limit still counts | applied once |
+//! | store | an attempt is remembered | a re-send | a late first send | a settlement after the window rolled | a settlement after a reset | a re-sent settlement |
+//! | --- | --- | --- | --- | --- | --- | --- |
+//! | [`MemoryStore`] | 3 s after its decision (the deadline of a 1 s timeout, plus twice that) | admitted, charged nothing | — (its calls are never late) | refunds only what the limit still counts | refunds nothing | applied once |
+//! | [`RedisStore`] (standalone, Sentinel, Cluster; Redis or Valkey) | its call's deadline + 2 × timeout (a record per call, named again by the copy that re-sends) | admitted, charged nothing | refused ([`Timeout`](StoreErrorKind::Timeout)), nothing changed | refunds only what the limit still counts | refunds nothing | applied once |
+//! | [`PgStore`] | its deadline + 2 × timeout (a row per attempt) | admitted, charged nothing | refused ([`Timeout`](StoreErrorKind::Timeout)), nothing changed | refunds only what the limit still counts | refunds nothing | applied once |
 //!
 //! A settlement of a plain check ([`RateCheck::new`](crate::rate::RateCheck::new)) refunds nothing: only a reservation's
 //! place is kept. Costs are sent clamped to what changes no answer, so no cost a request names

@@ -136,10 +136,27 @@ async fn a_reservation_keeps_its_place_until_settled() {
             key.ends_with(&format!(":place:{:016x}", reserved.attempt())),
             "{key}"
         );
-        let numbers: Vec<u64> = value.split(':').map(|n| n.parse().unwrap()).collect();
+        // 'p:', then per limit where the charge went and the life it charged: the state's
+        // born, the attempt that began it (this reservation's, on a new caller)
+        let born = format!("{:016x}", reserved.attempt());
+        let Some(fields) = value.strip_prefix("p:") else {
+            panic!("{algorithm:?}: a place without its mark: {value}");
+        };
+        let fields: Vec<&str> = fields.split(':').collect();
+        let number = |f: &str| f.parse::<u64>().unwrap_or_else(|_| panic!("{value}"));
         if algorithm == Algorithm::SlidingCounter {
             // per limit the window the charge went to, kept until its successor ends
-            assert_eq!(numbers, [now_ms / 60_000, now_ms / 3_600_000], "{value}");
+            assert_eq!(fields.len(), 4, "{value}");
+            assert_eq!(
+                [number(fields[0]), number(fields[2])],
+                [now_ms / 60_000, now_ms / 3_600_000],
+                "{value}"
+            );
+            assert_eq!(
+                [fields[1], fields[3]],
+                [born.as_str(), born.as_str()],
+                "{value}"
+            );
             let until = (now_ms / 3_600_000 + 2) * 3_600_000 - now_ms;
             assert!(ttl > 0 && ttl as u64 <= until, "{ttl} {until}");
             assert!(ttl as u64 > until - 1000, "{ttl} {until}");
@@ -147,9 +164,15 @@ async fn a_reservation_keeps_its_place_until_settled() {
             // per limit the arrival time after the charge: 4 of 10 per minute is 24 s on, 4 of
             // 100 per hour 144 s on, both whole microseconds; kept until the later one
             let at = out.decided_at_us.unwrap();
+            assert_eq!(fields.len(), 6, "{value}");
             assert_eq!(
-                numbers,
+                [fields[0], fields[1], fields[3], fields[4]].map(number),
                 [at + 24_000_000, 0, at + 144_000_000, 0],
+                "{value}"
+            );
+            assert_eq!(
+                [fields[2], fields[5]],
+                [born.as_str(), born.as_str()],
                 "{value}"
             );
             assert!(ttl > 143_000 && ttl <= 144_001, "{ttl}");
@@ -408,4 +431,54 @@ async fn a_gcra_refund_returns_only_the_span_still_ahead() {
     assert!(elapsed < 500, "settled while A's span lasts: {elapsed} ms");
     // what is left of A's span is refunded: B's 300 ms stay ahead, 3 units in use
     assert_eq!(settled.limits[0].remaining, 7, "{settled:?}");
+}
+
+/// A state or a place written by a copy of an earlier version (which named no lives): its place
+/// (no 'p:' mark) refunds nothing, and the next charge names the state's life, so that its own
+/// settlement refunds as always.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn states_and_places_of_an_earlier_version_are_named_by_the_next_charge() {
+    let server = RedisServer::start();
+    let store = server.store();
+    let mut conn = server.conn();
+    for algorithm in [Algorithm::SlidingCounter, Algorithm::Gcra] {
+        let p = policy(algorithm, vec![daily(10)]);
+        let first = RateCheck::reservation(caller(), 4);
+        assert_eq!(admitted(&store, &p, first).await, 6, "{algorithm:?}");
+        // as an earlier version wrote them: the state without its born, the place unmarked
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", p.namespace()))
+            .query(&mut conn)
+            .unwrap();
+        for key in keys {
+            let value: String = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+            let old = if let Some(place) = value.strip_prefix("p:") {
+                let fields: Vec<&str> = place.split(':').collect();
+                fields[..fields.len() - 1].join(":")
+            } else if value.contains(':') {
+                value[..value.rfind(':').unwrap()].to_owned()
+            } else {
+                continue;
+            };
+            let _: () = redis::cmd("SET")
+                .arg(&key)
+                .arg(old)
+                .arg("KEEPTTL")
+                .query(&mut conn)
+                .unwrap();
+        }
+        assert_eq!(
+            admitted(&store, &p, first.settle(0)).await,
+            6,
+            "{algorithm:?}: an unmarked place refunds nothing"
+        );
+        let second = RateCheck::reservation(caller(), 2);
+        assert_eq!(admitted(&store, &p, second).await, 4, "{algorithm:?}");
+        assert_eq!(
+            admitted(&store, &p, second.settle(0)).await,
+            6,
+            "{algorithm:?}: the life named by the second charge"
+        );
+        assert_eq!(look(&store, &p).await, 6, "{algorithm:?}");
+    }
 }

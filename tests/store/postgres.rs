@@ -86,7 +86,7 @@ async fn migrate_is_idempotent_and_safe_to_run_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![7]);
+    assert_eq!(versions, vec![8]);
     let won = stores[2]
         .claim(ClaimRequest::new("k", "a", None), crate::common::soon())
         .await
@@ -920,7 +920,7 @@ async fn migrate_on_a_current_schema_takes_no_table_lock() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![7]);
+    assert_eq!(versions, vec![8]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1087,7 +1087,7 @@ async fn an_upgrade_drops_the_functions_without_deadlines() {
         .collect();
     assert_eq!(args, vec![4], "one claim: the one with a deadline");
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 7, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
     // a copy of version 1 started since, which migrates whatever the version row says, put its
     // functions back: the next migration finds them and runs its DDL again
     client.batch_execute(&old_claim).await.unwrap();
@@ -1194,7 +1194,7 @@ async fn a_schema_of_version_3_upgrades_and_keeps_its_limits() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 7, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
     // every function a copy of version 3 calls, or that one it calls calls, is still there
     let after = functions(&client, &s).await;
     let gone: Vec<&String> = before.iter().filter(|f| !after.contains(f)).collect();
@@ -1320,7 +1320,7 @@ async fn a_schema_of_version_4_upgrades_and_its_copies_keep_working() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 7, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
     // gone: only version 4's steps and settlements, which its functions alone called
     let after = functions(&client, &s).await;
     let replaced = [
@@ -2019,7 +2019,7 @@ async fn a_schema_of_version_5_upgrades_and_its_copies_keep_working() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 7, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
     // the copy of version 5: its attempt re-sent is not charged again, a new one is
     let again = decide(1).await;
     assert_eq!((again[2], again[5]), (1, 2), "{again:?}");
@@ -2082,7 +2082,7 @@ async fn a_schema_of_version_6_upgrades_and_its_records_read_alike() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 7, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
     match store.idempotency_state("old").await.unwrap() {
         IdempotencyState::InFlight { lease_left, age } => {
             assert!(lease_left <= Duration::from_secs(60), "{lease_left:?}");
@@ -2105,5 +2105,86 @@ async fn a_schema_of_version_6_upgrades_and_its_records_read_alike() {
             }
             other => panic!("{key}: expected in flight with an age, got {other:?}"),
         }
+    }
+}
+
+/// `schema.sql` of version 7, as it was.
+const SCHEMA_V7: &str = include_str!("fixtures/schema_v7.sql");
+
+/// A schema of version 7 upgrades to this version: a reservation that a copy of version 7
+/// charged stays charged, and its settlement (its place names no life) refunds nothing; the
+/// next charge names the row's life, and that reservation's settlement refunds as always.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_version_7_upgrades_and_its_rows_are_named_by_the_next_charge() {
+    let server = server().await;
+    let s = unique_schema();
+    let client = server.client().await;
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA \"{s}\";
+             CREATE TABLE \"{s}\".migrations (
+               version integer PRIMARY KEY,
+               applied_at timestamptz NOT NULL DEFAULT now()
+             );
+             INSERT INTO \"{s}\".migrations (version) VALUES (7);"
+        ))
+        .await
+        .unwrap();
+    let v7 = SCHEMA_V7
+        .replace("__SCHEMA__", &format!("\"{s}\""))
+        .replace("__RATE_TABLES__", "UNLOGGED");
+    client.batch_execute(&v7).await.unwrap();
+    let caller = Key::new("test", b"upgraded");
+    let mut charged = Vec::new();
+    for (code, algorithm) in [(2i16, Algorithm::SlidingCounter), (3, Algorithm::Gcra)] {
+        let day = Limit::new("d", 10, Duration::from_secs(86_400));
+        let p = Arc::new(RatePolicy::new(format!("v7{code}:rl"), algorithm, vec![day]).unwrap());
+        let first = RateCheck::reservation(caller, 4);
+        // the copy of version 7 reserves 4
+        let sql = format!(
+            "SELECT \"{s}\".check_rate($1::smallint, $2::text[], $3::bigint[], $4::bigint[],
+               4::bigint, $5::bigint, true, 10000000::bigint, \"{s}\".now_us() + 10000000)"
+        );
+        let attempt = i64::from_ne_bytes(first.attempt().to_ne_bytes());
+        let reply: Vec<i64> = client
+            .query_one(
+                &sql,
+                &[
+                    &code,
+                    &p.store_keys(&caller),
+                    &vec![10i64],
+                    &vec![86_400_000_000i64],
+                    &attempt,
+                ],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!((reply[0], reply[3]), (1, 6), "{algorithm:?}: {reply:?}");
+        charged.push((p, first));
+    }
+
+    let store = server.builder().schema(s.clone()).connect().await.unwrap();
+    let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
+    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
+    for (p, first) in charged {
+        let algorithm = p.algorithm();
+        let settled = store.check_rate(&p, first.settle(0)).await.unwrap();
+        assert_eq!(
+            settled.limits[0].remaining, 6,
+            "{algorithm:?}: a place of version 7 refunds nothing"
+        );
+        let second = RateCheck::reservation(caller, 2);
+        let out = store.check_rate(&p, second).await.unwrap();
+        assert_eq!(
+            (out.admitted, out.limits[0].remaining),
+            (true, 4),
+            "{algorithm:?}"
+        );
+        let settled = store.check_rate(&p, second.settle(0)).await.unwrap();
+        assert_eq!(
+            settled.limits[0].remaining, 6,
+            "{algorithm:?}: the life named by the second charge"
+        );
     }
 }

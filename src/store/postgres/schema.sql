@@ -1,4 +1,4 @@
--- tollgate on PostgreSQL, schema version 7: tables, indexes and the functions that are the
+-- tollgate on PostgreSQL, schema version 8: tables, indexes and the functions that are the
 -- store's atomic operations. `__SCHEMA__` stands for the configured schema (quoted) and
 -- `__RATE_TABLES__` for `UNLOGGED` or nothing. Every statement is idempotent. PgStore::migrate
 -- first reads the version recorded in `migrations` (locking none of the tables below) and runs
@@ -44,6 +44,11 @@
 -- idem_begin), for operators' tools; a record of an earlier version has none. The signatures
 -- and replies of every function stay, so copies of version 6 keep working on a schema of
 -- version 7.
+-- Version 8 names the life of each sliding-counter and GCRA row (`rate_limits.born`: the
+-- attempt whose charge began it), and a reservation's place names the life it charged: a
+-- refund comes only out of that life, never out of what others charged after a reset. The
+-- step functions take the row's born and the attempt; a place of an earlier version (without
+-- lives) refunds nothing. Signatures and replies of the functions copies call stay.
 --
 -- Time is the database clock in microseconds since the Unix epoch (`now_us()`, read from
 -- `clock_timestamp()` after the rows an operation touches are locked). Every row has an
@@ -87,6 +92,11 @@ DROP FUNCTION IF EXISTS __SCHEMA__.settle_rate(smallint, text[], bigint[], bigin
   bigint, bigint, bigint, bigint);
 DROP FUNCTION IF EXISTS __SCHEMA__.settle_limit(smallint, __SCHEMA__.rate_limits, bigint, bigint,
   bigint, bigint, bigint, bigint);
+-- version 5's steps (to version 7), without lives
+DROP FUNCTION IF EXISTS __SCHEMA__.rate_counter_step(text, bigint, bigint, bigint, boolean,
+  bigint, bigint, bigint, bigint, boolean);
+DROP FUNCTION IF EXISTS __SCHEMA__.rate_gcra_step(text, bigint, bigint, boolean, bigint, bigint,
+  bigint, bigint, boolean);
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.now_us() RETURNS bigint
 LANGUAGE sql VOLATILE AS $$
@@ -157,6 +167,9 @@ ALTER TABLE __SCHEMA__.rate_limits
   ADD COLUMN IF NOT EXISTS recent bigint[] NOT NULL DEFAULT '{}',
   ADD COLUMN IF NOT EXISTS recent_until bigint[] NOT NULL DEFAULT '{}';
 ALTER TABLE __SCHEMA__.rate_limits SET (fillfactor = 80);
+-- `born` (version 8): the attempt whose charge began a sliding-counter or GCRA row's life (NULL:
+-- none yet, or written by an earlier version; the next charge names it).
+ALTER TABLE __SCHEMA__.rate_limits ADD COLUMN IF NOT EXISTS born bigint;
 DROP INDEX IF EXISTS __SCHEMA__.rate_limits_expiry;
 CREATE INDEX IF NOT EXISTS rate_limits_purge ON __SCHEMA__.rate_limits (purge_at);
 
@@ -394,10 +407,13 @@ $$;
 -- the sliding one). p_a, p_b, p_c: the row's window index and the costs of that window and of
 -- the one before; p_live: the row has not expired. A charge adds the cost to the current
 -- window, counter_window(p_now, p_window) (a new one moves the row's expiry to the end of the
--- next window).
+-- next window). p_born: the row's life; a charge by p_attempt that finds none living (no row,
+-- or one of a window before the previous one) begins one, named p_attempt. The reply has one
+-- more number: the life the row is left in (NULL when nothing was charged and none lives).
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_counter_step(
   p_key text, p_a bigint, p_b bigint, p_c bigint, p_live boolean, p_quota bigint,
-  p_window bigint, p_cost bigint, p_now bigint, p_charge boolean
+  p_window bigint, p_cost bigint, p_now bigint, p_charge boolean, p_born bigint,
+  p_attempt bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_admitted boolean := true;
@@ -416,14 +432,15 @@ DECLARE
   used double precision;
   whole double precision;
   rst double precision := 0;
+  v_born bigint;
 BEGIN
   idx := __SCHEMA__.counter_window(p_now, p_window);
   el := v_now - idx * w;
   IF p_live THEN
     IF p_a = idx THEN
-      cur := p_b; prev := p_c; v_same := true;
+      cur := p_b; prev := p_c; v_same := true; v_born := p_born;
     ELSIF p_a = idx - 1 THEN
-      prev := p_b;
+      prev := p_b; v_born := p_born;
     END IF;
   END IF;
   IF (cur + v_cost) * w + prev * (w - el) > q * w THEN
@@ -441,12 +458,13 @@ BEGIN
     v_retry := ceil(greatest(wait, 0) * 1000)::bigint;
   ELSIF p_charge AND p_cost > 0 THEN
     cur := cur + v_cost;
+    v_born := coalesce(v_born, p_attempt);
     IF v_same THEN
       -- the same window: its expiry (the end of the next window) stands
-      UPDATE __SCHEMA__.rate_limits SET b = cur::bigint WHERE key = p_key;
+      UPDATE __SCHEMA__.rate_limits SET b = cur::bigint, born = v_born WHERE key = p_key;
     ELSE
       UPDATE __SCHEMA__.rate_limits
-        SET a = idx::bigint, b = cur::bigint, c = prev::bigint,
+        SET a = idx::bigint, b = cur::bigint, c = prev::bigint, born = v_born,
             expires_at = (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000,
             purge_at = __SCHEMA__.purge_mark(purge_at,
               (p_now / 1000) * 1000 + ceil(2 * w - el)::bigint * 1000, p_window)
@@ -462,17 +480,19 @@ BEGIN
     rst := (w - el) + w - (whole - 1) * w / cur;
   END IF;
   RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry,
-    greatest(q - whole, 0)::bigint, ceil(rst * 1000)::bigint];
+    greatest(q - whole, 0)::bigint, ceil(rst * 1000)::bigint, v_born];
 END $$;
 
 -- GCRA, one limit: O(1), exact in integers. Emission interval T = window / quota; offsets from
 -- now are counted in 1/quota microseconds, where T is exactly `window` units. p_a, p_b: the
 -- row's theoretical arrival time and remainder; p_live: the row has not expired. A charge moves
--- the arrival time on by the cost (the row expiring a millisecond after it). The reply has two
--- more numbers: the arrival time and remainder the limit is left with (after the charge).
+-- the arrival time on by the cost (the row expiring a millisecond after it). p_born: the row's
+-- life; a charge by p_attempt that finds none living (no row, or its arrival time passed)
+-- begins one, named p_attempt. The reply has three more numbers: the arrival time, remainder
+-- and life the limit is left with (after the charge).
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_gcra_step(
   p_key text, p_a bigint, p_b bigint, p_live boolean, p_quota bigint, p_window bigint,
-  p_cost bigint, p_now bigint, p_charge boolean
+  p_cost bigint, p_now bigint, p_charge boolean, p_born bigint, p_attempt bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_admitted boolean := true;
@@ -483,8 +503,9 @@ DECLARE
   units bigint;
   whole bigint;
   used bigint;
+  v_born bigint;
 BEGIN
-  IF p_live AND p_a >= p_now THEN tat := p_a; rem := p_b; END IF;
+  IF p_live AND p_a >= p_now THEN tat := p_a; rem := p_b; v_born := p_born; END IF;
   IF p_cost > p_quota THEN
     v_admitted := false;
     v_retry := p_window;
@@ -498,8 +519,9 @@ BEGIN
       whole := units / p_quota;
       tat := tat + whole;
       rem := units - whole * p_quota;
+      v_born := coalesce(v_born, p_attempt);
       UPDATE __SCHEMA__.rate_limits
-        SET a = tat, b = rem,
+        SET a = tat, b = rem, born = v_born,
             expires_at = p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000,
             purge_at = __SCHEMA__.purge_mark(purge_at,
               p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000, p_window)
@@ -510,7 +532,7 @@ BEGIN
   used := __SCHEMA__.ceil_div(ahead, p_window);
   RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry, greatest(p_quota - used, 0),
     CASE WHEN used > 0 THEN __SCHEMA__.ceil_div(ahead - (used - 1) * p_window, p_quota)
-         ELSE 0 END, tat, rem];
+         ELSE 0 END, tat, rem, v_born];
 END $$;
 
 -- Locks the rate_limits rows of p_keys in key order, made first where missing, so that checks
@@ -605,6 +627,7 @@ DECLARE
   r_a bigint;
   r_b bigint;
   r_c bigint;
+  r_born bigint;
   r_recent bigint[];
   r_until bigint[];
   r_expires bigint;
@@ -623,8 +646,8 @@ BEGIN
   -- The first limit's row, read once. One limit (the common policy): its row is locked by
   -- reading it (made first if missing; holding no other row, this cannot deadlock).
   LOOP
-    SELECT l.a, l.b, l.c, l.recent, l.recent_until, l.expires_at
-      INTO r_a, r_b, r_c, r_recent, r_until, r_expires
+    SELECT l.a, l.b, l.c, l.born, l.recent, l.recent_until, l.expires_at
+      INTO r_a, r_b, r_c, r_born, r_recent, r_until, r_expires
       FROM __SCHEMA__.rate_limits AS l WHERE l.key = v_key FOR UPDATE;
     EXIT WHEN FOUND;
     -- missing, or deleted (purged, reset) before it could be locked: made, then locked
@@ -657,10 +680,10 @@ BEGIN
       v_log.o_remaining, v_log.o_reset];
   ELSIF p_algorithm = 2 THEN
     v_reply := __SCHEMA__.rate_counter_step(v_key, r_a, r_b, r_c, r_expires > v_now,
-      p_quotas[1], p_windows[1], v_cost, v_now, true);
+      p_quotas[1], p_windows[1], v_cost, v_now, true, r_born, p_attempt);
   ELSE
     v_reply := __SCHEMA__.rate_gcra_step(v_key, r_a, r_b, r_expires > v_now, p_quotas[1],
-      p_windows[1], v_cost, v_now, true);
+      p_windows[1], v_cost, v_now, true, r_born, p_attempt);
   END IF;
   IF v_replay THEN
     RETURN ARRAY[1, 0, v_now] || v_reply[3:2 + 2 * v_n];
@@ -671,21 +694,26 @@ BEGIN
       v_place := '{}';
       FOR i IN 1..v_n LOOP
         v_index := __SCHEMA__.counter_window(v_now, p_windows[i]);
-        v_place := v_place || v_index;
+        IF v_n = 1 THEN
+          v_place := ARRAY[v_index, v_reply[5]];
+        ELSE
+          SELECT v_place || ARRAY[v_index, l.born] INTO v_place
+            FROM __SCHEMA__.rate_limits AS l WHERE l.key = p_keys[i];
+        END IF;
         v_place_until := greatest(v_place_until, (v_index + 2) * p_windows[i]);
       END LOOP;
     ELSIF p_reservation AND p_algorithm = 3 THEN
       IF v_n = 1 THEN
-        v_place := v_reply[5:6];
+        v_place := v_reply[5:7];
       ELSE
         v_place := '{}';
         FOR i IN 1..v_n LOOP
-          SELECT v_place || ARRAY[l.a, l.b] INTO v_place
+          SELECT v_place || ARRAY[l.a, l.b, l.born] INTO v_place
             FROM __SCHEMA__.rate_limits AS l WHERE l.key = p_keys[i];
         END LOOP;
       END IF;
       FOR i IN 1..v_n LOOP
-        v_place_until := greatest(v_place_until, v_place[2 * i - 1]);
+        v_place_until := greatest(v_place_until, v_place[3 * i - 2]);
       END LOOP;
     END IF;
     PERFORM __SCHEMA__.remember_attempt(v_key, p_attempt, p_deadline_us + p_retention_us,
@@ -750,10 +778,10 @@ BEGIN
         v_log.o_remaining, v_log.o_reset];
     ELSIF p_algorithm = 2 THEN
       v_step := __SCHEMA__.rate_counter_step(p_keys[i], v_row.a, v_row.b, v_row.c,
-        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false);
+        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false, NULL, 0);
     ELSE
       v_step := __SCHEMA__.rate_gcra_step(p_keys[i], v_row.a, v_row.b,
-        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false);
+        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false, NULL, 0);
     END IF;
     v_retry := greatest(v_retry, v_step[2]);
     v_limits := v_limits || ARRAY[1 - v_step[1], v_step[3], v_step[4]];
@@ -1008,8 +1036,8 @@ BEGIN
   RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry] || v_limits;
 END $$;
 
--- Several limits of one check, as rate_sliding_log: the sliding-window counter. (p_attempt and
--- p_deadline are unused: the signature is version 3's.)
+-- Several limits of one check, as rate_sliding_log: the sliding-window counter. (p_deadline is
+-- unused: the signature is version 3's.)
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_sliding_counter(
   p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
   p_now bigint, p_deadline bigint
@@ -1025,7 +1053,7 @@ BEGIN
   FOR i IN 1..cardinality(p_keys) LOOP
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
     v_step := __SCHEMA__.rate_counter_step(p_keys[i], v_row.a, v_row.b, v_row.c,
-      v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false);
+      v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false, NULL, 0);
     v_rows[i] := v_row;
     v_limits := v_limits || v_step[3:4];
     v_admitted := v_admitted AND v_step[1] = 1;
@@ -1035,7 +1063,8 @@ BEGIN
     FOR i IN 1..cardinality(p_keys) LOOP
       v_row := v_rows[i];
       v_step := __SCHEMA__.rate_counter_step(p_keys[i], v_row.a, v_row.b, v_row.c,
-        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, true);
+        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, true, v_row.born,
+        p_attempt);
       v_limits[2 * i - 1:2 * i] := v_step[3:4];
     END LOOP;
   END IF;
@@ -1058,7 +1087,7 @@ BEGIN
   FOR i IN 1..cardinality(p_keys) LOOP
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
     v_step := __SCHEMA__.rate_gcra_step(p_keys[i], v_row.a, v_row.b, v_row.expires_at > p_now,
-      p_quotas[i], p_windows[i], p_cost, p_now, false);
+      p_quotas[i], p_windows[i], p_cost, p_now, false, NULL, 0);
     v_rows[i] := v_row;
     v_limits := v_limits || v_step[3:4];
     v_admitted := v_admitted AND v_step[1] = 1;
@@ -1068,7 +1097,8 @@ BEGIN
     FOR i IN 1..cardinality(p_keys) LOOP
       v_row := v_rows[i];
       v_step := __SCHEMA__.rate_gcra_step(p_keys[i], v_row.a, v_row.b,
-        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, true);
+        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, true, v_row.born,
+        p_attempt);
       v_limits[2 * i - 1:2 * i] := v_step[3:4];
     END LOOP;
   END IF;
@@ -1098,7 +1128,7 @@ DECLARE
   v_replay boolean;
   v_delta bigint := p_actual - p_reserved;
   -- the numbers of a place per limit
-  v_width int := CASE p_algorithm WHEN 2 THEN 1 WHEN 3 THEN 2 ELSE 0 END;
+  v_width int := CASE p_algorithm WHEN 2 THEN 2 WHEN 3 THEN 3 ELSE 0 END;
   v_place bigint[];
   v_limits bigint[] := '{}';
 BEGIN
@@ -1116,7 +1146,8 @@ BEGIN
   ELSIF v_delta < 0 AND v_width > 0 THEN
     SELECT place INTO v_place FROM __SCHEMA__.rate_attempts
       WHERE key = p_keys[1] AND attempt = p_of AND expires_at > v_now AND place_until > v_now;
-    -- a place kept for other limits than these places nothing
+    -- a place kept for other limits than these places nothing, nor one of an earlier version
+    -- (without the lives it charged)
     IF cardinality(v_place) <> v_width * cardinality(p_keys) THEN v_place := NULL; END IF;
   END IF;
   FOR i IN 1..cardinality(p_keys) LOOP
@@ -1145,7 +1176,9 @@ END $$;
 -- count), or the previous one (up to its count, and the estimate falls by the share of it
 -- still inside the sliding window), nothing from an older one; GCRA up to the part of p_of's
 -- span still ahead of now (its end: p_place[1], p_place[2]), at most the current offset.
--- Without a place (p_place NULL) a counter or GCRA limit refunds nothing.
+-- A counter or GCRA limit refunds only while the row lives in the life p_of charged (p_place's
+-- last number), and nothing without a place (p_place NULL). An overrun that finds no life
+-- living begins one, named p_attempt.
 CREATE OR REPLACE FUNCTION __SCHEMA__.settle_limit(
   p_algorithm smallint, p_row __SCHEMA__.rate_limits, p_quota bigint, p_window bigint,
   p_delta bigint, p_place bigint[], p_of bigint, p_attempt bigint, p_now bigint
@@ -1165,6 +1198,7 @@ DECLARE
   v_span bigint;
   tat bigint := p_now;
   rem bigint := 0;
+  v_born bigint;
 BEGIN
   -- past the quota by at most one more: a larger difference moves nothing further
   p_delta := least(p_delta, 2 * p_quota);
@@ -1201,20 +1235,20 @@ BEGIN
     RETURN ARRAY[v_log.o_remaining, v_log.o_reset];
   ELSIF p_algorithm = 2 THEN
     idx := __SCHEMA__.counter_window(p_now, p_window);
-    IF v_live AND p_row.a = idx THEN cur := p_row.b; prev := p_row.c;
-    ELSIF v_live AND p_row.a = idx - 1 THEN prev := p_row.b; END IF;
+    IF v_live AND p_row.a = idx THEN cur := p_row.b; prev := p_row.c; v_born := p_row.born;
+    ELSIF v_live AND p_row.a = idx - 1 THEN prev := p_row.b; v_born := p_row.born; END IF;
     v_was := ARRAY[cur, prev];
     IF p_delta > 0 THEN
       cur := least(cur + p_delta, greatest(cur, 2 * p_quota));
-    ELSIF p_delta < 0 AND p_place[1] = idx THEN
+    ELSIF p_delta < 0 AND p_place[2] = v_born AND p_place[1] = idx THEN
       cur := cur - least(-p_delta, cur);
-    ELSIF p_delta < 0 AND p_place[1] = idx - 1 THEN
+    ELSIF p_delta < 0 AND p_place[2] = v_born AND p_place[1] = idx - 1 THEN
       prev := prev - least(-p_delta, prev);
     END IF;
     IF ARRAY[cur, prev] <> v_was THEN
       -- as of the current window; a new one moves the expiry to the end of the next
       UPDATE __SCHEMA__.rate_limits
-        SET a = idx, b = cur, c = prev,
+        SET a = idx, b = cur, c = prev, born = coalesce(v_born, p_attempt),
             expires_at = CASE WHEN v_live AND p_row.a = idx THEN expires_at ELSE
               (p_now / 1000) * 1000 + ceil(2 * w - ((p_now / 1000) - idx * w))::bigint * 1000
             END,
@@ -1223,14 +1257,14 @@ BEGIN
         WHERE key = p_row.key;
     END IF;
     RETURN (__SCHEMA__.rate_counter_step(p_row.key, idx, cur, prev, true, p_quota, p_window, 0,
-      p_now, false))[3:4];
+      p_now, false, NULL, 0))[3:4];
   END IF;
-  IF v_live AND p_row.a >= p_now THEN tat := p_row.a; rem := p_row.b; END IF;
+  IF v_live AND p_row.a >= p_now THEN tat := p_row.a; rem := p_row.b; v_born := p_row.born; END IF;
   ahead := (tat - p_now) * p_quota + rem;
   v_ahead := ahead;
   IF p_delta > 0 THEN
     ahead := least(ahead + p_delta * p_window, greatest(ahead, 2 * p_window * p_quota));
-  ELSIF p_delta < 0 AND cardinality(p_place) = 2 THEN
+  ELSIF p_delta < 0 AND cardinality(p_place) = 3 AND p_place[3] = v_born THEN
     -- in 1/quota µs: what of the charge's span is still ahead of now
     v_span := greatest(0, (p_place[1] - p_now) * p_quota + p_place[2]);
     ahead := ahead - least(-p_delta * p_window, v_span, ahead);
@@ -1239,14 +1273,14 @@ BEGIN
     tat := p_now + ahead / p_quota;
     rem := ahead % p_quota;
     UPDATE __SCHEMA__.rate_limits
-      SET a = tat, b = rem,
+      SET a = tat, b = rem, born = coalesce(v_born, p_attempt),
           expires_at = p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000,
           purge_at = __SCHEMA__.purge_mark(purge_at,
             p_now + (__SCHEMA__.ceil_div(tat - p_now, 1000) + 1) * 1000, p_window)
       WHERE key = p_row.key;
   END IF;
   RETURN (__SCHEMA__.rate_gcra_step(p_row.key, tat, rem, true, p_quota, p_window, 0, p_now,
-    false))[3:4];
+    false, NULL, 0))[3:4];
 END $$;
 
 -- reset_rate: deletes a caller's limits (and their logs), locking them in key order as

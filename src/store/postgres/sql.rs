@@ -10,7 +10,7 @@ pub(super) const DEFAULT_SCHEMA: &str = "tollgate";
 const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// The version `schema.sql` brings a schema to, recorded in its `migrations` table.
-pub(super) const SCHEMA_VERSION: i32 = 7;
+pub(super) const SCHEMA_VERSION: i32 = 8;
 
 /// Checks a schema name: 1 to 63 lowercase ASCII letters, digits and `_`, not starting with a
 /// digit — a name PostgreSQL takes as it is, quoted or not.

@@ -37,10 +37,15 @@
 -- A reservation is charged as any check, and keeps where its charge went for as long as the
 -- limit counts it, so that its settlement refunds only that: a sliding log's entries are named by
 -- the attempt; under a sliding counter or GCRA the reservation's place key (in KEYS after its
--- limit keys, named by its attempt) holds per limit the index of the window the charge was added
--- to ('<index>:...', kept until the end of that window's successor), or the theoretical arrival
--- time right after the charge ('<tat>:<rem>:...', kept until then). Written by the run that
--- charges, never by a re-send.
+-- limit keys, named by its attempt) holds 'p:' and per limit the index of the window the charge
+-- was added to ('<index>:<born>:...', kept until the end of that window's successor), or the
+-- theoretical arrival time right after the charge ('<tat>:<rem>:<born>:...', kept until then).
+-- Written by the run that charges, never by a re-send. `born` names the life of the state it
+-- charged: a counter or GCRA state keeps the attempt id that began it (a charge or an overrun
+-- finding no state living: absent, reset, of a window before the previous one, or its arrival
+-- time passed), and a refund comes only out of the life its reservation charged — never out of
+-- what others charged after a reset. (A state written before lives were named has no born: the
+-- next charge names it. A place without the 'p:' mark refunds nothing.)
 --
 -- A settlement corrects what an admitted check charged to its actual cost, always admitted; it
 -- answers the limits as they stand after it. An overrun is added whatever the balance (past the
@@ -70,7 +75,7 @@ local out, len = {}, 0
 local format, match, sub, gmatch = string.format, string.match, string.sub, string.gmatch
 local floor, ceil, min, max, tonumber = math.floor, math.ceil, math.min, math.max, tonumber
 -- per-limit scratch of the check being decided, reused by every check of the call
-local s1, s2, s3, s4, s5 = {}, {}, {}, {}, {}
+local s1, s2, s3, s4, s5, s6 = {}, {}, {}, {}, {}, {}
 -- per limit of the check being decided, whether it denied the cost (a penalty's cause)
 local denied = {}
 
@@ -87,14 +92,15 @@ local function push(a, b)
   len = len + 2
 end
 
--- What the place of a settled reservation holds, per limit (nil when nothing is kept), and the
--- place dropped: the settlement is the last to read it.
+-- What the place of a settled reservation holds, per limit, as strings (nil when nothing is
+-- kept), and the place dropped: the settlement is the last to read it.
 local function take_place(place)
   local raw = redis.call('GET', place)
   if not raw then return nil end
   redis.call('DEL', place)
+  if sub(raw, 1, 2) ~= 'p:' then return nil end
   local at = {}
-  for v in gmatch(raw, '%d+') do at[#at + 1] = int(v) end
+  for v in gmatch(sub(raw, 3), '[^:]+') do at[#at + 1] = v end
   return at
 end
 
@@ -240,8 +246,8 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
   end
 end
 
--- Sliding-window counter: O(1) memory. Per limit one string "<window index>:<current>:<previous>"
--- (anything after it, as an earlier version wrote, is ignored); the estimate is current +
+-- Sliding-window counter: O(1) memory. Per limit one string
+-- "<window index>:<current>:<previous>:<born>"; the estimate is current +
 -- previous * (share of the previous window still inside the sliding one). GET, plus SET when
 -- admitted (KEEPTTL within a window). `place`: of a reservation, where it keeps the windows it
 -- charges; of a settlement, where its reservation kept them.
@@ -259,24 +265,26 @@ local function counter_wait(quota, window, elapsed, cur, prev, cost)
   return (window - elapsed) + window - (quota - cost) * window / cur
 end
 
-local function sliding_counter(k, n, q, w, cost, _, replay, settle, place, blocked)
+local function sliding_counter(k, n, q, w, cost, attempt, replay, settle, place, blocked)
   local now = now_ms
-  local indexes, elapsed_ms, curs, prevs, sames = s1, s2, s3, s4, s5
+  local indexes, elapsed_ms, curs, prevs, sames, borns = s1, s2, s3, s4, s5, s6
   local admitted, retry = 1, 0
   for i = 1, n do
     local quota = q[i]
     local window = w[i] / 1000
     local index = floor(now / window)
     local elapsed = now - index * window
-    local cur, prev, same = 0, 0, false
+    local cur, prev, same, born = 0, 0, false, false
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
-      local idx, c, p = match(raw, '^(%d+):(%d+):(%d+)')
+      local idx, c, p, b = match(raw, '^(%d+):(%d+):(%d+):?(%x*)')
       idx = tonumber(idx)
-      if idx == index then cur, prev, same = tonumber(c), tonumber(p), true
-      elseif idx == index - 1 then prev = tonumber(c) end
+      if idx == index then cur, prev, same, born = tonumber(c), tonumber(p), true, b
+      elseif idx == index - 1 then prev, born = tonumber(c), b end
+      if born == '' then born = false end
     end
     indexes[i], elapsed_ms[i], curs[i], prevs[i], sames[i] = index, elapsed, cur, prev, same
+    borns[i] = born
     -- scaled by window: used * window = cur * window + prev * (window - elapsed)
     if replay or settle then
       -- charged by an earlier run of this attempt, or a settlement: nothing to decide
@@ -303,15 +311,17 @@ local function sliding_counter(k, n, q, w, cost, _, replay, settle, place, block
   for i = 1, n do
     local quota, window = q[i], w[i] / 1000
     local index, elapsed, cur, prev = indexes[i], elapsed_ms[i], curs[i], prevs[i]
+    local born = borns[i] or attempt
     local write = charge
     if write then cur = cur + cost end
     if delta > 0 then
       -- an overrun goes to this window
       cur = min(cur + delta, max(cur, 2 * quota))
       write = true
-    elseif delta < 0 and at then
-      -- a refund comes out of the window the reservation went to, while it still counts
-      local p = at[i]
+    elseif delta < 0 and at and at[2 * i] == borns[i] then
+      -- a refund comes out of the window the reservation went to, while it still counts, of
+      -- the life it charged
+      local p = int(at[2 * i - 1])
       if p == index and cur > 0 then
         cur = cur - min(-delta, cur)
         write = true
@@ -321,13 +331,13 @@ local function sliding_counter(k, n, q, w, cost, _, replay, settle, place, block
       end
     end
     if marks then
-      marks[i] = format('%d', index)
+      marks[2 * i - 1], marks[2 * i] = format('%d', index), born
       -- until the end of the next window
       local until_ms = ceil((index + 2) * window - now)
       if until_ms > keep then keep = until_ms end
     end
     if write then
-      local value = format('%d:%d:%d', index, cur, prev)
+      local value = format('%d:%d:%d:%s', index, cur, prev, born)
       if sames[i] then
         -- the same window: its expiry (the end of the next window) stands
         redis.call('SET', KEYS[k + i], value, 'KEEPTTL')
@@ -351,32 +361,35 @@ local function sliding_counter(k, n, q, w, cost, _, replay, settle, place, block
     push(remaining, ceil(reset * 1000))
   end
   if marks then
-    redis.call('PSETEX', place, format('%d', keep), table.concat(marks, ':'))
+    redis.call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
   end
 end
 
 -- GCRA (generic cell rate algorithm): O(1) memory, smooth. Emission interval T = window / quota;
 -- a request of cost c is admitted when max(TAT, now) + c*T - now <= window (a fresh caller may
--- spend the whole quota at once). Kept exact in integers: per limit one string "<tat>:<rem>", the
--- theoretical arrival time in whole microseconds of store time plus rem/quota of a microsecond
--- (anything after it, as an earlier version wrote, is ignored). Offsets from now are counted in
+-- spend the whole quota at once). Kept exact in integers: per limit one string
+-- "<tat>:<rem>:<born>", the theoretical arrival time in whole microseconds of store time plus
+-- rem/quota of a microsecond, and the attempt that began the state's life. Offsets from now are counted in
 -- 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52). GET, plus SET
 -- PX when admitted. `place`: of a reservation, where it keeps the ends of its spans; of a
 -- settlement, where its reservation kept them.
-local function gcra(k, n, q, w, cost, _, replay, settle, place, blocked)
+local function gcra(k, n, q, w, cost, attempt, replay, settle, place, blocked)
   local now = now_us
-  local tats, rems = s1, s2
+  local tats, rems, borns = s1, s2, s6
   local admitted, retry = 1, 0
   for i = 1, n do
     local quota, window = q[i], w[i]
-    local tat, rem = now, 0
+    local tat, rem, born = now, 0, false
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
-      local stored, r = match(raw, '^(%d+):(%d+)')
+      local stored, r, b = match(raw, '^(%d+):(%d+):?(%x*)')
       stored = int(stored)
-      if stored >= now then tat, rem = stored, tonumber(r) end
+      if stored >= now then
+        tat, rem = stored, tonumber(r)
+        if b ~= '' then born = b end
+      end
     end
-    tats[i], rems[i] = tat, rem
+    tats[i], rems[i], borns[i] = tat, rem, born
     if replay or settle then
       -- charged by an earlier run of this attempt, or a settlement: nothing to decide
     elseif cost > quota then
@@ -408,6 +421,7 @@ local function gcra(k, n, q, w, cost, _, replay, settle, place, blocked)
   for i = 1, n do
     local quota, window = q[i], w[i]
     local tat, rem = tats[i], rems[i]
+    local born = borns[i] or attempt
     local write = charge
     if write then
       local units = rem + cost * window
@@ -423,9 +437,10 @@ local function gcra(k, n, q, w, cost, _, replay, settle, place, blocked)
       if delta > 0 then
         -- an overrun moves it on, past the quota by at most one more
         ahead = min(offset + delta * window, max(offset, 2 * window * quota))
-      elseif at and at[2 * i] then
-        -- a refund takes back what of the reservation's span is still ahead of now
-        local left = (at[2 * i - 1] - now) * quota + at[2 * i]
+      elseif at and at[3 * i] and at[3 * i] == borns[i] then
+        -- a refund takes back what of the reservation's span is still ahead of now, of the
+        -- life it charged
+        local left = (int(at[3 * i - 2]) - now) * quota + int(at[3 * i - 1])
         if left > 0 then ahead = offset - min(-delta * window, left, offset) end
       end
       if ahead ~= offset then
@@ -436,13 +451,14 @@ local function gcra(k, n, q, w, cost, _, replay, settle, place, blocked)
       end
     end
     if marks then
-      marks[2 * i - 1], marks[2 * i] = format('%d', tat), format('%d', rem)
+      marks[3 * i - 2], marks[3 * i - 1], marks[3 * i] = format('%d', tat), format('%d', rem),
+        born
       local until_ms = ceil((tat - now) / 1000) + 1
       if until_ms > keep then keep = until_ms end
     end
     if write then
       redis.call('PSETEX', KEYS[k + i], format('%d', ceil((tat - now) / 1000) + 1),
-        format('%d:%d', tat, rem))
+        format('%d:%d:%s', tat, rem, born))
     end
     local ahead = (tat - now) * quota + rem
     local used = ceil_div(ahead, window)
@@ -454,7 +470,7 @@ local function gcra(k, n, q, w, cost, _, replay, settle, place, blocked)
     push(remaining, reset)
   end
   if marks then
-    redis.call('PSETEX', place, format('%d', keep), table.concat(marks, ':'))
+    redis.call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
   end
 end
 
