@@ -44,7 +44,8 @@ pub enum Op {
         /// How far back.
         back: u8,
     },
-    /// The `back`-th latest check settled for `actual`.
+    /// The `back`-th latest check settled for `actual`; a check settled before makes the same
+    /// attempt again, skipped as [`Op::Resend`] is.
     Settle {
         /// How far back.
         back: u8,
@@ -449,10 +450,16 @@ impl Run {
             Op::Resend { back } => latest(&self.checks, back, self.fresh),
             Op::Settle { back, actual } => {
                 let i = self.checks.len().checked_sub(1 + usize::from(back));
-                i.map(|i| {
+                i.and_then(|i| {
                     let (check, policy) =
                         (self.checks[i].check.settle(actual), self.checks[i].policy);
-                    record(&mut self.settlements, check, policy)
+                    // a check settled again makes the same attempt: a re-send of the first
+                    // settlement, skipped as a Resend is once that went out too long ago (a
+                    // store may remember it longer than the model, never shorter)
+                    let stale = self.settlements.iter().any(|s| {
+                        s.check.attempt() == check.attempt() && s.at.elapsed() >= self.fresh
+                    });
+                    (!stale).then(|| record(&mut self.settlements, check, policy))
                 })
             }
             Op::ResendSettlement { back } => latest(&self.settlements, back, self.fresh),
@@ -536,7 +543,7 @@ pub fn generate(seed: u64, len: usize, timeout: Duration) -> Case {
     let t = u32::try_from(timeout.as_millis()).unwrap_or(1_000);
     let waits = [5, t / 2, 150, 350, 700];
     let ops = (0..len)
-        .map(|_| match r.below(20) {
+        .map(|_| match r.below(21) {
             0..=7 => Op::Check {
                 caller: r.below(2) as u8,
                 policy: r.below(2) as u8,
@@ -553,11 +560,11 @@ pub fn generate(seed: u64, len: usize, timeout: Duration) -> Case {
             14 | 15 => Op::ResendSettlement {
                 back: r.below(3) as u8,
             },
-            16 => Op::Reset {
+            16 | 17 => Op::Reset {
                 caller: r.below(2) as u8,
                 policy: r.below(2) as u8,
             },
-            17 => Op::PastTimeout,
+            18 => Op::PastTimeout,
             _ => Op::Sleep { ms: r.pick(&waits) },
         })
         .collect();
