@@ -3,7 +3,8 @@
 //! denied from copy A's cache, reset or refunded through copy B — and A admits well within the
 //! cache's one-second hold, on Redis (standalone, Sentinel and Cluster), PostgreSQL and a shared
 //! `MemoryStore`. With the subscriber's connection killed, the one-second bound still holds and
-//! the subscription comes back.
+//! the subscription comes back. A reservation settled after a reset through another copy refunds
+//! nothing of what was spent since.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
@@ -23,7 +24,7 @@ use crate::common::cluster::RedisCluster;
 use crate::common::sentinel::SentinelSetup;
 use crate::common::{RedisServer, postgres};
 use tollgate::key::Header;
-use tollgate::rate_limit::{DecisionSource, Limit, RateLimitLayer};
+use tollgate::rate_limit::{Algorithm, DecisionSource, Limit, RateLimitLayer};
 use tollgate::store::{MemoryStore, PgStore, RateStore, RedisStore};
 
 /// The deny cache's longest hold: past it a copy asks the store again, broadcast or not.
@@ -343,4 +344,102 @@ async fn the_subscriber_closes_when_its_last_layer_goes() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(store);
+}
+
+/// A reset through copy A while copy B's reservation is in flight: the quota others spend after
+/// the reset stays spent when B settles (B reserved 8 of 10 and used none; after the reset C
+/// spends 5 through A; B's settlement refunds nothing of C's) — exactly 5 left, under every
+/// algorithm, on every store.
+async fn a_settlement_after_a_reset_refunds_nothing_others_spent<S: RateStore + Clone>(
+    store_a: S,
+    store_b: S,
+) {
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ] {
+        let prefix = unique_prefix();
+        let builder = |store: S| {
+            RateLimitLayer::builder(store)
+                .limit(Limit::per_hour("hourly", 10))
+                .algorithm(algorithm)
+                .prefix(&prefix)
+                .cost(cost_header)
+                .key(Header::new(CLIENT))
+        };
+        let a = builder(store_a.clone()).build().unwrap();
+        let copy_a = stack(a.clone(), &Calls::default());
+        let b = builder(store_b.clone())
+            .settle(|res| res.headers.get("x-used")?.to_str().ok()?.parse().ok())
+            .build()
+            .unwrap();
+        let (gate, entered) = (Arc::new(Notify::new()), Arc::new(AtomicBool::new(false)));
+        let copy_b = settling_copy(b, Arc::clone(&gate), Arc::clone(&entered));
+        let mut reserve = get_costing("ann", 8);
+        reserve
+            .headers_mut()
+            .insert("x-use", HeaderValue::from_static("0"));
+        let settled = tokio::spawn(async move { send(&copy_b, reserve).await });
+        crate::common::wait_for("B's request reserved its 8", || {
+            entered.load(Ordering::SeqCst)
+        })
+        .await;
+        let ann = Header::new(CLIENT).key(b"ann");
+        a.reset(ann).await.unwrap();
+        let spent = send(&copy_a, get_costing("ann", 5)).await;
+        assert_eq!(
+            spent.status,
+            StatusCode::OK,
+            "{algorithm}: C's 5 after the reset"
+        );
+        assert_eq!(spent.decision().limits()[0].1.remaining, 5, "{algorithm}");
+        gate.notify_one();
+        assert_eq!(settled.await.unwrap().status, StatusCode::OK, "{algorithm}");
+        assert_eq!(
+            a.peek(ann).await.unwrap().limits[0].remaining,
+            5,
+            "{algorithm}: B's settlement refunded what C spent"
+        );
+        let over = send(&copy_a, get_costing("ann", 6)).await;
+        assert_eq!(
+            over.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{algorithm}: 11 of 10"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_after_a_reset_refunds_nothing_others_spent_on_memory() {
+    let store = MemoryStore::new();
+    a_settlement_after_a_reset_refunds_nothing_others_spent(store.clone(), store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_after_a_reset_refunds_nothing_others_spent_on_redis() {
+    let server = RedisServer::start();
+    a_settlement_after_a_reset_refunds_nothing_others_spent(
+        redis_store(&server),
+        redis_store(&server),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_after_a_reset_refunds_nothing_others_spent_on_postgres() {
+    let server = tokio::task::spawn_blocking(postgres::shared).await.unwrap();
+    let schema = postgres::unique_schema();
+    let pg = || {
+        PgStore::builder(server.url())
+            .schema(&schema)
+            .timeout(Duration::from_secs(2))
+            .purge_interval(None)
+            .connect()
+    };
+    a_settlement_after_a_reset_refunds_nothing_others_spent(
+        pg().await.unwrap(),
+        pg().await.unwrap(),
+    )
+    .await;
 }
