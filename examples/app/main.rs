@@ -102,6 +102,7 @@ async fn run() -> Result<(), Failure> {
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| Failure::runtime(format!("could not install the metrics recorder: {e}")))?;
+    let leases = state.clone();
     let app = router::router(state)
         .merge(router::metrics_routes(metrics))
         .into_make_service_with_connect_info::<SocketAddr>();
@@ -109,6 +110,8 @@ async fn run() -> Result<(), Failure> {
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| Failure::runtime(format!("server failed: {e}")))?;
+    // the quota this copy leased and did not spend is the other copies' at once
+    leases.give_back_leases().await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -208,6 +208,12 @@ impl AppState {
         })
     }
 
+    /// Gives back what this copy holds unspent of its leased slices (`APP_LEASE=on`), and waits
+    /// for the store: at a graceful shutdown, so that the other copies have that quota at once.
+    pub async fn give_back_leases(&self) {
+        self.api_limit.give_back_leases().await;
+    }
+
     /// Serves `POST /transfers` and `GET /transfers/count` on `database` (whose table
     /// `app_transfers` [`prepare_transfers`] creates): each transfer runs once per
     /// `Idempotency-Key`, its row and its recorded response in one transaction.

@@ -844,6 +844,8 @@ pub(crate) fn app_command(vars: &[(&str, &str)]) -> Command {
         "DATABASE_URL",
         "APP_LIMITS",
         "APP_ALGORITHM",
+        "APP_LEASE",
+        "APP_BLOCK",
         "APP_JOB_MS",
         "APP_JOB_CONCURRENCY",
         "APP_JOB_LEASE_MS",
@@ -971,6 +973,60 @@ fn get_from(url: &str, path: &str, api_key: &str) -> hyper_util::client::legacy:
         .body(http_body_util::Empty::new())
         .unwrap();
     client.request(request)
+}
+
+/// What the store has charged `api_key` of a daily GCRA limit of `quota` on `server`: the units
+/// its arrival time is ahead of the store's clock (a unit frees every day / quota, far longer
+/// than a test).
+fn gcra_charged(server: &RedisServer, quota: u64) -> u64 {
+    let mut conn = server.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*:gcra").query(&mut conn).unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let value: String = redis::cmd("GET").arg(&keys[0]).query(&mut conn).unwrap();
+    let tat: u64 = value.split(':').next().unwrap().parse().unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let interval = 86_400_000_000 / quota;
+    tat.saturating_sub(secs * 1_000_000 + micros)
+        .div_ceil(interval)
+}
+
+/// `APP_LEASE=on`: a caller's requests are admitted from a slice the binary leased, charged in
+/// the store ahead of them; stopped with SIGTERM, the binary gives back what it held unspent
+/// before it exits, so the store counts exactly what it admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_gives_back_its_leased_quota_when_stopped() {
+    let server = RedisServer::start();
+    let (mut child, url) = serve(&[
+        ("REDIS_URL", &server.url()),
+        ("APP_LEASE", "on"),
+        ("APP_ALGORITHM", "gcra"),
+        ("APP_LIMITS", "day:1000/86400s"),
+    ]);
+    for _ in 0..20 {
+        let reply = get_from(&url, "/api/hello", "dave").await.unwrap();
+        assert_eq!(reply.status(), StatusCode::OK);
+    }
+    let held = gcra_charged(&server, 1000);
+    assert!(
+        held > 20,
+        "no slice was leased: {held} charged for 20 admitted"
+    );
+    let pid = child.0.id().to_string();
+    let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the app did not stop within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        gcra_charged(&server, 1000),
+        20,
+        "what the slices held unspent ({held} charged) was not given back"
+    );
 }
 
 #[tokio::test]
