@@ -1096,6 +1096,28 @@ async fn an_upgrade_drops_the_functions_without_deadlines() {
     assert!(becomes(&client, &count, 1, Duration::ZERO).await);
 }
 
+/// A new schema as a copy of `version` made it: its `migrations` row, then `fixture` (that
+/// version's `schema.sql`), its rate tables unlogged. Its name.
+async fn schema_of_version(client: &tokio_postgres::Client, version: i32, fixture: &str) -> String {
+    let s = unique_schema();
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA \"{s}\";
+             CREATE TABLE \"{s}\".migrations (
+               version integer PRIMARY KEY,
+               applied_at timestamptz NOT NULL DEFAULT now()
+             );
+             INSERT INTO \"{s}\".migrations (version) VALUES ({version});"
+        ))
+        .await
+        .unwrap();
+    let sql = fixture
+        .replace("__SCHEMA__", &format!("\"{s}\""))
+        .replace("__RATE_TABLES__", "UNLOGGED");
+    client.batch_execute(&sql).await.unwrap();
+    s
+}
+
 /// `schema.sql` of version 3, as it was: a schema that version made, for the upgrade tests.
 const SCHEMA_V3: &str = include_str!("fixtures/schema_v3.sql");
 
@@ -1155,24 +1177,9 @@ fn remaining(reply: &[i64]) -> Vec<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_of_version_3_upgrades_and_keeps_its_limits() {
     let server = server().await;
-    let s = unique_schema();
     let client = server.client().await;
     // the schema as a copy of version 3 made it
-    client
-        .batch_execute(&format!(
-            "CREATE SCHEMA \"{s}\";
-             CREATE TABLE \"{s}\".migrations (
-               version integer PRIMARY KEY,
-               applied_at timestamptz NOT NULL DEFAULT now()
-             );
-             INSERT INTO \"{s}\".migrations (version) VALUES (3);"
-        ))
-        .await
-        .unwrap();
-    let v3 = SCHEMA_V3
-        .replace("__SCHEMA__", &format!("\"{s}\""))
-        .replace("__RATE_TABLES__", "UNLOGGED");
-    client.batch_execute(&v3).await.unwrap();
+    let s = schema_of_version(&client, 3, SCHEMA_V3).await;
     let before = functions(&client, &s).await;
     // each algorithm, on one limit and on two, charged once by version 3
     let checks: [(i16, &[&str]); 6] = [
@@ -1283,23 +1290,9 @@ async fn decide_as_v4(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_of_version_4_upgrades_and_its_copies_keep_working() {
     let server = server().await;
-    let s = unique_schema();
     let client = server.client().await;
-    client
-        .batch_execute(&format!(
-            "CREATE SCHEMA \"{s}\";
-             CREATE TABLE \"{s}\".migrations (
-               version integer PRIMARY KEY,
-               applied_at timestamptz NOT NULL DEFAULT now()
-             );
-             INSERT INTO \"{s}\".migrations (version) VALUES (4);"
-        ))
-        .await
-        .unwrap();
-    let v4 = SCHEMA_V4
-        .replace("__SCHEMA__", &format!("\"{s}\""))
-        .replace("__RATE_TABLES__", "UNLOGGED");
-    client.batch_execute(&v4).await.unwrap();
+    // the schema as a copy of version 4 made it
+    let s = schema_of_version(&client, 4, SCHEMA_V4).await;
     let before = functions(&client, &s).await;
     let checks: [(i16, &[&str]); 6] = [
         (1, &["log"]),
@@ -1967,23 +1960,9 @@ const SCHEMA_V5: &str = include_str!("fixtures/schema_v5.sql");
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_of_version_5_upgrades_and_its_copies_keep_working() {
     let server = server().await;
-    let s = unique_schema();
     let client = server.client().await;
-    client
-        .batch_execute(&format!(
-            "CREATE SCHEMA \"{s}\";
-             CREATE TABLE \"{s}\".migrations (
-               version integer PRIMARY KEY,
-               applied_at timestamptz NOT NULL DEFAULT now()
-             );
-             INSERT INTO \"{s}\".migrations (version) VALUES (5);"
-        ))
-        .await
-        .unwrap();
-    let v5 = SCHEMA_V5
-        .replace("__SCHEMA__", &format!("\"{s}\""))
-        .replace("__RATE_TABLES__", "UNLOGGED");
-    client.batch_execute(&v5).await.unwrap();
+    // the schema as a copy of version 5 made it
+    let s = schema_of_version(&client, 5, SCHEMA_V5).await;
     let as_v5 = format!(
         "SELECT \"{s}\".decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
          \"{s}\".now_us() + 10000000)"
@@ -2051,23 +2030,9 @@ const SCHEMA_V6: &str = include_str!("fixtures/schema_v6.sql");
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_of_version_6_upgrades_and_its_records_read_alike() {
     let server = server().await;
-    let s = unique_schema();
     let client = server.client().await;
-    client
-        .batch_execute(&format!(
-            "CREATE SCHEMA \"{s}\";
-             CREATE TABLE \"{s}\".migrations (
-               version integer PRIMARY KEY,
-               applied_at timestamptz NOT NULL DEFAULT now()
-             );
-             INSERT INTO \"{s}\".migrations (version) VALUES (6);"
-        ))
-        .await
-        .unwrap();
-    let v6 = SCHEMA_V6
-        .replace("__SCHEMA__", &format!("\"{s}\""))
-        .replace("__RATE_TABLES__", "UNLOGGED");
-    client.batch_execute(&v6).await.unwrap();
+    // the schema as a copy of version 6 made it
+    let s = schema_of_version(&client, 6, SCHEMA_V6).await;
     let as_v6 = format!(
         "SELECT o_tag FROM \"{s}\".idem_begin($1, 'fp', 't', 60000, \"{s}\".now_us() + 10000000)"
     );
@@ -2117,23 +2082,9 @@ const SCHEMA_V7: &str = include_str!("fixtures/schema_v7.sql");
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_of_version_7_upgrades_and_its_rows_are_named_by_the_next_charge() {
     let server = server().await;
-    let s = unique_schema();
     let client = server.client().await;
-    client
-        .batch_execute(&format!(
-            "CREATE SCHEMA \"{s}\";
-             CREATE TABLE \"{s}\".migrations (
-               version integer PRIMARY KEY,
-               applied_at timestamptz NOT NULL DEFAULT now()
-             );
-             INSERT INTO \"{s}\".migrations (version) VALUES (7);"
-        ))
-        .await
-        .unwrap();
-    let v7 = SCHEMA_V7
-        .replace("__SCHEMA__", &format!("\"{s}\""))
-        .replace("__RATE_TABLES__", "UNLOGGED");
-    client.batch_execute(&v7).await.unwrap();
+    // the schema as a copy of version 7 made it
+    let s = schema_of_version(&client, 7, SCHEMA_V7).await;
     let caller = Key::new("test", b"upgraded");
     let mut charged = Vec::new();
     for (code, algorithm) in [(2i16, Algorithm::SlidingCounter), (3, Algorithm::Gcra)] {
