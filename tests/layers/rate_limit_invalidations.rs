@@ -164,8 +164,9 @@ async fn a_reset_reaches_the_other_copy_at_once_behind_sentinel() {
     a_reset_reaches_the_other_copy(a, b, pattern_subscribed(vec![primary])).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reset_reaches_the_other_copy_at_once_on_postgres() {
+/// Two store clients, as two copies have, on the shared PostgreSQL server in a schema of their
+/// own: the server, the schema and the two stores.
+async fn two_pg_copies() -> (&'static postgres::PgServer, String, PgStore, PgStore) {
     let server = tokio::task::spawn_blocking(postgres::shared).await.unwrap();
     let schema = postgres::unique_schema();
     let pg = || {
@@ -175,7 +176,13 @@ async fn a_reset_reaches_the_other_copy_at_once_on_postgres() {
             .purge_interval(None)
             .connect()
     };
-    let (store_a, store_b) = (pg().await.unwrap(), pg().await.unwrap());
+    let (a, b) = (pg().await.unwrap(), pg().await.unwrap());
+    (server, schema, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_reaches_the_other_copy_at_once_on_postgres() {
+    let (server, schema, store_a, store_b) = two_pg_copies().await;
     let listening = async {
         // the subscriber's connection names itself after its channel
         let inspect = server.client().await;
@@ -428,18 +435,6 @@ async fn a_settlement_after_a_reset_refunds_nothing_others_spent_on_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settlement_after_a_reset_refunds_nothing_others_spent_on_postgres() {
-    let server = tokio::task::spawn_blocking(postgres::shared).await.unwrap();
-    let schema = postgres::unique_schema();
-    let pg = || {
-        PgStore::builder(server.url())
-            .schema(&schema)
-            .timeout(Duration::from_secs(2))
-            .purge_interval(None)
-            .connect()
-    };
-    a_settlement_after_a_reset_refunds_nothing_others_spent(
-        pg().await.unwrap(),
-        pg().await.unwrap(),
-    )
-    .await;
+    let (_, _, store_a, store_b) = two_pg_copies().await;
+    a_settlement_after_a_reset_refunds_nothing_others_spent(store_a, store_b).await;
 }
