@@ -57,10 +57,16 @@ async fn main() {
         m => {
             let client = redis::Client::open(url).unwrap();
             let conn = ConnectionManager::new(client).await.unwrap();
-            (Some(conn), if m == "counter" { COUNTER_LUA } else { LOG_LUA })
+            (
+                Some(conn),
+                if m == "counter" { COUNTER_LUA } else { LOG_LUA },
+            )
         }
     };
-    let limiter = Limiter { conn, script: redis::Script::new(src) };
+    let limiter = Limiter {
+        conn,
+        script: redis::Script::new(src),
+    };
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
         .route("/healthz", get(|| async { "ok" }))
@@ -68,6 +74,8 @@ async fn main() {
         .layer(middleware::from_fn_with_state(limiter.clone(), rate_limit))
         .with_state(limiter);
     let port = std::env::var("PORT").unwrap_or_else(|_| "3000".into());
-    let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")).await.unwrap();
+    let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}"))
+        .await
+        .unwrap();
     axum::serve(listener, app).await.unwrap();
 }
