@@ -249,6 +249,46 @@ async fn on_redis_a_copy_killed_holding_a_slice_loses_only_that_slice() {
     .await;
 }
 
+/// Redis restarts empty while copy A holds a slice: the store starts the caller's quota over
+/// (the other copy gets all of it), and A's slice given back afterwards refunds nothing — the
+/// store charged it before the restart and has forgotten it. What the copies may admit past the
+/// quota is what their slices held at the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_store_restarted_empty_takes_at_most_the_slices_held() {
+    let mut server = RedisServer::start();
+    // one client for both copies: B's traffic has it reconnected before A gives back
+    let store = server.store();
+    for algorithm in [Algorithm::SlidingCounter, Algorithm::Gcra] {
+        let prefix = unique("restart");
+        let (a, b) = (
+            copy(store.clone(), algorithm, &prefix),
+            copy(store.clone(), algorithm, &prefix),
+        );
+        let caller = unique("restart");
+        assert_eq!(fire(&a, &caller, 40).await.admitted, 40, "{algorithm}");
+        // a slice fetched in the background lands
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let held = a.leases_unspent();
+        assert!(held > 0 && held <= QUOTA / 8, "{algorithm}: {held} held");
+        tokio::task::block_in_place(|| server.restart());
+        // reconnected (a request failing meanwhile would be let through: the failure policy)
+        let key = key_of(&b, &caller);
+        while b.peek(key).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // the store starts over: the other copy gets the whole quota
+        assert_eq!(spend_the_rest(&[&b], &caller).await, QUOTA, "{algorithm}");
+        a.give_back_leases().await;
+        assert_eq!(a.leases_unspent(), 0);
+        left_becomes(&b, &caller, 0).await;
+        assert_eq!(
+            spend_the_rest(&[&a, &b], &caller).await,
+            0,
+            "{algorithm}: a slice charged before the restart was refunded after it"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgres_a_copy_killed_holding_a_slice_loses_only_that_slice() {
     let store = postgres::store().await;
