@@ -2139,3 +2139,62 @@ async fn a_schema_of_version_7_upgrades_and_its_rows_are_named_by_the_next_charg
         );
     }
 }
+
+/// A rolling deploy: copies of version 7 keep checking (counter and GCRA reservations, through
+/// the `check_rate` they call) while a copy of this version upgrades the schema under them. No
+/// call fails or deadlocks, and afterwards this version settles a reservation of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_version_7_upgrades_under_its_copies_load() {
+    let server = server().await;
+    let client = server.client().await;
+    let s = schema_of_version(&client, 7, SCHEMA_V7).await;
+    let sql = format!(
+        "SELECT \"{s}\".check_rate($1::smallint, $2::text[], $3::bigint[], $4::bigint[],
+           1::bigint, $5::bigint, true, 10000000::bigint, \"{s}\".now_us() + 10000000)"
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..4i16 {
+        let (copy, sql, stop) = (server.client().await, sql.clone(), Arc::clone(&stop));
+        workers.push(tokio::spawn(async move {
+            let mut calls = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) || calls == 0 {
+                calls += 1;
+                let keys = vec![format!("v7load:{w}:{}", calls % 8)];
+                let algorithm = 2 + w % 2;
+                let attempt = i64::from(calls) << 8 | i64::from(w);
+                let reply: Vec<i64> = copy
+                    .query_one(
+                        &sql,
+                        &[
+                            &algorithm,
+                            &keys,
+                            &vec![1_000_000i64],
+                            &vec![60_000_000i64],
+                            &attempt,
+                        ],
+                    )
+                    .await
+                    .expect("a check of a copy of version 7 during the upgrade")
+                    .get(0);
+                assert_eq!(reply[0], 1, "{reply:?}");
+            }
+            calls
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let store = server.builder().schema(s.clone()).connect().await.unwrap();
+    let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
+    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for worker in workers {
+        assert!(worker.await.expect("every call of the load succeeded") > 0);
+    }
+    let p = policy(Algorithm::Gcra, Limit::per_minute("m", 10));
+    let reserved = RateCheck::reservation(caller("after"), 4);
+    assert_eq!(left(&store, &p, caller("after")).await, vec![10]);
+    assert!(store.check_rate(&p, reserved).await.unwrap().admitted);
+    let settled = store.check_rate(&p, reserved.settle(1)).await.unwrap();
+    assert_eq!(settled.limits[0].remaining, 9);
+}

@@ -47,8 +47,9 @@
 -- Version 8 names the life of each sliding-counter and GCRA row (`rate_limits.born`: the
 -- attempt whose charge began it), and a reservation's place names the life it charged: a
 -- refund comes only out of that life, never out of what others charged after a reset. The
--- step functions take the row's born and the attempt; a place of an earlier version (without
--- lives) refunds nothing. Signatures and replies of the functions copies call stay.
+-- step functions take the row's born and the attempt (their signatures of version 7 stay, for
+-- the calls under way while the migration runs); a place of an earlier version (without lives)
+-- refunds nothing. Signatures and replies of the functions copies call stay.
 --
 -- Time is the database clock in microseconds since the Unix epoch (`now_us()`, read from
 -- `clock_timestamp()` after the rows an operation touches are locked). Every row has an
@@ -92,11 +93,6 @@ DROP FUNCTION IF EXISTS __SCHEMA__.settle_rate(smallint, text[], bigint[], bigin
   bigint, bigint, bigint, bigint);
 DROP FUNCTION IF EXISTS __SCHEMA__.settle_limit(smallint, __SCHEMA__.rate_limits, bigint, bigint,
   bigint, bigint, bigint, bigint);
--- version 5's steps (to version 7), without lives
-DROP FUNCTION IF EXISTS __SCHEMA__.rate_counter_step(text, bigint, bigint, bigint, boolean,
-  bigint, bigint, bigint, bigint, boolean);
-DROP FUNCTION IF EXISTS __SCHEMA__.rate_gcra_step(text, bigint, bigint, boolean, bigint, bigint,
-  bigint, bigint, boolean);
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.now_us() RETURNS bigint
 LANGUAGE sql VOLATILE AS $$
@@ -534,6 +530,24 @@ BEGIN
     CASE WHEN used > 0 THEN __SCHEMA__.ceil_div(ahead - (used - 1) * p_window, p_quota)
          ELSE 0 END, tat, rem, v_born];
 END $$;
+
+-- The steps as versions 5 to 7 called them, without lives: a call of a copy of version 7 that
+-- began before this migration committed runs the body it began with, which calls these; they
+-- charge through the steps above, naming no life (the next charge names it).
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_counter_step(
+  p_key text, p_a bigint, p_b bigint, p_c bigint, p_live boolean, p_quota bigint,
+  p_window bigint, p_cost bigint, p_now bigint, p_charge boolean
+) RETURNS bigint[] LANGUAGE sql AS $$
+  SELECT (__SCHEMA__.rate_counter_step(p_key, p_a, p_b, p_c, p_live, p_quota, p_window, p_cost,
+    p_now, p_charge, NULL, NULL))[1:4]
+$$;
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_gcra_step(
+  p_key text, p_a bigint, p_b bigint, p_live boolean, p_quota bigint, p_window bigint,
+  p_cost bigint, p_now bigint, p_charge boolean
+) RETURNS bigint[] LANGUAGE sql AS $$
+  SELECT (__SCHEMA__.rate_gcra_step(p_key, p_a, p_b, p_live, p_quota, p_window, p_cost, p_now,
+    p_charge, NULL, NULL))[1:6]
+$$;
 
 -- Locks the rate_limits rows of p_keys in key order, made first where missing, so that checks
 -- and settlements over overlapping keys cannot deadlock; held until the transaction ends.
