@@ -188,9 +188,9 @@ impl<K> RateLimitLayer<K> {
         }
         for tier in settings.tiers.all() {
             // the caller's slices were charged before the reset, which erases them: given back,
-            // they refund nothing
+            // they would refund nothing
             if let Some(leases) = &tier.leases {
-                leases.forget(key);
+                leases.discard(key);
             }
             settings.store.reset_rate(&tier.policy, key).await?;
         }

@@ -58,14 +58,7 @@ pub(crate) struct Leases {
     sweeper: OnceLock<AbortOnDrop>,
 }
 
-impl std::fmt::Debug for Leases {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leases")
-            .field("lease", &self.lease)
-            .field("largest", &self.largest)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Leases { lease, largest });
 
 /// One caller's state on this copy.
 #[derive(Debug)]
@@ -370,6 +363,13 @@ impl Leases {
         if let Some(lease) = lease {
             self.give_back(lease.slices.iter().filter_map(Slice::give_back).collect());
         }
+    }
+
+    /// Forgets `key` right before this copy resets it, giving nothing back: every slice it holds
+    /// was charged before the reset, which erases that charge, so a settlement of it would change
+    /// nothing either way.
+    pub(crate) fn discard(&self, key: Key) {
+        self.shard(&key).remove(&key);
     }
 
     /// Takes every slice out, to give back: the layer is going.
