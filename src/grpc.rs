@@ -14,6 +14,8 @@ use crate::body::Complete;
 pub(crate) enum Code {
     /// 3: the request is malformed (a bad idempotency key, no rate-limit key).
     InvalidArgument = 3,
+    /// 4: the request did not arrive in time (a request body past its deadline).
+    DeadlineExceeded = 4,
     /// 8: over a rate limit.
     ResourceExhausted = 8,
     /// 9: the request cannot be served in the current state.

@@ -9,10 +9,11 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::body::IdempotencyBody;
+use super::budget::Share;
 use super::execute::{Answer, Claimed, execute};
 use super::fingerprint::fingerprint;
 use super::handler::{Handler, HttpBody, RequestBody};
@@ -23,6 +24,7 @@ use super::settings::{OnConcurrent, Settings};
 use crate::body::Complete;
 use crate::error::BoxError;
 use crate::grpc::Wire;
+use crate::key::Key;
 use crate::lease::{self, Owner};
 use crate::store::BeginRequest;
 use crate::store::{Hold, IdempotencyBegin, RunBegun, RunStart, StoreError};
@@ -33,7 +35,7 @@ pub(super) async fn handle<S, ReqBody, ResBody>(
     service: S,
     parts: Parts,
     body: ReqBody,
-    key: String,
+    (key, caller): (String, Option<Key>),
     wire: Wire,
 ) -> Answer<ResBody, S::Error>
 where
@@ -41,9 +43,13 @@ where
     ReqBody: HttpBody,
     ResBody: HttpBody,
 {
-    let (body, buffered) = match buffer_body(body, settings.body_limit, &settings.buffered).await {
-        Ok(buffered) => buffered,
-        Err(rejection) => return Ok(settings.reject(rejection, wire)),
+    let share = settings.buffered.share(caller);
+    let reading = buffer_body(body, settings.body_limit, share);
+    let (body, buffered) = match tokio::time::timeout(settings.body_timeout, reading).await {
+        Ok(Ok(buffered)) => buffered,
+        Ok(Err(rejection)) => return Ok(settings.reject(rejection, wire)),
+        // the share of the budget went with the read
+        Err(_) => return Ok(settings.reject(Rejection::BodyTimeout, wire)),
     };
     let fingerprint = fingerprint(&parts, &settings.fingerprint_headers, &body);
     let claimed = match claim(&settings, &key, &fingerprint, wire).await {
@@ -61,21 +67,21 @@ where
     spawn_execution(settings, service, request, claimed, wire, buffered).await
 }
 
-/// The whole request body, if it is readable and within `limit`, and its share of the layer's
-/// budget of buffered bytes: when the bodies buffered across all requests would pass it, the
-/// request is refused (`503`) rather than held in memory.
+/// The whole request body, if it is readable and within `limit`, and its `share` of the layer's
+/// budget of buffered bytes: when its caller's bodies would pass the caller's share, or the
+/// bodies of all callers the budget (and no room comes back in time), the request is refused
+/// (`503`) rather than held in memory.
 async fn buffer_body<B>(
     body: B,
     limit: usize,
-    budget: &Arc<Semaphore>,
-) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Rejection>
+    mut share: Share,
+) -> Result<(Bytes, Share), Rejection>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
     let mut body = std::pin::pin!(Limited::new(body, limit));
     let mut buffered = BytesMut::new();
-    let mut share: Option<OwnedSemaphorePermit> = None;
     while let Some(frame) = body.frame().await {
         let frame = match frame {
             Ok(frame) => frame,
@@ -87,14 +93,7 @@ where
         let Ok(data) = frame.into_data() else {
             continue; // request trailers are not part of the fingerprint
         };
-        let bytes = u32::try_from(data.len()).map_err(|_| Rejection::TooLarge)?;
-        let more = Arc::clone(budget)
-            .try_acquire_many_owned(bytes)
-            .map_err(|_| Rejection::Busy)?;
-        match share.as_mut() {
-            Some(share) => share.merge(more),
-            None => share = Some(more),
-        }
+        share.grow(data.len()).await.map_err(|_| Rejection::Busy)?;
         buffered.extend_from_slice(&data);
     }
     Ok((buffered.freeze(), share))
@@ -217,7 +216,7 @@ async fn spawn_execution<S, ReqBody, ResBody>(
     request: Request<RequestBody<ReqBody>>,
     claimed: Claimed,
     wire: Wire,
-    buffered: Option<OwnedSemaphorePermit>,
+    buffered: Share,
 ) -> Answer<ResBody, S::Error>
 where
     S: Handler<ReqBody, ResBody>,

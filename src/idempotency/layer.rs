@@ -6,9 +6,10 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode, header};
 use tower_layer::Layer;
 
+use super::budget::BufferBudget;
 use super::rejection::IdempotencyRejection;
 use super::service::Idempotency;
-use super::settings::{OnConcurrent, Settings, grpc_outcome_is_final};
+use super::settings::{MissingScope, OnConcurrent, Settings, grpc_outcome_is_final};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::{Global, KeyExtractor};
 use crate::keyspace::{self, check_prefix};
@@ -16,6 +17,21 @@ use crate::store::{IdempotencyStore, TransactionStore};
 
 /// The bytes of request bodies the layer buffers across all requests at once, by default.
 const DEFAULT_BUFFER_BUDGET: usize = 64 << 20;
+
+/// How long a request body may take to arrive whole, by default.
+const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a body waits for room in a full budget before it is refused, by default.
+const DEFAULT_BUFFER_WAIT: Duration = Duration::from_secs(1);
+
+/// The budget of buffered request bodies as the builder was told it.
+#[derive(Debug)]
+struct BudgetDraft {
+    total: usize,
+    /// One caller's share; by default an eighth of the total, but at least the body limit.
+    per_caller: Option<usize>,
+    wait: Duration,
+}
 
 /// Applies [`Idempotency`] to a service: `Idempotency-Key` records kept in a shared
 /// [`IdempotencyStore`].
@@ -60,11 +76,15 @@ impl IdempotencyLayer {
                 prefix: keyspace::DEFAULT_PREFIX.to_owned(),
                 header: HeaderName::from_static("idempotency-key"),
                 required: false,
+                missing_scope: MissingScope::Reject,
                 methods: vec![Method::POST, Method::PATCH],
                 fingerprint_headers: Vec::new(),
                 unstored_headers: vec![header::SET_COOKIE],
                 body_limit: 1 << 20,
-                buffered: Arc::new(tokio::sync::Semaphore::new(DEFAULT_BUFFER_BUDGET)),
+                body_timeout: DEFAULT_BODY_TIMEOUT,
+                share_by_scope: false,
+                // made anew by `build`, from `budget`
+                buffered: Arc::new(BufferBudget::new(0, 0, Duration::ZERO)),
                 response_limit: 1 << 20,
                 lease: Duration::from_secs(30),
                 retention: Duration::from_secs(24 * 3600),
@@ -76,6 +96,11 @@ impl IdempotencyLayer {
             },
             scope: Global,
             scope_chosen: false,
+            budget: BudgetDraft {
+                total: DEFAULT_BUFFER_BUDGET,
+                per_caller: None,
+                wait: DEFAULT_BUFFER_WAIT,
+            },
         }
     }
 
@@ -150,9 +175,10 @@ pub struct IdempotencyLayerBuilder<K = Global> {
     scope: K,
     /// Whether [`scope`](Self::scope) or [`unscoped`](Self::unscoped) was called: one must be.
     scope_chosen: bool,
+    budget: BudgetDraft,
 }
 
-debug_fields!(IdempotencyLayerBuilder<K> { settings, scope });
+debug_fields!(IdempotencyLayerBuilder<K> { settings, scope, budget });
 
 impl<K> IdempotencyLayerBuilder<K> {
     /// The header carrying the key (default `Idempotency-Key`; gRPC metadata arrives as the same
@@ -177,24 +203,70 @@ impl<K> IdempotencyLayerBuilder<K> {
     /// Whose keys these are: the authenticated caller — an API key or user header — so that two
     /// clients choosing the same key never see each other's responses. In one shared namespace,
     /// a client that reuses (or guesses) another's key with the same request is replayed the
-    /// other's response. A request whose scope cannot be extracted shares the unscoped
-    /// namespace. The scope must be chosen, by this or [`unscoped`](Self::unscoped): the layer
-    /// does not build without.
+    /// other's response. A keyed request whose scope cannot be extracted is refused (`400`; see
+    /// [`missing_scope`](Self::missing_scope)). The scope must be chosen, by this or
+    /// [`unscoped`](Self::unscoped): the layer does not build without.
+    ///
+    /// The scope names who is calling, so it should come from what authenticated the caller —
+    /// an extension that the authentication layer sets, or the credential itself — not from a
+    /// header any client may write or leave out.
     pub fn scope<K2: KeyExtractor>(self, scope: K2) -> IdempotencyLayerBuilder<K2> {
         IdempotencyLayerBuilder {
-            settings: self.settings,
+            settings: Settings {
+                share_by_scope: true,
+                ..self.settings
+            },
             scope,
             scope_chosen: true,
+            budget: self.budget,
         }
+    }
+
+    /// What a keyed request whose [scope](Self::scope) cannot be read gets (default
+    /// [`MissingScope::Reject`]: `400`, nothing claimed, read or stored). Requests without an
+    /// `Idempotency-Key` pass through as [`required`](Self::required) says, whatever this is.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use http::{Request, Response, StatusCode};
+    /// use http_body_util::Full;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tollgate::idempotency::{IdempotencyLayer, MissingScope};
+    /// use tollgate::key::Header;
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let layer = IdempotencyLayer::builder(MemoryStore::new())
+    ///     .scope(Header::from_static("x-api-key"))
+    ///     .missing_scope(MissingScope::RejectWith(StatusCode::UNAUTHORIZED))
+    ///     .build()
+    ///     .unwrap();
+    /// let service = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_| async { Ok::<_, std::convert::Infallible>(Response::new(Full::new("paid".into()))) });
+    /// let anonymous = Request::post("/payments")
+    ///     .header("idempotency-key", "order-1")
+    ///     .body(Full::new("{}".into()))
+    ///     .unwrap();
+    /// let response = service.oneshot(anonymous).await.unwrap();
+    /// assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    /// # }
+    /// ```
+    pub fn missing_scope(mut self, missing: MissingScope) -> Self {
+        self.settings.missing_scope = missing;
+        self
     }
 
     /// One namespace of keys for every caller, chosen on purpose: right when keys are unguessable
     /// (random UUIDs that clients never share) or when a single client calls the service.
     pub fn unscoped(self) -> IdempotencyLayerBuilder<Global> {
         IdempotencyLayerBuilder {
-            settings: self.settings,
+            settings: Settings {
+                share_by_scope: false,
+                ..self.settings
+            },
             scope: Global,
             scope_chosen: true,
+            budget: self.budget,
         }
     }
 
@@ -221,12 +293,38 @@ impl<K> IdempotencyLayerBuilder<K> {
         self
     }
 
-    /// The most bytes of request bodies buffered across all requests at once (default 64 MiB):
-    /// a request whose body would pass it gets `503` with `Retry-After: 1`, so that slow or
-    /// many uploads cannot exhaust memory. Clones of the layer share the budget.
+    /// How long a request body may take to arrive whole (default 30 s); a slower one gets
+    /// `408 Request Timeout` (gRPC: DEADLINE_EXCEEDED) and gives its room in the
+    /// [budget](Self::max_buffered) back, so that a client that declares a body and goes silent
+    /// holds memory for this long at most.
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.body_timeout = timeout;
+        self
+    }
+
+    /// The most bytes of request bodies buffered across all requests at once (default 64 MiB),
+    /// so that slow or many uploads cannot exhaust memory. A body that finds the budget full
+    /// waits up to [`buffer_wait`](Self::buffer_wait) for room, then gets `503` with
+    /// `Retry-After: 1`. Clones of the layer share the budget.
     pub fn max_buffered(mut self, bytes: usize) -> Self {
-        let bytes = bytes.min(tokio::sync::Semaphore::MAX_PERMITS);
-        self.settings.buffered = Arc::new(tokio::sync::Semaphore::new(bytes));
+        self.budget.total = bytes;
+        self
+    }
+
+    /// The most bytes of request bodies one caller — one [scope](Self::scope) — has buffered at
+    /// once (default an eighth of [`max_buffered`](Self::max_buffered), but at least the
+    /// [body limit](Self::body_limit)): a caller whose own uploads hold its share gets `503` at
+    /// once, while the rest of the budget serves every other caller. An
+    /// [unscoped](Self::unscoped) layer names no caller: its requests share the budget only.
+    pub fn max_buffered_per_caller(mut self, bytes: usize) -> Self {
+        self.budget.per_caller = Some(bytes);
+        self
+    }
+
+    /// How long a request body waits for room once the [budget](Self::max_buffered) is full
+    /// (default 1 s), before it is refused with `503`.
+    pub fn buffer_wait(mut self, wait: Duration) -> Self {
+        self.budget.wait = wait;
         self
     }
 
@@ -348,7 +446,25 @@ impl<K> IdempotencyLayerBuilder<K> {
                 "choose whose idempotency keys these are: .scope(extractor), or .unscoped() for one namespace of all callers",
             ));
         }
-        let settings = self.settings;
+        let mut settings = self.settings;
+        let budget = self.budget;
+        let per_caller = budget
+            .per_caller
+            .unwrap_or((budget.total / 8).max(settings.body_limit))
+            .min(budget.total);
+        if per_caller < settings.body_limit.min(budget.total) {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Limit,
+                "the buffer share per caller is smaller than the body limit: bodies the limit allows would be refused",
+            ));
+        }
+        settings.buffered = Arc::new(BufferBudget::new(budget.total, per_caller, budget.wait));
+        if settings.body_timeout.is_zero() {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Duration,
+                "the body timeout must be positive",
+            ));
+        }
         if settings.lease < Duration::from_millis(10) {
             return Err(ConfigError::new(
                 ConfigErrorKind::Duration,

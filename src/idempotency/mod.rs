@@ -11,8 +11,10 @@
 //! | method not covered (default: POST and PATCH are) | passes through untouched |
 //! | key missing where [required](IdempotencyLayerBuilder::required) | `400` |
 //! | key malformed: empty, over 255 characters, not visible ASCII (bare token and sf-string `"..."` both accepted, naming the same key) | `400` |
+//! | a keyed request whose [scope](IdempotencyLayerBuilder::scope) (its caller) cannot be read | `400`, or as [`missing_scope`](IdempotencyLayerBuilder::missing_scope) says; nothing is claimed, read or stored |
 //! | request body over the [limit](IdempotencyLayerBuilder::body_limit) | `413` |
-//! | the bodies buffered across all requests would pass the [budget](IdempotencyLayerBuilder::max_buffered) | `503` with `Retry-After` |
+//! | the request body does not arrive whole within the [body timeout](IdempotencyLayerBuilder::body_timeout) (default 30 s) | `408` |
+//! | the caller's bodies would pass its [share](IdempotencyLayerBuilder::max_buffered_per_caller) of the buffer budget, or all callers' bodies the [budget](IdempotencyLayerBuilder::max_buffered) and no room comes back within the [wait](IdempotencyLayerBuilder::buffer_wait) | `503` with `Retry-After` |
 //! | first request with this key | the handler runs; its response (status, headers but `Set-Cookie` and the [sensitive ones](IdempotencyLayerBuilder::unstored_headers), body, trailers) is stored |
 //! | same key and fingerprint, still running | `409` with `Retry-After` (or, with [`OnConcurrent::Wait`], wait and replay) |
 //! | same key, different fingerprint (method, path + query, body, [chosen headers](IdempotencyLayerBuilder::fingerprint_headers)) | `422` |
@@ -45,7 +47,8 @@
 //! - Keys are scoped by a caller [extractor](IdempotencyLayerBuilder::scope) — a choice the
 //!   builder requires, or an explicit [`unscoped`](IdempotencyLayerBuilder::unscoped) — so that a
 //!   client guessing another's key (`order-123`) runs its own request instead of being replayed
-//!   someone else's response; keys are hashed with the scope
+//!   someone else's response; a request whose scope cannot be read is refused, not filed
+//!   under a namespace that every such request would share; keys are hashed with the scope
 //!   into the store key `<prefix>:idem:{<digest>}`: the raw key never reaches the store.
 //! - Claim, complete, release and extend are each one atomic script that checks the claim's
 //!   random token: a copy whose lease ran out and was taken over cannot overwrite the new owner's
@@ -126,6 +129,7 @@
 //! [`OnceTx`]: https://docs.rs/tollgate/latest/tollgate/store/struct.OnceTx.html
 
 mod body;
+mod budget;
 mod execute;
 #[cfg(all(feature = "postgres", feature = "axum"))]
 mod extract;
@@ -149,4 +153,4 @@ pub use handler::RequestBody;
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder};
 pub use rejection::IdempotencyRejection;
 pub use service::Idempotency;
-pub use settings::OnConcurrent;
+pub use settings::{MissingScope, OnConcurrent};

@@ -21,8 +21,13 @@ use crate::rejection;
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Rejection {
     BadKey(KeyProblem),
+    /// The request does not name its caller, whose keys it would use: the status and code of
+    /// the layer's [`MissingScope`](super::MissingScope).
+    MissingScope(StatusCode, Code),
     TooLarge,
     UnreadableBody,
+    /// The request body did not arrive whole within the layer's body timeout.
+    BodyTimeout,
     InFlight,
     Mismatch,
     StoreUnavailable,
@@ -48,7 +53,7 @@ pub struct IdempotencyRejection {
 }
 
 impl IdempotencyRejection {
-    /// The status the layer answers with by default: `400`, `409`, `413`, `422`, `503`, or
+    /// The status the layer answers with by default: `400`, `408`, `409`, `413`, `422`, `503`, or
     /// `500` when the handler itself failed (nothing was stored; a retry runs it again).
     pub fn status(&self) -> StatusCode {
         self.rejection.parts(&self.header).0
@@ -60,9 +65,9 @@ impl IdempotencyRejection {
         self.rejection.parts(&self.header).2.into_owned()
     }
 
-    /// A stable, machine-readable name of the reason: `invalid_key`, `body_too_large`,
-    /// `unreadable_body`, `in_flight`, `mismatch`, `store_unavailable`, `busy`,
-    /// `handler_failed` or `unrecorded`.
+    /// A stable, machine-readable name of the reason: `invalid_key`, `missing_scope`,
+    /// `body_too_large`, `unreadable_body`, `body_timeout`, `in_flight`, `mismatch`,
+    /// `store_unavailable`, `busy`, `handler_failed` or `unrecorded`.
     pub fn code(&self) -> &'static str {
         self.rejection.code()
     }
@@ -89,8 +94,10 @@ impl Rejection {
     fn code(&self) -> &'static str {
         match self {
             Self::BadKey(_) => "invalid_key",
+            Self::MissingScope(..) => "missing_scope",
             Self::TooLarge => "body_too_large",
             Self::UnreadableBody => "unreadable_body",
+            Self::BodyTimeout => "body_timeout",
             Self::InFlight => "in_flight",
             Self::Mismatch => "mismatch",
             Self::StoreUnavailable => "store_unavailable",
@@ -158,6 +165,11 @@ impl Rejection {
                 Code::InvalidArgument,
                 problem.message(key).into(),
             ),
+            Self::MissingScope(status, code) => (
+                status,
+                code,
+                format!("this request does not name its caller, whose {key}s it would use").into(),
+            ),
             Self::TooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 Code::ResourceExhausted,
@@ -167,6 +179,11 @@ impl Rejection {
                 StatusCode::BAD_REQUEST,
                 Code::InvalidArgument,
                 "the request body could not be read".into(),
+            ),
+            Self::BodyTimeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                Code::DeadlineExceeded,
+                "the request body did not arrive in time".into(),
             ),
             Self::InFlight => (
                 StatusCode::CONFLICT,

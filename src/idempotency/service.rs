@@ -75,11 +75,17 @@ where
             return ResponseFuture::ready(settings.reject(Rejection::TooLarge, wire));
         }
         let (parts, body) = request.into_parts();
-        let record_key = keyspace::idempotency_record(
-            &settings.prefix,
-            self.scope.extract(&parts),
-            &idempotency_key,
-        );
+        let scope = self.scope.extract(&parts);
+        if scope.is_none() {
+            // fail closed: the keys of an unnamed caller are nobody's to replay
+            if let Some((status, code)) = settings.missing_scope.refusal() {
+                let rejection = Rejection::MissingScope(status, code);
+                return ResponseFuture::ready(settings.reject(rejection, wire));
+            }
+        }
+        let record_key = keyspace::idempotency_record(&settings.prefix, scope, &idempotency_key);
+        // the body's room in the buffer budget is its caller's
+        let caller = scope.filter(|_| settings.share_by_scope);
         // A clone that is readied only once the body is buffered and the key claimed, in the
         // execution: a concurrency permit (or buffer slot) of the inner service is not held while
         // a slow client uploads. The instance `poll_ready` readied stays ready for the next call.
@@ -89,7 +95,7 @@ where
             service,
             parts,
             body,
-            record_key,
+            (record_key, caller),
             wire,
         )))
     }

@@ -9,6 +9,7 @@ use http::{HeaderName, Method, StatusCode};
 use http::Response;
 
 use super::body::IdempotencyBody;
+use super::budget::BufferBudget;
 use super::rejection::{Rejection, RejectionFn};
 use crate::grpc::Wire;
 use crate::store::{IdempotencyStore, TransactionStore};
@@ -37,19 +38,56 @@ pub enum OnConcurrent {
     Wait(Duration),
 }
 
+/// What the layer does with a keyed request whose [scope](super::IdempotencyLayerBuilder::scope)
+/// cannot be read — the caller is not named: the header is missing, no authentication layer ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingScope {
+    /// Answer `400 Bad Request` with problem details (gRPC: INVALID_ARGUMENT); nothing is claimed,
+    /// read or stored.
+    #[default]
+    Reject,
+    /// Answer with this status — `401 Unauthorized` where the scope is the caller's credential —
+    /// and the same problem details (gRPC: UNAUTHENTICATED for `401`, PERMISSION_DENIED for
+    /// `403`, else INVALID_ARGUMENT).
+    RejectWith(StatusCode),
+    /// Keep the keys of every such request in one namespace that all of them share, apart from
+    /// every scope's: chosen on purpose, where those requests come from one trusted client. A
+    /// request there that reuses another's key is replayed the other's response.
+    Shared,
+}
+
+impl MissingScope {
+    /// The status and gRPC code of the refusal; `None` for the shared namespace.
+    pub(super) fn refusal(self) -> Option<(StatusCode, crate::grpc::Code)> {
+        use crate::key::MissingKey;
+        match self {
+            Self::Reject => MissingKey::Reject.refusal(),
+            Self::RejectWith(status) => MissingKey::RejectWith(status).refusal(),
+            Self::Shared => None,
+        }
+    }
+}
+
 /// Everything a request needs besides the scope extractor; shared by every clone.
 pub(crate) struct Settings {
     pub(crate) store: Arc<dyn IdempotencyStore>,
     pub(crate) prefix: String,
     pub(crate) header: HeaderName,
     pub(crate) required: bool,
+    pub(crate) missing_scope: MissingScope,
     pub(crate) methods: Vec<Method>,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     /// Response headers never stored, so never replayed: `Set-Cookie` and the configured ones.
     pub(crate) unstored_headers: Vec<HeaderName>,
     pub(crate) body_limit: usize,
-    /// The bytes of request bodies buffered across all requests at once.
-    pub(crate) buffered: Arc<tokio::sync::Semaphore>,
+    /// How long a request body may take to arrive whole.
+    pub(crate) body_timeout: Duration,
+    /// The bytes of request bodies buffered across all requests at once, and per caller.
+    pub(crate) buffered: Arc<BufferBudget>,
+    /// A body's room in the budget is its caller's, by the scope: false where the layer is
+    /// unscoped (every request has the one scope).
+    pub(crate) share_by_scope: bool,
     pub(crate) response_limit: usize,
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
@@ -69,9 +107,12 @@ impl fmt::Debug for Settings {
             .field("prefix", &self.prefix)
             .field("header", &self.header)
             .field("required", &self.required)
+            .field("missing_scope", &self.missing_scope)
             .field("methods", &self.methods)
             .field("fingerprint_headers", &self.fingerprint_headers)
             .field("body_limit", &self.body_limit)
+            .field("body_timeout", &self.body_timeout)
+            .field("buffered", &self.buffered)
             .field("response_limit", &self.response_limit)
             .field("lease", &self.lease)
             .field("retention", &self.retention)

@@ -442,9 +442,53 @@ impl<K> RateLimitLayerBuilder<K> {
         self
     }
 
-    /// The cost of each request (default 1). A cost of 0 passes without a store call. With
-    /// [`settle`](Self::settle), the amount a request reserves: it is admitted only when that
-    /// fits.
+    /// The cost of each request (default 1). With [`settle`](Self::settle) or
+    /// [`settle_body_size`](Self::settle_body_size), the amount a request reserves: it is
+    /// admitted only when that fits, and a reservation is at least 1 — a request whose cost is 0
+    /// is checked like any other (refused once the budget is spent) and then charged what it
+    /// used. Without a settlement a cost of 0 passes without a store call: free, as the function
+    /// decided.
+    ///
+    /// The function's input is the client's request, so a number read from it is the client's
+    /// word: give it a floor and a ceiling (`docs/security.md` says which inputs the layers
+    /// trust).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tollgate::key::Header;
+    /// use tollgate::rate_limit::{Limit, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let tokens = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_minute("tokens", 1000))
+    ///     .key(Header::from_static("x-api-key"))
+    ///     // the client's estimate, kept between a floor and a ceiling
+    ///     .cost(|req| {
+    ///         let max = req.headers.get("x-max-tokens").and_then(|v| v.to_str().ok()?.parse().ok());
+    ///         max.unwrap_or(256).clamp(1, 4096)
+    ///     })
+    ///     .settle(|res| res.headers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
+    ///     .build()
+    ///     .unwrap();
+    /// let llm = ServiceBuilder::new().layer(tokens).service_fn(|_req: Request<String>| async {
+    ///     let response = Response::builder().header("x-tokens-used", "500").body(String::new());
+    ///     Ok::<_, std::convert::Infallible>(response.unwrap())
+    /// });
+    /// let call = || {
+    ///     let request = Request::post("/complete").header("x-api-key", "alice");
+    ///     request.header("x-max-tokens", "0").body(String::new()).unwrap()
+    /// };
+    /// // an estimate of 0 pays what it used, and is refused once the budget is spent
+    /// let statuses = [
+    ///     llm.clone().oneshot(call()).await.unwrap().status(),
+    ///     llm.clone().oneshot(call()).await.unwrap().status(),
+    ///     llm.clone().oneshot(call()).await.unwrap().status(),
+    /// ];
+    /// assert_eq!(statuses, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    /// # }
+    /// ```
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
         self.draft.cost = Some(Arc::new(cost));
         self

@@ -45,7 +45,7 @@ where
         let (parts, body) = request.into_parts();
         let wire = Wire::of(&parts.headers);
         let key = self.key.extract(&parts);
-        let cost = settings.cost.as_ref().map_or(1, |cost| cost(&parts));
+        let cost = settings.cost_of(&parts);
         let tier = settings.tiers.for_request(&parts);
         let request = Request::from_parts(parts, body);
 

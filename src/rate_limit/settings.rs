@@ -65,6 +65,22 @@ pub(crate) struct Settings {
     pub(crate) last_warning: OncePerSecond,
 }
 
+impl Settings {
+    /// What a request reserves or is charged: its [`cost`](super::RateLimitLayerBuilder::cost)
+    /// (1 without one). A request that will be settled reserves at least 1, so that an
+    /// estimate of 0 — often a number the client wrote — is still checked (refused once the
+    /// budget is spent) and settled to what it used; a cost of 0 that nothing settles passes
+    /// free, as the function decided.
+    pub(crate) fn cost_of(&self, parts: &Parts) -> u64 {
+        let cost = self.cost.as_ref().map_or(1, |cost| cost(parts));
+        if self.settle.is_some() {
+            cost.max(1)
+        } else {
+            cost
+        }
+    }
+}
+
 debug_fields!(Settings {
     store,
     tiers,

@@ -2064,17 +2064,17 @@ async fn scopes_keep_callers_apart() {
     assert_ne!(alice.id(), bob.id());
     assert_replay_of(&send(&svc, as_caller(Some("alice-secret"))).await, &alice);
     assert_replay_of(&send(&svc, as_caller(Some("bob-secret"))).await, &bob);
-    // No scope at all is a namespace of its own, apart from every caller's.
+    // No scope at all is refused, not filed in a namespace every such request would share.
     let anonymous = send(&svc, as_caller(None)).await;
+    assert_eq!(anonymous.status, StatusCode::BAD_REQUEST);
     assert!(!anonymous.replayed());
-    assert_replay_of(&send(&svc, as_caller(None)).await, &anonymous);
-    assert_eq!(calls.get(), 3);
+    assert_eq!(calls.get(), 2);
 
     // Two layers with different scopes on one server do not see each other's records either.
     let global = stack(&default_layer(&server), order(&calls, Duration::ZERO));
     let a = send(&global, as_caller(Some("alice-secret"))).await;
     assert!(!a.replayed());
-    assert_eq!(calls.get(), 4);
+    assert_eq!(calls.get(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -2129,7 +2129,17 @@ async fn records_expire_after_the_retention_and_keys_are_hashed() {
     let mut seen = redis_keys(&server);
     running.await.unwrap();
     let long = "L".repeat(255);
-    let a = send(&svc, request(Method::POST, "/o", Some(&long), &[], "{}")).await;
+    let a = send(
+        &svc,
+        request(
+            Method::POST,
+            "/o",
+            Some(&long),
+            &[("x-api-key", secret)],
+            "{}",
+        ),
+    )
+    .await;
     assert_eq!(a.status, StatusCode::CREATED);
     seen.extend(redis_keys(&server));
     assert_eq!(seen.len(), 3, "one in flight, then two completed: {seen:?}");

@@ -27,6 +27,7 @@ mod config_example;
 mod grpc;
 mod grpc_codegen;
 mod hostile_input;
+mod hostile_tenants;
 mod hyper;
 mod idempotency;
 mod in_transaction;
