@@ -28,3 +28,7 @@ pub mod ledger {
 pub mod performance {
     #![doc = include_str!("../docs/performance.md")]
 }
+
+pub mod security {
+    #![doc = include_str!("../docs/security.md")]
+}

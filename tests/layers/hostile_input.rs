@@ -1144,9 +1144,16 @@ fn idempotency_record_keys_on_redis_are_short_and_tagged() {
                 response.into_body().collect().await.unwrap();
                 status
             });
+            let keys = all_keys(&server);
+            if scope.is_empty() {
+                // an empty scope names no caller: refused, nothing run or written
+                prop_assert_eq!(status, StatusCode::BAD_REQUEST);
+                prop_assert_eq!(handler.runs(), 0);
+                prop_assert!(keys.is_empty(), "keys {:?}", keys);
+                return Ok(());
+            }
             prop_assert_eq!(status, StatusCode::CREATED);
             prop_assert_eq!(handler.runs(), 1);
-            let keys = all_keys(&server);
             prop_assert_eq!(keys.len(), 1, "keys {:?}", keys);
             check_store_key(&keys[0], &["hostile:idem:{"])?;
             Ok(())
