@@ -29,6 +29,7 @@ fn config(payment_delay: Duration) -> AppConfig {
         limits: app::parse_limits("burst:1000/1s").unwrap(),
         payment_delay,
         report_work: REBUILD,
+        api_keys: crate::own_keys(&["merchant-1"]),
         ..AppConfig::defaults().unwrap()
     }
 }
