@@ -151,6 +151,15 @@ fn holds_admin_token(state: &AppState, headers: &HeaderMap) -> bool {
     std::hint::black_box(difference) == 0
 }
 
+/// An admin call refused before it touched anything: its status and why.
+struct Refusal(StatusCode, &'static str);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
 /// One admin call, for its log line: what it does, from which peer, to which API key.
 struct AdminCall<'a> {
     action: &'static str,
@@ -166,22 +175,22 @@ impl<'a> AdminCall<'a> {
 
     /// The caller the call is about, once its token is checked; else the refusal: `401` for a
     /// wrong token (which the failure limit counts), `404` for a key the table does not know.
-    fn authorize(&self, state: &AppState, headers: &HeaderMap) -> Result<Caller, Response> {
+    fn authorize(&self, state: &AppState, headers: &HeaderMap) -> Result<Caller, Refusal> {
         if !holds_admin_token(state, headers) {
             tracing::warn!(
                 action = self.action, peer = %self.peer, key = %masked(self.key),
                 "admin call refused: wrong or missing admin token"
             );
-            let refused =
-                json!({ "error": "an admin call needs Authorization: Bearer <APP_ADMIN_TOKEN>" });
-            return Err((StatusCode::UNAUTHORIZED, Json(refused)).into_response());
+            return Err(Refusal(
+                StatusCode::UNAUTHORIZED,
+                "an admin call needs Authorization: Bearer <APP_ADMIN_TOKEN>",
+            ));
         }
         match state.config.api_keys.caller(self.key.as_bytes()) {
             Some(caller) => Ok(caller.clone()),
             None => {
                 self.log(None, "unknown key");
-                let body = json!({ "error": "no such API key" });
-                Err((StatusCode::NOT_FOUND, Json(body)).into_response())
+                Err(Refusal(StatusCode::NOT_FOUND, "no such API key"))
             }
         }
     }
@@ -216,7 +225,7 @@ async fn peek_caller(
     let call = AdminCall::new("peek", peer, &key);
     let caller = match call.authorize(&state, &headers) {
         Ok(caller) => caller,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let head = head_of(&caller);
     let api = state.api_limit.peek_request(&head).await;
@@ -250,7 +259,7 @@ async fn reset_caller(
     let call = AdminCall::new("reset", peer, &key);
     let caller = match call.authorize(&state, &headers) {
         Ok(caller) => caller,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let tenant = ByCaller::new().key(&caller);
     let api = state.api_limit.reset(tenant).await;

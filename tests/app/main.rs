@@ -18,6 +18,7 @@ pub mod router;
 
 /// An `APP_API_KEYS` table for tests: each of `tenants` has the API key of its own name, on plan
 /// `free`, or on the plan after a `=` (`"acme=pro"`).
+#[allow(clippy::unwrap_used)]
 pub(crate) fn own_keys(tenants: &[&str]) -> router::ApiKeys {
     router::ApiKeys::parse(&own_keys_var(tenants)).unwrap()
 }
