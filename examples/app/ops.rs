@@ -12,7 +12,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tollgate::ConfigError;
@@ -160,17 +160,26 @@ impl IntoResponse for Refusal {
     }
 }
 
-/// One admin call, for its log line: what it does, from which peer, to which API key.
+/// One admin call, for its log line: what it does, from which peer (and which client, as the
+/// trusted proxies name it: the one the admin limits count), to which API key.
 struct AdminCall<'a> {
     action: &'static str,
     peer: String,
+    client: String,
     key: &'a str,
 }
 
 impl<'a> AdminCall<'a> {
-    fn new(action: &'static str, peer: Option<Extension<SocketAddr>>, key: &'a str) -> Self {
-        let peer = peer.map_or_else(|| "unknown".to_owned(), |Extension(addr)| addr.to_string());
-        Self { action, peer, key }
+    fn new(action: &'static str, state: &AppState, head: &Parts, key: &'a str) -> Self {
+        let unknown = || "unknown".to_owned();
+        let peer = head.extensions.get::<SocketAddr>();
+        let client = state.config.client_ip().client_ip(head);
+        Self {
+            action,
+            peer: peer.map_or_else(unknown, SocketAddr::to_string),
+            client: client.map_or_else(unknown, |ip| ip.to_string()),
+            key,
+        }
     }
 
     /// The caller the call is about, once its token is checked; else the refusal: `401` for a
@@ -178,7 +187,8 @@ impl<'a> AdminCall<'a> {
     fn authorize(&self, state: &AppState, headers: &HeaderMap) -> Result<Caller, Refusal> {
         if !holds_admin_token(state, headers) {
             tracing::warn!(
-                action = self.action, peer = %self.peer, key = %masked(self.key),
+                action = self.action, peer = %self.peer, client = %self.client,
+                key = %masked(self.key),
                 "admin call refused: wrong or missing admin token"
             );
             return Err(Refusal(
@@ -199,8 +209,8 @@ impl<'a> AdminCall<'a> {
     /// short digest (never the key).
     fn log(&self, caller: Option<&Caller>, outcome: &str) {
         tracing::info!(
-            action = self.action, peer = %self.peer, key = %masked(self.key),
-            tenant = caller.map_or("", Caller::tenant), outcome,
+            action = self.action, peer = %self.peer, client = %self.client,
+            key = %masked(self.key), tenant = caller.map_or("", Caller::tenant), outcome,
             "admin call"
         );
     }
@@ -219,11 +229,10 @@ fn head_of(caller: &Caller) -> Parts {
 async fn peek_caller(
     State(state): State<AppState>,
     Path(key): Path<String>,
-    peer: Option<Extension<SocketAddr>>,
-    headers: HeaderMap,
+    head: Parts,
 ) -> Response {
-    let call = AdminCall::new("peek", peer, &key);
-    let caller = match call.authorize(&state, &headers) {
+    let call = AdminCall::new("peek", &state, &head, &key);
+    let caller = match call.authorize(&state, &head.headers) {
         Ok(caller) => caller,
         Err(refused) => return refused.into_response(),
     };
@@ -253,11 +262,10 @@ async fn peek_caller(
 async fn reset_caller(
     State(state): State<AppState>,
     Path(key): Path<String>,
-    peer: Option<Extension<SocketAddr>>,
-    headers: HeaderMap,
+    head: Parts,
 ) -> Response {
-    let call = AdminCall::new("reset", peer, &key);
-    let caller = match call.authorize(&state, &headers) {
+    let call = AdminCall::new("reset", &state, &head, &key);
+    let caller = match call.authorize(&state, &head.headers) {
         Ok(caller) => caller,
         Err(refused) => return refused.into_response(),
     };

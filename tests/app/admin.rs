@@ -135,6 +135,35 @@ async fn repeated_wrong_tokens_from_one_address_get_429_even_with_the_right_toke
     assert_eq!(other, StatusCode::OK);
 }
 
+/// Twenty wrong tokens at once from one address: each reserves a failure before its token is
+/// read, so exactly `ADMIN_FAILURES` reach the check and every other one is `429`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tokens_sent_at_once_get_exactly_the_allowance_of_401s() {
+    let app = app();
+    let calls = (0..20).map(|i| {
+        let request = admin("192.0.2.9:1", "POST", RESET, &format!("guess-{i}"));
+        app.clone().oneshot(request)
+    });
+    let statuses: Vec<StatusCode> = futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|response| response.unwrap().status())
+        .collect();
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::UNAUTHORIZED)
+        .count();
+    let limited = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!(
+        (refused as u64, limited),
+        (app::ADMIN_FAILURES, 15),
+        "{statuses:?}"
+    );
+}
+
 /// Log lines written while a test runs on this thread.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -191,6 +220,7 @@ async fn every_admin_call_is_logged_with_its_peer_and_the_key_masked() {
             .unwrap_or_else(|| panic!("no admin line names {peer}: {lines:#?}"))
     };
     let peek = line_of("peer=192.0.2.30:4100");
+    assert!(peek.contains("client=192.0.2.30 "), "{peek}");
     assert!(peek.contains(&format!("key={masked}")), "{peek}");
     assert!(
         peek.contains("tenant=\"ann\"") || peek.contains("tenant=ann"),
