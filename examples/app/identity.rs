@@ -4,18 +4,29 @@
 //! the key itself chooses a caller or a plan.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::fmt;
 use std::sync::Arc;
 
 use axum::Json;
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use tollgate::ConfigError;
+use tollgate::key::{ForwardedIp, MissingKey};
+use tollgate::rate_limit::{Limit, OnStoreError, RateLimitLayer};
+use tollgate::store::Store;
+use tower::{Layer, ServiceExt};
 
-use super::{API_KEY_HEADER, AppState};
+use super::{API_KEY_HEADER, AppConfig, AppState};
+
+/// How many requests with an API key the table does not know a client address may send a
+/// minute; beyond, they are answered `429` rather than `401` until the oldest has aged out.
+pub const AUTH_FAILURES: u64 = 20;
 
 /// The API keys the app accepts when `APP_API_KEYS` is not set: **for a demo only**, public in
 /// this repository (`demo`, of tenant `demo-tenant` on plan `free`, and `demo-pro`, of
@@ -166,10 +177,28 @@ pub fn masked(api_key: &str) -> String {
     format!("key#{}", key.get(..8).unwrap_or_default())
 }
 
+/// The limit on failed authentications per client address ([`AUTH_FAILURES`] a minute), kept
+/// in the shared store: only requests with an unknown key reach it, so a known key costs no
+/// store call. While the store is down, unknown keys are still refused, uncounted.
+pub(super) fn auth_failures(
+    store: &Arc<dyn Store>,
+    config: &AppConfig,
+) -> Result<RateLimitLayer<ForwardedIp>, ConfigError> {
+    RateLimitLayer::builder(Arc::clone(store))
+        .prefix("tollgate-app:auth")
+        .limit(Limit::per_minute("auth-failures", AUTH_FAILURES))
+        .key(config.client_ip())
+        // no address to count by (not served over TCP): still refused, uncounted
+        .on_missing_key(MissingKey::Allow)
+        .on_store_error(OnStoreError::Allow)
+        .build()
+}
+
 /// The authentication middleware: a request with an `x-api-key` the table knows gets its
-/// [`Caller`] in its extensions; one with a key the table does not know is refused with `401`;
-/// one without the header goes on anonymous (`/api/*` then counts it by its address; the routes
-/// that need a caller refuse it).
+/// [`Caller`] in its extensions; one with a key the table does not know is refused with `401`
+/// (`429` once its address has sent [`AUTH_FAILURES`] of them in a minute: a guesser learns
+/// nothing more); one without the header goes on anonymous (`/api/*` then counts it by its
+/// address; the routes that need a caller refuse it).
 pub(super) async fn authenticate(
     State(state): State<AppState>,
     mut request: Request,
@@ -183,7 +212,26 @@ pub(super) async fn authenticate(
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        None => refuse(StatusCode::UNAUTHORIZED, "unknown API key in x-api-key"),
+        None => refuse_counted(&state, request).await,
+    }
+}
+
+/// `401` for an unknown API key, through the failure limit of its client address.
+async fn refuse_counted(state: &AppState, request: Request) -> Response {
+    let unknown_key = tower::service_fn(|_: Request| async {
+        Ok::<_, Infallible>(refuse(
+            StatusCode::UNAUTHORIZED,
+            "unknown API key in x-api-key",
+        ))
+    });
+    match state
+        .auth_failures
+        .layer(unknown_key)
+        .oneshot(request)
+        .await
+    {
+        Ok(response) => response.map(Body::new),
+        Err(never) => match never {},
     }
 }
 

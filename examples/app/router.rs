@@ -12,7 +12,7 @@
 //! | route            | what it does                                                        |
 //! | ---------------- | ------------------------------------------------------------------- |
 //! | `GET /healthz`   | `200 {"status":"ok"}` while the store answers `PING`, else `503`    |
-//! | `GET /api/hello` | `200 {"message":"hello",...}`, rate-limited per caller — the tenant of an API key checked against `APP_API_KEYS`, else (anonymous) the client's address; `401` for a key the table does not know; with `APP_BLOCK`, a caller over a limit is blocked that long on every copy |
+//! | `GET /api/hello` | `200 {"message":"hello",...}`, rate-limited per caller — the tenant of an API key checked against `APP_API_KEYS`, else (anonymous) the client's address; `401` for a key the table does not know (`429` beyond `AUTH_FAILURES` such keys a minute from one address); with `APP_BLOCK`, a caller over a limit is blocked that long on every copy |
 //! | `POST /coupons/{code}/redeem` | `200` for exactly one redemption across all copies, `409` for every other (with `Retry-After` while one awaits its replicas), `503` when the store does not answer |
 //! | `POST /reports/{name}/rebuild` | rebuilds under a lock: `200` with the fencing token, `409` while another copy holds it |
 //! | `POST /payments` | `201 {"id",...}` once per `Idempotency-Key` and tenant across all copies; retries replay it; `401` without an API key |
@@ -79,7 +79,7 @@ pub use config::{
 };
 pub use handlers::prepare_transfers;
 use handlers::*;
-pub use identity::{API_KEYS_FORMAT, ApiKeys, Caller, DEMO_API_KEYS, masked};
+pub use identity::{API_KEYS_FORMAT, AUTH_FAILURES, ApiKeys, Caller, DEMO_API_KEYS, masked};
 pub use ops::{ADMIN_CALLS, ADMIN_FAILURES, WEBHOOK_ID_HEADER, parse_job_tiers};
 
 /// The shared parsers of the app's variables, here too so that tests reach them as `app::…`.
@@ -142,6 +142,8 @@ pub struct AppState {
     jobs: ConcurrencyLimitLayer<ByCaller>,
     /// The token budget of `POST /llm/complete`: reserve, then settle.
     tokens: RateLimitLayer<ByCaller>,
+    /// Requests with an unknown API key, per client address.
+    auth_failures: RateLimitLayer<ForwardedIp>,
     /// Every admin call, per client address.
     admin_calls: RateLimitLayer<ForwardedIp>,
     /// Refused admin calls (a wrong token), per client address: an admitted call with the right
@@ -226,6 +228,7 @@ impl AppState {
             .settle(|response| header_number(&response.headers, &TOKENS_USED_HEADER))
             .build()?;
         let (admin_calls, admin_failures) = ops::admin_limits(&store, &config)?;
+        let auth_failures = identity::auth_failures(&store, &config)?;
         let webhooks = ops::webhook_layer(&store)?;
         Ok(Self {
             claims: Claims::new(Arc::clone(&store)).with_prefix("tollgate-app")?,
@@ -236,6 +239,7 @@ impl AppState {
             payments,
             jobs,
             tokens,
+            auth_failures,
             admin_calls,
             admin_failures,
             webhooks,

@@ -8,7 +8,7 @@ use crate::router as app;
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use app::{AppConfig, AppState};
 use axum::Router;
@@ -164,9 +164,28 @@ async fn wrong_tokens_sent_at_once_get_exactly_the_allowance_of_401s() {
     );
 }
 
-/// Log lines written while a test runs on this thread.
+/// The admin routes' log lines, from every test of this binary.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
+
+/// The log of the app's admin routes (target `app::router::ops`, at info), captured by the one
+/// global subscriber of this test binary. Global, not scoped to the test's thread: an event
+/// whose call site another test's thread registered first would be missed by a scoped one.
+fn admin_log() -> &'static Captured {
+    static LOG: OnceLock<Captured> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_env_filter(tracing_subscriber::EnvFilter::new("app::router::ops=info"))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("no other global subscriber in this test binary");
+        captured
+    })
+}
 
 impl Write for Captured {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -188,14 +207,7 @@ impl Captured {
 
 #[tokio::test]
 async fn every_admin_call_is_logged_with_its_peer_and_the_key_masked() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let captured = admin_log();
     let app = app();
     let masked = app::masked(ANN_KEY);
     assert_eq!(masked.len(), "key#".len() + 8);

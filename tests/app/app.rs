@@ -344,7 +344,11 @@ async fn unknown_api_keys_are_refused_and_rotating_them_buys_nothing() {
         let key = format!("rotated-{i}");
         let response = call(&app, "/api/hello", Caller::Both(&key, "10.0.0.7:1000")).await;
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{key}");
-        assert!(response.headers().get("ratelimit").is_none(), "not counted");
+        let policy = header(&response, "ratelimit-policy");
+        assert!(
+            policy.starts_with(r#""auth-failures""#),
+            "only as a failure: {policy}"
+        );
     }
     let mut admitted = 0;
     for _ in 0..5 {
@@ -364,6 +368,40 @@ async fn unknown_api_keys_are_refused_and_rotating_them_buys_nothing() {
     let response = app.clone().oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(json(response).await["caller"]["tenant"], "alice");
+}
+
+/// Guessing API keys from one address: exactly `AUTH_FAILURES` unknown keys a minute are told
+/// `401`, the rest `429`; the address's known keys and other addresses' guesses are not held up.
+#[tokio::test]
+async fn guessing_api_keys_from_one_address_is_limited() {
+    let server = RedisServer::start();
+    let app = copy_on(&server, "burst:100/3600s", Algorithm::SlidingLog);
+    let guesses = app::AUTH_FAILURES + 5;
+    let mut statuses = Vec::new();
+    for i in 0..guesses {
+        let key = format!("guess-{i}");
+        statuses.push(status(&app, "/api/hello", Caller::Both(&key, "10.0.0.9:1000")).await);
+    }
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::UNAUTHORIZED)
+        .count();
+    let limited = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!(
+        (refused as u64, limited),
+        (app::AUTH_FAILURES, 5),
+        "{statuses:?}"
+    );
+    let known = Caller::Both("alice", "10.0.0.9:2000");
+    assert_eq!(status(&app, "/api/hello", known).await, StatusCode::OK);
+    let elsewhere = Caller::Both("guess-0", "10.0.0.10:1000");
+    assert_eq!(
+        status(&app, "/api/hello", elsewhere).await,
+        StatusCode::UNAUTHORIZED
+    );
 }
 
 /// Served over real TCP the way `examples/app/main.rs` serves it: the peer address comes from the
