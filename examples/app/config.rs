@@ -42,7 +42,7 @@ pub struct AppConfig {
     pub report_work: Duration,
     /// `APP_JOB_*`: the jobs of `POST /jobs/{tenant}/run`.
     pub jobs: JobConfig,
-    /// `APP_TOKEN_LIMITS`: the token budget of `POST /llm/complete`, per API key, counted with
+    /// `APP_TOKEN_LIMITS`: the token budget of `POST /llm/complete`, per tenant, counted with
     /// `APP_ALGORITHM`.
     pub token_limits: Vec<Limit>,
     /// `APP_ADMIN_TOKEN`: the bearer token of `/admin/*`; unset, those routes are not served.

@@ -147,7 +147,7 @@ pub(super) fn header_number(headers: &HeaderMap, name: &HeaderName) -> Option<u6
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
-/// The LLM gateway: a token budget per API key, charged what each completion used.
+/// The LLM gateway: a token budget per tenant, charged what each completion used.
 pub(super) fn llm_routes(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/llm/complete", post(complete))
