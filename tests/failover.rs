@@ -68,6 +68,7 @@ fn config(vars: &[(&str, String)]) -> AppConfig {
         ("PORT", "0".to_owned()),
         ("APP_LIMITS", "burst:1000/1s".to_owned()),
         ("APP_ALGORITHM", "sliding-log".to_owned()),
+        ("APP_API_KEYS", "merchant-1:merchant-1:free".to_owned()),
     ];
     all.extend(vars.iter().cloned());
     AppConfig::from_lookup(|name| {

@@ -10,10 +10,12 @@ pub mod app;
 #[path = "../examples/shared/env.rs"]
 pub mod env;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use http::{Request, StatusCode};
 use tollgate::rate_limit::OnStoreError;
 use tollgate::store::{RedisStore, Store};
@@ -59,10 +61,11 @@ async fn a_flood_of_new_callers_in_an_outage_keeps_memory_flat_at_the_fallback_c
             let mut statuses = [0usize; 2]; // admitted, denied
             for batch in (from..to).collect::<Vec<_>>().chunks(2_000) {
                 let calls = batch.iter().map(|i| {
-                    let req = Request::get("/api/hello")
-                        .header("x-api-key", format!("flood-{i}"))
-                        .body(Body::empty())
-                        .unwrap();
+                    // anonymous callers, each from an address of its own
+                    let [_, a, b, c] = i.to_be_bytes();
+                    let peer = SocketAddr::from(([10, a, b, c], 1));
+                    let mut req = Request::get("/api/hello").body(Body::empty()).unwrap();
+                    req.extensions_mut().insert(ConnectInfo(peer));
                     router.clone().oneshot(req)
                 });
                 for response in futures_util::future::join_all(calls).await {

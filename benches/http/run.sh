@@ -30,6 +30,9 @@ REPO="$(cd "$HERE/../.." && pwd)"               # the tollgate repository
 export CARGO_TARGET_DIR="$HERE/target"          # this workspace's own target/, whatever the caller set
 T="$CARGO_TARGET_DIR/release"
 APP_BIN="$REPO/target/release/examples/app"     # the repository's example app, built in its target/
+# the app accepts only the API keys of APP_API_KEYS: the callers of rand_key.lua ("1".."10000") and
+# hot.lua ("hot"), each a tenant of its own (117 KB, under Linux's 128 KiB for one variable)
+export APP_API_KEYS="$(seq 10000 | sed 's/.*/&:&:b/' | paste -sd, -),hot:hot:b"
 # CALLERS=random (default): 10,000 random callers; CALLERS=hot: one caller for every request
 CALLERS=${CALLERS:-random}
 case "$CALLERS" in

@@ -2,8 +2,9 @@
 
 use super::*;
 
-/// The app's configuration, read from the environment by [`AppConfig::from_env`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The app's configuration, read from the environment by [`AppConfig::from_env`]. Its `Debug`
+/// shows store URLs with their passwords masked, and neither the admin token nor an API key.
+#[derive(Clone, PartialEq, Eq)]
 pub struct AppConfig {
     /// `PORT`: served on `127.0.0.1:<port>` (0: any free port).
     pub port: u16,
@@ -41,11 +42,15 @@ pub struct AppConfig {
     pub report_work: Duration,
     /// `APP_JOB_*`: the jobs of `POST /jobs/{tenant}/run`.
     pub jobs: JobConfig,
-    /// `APP_TOKEN_LIMITS`: the token budget of `POST /llm/complete`, per API key, counted with
+    /// `APP_TOKEN_LIMITS`: the token budget of `POST /llm/complete`, per tenant, counted with
     /// `APP_ALGORITHM`.
     pub token_limits: Vec<Limit>,
     /// `APP_ADMIN_TOKEN`: the bearer token of `/admin/*`; unset, those routes are not served.
     pub admin_token: Option<String>,
+    /// `APP_API_KEYS` (`key:tenant:plan,…`): the API keys the app accepts and whose caller each
+    /// one is; unset, the public demo table [`DEMO_API_KEYS`](super::DEMO_API_KEYS), which the
+    /// app warns of at start.
+    pub api_keys: ApiKeys,
     /// `APP_BLOCK` (`30s`, say): a caller that goes over a limit of `/api/*` is blocked that
     /// long on every copy; unset, no penalty.
     pub block: Option<Duration>,
@@ -58,7 +63,7 @@ pub struct AppConfig {
 pub const DEFAULT_TOKEN_LIMITS: &str = "tokens:1000/60s";
 
 /// The header in which a caller of `POST /llm/complete` says how many tokens it may use: what
-/// it reserves (1 when absent).
+/// it reserves (1 when absent; held to at least 1 and at most the smallest quota of the budget).
 pub const MAX_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-max-tokens");
 
 /// The header in which `POST /llm/complete` reports the tokens it used: what it is charged.
@@ -74,8 +79,8 @@ pub struct JobConfig {
     pub concurrency: u32,
     /// `APP_JOB_LEASE_MS` (default 3000): how soon a copy that dies gives its jobs' permits back.
     pub lease: Duration,
-    /// `APP_JOB_TIERS` (`pro=10,enterprise=50`): the limits of the plans a request names in
-    /// `x-plan`, in place of `APP_JOB_CONCURRENCY`.
+    /// `APP_JOB_TIERS` (`pro=10,enterprise=50`): the limits of the plans of `APP_API_KEYS`, in
+    /// place of `APP_JOB_CONCURRENCY`, for the tenants on those plans.
     pub tiers: Vec<(String, u32)>,
 }
 
@@ -111,6 +116,39 @@ pub fn parse_on_store_error(value: &str) -> Result<OnStoreError, String> {
                 _ => Err(format!("{copies:?} is not a number of copies (1 or more)")),
             }
         }
+    }
+}
+
+/// What `Debug` shows of a secret that is set.
+const REDACTED: &str = "<redacted>";
+
+impl std::fmt::Debug for AppConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = |url: &Option<String>| url.as_deref().map(redact_url);
+        let urls = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
+        f.debug_struct("AppConfig")
+            .field("port", &self.port)
+            .field("redis_url", &url(&self.redis_url))
+            .field("limits", &self.limits)
+            .field("algorithm", &self.algorithm)
+            .field("redis_cluster_urls", &urls(&self.redis_cluster_urls))
+            .field("redis_sentinels", &urls(&self.redis_sentinels))
+            .field("redis_sentinel_master", &self.redis_sentinel_master)
+            .field("database_url", &url(&self.database_url))
+            .field("wait_replicas", &self.wait_replicas)
+            .field("store_timeout", &self.store_timeout)
+            .field("trusted_proxies", &self.trusted_proxies)
+            .field("on_store_error", &self.on_store_error)
+            .field("transfer_delay", &self.transfer_delay)
+            .field("payment_delay", &self.payment_delay)
+            .field("report_work", &self.report_work)
+            .field("jobs", &self.jobs)
+            .field("token_limits", &self.token_limits)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| REDACTED))
+            .field("api_keys", &self.api_keys)
+            .field("block", &self.block)
+            .field("lease", &self.lease)
+            .finish()
     }
 }
 
@@ -302,6 +340,13 @@ impl AppConfig {
             admin_token: vars
                 .get("APP_ADMIN_TOKEN")
                 .filter(|token| !token.is_empty()),
+            api_keys: match vars.get("APP_API_KEYS") {
+                // the value holds the keys: an error names the entry, never echoes it
+                Some(value) => ApiKeys::parse(&value).map_err(|problem| {
+                    EnvError::new("APP_API_KEYS", "(not shown)", problem, API_KEYS_FORMAT)
+                })?,
+                None => ApiKeys::demo(),
+            },
             block: match vars.get("APP_BLOCK") {
                 Some(value) => Some(tollgate::rate::parse_duration(&value).map_err(|e| {
                     EnvError::new(

@@ -24,7 +24,9 @@ pub(super) fn transfer_routes(state: &AppState) -> Router<AppState> {
         Some((_, layer)) => Router::new()
             .route(
                 "/transfers",
-                post(create_transfer).route_layer(layer.clone()),
+                post(create_transfer)
+                    .route_layer(layer.clone())
+                    .route_layer(axum::middleware::from_fn(identity::require_caller)),
             )
             .route("/transfers/count", get(count_transfers)),
         None => Router::new()
@@ -145,7 +147,7 @@ pub(super) fn header_number(headers: &HeaderMap, name: &HeaderName) -> Option<u6
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
-/// The LLM gateway: a token budget per API key, charged what each completion used.
+/// The LLM gateway: a token budget per tenant, charged what each completion used.
 pub(super) fn llm_routes(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/llm/complete", post(complete))
@@ -341,29 +343,27 @@ pub(super) fn unavailable(store: &str) -> (StatusCode, Json<Value>) {
     )
 }
 
-/// `GET /api/hello`: says hello and who the caller counts as. API keys are never echoed: the
-/// caller's key is shown as the digest tollgate stores.
+/// `GET /api/hello`: says hello and who the caller counts as. API keys are never echoed: an
+/// authenticated caller is shown by its tenant, and its key as the digest tollgate stores.
 pub(super) async fn hello(
-    headers: HeaderMap,
+    authenticated: Option<Extension<identity::Caller>>,
     peer: Option<Extension<SocketAddr>>,
     decision: Option<Extension<RateLimitDecision>>,
 ) -> Json<Hello> {
     let key = decision.map(|Extension(d)| d.key());
-    let by_api_key = headers
-        .get(API_KEY_HEADER)
-        .is_some_and(|value| !value.is_empty());
-    let caller = if by_api_key {
-        Caller {
+    let caller = match authenticated {
+        Some(Extension(caller)) => Caller {
             by: "api-key",
+            tenant: Some(caller.tenant().to_owned()),
             ip: None,
             key,
-        }
-    } else {
-        Caller {
+        },
+        None => Caller {
             by: "peer-ip",
+            tenant: None,
             ip: Some(peer.map(|Extension(addr)| addr.ip())),
             key,
-        }
+        },
     };
     Json(Hello {
         message: "hello",
@@ -378,11 +378,13 @@ pub(super) struct Hello {
     caller: Caller,
 }
 
-/// Who the caller counts as: `{"by": "api-key", "key": ...}` or `{"by": "peer-ip", "ip": ...,
-/// "key": ...}`; `key` is the digest the limits are kept under.
+/// Who the caller counts as: `{"by": "api-key", "tenant": ..., "key": ...}` or `{"by":
+/// "peer-ip", "ip": ..., "key": ...}`; `key` is the digest the limits are kept under.
 #[derive(Serialize)]
 pub(super) struct Caller {
     by: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenant: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     ip: Option<Option<IpAddr>>,
     #[serde(serialize_with = "digest")]

@@ -23,10 +23,13 @@
 //! | `APP_PAYMENT_DELAY_MS` | `100`                | how long `POST /payments` works                 |
 //! | `APP_REPORT_MS` | `300`                       | how long `POST /reports/{name}/rebuild` works under its lock |
 //! | `APP_TRANSFER_DELAY_MS` | `0`                 | how long `POST /transfers` waits after its insert, before its commit (with `DATABASE_URL`) |
-//! | `APP_TOKEN_LIMITS` | `tokens:1000/60s`        | token budget of `POST /llm/complete` per `x-api-key` (syntax of `APP_LIMITS`) |
+//! | `APP_API_KEYS`  | the demo keys `demo`, `demo-pro` | the API keys the app accepts (`x-api-key`): `key:tenant:plan,…`; the default is public, for a demo only |
+//! | `APP_ADMIN_TOKEN` | unset: no `/admin/*`      | the bearer token of `/admin/callers/*`         |
+//! | `APP_TOKEN_LIMITS` | `tokens:1000/60s`        | token budget of `POST /llm/complete` per tenant (syntax of `APP_LIMITS`) |
 //! | `APP_JOB_MS`    | `200`                       | how long a job of `POST /jobs/{tenant}/run` runs |
 //! | `APP_JOB_CONCURRENCY` | `2`                   | jobs per tenant at once, across all copies     |
 //! | `APP_JOB_LEASE_MS` | `3000`                   | how soon a dead copy's job permits come back   |
+//! | `APP_JOB_TIERS` | unset                       | jobs at once for the plans of `APP_API_KEYS`: `pro=10,enterprise=50` |
 //! | `APP_LIMITS`    | `burst:5/1s,minute:100/60s` | limits of `/api/*`: `name:count/<seconds>s,…`  |
 //! | `APP_ALGORITHM` | `sliding-log`               | `sliding-log`, `sliding-counter` or `gcra`     |
 //! | `APP_LEASE`     | `off`                       | `on`: `/api/*`'s quota leased to each copy in slices (not with `APP_BLOCK`) |
@@ -83,6 +86,12 @@ async fn run() -> Result<(), Failure> {
     }
 
     let port = config.port;
+    if config.api_keys.is_demo() {
+        tracing::warn!(
+            "APP_API_KEYS is not set: accepting the public demo keys `demo` and `demo-pro` \
+             (for a demo only; set APP_API_KEYS=key:tenant:plan,… for anything else)"
+        );
+    }
     tracing::info!(
         limits = %env::describe_limits(&config.limits),
         algorithm = %config.algorithm,

@@ -2,6 +2,8 @@
 //! `POST /admin/callers/{key}/reset` (behind `APP_ADMIN_TOKEN`), and `POST /webhooks/{source}`,
 //! each delivery processed once across all copies by its `Webhook-Id`.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -12,14 +14,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 use tollgate::ConfigError;
 use tollgate::idempotency::{IdempotencyLayer, OnConcurrent};
-use tollgate::key::{self, BoxedKey, KeyExtractor as _};
+use tollgate::key::{self, BoxedKey, ForwardedIp, KeyExtractor as _};
 use tollgate::rate::RateOutcome;
-use tollgate::rate_limit::Limit;
+use tollgate::rate_limit::{Limit, OnStoreError, RateLimitLayer};
 use tollgate::store::Store;
 
-use super::{API_KEY_HEADER, AppState};
+use super::identity::{Caller, masked};
+use super::{AppConfig, AppState, ByCaller};
 
 /// The header a webhook delivery names itself by (Standard Webhooks).
 pub const WEBHOOK_ID_HEADER: HeaderName = HeaderName::from_static("webhook-id");
@@ -27,8 +31,12 @@ pub const WEBHOOK_ID_HEADER: HeaderName = HeaderName::from_static("webhook-id");
 /// How long a delivery that arrives while the first still runs waits for its answer.
 const DELIVERY_PATIENCE: Duration = Duration::from_secs(10);
 
-/// The plan header `POST /jobs/{tenant}/run` picks its `APP_JOB_TIERS` tier by.
-pub const PLAN_HEADER: HeaderName = HeaderName::from_static("x-plan");
+/// How many admin calls a client address may make a minute.
+pub const ADMIN_CALLS: u64 = 60;
+
+/// How many admin calls with a wrong or missing token a client address may make in 15 minutes;
+/// beyond, every admin call from it is refused with `429` until the oldest has aged out.
+pub const ADMIN_FAILURES: u64 = 5;
 
 /// The sender of `/webhooks/{source}`: its path's second segment.
 fn source_of(parts: &Parts) -> Option<String> {
@@ -73,8 +81,40 @@ async fn deliver(Path(source): Path<String>, headers: HeaderMap, body: Bytes) ->
     }))
 }
 
-/// `GET /admin/callers/{key}` and `POST /admin/callers/{key}/reset`, for the API key `{key}`,
-/// when `APP_ADMIN_TOKEN` is set; every call carries `Authorization: Bearer <token>`.
+/// The rate limits of `/admin/*`, per client address (the peer, or the client the trusted
+/// proxies name): every call ([`ADMIN_CALLS`] a minute), and calls refused for their token
+/// ([`ADMIN_FAILURES`] in 15 minutes). Kept in the shared store, so a guesser gains nothing by
+/// spreading its attempts over the copies; while the store is down admin calls are refused
+/// (`503`): they need it anyway.
+pub(super) fn admin_limits(
+    store: &Arc<dyn Store>,
+    config: &AppConfig,
+) -> Result<(RateLimitLayer<ForwardedIp>, RateLimitLayer<ForwardedIp>), ConfigError> {
+    let calls = RateLimitLayer::builder(Arc::clone(store))
+        .prefix("tollgate-app:admin")
+        .limit(Limit::per_minute("admin-calls", ADMIN_CALLS))
+        .key(config.client_ip())
+        .on_store_error(OnStoreError::Deny)
+        .build()?;
+    // every call reserves one failure; the token's verdict settles it: a call it let through is
+    // refunded, so only refusals add up
+    let failures = RateLimitLayer::builder(Arc::clone(store))
+        .prefix("tollgate-app:admin-failures")
+        .limit(Limit::new(
+            "admin-failures",
+            ADMIN_FAILURES,
+            Duration::from_secs(15 * 60),
+        ))
+        .key(config.client_ip())
+        .on_store_error(OnStoreError::Deny)
+        .cost(|_| 1)
+        .settle(|response| Some(u64::from(response.status == StatusCode::UNAUTHORIZED)))
+        .build()?;
+    Ok((calls, failures))
+}
+
+/// `GET /admin/callers/{key}` and `POST /admin/callers/{key}/reset`, for the tenant of API key
+/// `{key}`, when `APP_ADMIN_TOKEN` is set; every call carries `Authorization: Bearer <token>`.
 pub(super) fn admin_routes(state: &AppState) -> Router<AppState> {
     if state.config.admin_token.is_none() {
         return Router::new();
@@ -82,85 +122,166 @@ pub(super) fn admin_routes(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/admin/callers/{key}", get(peek_caller))
         .route("/admin/callers/{key}/reset", post(reset_caller))
+        .route_layer(state.admin_failures.clone())
+        .route_layer(state.admin_calls.clone())
 }
 
-/// `401`, unless `headers` carry the admin token.
-fn unauthorized(state: &AppState, headers: &HeaderMap) -> Option<Response> {
-    let expected = state.config.admin_token.as_deref().unwrap_or_default();
-    let given = headers
+/// Whether `headers` carry `Authorization: Bearer <APP_ADMIN_TOKEN>`.
+///
+/// The SHA-256 digests of the two tokens are compared, all 32 bytes whatever differs (an XOR
+/// folded over them, with no early exit): hashing first makes both sides the same length, so
+/// the time taken tells nothing of the token's length, and what a timing difference could still
+/// give away is a digest's bytes, which do not lead back to the token. (`subtle`'s
+/// `ConstantTimeEq` is the same fold; one comparison does not need a dependency.)
+fn holds_admin_token(state: &AppState, headers: &HeaderMap) -> bool {
+    let Some(expected) = state.config.admin_token.as_deref() else {
+        return false;
+    };
+    let Some(given) = headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if !expected.is_empty() && given == Some(expected) {
-        return None;
-    }
-    let refused = json!({ "error": "an admin call needs Authorization: Bearer <APP_ADMIN_TOKEN>" });
-    Some((StatusCode::UNAUTHORIZED, Json(refused)).into_response())
+        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
+    else {
+        return false;
+    };
+    let (expected, given) = (Sha256::digest(expected.as_bytes()), Sha256::digest(given));
+    let difference = expected
+        .iter()
+        .zip(given.iter())
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    std::hint::black_box(difference) == 0
 }
 
-/// The head of a request of API key `key` (and plan `plan`), as the layers would see it.
-fn head_of(key: &str, plan: Option<&str>) -> Option<Parts> {
-    let mut request = Request::get("/api/hello").header(API_KEY_HEADER, key);
-    if let Some(plan) = plan {
-        request = request.header(PLAN_HEADER, plan);
+/// An admin call refused before it touched anything: its status and why.
+struct Refusal(StatusCode, &'static str);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
     }
-    request.body(()).ok().map(|r| r.into_parts().0)
 }
 
-/// What API key `{key}` has left of `/api/*`'s limits and of its token budget, spending
-/// nothing: `{"key", "api": [...], "tokens": [...]}`, each limit `{"limit", "quota",
-/// "remaining", "reset_ms"}`.
+/// One admin call, for its log line: what it does, from which peer (and which client, as the
+/// trusted proxies name it: the one the admin limits count), to which API key.
+struct AdminCall<'a> {
+    action: &'static str,
+    peer: String,
+    client: String,
+    key: &'a str,
+}
+
+impl<'a> AdminCall<'a> {
+    fn new(action: &'static str, state: &AppState, head: &Parts, key: &'a str) -> Self {
+        let unknown = || "unknown".to_owned();
+        let peer = head.extensions.get::<SocketAddr>();
+        let client = state.config.client_ip().client_ip(head);
+        Self {
+            action,
+            peer: peer.map_or_else(unknown, SocketAddr::to_string),
+            client: client.map_or_else(unknown, |ip| ip.to_string()),
+            key,
+        }
+    }
+
+    /// The caller the call is about, once its token is checked; else the refusal: `401` for a
+    /// wrong token (which the failure limit counts), `404` for a key the table does not know.
+    fn authorize(&self, state: &AppState, headers: &HeaderMap) -> Result<Caller, Refusal> {
+        if !holds_admin_token(state, headers) {
+            tracing::warn!(
+                action = self.action, peer = %self.peer, client = %self.client,
+                key = %masked(self.key),
+                "admin call refused: wrong or missing admin token"
+            );
+            return Err(Refusal(
+                StatusCode::UNAUTHORIZED,
+                "an admin call needs Authorization: Bearer <APP_ADMIN_TOKEN>",
+            ));
+        }
+        match state.config.api_keys.caller(self.key.as_bytes()) {
+            Some(caller) => Ok(caller.clone()),
+            None => {
+                self.log(None, "unknown key");
+                Err(Refusal(StatusCode::NOT_FOUND, "no such API key"))
+            }
+        }
+    }
+
+    /// The log line of an authorized call: the peer, the tenant it touched and the key as a
+    /// short digest (never the key).
+    fn log(&self, caller: Option<&Caller>, outcome: &str) {
+        tracing::info!(
+            action = self.action, peer = %self.peer, client = %self.client,
+            key = %masked(self.key), tenant = caller.map_or("", Caller::tenant), outcome,
+            "admin call"
+        );
+    }
+}
+
+/// The head of a request of `caller`, as the layers see it behind the authentication middleware.
+fn head_of(caller: &Caller) -> Parts {
+    let (mut head, ()) = Request::new(()).into_parts();
+    head.extensions.insert(caller.clone());
+    head
+}
+
+/// What the tenant of API key `{key}` has left of `/api/*`'s limits and of its token budget,
+/// spending nothing: `{"tenant", "api": [...], "tokens": [...]}`, each limit `{"limit",
+/// "quota", "remaining", "reset_ms"}`.
 async fn peek_caller(
     State(state): State<AppState>,
     Path(key): Path<String>,
-    headers: HeaderMap,
+    head: Parts,
 ) -> Response {
-    if let Some(refused) = unauthorized(&state, &headers) {
-        return refused;
-    }
-    let Some(head) = head_of(&key, None) else {
-        return not_a_key();
+    let call = AdminCall::new("peek", &state, &head, &key);
+    let caller = match call.authorize(&state, &head.headers) {
+        Ok(caller) => caller,
+        Err(refused) => return refused.into_response(),
     };
+    let head = head_of(&caller);
     let api = state.api_limit.peek_request(&head).await;
-    let tokens = match state.tokens.key_of(&head) {
-        Some(caller) => state.tokens.peek(caller).await.map(Some),
-        None => Ok(None),
-    };
+    let tokens = state.tokens.peek(ByCaller::new().key(&caller)).await;
     match (api, tokens) {
-        (Ok(Some(api)), Ok(Some(tokens))) => {
+        (Ok(Some(api)), Ok(tokens)) => {
+            call.log(Some(&caller), "ok");
             let api = limits(state.api_limit.policy().limits(), &api);
             let tokens = limits(state.tokens.policy().limits(), &tokens);
-            Json(json!({ "key": key, "api": api, "tokens": tokens })).into_response()
+            Json(json!({ "tenant": caller.tenant(), "api": api, "tokens": tokens })).into_response()
         }
-        (Ok(_), Ok(_)) => not_a_key(),
-        (Err(error), _) | (_, Err(error)) => store_failed(&error),
+        (Ok(None), Ok(_)) => {
+            call.log(Some(&caller), "no key");
+            let body = json!({ "error": "the caller has no key" });
+            (StatusCode::INTERNAL_SERVER_ERROR, Json(body)).into_response()
+        }
+        (Err(error), _) | (_, Err(error)) => {
+            call.log(Some(&caller), "store failed");
+            store_failed(&error)
+        }
     }
 }
 
-/// Forgets what API key `{key}` has spent, on every copy: `204`.
+/// Forgets what the tenant of API key `{key}` has spent, on every copy: `204`.
 async fn reset_caller(
     State(state): State<AppState>,
     Path(key): Path<String>,
-    headers: HeaderMap,
+    head: Parts,
 ) -> Response {
-    if let Some(refused) = unauthorized(&state, &headers) {
-        return refused;
-    }
-    let Some(caller) = head_of(&key, None).and_then(|head| state.api_limit.key_of(&head)) else {
-        return not_a_key();
+    let call = AdminCall::new("reset", &state, &head, &key);
+    let caller = match call.authorize(&state, &head.headers) {
+        Ok(caller) => caller,
+        Err(refused) => return refused.into_response(),
     };
-    let api = state.api_limit.reset(caller).await;
-    let tokens = state.tokens.reset(caller).await;
+    let tenant = ByCaller::new().key(&caller);
+    let api = state.api_limit.reset(tenant).await;
+    let tokens = state.tokens.reset(tenant).await;
     match api.and(tokens) {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(error) => store_failed(&error),
+        Ok(()) => {
+            call.log(Some(&caller), "reset");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(error) => {
+            call.log(Some(&caller), "store failed");
+            store_failed(&error)
+        }
     }
-}
-
-/// `400`: the path names no usable API key.
-fn not_a_key() -> Response {
-    let body = json!({ "error": "not a valid API key" });
-    (StatusCode::BAD_REQUEST, Json(body)).into_response()
 }
 
 fn limits(limits: &[Limit], outcome: &RateOutcome) -> Vec<Value> {

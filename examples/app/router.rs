@@ -12,21 +12,28 @@
 //! | route            | what it does                                                        |
 //! | ---------------- | ------------------------------------------------------------------- |
 //! | `GET /healthz`   | `200 {"status":"ok"}` while the store answers `PING`, else `503`    |
-//! | `GET /api/hello` | `200 {"message":"hello",...}`, rate-limited per caller; with `APP_BLOCK`, a caller over a limit is blocked that long on every copy |
+//! | `GET /api/hello` | `200 {"message":"hello",...}`, rate-limited per caller — the tenant of an API key checked against `APP_API_KEYS`, else (anonymous) the client's address; `401` for a key the table does not know (`429` beyond `AUTH_FAILURES` such keys a minute from one address); with `APP_BLOCK`, a caller over a limit is blocked that long on every copy |
 //! | `POST /coupons/{code}/redeem` | `200` for exactly one redemption across all copies, `409` for every other (with `Retry-After` while one awaits its replicas), `503` when the store does not answer |
 //! | `POST /reports/{name}/rebuild` | rebuilds under a lock: `200` with the fencing token, `409` while another copy holds it |
-//! | `POST /payments` | `201 {"id",...}` once per `Idempotency-Key` across all copies; retries replay it |
-//! | `POST /llm/complete` | `200 {"tokens": N}` for JSON `{"tokens": N}` with `x-api-key`; reserves `x-max-tokens` (default 1) of the key's `APP_TOKEN_LIMITS` budget and is charged the N it used; `429` with `Retry-After` when the reservation does not fit |
-//! | `POST /jobs/{tenant}/run` | runs a job for `APP_JOB_MS`: `200 {"tenant","permit"}` for at most `APP_JOB_CONCURRENCY` per tenant at once across all copies (or the limit `APP_JOB_TIERS` gives the plan in `x-plan`), `429` with `Retry-After` beyond |
-//! | `POST /transfers` | with `DATABASE_URL`: JSON `{"from","to","amount"}` and a required `Idempotency-Key`; inserts one row into the app's table `app_transfers` in the transaction that records the response: `201 {"id",...}` once per key across all copies, replays with `idempotent-replayed: true`, `409` while in flight, `422` for another body under the key |
+//! | `POST /payments` | `201 {"id",...}` once per `Idempotency-Key` and tenant across all copies; retries replay it; `401` without an API key |
+//! | `POST /llm/complete` | `200 {"tokens": N}` for JSON `{"tokens": N}` with an API key (else `401`); reserves `x-max-tokens` (default 1, held to at least 1 and at most the smallest quota of `APP_TOKEN_LIMITS`: a declared 0 is not free) of the tenant's budget and is charged the N it used; `429` with `Retry-After` when the reservation does not fit |
+//! | `POST /jobs/{tenant}/run` | with an API key of `{tenant}` (else `401`, or `403` for another tenant's key): runs a job for `APP_JOB_MS`: `200 {"tenant","permit"}` for at most `APP_JOB_CONCURRENCY` per tenant at once across all copies (or the limit `APP_JOB_TIERS` gives the tenant's plan in `APP_API_KEYS`), `429` with `Retry-After` beyond |
+//! | `POST /transfers` | with `DATABASE_URL` and an API key: JSON `{"from","to","amount"}` and a required `Idempotency-Key`; inserts one row into the app's table `app_transfers` in the transaction that records the response: `201 {"id",...}` once per key across all copies, replays with `idempotent-replayed: true`, `409` while in flight, `422` for another body under the key |
 //! | `GET /transfers/count` | with `DATABASE_URL`: `200 {"count": N}`, the rows of `app_transfers` |
-//! | `POST /webhooks/{source}` | processes a delivery once per `Webhook-Id` and sender across all copies: `200 {"source","webhook_id","bytes","run"}`, every repeated delivery answered with the first one's `run` (waiting for it while it runs); `400` without the header |
-//! | `GET /admin/callers/{key}` | with `APP_ADMIN_TOKEN` (`Authorization: Bearer …`): what API key `{key}` has left of `/api/*`'s limits and of its token budget, spending nothing |
-//! | `POST /admin/callers/{key}/reset` | with `APP_ADMIN_TOKEN`: forgets what API key `{key}` has spent, on every copy: `204` |
+//! | `POST /webhooks/{source}` | processes a delivery once per `Webhook-Id` and sender across all copies: `200 {"source","webhook_id","bytes","run"}`, every repeated delivery answered with the first one's `run` (waiting for it while it runs); `400` without the header. Demo-only: the sender is the path and no signature is checked, which a real receiver does first |
+//! | `GET /admin/callers/{key}` | with `APP_ADMIN_TOKEN` (`Authorization: Bearer …`, compared in constant time): what the tenant of API key `{key}` has left of `/api/*`'s limits and of its token budget, spending nothing; `404` for a key the table does not know |
+//! | `POST /admin/callers/{key}/reset` | with `APP_ADMIN_TOKEN`: forgets what the tenant of API key `{key}` has spent, on every copy: `204` |
+//!
+//! Admin calls are rate-limited per client address (`ADMIN_CALLS` a minute, and `ADMIN_FAILURES`
+//! refused tokens in 15 minutes, after which even the right token waits), and each is logged with
+//! the peer address, the tenant and the key as a short digest.
 //! | `GET /metrics`   | the crate's series in Prometheus text, not rate-limited             |
 //!
-//! A caller is the `x-api-key` header when present, otherwise the peer IP address. New groups of
-//! routes get their own `*_routes` function, merged in [`router`].
+//! A caller is the tenant of the `x-api-key` the app found in its table (`APP_API_KEYS`; a demo
+//! table when unset, which the app warns of), put in the request's extensions by the
+//! authentication middleware (`identity.rs`); without the header, `/api/*` counts the client's
+//! address and the routes that act for a tenant answer `401`. No header chooses a plan. New
+//! groups of routes get their own `*_routes` function, merged in [`router`].
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -48,11 +55,13 @@ use tollgate::ConfigError;
 use tollgate::claim::Claims;
 use tollgate::concurrency::{ConcurrencyLimitLayer, Permit};
 use tollgate::idempotency::IdempotencyLayer;
-use tollgate::key::{self, BoxedKey, Cidr, ForwardedIp, Header, Key, KeyExtractor, Or};
+use tollgate::key::{self, BoxedKey, Cidr, ForwardedIp, Key, KeyExtractor, MissingKey, Or};
 use tollgate::lock::{LockError, Locks};
 use tollgate::rate_limit::{Algorithm, Limit, OnStoreError, RateLimitDecision, RateLimitLayer};
 use tollgate::store::{OnceTx, PgStore, Store};
 use tower::util::MapRequestLayer;
+
+use identity::{authenticate, require_caller};
 
 use crate::env::{EnvError, Vars, process_var, whole_number};
 
@@ -60,6 +69,8 @@ use crate::env::{EnvError, Vars, process_var, whole_number};
 mod config;
 #[path = "handlers.rs"]
 mod handlers;
+#[path = "identity.rs"]
+mod identity;
 #[path = "ops.rs"]
 mod ops;
 pub use config::{
@@ -68,12 +79,13 @@ pub use config::{
 };
 pub use handlers::prepare_transfers;
 use handlers::*;
-pub use ops::{PLAN_HEADER, WEBHOOK_ID_HEADER, parse_job_tiers};
+pub use identity::{API_KEYS_FORMAT, AUTH_FAILURES, ApiKeys, Caller, DEMO_API_KEYS, masked};
+pub use ops::{ADMIN_CALLS, ADMIN_FAILURES, WEBHOOK_ID_HEADER, parse_job_tiers};
 
 /// The shared parsers of the app's variables, here too so that tests reach them as `app::…`.
 pub use crate::env::{DEFAULT_LIMITS, parse_algorithm, parse_limits, parse_port, redact_url};
 
-/// The header that names an API caller.
+/// The header that carries an API key, checked against `APP_API_KEYS`.
 pub const API_KEY_HEADER: HeaderName = HeaderName::from_static("x-api-key");
 
 /// The port served when `PORT` is not set.
@@ -102,12 +114,17 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
 // State and routes
 // ---------------------------------------------------------------------------------------------
 
-/// Who a request to `/api/*` counts against: its `x-api-key`, else its client's network — the
-/// peer, or the client that the trusted proxies (`APP_TRUSTED_PROXIES`; none by default) name.
-pub type CallerKey = Or<Header, ForwardedIp>;
+/// Who a request to `/api/*` counts against: its authenticated tenant, else (anonymous) its
+/// client's network — the peer, or the client that the trusted proxies (`APP_TRUSTED_PROXIES`;
+/// none by default) name.
+pub type CallerKey = Or<ByCaller, ForwardedIp>;
 
-/// What every handler can reach. Cheap to clone: everything in it is shared.
-#[derive(Debug, Clone)]
+/// The authenticated caller's tenant, as the authentication middleware put it in the request.
+pub type ByCaller = key::Extension<Caller>;
+
+/// What every handler can reach. Cheap to clone: everything in it is shared. Its `Debug` shows
+/// the configuration's (redacted) and the store's kind, never a secret.
+#[derive(Clone)]
 pub struct AppState {
     /// The store every copy of the app shares (or a per-process one in development).
     pub store: Arc<dyn Store>,
@@ -119,22 +136,34 @@ pub struct AppState {
     pub claims: Claims,
     /// Locks: report rebuilds.
     pub locks: Locks,
-    /// Idempotency of `POST /payments`, scoped by API key.
-    payments: IdempotencyLayer<Header>,
-    /// At most `APP_JOB_CONCURRENCY` jobs per tenant at once.
-    jobs: ConcurrencyLimitLayer<BoxedKey>,
+    /// Idempotency of `POST /payments`, scoped by tenant.
+    payments: IdempotencyLayer<ByCaller>,
+    /// At most `APP_JOB_CONCURRENCY` jobs per tenant at once (its plan's, with `APP_JOB_TIERS`).
+    jobs: ConcurrencyLimitLayer<ByCaller>,
     /// The token budget of `POST /llm/complete`: reserve, then settle.
-    tokens: RateLimitLayer<Header>,
+    tokens: RateLimitLayer<ByCaller>,
+    /// Requests with an unknown API key, per client address.
+    auth_failures: RateLimitLayer<ForwardedIp>,
+    /// Every admin call, per client address.
+    admin_calls: RateLimitLayer<ForwardedIp>,
+    /// Refused admin calls (a wrong token), per client address: an admitted call with the right
+    /// token is refunded.
+    admin_failures: RateLimitLayer<ForwardedIp>,
     /// `POST /webhooks/{source}`: once per `Webhook-Id` and sender.
     webhooks: IdempotencyLayer<BoxedKey>,
     /// With `DATABASE_URL`: the database of `POST /transfers`, and the idempotency layer that
     /// runs each transfer in a transaction recording its response.
-    transfers: Option<(PgStore, IdempotencyLayer<Header>)>,
+    transfers: Option<(PgStore, IdempotencyLayer<ByCaller>)>,
 }
 
-/// The tenant named by a `/jobs/{tenant}/...` path.
-fn tenant_of(parts: &Parts) -> Option<String> {
-    segment_after(parts, "jobs")
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("store", &self.config.store_kind())
+            .field("config", &self.config)
+            .field("transfers", &self.transfers.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The path segment after a first segment `group` (`/<group>/<this>/...`), if there is one.
@@ -162,13 +191,14 @@ impl AppState {
                     }),
             )
             .algorithm(config.algorithm)
-            .key(Header::new(API_KEY_HEADER).or(config.client_ip()))
+            .key(ByCaller::new().or(config.client_ip()))
             .on_store_error(config.on_store_error)
             .build()?;
+        // `require_caller` in front: a payment without a tenant never reaches the layer
         let payments = IdempotencyLayer::builder(Arc::clone(&store))
             .prefix("tollgate-app")
             .required(true)
-            .scope(Header::new(API_KEY_HEADER))
+            .scope(ByCaller::new())
             .build()?;
         let mut jobs = ConcurrencyLimitLayer::builder(Arc::clone(&store))
             .prefix("tollgate-app")
@@ -176,23 +206,29 @@ impl AppState {
             .lease(config.jobs.lease)
             .retry_after(config.jobs.duration)
             .advertise("jobs")
-            .key(key::from_fn("tenant", tenant_of).boxed());
+            .key(ByCaller::new())
+            .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED));
         for (plan, limit) in &config.jobs.tiers {
             jobs = jobs.tier(plan.clone(), *limit);
         }
         if !config.jobs.tiers.is_empty() {
-            jobs = jobs.tier_by(|parts| parts.headers.get(PLAN_HEADER)?.to_str().ok());
+            // the plan of the tenant's entry in APP_API_KEYS, never one the request names
+            jobs = jobs.tier_by(|parts| parts.extensions.get::<Caller>().map(Caller::plan));
         }
         let jobs = jobs.build()?;
+        let ceiling = max_tokens_ceiling(&config.token_limits);
         let tokens = RateLimitLayer::builder(Arc::clone(&store))
             .prefix("tollgate-app:llm")
             .limits(config.token_limits.iter().cloned())
             .algorithm(config.algorithm)
-            .key(Header::new(API_KEY_HEADER))
+            .key(ByCaller::new())
+            .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
             .on_store_error(config.on_store_error)
-            .cost(|request| header_number(&request.headers, &MAX_TOKENS_HEADER).unwrap_or(1))
+            .cost(move |request| reserved_tokens(&request.headers, ceiling))
             .settle(|response| header_number(&response.headers, &TOKENS_USED_HEADER))
             .build()?;
+        let (admin_calls, admin_failures) = ops::admin_limits(&store, &config)?;
+        let auth_failures = identity::auth_failures(&store, &config)?;
         let webhooks = ops::webhook_layer(&store)?;
         Ok(Self {
             claims: Claims::new(Arc::clone(&store)).with_prefix("tollgate-app")?,
@@ -203,6 +239,9 @@ impl AppState {
             payments,
             jobs,
             tokens,
+            auth_failures,
+            admin_calls,
+            admin_failures,
             webhooks,
             transfers: None,
         })
@@ -221,7 +260,7 @@ impl AppState {
         // the key is required: every transfer gets its transaction
         let layer = IdempotencyLayer::in_transaction(database.clone())
             .prefix("tollgate-app")
-            .scope(Header::new(API_KEY_HEADER))
+            .scope(ByCaller::new())
             .build()?;
         self.transfers = Some((database, layer));
         Ok(self)
@@ -231,6 +270,7 @@ impl AppState {
 /// The whole app. Serve it with `into_make_service_with_connect_info::<SocketAddr>()` so that
 /// callers without an API key are keyed by their address.
 pub fn router(state: AppState) -> Router {
+    let authentication = axum::middleware::from_fn_with_state(state.clone(), authenticate);
     Router::new()
         .merge(health_routes())
         .merge(api_routes(&state))
@@ -242,6 +282,8 @@ pub fn router(state: AppState) -> Router {
         .merge(transfer_routes(&state))
         .merge(ops::webhook_routes(&state))
         .merge(ops::admin_routes(&state))
+        // Before every route: the caller the layers key by comes from the table, not the client.
+        .layer(authentication)
         // Outermost, so that the rate limits below see the peer address.
         .layer(MapRequestLayer::new(peer_addr_extension))
         .with_state(state)
@@ -292,6 +334,7 @@ fn payment_routes(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/payments", post(create_payment))
         .route_layer(state.payments.clone())
+        .route_layer(axum::middleware::from_fn(require_caller))
 }
 
 /// Jobs: at most `APP_JOB_CONCURRENCY` per tenant at once across all copies — permits with
@@ -300,4 +343,20 @@ fn job_routes(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/jobs/{tenant}/run", post(run_job))
         .route_layer(state.jobs.clone())
+        .route_layer(axum::middleware::from_fn(identity::require_own_tenant))
+}
+
+/// The largest reservation of `POST /llm/complete`: the smallest quota of its budget (a larger
+/// one could never be admitted).
+fn max_tokens_ceiling(limits: &[Limit]) -> u64 {
+    limits.iter().map(Limit::quota).min().unwrap_or(1).max(1)
+}
+
+/// What a completion reserves: its `x-max-tokens`, 1 when absent or not a number, held to
+/// `1..=ceiling` — a declared 0 would pass unchecked and unsettled, a declared billion could
+/// never fit.
+pub fn reserved_tokens(headers: &HeaderMap, ceiling: u64) -> u64 {
+    header_number(headers, &MAX_TOKENS_HEADER)
+        .unwrap_or(1)
+        .clamp(1, ceiling.max(1))
 }

@@ -213,3 +213,76 @@ fn forwarded_chains_are_walked_for_at_most_max_hops() {
         Some(ip("10.0.0.7"))
     );
 }
+
+/// What an authentication layer inserts in these tests.
+#[derive(Clone)]
+struct Tenant(&'static str);
+
+impl AsRef<[u8]> for Tenant {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+fn parts_of(tenant: Option<Tenant>, headers: &[(&str, &str)]) -> Parts {
+    let mut parts = parts_with(headers, Some("192.0.2.1:1"));
+    if let Some(tenant) = tenant {
+        parts.extensions.insert(tenant);
+    }
+    parts
+}
+
+#[test]
+fn the_extension_keys_by_the_authenticated_caller_only() {
+    let by_tenant = Extension::<Tenant>::new();
+    let acme = parts_of(Some(Tenant("acme")), &[]);
+    assert_eq!(by_tenant.extract(&acme), Some(Key::new("ext:", b"acme")));
+    assert_eq!(
+        by_tenant.extract(&acme),
+        Some(by_tenant.key(&Tenant("acme")))
+    );
+    assert_ne!(
+        by_tenant.extract(&acme),
+        by_tenant.extract(&parts_of(Some(Tenant("globex")), &[]))
+    );
+    // what the client writes changes nothing
+    let with_header = parts_of(Some(Tenant("acme")), &[("x-api-key", "other")]);
+    assert_eq!(by_tenant.extract(&with_header), by_tenant.extract(&acme));
+    // no caller, or a caller with no bytes: no key
+    assert_eq!(
+        by_tenant.extract(&parts_of(None, &[("x-api-key", "a")])),
+        None
+    );
+    assert_eq!(by_tenant.extract(&parts_of(Some(Tenant("")), &[])), None);
+    assert_eq!(by_tenant.describe(), "the authenticated caller");
+}
+
+#[test]
+fn extension_domains_keep_equal_ids_of_other_kinds_apart() {
+    let tenant = parts_of(Some(Tenant("10.0.0.1")), &[("x-api-key", "10.0.0.1")]);
+    let by_tenant = Extension::<Tenant>::new();
+    let named = Extension::<Tenant>::named("org");
+    assert_ne!(by_tenant.extract(&tenant), named.extract(&tenant));
+    assert_eq!(
+        named.extract(&tenant),
+        Some(Key::new("ext:org", b"10.0.0.1"))
+    );
+    let header = Header::from_static("x-api-key");
+    assert_ne!(by_tenant.extract(&tenant), header.extract(&tenant));
+    assert_ne!(
+        by_tenant.extract(&tenant),
+        Some(Key::new("ip", b"10.0.0.1"))
+    );
+    // chained, the anonymous request falls to its peer address
+    let either = by_tenant.clone().or(PeerIp::new());
+    let anonymous = parts_of(None, &[]);
+    assert_eq!(
+        either.extract(&anonymous),
+        PeerIp::new().extract(&anonymous)
+    );
+    assert_eq!(either.extract(&tenant), by_tenant.extract(&tenant));
+    assert_eq!(
+        format!("{:?}", Extension::<Tenant>::named("org")),
+        r#"Extension { domain: "ext:org" }"#
+    );
+}

@@ -48,6 +48,7 @@ fn config(payment_delay: Duration) -> AppConfig {
     AppConfig {
         limits: app::parse_limits("burst:1000/1s").unwrap(),
         payment_delay,
+        api_keys: crate::own_keys(&["merchant-1"]),
         ..AppConfig::defaults().unwrap()
     }
 }

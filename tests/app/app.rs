@@ -49,10 +49,35 @@ fn config(limits: &str, algorithm: Algorithm, redis_url: Option<String>) -> AppC
         jobs: app::JobConfig::default(),
         token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
         admin_token: None,
+        api_keys: test_keys(),
         block: None,
         lease: false,
     }
 }
+
+/// [`TEST_CALLERS`], and `sk_live_dave`, the key of tenant `dave-co`.
+fn test_keys() -> app::ApiKeys {
+    let table = format!(
+        "{},sk_live_dave:dave-co:free",
+        crate::own_keys_var(&TEST_CALLERS)
+    );
+    app::ApiKeys::parse(&table).unwrap()
+}
+
+/// The callers these tests name, each with the API key of its own name.
+const TEST_CALLERS: [&str; 11] = [
+    "shared-key",
+    "alice",
+    "bob",
+    "carol",
+    "dave",
+    "erin",
+    "frank",
+    "gina",
+    "h",
+    "ivan",
+    "probe",
+];
 
 /// One copy of the app with its own connection to `server`, as a separate process would have.
 fn copy_on(server: &RedisServer, limits: &str, algorithm: Algorithm) -> Router {
@@ -287,18 +312,95 @@ async fn without_an_api_key_the_peer_ip_is_the_caller() {
         StatusCode::OK
     );
     // an API key from the exhausted address counts against the key, not the address
-    let response = call(&app, "/api/hello", Caller::Both("dave", "10.0.0.1:3000")).await;
+    let response = call(
+        &app,
+        "/api/hello",
+        Caller::Both("sk_live_dave", "10.0.0.1:3000"),
+    )
+    .await;
     assert_eq!(response.status(), StatusCode::OK);
     let body = json(response).await;
     assert_eq!(body["caller"]["by"], "api-key");
+    assert_eq!(body["caller"]["tenant"], "dave-co");
     assert!(
-        !body.to_string().contains("dave"),
+        !body.to_string().contains("sk_live"),
         "the API key is echoed: {body}"
     );
     // no key and no address: rejected, not a panic or a 500
     assert_eq!(
         status(&app, "/api/hello", Caller::Nobody).await,
         StatusCode::BAD_REQUEST
+    );
+}
+
+/// An API key the table does not know is refused, whatever it is: a client rotating fresh keys
+/// from one address gets ten `401`s and no quota of anyone's, and its address keeps its own
+/// quota for anonymous calls. A plan header chooses nothing.
+#[tokio::test]
+async fn unknown_api_keys_are_refused_and_rotating_them_buys_nothing() {
+    let server = RedisServer::start();
+    let app = copy_on(&server, "burst:3/3600s", Algorithm::SlidingLog);
+    for i in 0..10 {
+        let key = format!("rotated-{i}");
+        let response = call(&app, "/api/hello", Caller::Both(&key, "10.0.0.7:1000")).await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{key}");
+        let policy = header(&response, "ratelimit-policy");
+        assert!(
+            policy.starts_with(r#""auth-failures""#),
+            "only as a failure: {policy}"
+        );
+    }
+    let mut admitted = 0;
+    for _ in 0..5 {
+        if status(&app, "/api/hello", Caller::Peer("10.0.0.7:1000")).await == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 3,
+        "the address's own quota, untouched by the refused keys"
+    );
+    // a known key sent with a plan header of its choosing: still its own tenant and quota
+    let mut request = request("/api/hello", Caller::ApiKey("alice"));
+    request
+        .headers_mut()
+        .insert("x-plan", http::HeaderValue::from_static("enterprise"));
+    let response = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(json(response).await["caller"]["tenant"], "alice");
+}
+
+/// Guessing API keys from one address: exactly `AUTH_FAILURES` unknown keys a minute are told
+/// `401`, the rest `429`; the address's known keys and other addresses' guesses are not held up.
+#[tokio::test]
+async fn guessing_api_keys_from_one_address_is_limited() {
+    let server = RedisServer::start();
+    let app = copy_on(&server, "burst:100/3600s", Algorithm::SlidingLog);
+    let guesses = app::AUTH_FAILURES + 5;
+    let mut statuses = Vec::new();
+    for i in 0..guesses {
+        let key = format!("guess-{i}");
+        statuses.push(status(&app, "/api/hello", Caller::Both(&key, "10.0.0.9:1000")).await);
+    }
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::UNAUTHORIZED)
+        .count();
+    let limited = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!(
+        (refused as u64, limited),
+        (app::AUTH_FAILURES, 5),
+        "{statuses:?}"
+    );
+    let known = Caller::Both("alice", "10.0.0.9:2000");
+    assert_eq!(status(&app, "/api/hello", known).await, StatusCode::OK);
+    let elsewhere = Caller::Both("guess-0", "10.0.0.10:1000");
+    assert_eq!(
+        status(&app, "/api/hello", elsewhere).await,
+        StatusCode::UNAUTHORIZED
     );
 }
 
@@ -572,6 +674,7 @@ fn config_defaults_and_overrides() {
             jobs: app::JobConfig::default(),
             token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
             admin_token: None,
+            api_keys: app::ApiKeys::demo(),
             block: None,
             lease: false,
         }
@@ -616,6 +719,7 @@ fn config_defaults_and_overrides() {
             jobs: app::JobConfig::default(),
             token_limits: app::parse_limits(app::DEFAULT_TOKEN_LIMITS).unwrap(),
             admin_token: None,
+            api_keys: app::ApiKeys::demo(),
             block: None,
             lease: false,
         }
@@ -853,6 +957,9 @@ pub(crate) fn app_command(vars: &[(&str, &str)]) -> Command {
         "APP_REPORT_MS",
         "APP_TRANSFER_DELAY_MS",
         "APP_TOKEN_LIMITS",
+        "APP_API_KEYS",
+        "APP_ADMIN_TOKEN",
+        "APP_JOB_TIERS",
         "APP_TRUSTED_PROXIES",
         "APP_ON_STORE_ERROR",
         "APP_STORE_TIMEOUT_MS",
@@ -862,6 +969,9 @@ pub(crate) fn app_command(vars: &[(&str, &str)]) -> Command {
         "RUST_LOG",
     ] {
         command.env_remove(var);
+    }
+    if !vars.iter().any(|(var, _)| *var == "APP_API_KEYS") {
+        command.env("APP_API_KEYS", crate::own_keys_var(&TEST_CALLERS));
     }
     command.envs(vars.iter().copied());
     command.stdin(Stdio::null());
@@ -1111,12 +1221,8 @@ async fn the_binary_on_postgres_waits_for_the_database_and_then_limits() {
     tokio::task::block_in_place(|| server.restart());
     // migrated in the background: the first decision by the store carries the RateLimit fields
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut probe = 0;
     loop {
-        probe += 1;
-        let response = get_from(&url, "/api/hello", &format!("probe-{probe}"))
-            .await
-            .unwrap();
+        let response = get_from(&url, "/api/hello", "probe").await.unwrap();
         if response.headers().contains_key("ratelimit") {
             break;
         }

@@ -29,6 +29,7 @@ fn config(payment_delay: Duration) -> AppConfig {
         limits: app::parse_limits("burst:1000/1s").unwrap(),
         payment_delay,
         report_work: REBUILD,
+        api_keys: crate::own_keys(&["merchant-1"]),
         ..AppConfig::defaults().unwrap()
     }
 }
@@ -446,4 +447,43 @@ async fn payments_refuse_bad_requests_and_fail_closed() {
         assert!(start.elapsed() < Duration::from_secs(10));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Payments act for a tenant: without an API key, or with one the table does not know, `401`
+/// and nothing runs or is recorded; two tenants using the same `Idempotency-Key` get payments
+/// of their own, neither a replay of the other's.
+#[tokio::test]
+async fn payments_need_a_tenant_and_keys_are_scoped_by_it() {
+    let config = AppConfig {
+        api_keys: crate::own_keys(&["merchant-1", "merchant-2"]),
+        ..config(Duration::ZERO)
+    };
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let app = app::router(AppState::new(store, config).unwrap());
+    let payment = |api_key: Option<&str>| {
+        let mut request = Request::post("/payments")
+            .header("content-type", "application/json")
+            .header("idempotency-key", "order-17");
+        if let Some(api_key) = api_key {
+            request = request.header("x-api-key", api_key);
+        }
+        request.body(Body::from(PAYMENT)).unwrap()
+    };
+    for anonymous in [None, Some("merchant-3")] {
+        let (status, headers, _) = send(app.clone(), payment(anonymous)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{anonymous:?}");
+        assert!(headers.get("idempotent-replayed").is_none());
+    }
+    let (first, _, one) = send(app.clone(), payment(Some("merchant-1"))).await;
+    let (second, headers, two) = send(app.clone(), payment(Some("merchant-2"))).await;
+    assert_eq!((first, second), (StatusCode::CREATED, StatusCode::CREATED));
+    assert!(
+        headers.get("idempotent-replayed").is_none(),
+        "not merchant-1's"
+    );
+    assert_ne!(one["id"], two["id"]);
+    let (again, headers, replay) = send(app.clone(), payment(Some("merchant-1"))).await;
+    assert_eq!(again, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(replay["id"], one["id"]);
 }

@@ -25,8 +25,9 @@ use tower::ServiceExt;
 
 const JOB: Duration = Duration::from_millis(1500);
 
-fn config() -> AppConfig {
+fn config(tenants: &[&str]) -> AppConfig {
     AppConfig {
+        api_keys: crate::own_keys(tenants),
         limits: app::parse_limits("burst:1000/1s").unwrap(),
         jobs: JobConfig {
             duration: JOB,
@@ -38,15 +39,17 @@ fn config() -> AppConfig {
     }
 }
 
-fn copies_of(stores: Vec<Arc<dyn Store>>) -> Vec<Router> {
+fn copies_of(stores: Vec<Arc<dyn Store>>, tenants: &[&str]) -> Vec<Router> {
     stores
         .into_iter()
-        .map(|store| app::router(AppState::new(store, config()).unwrap()))
+        .map(|store| app::router(AppState::new(store, config(tenants)).unwrap()))
         .collect()
 }
 
+/// A job of `tenant`, with its API key (its name).
 fn job(tenant: &str) -> Request<Body> {
     Request::post(format!("/jobs/{tenant}/run"))
+        .header("x-api-key", tenant)
         .body(Body::empty())
         .unwrap()
 }
@@ -103,9 +106,10 @@ fn exactly(
 
 /// 20 parallel jobs of one tenant over two copies: exactly 2 run, 18 are refused; another
 /// tenant at the same time is not affected; two more run once those ended, with higher permits.
-async fn twenty_jobs_two_run(apps: Vec<Router>) {
+async fn twenty_jobs_two_run(stores: Vec<Arc<dyn Store>>) {
     let tenant = format!("acme-{}", uuid::Uuid::new_v4().simple());
     let other = format!("globex-{}", uuid::Uuid::new_v4().simple());
+    let apps = copies_of(stores, &[&tenant, &other]);
     let (acme, globex) = tokio::join!(
         run_parallel(&apps, &tenant, 20),
         run_parallel(&apps, &other, 2)
@@ -131,7 +135,7 @@ async fn two_copies_twenty_parallel_jobs_exactly_two_run() {
     let stores = (0..2)
         .map(|_| Arc::new(server.store()) as Arc<dyn Store>)
         .collect();
-    twenty_jobs_two_run(copies_of(stores)).await;
+    twenty_jobs_two_run(stores).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,7 +145,7 @@ async fn on_a_cluster_two_copies_twenty_parallel_jobs_exactly_two_run() {
     for _ in 0..2 {
         stores.push(Arc::new(cluster.store().await));
     }
-    twenty_jobs_two_run(copies_of(stores)).await;
+    twenty_jobs_two_run(stores).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -158,7 +162,40 @@ async fn on_postgres_two_copies_twenty_parallel_jobs_exactly_two_run() {
             .unwrap();
         stores.push(Arc::new(store));
     }
-    twenty_jobs_two_run(copies_of(stores)).await;
+    twenty_jobs_two_run(stores).await;
+}
+
+/// A job is run only for a caller of its own tenant: `401` without a key or with one the table
+/// does not know, `403` with another tenant's; none of them takes a permit.
+#[tokio::test]
+async fn a_job_needs_an_api_key_of_its_tenant() {
+    let store: Arc<dyn Store> = Arc::new(tollgate::store::MemoryStore::new());
+    let app = copies_of(vec![store], &["acme", "globex"]).remove(0);
+    let send = |request: Request<Body>| app.clone().oneshot(request);
+    let anonymous = Request::post("/jobs/acme/run").body(Body::empty()).unwrap();
+    assert_eq!(
+        send(anonymous).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let unknown = Request::post("/jobs/acme/run")
+        .header("x-api-key", "guess")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        send(unknown).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let other = Request::post("/jobs/acme/run")
+        .header("x-api-key", "globex")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(other).await.unwrap().status(), StatusCode::FORBIDDEN);
+    // both of acme's permits are still free
+    let (first, second) = tokio::join!(
+        run(app.clone(), "acme".into()),
+        run(app.clone(), "acme".into())
+    );
+    assert_eq!((first.0, second.0), (StatusCode::OK, StatusCode::OK));
 }
 
 /// `POST <url>/jobs/<tenant>/run`; `None` while it has not answered after `wait` (a job that
@@ -167,6 +204,7 @@ async fn job_status(url: &str, tenant: &str, wait: Duration) -> Option<StatusCod
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<Bytes>>();
     let request = Request::post(format!("{url}/jobs/{tenant}/run"))
+        .header("x-api-key", tenant)
         .body(http_body_util::Empty::new())
         .unwrap();
     match tokio::time::timeout(wait, client.request(request)).await {
@@ -236,8 +274,11 @@ async fn healthy(url: &str) {
 /// with SIGKILL: copy B refuses the tenant until A's permits' leases end, then runs two jobs.
 async fn a_killed_copy_gives_its_permits_back(store: &[(&str, &str)]) {
     let lease = Duration::from_millis(1000);
+    let tenant = format!("initech-{}", uuid::Uuid::new_v4().simple());
+    let keys = crate::own_keys_var(&[&tenant]);
     let mut vars = store.to_vec();
     vars.extend([
+        ("APP_API_KEYS", keys.as_str()),
         ("APP_JOB_MS", "20000"),
         ("APP_JOB_CONCURRENCY", "2"),
         ("APP_JOB_LEASE_MS", "1000"),
@@ -247,7 +288,6 @@ async fn a_killed_copy_gives_its_permits_back(store: &[(&str, &str)]) {
     let (_b, url_b) = serve(&vars);
     healthy(&url_a).await;
     healthy(&url_b).await;
-    let tenant = format!("initech-{}", uuid::Uuid::new_v4().simple());
     // a job that runs never answers within this (it runs 20 s); a refusal always does
     let quick = Duration::from_secs(1);
     // two jobs run on A for the whole test

@@ -16,6 +16,26 @@ pub mod env;
 #[path = "../../examples/app/router.rs"]
 pub mod router;
 
+/// An `APP_API_KEYS` table for tests: each of `tenants` has the API key of its own name, on plan
+/// `free`, or on the plan after a `=` (`"acme=pro"`).
+#[allow(clippy::unwrap_used)]
+pub(crate) fn own_keys(tenants: &[&str]) -> router::ApiKeys {
+    router::ApiKeys::parse(&own_keys_var(tenants)).unwrap()
+}
+
+/// [`own_keys`] as the value of `APP_API_KEYS`.
+pub(crate) fn own_keys_var(tenants: &[&str]) -> String {
+    tenants
+        .iter()
+        .map(|entry| {
+            let (tenant, plan) = entry.split_once('=').unwrap_or((entry, "free"));
+            format!("{tenant}:{tenant}:{plan}")
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+mod admin;
 mod ambiguity;
 mod app;
 mod app_coordination;

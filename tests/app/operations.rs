@@ -1,7 +1,7 @@
 //! The example app's operator and integration routes on two copies: a caller denied on copy A
 //! and reset through copy B's admin endpoint is admitted on A within a second (Redis and
 //! PostgreSQL); the admin peek; webhooks processed once per `Webhook-Id`; job tiers from
-//! `APP_JOB_TIERS`.
+//! `APP_JOB_TIERS` and the plans of `APP_API_KEYS`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common;
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use app::{AppConfig, AppState, JobConfig};
 use axum::Router;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use common::RedisServer;
 use common::postgres;
 use http::{Request, Response, StatusCode};
@@ -27,6 +28,7 @@ fn config() -> AppConfig {
     AppConfig {
         limits: app::parse_limits("hourly:2/3600s").unwrap(),
         admin_token: Some(ADMIN.to_owned()),
+        api_keys: crate::own_keys(&["ann", "bob", "carol", "eve", "acme=pro", "solo"]),
         jobs: JobConfig {
             duration: Duration::from_millis(1500),
             concurrency: 1,
@@ -84,12 +86,16 @@ fn hello(key: &str) -> Request<Body> {
 }
 
 fn admin(method: &str, path: &str, token: &str) -> Request<Body> {
-    Request::builder()
+    let mut request = Request::builder()
         .method(method)
         .uri(path)
         .header("authorization", format!("Bearer {token}"))
         .body(Body::empty())
-        .unwrap()
+        .unwrap();
+    // the admin routes are limited per client address
+    let peer: std::net::SocketAddr = "192.0.2.10:4000".parse().unwrap();
+    request.extensions_mut().insert(ConnectInfo(peer));
+    request
 }
 
 /// Denied on A (and cached there), reset through B's admin endpoint: A admits within a second.
@@ -206,21 +212,25 @@ async fn on_postgres_fifty_parallel_deliveries_of_one_webhook_run_once() {
     fifty_deliveries_one_run(pg_copies().await).await;
 }
 
+/// A job of `tenant` sent with its API key (each tenant's key is its name), claiming `plan` in
+/// an `x-plan` header, which the app ignores.
 fn job(tenant: &str, plan: Option<&str>) -> Request<Body> {
-    let mut request = Request::post(format!("/jobs/{tenant}/run"));
+    let mut request = Request::post(format!("/jobs/{tenant}/run")).header("x-api-key", tenant);
     if let Some(plan) = plan {
         request = request.header("x-plan", plan);
     }
     request.body(Body::empty()).unwrap()
 }
 
-/// `APP_JOB_TIERS=pro=3`: six parallel jobs of a pro tenant over two copies, exactly three run;
-/// of a tenant of no plan, exactly one (`APP_JOB_CONCURRENCY`); refusals advertise the limit.
+/// `APP_JOB_TIERS=pro=3`: six parallel jobs of a tenant whose `APP_API_KEYS` plan is `pro`,
+/// over two copies, exactly three run; of a tenant on `free`, exactly one
+/// (`APP_JOB_CONCURRENCY`), though every request claims `x-plan: pro`; refusals advertise the
+/// limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_tiers_from_the_environment_hold_across_copies() {
     let server = RedisServer::start();
     let copies = redis_copies(&server);
-    for (tenant, plan, limit) in [("acme", Some("pro"), 3), ("solo", None, 1)] {
+    for (tenant, plan, limit) in [("acme", None, 3), ("solo", Some("pro"), 1)] {
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..6 {
             let app = copies[i % 2].clone();

@@ -26,8 +26,9 @@ const ALGORITHMS: [Algorithm; 3] = [
     Algorithm::Gcra,
 ];
 
-fn config(algorithm: Algorithm) -> AppConfig {
+fn config(algorithm: Algorithm, callers: &[&str]) -> AppConfig {
     AppConfig {
+        api_keys: crate::own_keys(callers),
         limits: app::parse_limits("burst:1000/1s").unwrap(),
         algorithm,
         // a window of a day: nothing refills while a test runs, whatever the algorithm
@@ -36,10 +37,13 @@ fn config(algorithm: Algorithm) -> AppConfig {
     }
 }
 
-fn copies_of(stores: &[Arc<dyn Store>], algorithm: Algorithm) -> Vec<Router> {
+fn copies_of(stores: &[Arc<dyn Store>], algorithm: Algorithm, callers: &[&str]) -> Vec<Router> {
     stores
         .iter()
-        .map(|store| app::router(AppState::new(Arc::clone(store), config(algorithm)).unwrap()))
+        .map(|store| {
+            let config = config(algorithm, callers);
+            app::router(AppState::new(Arc::clone(store), config).unwrap())
+        })
         .collect()
 }
 
@@ -95,16 +99,25 @@ async fn sequential(apps: &[Router], key: &str, n: usize, tokens: u64, max: Opti
 /// The three checks of a budget of 1000 tokens, on `stores` (one copy of the app on each).
 async fn budget_is_charged_what_was_used(stores: &[Arc<dyn Store>]) {
     for algorithm in ALGORITHMS {
-        let apps = copies_of(stores, algorithm);
         let key = |name: &str| format!("{name}-{}", uuid::Uuid::new_v4().simple());
+        let (unreserved, reserved, parallel, zero) = (
+            key("unreserved"),
+            key("reserved"),
+            key("parallel"),
+            key("zero"),
+        );
+        let callers = [&*unreserved, &*reserved, &*parallel, &*zero];
+        let apps = copies_of(stores, algorithm, &callers);
         // no reservation (1 each): 900 used after three, the fourth fits and overruns to 1200
-        let ran = sequential(&apps, &key("unreserved"), 8, 300, None).await;
+        let ran = sequential(&apps, &unreserved, 8, 300, None).await;
         assert_eq!(ran, 4, "{algorithm}: 300 each, unreserved");
         // 300 reserved, 100 used: the ninth reservation (800 used + 300) does not fit
-        let ran = sequential(&apps, &key("reserved"), 12, 100, Some(300)).await;
+        let ran = sequential(&apps, &reserved, 12, 100, Some(300)).await;
         assert_eq!(ran, 8, "{algorithm}: 100 each, 300 reserved");
+        // declaring 0 reserves 1 and pays its usage: 500 each, the third finds the budget spent
+        let ran = sequential(&apps, &zero, 4, 500, Some(0)).await;
+        assert_eq!(ran, 2, "{algorithm}: 500 each, 0 declared");
         // 10 at once reserving what they use: 3 fit
-        let parallel = key("parallel");
         let calls = (0..10).map(|i| {
             complete(
                 apps[i % apps.len()].clone(),
@@ -160,4 +173,42 @@ async fn on_postgres_two_copies_charge_the_tokens_used() {
 #[tokio::test]
 async fn on_the_memory_store_one_copy_charges_the_tokens_used() {
     budget_is_charged_what_was_used(&[Arc::new(tollgate::store::MemoryStore::new())]).await;
+}
+
+/// What a completion reserves: its `x-max-tokens` held to at least 1 — a declared 0 is not
+/// free — and at most the ceiling; 1 when absent or not a number.
+#[test]
+fn a_reservation_is_held_between_one_and_the_ceiling() {
+    let reserved = |value: Option<&str>| {
+        let mut headers = http::HeaderMap::new();
+        if let Some(value) = value {
+            headers.insert("x-max-tokens", value.parse().unwrap());
+        }
+        app::reserved_tokens(&headers, 1000)
+    };
+    assert_eq!(reserved(Some("0")), 1);
+    assert_eq!(reserved(None), 1);
+    assert_eq!(reserved(Some("many")), 1);
+    assert_eq!(reserved(Some("-5")), 1);
+    assert_eq!(reserved(Some("300")), 300);
+    assert_eq!(reserved(Some("1000")), 1000);
+    assert_eq!(reserved(Some("18446744073709551615")), 1000);
+}
+
+/// A completion needs an API key: without one, or with one the table does not know, `401` and
+/// nothing runs.
+#[tokio::test]
+async fn a_completion_without_a_known_api_key_is_refused() {
+    let store: Arc<dyn Store> = Arc::new(tollgate::store::MemoryStore::new());
+    let app = copies_of(&[store], Algorithm::Gcra, &["acme"]).remove(0);
+    for key in [None, Some("guess")] {
+        let mut request = Request::post("/llm/complete");
+        if let Some(key) = key {
+            request = request.header("x-api-key", key);
+        }
+        let request = request.body(Body::from(r#"{"tokens": 5}"#)).unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{key:?}");
+        assert!(!response.headers().contains_key("x-tokens-used"), "ran");
+    }
 }

@@ -49,6 +49,7 @@ async fn transfer(url: &str, key: &str, body: &Value, wait: Duration) -> Option<
         .build_http::<Full<Bytes>>();
     let request = Request::post(format!("{url}/transfers"))
         .header("content-type", "application/json")
+        .header("x-api-key", "alice")
         .header("idempotency-key", key)
         .body(Full::new(Bytes::from(body.to_string())))
         .unwrap();
@@ -274,6 +275,7 @@ async fn without_a_key_or_a_database_transfers_are_refused_clearly() {
         .build_http::<Full<Bytes>>();
     let request = Request::post(format!("{url_a}/transfers"))
         .header("content-type", "application/json")
+        .header("x-api-key", "alice")
         .body(Full::new(Bytes::from(body(1).to_string())))
         .unwrap();
     let response = client.request(request).await.unwrap();
