@@ -94,3 +94,5 @@ pub(crate) fn spoil(encoded: &[u8], choice: u8, at: usize, count: u32, extra: &[
 pub(crate) fn spoiling() -> impl Strategy<Value = (u8, usize, u32, Vec<u8>)> {
     (any::<u8>(), any::<usize>(), hostile_u32(), bytes(16))
 }
+
+mod stored_key;
