@@ -95,4 +95,39 @@ pub(crate) fn spoiling() -> impl Strategy<Value = (u8, usize, u32, Vec<u8>)> {
     (any::<u8>(), any::<usize>(), hostile_u32(), bytes(16))
 }
 
+/// A reply as a hostile or broken Redis could send it: any type, nested, with hostile integers
+/// and bytes, and the server errors a script or command fails with.
+#[cfg(feature = "redis")]
+pub(crate) fn redis_reply() -> impl Strategy<Value = redis::Value> {
+    use redis::Value;
+    let text = || bytes(16).prop_map(|b| String::from_utf8_lossy(&b).into_owned());
+    let leaf = prop_oneof![
+        1 => Just(Value::Nil),
+        1 => Just(Value::Okay),
+        4 => hostile_i64().prop_map(Value::Int),
+        1 => hostile_i64().prop_map(|n| Value::BulkString(n.to_string().into_bytes())),
+        2 => bytes(24).prop_map(Value::BulkString),
+        1 => text().prop_map(Value::SimpleString),
+        1 => any::<f64>().prop_map(Value::Double),
+        1 => any::<bool>().prop_map(Value::Boolean),
+        1 => text().prop_filter_map("a server error", |text| {
+            let line = text.replace(['\r', '\n'], " ");
+            redis::parse_redis_value(format!("-ERR {line}\r\n").as_bytes()).ok()
+        }),
+    ];
+    leaf.prop_recursive(2, 16, 6, |inner| {
+        prop_oneof![
+            3 => prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            1 => prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Set),
+            1 => prop::collection::vec((inner.clone(), inner), 0..3).prop_map(Value::Map),
+        ]
+    })
+}
+
+/// Several replies, as a script's array answer holds them.
+#[cfg(feature = "redis")]
+pub(crate) fn redis_replies(max: usize) -> impl Strategy<Value = Vec<redis::Value>> {
+    prop::collection::vec(redis_reply(), 0..=max)
+}
+
 mod stored_key;
