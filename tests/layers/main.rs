@@ -31,6 +31,7 @@ mod hostile_input;
 mod hyper;
 mod idempotency;
 mod in_transaction;
+mod planted_state;
 mod rate_limit_frameworks;
 mod rate_limit_invalidations;
 mod rate_limit_layer;
