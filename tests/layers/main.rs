@@ -27,6 +27,7 @@ mod config_example;
 mod crafted_records;
 mod grpc;
 mod grpc_codegen;
+mod header_text;
 mod hostile_input;
 mod hyper;
 mod idempotency;
