@@ -382,9 +382,11 @@ struct Rows {
     fence: Option<(i64, i64)>,
     permits: Vec<(String, i64)>,
     queue: Vec<(String, i64, i64)>,
-    /// done, fingerprint, token, response, expires_at, created_at.
-    record: Option<(bool, String, String, Option<Vec<u8>>, i64, Option<i64>)>,
+    record: Option<Record>,
 }
+
+/// An idempotency row: done, fingerprint, token, response, expires_at, created_at.
+type Record = (bool, String, String, Option<Vec<u8>>, i64, Option<i64>);
 
 fn rows() -> impl Strategy<Value = Rows> {
     let rate = prop::collection::vec(

@@ -307,9 +307,13 @@ mod tests {
         use super::*;
         use crate::fuzz::{check, hostile_i64};
 
+        /// A check's outcome as the function writes it: admitted, retry after (µs), decided at
+        /// (µs), then per limit the remaining quota and the reset (µs).
+        type Written = (bool, u32, u32, Vec<(u32, u32)>);
+
         /// A reply as `decide_rates` writes it for `outcomes` (check number, length, numbers),
         /// in the order `order` gives.
-        fn reply_of(outcomes: &[(bool, u32, u32, Vec<(u32, u32)>)], order: &[usize]) -> Vec<i64> {
+        fn reply_of(outcomes: &[Written], order: &[usize]) -> Vec<i64> {
             let mut reply = Vec::new();
             for &i in order {
                 let (admitted, retry, at, limits) = &outcomes[i];
@@ -322,7 +326,7 @@ mod tests {
             reply
         }
 
-        fn outcomes() -> impl Strategy<Value = Vec<(bool, u32, u32, Vec<(u32, u32)>)>> {
+        fn outcomes() -> impl Strategy<Value = Vec<Written>> {
             let limits = prop::collection::vec(any::<(u32, u32)>(), 0..4);
             prop::collection::vec((any::<bool>(), any::<u32>(), any::<u32>(), limits), 1..5)
         }

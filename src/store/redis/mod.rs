@@ -604,7 +604,7 @@ mod tests {
         match unexpired::<R>(reply.clone()) {
             Ok(_) => prop_assert_ne!(reply, &Value::Int(-1)),
             Err(e) if *reply == Value::Int(-1) => {
-                prop_assert_eq!(e.kind(), StoreErrorKind::Timeout)
+                prop_assert_eq!(e.kind(), StoreErrorKind::Timeout);
             }
             Err(e) => prop_assert_eq!(e.kind(), StoreErrorKind::Protocol),
         }
