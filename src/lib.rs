@@ -206,6 +206,8 @@ mod macros;
 // core vocabulary
 pub mod error;
 mod expiring;
+#[cfg(test)]
+mod fuzz;
 pub mod key;
 mod keyspace;
 pub mod rate;

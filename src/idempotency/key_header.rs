@@ -108,4 +108,87 @@ mod tests {
         assert_eq!(p(&[b'k'; 256]), Err(KeyProblem::TooLong));
         assert_eq!(p(&[b'k'; 255]).unwrap().len(), 255);
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::fuzz::check;
+
+        /// The bytes a header value may hold: visible ASCII, space, tab and obs-text, with
+        /// quotes and backslashes more often than by chance.
+        fn value_bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
+            let allowed = |b: u8| match b {
+                0x00..=0x03 => b'"',
+                0x04..=0x07 => b'\\',
+                0x08..=0x1f if b != b'\t' => b + 0x20,
+                0x7f => b' ',
+                b => b,
+            };
+            crate::fuzz::bytes(max).prop_map(move |bytes| bytes.into_iter().map(allowed).collect())
+        }
+
+        /// A key of `1..=max` characters of visible ASCII or space.
+        fn key(max: usize) -> impl Strategy<Value = String> {
+            prop::collection::vec(0x20u8..0x7f, 1..=max)
+                .prop_map(|bytes| bytes.into_iter().map(char::from).collect())
+        }
+
+        fn quoted(key: &str) -> Vec<u8> {
+            let mut out = vec![b'"'];
+            for b in key.bytes() {
+                if b == b'"' || b == b'\\' {
+                    out.push(b'\\');
+                }
+                out.push(b);
+            }
+            out.push(b'"');
+            out
+        }
+
+        #[test]
+        fn any_value_is_a_key_of_visible_ascii_or_refused() {
+            check(1024, value_bytes(300), |bytes| {
+                let Ok(value) = HeaderValue::from_bytes(&bytes) else {
+                    return Ok(());
+                };
+                if let Ok(key) = parse(&value) {
+                    prop_assert!(!key.is_empty() && key.len() <= MAX_KEY_LEN);
+                    prop_assert!(key.bytes().all(|b| (0x20..=0x7e).contains(&b)));
+                    // what was read is what the quoted form of the key says
+                    let requoted = HeaderValue::from_bytes(&quoted(&key)).unwrap();
+                    prop_assert_eq!(parse(&requoted), Ok(key));
+                }
+                Ok(())
+            });
+        }
+
+        #[test]
+        fn any_key_reads_back_from_its_quoted_and_bare_forms() {
+            check(512, key(MAX_KEY_LEN), |key| {
+                let value = HeaderValue::from_bytes(&quoted(&key)).unwrap();
+                prop_assert_eq!(parse(&value), Ok(key.clone()));
+                let bare = !key.starts_with('"') && !key.contains(' ');
+                if bare {
+                    let value = HeaderValue::from_str(&key).unwrap();
+                    prop_assert_eq!(parse(&value), Ok(key));
+                }
+                Ok(())
+            });
+        }
+
+        #[test]
+        fn a_quoted_key_with_a_spoilt_tail_never_panics() {
+            let case = (key(64), value_bytes(8), any::<usize>());
+            check(512, case, |(key, tail, at)| {
+                let mut bytes = quoted(&key);
+                bytes.truncate(at % (bytes.len() + 1));
+                bytes.extend_from_slice(&tail);
+                if let Ok(value) = HeaderValue::from_bytes(&bytes) {
+                    let _ = parse(&value);
+                }
+                Ok(())
+            });
+        }
+    }
 }

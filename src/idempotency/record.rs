@@ -2,12 +2,16 @@
 //!
 //! Layout (all integers big-endian): version `1` (u8), status (u16), header count (u32), then per
 //! header name length (u32), name, value length (u32), value; body length (u32), body; trailer
-//! count (u32), then trailers as headers. Decoding checks every length and never panics.
+//! count (u32), then trailers as headers. Decoding checks every length and count and never panics:
+//! a record that is not one this crate wrote (cut short, crafted, more headers than a `HeaderMap`
+//! holds) decodes to `None`.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 const VERSION: u8 = 1;
+/// The headers a decoded map makes room for before it reads them: more than a response has.
+const PREALLOCATED_HEADERS: usize = 64;
 
 /// A response as stored and replayed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,11 +97,14 @@ fn take_headers(input: &mut &[u8]) -> Option<HeaderMap> {
     if count > input.len() / 8 {
         return None;
     }
-    let mut headers = HeaderMap::with_capacity(count);
+    // a `HeaderMap` panics when made for, or grown past, 2^15 names (fewer with its load
+    // factor), yet holds any number of values under a few names: room for some is made ahead,
+    // and a record naming more than a map can hold is refused as it grows
+    let mut headers = HeaderMap::try_with_capacity(count.min(PREALLOCATED_HEADERS)).ok()?;
     for _ in 0..count {
         let name = HeaderName::from_bytes(take_field(input)?).ok()?;
         let value = HeaderValue::from_bytes(take_field(input)?).ok()?;
-        headers.append(name, value);
+        headers.try_append(name, value).ok()?;
     }
     Some(headers)
 }
@@ -155,6 +162,64 @@ mod tests {
         }
     }
 
+    /// A record whose first header list declares `count` headers, followed by `len` zero bytes.
+    fn declaring(count: u32, len: usize) -> Vec<u8> {
+        let mut record = vec![VERSION, 0, 200];
+        record.extend_from_slice(&count.to_be_bytes());
+        record.resize(record.len() + len, 0);
+        record
+    }
+
+    #[test]
+    fn a_record_declaring_more_headers_than_a_header_map_holds_is_refused() {
+        // 2^15 headers with the 8 bytes each needs: more than a `HeaderMap` can be made for
+        let count = 1 << 15;
+        assert_eq!(StoredResponse::decode(&declaring(count, 8 << 15)), None);
+        assert_eq!(StoredResponse::decode(&declaring(24_577, 8 * 24_577)), None);
+    }
+
+    #[test]
+    fn a_record_declaring_a_billion_headers_is_refused() {
+        assert_eq!(StoredResponse::decode(&declaring(1_000_000_000, 64)), None);
+        assert_eq!(StoredResponse::decode(&declaring(u32::MAX - 1, 64)), None);
+    }
+
+    #[test]
+    fn a_record_with_more_header_names_than_a_header_map_holds_is_refused() {
+        // 2^15 distinct names, each a well-formed header: the map cannot grow to hold them all
+        let count: u32 = 1 << 15;
+        let mut record = vec![VERSION, 0, 200];
+        record.extend_from_slice(&count.to_be_bytes());
+        for i in 0..count {
+            put_field_bytes(&mut record, format!("h{i:05}").as_bytes());
+            put_field_bytes(&mut record, b"v");
+        }
+        record.extend_from_slice(&0u32.to_be_bytes());
+        record.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(StoredResponse::decode(&record), None);
+    }
+
+    #[test]
+    fn many_values_of_one_header_round_trip() {
+        // a map holds any number of values under few names: such a record is one this crate writes
+        let mut headers = HeaderMap::new();
+        for i in 0..30_000 {
+            headers.append("x-many", HeaderValue::from(i));
+        }
+        let response = StoredResponse {
+            status: StatusCode::OK,
+            headers,
+            body: Bytes::new(),
+            trailers: None,
+        };
+        assert_eq!(StoredResponse::decode(&response.encode()), Some(response));
+    }
+
+    fn put_field_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+        out.extend_from_slice(&u32::try_from(bytes.len()).unwrap().to_be_bytes());
+        out.extend_from_slice(bytes);
+    }
+
     #[test]
     fn corrupt_input_is_refused_without_panicking() {
         let encoded = sample(None).encode();
@@ -172,5 +237,98 @@ mod tests {
             StoredResponse::decode(&[1, 0, 200, 255, 255, 255, 255]),
             None
         );
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::fuzz::{bytes, check, spoil, spoiling};
+
+        fn header_map() -> impl Strategy<Value = HeaderMap> {
+            let name = prop_oneof![
+                Just("set-cookie".to_owned()),
+                Just("content-type".to_owned()),
+                "[a-z0-9-]{1,12}",
+            ];
+            let value =
+                prop::collection::vec(prop_oneof![Just(b'\t'), 0x20u8..0x7f, 0x80u8..=0xff], 0..24);
+            prop::collection::vec((name, value), 0..6).prop_map(|pairs| {
+                let mut map = HeaderMap::new();
+                for (name, value) in pairs {
+                    map.append(
+                        HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                        HeaderValue::from_bytes(&value).unwrap(),
+                    );
+                }
+                map
+            })
+        }
+
+        fn response() -> impl Strategy<Value = StoredResponse> {
+            (
+                100u16..1000,
+                header_map(),
+                bytes(64),
+                prop::option::of(header_map()),
+            )
+                .prop_map(|(status, headers, body, trailers)| StoredResponse {
+                    status: StatusCode::from_u16(status).unwrap(),
+                    headers,
+                    body: Bytes::from(body),
+                    trailers,
+                })
+        }
+
+        #[test]
+        fn any_response_decodes_to_itself() {
+            check(256, response(), |response| {
+                prop_assert_eq!(StoredResponse::decode(&response.encode()), Some(response));
+                Ok(())
+            });
+        }
+
+        #[test]
+        fn any_bytes_decode_or_are_refused_without_panicking() {
+            check(1024, bytes(512), |record| {
+                // what decodes is a record this crate could have written: it encodes back to itself
+                if let Some(decoded) = StoredResponse::decode(&record) {
+                    prop_assert_eq!(StoredResponse::decode(&decoded.encode()), Some(decoded));
+                }
+                Ok(())
+            });
+        }
+
+        #[test]
+        fn a_spoilt_record_never_panics_and_a_cut_one_is_refused() {
+            check(512, (response(), spoiling()), |(response, how)| {
+                let encoded = response.encode();
+                let (choice, at, count, extra) = how;
+                let spoilt = spoil(&encoded, choice, at, count, &extra);
+                let decoded = StoredResponse::decode(&spoilt);
+                let cut = spoilt.len() < encoded.len() && encoded.starts_with(&spoilt);
+                let extended = spoilt.len() > encoded.len() && spoilt.starts_with(&encoded);
+                if cut || extended {
+                    prop_assert_eq!(decoded, None);
+                }
+                Ok(())
+            });
+        }
+
+        #[test]
+        fn a_stored_state_names_a_status_only_for_a_record_that_decodes() {
+            use crate::store::IdempotencyState;
+            use std::time::Duration;
+            check(512, bytes(128), |record| {
+                let status = StoredResponse::decode(&record).map(|r| r.status);
+                let state = IdempotencyState::Completed {
+                    response: Bytes::from(record),
+                    retention_left: Duration::from_secs(1),
+                    age: None,
+                };
+                prop_assert_eq!(state.response_status(), status);
+                Ok(())
+            });
+        }
     }
 }

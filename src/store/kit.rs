@@ -98,3 +98,76 @@ pub(crate) fn permit_attempt(
 pub(crate) fn unexpected(operation: &str, tag: i64) -> StoreError {
     StoreError::protocol(format!("{operation} answered tag {tag}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz::{bytes, check, hostile_i64};
+    use crate::store::StoreErrorKind;
+
+    #[test]
+    fn any_begin_tag_is_an_answer_or_a_protocol_error() {
+        let case = (
+            hostile_i64(),
+            prop::option::of(hostile_i64()),
+            prop::option::of(bytes(8)),
+        );
+        check(512, case, |(tag, ms, response)| {
+            let response = response.map(Bytes::from);
+            match (tag, idempotency_begin(tag, ms, response.clone())) {
+                (0 | 4, Ok(begin)) => prop_assert_eq!(begin, IdempotencyBegin::Claimed),
+                (1, Ok(IdempotencyBegin::InFlight { lease_left })) => {
+                    let ms = ms.and_then(|v| u64::try_from(v).ok()).unwrap_or(0);
+                    prop_assert_eq!(lease_left, Duration::from_millis(ms));
+                }
+                (2, Ok(begin)) => prop_assert_eq!(begin, IdempotencyBegin::Mismatch),
+                (3, Ok(begin)) => prop_assert_eq!(
+                    begin,
+                    IdempotencyBegin::Completed(response.unwrap_or_default())
+                ),
+                (_, Err(e)) => {
+                    prop_assert!(!(0..=4).contains(&tag));
+                    prop_assert_eq!(e.kind(), StoreErrorKind::Protocol);
+                }
+                (tag, begin) => prop_assert!(false, "tag {tag} read as {begin:?}"),
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn any_lock_and_permit_answer_is_read_without_panicking() {
+        let case = (hostile_i64(), hostile_i64(), hostile_i64());
+        check(512, case, |(tag, value, ahead)| {
+            let count = u64::try_from(value).unwrap_or(0);
+            match lock_attempt(tag >= 1, value) {
+                LockAttempt::Acquired { fence } => prop_assert_eq!(fence, count),
+                LockAttempt::Held { lease_left } => {
+                    prop_assert_eq!(lease_left, Duration::from_millis(count));
+                }
+            }
+            match (tag, permit_attempt(tag, value, ahead)) {
+                (1 | 2, Ok(PermitAttempt::Acquired { fence })) => prop_assert_eq!(fence, count),
+                (
+                    0,
+                    Ok(PermitAttempt::Full {
+                        next_free,
+                        ahead: waiting,
+                    }),
+                ) => {
+                    prop_assert_eq!(next_free, Duration::from_millis(count));
+                    let expected = u32::try_from(ahead).unwrap_or(u32::MAX);
+                    prop_assert_eq!(waiting, expected);
+                }
+                (_, Err(e)) => {
+                    prop_assert!(!(0..=2).contains(&tag));
+                    prop_assert_eq!(e.kind(), StoreErrorKind::Protocol);
+                }
+                (tag, attempt) => prop_assert!(false, "tag {tag} read as {attempt:?}"),
+            }
+            Ok(())
+        });
+    }
+}

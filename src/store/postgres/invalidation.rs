@@ -155,3 +155,42 @@ fn parse(payload: &str) -> Option<Invalidation> {
         key: Key::from_encoded(key)?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz::check;
+
+    /// A namespace as a layer's prefix makes it: visible ASCII without braces.
+    const NAMESPACE: &str = "[!-z|~]{1,24}";
+
+    #[test]
+    fn any_payload_is_an_invalidation_written_so_or_ignored() {
+        let text = prop_oneof![
+            ".{0,48}",
+            "[!-z|~]{0,12} [A-Za-z0-9_-]{21,23}",
+            "[!-z|~]{0,12} [A-Za-z0-9_ -]{22}.{0,4}",
+        ];
+        check(1024, text, |text| {
+            if let Some(Invalidation::Caller { namespace, key }) = parse(&text) {
+                prop_assert_eq!(payload(&namespace, key), text);
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_payload_reads_back_as_its_namespace_and_caller() {
+        check(512, (NAMESPACE, any::<Vec<u8>>()), |(namespace, value)| {
+            let key = Key::new("fuzz", &value);
+            let expected = Invalidation::Caller {
+                namespace: Arc::from(namespace.as_str()),
+                key,
+            };
+            prop_assert_eq!(parse(&payload(&namespace, key)), Some(expected));
+            Ok(())
+        });
+    }
+}

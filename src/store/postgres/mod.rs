@@ -337,7 +337,7 @@ async fn purge(shared: &Shared) -> Result<u64, StoreError> {
         let decoded: Result<(i32, i64), _> = (|| Ok((row.try_get(0)?, row.try_get(1)?)))();
         let (most, deleted) = decoded
             .map_err(|e: tokio_postgres::Error| StoreError::new(StoreErrorKind::Protocol, e))?;
-        total += u64::try_from(deleted).unwrap_or(0);
+        total = total.saturating_add(u64::try_from(deleted).unwrap_or(0));
         if most < shared.purge_batch {
             return Ok(total);
         }

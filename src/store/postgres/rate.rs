@@ -206,7 +206,10 @@ fn decode_rates(reply: &[i64], limits: &[usize]) -> Decided {
     decided.resize_with(limits.len(), || None);
     let mut rest = reply;
     while let [number, len, tail @ ..] = rest {
-        let check = usize::try_from(*number - 1).map_err(|_| garbled())?;
+        let check = number
+            .checked_sub(1)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(garbled)?;
         let len = usize::try_from(*len).map_err(|_| garbled())?;
         let (Some(n), Some(one)) = (limits.get(check), tail.get(..len)) else {
             return Err(garbled());
@@ -290,5 +293,113 @@ mod tests {
     fn ids_keep_their_bits() {
         assert_eq!(signed(u64::MAX), -1);
         assert_eq!(signed(7), 7);
+    }
+
+    #[test]
+    fn a_rate_reply_numbering_its_check_i64_min_is_refused() {
+        let garbled = decode_rates(&[i64::MIN, 0], &[1]).unwrap_err();
+        assert_eq!(garbled.kind(), StoreErrorKind::Protocol);
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::fuzz::{check, hostile_i64};
+
+        /// A check's outcome as the function writes it: admitted, retry after (µs), decided at
+        /// (µs), then per limit the remaining quota and the reset (µs).
+        type Written = (bool, u32, u32, Vec<(u32, u32)>);
+
+        /// A reply as `decide_rates` writes it for `outcomes` (check number, length, numbers),
+        /// in the order `order` gives.
+        fn reply_of(outcomes: &[Written], order: &[usize]) -> Vec<i64> {
+            let mut reply = Vec::new();
+            for &i in order {
+                let (admitted, retry, at, limits) = &outcomes[i];
+                reply.extend([i as i64 + 1, 3 + 2 * limits.len() as i64]);
+                reply.extend([i64::from(*admitted), i64::from(*retry), i64::from(*at)]);
+                for (remaining, reset) in limits {
+                    reply.extend([i64::from(*remaining), i64::from(*reset)]);
+                }
+            }
+            reply
+        }
+
+        fn outcomes() -> impl Strategy<Value = Vec<Written>> {
+            let limits = prop::collection::vec(any::<(u32, u32)>(), 0..4);
+            prop::collection::vec((any::<bool>(), any::<u32>(), any::<u32>(), limits), 1..5)
+        }
+
+        #[test]
+        fn any_numbers_decode_or_are_refused_without_panicking() {
+            let reply = prop::collection::vec(hostile_i64(), 0..16);
+            let limits = prop::collection::vec(0usize..4, 0..4);
+            check(512, (reply, limits), |(reply, limits)| {
+                if let Ok(decided) = decode_rates(&reply, &limits) {
+                    prop_assert_eq!(decided.len(), limits.len());
+                }
+                for n in limits {
+                    if let Ok(outcome) = decode_rate(&reply, n) {
+                        prop_assert_eq!(outcome.limits.len(), n);
+                    }
+                }
+                Ok(())
+            });
+        }
+
+        #[test]
+        fn a_written_reply_decodes_to_its_outcomes_in_any_order() {
+            let case = outcomes().prop_flat_map(|outcomes| {
+                let order = Just((0..outcomes.len()).collect::<Vec<_>>()).prop_shuffle();
+                (Just(outcomes), order)
+            });
+            check(512, case, |(outcomes, order)| {
+                let limits: Vec<usize> = outcomes.iter().map(|o| o.3.len()).collect();
+                let decided = decode_rates(&reply_of(&outcomes, &order), &limits).unwrap();
+                for (outcome, (admitted, retry, at, states)) in decided.iter().zip(&outcomes) {
+                    let outcome = outcome.as_ref().unwrap();
+                    prop_assert_eq!(outcome.admitted, *admitted);
+                    prop_assert_eq!(
+                        outcome.retry_after,
+                        Duration::from_micros(u64::from(*retry))
+                    );
+                    prop_assert_eq!(outcome.decided_at_us, Some(u64::from(*at)));
+                    let expected: Vec<LimitState> = states
+                        .iter()
+                        .map(|&(remaining, reset)| LimitState {
+                            remaining: u64::from(remaining),
+                            reset: Duration::from_micros(u64::from(reset)),
+                        })
+                        .collect();
+                    prop_assert_eq!(&outcome.limits, &expected);
+                }
+                Ok(())
+            });
+        }
+
+        #[test]
+        fn a_written_reply_spoilt_is_refused_or_still_complete() {
+            let case = (outcomes(), any::<usize>(), hostile_i64(), any::<bool>());
+            check(512, case, |(outcomes, at, number, cut)| {
+                let limits: Vec<usize> = outcomes.iter().map(|o| o.3.len()).collect();
+                let order: Vec<usize> = (0..outcomes.len()).collect();
+                let mut reply = reply_of(&outcomes, &order);
+                let at = at % reply.len();
+                if cut {
+                    reply.truncate(at);
+                } else {
+                    reply[at] = number;
+                }
+                match decode_rates(&reply, &limits) {
+                    Ok(decided) => prop_assert_eq!(decided.len(), limits.len()),
+                    Err(e) => prop_assert_eq!(e.kind(), StoreErrorKind::Protocol),
+                }
+                if cut {
+                    prop_assert!(decode_rates(&reply, &limits).is_err());
+                }
+                Ok(())
+            });
+        }
     }
 }

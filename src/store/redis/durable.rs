@@ -417,3 +417,63 @@ fn fail(group: Vec<Write>, error: &StoreError) {
         let _ = write.reply.send(Err(error.shared()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz::{check, redis_reply};
+
+    fn ack() -> impl Strategy<Value = Ack> {
+        prop_oneof![
+            any::<u32>().prop_map(Ack::Replicas),
+            (any::<bool>(), any::<u32>())
+                .prop_map(|(local, replicas)| Ack::Aof { local, replicas }),
+        ]
+    }
+
+    #[test]
+    fn any_wait_reply_is_judged_without_panicking() {
+        check(512, (ack(), redis_reply()), |(ack, reply)| {
+            let server_error = matches!(reply, Value::ServerError(_));
+            match ack.judge(reply) {
+                // a count read, or the server's refusal of the wait itself
+                Ok(_) => {}
+                Err(e) => {
+                    prop_assert!(!server_error);
+                    prop_assert_eq!(e.kind(), StoreErrorKind::Protocol);
+                }
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn counts_acknowledge_exactly_when_they_reach_what_was_asked() {
+        let case = (ack(), any::<i64>(), any::<i64>());
+        check(1024, case, |(ack, primary, replicas)| {
+            let count = |n: i64| u32::try_from(n).ok();
+            let (reply, enough) = match ack {
+                Ack::Replicas(n) => (Value::Int(replicas), count(replicas).map(|r| r >= n)),
+                Ack::Aof { local, replicas: n } => (
+                    Value::Array(vec![Value::Int(primary), Value::Int(replicas)]),
+                    count(primary)
+                        .zip(count(replicas))
+                        .map(|(p, r)| p >= u32::from(local) && r >= n),
+                ),
+            };
+            match (ack.judge(reply), enough) {
+                (Ok(None), Some(true)) => {}
+                (Ok(Some(short)), Some(false)) => {
+                    prop_assert_eq!(short.kind(), StoreErrorKind::Unavailable);
+                }
+                (Err(e), None) => prop_assert_eq!(e.kind(), StoreErrorKind::Protocol),
+                (judged, enough) => {
+                    prop_assert!(false, "{ack:?}: judged {judged:?}, expected {enough:?}");
+                }
+            }
+            Ok(())
+        });
+    }
+}

@@ -191,3 +191,101 @@ fn decode_idem_begin(reply: Vec<Value>) -> Result<IdempotencyBegin, StoreError> 
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz::{bytes, check, hostile_i64, redis_replies};
+    use crate::store::StoreErrorKind;
+
+    #[test]
+    fn any_reply_is_a_state_or_a_protocol_error() {
+        check(512, redis_replies(5), |reply| {
+            let shape_ok = matches!(
+                reply.first(),
+                Some(Value::Int(0..=2)) if (1..=4).contains(&reply.len())
+            );
+            match decode_idem_state(reply) {
+                Ok(_) => prop_assert!(shape_ok),
+                Err(e) => prop_assert_eq!(e.kind(), StoreErrorKind::Protocol),
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_state_reply_reads_as_the_script_wrote_it() {
+        let case = (0i64..3, hostile_i64(), hostile_i64(), bytes(32));
+        check(512, case, |(tag, ms, old, response)| {
+            let age = |ms: i64| (ms >= 0).then(|| left_ms(ms));
+            let (reply, expected) = match tag {
+                0 => (vec![Value::Int(0)], IdempotencyState::Absent),
+                1 => (
+                    vec![Value::Int(1), Value::Int(ms), Value::Int(old)],
+                    IdempotencyState::InFlight {
+                        lease_left: left_ms(ms),
+                        age: age(old),
+                    },
+                ),
+                _ => (
+                    vec![
+                        Value::Int(2),
+                        Value::Int(ms),
+                        Value::BulkString(response.clone()),
+                        Value::Int(old),
+                    ],
+                    IdempotencyState::Completed {
+                        response: Bytes::from(response),
+                        retention_left: left_ms(ms),
+                        age: age(old),
+                    },
+                ),
+            };
+            prop_assert_eq!(decode_idem_state(reply).unwrap(), expected);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn any_begin_reply_is_an_answer_or_a_protocol_error() {
+        check(512, redis_replies(3), |reply| {
+            let tag = match reply.first() {
+                Some(Value::Int(tag)) => Some(*tag),
+                _ => None,
+            };
+            match decode_idem_begin(reply) {
+                Ok(_) => prop_assert!(matches!(tag, Some(0..=4))),
+                Err(e) => prop_assert_eq!(e.kind(), StoreErrorKind::Protocol),
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_begin_reply_reads_as_the_script_wrote_it() {
+        check(
+            512,
+            (0i64..5, hostile_i64(), bytes(32)),
+            |(tag, ms, response)| {
+                let (reply, expected) = match tag {
+                    1 => (
+                        vec![Value::Int(1), Value::Int(ms)],
+                        IdempotencyBegin::InFlight {
+                            lease_left: Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
+                        },
+                    ),
+                    2 => (vec![Value::Int(2)], IdempotencyBegin::Mismatch),
+                    3 => (
+                        vec![Value::Int(3), Value::BulkString(response.clone())],
+                        IdempotencyBegin::Completed(Bytes::from(response)),
+                    ),
+                    tag => (vec![Value::Int(tag)], IdempotencyBegin::Claimed),
+                };
+                prop_assert_eq!(decode_idem_begin(reply).unwrap(), expected);
+                Ok(())
+            },
+        );
+    }
+}

@@ -210,3 +210,64 @@ fn parse(message: &Msg) -> Option<Invalidation> {
         key,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz::{bytes, check};
+
+    /// The message a pattern subscription receives on `channel`, carrying `payload`.
+    fn message(channel: Value, payload: Value) -> Msg {
+        let pattern = Value::BulkString(PATTERN.into());
+        let kind = Value::BulkString(b"pmessage".to_vec());
+        Msg::from_value(&Value::Array(vec![kind, pattern, channel, payload])).unwrap()
+    }
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    /// A channel or payload as the server could send it: bytes, or a value of another type.
+    fn part() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            bytes(40).prop_map(Value::BulkString),
+            "[!-~]{0,12}:invalidated".prop_map(|text| bulk(&text)),
+            "[A-Za-z0-9_-]{22}".prop_map(|text| bulk(&text)),
+            any::<i64>().prop_map(Value::Int),
+            Just(Value::Nil),
+        ]
+    }
+
+    #[test]
+    fn any_message_is_an_invalidation_published_so_or_ignored() {
+        check(1024, (part(), part()), |(channel, payload)| {
+            let received = message(channel, payload);
+            if let Some(Invalidation::Caller { namespace, key }) = parse(&received) {
+                let mut text = String::new();
+                key.write_encoded(&mut text);
+                prop_assert_eq!(received.get_channel_name(), self::channel(&namespace));
+                prop_assert_eq!(received.get_payload_bytes(), text.as_bytes());
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_published_message_reads_back_as_its_namespace_and_caller() {
+        let namespace = "[!-z|~]{1,24}";
+        check(512, (namespace, any::<Vec<u8>>()), |(namespace, value)| {
+            let key = Key::new("fuzz", &value);
+            let mut text = String::new();
+            key.write_encoded(&mut text);
+            let received = message(bulk(&channel(&namespace)), bulk(&text));
+            let expected = Invalidation::Caller {
+                namespace: Arc::from(namespace.as_str()),
+                key,
+            };
+            prop_assert_eq!(parse(&received), Some(expected));
+            Ok(())
+        });
+    }
+}

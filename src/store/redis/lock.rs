@@ -154,3 +154,64 @@ fn decode_lock_state(reply: Vec<Value>) -> Result<LockState, StoreError> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz::{check, hostile_i64, redis_replies};
+    use crate::store::StoreErrorKind;
+
+    #[test]
+    fn any_lock_state_reply_is_a_state_or_a_protocol_error() {
+        check(512, redis_replies(4), |reply| {
+            let (length, holder) = (reply.len(), reply.first().cloned());
+            match decode_lock_state(reply) {
+                Ok(state) => {
+                    prop_assert_eq!(length, 3);
+                    if state.holder.is_none() {
+                        prop_assert_eq!(holder, Some(Value::Nil));
+                        prop_assert_eq!(state.lease_left, Duration::ZERO);
+                    }
+                }
+                Err(e) => prop_assert_eq!(e.kind(), StoreErrorKind::Protocol),
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_lock_state_reads_as_the_script_wrote_it() {
+        let case = (
+            prop::option::of("[!-~]{1,40}"),
+            hostile_i64(),
+            prop::option::of(any::<u64>()),
+        );
+        check(512, case, |(holder, left, fence)| {
+            let bulk = |text: String| Value::BulkString(text.into_bytes());
+            let reply = vec![
+                holder.clone().map_or(Value::Nil, bulk),
+                Value::Int(left),
+                fence.map_or(Value::Nil, |f| bulk(f.to_string())),
+            ];
+            let lease_left = match holder {
+                Some(_) => left_ms(left),
+                None => Duration::ZERO,
+            };
+            let expected = LockState::new(holder, lease_left, fence);
+            prop_assert_eq!(decode_lock_state(reply).unwrap(), expected);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_fence_that_is_no_count_is_refused() {
+        let bulk = |text: &[u8]| Value::BulkString(text.to_vec());
+        for fence in [&b"-1"[..], b"18446744073709551616", b"1e3", b"", b"\xff"] {
+            let reply = vec![Value::Nil, Value::Int(0), bulk(fence)];
+            let refused = decode_lock_state(reply).unwrap_err();
+            assert_eq!(refused.kind(), StoreErrorKind::Protocol, "{fence:?}");
+        }
+    }
+}

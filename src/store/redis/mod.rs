@@ -590,3 +590,50 @@ impl Store for RedisStore {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz::{check, redis_reply};
+
+    /// Reads `reply` as a write script's answer of type `R`: a value, an expired write, or a
+    /// protocol error.
+    fn read<R: FromRedisValue>(reply: &Value) -> Result<(), TestCaseError> {
+        match unexpired::<R>(reply.clone()) {
+            Ok(_) => prop_assert_ne!(reply, &Value::Int(-1)),
+            Err(e) if *reply == Value::Int(-1) => {
+                prop_assert_eq!(e.kind(), StoreErrorKind::Timeout);
+            }
+            Err(e) => prop_assert_eq!(e.kind(), StoreErrorKind::Protocol),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn any_write_reply_is_read_as_each_answer_type_or_refused() {
+        check(512, redis_reply(), |reply| {
+            // the types the write scripts' answers are read as
+            read::<i64>(&reply)?;
+            read::<(i64, i64)>(&reply)?;
+            read::<(i64, Option<String>)>(&reply)?;
+            read::<Vec<i64>>(&reply)?;
+            read::<Vec<Value>>(&reply)?;
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_time_left_is_read_as_written_and_a_negative_one_as_none_left() {
+        check(512, crate::fuzz::hostile_i64(), |ms| {
+            let left = left_ms(ms);
+            match ms {
+                -1 => prop_assert_eq!(left, crate::store::MAX_EXPIRY),
+                ms if ms < 0 => prop_assert_eq!(left, Duration::ZERO),
+                ms => prop_assert_eq!(left.as_millis(), u128::from(ms.unsigned_abs())),
+            }
+            Ok(())
+        });
+    }
+}

@@ -391,3 +391,174 @@ impl Reply {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz::{check, hostile_i64, redis_reply};
+    use crate::key::Key;
+    use crate::rate::Limit;
+
+    /// A policy of `n` limits.
+    fn policy(n: usize) -> RatePolicy {
+        let limits = (0..n)
+            .map(|i| Limit::per_second(format!("l{i}"), 10))
+            .collect();
+        RatePolicy::new("fuzz", Algorithm::SlidingLog, limits).unwrap()
+    }
+
+    /// What the script answers for one check.
+    #[derive(Debug, Clone)]
+    enum Answer {
+        Decided {
+            admitted: bool,
+            retry_us: u32,
+            limits: Vec<(u32, u32)>,
+        },
+        Failed(Vec<u8>),
+        Expired(i64),
+    }
+
+    fn answer(n: usize) -> impl Strategy<Value = Answer> {
+        let decided = (
+            any::<bool>(),
+            any::<u32>(),
+            prop::collection::vec(any::<(u32, u32)>(), n),
+        )
+            .prop_map(|(admitted, retry_us, limits)| Answer::Decided {
+                admitted,
+                retry_us,
+                limits,
+            });
+        prop_oneof![
+            6 => decided,
+            1 => crate::fuzz::bytes(16).prop_map(Answer::Failed),
+            1 => hostile_i64().prop_map(Answer::Expired),
+        ]
+    }
+
+    /// Each check's number of limits and the script's answer to it, then the store time.
+    fn answers() -> impl Strategy<Value = (Vec<(usize, Answer)>, u32)> {
+        let one = (1usize..4).prop_flat_map(|n| (Just(n), answer(n)));
+        (prop::collection::vec(one, 1..4), any::<u32>())
+    }
+
+    fn written(answers: &[(usize, Answer)], now: u32) -> Vec<Value> {
+        let mut reply = Vec::new();
+        for (_, answer) in answers {
+            match answer {
+                Answer::Decided {
+                    admitted,
+                    retry_us,
+                    limits,
+                } => {
+                    reply.push(Value::Int(i64::from(*admitted)));
+                    reply.push(Value::Int(i64::from(*retry_us)));
+                    for (remaining, reset) in limits {
+                        reply.push(Value::Int(i64::from(*remaining)));
+                        reply.push(Value::Int(i64::from(*reset)));
+                    }
+                }
+                Answer::Failed(message) => {
+                    reply.extend([Value::Int(-1), Value::BulkString(message.clone())]);
+                }
+                Answer::Expired(any) => reply.extend([Value::Int(-2), Value::Int(*any)]),
+            }
+        }
+        reply.push(Value::Int(i64::from(now)));
+        reply
+    }
+
+    /// Decodes `reply` for checks of `limits` limits each.
+    fn decoded(
+        reply: Value,
+        limits: &[usize],
+    ) -> Result<Vec<Result<RateOutcome, StoreError>>, StoreError> {
+        let policies: Vec<RatePolicy> = limits.iter().map(|&n| policy(n)).collect();
+        let now = Instant::now();
+        let sent: Vec<Sent<'_>> = policies
+            .iter()
+            .map(|p| (p, RateCheck::new(Key::new("fuzz", b"caller"), 1), now))
+            .collect();
+        decode(reply, &sent)
+    }
+
+    #[test]
+    fn any_reply_decodes_to_one_answer_per_check_or_a_protocol_error() {
+        let limits = prop::collection::vec(1usize..4, 1..4);
+        check(512, (redis_reply(), limits), |(reply, limits)| {
+            match decoded(reply, &limits) {
+                Ok(answers) => prop_assert_eq!(answers.len(), limits.len()),
+                Err(e) => prop_assert_eq!(e.kind(), StoreErrorKind::Protocol),
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_reply_reads_as_the_script_wrote_it() {
+        check(512, answers(), |(answers, now)| {
+            let limits: Vec<usize> = answers.iter().map(|(n, _)| *n).collect();
+            let reply = Value::Array(written(&answers, now));
+            let decoded = decoded(reply, &limits).unwrap();
+            prop_assert_eq!(decoded.len(), answers.len());
+            for (outcome, (_, answer)) in decoded.into_iter().zip(answers) {
+                match (outcome, answer) {
+                    (
+                        Ok(outcome),
+                        Answer::Decided {
+                            admitted,
+                            retry_us,
+                            limits,
+                        },
+                    ) => {
+                        let states = limits
+                            .iter()
+                            .map(|&(remaining, reset)| LimitState {
+                                remaining: u64::from(remaining),
+                                reset: Duration::from_micros(u64::from(reset)),
+                            })
+                            .collect();
+                        let expected = RateOutcome {
+                            decided_at_us: Some(u64::from(now)),
+                            admitted,
+                            retry_after: Duration::from_micros(u64::from(retry_us)),
+                            limits: states,
+                        };
+                        prop_assert_eq!(outcome, expected);
+                    }
+                    (Err(e), Answer::Failed(_)) => {
+                        prop_assert_eq!(e.kind(), StoreErrorKind::Protocol);
+                    }
+                    (Err(e), Answer::Expired(_)) => {
+                        prop_assert_eq!(e.kind(), StoreErrorKind::Timeout);
+                    }
+                    (outcome, answer) => prop_assert!(false, "{answer:?} read as {outcome:?}"),
+                }
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_reply_cut_short_or_spoilt_never_panics() {
+        let case = (answers(), any::<usize>(), redis_reply(), any::<bool>());
+        check(512, case, |((answers, now), at, spoilt, cut)| {
+            let limits: Vec<usize> = answers.iter().map(|(n, _)| *n).collect();
+            let mut reply = written(&answers, now);
+            let at = at % reply.len();
+            if cut {
+                reply.truncate(at);
+            } else {
+                reply[at] = spoilt;
+            }
+            let decoded = decoded(Value::Array(reply), &limits);
+            if cut {
+                prop_assert_eq!(decoded.unwrap_err().kind(), StoreErrorKind::Protocol);
+            }
+            Ok(())
+        });
+    }
+}
