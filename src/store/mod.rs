@@ -125,6 +125,7 @@ mod permit_store;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rate_store;
+mod redact;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(any(feature = "redis", feature = "postgres"))]
@@ -146,6 +147,9 @@ pub use permit_store::{PermitAttempt, PermitRequest, PermitStore, PermitUsage};
 #[cfg(feature = "postgres")]
 pub use postgres::{Once, OnceError, OnceTx, PgStore, PgStoreBuilder};
 pub use rate_store::RateStore;
+pub use redact::redact_connection_string;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) use redact::{Redacted, redacted_list};
 #[cfg(feature = "redis")]
 pub use redis::{RedisClusterBuilder, RedisSentinelBuilder, RedisStore, RedisStoreBuilder};
 pub use transaction::{CommitError, Run, RunBegun, RunFuture, RunStart, TransactionStore};
