@@ -2,8 +2,9 @@
 
 use super::*;
 
-/// The app's configuration, read from the environment by [`AppConfig::from_env`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The app's configuration, read from the environment by [`AppConfig::from_env`]. Its `Debug`
+/// shows the store URLs without their passwords, and never the admin token.
+#[derive(Clone, PartialEq, Eq)]
 pub struct AppConfig {
     /// `PORT`: served on `127.0.0.1:<port>` (0: any free port).
     pub port: u16,
@@ -334,5 +335,29 @@ impl AppConfig {
                 }
             },
         })
+    }
+}
+
+impl std::fmt::Debug for AppConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
+        // the store URLs may carry passwords, and the admin token is one
+        f.debug_struct("AppConfig")
+            .field("port", &self.port)
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("redis_cluster_urls", &redacted(&self.redis_cluster_urls))
+            .field("redis_sentinels", &redacted(&self.redis_sentinels))
+            .field("redis_sentinel_master", &self.redis_sentinel_master)
+            .field(
+                "database_url",
+                &self.database_url.as_deref().map(redact_url),
+            )
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
+            .field("limits", &self.limits)
+            .field("algorithm", &self.algorithm)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("store_timeout", &self.store_timeout)
+            .field("on_store_error", &self.on_store_error)
+            .finish_non_exhaustive()
     }
 }
