@@ -38,16 +38,20 @@ fn mask_pair(text: &str) -> String {
 }
 
 /// `message`, an error about the command line `args`, with every argument that names a caller
-/// masked and every store URL redacted wherever the message repeats it.
+/// masked and every store URL redacted wherever the message repeats it — as given, or with the
+/// control characters clap leaves out.
 pub(crate) fn hide_arguments(message: &str, args: &[OsString]) -> String {
     let args: Vec<String> = args
         .iter()
         .map(|arg| arg.to_string_lossy().into_owned())
         .collect();
     let mut hidden = message.to_owned();
-    let mut replace = |given: &str, shown: String| {
-        if !given.is_empty() && given != shown {
-            hidden = hidden.replace(given, &shown);
+    let mut replace = |given: &str, shown: &str| {
+        let printable: String = given.chars().filter(|c| !c.is_control()).collect();
+        for given in [given, printable.as_str()] {
+            if !given.is_empty() && given != shown {
+                hidden = hidden.replace(given, shown);
+            }
         }
     };
     for (i, arg) in args.iter().enumerate() {
@@ -55,18 +59,31 @@ pub(crate) fn hide_arguments(message: &str, args: &[OsString]) -> String {
         let inline = KEYED_FLAGS
             .iter()
             .find_map(|flag| arg.strip_prefix(flag)?.strip_prefix('='));
-        if keyed_value {
-            replace(arg, mask_pair(arg));
-        } else if let Some(value) = inline {
-            replace(value, mask_pair(value));
-        } else {
-            replace(arg, redact_connection_string(arg));
-            if let Some((_, value)) = arg.split_once('=') {
-                replace(value, redact_connection_string(value));
+        match (keyed_value, inline) {
+            (true, _) => hide_pair(arg, &mut replace),
+            (false, Some(value)) => hide_pair(value, &mut replace),
+            (false, None) => {
+                replace(arg, &redact_connection_string(arg));
+                if let Some((_, value)) = arg.split_once('=') {
+                    replace(value, &redact_connection_string(value));
+                }
             }
         }
     }
     hidden
+}
+
+/// Hides `pair`, a caller named on the command line, through `replace`: the pair, and its value
+/// alone when it is long enough not to stand for other words of the message.
+fn hide_pair(pair: &str, replace: &mut impl FnMut(&str, &str)) {
+    replace(pair, &mask_pair(pair));
+    let value = pair
+        .split_once(['=', ':'])
+        .map_or(pair, |(_, value)| value)
+        .trim();
+    if value.chars().count() >= 8 {
+        replace(value, &mask(value));
+    }
 }
 
 #[cfg(test)]

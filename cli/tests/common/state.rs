@@ -193,11 +193,10 @@ async fn permits(store: &Arc<dyn Store>, args: &[String], described: &str) {
             tokio::time::Instant::now() + Duration::from_secs(2),
         )
     };
-    let head =
-        format!(
-            "store    {described}\ncaller   header x-tenant={}\nkey      {key}\n\n",
-            masked(&value)
-        );
+    let head = format!(
+        "store    {described}\ncaller   header x-tenant={}\nkey      {key}\n\n",
+        masked(&value)
+    );
 
     let empty = inspect(&what, args, false).await;
     assert_eq!(empty, format!("{head}in use   0\nwaiting  0\nleases   -\n"));
