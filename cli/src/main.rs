@@ -49,6 +49,7 @@ Examples:
       -X POST /coupons/WELCOME5/redeem --requests 50 --expect 200=1 --expect 409=49
   tollgate inspect --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
   tollgate inspect lock nightly-report --store redis://10.0.0.5:6379/
+  TOLLGATE_STORE=redis://:secret@10.0.0.5:6379/ tollgate inspect lock nightly-report
   tollgate reset --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
 
 Exit codes: 0 all is well; 1 findings, or an expectation that failed; 2 an error.";

@@ -40,7 +40,7 @@ Example: the caller with API key `alice` of a service keyed by `x-api-key`, its 
   tollgate inspect --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
 
   store   redis://10.0.0.5:6379/
-  caller  header x-api-key=alice
+  caller  header x-api-key=a…
   limits  config-example:rl (sliding-counter)
 
   limit  quota  window  remaining  resets in
@@ -66,7 +66,7 @@ pub(crate) const RESET_AFTER_HELP: &str = "\
 Example: give the caller with API key `alice` its full quota back:
   tollgate reset --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
 
-  reset header x-api-key=alice on redis://10.0.0.5:6379/
+  reset header x-api-key=a… on redis://10.0.0.5:6379/
     config-example:rl        burst, daily
     config-example:rl:paid   burst, daily
 

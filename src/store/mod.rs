@@ -30,6 +30,10 @@
 //! - [`MemoryStore`]: the same semantics inside one process — for tests, docs and a single copy.
 //!   Two processes with a `MemoryStore` each do **not** share limits.
 //!
+//! A connection string may hold a password: the builders' `Debug` shows it through
+//! [`redact_connection_string`], which an application's own logs and errors can call as well,
+//! and no error of the crate repeats it.
+//!
 //! Every round trip of [`RedisStore`] and [`PgStore`] runs in a `tracing` span at `DEBUG`
 //! (target `tollgate::store`) with OpenTelemetry's database attributes — `db.system.name`,
 //! `db.operation.name`, `server.address`, and on an error `db.response.status_code` — for
