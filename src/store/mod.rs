@@ -151,9 +151,11 @@ pub use permit_store::{PermitAttempt, PermitRequest, PermitStore, PermitUsage};
 #[cfg(feature = "postgres")]
 pub use postgres::{Once, OnceError, OnceTx, PgStore, PgStoreBuilder};
 pub use rate_store::RateStore;
-pub use redact::redact_connection_string;
 #[cfg(any(feature = "redis", feature = "postgres"))]
-pub(crate) use redact::{Redacted, redacted_list};
+pub(crate) use redact::Redacted;
+pub use redact::redact_connection_string;
+#[cfg(feature = "redis")]
+pub(crate) use redact::redacted_list;
 #[cfg(feature = "redis")]
 pub use redis::{RedisClusterBuilder, RedisSentinelBuilder, RedisStore, RedisStoreBuilder};
 pub use transaction::{CommitError, Run, RunBegun, RunFuture, RunStart, TransactionStore};
