@@ -14,8 +14,8 @@ use tollgate::store::{
 /// spaces. `--store` wins over it.
 pub(crate) const STORE_VAR: &str = "TOLLGATE_STORE";
 
-/// Where the store is and how long it may take.
-#[derive(Debug, Args)]
+/// Where the store is and how long it may take. Its `Debug` shows the URLs redacted.
+#[derive(Args)]
 pub(crate) struct StoreArgs {
     /// The store's URL: redis://host:6379/0 (rediss:// for TLS, valkey:// too), or
     /// postgres://user:password@host:5432/db (or a key=value string, host=db user=app …).
@@ -32,6 +32,18 @@ pub(crate) struct StoreArgs {
     /// How long the store may take to answer, e.g. 3s or 500ms; past it, an error (exit 2).
     #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = crate::check::parse_duration)]
     pub(crate) timeout: Duration,
+}
+
+impl std::fmt::Debug for StoreArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|url| redact(url)).collect();
+        f.debug_struct("StoreArgs")
+            .field("urls", &urls)
+            .field("cluster", &self.cluster)
+            .field("pg_schema", &self.pg_schema)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 /// Which kind of store the URLs name.
@@ -224,6 +236,26 @@ mod tests {
             ["postgresql://app:pw@h1,h2/app"]
         );
         assert!(urls_in("  ").is_empty());
+    }
+
+    #[test]
+    fn debug_shows_no_password() {
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            store: StoreArgs,
+        }
+        let line = <Line as clap::Parser>::try_parse_from([
+            "tollgate",
+            "--store",
+            "redis://:s3cret@h:6379/",
+            "--store",
+            "host=db password='s3 cret'",
+        ])
+        .unwrap();
+        let shown = format!("{:?} {:#?}", line.store, line.store);
+        assert!(!shown.contains("s3"), "{shown}");
+        assert!(shown.contains("redis://:***@h:6379/"), "{shown}");
     }
 
     #[test]
