@@ -16,6 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::Barrier;
+use tollgate::store::redact_connection_string as redact;
 
 pub(crate) const LONG_ABOUT: &str = "\
 Send parallel requests over a service's copies and check the statuses they answer.
@@ -93,11 +94,12 @@ fn parse_expectation(text: &str) -> Result<Expectation, String> {
 fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), String> {
     let (name, value) = text
         .split_once(':')
-        .ok_or_else(|| format!("`{text}` is not `name: value`"))?;
+        .ok_or_else(|| format!("`{}` is not `name: value`", crate::secret::mask(text)))?;
     let name = HeaderName::from_bytes(name.trim().as_bytes())
         .map_err(|_| format!("`{}` is not a header name", name.trim()))?;
     let value = HeaderValue::from_str(value.trim())
-        .map_err(|_| format!("`{}` is not a header value", value.trim()))?;
+        // a header value may be a credential: not repeated
+        .map_err(|_| format!("the value of `{}` is not a header value", name))?;
     Ok((name, value))
 }
 
@@ -169,23 +171,32 @@ fn urls(args: &CheckArgs) -> Result<Vec<Uri>, String> {
         .map(|target| {
             let base: Uri = target
                 .parse()
-                .map_err(|e| format!("--target `{target}` is not a URL: {e}"))?;
+                .map_err(|e| format!("--target `{}` is not a URL: {e}", redact(target)))?;
             match base.scheme_str() {
                 Some("http") => {}
                 Some("https") => {
                     return Err(format!(
-                        "--target `{target}`: https is not supported; point each --target at a \
-                         copy's own http address"
+                        "--target `{}`: https is not supported; point each --target at a \
+                         copy's own http address",
+                        redact(target)
                     ));
                 }
-                _ => return Err(format!("--target `{target}` is not an http:// URL")),
+                _ => {
+                    return Err(format!(
+                        "--target `{}` is not an http:// URL",
+                        redact(target)
+                    ));
+                }
             }
             if base.query().is_some() {
-                return Err(format!("--target `{target}` has a query: put it in PATH"));
+                return Err(format!(
+                    "--target `{}` has a query: put it in PATH",
+                    redact(target)
+                ));
             }
             let full = format!("{}{path}", target.trim_end_matches('/'));
             full.parse::<Uri>()
-                .map_err(|e| format!("`{full}` is not a URL: {e}"))
+                .map_err(|e| format!("`{}` is not a URL: {e}", redact(&full)))
         })
         .collect()
 }
@@ -328,7 +339,9 @@ fn table(targets: &[String], tally: &Tally) -> String {
 async fn check(args: &CheckArgs) -> Result<bool, String> {
     let urls = urls(args)?;
     let tally = send_all(args, &urls).await;
-    print!("{}", table(&args.targets, &tally));
+    // a target's user info may carry a password
+    let shown: Vec<String> = args.targets.iter().map(|t| redact(t)).collect();
+    print!("{}", table(&shown, &tally));
     for error in &tally.errors {
         eprintln!("error: {error}");
     }

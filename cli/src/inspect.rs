@@ -60,7 +60,7 @@ Example: the permits of tenant 42 under a ConcurrencyLimitLayer keyed by `x-tena
   tollgate inspect permits --store redis://10.0.0.5:6379/ --header x-tenant=42
 
   store    redis://10.0.0.5:6379/
-  caller   header x-tenant=42
+  caller   header x-tenant=…
   key      tollgate:cc:{Qm8z3Lr0aT5yVn2kXw7bGc}
 
   in use   2
@@ -76,7 +76,7 @@ under an IdempotencyLayer scoped by `x-api-key`:
 
   store       redis://10.0.0.5:6379/
   record      order-17
-  scope       header x-api-key=alice
+  scope       header x-api-key=a…
   key         tollgate:idem:{a7Jd0Qe5Rk2mWx9cLp3bTs}
 
   state       completed

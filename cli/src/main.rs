@@ -18,10 +18,13 @@ mod audit;
 mod check;
 mod inspect;
 mod rate;
+mod secret;
 mod store;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
+use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 
 const ABOUT: &str = "Find and check state that breaks when a service runs as several copies.";
@@ -46,6 +49,7 @@ Examples:
       -X POST /coupons/WELCOME5/redeem --requests 50 --expect 200=1 --expect 409=49
   tollgate inspect --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
   tollgate inspect lock nightly-report --store redis://10.0.0.5:6379/
+  TOLLGATE_STORE=redis://:secret@10.0.0.5:6379/ tollgate inspect lock nightly-report
   tollgate reset --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
 
 Exit codes: 0 all is well; 1 findings, or an expectation that failed; 2 an error.";
@@ -91,6 +95,25 @@ impl Command {
 }
 
 fn main() -> ExitCode {
-    // clap exits with 2 on bad arguments and 0 for --help and --version
-    Cli::parse().command.run()
+    let args: Vec<OsString> = std::env::args_os().collect();
+    match Cli::try_parse_from(&args) {
+        Ok(cli) => cli.command.run(),
+        Err(error) => command_line_error(&error, &args),
+    }
+}
+
+/// Prints clap's answer to a command line it did not take: help and the version as they are
+/// (exit 0), an error with no caller key or password of `args` in it (exit 2).
+fn command_line_error(error: &clap::Error, args: &[OsString]) -> ExitCode {
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
+        let _ = error.print();
+        return ExitCode::SUCCESS;
+    }
+    // clap repeats the arguments it refuses: a key or a store URL among them is hidden
+    let message = error.render().to_string();
+    eprint!("{}", secret::hide_arguments(&message, args));
+    ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2))
 }

@@ -22,6 +22,7 @@ use tollgate::rate::{Limit, RateOutcome, RatePolicy};
 use tollgate::rate_limit::{RateLimitConfig, RateLimitLayer};
 use tollgate::store::RateStore;
 
+use crate::secret::mask;
 use crate::store::StoreArgs;
 
 pub(crate) const INSPECT_LONG_ABOUT: &str = "\
@@ -39,7 +40,7 @@ Example: the caller with API key `alice` of a service keyed by `x-api-key`, its 
   tollgate inspect --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
 
   store   redis://10.0.0.5:6379/
-  caller  header x-api-key=alice
+  caller  header x-api-key=a…
   limits  config-example:rl (sliding-counter)
 
   limit  quota  window  remaining  resets in
@@ -65,7 +66,7 @@ pub(crate) const RESET_AFTER_HELP: &str = "\
 Example: give the caller with API key `alice` its full quota back:
   tollgate reset --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
 
-  reset header x-api-key=alice on redis://10.0.0.5:6379/
+  reset header x-api-key=a… on redis://10.0.0.5:6379/
     config-example:rl        burst, daily
     config-example:rl:paid   burst, daily
 
@@ -137,7 +138,7 @@ pub(crate) struct ResetArgs {
 pub(crate) fn parse_pair(text: &str) -> Result<(String, String), String> {
     let (name, value) = text
         .split_once('=')
-        .ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
+        .ok_or_else(|| format!("`{}` is not NAME=VALUE", mask(text)))?;
     Ok((name.trim().to_owned(), value.to_owned()))
 }
 
@@ -148,8 +149,9 @@ pub(crate) fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), Stri
     if value.is_empty() {
         return Err("an empty header value names no caller (the service finds no key)".to_owned());
     }
-    let value =
-        HeaderValue::from_str(&value).map_err(|_| format!("`{value}` is not a header value"))?;
+    // the value is a caller's key: not repeated
+    let value = HeaderValue::from_str(&value)
+        .map_err(|_| format!("the value of `{name}` is not a header value (visible ASCII only)"))?;
     Ok((name, value))
 }
 
@@ -160,7 +162,7 @@ pub(crate) fn parse_ip(text: &str) -> Result<IpAddr, String> {
         .map_err(|_| format!("`{text}` is not an IP address (or IP:port)"))
 }
 
-/// The caller named: its store key, and how to say who it is.
+/// The caller named: its store key, and how to say who it is (its key masked).
 pub(crate) struct Who {
     pub(crate) key: Key,
     pub(crate) label: String,
@@ -187,7 +189,7 @@ impl Named<'_> {
             let key = Header::new(name.clone()).extract(&parts);
             let label = format!(
                 "header {name}={}",
-                String::from_utf8_lossy(value.as_bytes())
+                mask(&String::from_utf8_lossy(value.as_bytes()))
             );
             return key.map(|key| Some(Who { key, label })).ok_or_else(no_key);
         }
@@ -209,7 +211,7 @@ impl Named<'_> {
         if let Some((domain, value)) = self.key_fn {
             let extractor = from_fn(domain.clone(), |_: &http::request::Parts| None::<Vec<u8>>);
             let key = extractor.key(value.as_bytes());
-            let label = format!("key-fn {domain}={value}");
+            let label = format!("key-fn {domain}={}", mask(value));
             return Ok(Some(Who { key, label }));
         }
         Ok(None)

@@ -1,18 +1,27 @@
-//! The store a service's limits live in, opened from `--store` URLs: a standalone Redis or
-//! Valkey, a Redis Cluster, or PostgreSQL.
+//! The store a service's limits live in, opened from `--store` URLs (or the environment
+//! variable `TOLLGATE_STORE`): a standalone Redis or Valkey, a Redis Cluster, or PostgreSQL.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use tollgate::store::{PgStore, RedisStore, Store, StoreError, StoreErrorKind};
+use tollgate::store::{
+    PgStore, RedisStore, Store, StoreError, StoreErrorKind, redact_connection_string as redact,
+};
 
-/// Where the store is and how long it may take.
-#[derive(Debug, Args)]
+/// The environment variable that names the store when `--store` is not given: one URL (or a
+/// PostgreSQL `key=value` string), or the URLs of Redis Cluster nodes separated by commas or
+/// spaces. `--store` wins over it.
+pub(crate) const STORE_VAR: &str = "TOLLGATE_STORE";
+
+/// Where the store is and how long it may take. Its `Debug` shows the URLs redacted.
+#[derive(Args)]
 pub(crate) struct StoreArgs {
     /// The store's URL: redis://host:6379/0 (rediss:// for TLS, valkey:// too), or
-    /// postgres://user:password@host:5432/db. Repeat it to name several nodes of a Redis Cluster.
-    #[arg(long = "store", value_name = "URL", required = true)]
+    /// postgres://user:password@host:5432/db (or a key=value string, host=db user=app …).
+    /// Repeat it to name several nodes of a Redis Cluster. Without it, the environment
+    /// variable TOLLGATE_STORE (which keeps a password off the command line).
+    #[arg(long = "store", value_name = "URL")]
     urls: Vec<String>,
     /// The Redis URLs are nodes of a Redis Cluster (implied when --store is given more than once).
     #[arg(long)]
@@ -25,6 +34,18 @@ pub(crate) struct StoreArgs {
     pub(crate) timeout: Duration,
 }
 
+impl std::fmt::Debug for StoreArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|url| redact(url)).collect();
+        f.debug_struct("StoreArgs")
+            .field("urls", &urls)
+            .field("cluster", &self.cluster)
+            .field("pg_schema", &self.pg_schema)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
 /// Which kind of store the URLs name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -33,14 +54,76 @@ enum Kind {
     Postgres,
 }
 
+/// Whether `url` names a PostgreSQL database: a `postgres://` or `postgresql://` URL, or a
+/// `key=value` connection string.
+fn postgres(url: &str) -> bool {
+    let lower = url.trim_start().to_ascii_lowercase();
+    lower.starts_with("postgres://")
+        || lower.starts_with("postgresql://")
+        || (!lower.contains("://") && lower.contains('='))
+}
+
+/// The store URLs in `value`, the environment variable's: Redis URLs separated by commas or
+/// white space (a cluster's nodes), else the whole of it as one URL or connection string.
+fn urls_in(value: &str) -> Vec<String> {
+    let redis = |url: &str| {
+        let lower = url.to_ascii_lowercase();
+        [
+            "redis://",
+            "rediss://",
+            "valkey://",
+            "valkeys://",
+            "redis+unix://",
+            "unix://",
+        ]
+        .iter()
+        .any(|scheme| lower.starts_with(scheme))
+    };
+    let pieces: Vec<&str> = value
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|piece| !piece.is_empty())
+        .collect();
+    if !pieces.is_empty() && pieces.iter().all(|piece| redis(piece)) {
+        return pieces.into_iter().map(str::to_owned).collect();
+    }
+    match value.trim() {
+        "" => Vec::new(),
+        whole => vec![whole.to_owned()],
+    }
+}
+
 impl StoreArgs {
-    fn kind(&self) -> Result<Kind, String> {
-        let postgres = |url: &String| {
-            let url = url.to_ascii_lowercase();
-            url.starts_with("postgres://") || url.starts_with("postgresql://")
-        };
-        let pg = self.urls.iter().filter(|url| postgres(url)).count();
-        match (pg, self.urls.len()) {
+    /// The store's URLs: `--store`'s, else those of `TOLLGATE_STORE`.
+    fn urls(&self) -> Result<Vec<String>, String> {
+        if !self.urls.is_empty() {
+            return Ok(self.urls.clone());
+        }
+        let from_env = std::env::var(STORE_VAR).map(|value| urls_in(&value));
+        match from_env {
+            Ok(urls) if !urls.is_empty() => Ok(urls),
+            Ok(_) => Err(format!(
+                "{STORE_VAR} is empty: name the store with --store URL or {STORE_VAR}"
+            )),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(format!("{STORE_VAR} is not valid UTF-8"))
+            }
+            Err(std::env::VarError::NotPresent) => Err(format!(
+                "name the store: --store URL, or the environment variable {STORE_VAR}"
+            )),
+        }
+    }
+
+    /// Where the URLs came from, for errors: `--store` or `TOLLGATE_STORE`.
+    fn origin(&self) -> &'static str {
+        match self.urls.is_empty() {
+            true => STORE_VAR,
+            false => "--store",
+        }
+    }
+
+    fn kind(&self, urls: &[String]) -> Result<Kind, String> {
+        let pg = urls.iter().filter(|url| postgres(url)).count();
+        match (pg, urls.len()) {
             (0, 1) if !self.cluster => Ok(Kind::Redis),
             (0, _) => Ok(Kind::Cluster),
             (1, 1) if !self.cluster => Ok(Kind::Postgres),
@@ -51,17 +134,19 @@ impl StoreArgs {
 
     /// What the URLs name, without passwords: for messages and output.
     pub(crate) fn describe(&self) -> String {
-        let urls: Vec<String> = self.urls.iter().map(|url| redact(url)).collect();
-        match self.kind() {
-            Ok(Kind::Cluster) => format!("Redis Cluster {}", urls.join(", ")),
-            _ => urls.join(", "),
+        let urls = self.urls().unwrap_or_default();
+        let shown: Vec<String> = urls.iter().map(|url| redact(url)).collect();
+        match self.kind(&urls) {
+            Ok(Kind::Cluster) => format!("Redis Cluster {}", shown.join(", ")),
+            _ => shown.join(", "),
         }
     }
 
     /// `message` with what to try when it says the PostgreSQL schema is missing.
     pub(crate) fn explain(&self, message: String) -> String {
         let missing = format!("schema \"{}\" does not exist", self.pg_schema);
-        match self.kind() {
+        let kind = self.urls().and_then(|urls| self.kind(&urls));
+        match kind {
             Ok(Kind::Postgres) if message.contains(&missing) => format!(
                 "{message}\n(the service's store is in another schema? name it with --pg-schema; \
                  this command never creates one)"
@@ -74,16 +159,17 @@ impl StoreArgs {
     /// whether it answers), at once for a cluster (it reads the slot map).
     pub(crate) async fn open(&self) -> Result<Arc<dyn Store>, String> {
         let timeout = self.timeout;
-        let store: Arc<dyn Store> = match self.kind()? {
-            Kind::Redis => {
-                let store = RedisStore::builder(self.urls[0].clone())
+        let urls = self.urls()?;
+        let store: Arc<dyn Store> = match (self.kind(&urls)?, urls.as_slice()) {
+            (Kind::Redis, [url]) => {
+                let store = RedisStore::builder(url.clone())
                     .timeout(timeout)
                     .build()
-                    .map_err(|e| format!("--store {}: {e}", redact(&self.urls[0])))?;
+                    .map_err(|e| format!("{} {}: {e}", self.origin(), redact(url)))?;
                 Arc::new(store)
             }
-            Kind::Cluster => {
-                let connect = RedisStore::cluster_builder(self.urls.iter().cloned())
+            (Kind::Cluster, _) => {
+                let connect = RedisStore::cluster_builder(urls.iter().cloned())
                     .timeout(timeout)
                     .connect();
                 // connecting may take several timeouts: the whole of it gets a bound of its own
@@ -93,17 +179,18 @@ impl StoreArgs {
                     .map_err(|e| format!("{}: {e}", self.describe()))?;
                 Arc::new(store)
             }
-            Kind::Postgres => {
+            (Kind::Postgres, [url]) => {
                 // built, not connected: `connect` would migrate the service's schema
-                let store = PgStore::builder(self.urls[0].clone())
+                let store = PgStore::builder(url.clone())
                     .timeout(timeout)
                     .schema(self.pg_schema.clone())
                     .purge_interval(None)
                     .pool_size(1)
                     .build()
-                    .map_err(|e| format!("--store {}: {e}", redact(&self.urls[0])))?;
+                    .map_err(|e| format!("{} {}: {e}", self.origin(), redact(url)))?;
                 Arc::new(store)
             }
+            _ => return Err("give one PostgreSQL URL, or the Redis URLs of a cluster".to_owned()),
         };
         Ok(store)
     }
@@ -129,34 +216,53 @@ impl StoreArgs {
     }
 }
 
-/// `url` without the password of its user info: `redis://:secret@host/` as `redis://:***@host/`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let Some((user_info, host)) = authority.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    match user_info.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn passwords_are_not_repeated() {
-        assert_eq!(redact("redis://:s3cret@h:6379/0"), "redis://:***@h:6379/0");
+    fn the_variable_names_one_store_or_a_cluster() {
+        assert_eq!(urls_in(" redis://:pw@h:6379/ "), ["redis://:pw@h:6379/"]);
         assert_eq!(
-            redact("postgres://app:pw@db/app?sslmode=require"),
-            "postgres://app:***@db/app?sslmode=require"
+            urls_in("redis://h1:7000, redis://h2:7001"),
+            ["redis://h1:7000", "redis://h2:7001"]
         );
-        assert_eq!(redact("redis://h:6379/"), "redis://h:6379/");
-        assert_eq!(redact("postgres://app@db/app"), "postgres://app@db/app");
+        assert_eq!(
+            urls_in("host=db password='a b' dbname=app"),
+            ["host=db password='a b' dbname=app"]
+        );
+        assert_eq!(
+            urls_in("postgresql://app:pw@h1,h2/app"),
+            ["postgresql://app:pw@h1,h2/app"]
+        );
+        assert!(urls_in("  ").is_empty());
+    }
+
+    #[test]
+    fn debug_shows_no_password() {
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            store: StoreArgs,
+        }
+        let line = <Line as clap::Parser>::try_parse_from([
+            "tollgate",
+            "--store",
+            "redis://:s3cret@h:6379/",
+            "--store",
+            "host=db password='s3 cret'",
+        ])
+        .unwrap();
+        let shown = format!("{:?} {:#?}", line.store, line.store);
+        assert!(!shown.contains("s3"), "{shown}");
+        assert!(shown.contains("redis://:***@h:6379/"), "{shown}");
+    }
+
+    #[test]
+    fn key_value_strings_name_postgres() {
+        assert!(postgres("host=db password=pw"));
+        assert!(postgres("POSTGRES://db/app"));
+        assert!(!postgres("redis://h/?x=1"));
+        assert!(!postgres("redis+unix:///s.sock?pass=x"));
     }
 }

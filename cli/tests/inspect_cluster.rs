@@ -65,7 +65,7 @@ async fn inspect_and_reset_on_a_cluster() {
     assert!(
         reset
             .stdout
-            .starts_with("reset header x-api-key=caller-4 on Redis Cluster "),
+            .starts_with("reset header x-api-key=ca… on Redis Cluster "),
         "{reset:?}"
     );
     assert_eq!(

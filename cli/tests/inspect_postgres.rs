@@ -76,7 +76,7 @@ async fn inspect_and_reset_on_postgres() {
     assert_eq!(
         reset.stdout,
         format!(
-            "reset header x-api-key=alice on {url}\n  svc:rl        minute, hour\n  svc:rl:paid   minute\n"
+            "reset header x-api-key=a… on {url}\n  svc:rl        minute, hour\n  svc:rl:paid   minute\n"
         )
     );
     assert_eq!(

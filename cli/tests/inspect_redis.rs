@@ -82,7 +82,7 @@ async fn inspect_shows_what_is_left_and_reset_gives_one_caller_its_quota_back() 
     assert_eq!(
         reset.stdout,
         format!(
-            "reset header x-api-key=alice on {url}\n  svc:rl        minute, hour\n  svc:rl:paid   minute\n"
+            "reset header x-api-key=a… on {url}\n  svc:rl        minute, hour\n  svc:rl:paid   minute\n"
         )
     );
     assert_eq!(
@@ -153,7 +153,7 @@ async fn a_tier_is_inspected_and_reset_on_its_own() {
     assert_eq!(reset.code, 0, "{reset:?}");
     assert_eq!(
         reset.stdout,
-        format!("reset header x-api-key=carol on {url}\n  svc:rl:paid   minute\n")
+        format!("reset header x-api-key=c… on {url}\n  svc:rl:paid   minute\n")
     );
     assert_eq!(
         remaining(&inspect(Some("paid")).await),

@@ -251,7 +251,7 @@ async fn sentinel_store(config: &AppConfig) -> Result<Arc<dyn Store>, Failure> {
 async fn sentinel_store(config: &AppConfig) -> Result<Arc<dyn Store>, Failure> {
     Err(Failure::config(format!(
         "REDIS_SENTINELS={} needs tollgate's `redis` feature",
-        config.redis_sentinels.join(",")
+        env::redact_url(&config.redis_sentinels.join(","))
     )))
 }
 
@@ -292,7 +292,7 @@ async fn cluster_store(config: &AppConfig) -> Result<Arc<dyn Store>, Failure> {
 async fn cluster_store(config: &AppConfig) -> Result<Arc<dyn Store>, Failure> {
     Err(Failure::config(format!(
         "REDIS_CLUSTER_URLS={} needs tollgate's `redis` feature",
-        config.redis_cluster_urls.join(",")
+        env::redact_url(&config.redis_cluster_urls.join(","))
     )))
 }
 

@@ -13,10 +13,10 @@ use serde::Deserialize;
 use tollgate::idempotency::IdempotencyLayer;
 use tollgate::key::{Global, Header, KeyExtractor};
 use tollgate::rate_limit::{RateLimitConfig, RateLimitLayer};
-use tollgate::store::{MemoryStore, PgStore, RedisStore, Store};
+use tollgate::store::{MemoryStore, PgStore, RedisStore, Store, redact_connection_string};
 
-/// The file's shape.
-#[derive(Debug, Deserialize)]
+/// The file's shape. Its `Debug` shows the store URL without its password.
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default = "default_port")]
@@ -29,6 +29,18 @@ pub struct Config {
     #[serde(default)]
     /// `POST /orders`' idempotency.
     pub idempotency: Idempotency,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let store = self.store.as_deref().map(redact_connection_string);
+        f.debug_struct("Config")
+            .field("port", &self.port)
+            .field("store", &store)
+            .field("rate_limit", &self.rate_limit)
+            .field("idempotency", &self.idempotency)
+            .finish()
+    }
 }
 
 /// The `[idempotency]` table.

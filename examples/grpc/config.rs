@@ -27,8 +27,8 @@ const MEMORY_STORE_WARNING: &str = "REDIS_URL is not set: using an in-memory sto
      limits and idempotency records hold for this one process only (copies of the server do not \
      share them). Set e.g. REDIS_URL=redis://127.0.0.1:6379/ to share them.";
 
-/// An example server's configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An example server's configuration. Its `Debug` shows the store URL without its password.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Config {
     /// `PORT`: served on `127.0.0.1:<port>` (0: any free port).
     pub port: u16,
@@ -36,6 +36,16 @@ pub struct Config {
     pub redis_url: Option<String>,
     /// `APP_LIMITS`: the rate limits, all checked together.
     pub limits: Vec<Limit>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("port", &self.port)
+            .field("redis_url", &self.redis_url.as_deref().map(env::redact_url))
+            .field("limits", &self.limits)
+            .finish()
+    }
 }
 
 impl Config {

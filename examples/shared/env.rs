@@ -238,33 +238,9 @@ pub fn describe_limits(limits: &[Limit]) -> String {
         .join(",")
 }
 
-/// `url` with the password, if any, replaced by `***`, for logs and error messages: in the
-/// userinfo of a URL, or the `password=` of a PostgreSQL `key=value` connection string.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url
-            .split(' ')
-            .map(|pair| match pair.split_once('=') {
-                Some(("password", _)) => "password=***",
-                _ => pair,
-            })
-            .collect::<Vec<_>>()
-            .join(" ");
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    let user = match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{user}:***"),
-        // `postgres://user@host` names a user; `redis://secret@host` is a password-only URL
-        None if scheme.starts_with("postgres") => userinfo.to_owned(),
-        None if !userinfo.is_empty() => "***".to_owned(),
-        None => String::new(),
-    };
-    format!("{scheme}://{user}@{host}{path}")
-}
+/// `url` with every password replaced by `***`, for logs and error messages: the crate's own
+/// redaction, which reads every connection-string form its stores accept.
+pub use tollgate::store::redact_connection_string as redact_url;
 
 /// An environment variable with a value the example cannot use.
 #[derive(Debug, Clone, PartialEq, Eq)]

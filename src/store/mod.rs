@@ -30,6 +30,10 @@
 //! - [`MemoryStore`]: the same semantics inside one process — for tests, docs and a single copy.
 //!   Two processes with a `MemoryStore` each do **not** share limits.
 //!
+//! A connection string may hold a password: the builders' `Debug` shows it through
+//! [`redact_connection_string`], which an application's own logs and errors can call as well,
+//! and no error of the crate repeats it.
+//!
 //! Every round trip of [`RedisStore`] and [`PgStore`] runs in a `tracing` span at `DEBUG`
 //! (target `tollgate::store`) with OpenTelemetry's database attributes — `db.system.name`,
 //! `db.operation.name`, `server.address`, and on an error `db.response.status_code` — for
@@ -125,6 +129,7 @@ mod permit_store;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rate_store;
+mod redact;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(any(feature = "redis", feature = "postgres"))]
@@ -146,6 +151,11 @@ pub use permit_store::{PermitAttempt, PermitRequest, PermitStore, PermitUsage};
 #[cfg(feature = "postgres")]
 pub use postgres::{Once, OnceError, OnceTx, PgStore, PgStoreBuilder};
 pub use rate_store::RateStore;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) use redact::Redacted;
+pub use redact::redact_connection_string;
+#[cfg(feature = "redis")]
+pub(crate) use redact::redacted_list;
 #[cfg(feature = "redis")]
 pub use redis::{RedisClusterBuilder, RedisSentinelBuilder, RedisStore, RedisStoreBuilder};
 pub use transaction::{CommitError, Run, RunBegun, RunFuture, RunStart, TransactionStore};

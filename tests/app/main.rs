@@ -42,5 +42,6 @@ mod app_coordination;
 mod jobs;
 mod operations;
 mod parsers;
+mod secrets;
 mod tokens;
 mod transfers;

@@ -1,7 +1,7 @@
 //! The stores: the conformance suite on every backend (memory, Redis, Redis Cluster, PostgreSQL
 //! and a store written outside the crate), then each backend beyond it — scripts run twice,
 //! durable writes, late delivery, batches, bounded memory, given connections, TLS (Redis and
-//! PostgreSQL), PostgreSQL specifics, errors that name their cause, and outages.
+//! PostgreSQL), PostgreSQL specifics, errors that name their cause, outages, and no password in any output.
 //!
 //! One test binary, a module per theme; the harness's shared servers (the Redis Cluster, the
 //! PostgreSQL server) are started once for all of them, each test on keys or a schema of its own.
@@ -27,5 +27,6 @@ mod postgres;
 mod postgres_once;
 mod postgres_tls;
 mod scripts;
+mod secrets;
 mod spans;
 mod tls;

@@ -19,6 +19,12 @@ use tollgate::rate_limit::{RateLimitConfig, RateLimitLayer};
 use tollgate::store::RateStore;
 use tower::{Layer, ServiceExt};
 
+/// A caller's key as the command shows it: at most 4 characters and a third of it, then `…`.
+pub(crate) fn masked(key: &str) -> String {
+    let shown = (key.chars().count() / 3).min(4);
+    format!("{}…", key.chars().take(shown).collect::<String>())
+}
+
 /// The service's file: other settings beside its limits under `[rate_limit]`, as the `config`
 /// example writes it.
 pub(crate) const TOLLGATE_TOML: &str = r#"

@@ -18,7 +18,7 @@ use tollgate::store::{BeginRequest, Hold, IdempotencyBegin, PermitAttempt, Permi
 use tollgate::store::{Store, keys};
 use tower::{ServiceBuilder, ServiceExt};
 
-use super::tollgate;
+use super::{masked, tollgate};
 
 /// A lease whose time left shows as `2h30m` for the first 30 s after it was set.
 const LONG: Duration = Duration::from_millis(9_030_500);
@@ -193,8 +193,10 @@ async fn permits(store: &Arc<dyn Store>, args: &[String], described: &str) {
             tokio::time::Instant::now() + Duration::from_secs(2),
         )
     };
-    let head =
-        format!("store    {described}\ncaller   header x-tenant={value}\nkey      {key}\n\n");
+    let head = format!(
+        "store    {described}\ncaller   header x-tenant={}\nkey      {key}\n\n",
+        masked(&value)
+    );
 
     let empty = inspect(&what, args, false).await;
     assert_eq!(empty, format!("{head}in use   0\nwaiting  0\nleases   -\n"));
@@ -228,7 +230,7 @@ async fn permits(store: &Arc<dyn Store>, args: &[String], described: &str) {
         json,
         json!({
             "store": described,
-            "caller": format!("header x-tenant={value}"),
+            "caller": format!("header x-tenant={}", masked(&value)),
             "key": key,
             "in_use": 2,
             "waiting": 1,
@@ -344,7 +346,7 @@ async fn records(store: &Arc<dyn Store>, args: &[String], described: &str) {
     assert_eq!(
         completed,
         format!(
-            "store       {described}\nrecord      {done}\nscope       header x-api-key=alice\n\
+            "store       {described}\nrecord      {done}\nscope       header x-api-key=a…\n\
              key         {key}\n\nstate       completed\nstatus      201 Created\n\
              kept for    24h00m\n"
         )
@@ -361,7 +363,7 @@ async fn records(store: &Arc<dyn Store>, args: &[String], described: &str) {
         json!({
             "store": described,
             "idempotency_key": done,
-            "scope": "header x-api-key=alice",
+            "scope": "header x-api-key=a…",
             "key": key,
             "state": "completed",
             "status": 201,

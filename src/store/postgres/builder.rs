@@ -13,7 +13,7 @@ use super::tls;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::coalesce::DEFAULT_MAX_BATCH;
 use crate::store::span::Server;
-use crate::store::{StoreError, StoreErrorKind, millis};
+use crate::store::{Redacted, StoreError, StoreErrorKind, millis};
 
 /// The per-call timeout unless configured otherwise.
 pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -41,6 +41,10 @@ const DEFAULT_POOL_SIZE: usize = 16;
 /// # drop(builder);
 /// // a schema name that would need quoting is refused when the store is built
 /// assert!(PgStore::builder("postgres://127.0.0.1/app").schema("Bad-Name").build().is_err());
+/// // `Debug` shows where it connects, never the password
+/// let builder = PgStore::builder("postgres://app:s3cret@db/app");
+/// assert!(format!("{builder:?}").contains("postgres://app:***@db/app"));
+/// assert!(!format!("{builder:?}").contains("s3cret"));
 /// ```
 #[must_use]
 pub struct PgStoreBuilder {
@@ -86,15 +90,13 @@ impl Default for Settings {
 
 impl fmt::Debug for PgStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // the URL is not shown: it may carry a password
-        let source = match self.source {
-            Source::Url(_) => "url",
-            Source::Pool(_) => "pool",
+        // the URL may carry a password: it shows redacted
+        let mut debug = f.debug_struct("PgStoreBuilder");
+        match &self.source {
+            Source::Url(url) => debug.field("url", &Redacted(url)),
+            Source::Pool(_) => debug.field("source", &"pool"),
         };
-        f.debug_struct("PgStoreBuilder")
-            .field("source", &source)
-            .field("settings", &self.settings)
-            .finish()
+        debug.field("settings", &self.settings).finish()
     }
 }
 

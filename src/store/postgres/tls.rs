@@ -21,11 +21,21 @@ pub(super) enum Mode {
 }
 
 /// The TLS parameters of a URL, and the URL without them.
-#[derive(Debug)]
 pub(super) struct Split {
     pub(super) url: String,
     pub(super) mode: Mode,
     pub(super) root_cert: Option<String>,
+}
+
+impl std::fmt::Debug for Split {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // the URL may carry a password: it shows redacted
+        f.debug_struct("Split")
+            .field("url", &crate::store::Redacted(&self.url))
+            .field("mode", &self.mode)
+            .field("root_cert", &self.root_cert)
+            .finish()
+    }
 }
 
 /// Takes `sslmode` and `sslrootcert` out of `url` (a `postgres://` URL; a `key=value` string is

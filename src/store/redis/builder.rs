@@ -14,10 +14,13 @@ use super::url;
 use super::{RedisStore, store_error};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::coalesce::DEFAULT_MAX_BATCH;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::{Redacted, StoreError, StoreErrorKind, redacted_list};
 
 /// Configures a [`RedisStore`] on a standalone Redis; made by [`RedisStore::builder`].
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` shows the URL without its password
+/// ([`redact_connection_string`](crate::store::redact_connection_string)).
+#[derive(Clone)]
 pub struct RedisStoreBuilder {
     url: String,
     common: Common,
@@ -26,8 +29,9 @@ pub struct RedisStoreBuilder {
 /// Configures a [`RedisStore`] on a Redis Cluster; made by [`RedisStore::cluster_builder`].
 ///
 /// A cluster store connects when it is built, as it reads the slot map:
-/// [`connect`](Self::connect) is async and needs the cluster to answer.
-#[derive(Debug, Clone)]
+/// [`connect`](Self::connect) is async and needs the cluster to answer. Its `Debug` shows the
+/// nodes' URLs without their passwords.
+#[derive(Clone)]
 pub struct RedisClusterBuilder {
     nodes: Vec<String>,
     common: Common,
@@ -39,12 +43,42 @@ pub struct RedisClusterBuilder {
 /// The store asks the sentinels for the primary when it connects, and again whenever the primary
 /// stops answering — a refused or dropped connection, a `READONLY` error from a primary demoted
 /// to a replica, timeouts — and moves to the one they name. Calls in between fail within the
-/// store timeout, and the calling layer applies its failure policy.
-#[derive(Debug, Clone)]
+/// store timeout, and the calling layer applies its failure policy. Its `Debug` shows the
+/// sentinels' URLs without their passwords.
+#[derive(Clone)]
 pub struct RedisSentinelBuilder {
     sentinels: Vec<String>,
     master: String,
     common: Common,
+}
+
+// The URLs may carry passwords: each shows redacted.
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("url", &Redacted(&self.url))
+            .field("common", &self.common)
+            .finish()
+    }
+}
+
+impl fmt::Debug for RedisClusterBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisClusterBuilder")
+            .field("nodes", &redacted_list(&self.nodes))
+            .field("common", &self.common)
+            .finish()
+    }
+}
+
+impl fmt::Debug for RedisSentinelBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSentinelBuilder")
+            .field("sentinels", &redacted_list(&self.sentinels))
+            .field("master", &self.master)
+            .field("common", &self.common)
+            .finish()
+    }
 }
 
 /// What every builder is configured with besides where the servers are.

@@ -22,6 +22,18 @@ fn problem_in(url: &str, tls: bool) -> Option<String> {
         );
     };
     let scheme = scheme.to_ascii_lowercase();
+    // what precedes `://` is repeated only when it is a scheme: else it may be a password
+    if !scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        || !scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    {
+        return Some(
+            "it does not start with a scheme: write redis://host:6379/0 (rediss:// for TLS, \
+             redis+unix:///path for a socket)"
+                .to_owned(),
+        );
+    }
     if UNIX.contains(&scheme.as_str()) {
         return None;
     }
@@ -68,6 +80,7 @@ mod tests {
             ("redis://localhost:99999", "the port is not a number"),
             ("redis://:secret@:6379", "empty host"),
             ("redis://localhost:6379/db", "the database \"db\""),
+            ("password=secret://h", "does not start with a scheme"),
         ];
         for (url, says) in cases {
             let problem = problem(url).unwrap_or_default();
