@@ -11,7 +11,7 @@
 //!
 //! | route | what it does |
 //! | --- | --- |
-//! | `GET /api/hello` | rate-limited per `x-api-key` (else one shared bucket), tier from `x-plan` (`paid`) |
+//! | `GET /api/hello` | rate-limited per `x-api-key` (else one shared bucket), tier from `x-plan` (`paid`) — demo headers, unchecked: see `docs/security.md` |
 //! | `POST /orders` | idempotent: a required `Idempotency-Key` runs once, retries replay it |
 //! | `GET /metrics` | the crate's series in Prometheus text |
 //!

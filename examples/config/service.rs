@@ -82,6 +82,9 @@ pub fn router(
 ) -> Result<Router, String> {
     let limits = RateLimitLayer::builder(Arc::clone(&store))
         .config(config.rate_limit.clone())
+        // demo only: the client names itself and its plan. A service keys by what its
+        // authentication established and chooses the tier from it (`key::Extension`,
+        // docs/security.md); the example app shows how.
         .key(Header::from_static("x-api-key").or(Global))
         .tier_by(|parts| parts.headers.get("x-plan").and_then(|v| v.to_str().ok()))
         .rejection(|decision| {

@@ -7,7 +7,9 @@
 //! `unreachable_pub` and `dead_code` stay quiet).
 //!
 //! - Rate limit: per caller, the caller being the `x-api-key` metadata entry (gRPC metadata
-//!   arrives as an HTTP/2 header), else the peer IP address. Over the limit, a call fails with
+//!   arrives as an HTTP/2 header), else the peer IP address — demo only: nothing checks the key,
+//!   so a client rotating it gets fresh quota; a service keys by what its authentication
+//!   established (`key::Extension`, `docs/security.md`). Over the limit, a call fails with
 //!   `RESOURCE_EXHAUSTED` and `retry-after` / `ratelimit` entries in the status metadata.
 //! - Idempotency: every method; a call carrying `idempotency-key` metadata runs once across all
 //!   copies of the server on one Redis, and its retries get the stored reply (same message, same

@@ -14,7 +14,9 @@
 //! Every route is rate-limited per caller — the `x-api-key` header, else the peer IP address —
 //! with `429`, `Retry-After` and the IETF `RateLimit` / `RateLimit-Policy` headers over the
 //! limit. A `POST` or `PATCH` with an `Idempotency-Key` runs once across every copy of the server
-//! on one Redis; its retries get the stored response plus `Idempotent-Replayed: true`.
+//! on one Redis; its retries get the stored response plus `Idempotent-Replayed: true`. The
+//! `x-api-key` header is demo only: nothing checks it, so a client rotating it gets fresh quota;
+//! a service keys by what its authentication established (`key::Extension`, `docs/security.md`).
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -16,6 +16,10 @@ use crate::policy::OnStoreError;
 /// use tollgate::concurrency::{ConcurrencyConfig, ConcurrencyLimitLayer};
 /// use tollgate::store::MemoryStore;
 ///
+/// /// The caller's plan, inserted by the authentication layer.
+/// #[derive(Clone)]
+/// struct Plan(&'static str);
+///
 /// let config: ConcurrencyConfig = toml::from_str(
 ///     r#"
 ///     limit = 2
@@ -30,7 +34,8 @@ use crate::policy::OnStoreError;
 /// .unwrap();
 /// let layer = ConcurrencyLimitLayer::builder(MemoryStore::new())
 ///     .config(config)
-///     .tier_by(|parts| parts.headers.get("x-plan")?.to_str().ok())
+///     // the plan that authentication inserted, never a header the client writes
+///     .tier_by(|parts| parts.extensions.get::<Plan>().map(|plan| plan.0))
 ///     .build()
 ///     .unwrap();
 /// assert_eq!(layer.limit(), 2);

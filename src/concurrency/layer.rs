@@ -137,14 +137,21 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
     ///
     /// ```
     /// use tollgate::concurrency::ConcurrencyLimitLayer;
-    /// use tollgate::key::Header;
+    /// use tollgate::key::Extension;
     /// use tollgate::store::MemoryStore;
+    ///
+    /// /// What the authentication layer inserts: the caller's tenant and plan.
+    /// #[derive(Clone)]
+    /// struct Tenant { id: String, plan: &'static str }
+    /// impl AsRef<[u8]> for Tenant {
+    ///     fn as_ref(&self) -> &[u8] { self.id.as_bytes() }
+    /// }
     ///
     /// let layer = ConcurrencyLimitLayer::builder(MemoryStore::new())
     ///     .limit(2)
     ///     .tier("pro", 10)
-    ///     .tier_by(|parts| parts.headers.get("x-plan")?.to_str().ok())
-    ///     .key(Header::from_static("x-api-key"))
+    ///     .tier_by(|parts| parts.extensions.get::<Tenant>().map(|tenant| tenant.plan))
+    ///     .key(Extension::<Tenant>::new())
     ///     .build()
     ///     .unwrap();
     /// assert_eq!((layer.tier_limit("pro"), layer.tier_limit("gold"), layer.limit()), (10, 2, 2));
@@ -154,8 +161,10 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
         self
     }
 
-    /// Chooses each request's tier by name from its head (a plan header, a claim of a verified
-    /// token); `None`, or a name of no tier, is the layer's own limit.
+    /// Chooses each request's tier by name from its head; `None`, or a name of no tier, is the
+    /// layer's own limit. Read the plan from what authentication established (an extension it
+    /// inserted, a claim of a verified token), never from a header the client writes: a client
+    /// that names its own plan takes the largest.
     pub fn tier_by(
         mut self,
         select: impl Fn(&Parts) -> Option<&str> + Send + Sync + 'static,
