@@ -38,8 +38,10 @@ pub enum OnceError<E> {
     Mismatch,
     /// The work failed: nothing of it stands, and the key is free for another run.
     Work(E),
-    /// The store failed. Nothing of this run stands and the key is free — a commit whose answer
-    /// was lost has been looked up before this is said.
+    /// The store failed. Nothing of this run stands and the key is free — once the server has
+    /// ended a broken connection's transaction, which a retry meanwhile finds
+    /// [`InFlight`](Self::InFlight); a commit whose answer was lost has been looked up before
+    /// this is said.
     Store(StoreError),
     /// The commit's answer was lost and the store could not be asked how it ended: the run may
     /// stand. Run it again with the same key to learn: its output if it committed, or a run.
