@@ -580,4 +580,43 @@ mod tests {
             Ok(())
         });
     }
+
+    /// A check sent before names every record its attempt went out in, each once among the
+    /// call's keys, in one argument: `<attempt>@j:p@j:p`.
+    #[test]
+    fn a_check_sent_again_names_every_earlier_call_in_its_argument() {
+        let policy = policy(1);
+        let now = Instant::now();
+        let again = RateCheck::new(Key::new("fuzz", b"caller"), 1);
+        let fresh = RateCheck::new(Key::new("fuzz", b"caller"), 1);
+        let checks: Vec<Sent<'_>> = vec![(&policy, again, now), (&policy, fresh, now)];
+        let records = Records {
+            keys: ["own", "late", "first"].map(Arc::from).to_vec(),
+            before: vec![vec![(2, 1), (3, 4)], vec![]],
+            retain_ms: 1000,
+        };
+        let cmd = command("EVALSHA", "sha", &checks, 42, &records);
+        let args: Vec<String> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => String::new(),
+            })
+            .collect();
+        // EVALSHA sha numkeys, the records, a limit key per check
+        assert_eq!(args[..6], ["EVALSHA", "sha", "5", "own", "late", "first"]);
+        let hex = |check: &RateCheck| String::from_utf8_lossy(&check.attempt_hex()).into_owned();
+        let tail = &args[args.len() - 6..];
+        assert_eq!(
+            tail,
+            [
+                "1".to_owned(),
+                "1".to_owned(),
+                format!("{}@2:1@3:4", hex(&again)),
+                "1".to_owned(),
+                "1".to_owned(),
+                hex(&fresh),
+            ]
+        );
+    }
 }
