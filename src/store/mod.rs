@@ -49,7 +49,9 @@
 //! does nothing (the call fails with [`StoreErrorKind::Timeout`]). Once the deadline has passed
 //! on the caller's clock, an unanswered attempt has either run or never will, and a
 //! token-checked undo sent from then on is final. Rate checks carry the same deadline (their
-//! store timeout from when they were made): one that arrives late charges nothing.
+//! store timeout from when they were made): one that arrives late charges nothing. So does a
+//! reset on Redis: one that timed out (`tollgate reset` exiting 2) has run by its deadline or
+//! never will, and cannot land later to erase what the caller was charged since.
 //!
 //! The deadline is sent on the store's own clock (`TIME` on Redis, `clock_timestamp()` on
 //! PostgreSQL), mapped conservatively from the latest reading of that clock: it holds as long as
@@ -72,7 +74,7 @@
 //! | store | an attempt is remembered | a re-send | a late first send | a settlement after the window rolled | a settlement after a reset | a re-sent settlement |
 //! | --- | --- | --- | --- | --- | --- | --- |
 //! | [`MemoryStore`] | 3 s after its decision (the deadline of a 1 s timeout, plus twice that) | admitted, charged nothing | — (its calls are never late) | refunds only what the limit still counts | refunds nothing | applied once |
-//! | [`RedisStore`] (standalone, Sentinel, Cluster; Redis or Valkey) | its call's deadline + 2 × timeout (a record per call, named again by the copy that re-sends) | admitted, charged nothing | refused ([`Timeout`](StoreErrorKind::Timeout)), nothing changed | refunds only what the limit still counts | refunds nothing | applied once |
+//! | [`RedisStore`] (standalone, Sentinel, Cluster; Redis or Valkey) | its call's deadline + 2 × timeout (a record per call; the copy that re-sends names every call of the attempt whose record may live, so a send that arrived late and left none hides no earlier charge) | admitted, charged nothing | refused ([`Timeout`](StoreErrorKind::Timeout)), nothing changed | refunds only what the limit still counts | refunds nothing | applied once |
 //! | [`PgStore`] | its deadline + 2 × timeout (a row per attempt) | admitted, charged nothing | refused ([`Timeout`](StoreErrorKind::Timeout)), nothing changed | refunds only what the limit still counts | refunds nothing | applied once |
 //!
 //! A settlement of a plain check ([`RateCheck::new`](crate::rate::RateCheck::new)) refunds nothing: only a reservation's

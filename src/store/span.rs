@@ -50,8 +50,6 @@ pub(crate) enum Command {
     #[cfg(feature = "redis")]
     Evalsha,
     #[cfg(feature = "redis")]
-    Del,
-    #[cfg(feature = "redis")]
     Ping,
     /// A pipeline: durable writes (`EVAL` each) and the `WAIT` that acknowledges them.
     #[cfg(feature = "redis")]
@@ -124,8 +122,6 @@ pub(crate) fn call_span(call: &Call<'_>, server: impl FnOnce() -> Option<Server>
     let span = match call.command {
         #[cfg(feature = "redis")]
         Command::Evalsha => call_span!("EVALSHA", call),
-        #[cfg(feature = "redis")]
-        Command::Del => call_span!("DEL", call),
         #[cfg(feature = "redis")]
         Command::Ping => call_span!("PING", call),
         #[cfg(feature = "redis")]

@@ -19,6 +19,7 @@ mod durable;
 mod errors;
 mod given_connections;
 mod late_delivery;
+mod late_resend;
 mod ledger;
 mod ledger_redis;
 mod outages;

@@ -24,6 +24,7 @@ fn script(name: &str) -> Script {
         "idem_release" => include_str!("../../src/store/redis/scripts/idem_release.lua"),
         "rate" => include_str!("../../src/store/redis/scripts/rate.lua"),
         "settle" => include_str!("../../src/store/redis/scripts/settle.lua"),
+        "reset" => include_str!("../../src/store/redis/scripts/reset.lua"),
         other => panic!("no script {other}"),
     };
     Script::new(source)
@@ -449,6 +450,56 @@ fn checks_sent_again_after_others_are_charged_once() {
     }
 }
 
+/// A check sent again names every call it went out in: charged once if any of their records
+/// says so, whichever comes first, and a record that is gone (a call received after its
+/// deadline left none) hides nothing.
+#[test]
+fn a_check_naming_several_earlier_calls_is_charged_once_if_any_charged() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    for (name, code) in ALGORITHMS {
+        let key = format!("r:{{several-{name}}}:a");
+        let record = |call: &str| format!("r:{{several-{name}}}:charged:{call}");
+        // 10 per minute; one check per call: policy 1, cost 3, the attempt (and where it went)
+        let call = |attempt: &'static str, records: &'static str| {
+            vec![
+                LATER, records, "60000", "1", code, "1", "10", "60000000", "1", "3", attempt,
+            ]
+        };
+        let remaining = |reply: Value| {
+            let reply = items(reply);
+            assert_eq!(int(&reply[0]), 1, "{name}: admitted");
+            int(&reply[2])
+        };
+        let (first, late) = (record("first"), record("late"));
+        let sent = call("00000000000000a7", "1");
+        assert_eq!(remaining(run(&mut conn, "rate", &[&first, &key], &sent)), 7);
+        // the late call left no record: named first, the first call second
+        let again = call("00000000000000a7@2:1@3:1", "3");
+        let keys = [&record("third")[..], &late, &first, &key];
+        assert_eq!(
+            remaining(run(&mut conn, "rate", &keys, &again)),
+            7,
+            "{name}"
+        );
+        let reversed = call("00000000000000a7@3:1@2:1", "3");
+        let keys = [&record("fourth")[..], &late, &first, &key];
+        assert_eq!(
+            remaining(run(&mut conn, "rate", &keys, &reversed)),
+            7,
+            "{name}"
+        );
+        // none of the named records charged it: a new charge
+        let other = call("00000000000000b7@2:1@3:1", "3");
+        let keys = [&record("fifth")[..], &late, &record("gone"), &key];
+        assert_eq!(
+            remaining(run(&mut conn, "rate", &keys, &other)),
+            4,
+            "{name}"
+        );
+    }
+}
+
 #[test]
 fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
     let server = RedisServer::start();
@@ -607,6 +658,21 @@ fn a_script_received_after_its_deadline_does_nothing() {
         &["t", "5000", EARLIER],
     );
     late(&mut conn, "idem_extend", &["i:{1}"], &["t", "1", EARLIER]);
+    let _: () = redis::cmd("SET")
+        .arg("r:{1}:d:gcra")
+        .arg("5:0:a1")
+        .query(&mut conn)
+        .unwrap();
+    late(
+        &mut conn,
+        "reset",
+        &["r:{1}:d:gcra", "r:{1}:d:gcra:block"],
+        &[EARLIER],
+    );
+    assert_eq!(get(&mut conn, "r:{1}:d:gcra").as_deref(), Some("5:0:a1"));
+    let reset = ["r:{1}:d:gcra", "r:{1}:d:gcra:block"];
+    assert_eq!(run(&mut conn, "reset", &reset, &[LATER]), Value::Int(1));
+    assert_eq!(get(&mut conn, "r:{1}:d:gcra"), None, "on time, it deletes");
     late(
         &mut conn,
         "idem_complete",

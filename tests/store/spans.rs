@@ -234,7 +234,7 @@ async fn a_redis_error_shows_its_code() {
         .await
         .unwrap_err();
     let reset = recorder.one("reset_rate");
-    assert_eq!(reset.name, "DEL");
+    assert_eq!(reset.name, "EVALSHA");
     assert_eq!(reset.field("db.response.status_code"), Some("READONLY"));
     assert_eq!(reset.field("error.type"), Some(error.kind().as_str()));
     assert_eq!(reset.field("otel.status_code"), Some("ERROR"));

@@ -1,9 +1,15 @@
-//! [`RateStore`] on Redis: checks (coalesced in `rates.rs`), resets and invalidations.
+//! [`RateStore`] on Redis: checks (coalesced in `rates.rs`), resets (`reset.lua`) and
+//! invalidations.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{RedisStore, invalidation, redis_call, store_error};
+use redis::Value;
+use tokio::time::Instant;
+
+use super::clock::store_deadline;
+use super::script_call::ScriptCall;
+use super::{RedisStore, invalidation, redis_call, store_error, unexpired};
 use crate::key::Key;
 use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 use crate::store::span::Command;
@@ -28,16 +34,29 @@ impl RateStore for RedisStore {
     /// Deletes the caller's keys, then publishes the reset (see
     /// [Invalidations](crate::store#invalidations)): a reset that failed to publish still
     /// succeeds, and other copies' cached denials of the caller end within a second.
+    ///
+    /// The reset carries a deadline, as every write does (see
+    /// [Deadlines](crate::store#deadlines)): one that reaches Redis after it deletes nothing and
+    /// fails with [`Timeout`](crate::store::StoreErrorKind::Timeout). So a reset that timed out
+    /// either ran by then or never will: it cannot land later and erase what the caller was
+    /// charged since.
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
-        let keys = policy.reset_keys(&key);
+        let call = policy
+            .reset_keys(&key)
+            .into_iter()
+            .fold(ScriptCall::default(), ScriptCall::key);
         let namespace: Arc<str> = Arc::from(policy.namespace());
-        let call = redis_call("reset_rate", Command::Del, "");
-        self.call(call, move |mut conn, _| async move {
-            redis::cmd("DEL")
-                .arg(&keys)
-                .query_async::<i64>(&mut conn)
+        let (clock, link) = (Arc::clone(&self.clock), Arc::clone(&self.link));
+        let deadline = Instant::now() + self.timeout;
+        let trip = redis_call("reset_rate", Command::Evalsha, self.scripts.reset.name);
+        self.call(trip, move |mut conn, scripts| async move {
+            let at = store_deadline(&clock, &link, &mut conn, deadline).await?;
+            let reply: Value = call
+                .arg(at)
+                .invoke(&scripts.reset, &mut conn)
                 .await
                 .map_err(store_error)?;
+            let _deleted: i64 = unexpired(reply)?;
             invalidation::publish_or_log(conn, namespace, key).await;
             Ok(())
         })

@@ -4,13 +4,17 @@
 //!
 //! Every call leaves a record of the checks it charged (see `rate.lua`), kept for twice the store
 //! timeout past its deadline: a call re-sent reads its own, and a check sent again in a later call
-//! names the record of the call it went out in before ([`SentChecks`]), so that neither is charged
-//! twice. The record is one key per call, in the slot of its first check.
+//! names the records of every call it went out in before while they live ([`SentChecks`]), so
+//! that neither is charged twice — a send received after its deadline left no record, and never
+//! hides one before it that charged. The record is one key per call, in the slot of its first
+//! check; on Cluster a call holds one caller's checks, so every record a call names is in that
+//! caller's slot.
 //!
 //! A reservation under a sliding counter or GCRA also names its place, a key in its caller's slot
 //! where the script keeps where its charge went; its settlement names the same key, reads and
 //! drops it (see `rate.lua`). Every call answers the store time it decided at.
 
+use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,8 +116,9 @@ impl RateCall {
 }
 
 impl RateCall {
-    /// The records a call of `checks` names: a new one of its own, and where each check went
-    /// before, if it did lately; each check is kept as going out in this call.
+    /// The records a call of `checks` names: a new one of its own, and every one each check went
+    /// out in lately (a late send left none, but one before it may hold a charge); each check is
+    /// kept as going out in this call.
     fn records(&self, checks: &[Sent<'_>]) -> Records {
         let mut own = String::new();
         if let Some((policy, check, _)) = checks.first() {
@@ -132,14 +137,11 @@ impl RateCall {
                 record: Arc::clone(&own),
                 check: i + 1,
             };
-            let before = self.sent.went(check.attempt(), here, now).map(|place| {
-                let at = records.keys.iter().position(|k| *k == place.record);
-                let number = at.unwrap_or_else(|| {
-                    records.keys.push(place.record);
-                    records.keys.len() - 1
-                });
-                (number + 1, place.check)
-            });
+            let before = self.sent.went(check.attempt(), here, now);
+            let before = before
+                .into_iter()
+                .map(|place| (records.number(place.record), place.check))
+                .collect();
             records.before.push(before);
         }
         records
@@ -153,11 +155,26 @@ fn retention(timeout: Duration) -> Duration {
 }
 
 /// The records a call names (see `rate.lua`): its own first, then those of the calls its checks
-/// went out in before; per check, the number of that record and the check's place in that call.
+/// went out in before; per check, every place it went out at before: the number of that call's
+/// record and the check's place in that call.
 struct Records {
     keys: Vec<Arc<str>>,
-    before: Vec<Option<(usize, usize)>>,
+    before: Vec<Vec<(usize, usize)>>,
     retain_ms: u64,
+}
+
+impl Records {
+    /// The number (from 1) of `record` among the call's, named once however many checks went
+    /// out in it.
+    fn number(&mut self, record: Arc<str>) -> usize {
+        match self.keys.iter().position(|k| *k == record) {
+            Some(at) => at + 1,
+            None => {
+                self.keys.push(record);
+                self.keys.len()
+            }
+        }
+    }
 }
 
 /// Sends `cmd`; an error reply is an error (Cluster connections hand it over as a value).
@@ -227,7 +244,7 @@ fn place(policy: &RatePolicy, check: &RateCheck) -> Option<u64> {
 /// call's `deadline` (on the store's clock), the records' number and retention, each distinct
 /// policy once (its limits' quotas and windows, a window with its limit's penalty), then per
 /// check its policy, cost (marked as a reservation's; of a settlement: what it settles) and attempt
-/// (with where it went before, if it did).
+/// (with every place it went out at before, if it did).
 fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records: &Records) -> Cmd {
     let keys: usize = checks
         .iter()
@@ -263,13 +280,15 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records
             None if check.is_reservation() => cmd.arg(format!("r{}", check.cost())),
             None => cmd.arg(check.cost()),
         };
-        match before {
-            Some((record, place)) => {
-                let attempt = String::from_utf8_lossy(&check.attempt_hex()).into_owned();
-                cmd.arg(format!("{attempt}@{record}:{place}"))
+        if before.is_empty() {
+            cmd.arg(&check.attempt_hex()[..]);
+        } else {
+            let mut attempt = String::from_utf8_lossy(&check.attempt_hex()).into_owned();
+            for (record, place) in before {
+                let _ = write!(attempt, "@{record}:{place}");
             }
-            None => cmd.arg(&check.attempt_hex()[..]),
-        };
+            cmd.arg(attempt);
+        }
     }
     cmd
 }
@@ -560,5 +579,44 @@ mod tests {
             }
             Ok(())
         });
+    }
+
+    /// A check sent before names every record its attempt went out in, each once among the
+    /// call's keys, in one argument: `<attempt>@j:p@j:p`.
+    #[test]
+    fn a_check_sent_again_names_every_earlier_call_in_its_argument() {
+        let policy = policy(1);
+        let now = Instant::now();
+        let again = RateCheck::new(Key::new("fuzz", b"caller"), 1);
+        let fresh = RateCheck::new(Key::new("fuzz", b"caller"), 1);
+        let checks: Vec<Sent<'_>> = vec![(&policy, again, now), (&policy, fresh, now)];
+        let records = Records {
+            keys: ["own", "late", "first"].map(Arc::from).to_vec(),
+            before: vec![vec![(2, 1), (3, 4)], vec![]],
+            retain_ms: 1000,
+        };
+        let cmd = command("EVALSHA", "sha", &checks, 42, &records);
+        let args: Vec<String> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => String::new(),
+            })
+            .collect();
+        // EVALSHA sha numkeys, the records, a limit key per check
+        assert_eq!(args[..6], ["EVALSHA", "sha", "5", "own", "late", "first"]);
+        let hex = |check: &RateCheck| String::from_utf8_lossy(&check.attempt_hex()).into_owned();
+        let tail = &args[args.len() - 6..];
+        assert_eq!(
+            tail,
+            [
+                "1".to_owned(),
+                "1".to_owned(),
+                format!("{}@2:1@3:4", hex(&again)),
+                "1".to_owned(),
+                "1".to_owned(),
+                hex(&fresh),
+            ]
+        );
     }
 }

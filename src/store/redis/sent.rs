@@ -1,12 +1,16 @@
-//! Where recent rate checks went out: the record of the call that carried each, so that a check
-//! sent again (its caller retrying the same [`RateCheck`](crate::rate::RateCheck)) names the
-//! call that may have charged it, and `rate.lua` reads that call's record instead of charging a
-//! second time.
+//! Where recent rate checks went out: the records of the calls that carried each, so that a check
+//! sent again (its caller retrying the same [`RateCheck`](crate::rate::RateCheck)) names every
+//! call that may have charged it, and `rate.lua` reads those calls' records instead of charging
+//! a second time.
 //!
-//! A place is kept as long as its call's record lives in the store (the call's deadline plus the
-//! retention): later, the record is gone and naming it would change nothing. Expired places go in
-//! insertion order, so the map costs O(1) per check, and holds at most the checks of that span.
+//! Every place of an attempt is kept, not only the newest: a send that reached the store after
+//! its deadline did nothing and left no record, and naming only it would hide an earlier call
+//! that charged. A place is kept as long as its call's record lives in the store (the call's
+//! deadline plus the retention): later, the record is gone and naming it would change nothing.
+//! Expired places go in insertion order, so the map costs O(1) per check, and holds at most the
+//! sends of that span.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -34,9 +38,16 @@ pub(super) struct Place {
 
 #[derive(Default)]
 struct Shard {
-    places: HashMap<u64, (Place, Instant), BuildHasherDefault<IdHasher>>,
+    places: HashMap<u64, Places, BuildHasherDefault<IdHasher>>,
     /// When each place expires, in the order they were kept.
     expiries: VecDeque<(Instant, u64)>,
+}
+
+/// The places of one attempt, each with when it expires: the newest, and those before it still
+/// kept (empty, and not allocated, for an attempt sent once).
+struct Places {
+    newest: (Place, Instant),
+    earlier: Vec<(Place, Instant)>,
 }
 
 impl SentChecks {
@@ -48,19 +59,36 @@ impl SentChecks {
         }
     }
 
-    /// Keeps that `attempt` goes out at `place` now; where it went before, if it did within
-    /// the time a place is kept.
-    pub(super) fn went(&self, attempt: u64, place: Place, now: Instant) -> Option<Place> {
+    /// Keeps that `attempt` goes out at `place` now; every place it went out at before, within
+    /// the time a place is kept, newest first.
+    pub(super) fn went(&self, attempt: u64, place: Place, now: Instant) -> Vec<Place> {
         // attempt ids are random: their low bits pick a shard as well as any hash
         let shard = &self.shards[(attempt % SHARDS as u64) as usize];
         let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
         shard.forget_expired(now);
         let until = now + self.keep;
-        let before = shard.places.insert(attempt, (place, until));
         shard.expiries.push_back((until, attempt));
-        before
-            .filter(|&(_, until)| until > now)
-            .map(|(place, _)| place)
+        let here = (place, until);
+        match shard.places.entry(attempt) {
+            Entry::Vacant(vacant) => {
+                vacant.insert(Places {
+                    newest: here,
+                    earlier: Vec::new(),
+                });
+                Vec::new()
+            }
+            Entry::Occupied(mut kept) => {
+                let kept = kept.get_mut();
+                let before = std::mem::replace(&mut kept.newest, here);
+                kept.earlier.push(before);
+                kept.earlier
+                    .iter()
+                    .rev()
+                    .filter(|(_, until)| *until > now)
+                    .map(|(place, _)| place.clone())
+                    .collect()
+            }
+        }
     }
 }
 
@@ -71,13 +99,19 @@ impl Shard {
                 break;
             }
             self.expiries.pop_front();
-            // a place kept again since has a later expiry of its own
-            if self
-                .places
-                .get(&attempt)
-                .is_some_and(|&(_, kept)| kept <= now)
-            {
-                self.places.remove(&attempt);
+            let Entry::Occupied(mut kept) = self.places.entry(attempt) else {
+                continue;
+            };
+            // each place has an expiry of its own in the queue: this one drops those expired
+            let places = kept.get_mut();
+            places.earlier.retain(|&(_, kept)| kept > now);
+            if places.newest.1 <= now {
+                match places.earlier.pop() {
+                    Some(newest) => places.newest = newest,
+                    None => {
+                        kept.remove();
+                    }
+                }
             }
         }
     }
@@ -118,15 +152,40 @@ mod tests {
     async fn a_check_sent_again_learns_where_it_went_until_that_is_forgotten() {
         let sent = SentChecks::new(Duration::from_millis(500));
         let start = Instant::now();
-        assert_eq!(sent.went(7, place("r1", 3), start), None);
-        assert_eq!(sent.went(8, place("r1", 4), start), None);
+        assert_eq!(sent.went(7, place("r1", 3), start), []);
+        assert_eq!(sent.went(8, place("r1", 4), start), []);
         let later = start + Duration::from_millis(400);
-        assert_eq!(sent.went(7, place("r2", 1), later), Some(place("r1", 3)));
+        assert_eq!(sent.went(7, place("r2", 1), later), [place("r1", 3)]);
         // 7's first place expired with its time; its second is kept on
         let after = start + Duration::from_millis(600);
-        assert_eq!(sent.went(7, place("r3", 2), after), Some(place("r2", 1)));
-        assert_eq!(sent.went(8, place("r3", 5), after), None, "8 was forgotten");
+        assert_eq!(sent.went(7, place("r3", 2), after), [place("r2", 1)]);
+        assert_eq!(sent.went(8, place("r3", 5), after), [], "8 was forgotten");
         let shard = sent.shards[8 % SHARDS].lock().unwrap();
         assert_eq!(shard.places.len(), 1, "what expired is gone");
+    }
+
+    /// A send that did nothing (received after its deadline) leaves no record: the next send
+    /// names it and every place before it that may still hold a charge.
+    #[tokio::test(start_paused = true)]
+    async fn a_check_sent_again_names_every_place_it_went_out_at() {
+        let sent = SentChecks::new(Duration::from_millis(500));
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        assert_eq!(sent.went(7, place("r1", 1), at(0)), []);
+        assert_eq!(sent.went(7, place("r2", 2), at(100)), [place("r1", 1)]);
+        assert_eq!(
+            sent.went(7, place("r3", 1), at(200)),
+            [place("r2", 2), place("r1", 1)],
+            "newest first"
+        );
+        assert_eq!(
+            sent.went(7, place("r4", 1), at(550)),
+            [place("r3", 1), place("r2", 2)],
+            "r1 expired"
+        );
+        assert_eq!(sent.went(7, place("r5", 1), at(1100)), [], "all expired");
+        let shard = sent.shards[7 % SHARDS].lock().unwrap();
+        let kept = &shard.places[&7];
+        assert_eq!((&kept.newest.0, kept.earlier.len()), (&place("r5", 1), 0));
     }
 }

@@ -19,7 +19,8 @@
 --             looks; a reservation: 'r<cost>'; a settlement: 's<reserved>:<actual>:<settled
 --             attempt id>', or 'S...' when it settles a reservation, whose unused part it may
 --             refund) and its attempt id (16 hex digits), followed, for a check sent before, by
---             where it went: '@j:p', the p-th check of the call of record j (1: this call)
+--             every place it went out at whose record may live: '@j:p' each, the p-th check of
+--             the call of record j (1: this call), e.g. '<attempt>@3:1@2:4'
 -- Returns     per check: admitted (0|1), retry_after_us, then per limit remaining and reset_us;
 --             or -1 and the error of a check that failed (the checks around it stand); or -2, 0
 --             for every check of a call received after its deadline, which charged nothing;
@@ -30,9 +31,12 @@
 -- a second charge, whatever other checks charged the caller in between. A call keeps its record:
 -- a string with a digit per check, 1 for each that charged, kept until the call's deadline plus
 -- the retention; the same call re-sent (a dropped connection, a Cluster retry) reads its own,
--- and a check sent again in another call (its caller retrying) reads the record of the call it
--- went out in before. One GET and at most one SET per call, whatever its checks: a re-send costs
--- the decisions nothing. The log also finds its attempt among its entries.
+-- and a check sent again in another call (its caller retrying) reads the records of every call
+-- it went out in before: it charged if any of them says so (a call received after its deadline
+-- left none, and hides no earlier one). A check admitted as charged before marks this call's
+-- record too. One GET of its own record, one per earlier record named (once, whatever its
+-- checks) and at most one SET per call: a re-send costs the decisions nothing. The log also
+-- finds its attempt among its entries.
 --
 -- A reservation is charged as any check, and keeps where its charge went for as long as the
 -- limit counts it, so that its settlement refunds only that: a sliding log's entries are named by
@@ -522,22 +526,28 @@ if records > 0 and not late then before = redis.call('GET', KEYS[1]) end
 -- per check, '1' when its attempt charged, in this run or an earlier one
 local charged, any = {}, false
 
--- whether the `c`-th check charged in an earlier run: this call's, or, sent as `p`-th check of
--- the call of record `j` before (`where` is 'j:p'), that call's
+-- whether the `c`-th check charged in an earlier run: this call's, or, sent before as the
+-- `p`-th check of the call of record `j` for each 'j:p' of `where`, any of those calls'
 local function replayed(c, where)
   if before and sub(before, c, c) == '1' then return true end
   if not where then return false end
-  local j, p = match(where, '^(%d+):(%d+)$')
-  j, p = tonumber(j), tonumber(p)
-  if not j or j > records then return false end
-  -- record 1 is this call's: an attempt sent twice in one call
-  if j == 1 then return charged[p] == '1' end
-  local record = earlier[j]
-  if record == nil then
-    record = redis.call('GET', KEYS[j])
-    earlier[j] = record
+  for j, p in gmatch(where, '(%d+):(%d+)') do
+    j, p = tonumber(j), tonumber(p)
+    if j > records then
+      -- not a record of this call: names nothing
+    elseif j == 1 then
+      -- record 1 is this call's: an attempt sent twice in one call
+      if charged[p] == '1' then return true end
+    else
+      local record = earlier[j]
+      if record == nil then
+        record = redis.call('GET', KEYS[j])
+        earlier[j] = record
+      end
+      if record and sub(record, p, p) == '1' then return true end
+    end
   end
-  return record and sub(record, p, p) == '1'
+  return false
 end
 
 local policies, a = {}, 4
@@ -577,7 +587,7 @@ while a < args do
       if settle[4] and policy[5] then place = KEYS[k + n + nb + 1] end
     end
   end
-  -- an attempt sent before carries where: '<attempt>@j:p'
+  -- an attempt sent before carries where: '<attempt>@j:p', one '@j:p' per call
   if #attempt > 16 then attempt, where = sub(attempt, 1, 16), sub(attempt, 18) end
   local start = len
   local ok, err = true, nil
