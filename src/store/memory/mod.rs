@@ -67,6 +67,9 @@ use permit::Permits;
 /// - a rate check of a caller not held is denied with a `retry_after` of 1 s, each limit at
 ///   `remaining: 0` and `reset` 1 s; callers already held are decided as always (and a check
 ///   that keeps nothing, such as a look at cost 0, is answered as usual);
+/// - a settlement of a caller not held fails with a [`StoreError`] of kind
+///   [`Protocol`](StoreErrorKind::Protocol) — a settlement is admitted by definition, so it is
+///   never answered as a denial; its layer keeps the request charged what it reserved;
 /// - a claim, lock or idempotency record under a key not held fails with a [`StoreError`] of
 ///   kind [`Protocol`](StoreErrorKind::Protocol), as Redis refuses writes beyond `maxmemory`
 ///   under its `noeviction` policy.
