@@ -130,6 +130,7 @@ macro_rules! rate_store_suite {
             a_block_charges_nothing,
             a_block_on_one_limit_blocks_the_whole_check,
             a_reset_ends_a_block_and_others_are_not_blocked,
+            a_reset_without_the_penalty_still_ends_the_block,
             only_a_limit_with_block_for_blocks,
             resent_checks_during_a_block_are_answered_as_recorded,
             resets_and_refunds_are_told_to_subscribers,

@@ -913,6 +913,32 @@ pub async fn a_reset_ends_a_block_and_others_are_not_blocked(store: &impl RateSt
     }
 }
 
+/// A reset through a copy whose configuration gives the limit no penalty (a rolling deploy that
+/// drops `block_for`, an operator's tool built without it) still ends the block that another
+/// copy's penalty set: a reset forgets every block of the policy's limits, not only those its
+/// own configuration names.
+pub async fn a_reset_without_the_penalty_still_ends_the_block(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let burst = Limit::new("s", 2, Duration::from_millis(300));
+        let blocking = policy(
+            algorithm,
+            vec![burst.clone().block_for(Duration::from_secs(60))],
+        );
+        let plain = RatePolicy::new(blocking.namespace().to_owned(), algorithm, vec![burst]);
+        let plain = Arc::new(plain.expect("valid policy"));
+        let caller = key(&unique("reset-unnamed-block"));
+        let denied = block(store, &blocking, caller).await;
+        assert_eq!(denied.retry_after, Duration::from_secs(60), "{algorithm}");
+        store
+            .reset_rate(&plain, caller)
+            .await
+            .expect("store answers");
+        let after = check(store, &blocking, caller, 1).await;
+        assert!(after.admitted, "{algorithm}: the reset ended the block");
+        assert_eq!(after.limits[0].remaining, 1, "{algorithm}");
+    }
+}
+
 /// Only a denial by a limit with `block_for` blocks: one by a limit without waits as before;
 /// a limit with a penalty that denies later blocks then.
 pub async fn only_a_limit_with_block_for_blocks(store: &impl RateStore) {

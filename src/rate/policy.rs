@@ -437,11 +437,12 @@ impl RatePolicy {
     }
 
     /// Every store key of caller `key` under this policy, which a reset deletes: its limits'
-    /// ([`store_keys`](Self::store_keys)), then the blocks of those with a
-    /// [penalty](Limit::block_for), each its limit's key plus `:block`.
+    /// ([`store_keys`](Self::store_keys)), then the block of each, its limit's key plus
+    /// `:block` — of every limit, whether this policy gives it a [penalty](Limit::block_for) or
+    /// not: a copy configured with one may have blocked the caller.
     pub fn reset_keys(&self, key: &Key) -> Vec<String> {
         let mut keys = self.store_keys(key);
-        for limit in self.limits().iter().filter(|l| l.penalty().is_some()) {
+        for limit in self.limits() {
             let mut out = String::new();
             self.write_block_key(&mut out, key, limit);
             keys.push(out);
