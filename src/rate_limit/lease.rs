@@ -32,9 +32,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::lost_slice;
 use crate::key::Key;
 use crate::rate::{LimitState, RateCheck, RateOutcome, RatePolicy};
-use crate::store::{RateStore, StoreError, StoreFuture};
+use crate::store::{RateStore, StoreError, StoreErrorKind, StoreFuture};
 use crate::task::AbortOnDrop;
 
 /// Requests of a caller on this copy within one lease before it is leased a slice.
@@ -98,6 +99,16 @@ impl Slice {
     fn give_back(&self) -> Option<RateCheck> {
         (self.used < self.check.cost()).then(|| self.check.settle(self.used))
     }
+}
+
+/// A fetch, run in a task of the copy's.
+type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// The request a fetch was started for, while it waits: the cost to admit from the slice, and
+/// where its answer goes.
+struct Waiting {
+    cost: u64,
+    answer: tokio::sync::oneshot::Sender<Result<Option<RateOutcome>, StoreError>>,
 }
 
 /// How a request of a leased tier is decided.
@@ -242,18 +253,27 @@ impl Leases {
     }
 
     /// A slice of `size` for `check`'s caller, `check`'s cost admitted from it; when the store
-    /// has no room for the slice, a check of the request alone.
+    /// has no room for the slice, a check of the request alone. The fetch is the copy's: the
+    /// request only waits for it, and a request that goes away leaves the slice to the copy.
     fn fetch(self: &Arc<Self>, check: RateCheck, size: u64) -> StoreFuture<RateOutcome> {
         let leases = Arc::clone(self);
-        let slice = RateCheck::reservation(check.key(), size).quiet();
-        let pending = self.store.check_rate(&self.policy, slice);
-        let fetching = Fetching::new(self, check.key());
+        let (answer, landed) = tokio::sync::oneshot::channel();
+        let waiting = Waiting {
+            cost: check.cost(),
+            answer,
+        };
+        // outside a runtime there is no task to run it in: the request runs it itself
+        let inline = self.start_fetch(check.key(), size, Some(waiting));
         Box::pin(async move {
-            let answer = pending.await;
-            let installed = fetching
-                .leases
-                .install(slice, check.cost(), answer, &fetching);
-            drop(fetching);
+            if let Some(fetch) = inline {
+                fetch.await;
+            }
+            let installed = landed.await.map_err(|_| {
+                StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "a slice's fetch ended unanswered",
+                )
+            })?;
             match installed? {
                 Some(outcome) => Ok(outcome),
                 None => leases.direct(check).await,
@@ -263,16 +283,83 @@ impl Leases {
 
     /// Fetches a slice of `size` for `key` in the background.
     fn spawn_fetch(self: &Arc<Self>, key: Key, size: u64) {
-        let leases = Arc::clone(self);
+        // outside a runtime the slice is not fetched (nothing was sent): the caller's entry
+        // is freed for the next request to fetch one
+        drop(self.start_fetch(key, size, None));
+    }
+
+    /// Starts fetching a slice of `size` for `key` in a task of its own, which installs it
+    /// (`waiting`'s cost admitted from it, while its request is there) whatever becomes of the
+    /// request, and resolves it through the ledger when its answer is lost. Outside a runtime,
+    /// the fetch to run instead.
+    fn start_fetch(
+        self: &Arc<Self>,
+        key: Key,
+        size: u64,
+        waiting: Option<Waiting>,
+    ) -> Option<BoxFuture> {
         let slice = RateCheck::reservation(key, size).quiet();
         let fetching = Fetching::new(self, key);
-        let pending = self.store.check_rate(&self.policy, slice);
-        spawn(async move {
-            if let Err(error) = leases.install(slice, 0, pending.await, &fetching) {
-                tracing::debug!(target: "tollgate::rate_limit", %error, "could not lease a slice");
+        let fetch: BoxFuture = Box::pin(Arc::clone(self).run_fetch(slice, fetching, waiting));
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(fetch);
+                None
             }
-            drop(fetching);
-        });
+            Err(_) => Some(fetch),
+        }
+    }
+
+    /// The fetch of `slice`: the store's answer installed, handed to the request waiting for
+    /// it if one still does, and a lost answer resolved (see [`lost_slice`]).
+    async fn run_fetch(
+        self: Arc<Self>,
+        slice: RateCheck,
+        fetching: Fetching,
+        waiting: Option<Waiting>,
+    ) {
+        let made_at = Instant::now();
+        let answer = self.store.check_rate(&self.policy, slice).await;
+        let lost = answer.as_ref().is_err_and(lost_slice::is_lost);
+        // a request that went away takes nothing from the slice
+        let cost = waiting
+            .as_ref()
+            .filter(|waiting| !waiting.answer.is_closed())
+            .map_or(0, |waiting| waiting.cost);
+        let installed = self.install(slice, cost, answer, &fetching);
+        drop(fetching);
+        match waiting {
+            Some(waiting) => {
+                if let Err(Ok(Some(_))) = waiting.answer.send(installed) {
+                    // gone since: what it was admitted goes back to the slice
+                    self.unspend(slice, cost);
+                }
+            }
+            None => {
+                if let Err(error) = installed {
+                    tracing::debug!(target: "tollgate::rate_limit", %error, "could not lease a slice");
+                }
+            }
+        }
+        if lost {
+            let (store, policy) = (Arc::clone(&self.store), Arc::clone(&self.policy));
+            // the layer may go meanwhile: the resolution does not keep it
+            drop(self);
+            lost_slice::resolve(store, policy, slice, made_at).await;
+        }
+    }
+
+    /// Returns `cost` to the slice `slice`, admitted to a request that went away before it
+    /// heard so. (A slice retired meanwhile was settled with the cost spent.)
+    fn unspend(&self, slice: RateCheck, cost: u64) {
+        let key = slice.key();
+        let mut shard = self.shard(&key);
+        let held = shard
+            .get_mut(&key)
+            .and_then(|lease| lease.slices.iter_mut().find(|s| s.check == slice));
+        if let Some(held) = held {
+            held.used = held.used.saturating_sub(cost);
+        }
     }
 
     /// Takes the store's answer to the slice `slice`: when admitted, the slice is the caller's,
