@@ -13,9 +13,14 @@
 //!   others are checked per request (a slice for a caller seen once would cost a settlement
 //!   more than it saves). A slice is sized to what the caller spent of the one before in a
 //!   lease, doubled while it runs out early.
-//! - **No waiting**: when a slice is three-quarters spent the next one is fetched in the
-//!   background; a request that finds no slice with room while one is fetched is checked per
-//!   request.
+//! - **Fetching ahead**: when a slice is three-quarters spent the next one is fetched in the
+//!   background; a request that finds no slice with room while one is fetched waits for it (at
+//!   most the store's timeout), then is admitted from it or checked alone.
+//! - **A fetch is the copy's**: it runs in a task of its own, and the request that started it
+//!   only waits for its answer. A request that goes away mid-fetch (a closed connection) takes
+//!   nothing of the slice, which is installed and spent or given back like any other. A fetch
+//!   whose answer is lost (a timeout, a broken connection) may have been charged: it is
+//!   resolved through the attempt ledger, then given back ([`lost_slice`]).
 //! - **Memory**: at most [`CAPACITY`] callers per tier, removed once idle for two leases; a
 //!   caller beyond that is checked per request.
 //! - **Resets**: a slice's settlement is [quiet](RateCheck::quiet), so the only invalidation a
@@ -57,6 +62,8 @@ pub(crate) struct Leases {
     largest: u64,
     /// Returns expired slices of callers that went quiet; started with the first slice.
     sweeper: OnceLock<AbortOnDrop>,
+    /// Slices whose answer was lost, being resolved.
+    resolutions: Arc<lost_slice::Resolutions>,
 }
 
 debug_fields!(Leases { lease, largest });
@@ -134,6 +141,7 @@ impl Leases {
             lease: (window / 10).clamp(Duration::from_millis(1), Duration::from_secs(10)),
             largest: (quota / 8).max(1),
             sweeper: OnceLock::new(),
+            resolutions: Arc::default(),
         }
     }
 
@@ -320,7 +328,11 @@ impl Leases {
     ) {
         let made_at = Instant::now();
         let answer = self.store.check_rate(&self.policy, slice).await;
-        let lost = answer.as_ref().is_err_and(lost_slice::is_lost);
+        // counted before the fetch is over, for a graceful shutdown that waits for both
+        let lost = answer
+            .as_ref()
+            .is_err_and(lost_slice::is_lost)
+            .then(|| self.resolutions.start());
         // a request that went away takes nothing from the slice
         let cost = waiting
             .as_ref()
@@ -341,11 +353,12 @@ impl Leases {
                 }
             }
         }
-        if lost {
+        if let Some(resolving) = lost {
             let (store, policy) = (Arc::clone(&self.store), Arc::clone(&self.policy));
             // the layer may go meanwhile: the resolution does not keep it
             drop(self);
             lost_slice::resolve(store, policy, slice, made_at).await;
+            drop(resolving);
         }
     }
 
@@ -487,14 +500,15 @@ impl Leases {
     }
 
     /// Gives back every slice's unspent quota now, those being fetched included once they land
-    /// (within the store's timeout), and waits for the store's answers: the callers given back
-    /// quota.
+    /// (within the store's timeout) and those whose answer was lost once resolved, and waits
+    /// for the store's answers: the callers given back quota.
     pub(crate) async fn give_back_all(&self) -> Vec<Key> {
         let fetches = self.fetches();
         if !fetches.is_empty() {
             let landed = futures_util::future::join_all(fetches);
             let _ = tokio::time::timeout(self.store.timeout() * 2, landed).await;
         }
+        self.resolutions.ended(self.store.timeout()).await;
         let settlements = self.drain();
         let pending: Vec<_> = settlements
             .iter()

@@ -24,6 +24,45 @@ use crate::store::{RateStore, StoreError, StoreErrorKind};
 /// Settlements sent for a slice before giving up on it (each one is safe to send again).
 const SETTLE_TRIES: u32 = 5;
 
+/// The resolutions under way, for a graceful shutdown to wait for.
+#[derive(Debug)]
+pub(super) struct Resolutions {
+    under_way: tokio::sync::watch::Sender<usize>,
+}
+
+/// One resolution under way, counted until dropped.
+pub(super) struct Resolving(Arc<Resolutions>);
+
+impl Default for Resolutions {
+    fn default() -> Self {
+        Self {
+            under_way: tokio::sync::watch::Sender::new(0),
+        }
+    }
+}
+
+impl Resolutions {
+    /// Counts a resolution under way until the guard returned is dropped.
+    pub(super) fn start(self: &Arc<Self>) -> Resolving {
+        self.under_way.send_modify(|n| *n += 1);
+        Resolving(Arc::clone(self))
+    }
+
+    /// Waits until no resolution is under way: at most as long as one can last, on a store of
+    /// `timeout`.
+    pub(super) async fn ended(&self, timeout: Duration) {
+        let mut under_way = self.under_way.subscribe();
+        let longest = timeout * (4 + 2 * SETTLE_TRIES);
+        let _ = tokio::time::timeout(longest, under_way.wait_for(|n| *n == 0)).await;
+    }
+}
+
+impl Drop for Resolving {
+    fn drop(&mut self) {
+        self.0.under_way.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
 /// Whether a fetch that failed with `error` may have been charged: its answer was lost.
 pub(super) fn is_lost(error: &StoreError) -> bool {
     matches!(
@@ -89,4 +128,153 @@ async fn give_back(
         target: "tollgate::rate_limit",
         "gave up giving back a slice whose answer was lost: it stays charged until its window passes"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::key::Key;
+    use crate::rate::{Algorithm, Limit, RateOutcome};
+    use crate::store::{MemoryStore, StoreFuture};
+
+    /// A memory store whose next calls lose their answer: `lost` of them run and fail, then
+    /// `unsent` fail without running. It records when each call was made.
+    #[derive(Debug, Default)]
+    struct Lossy {
+        inner: MemoryStore,
+        lost: AtomicUsize,
+        unsent: AtomicUsize,
+        calls: Mutex<Vec<(Instant, RateCheck)>>,
+    }
+
+    fn take(counter: &AtomicUsize) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    impl RateStore for Lossy {
+        fn check_rate(&self, p: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
+            if let Ok(mut calls) = self.calls.lock() {
+                calls.push((Instant::now(), check));
+            }
+            if take(&self.lost) {
+                let ran = self.inner.check_rate(p, check);
+                return Box::pin(async move {
+                    let _ = ran.await;
+                    Err(StoreError::timeout())
+                });
+            }
+            if take(&self.unsent) {
+                return Box::pin(async { Err(StoreError::timeout()) });
+            }
+            self.inner.check_rate(p, check)
+        }
+
+        fn timeout(&self) -> Duration {
+            Duration::from_millis(200)
+        }
+
+        fn reset_rate(&self, p: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
+            self.inner.reset_rate(p, key)
+        }
+    }
+
+    fn policy() -> Arc<RatePolicy> {
+        let limits = vec![Limit::per_day("api", 100).leased()];
+        Arc::new(RatePolicy::new("lost", Algorithm::Gcra, limits).unwrap())
+    }
+
+    /// What the store says is left of the caller's quota.
+    async fn left(store: &Lossy, policy: &Arc<RatePolicy>, key: Key) -> u64 {
+        let look = store.inner.check_rate(policy, RateCheck::new(key, 0));
+        look.await.unwrap().limits[0].remaining
+    }
+
+    /// Fetches a slice of 10 through `store` (its answer lost), resolves it; the calls made.
+    async fn lose_a_slice(
+        store: &Arc<Lossy>,
+        policy: &Arc<RatePolicy>,
+    ) -> Vec<(Instant, RateCheck)> {
+        let slice = RateCheck::reservation(Key::new("user", b"a"), 10).quiet();
+        let made_at = Instant::now();
+        assert!(store.check_rate(policy, slice).await.is_err());
+        let dyn_store: Arc<dyn RateStore> = Arc::clone(store) as _;
+        resolve(dyn_store, Arc::clone(policy), slice, made_at).await;
+        store.calls.lock().unwrap().clone()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_charged_slice_is_re_sent_once_its_deadline_passed_then_given_back() {
+        let (store, policy) = (Arc::new(Lossy::default()), policy());
+        store.lost.store(1, Ordering::SeqCst);
+        let calls = lose_a_slice(&store, &policy).await;
+        let [(sent, slice), (resent, again), (_, settled)] = calls[..] else {
+            panic!("{calls:?}");
+        };
+        assert_eq!(again, slice, "the same attempt");
+        assert!(
+            resent >= sent + store.timeout(),
+            "re-sent before the deadline"
+        );
+        assert_eq!(settled, slice.settle(0));
+        assert_eq!(left(&store, &policy, slice.key()).await, 100);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slice_never_charged_and_denied_when_re_sent_is_not_settled() {
+        let (store, policy) = (Arc::new(Lossy::default()), policy());
+        let key = Key::new("user", b"a");
+        // the quota is spent meanwhile: the re-send is decided anew, and denied
+        let spent = store.inner.check_rate(&policy, RateCheck::new(key, 100));
+        assert!(spent.await.unwrap().admitted);
+        store.unsent.store(1, Ordering::SeqCst);
+        let calls = lose_a_slice(&store, &policy).await;
+        assert_eq!(
+            calls.len(),
+            2,
+            "the fetch and its re-send, no settlement: {calls:?}"
+        );
+        assert_eq!(left(&store, &policy, key).await, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slice_no_re_send_resolves_is_settled_once_every_send_is_past_its_deadline() {
+        let (store, policy) = (Arc::new(Lossy::default()), policy());
+        // the fetch and every re-send lose their answer; each ran
+        store.lost.store(100, Ordering::SeqCst);
+        let slice = RateCheck::reservation(Key::new("user", b"a"), 10).quiet();
+        let made_at = Instant::now();
+        assert!(store.check_rate(&policy, slice).await.is_err());
+        store.lost.store(1, Ordering::SeqCst);
+        store.unsent.store(100, Ordering::SeqCst);
+        let dyn_store: Arc<dyn RateStore> = Arc::clone(&store) as _;
+        let resolving = tokio::spawn(resolve(dyn_store, Arc::clone(&policy), slice, made_at));
+        // the re-sends fail (the last one made 350 ms after the fetch); the store answers again
+        // before the settlement is sent (200 ms after that)
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        store.unsent.store(0, Ordering::SeqCst);
+        resolving.await.unwrap();
+        let calls = store.calls.lock().unwrap().clone();
+        let resends: Vec<_> = calls.iter().filter(|(_, c)| *c == slice).collect();
+        let settlements: Vec<_> = calls
+            .iter()
+            .filter(|(_, c)| *c == slice.settle(0))
+            .collect();
+        let timeout = store.timeout();
+        let last_resend = resends.last().map(|(at, _)| *at).unwrap();
+        assert!(resends.len() >= 2, "{calls:?}");
+        assert!(
+            last_resend + timeout <= made_at + 3 * timeout,
+            "re-sent past the record"
+        );
+        assert!(
+            settlements[0].0 >= last_resend + timeout,
+            "settled before a send's deadline"
+        );
+        assert_eq!(left(&store, &policy, slice.key()).await, 100);
+    }
 }
