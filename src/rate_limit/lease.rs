@@ -327,7 +327,7 @@ impl Leases {
         waiting: Option<Waiting>,
     ) {
         let made_at = Instant::now();
-        let answer = self.store.check_rate(&self.policy, slice).await;
+        let answer = lost_slice::bounded(self.store.as_ref(), &self.policy, slice).await;
         // counted before the fetch is over, for a graceful shutdown that waits for both
         let lost = answer
             .as_ref()

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::rate::{RateCheck, RatePolicy};
+use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 use crate::store::{RateStore, StoreError, StoreErrorKind};
 
 /// Settlements sent for a slice before giving up on it (each one is safe to send again).
@@ -49,10 +49,11 @@ impl Resolutions {
     }
 
     /// Waits until no resolution is under way: at most as long as one can last, on a store of
-    /// `timeout`.
+    /// `timeout` (re-sends until a timeout and three quarters past the fetch, each call bounded
+    /// by two timeouts, then the settlements with their pauses).
     pub(super) async fn ended(&self, timeout: Duration) {
         let mut under_way = self.under_way.subscribe();
-        let longest = timeout * (4 + 2 * SETTLE_TRIES);
+        let longest = timeout * (4 + 3 * SETTLE_TRIES);
         let _ = tokio::time::timeout(longest, under_way.wait_for(|n| *n == 0)).await;
     }
 }
@@ -69,6 +70,19 @@ pub(super) fn is_lost(error: &StoreError) -> bool {
         error.kind(),
         StoreErrorKind::Timeout | StoreErrorKind::Unavailable
     )
+}
+
+/// `check` sent to `store`, failing as a timeout if no answer comes within twice the store's
+/// timeout: a store that breaks its own timeout holds no task of the copy's for longer.
+pub(super) async fn bounded(
+    store: &dyn RateStore,
+    policy: &Arc<RatePolicy>,
+    check: RateCheck,
+) -> Result<RateOutcome, StoreError> {
+    let call = store.check_rate(policy, check);
+    tokio::time::timeout(store.timeout() * 2, call)
+        .await
+        .unwrap_or_else(|_| Err(StoreError::timeout()))
 }
 
 /// Resolves `slice`, a reservation made at `made_at` whose answer was lost, and gives back
@@ -91,7 +105,7 @@ pub(super) async fn resolve(
     while !charged && next <= last_resend {
         tokio::time::sleep_until(next).await;
         sent_until = Instant::now() + timeout;
-        match store.check_rate(&policy, slice).await {
+        match bounded(store.as_ref(), &policy, slice).await {
             Ok(outcome) if !outcome.admitted => return,
             Ok(_) => charged = true,
             Err(_) => next = Instant::now() + pause,
@@ -113,7 +127,7 @@ async fn give_back(
     pause: Duration,
 ) {
     for _ in 0..SETTLE_TRIES {
-        match store.check_rate(policy, settlement).await {
+        match bounded(store, policy, settlement).await {
             Ok(_) => return,
             Err(error) => {
                 tracing::debug!(
@@ -137,7 +151,7 @@ mod tests {
 
     use super::*;
     use crate::key::Key;
-    use crate::rate::{Algorithm, Limit, RateOutcome};
+    use crate::rate::{Algorithm, Limit};
     use crate::store::{MemoryStore, StoreFuture};
 
     /// A memory store whose next calls lose their answer: `lost` of them run and fail, then
