@@ -138,8 +138,15 @@ async fn a_dropped_fetch_leaks_nothing_after(
     caller: &str,
     admitted: u64,
 ) {
+    // the slice the first dropped request fetched (twice its four requests) is the copy's
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while copy.leases_unspent() == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let held = copy.leases_unspent();
     copy.give_back_leases().await;
     left_becomes(copy, caller, QUOTA - admitted).await;
+    assert_eq!(held, 8, "the copy held {held} of the slice fetched");
     assert_eq!(copy.leases_unspent(), 0);
     let after = fire(copy, caller, 20).await;
     assert_eq!(after.admitted, 20, "{after:?}");
