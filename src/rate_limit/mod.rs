@@ -91,7 +91,6 @@ pub(crate) mod headers;
 mod invalidated;
 mod layer;
 mod lease;
-mod lost_slice;
 mod rejection;
 mod service;
 mod settings;
