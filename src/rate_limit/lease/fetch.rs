@@ -102,10 +102,28 @@ impl Leases {
             .map_or(0, |waiting| waiting.cost);
         let installed = self.install(slice, cost, answer, &fetching);
         drop(fetching);
+        self.hand_over(slice, cost, installed, waiting);
+        if let Some(resolving) = lost {
+            let (store, policy) = (Arc::clone(&self.store), Arc::clone(&self.policy));
+            // the layer may go meanwhile: the resolution does not keep it
+            drop(self);
+            lost::resolve(store, policy, slice, made_at).await;
+            drop(resolving);
+        }
+    }
+
+    /// Hands what came of `slice` to the request `waiting` for it, `cost` of it admitted; when
+    /// that request went away meanwhile, `cost` goes back to the slice.
+    fn hand_over(
+        &self,
+        slice: RateCheck,
+        cost: u64,
+        installed: Result<Option<RateOutcome>, StoreError>,
+        waiting: Option<Waiting>,
+    ) {
         match waiting {
             Some(waiting) => {
                 if let Err(Ok(Some(_))) = waiting.answer.send(installed) {
-                    // gone since: what it was admitted goes back to the slice
                     self.unspend(slice, cost);
                 }
             }
@@ -114,13 +132,6 @@ impl Leases {
                     tracing::debug!(target: "tollgate::rate_limit", %error, "could not lease a slice");
                 }
             }
-        }
-        if let Some(resolving) = lost {
-            let (store, policy) = (Arc::clone(&self.store), Arc::clone(&self.policy));
-            // the layer may go meanwhile: the resolution does not keep it
-            drop(self);
-            lost::resolve(store, policy, slice, made_at).await;
-            drop(resolving);
         }
     }
 
