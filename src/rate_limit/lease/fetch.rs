@@ -95,6 +95,12 @@ impl Leases {
             .as_ref()
             .is_err_and(lost::is_lost)
             .then(|| self.resolutions.start());
+        if let Some(None) = lost {
+            tracing::debug!(
+                target: "tollgate::rate_limit",
+                "a slice's answer was lost with too many being resolved: it is not"
+            );
+        }
         // a request that went away takes nothing from the slice
         let cost = waiting
             .as_ref()
@@ -103,7 +109,7 @@ impl Leases {
         let installed = self.install(slice, cost, answer, &fetching);
         drop(fetching);
         self.hand_over(slice, cost, installed, waiting);
-        if let Some(resolving) = lost {
+        if let Some(Some(resolving)) = lost {
             let (store, policy) = (Arc::clone(&self.store), Arc::clone(&self.policy));
             // the layer may go meanwhile: the resolution does not keep it
             drop(self);

@@ -11,7 +11,8 @@
 //!   nothing was charged.
 //!
 //! The task ends within a few store timeouts, whether or not its layer is still there: giving
-//! back what the store charged is owed to the caller either way.
+//! back what the store charged is owed to the caller either way. At most [`MOST_UNDER_WAY`]
+//! run at once per tier.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,11 @@ use crate::store::{RateStore, StoreError, StoreErrorKind};
 
 /// Settlements sent for a slice before giving up on it (each one is safe to send again).
 const SETTLE_TRIES: u32 = 5;
+
+/// Resolutions under way per tier, at most: a store that fails fast, every call of a warm
+/// caller a fetch, would otherwise have each lost fetch add a task and its calls. Beyond it, a
+/// lost slice is lost as a dead copy's is (charged until it leaves the window).
+pub(super) const MOST_UNDER_WAY: usize = 256;
 
 /// The resolutions under way, for a graceful shutdown to wait for.
 #[derive(Debug)]
@@ -42,10 +48,17 @@ impl Default for Resolutions {
 }
 
 impl Resolutions {
-    /// Counts a resolution under way until the guard returned is dropped.
-    pub(super) fn start(self: &Arc<Self>) -> Resolving {
-        self.under_way.send_modify(|n| *n += 1);
-        Resolving(Arc::clone(self))
+    /// Counts a resolution under way until the guard returned is dropped; `None` when
+    /// [`MOST_UNDER_WAY`] are.
+    pub(super) fn start(self: &Arc<Self>) -> Option<Resolving> {
+        let started = self.under_way.send_if_modified(|n| {
+            let room = *n < MOST_UNDER_WAY;
+            if room {
+                *n += 1;
+            }
+            room
+        });
+        started.then(|| Resolving(Arc::clone(self)))
     }
 
     /// Waits until no resolution is under way: at most as long as one can last, on a store of
@@ -219,6 +232,17 @@ mod tests {
         let dyn_store: Arc<dyn RateStore> = Arc::clone(store) as _;
         resolve(dyn_store, Arc::clone(policy), slice, made_at).await;
         store.calls.lock().unwrap().clone()
+    }
+
+    #[test]
+    fn at_most_so_many_resolutions_run_at_once() {
+        let resolutions = Arc::new(Resolutions::default());
+        let mut under_way: Vec<_> = (0..MOST_UNDER_WAY)
+            .map(|_| resolutions.start().unwrap())
+            .collect();
+        assert!(resolutions.start().is_none());
+        under_way.pop();
+        assert!(resolutions.start().is_some());
     }
 
     #[tokio::test(start_paused = true)]
