@@ -203,7 +203,9 @@ impl<K> RateLimitLayer<K> {
 
     /// Gives back what this copy holds unspent of its [leased](crate::rate::Limit::leased)
     /// slices, with one settlement each, and waits for the store's answers: for a graceful
-    /// shutdown, so that the quota is the other copies' at once. (Slices left when the layer is
+    /// shutdown, so that the quota is the other copies' at once. A slice being fetched is waited
+    /// for and given back once it lands; one whose answer was lost, once the store's ledger
+    /// says what it charged (within a few store timeouts). (Slices left when the layer is
     /// dropped are given back in the background.) Requests admitted afterwards lease again.
     pub async fn give_back_leases(&self) {
         for tier in self.settings.tiers.all() {

@@ -37,4 +37,5 @@ mod planted_state;
 mod rate_limit_frameworks;
 mod rate_limit_invalidations;
 mod rate_limit_layer;
+mod rate_limit_lease_fetches;
 mod rate_limit_leases;

@@ -17,12 +17,16 @@ use tollgate::key::{Header, Key};
 use tollgate::rate_limit::{Algorithm, DecisionSource, Limit, RateLimitDecision, RateLimitLayer};
 use tollgate::store::{MemoryStore, RateStore};
 
-const QUOTA: u64 = 1_000;
+pub(super) const QUOTA: u64 = 1_000;
 const PER_COPY: usize = 4_000;
 
 /// A copy of the service: a leased limit of 1,000 a day per `x-api-key` (one window for the
 /// whole test), under `prefix`.
-fn copy(store: impl RateStore, algorithm: Algorithm, prefix: &str) -> RateLimitLayer<Header> {
+pub(super) fn copy(
+    store: impl RateStore,
+    algorithm: Algorithm,
+    prefix: &str,
+) -> RateLimitLayer<Header> {
     RateLimitLayer::builder(store)
         .limit(Limit::per_day("api", QUOTA).leased())
         .algorithm(algorithm)
@@ -32,19 +36,19 @@ fn copy(store: impl RateStore, algorithm: Algorithm, prefix: &str) -> RateLimitL
         .unwrap()
 }
 
-fn unique(what: &str) -> String {
+pub(super) fn unique(what: &str) -> String {
     format!("{what}-{:x}", rand::random::<u64>())
 }
 
 /// What came of `n` requests of `caller` through `copy`, 32 at a time.
 #[derive(Debug, Default)]
-struct Tally {
-    admitted: u64,
-    from_lease: u64,
-    denied: u64,
+pub(super) struct Tally {
+    pub(super) admitted: u64,
+    pub(super) from_lease: u64,
+    pub(super) denied: u64,
 }
 
-async fn fire(copy: &RateLimitLayer<Header>, caller: &str, n: usize) -> Tally {
+pub(super) async fn fire(copy: &RateLimitLayer<Header>, caller: &str, n: usize) -> Tally {
     let service = tower::Layer::layer(
         copy,
         tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
@@ -78,7 +82,7 @@ async fn fire(copy: &RateLimitLayer<Header>, caller: &str, n: usize) -> Tally {
     tally
 }
 
-fn key_of(copy: &RateLimitLayer<Header>, caller: &str) -> Key {
+pub(super) fn key_of(copy: &RateLimitLayer<Header>, caller: &str) -> Key {
     let head = Request::get("/")
         .header("x-api-key", caller)
         .body(())
@@ -88,7 +92,7 @@ fn key_of(copy: &RateLimitLayer<Header>, caller: &str) -> Key {
 
 /// Waits until the store says `caller` has `expected` left (the settlements that give slices
 /// back are sent in the background), or fails naming what it has.
-async fn left_becomes(copy: &RateLimitLayer<Header>, caller: &str, expected: u64) {
+pub(super) async fn left_becomes(copy: &RateLimitLayer<Header>, caller: &str, expected: u64) {
     let key = key_of(copy, caller);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {

@@ -13,9 +13,14 @@
 //!   others are checked per request (a slice for a caller seen once would cost a settlement
 //!   more than it saves). A slice is sized to what the caller spent of the one before in a
 //!   lease, doubled while it runs out early.
-//! - **No waiting**: when a slice is three-quarters spent the next one is fetched in the
-//!   background; a request that finds no slice with room while one is fetched is checked per
-//!   request.
+//! - **Fetching ahead**: when a slice is three-quarters spent the next one is fetched in the
+//!   background; a request that finds no slice with room while one is fetched waits for it (at
+//!   most the store's timeout), then is admitted from it or checked alone.
+//! - **A fetch is the copy's**: it runs in a task of its own, and the request that started it
+//!   only waits for its answer. A request that goes away mid-fetch (a closed connection) takes
+//!   nothing of the slice, which is installed and spent or given back like any other. A fetch
+//!   whose answer is lost (a timeout, a broken connection) may have been charged: it is
+//!   resolved through the attempt ledger, then given back ([`lost`]).
 //! - **Memory**: at most [`CAPACITY`] callers per tier, removed once idle for two leases; a
 //!   caller beyond that is checked per request.
 //! - **Resets**: a slice's settlement is [quiet](RateCheck::quiet), so the only invalidation a
@@ -34,8 +39,11 @@ use tokio::time::Instant;
 
 use crate::key::Key;
 use crate::rate::{LimitState, RateCheck, RateOutcome, RatePolicy};
-use crate::store::{RateStore, StoreError, StoreFuture};
+use crate::store::{RateStore, StoreFuture};
 use crate::task::AbortOnDrop;
+
+mod fetch;
+mod lost;
 
 /// Requests of a caller on this copy within one lease before it is leased a slice.
 pub(crate) const WARM: u64 = 4;
@@ -56,6 +64,8 @@ pub(crate) struct Leases {
     largest: u64,
     /// Returns expired slices of callers that went quiet; started with the first slice.
     sweeper: OnceLock<AbortOnDrop>,
+    /// Slices whose answer was lost, being resolved.
+    resolutions: Arc<lost::Resolutions>,
 }
 
 debug_fields!(Leases { lease, largest });
@@ -123,6 +133,7 @@ impl Leases {
             lease: (window / 10).clamp(Duration::from_millis(1), Duration::from_secs(10)),
             largest: (quota / 8).max(1),
             sweeper: OnceLock::new(),
+            resolutions: Arc::default(),
         }
     }
 
@@ -241,85 +252,6 @@ impl Leases {
         })
     }
 
-    /// A slice of `size` for `check`'s caller, `check`'s cost admitted from it; when the store
-    /// has no room for the slice, a check of the request alone.
-    fn fetch(self: &Arc<Self>, check: RateCheck, size: u64) -> StoreFuture<RateOutcome> {
-        let leases = Arc::clone(self);
-        let slice = RateCheck::reservation(check.key(), size).quiet();
-        let pending = self.store.check_rate(&self.policy, slice);
-        let fetching = Fetching::new(self, check.key());
-        Box::pin(async move {
-            let answer = pending.await;
-            let installed = fetching
-                .leases
-                .install(slice, check.cost(), answer, &fetching);
-            drop(fetching);
-            match installed? {
-                Some(outcome) => Ok(outcome),
-                None => leases.direct(check).await,
-            }
-        })
-    }
-
-    /// Fetches a slice of `size` for `key` in the background.
-    fn spawn_fetch(self: &Arc<Self>, key: Key, size: u64) {
-        let leases = Arc::clone(self);
-        let slice = RateCheck::reservation(key, size).quiet();
-        let fetching = Fetching::new(self, key);
-        let pending = self.store.check_rate(&self.policy, slice);
-        spawn(async move {
-            if let Err(error) = leases.install(slice, 0, pending.await, &fetching) {
-                tracing::debug!(target: "tollgate::rate_limit", %error, "could not lease a slice");
-            }
-            drop(fetching);
-        });
-    }
-
-    /// Takes the store's answer to the slice `slice`: when admitted, the slice is the caller's,
-    /// `cost` of it spent, and the outcome of that admission is returned; when denied, `None`.
-    fn install(
-        self: &Arc<Self>,
-        slice: RateCheck,
-        cost: u64,
-        answer: Result<RateOutcome, StoreError>,
-        fetching: &Fetching,
-    ) -> Result<Option<RateOutcome>, StoreError> {
-        let key = slice.key();
-        let now = Instant::now();
-        let mut shard = self.shard(&key);
-        let Some(lease) = shard.get_mut(&key).filter(|lease| fetching.is_for(lease)) else {
-            drop(shard);
-            // the caller's entry was swept, or forgotten on a reset (and maybe made anew), while
-            // the slice was fetched: the slice may have been charged before the reset, so it is
-            // given back — a settlement returns only what the store still counts
-            if let Ok(outcome) = &answer
-                && outcome.admitted
-            {
-                self.give_back(vec![slice.settle(cost)]);
-            }
-            return answer.map(|outcome| outcome.admitted.then_some(outcome));
-        };
-        lease.fetching = false;
-        let outcome = answer?;
-        lease.observe(&outcome);
-        if !outcome.admitted {
-            return Ok(None);
-        }
-        lease.slices.push(Slice {
-            check: slice,
-            used: cost,
-            taken_at: now,
-            ends: now + self.lease,
-        });
-        let admitted = RateOutcome {
-            decided_at_us: outcome.decided_at_us,
-            ..lease.outcome()
-        };
-        drop(shard);
-        self.ensure_sweeper();
-        Ok(Some(admitted))
-    }
-
     /// Records the store's answer to a check of `key`'s request alone.
     fn record(&self, key: Key, outcome: &RateOutcome) {
         if let Some(lease) = self.shard(&key).get_mut(&key) {
@@ -400,14 +332,15 @@ impl Leases {
     }
 
     /// Gives back every slice's unspent quota now, those being fetched included once they land
-    /// (within the store's timeout), and waits for the store's answers: the callers given back
-    /// quota.
+    /// (within the store's timeout) and those whose answer was lost once resolved, and waits
+    /// for the store's answers: the callers given back quota.
     pub(crate) async fn give_back_all(&self) -> Vec<Key> {
         let fetches = self.fetches();
         if !fetches.is_empty() {
             let landed = futures_util::future::join_all(fetches);
             let _ = tokio::time::timeout(self.store.timeout() * 2, landed).await;
         }
+        self.resolutions.ended(self.store.timeout()).await;
         let settlements = self.drain();
         let pending: Vec<_> = settlements
             .iter()
@@ -461,49 +394,6 @@ impl Leases {
 fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         runtime.spawn(task);
-    }
-}
-
-/// A slice being fetched for a caller: once the fetch is over, or dropped half-way (its request
-/// went), the caller may fetch again, and who waits for it is woken (even when the caller's
-/// entry is gone: reset, or swept).
-struct Fetching {
-    leases: Arc<Leases>,
-    key: Key,
-    fetched: Arc<tokio::sync::Notify>,
-}
-
-impl Fetching {
-    /// Marks `key`'s fetch under way, when its entry is there to mark.
-    fn new(leases: &Arc<Leases>, key: Key) -> Self {
-        let fetched = leases
-            .shard(&key)
-            .get(&key)
-            .map(|lease| Arc::clone(&lease.fetched))
-            .unwrap_or_default();
-        Self {
-            leases: Arc::clone(leases),
-            key,
-            fetched,
-        }
-    }
-}
-
-impl Fetching {
-    /// Whether `lease` is the entry this fetch was started for (not one made anew since).
-    fn is_for(&self, lease: &Lease) -> bool {
-        Arc::ptr_eq(&lease.fetched, &self.fetched)
-    }
-}
-
-impl Drop for Fetching {
-    fn drop(&mut self) {
-        let mut shard = self.leases.shard(&self.key);
-        if let Some(lease) = shard.get_mut(&self.key).filter(|lease| self.is_for(lease)) {
-            lease.fetching = false;
-        }
-        drop(shard);
-        self.fetched.notify_waiters();
     }
 }
 
