@@ -48,6 +48,9 @@ pin_project! {
             decision: Option<RateLimitDecision>,
             // the check to settle once the response tells the actual cost
             settle: Option<RateCheck>,
+            // with `settle_body_size`: the meter of the body to come, which settles the bytes
+            // sent when dropped — none, when the request goes before its response head does
+            meter: Option<BodyMeter>,
         },
         Settle {
             pending: StoreFuture<RateOutcome>,
@@ -114,6 +117,7 @@ where
                 future,
                 decision: Some(decision),
                 settle: None,
+                meter: None,
             },
             settings,
         }
@@ -125,6 +129,7 @@ where
                 future,
                 decision: None,
                 settle: None,
+                meter: None,
             },
             settings,
         }
@@ -161,8 +166,15 @@ where
                     future,
                     decision,
                     settle,
+                    meter,
                 } => {
                     let response = ready!(future.poll(cx))?;
+                    if let Some(meter) = meter.take() {
+                        let mut response = finish(this.settings, response, decision.take());
+                        response.body_mut().meter(meter);
+                        this.state.set(State::Done);
+                        return Poll::Ready(Ok(response));
+                    }
                     match settlement(this.settings, response, decision.take(), settle.take()) {
                         ControlFlow::Break(response) => {
                             this.state.set(State::Done);
@@ -227,11 +239,21 @@ where
     // only what the store charged is settled there
     let charged = decision.admitted() && decision.source == DecisionSource::Store;
     let settle = (charged && settings.settle.is_some()).then_some(check);
+    // settled on the bytes of body sent: metered from now, so that a request that goes before
+    // its response head (the client left) is settled too — on the nothing it was sent
+    let (settle, meter) = match (&settings.settle, settle) {
+        (Some(Settle::BodyBytes), Some(check)) => {
+            let meter = BodyMeter::new(&settings.store, &decision.tier.policy, check);
+            (None, Some(meter))
+        }
+        (_, settle) => (settle, None),
+    };
     decision::record(request.extensions_mut(), decision.clone());
     State::Inner {
         future: service.call(request),
         decision: Some(decision),
         settle,
+        meter,
     }
 }
 
@@ -247,12 +269,9 @@ fn settlement<F, S, R, B>(
     let Some((check, charged)) = settle.zip(decision.as_ref()) else {
         return ControlFlow::Break(finish(settings, response, decision));
     };
+    // settled on the bytes of body sent: the meter went with the request (see `admit`)
     let Some(Settle::Head(read)) = &settings.settle else {
-        // settled on the bytes of body sent, once it has gone out
-        let meter = BodyMeter::new(&settings.store, &charged.tier.policy, check);
-        let mut response = finish(settings, response, decision);
-        response.body_mut().meter(meter);
-        return ControlFlow::Break(response);
+        return ControlFlow::Break(finish(settings, response, decision));
     };
     let (parts, body) = response.into_parts();
     let actual = read(&parts);

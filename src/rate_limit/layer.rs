@@ -560,7 +560,9 @@ impl<K> RateLimitLayerBuilder<K> {
     /// Reserve, then settle on the bytes sent: an admitted request reserves its
     /// [`cost`](Self::cost) (the most its response may be: required), and once its response
     /// body has gone out — or been dropped midway, a client gone — the charge is corrected to
-    /// the bytes of body actually sent, in the background, as [`settle`](Self::settle) does.
+    /// the bytes of body actually sent, in the background, as [`settle`](Self::settle) does. A
+    /// request that ends before its response head (its client left, or the inner service failed
+    /// without a response) was sent nothing: it is settled to 0.
     /// A byte budget per caller for downloads, exports and proxies. The response's `RateLimit`
     /// headers, sent before its body, show the balance with the reservation charged.
     ///

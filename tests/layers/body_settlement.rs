@@ -1,6 +1,6 @@
 //! Reserve, then settle on the bytes sent (`settle_body_size`), on Redis and PostgreSQL: a
-//! response streamed in full is charged its size, one cut short what went out, and two copies
-//! see one balance.
+//! response streamed in full is charged its size, one cut short what went out, one whose client
+//! left before its head nothing (in memory too), and two copies see one balance.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common;
@@ -120,6 +120,57 @@ async fn on_redis_two_copies_are_charged_the_bytes_sent() {
 async fn on_postgres_two_copies_are_charged_the_bytes_sent() {
     let store = common::postgres::store().await;
     bytes_sent_are_charged([layer(store.clone()), layer(store)]).await;
+}
+
+/// A client that leaves before the response head (its connection closed: the server drops the
+/// request's future while the handler works) was sent nothing: its reservation is settled to
+/// 0 — the whole 400 given back — and, with the handler answering later, nothing is charged
+/// then either.
+async fn a_client_gone_before_the_head_is_charged_nothing(layer: RateLimitLayer<Header>) {
+    let caller = format!("gone-{:x}", rand::random::<u64>());
+    let (entered, release) = (
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+    );
+    let handler = {
+        let (entered, release) = (entered.clone(), release.clone());
+        tower::service_fn(move |request: Request<String>| {
+            let (entered, release) = (entered.clone(), release.clone());
+            async move {
+                entered.notify_one();
+                release.notified().await;
+                three_chunks(request).await
+            }
+        })
+    };
+    let service = tower::Layer::layer(&layer, handler);
+    let call = tokio::spawn(service.oneshot(download(&caller)));
+    entered.notified().await;
+    left_becomes(&layer, &caller, 600).await; // 400 reserved while the handler works
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    release.notify_one();
+    left_becomes(&layer, &caller, 1_000).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    left_becomes(&layer, &caller, 1_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_a_client_gone_before_the_head_is_charged_nothing() {
+    a_client_gone_before_the_head_is_charged_nothing(layer(tollgate::store::MemoryStore::new()))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_client_gone_before_the_head_is_charged_nothing() {
+    let server = common::RedisServer::start();
+    a_client_gone_before_the_head_is_charged_nothing(layer(server.store())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_a_client_gone_before_the_head_is_charged_nothing() {
+    let store = common::postgres::store().await;
+    a_client_gone_before_the_head_is_charged_nothing(layer(store)).await;
 }
 
 #[test]
