@@ -17,22 +17,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower::{ServiceBuilder, ServiceExt};
 
+use super::rate_limit_invalidations::redis_store;
 use crate::common::{RedisServer, postgres};
 use tollgate::idempotency::{IdempotencyBody, IdempotencyLayer, MissingScope, RequestBody};
 use tollgate::key::Header;
 use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
-use tollgate::store::{IdempotencyStore, MemoryStore, RateStore, RedisStore};
-
-fn redis_store(server: &RedisServer) -> RedisStore {
-    RedisStore::builder(server.url())
-        .timeout(Duration::from_secs(2))
-        .build()
-        .unwrap()
-}
-
-async fn pg_store() -> tollgate::store::PgStore {
-    postgres::store().await
-}
+use tollgate::store::{IdempotencyStore, MemoryStore, RateStore};
 
 /// A prefix no other test uses.
 fn unique_prefix(name: &str) -> String {
@@ -129,7 +119,7 @@ async fn a_zero_estimate_pays_its_usage_and_is_refused_when_spent_on_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zero_estimate_pays_its_usage_and_is_refused_when_spent_on_postgres() {
-    a_zero_estimate_pays_its_usage_and_is_refused_when_spent(pg_store().await).await;
+    a_zero_estimate_pays_its_usage_and_is_refused_when_spent(postgres::store().await).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -292,7 +282,7 @@ async fn a_request_without_its_scope_is_refused_and_learns_nothing_on_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_without_its_scope_is_refused_and_learns_nothing_on_postgres() {
-    a_request_without_its_scope_is_refused_and_learns_nothing(pg_store().await).await;
+    a_request_without_its_scope_is_refused_and_learns_nothing(postgres::store().await).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -491,5 +481,5 @@ async fn stalled_uploads_leave_every_other_tenant_served_on_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_uploads_leave_every_other_tenant_served_on_postgres() {
-    stalled_uploads_leave_every_other_tenant_served(pg_store().await).await;
+    stalled_uploads_leave_every_other_tenant_served(postgres::store().await).await;
 }

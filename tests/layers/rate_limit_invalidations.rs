@@ -124,7 +124,8 @@ async fn pattern_subscribed(urls: Vec<String>) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-fn redis_store(server: &RedisServer) -> RedisStore {
+/// A store client on `server` with a 2 s timeout.
+pub(super) fn redis_store(server: &RedisServer) -> RedisStore {
     RedisStore::builder(server.url())
         .timeout(Duration::from_secs(2))
         .build()

@@ -11,11 +11,11 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use tower::{Service, ServiceExt};
 
-use super::rate_limit_leases::{QUOTA, copy, fire, left_becomes, unique};
+use super::rate_limit_leases::{QUOTA, copy, copy_builder, fire, left_becomes, unique};
 use crate::common::proxy::Proxy;
 use crate::common::{RedisServer, postgres};
 use tollgate::key::Header;
-use tollgate::rate_limit::{Algorithm, Limit, OnStoreError, RateLimitLayer};
+use tollgate::rate_limit::{Algorithm, OnStoreError, RateLimitLayer};
 use tollgate::store::{MemoryStore, PgStore, RateStore, RedisStore};
 
 /// Requests the tests drop half-way: the one that starts a fetch, and those that wait for it.
@@ -27,12 +27,23 @@ fn strict_copy(
     algorithm: Algorithm,
     prefix: &str,
 ) -> RateLimitLayer<Header> {
-    RateLimitLayer::builder(store)
-        .limit(Limit::per_day("api", QUOTA).leased())
-        .algorithm(algorithm)
-        .prefix(prefix)
-        .key(Header::from_static("x-api-key"))
+    copy_builder(store, algorithm, prefix)
         .on_store_error(OnStoreError::Deny)
+        .build()
+        .unwrap()
+}
+
+/// Every algorithm, each test's loop.
+const ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::Gcra,
+    Algorithm::SlidingCounter,
+    Algorithm::SlidingLog,
+];
+
+/// A Redis store through `proxy`, with `timeout`.
+fn through(proxy: &Proxy, timeout: Duration) -> RedisStore {
+    RedisStore::builder(proxy.url())
+        .timeout(timeout)
         .build()
         .unwrap()
 }
@@ -59,11 +70,7 @@ async fn drop_half_way(copy: &RateLimitLayer<Header>, caller: &str, polled: Opti
 /// first would admit the later ones from the slice, and they would count as admitted).
 #[tokio::test(flavor = "current_thread")]
 async fn in_memory_a_request_dropped_mid_fetch_leaks_no_slice() {
-    for algorithm in [
-        Algorithm::Gcra,
-        Algorithm::SlidingCounter,
-        Algorithm::SlidingLog,
-    ] {
+    for algorithm in ALGORITHMS {
         let layer = copy(MemoryStore::new(), algorithm, &unique("lease"));
         let caller = unique("gone");
         assert_eq!(fire(&layer, &caller, 3).await.admitted, 3);
@@ -80,15 +87,8 @@ async fn in_memory_a_request_dropped_mid_fetch_leaks_no_slice() {
 async fn on_redis_a_request_dropped_mid_fetch_leaks_no_slice() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.addr()).await;
-    for algorithm in [
-        Algorithm::Gcra,
-        Algorithm::SlidingCounter,
-        Algorithm::SlidingLog,
-    ] {
-        let store = RedisStore::builder(proxy.url())
-            .timeout(Duration::from_secs(3))
-            .build()
-            .unwrap();
+    for algorithm in ALGORITHMS {
+        let store = through(&proxy, Duration::from_secs(3));
         let layer = copy(store, algorithm, &unique("lease"));
         let caller = unique("gone");
         assert_eq!(fire(&layer, &caller, 3).await.admitted, 3);
@@ -107,11 +107,7 @@ async fn on_redis_a_request_dropped_mid_fetch_leaks_no_slice() {
 async fn on_postgres_a_request_dropped_mid_fetch_leaks_no_slice() {
     let server = tokio::task::spawn_blocking(postgres::shared).await.unwrap();
     let proxy = Proxy::start(server.addr()).await;
-    for algorithm in [
-        Algorithm::Gcra,
-        Algorithm::SlidingCounter,
-        Algorithm::SlidingLog,
-    ] {
+    for algorithm in ALGORITHMS {
         let layer = copy(
             pg_through(&proxy, Duration::from_secs(3)).await,
             algorithm,
@@ -209,15 +205,8 @@ async fn a_lost_reply_leaks_nothing(layer: &RateLimitLayer<Header>, proxy: &Prox
 async fn on_redis_a_fetch_whose_reply_is_lost_leaks_no_slice() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.addr()).await;
-    for algorithm in [
-        Algorithm::Gcra,
-        Algorithm::SlidingCounter,
-        Algorithm::SlidingLog,
-    ] {
-        let store = RedisStore::builder(proxy.url())
-            .timeout(Duration::from_millis(200))
-            .build()
-            .unwrap();
+    for algorithm in ALGORITHMS {
+        let store = through(&proxy, Duration::from_millis(200));
         let layer = strict_copy(store, algorithm, &unique("lease"));
         a_lost_reply_leaks_nothing(&layer, &proxy).await;
     }
@@ -227,11 +216,7 @@ async fn on_redis_a_fetch_whose_reply_is_lost_leaks_no_slice() {
 async fn on_postgres_a_fetch_whose_reply_is_lost_leaks_no_slice() {
     let server = tokio::task::spawn_blocking(postgres::shared).await.unwrap();
     let proxy = Proxy::start(server.addr()).await;
-    for algorithm in [
-        Algorithm::Gcra,
-        Algorithm::SlidingCounter,
-        Algorithm::SlidingLog,
-    ] {
+    for algorithm in ALGORITHMS {
         let store = pg_through(&proxy, Duration::from_millis(200)).await;
         let layer = strict_copy(store, algorithm, &unique("lease"));
         a_lost_reply_leaks_nothing(&layer, &proxy).await;

@@ -14,7 +14,9 @@ use tower::ServiceExt;
 use crate::common::cluster::RedisCluster;
 use crate::common::{RedisServer, postgres};
 use tollgate::key::{Header, Key};
-use tollgate::rate_limit::{Algorithm, DecisionSource, Limit, RateLimitDecision, RateLimitLayer};
+use tollgate::rate_limit::{
+    Algorithm, DecisionSource, Limit, RateLimitDecision, RateLimitLayer, RateLimitLayerBuilder,
+};
 use tollgate::store::{MemoryStore, RateStore};
 
 pub(super) const QUOTA: u64 = 1_000;
@@ -27,13 +29,20 @@ pub(super) fn copy(
     algorithm: Algorithm,
     prefix: &str,
 ) -> RateLimitLayer<Header> {
+    copy_builder(store, algorithm, prefix).build().unwrap()
+}
+
+/// The builder of [`copy`], for a copy with a setting of its own.
+pub(super) fn copy_builder(
+    store: impl RateStore,
+    algorithm: Algorithm,
+    prefix: &str,
+) -> RateLimitLayerBuilder<Header> {
     RateLimitLayer::builder(store)
         .limit(Limit::per_day("api", QUOTA).leased())
         .algorithm(algorithm)
         .prefix(prefix)
         .key(Header::from_static("x-api-key"))
-        .build()
-        .unwrap()
 }
 
 pub(super) fn unique(what: &str) -> String {
