@@ -1,5 +1,5 @@
-//! Tenants that do not play fair, on a `MemoryStore`, a real `redis-server` and a real
-//! PostgreSQL: a cost estimate of 0 is checked and pays what it used; a keyed request that does
+//! Tenants that do not play fair, on a `MemoryStore`, a real `redis-server` (and a Redis
+//! Cluster) and a real PostgreSQL: a cost estimate of 0 is checked and pays what it used; a keyed request that does
 //! not name its caller is refused and learns nothing of another caller's record; stalled uploads
 //! of a few tenants leave every other tenant served.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -115,6 +115,12 @@ async fn a_zero_estimate_pays_its_usage_and_is_refused_when_spent_on_memory() {
 async fn a_zero_estimate_pays_its_usage_and_is_refused_when_spent_on_redis() {
     let server = RedisServer::start();
     a_zero_estimate_pays_its_usage_and_is_refused_when_spent(redis_store(&server)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_estimate_pays_its_usage_and_is_refused_when_spent_on_redis_cluster() {
+    let cluster = crate::common::cluster::RedisCluster::shared();
+    a_zero_estimate_pays_its_usage_and_is_refused_when_spent(cluster.store().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,6 +284,12 @@ async fn a_request_without_its_scope_is_refused_and_learns_nothing_on_memory() {
 async fn a_request_without_its_scope_is_refused_and_learns_nothing_on_redis() {
     let server = RedisServer::start();
     a_request_without_its_scope_is_refused_and_learns_nothing(redis_store(&server)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_its_scope_is_refused_and_learns_nothing_on_redis_cluster() {
+    let cluster = crate::common::cluster::RedisCluster::shared();
+    a_request_without_its_scope_is_refused_and_learns_nothing(cluster.store().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
