@@ -26,6 +26,7 @@ pub struct RateCheck {
     reservation: bool,
     settles: Option<Settlement>,
     quiet: bool,
+    held_us: u64,
 }
 
 /// What a settlement corrects: the check it settles, and what that check charged.
@@ -45,6 +46,10 @@ pub struct Settlement {
 /// settlement made twice is applied once.
 const SETTLEMENT_ID: u64 = 0x9e37_79b9_7f4a_7c15;
 
+/// The longest [hold](RateCheck::held) a store is sent, about twelve days: no arithmetic of a
+/// store overflows on it.
+const MOST_HELD_US: u64 = 1 << 40;
+
 impl RateCheck {
     /// A new attempt to spend `cost` for `key`, with a fresh random id.
     pub fn new(key: Key, cost: u64) -> Self {
@@ -55,6 +60,7 @@ impl RateCheck {
             reservation: false,
             settles: None,
             quiet: false,
+            held_us: 0,
         }
     }
 
@@ -102,6 +108,42 @@ impl RateCheck {
         }
     }
 
+    /// The same check, its units admitted over up to `lease` after the charge rather than at
+    /// once — a [leased](crate::rate::Limit::leased) slice, spent by a copy until its lease
+    /// ends. The store counts them for as long as they may be admitted: a sliding log's entries
+    /// are dated at the lease's end, and GCRA charges from the lease's end (so the slice also
+    /// fits when admitted all at once at its start); a sliding counter charges the window the
+    /// check falls in, and a copy spends such a slice only within that window. A unit admitted
+    /// late is then counted, on every limit, for at least a window after it was admitted.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::key::Key;
+    /// use tollgate::rate::RateCheck;
+    ///
+    /// let slice = RateCheck::reservation(Key::new("user", b"alice"), 64).held(Duration::from_millis(400));
+    /// assert_eq!(slice.hold(), Duration::from_millis(400));
+    /// assert_eq!(RateCheck::new(slice.key(), 1).hold(), Duration::ZERO);
+    /// assert_eq!(slice.settle(10).hold(), Duration::ZERO, "a settlement admits nothing later");
+    /// ```
+    pub fn held(self, lease: std::time::Duration) -> Self {
+        Self {
+            held_us: u64::try_from(lease.as_micros()).unwrap_or(u64::MAX).min(MOST_HELD_US),
+            ..self
+        }
+    }
+
+    /// How long after the charge this check's units may still be admitted (see
+    /// [`held`](Self::held)); zero for a check admitted at once.
+    pub fn hold(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.held_us)
+    }
+
+    /// [`hold`](Self::hold) in microseconds, as a store takes it.
+    pub(crate) fn hold_us(&self) -> u64 {
+        self.held_us
+    }
+
     /// Whether a refund this check makes goes unannounced: a store broadcasts the
     /// [invalidation](crate::store::Invalidation) of a refunding settlement only when this is
     /// `false`.
@@ -147,6 +189,7 @@ impl RateCheck {
                 refundable: self.reservation,
             }),
             quiet: self.quiet,
+            held_us: 0,
         }
     }
 

@@ -68,7 +68,7 @@ impl Leases {
         size: u64,
         waiting: Option<Waiting>,
     ) -> Option<BoxFuture> {
-        let slice = RateCheck::reservation(key, size).quiet();
+        let slice = RateCheck::reservation(key, size).quiet().held(self.lease);
         let fetching = Fetching::new(self, key);
         let fetch: BoxFuture = Box::pin(Arc::clone(self).run_fetch(slice, fetching, waiting));
         match tokio::runtime::Handle::try_current() {
@@ -106,7 +106,7 @@ impl Leases {
             .as_ref()
             .filter(|waiting| !waiting.answer.is_closed())
             .map_or(0, |waiting| waiting.cost);
-        let installed = self.install(slice, cost, answer, &fetching);
+        let installed = self.install(slice, cost, answer, (&fetching, made_at));
         drop(fetching);
         self.hand_over(slice, cost, installed, waiting);
         if let Some(Some(resolving)) = lost {
@@ -154,14 +154,15 @@ impl Leases {
         }
     }
 
-    /// Takes the store's answer to the slice `slice`: when admitted, the slice is the caller's,
-    /// `cost` of it spent, and the outcome of that admission is returned; when denied, `None`.
+    /// Takes the store's answer to the slice `slice`, sent at `made_at`: when admitted, the slice
+    /// is the caller's, `cost` of it spent, and the outcome of that admission is returned; when
+    /// denied, `None`.
     fn install(
         self: &Arc<Self>,
         slice: RateCheck,
         cost: u64,
         answer: Result<RateOutcome, StoreError>,
-        fetching: &Fetching,
+        (fetching, made_at): (&Fetching, Instant),
     ) -> Result<Option<RateOutcome>, StoreError> {
         let key = slice.key();
         let now = Instant::now();
@@ -188,7 +189,7 @@ impl Leases {
             check: slice,
             used: cost,
             taken_at: now,
-            ends: now + self.lease,
+            ends: made_at + self.life(&outcome),
         });
         let admitted = RateOutcome {
             decided_at_us: outcome.decided_at_us,

@@ -38,7 +38,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::key::Key;
-use crate::rate::{LimitState, RateCheck, RateOutcome, RatePolicy};
+use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::{RateStore, StoreFuture};
 use crate::task::AbortOnDrop;
 
@@ -234,6 +234,27 @@ impl Leases {
         }
     }
 
+    /// How long a slice the store charged with `outcome` may be spent, from when its fetch was
+    /// sent (no later than the store charged it): its lease, which the store counts it for (see
+    /// [`RateCheck::held`]); on a sliding counter, at most to the end of the window it was
+    /// charged to, which the store's clock at the charge places.
+    fn life(&self, outcome: &RateOutcome) -> Duration {
+        if self.policy.algorithm() != Algorithm::SlidingCounter {
+            return self.lease;
+        }
+        let Some(at) = outcome.decided_at_us else {
+            return Duration::ZERO;
+        };
+        let left = self
+            .policy
+            .limits()
+            .iter()
+            .map(|limit| counter_window_left(limit.window_us(), at))
+            .min()
+            .unwrap_or(0);
+        self.lease.min(Duration::from_micros(left))
+    }
+
     /// The largest slice that may be taken now for requests of `cost`: none (a check per
     /// request) when that is less than two requests' worth.
     fn cap(&self, room: u64, cost: u64) -> Option<u64> {
@@ -387,6 +408,15 @@ impl Leases {
         }
         self.give_back(returned);
     }
+}
+
+/// What is left at store time `at_us` of the sliding counter's window of `window_us` it falls
+/// in, as the stores place windows (on whole milliseconds of store time).
+fn counter_window_left(window_us: u64, at_us: u64) -> u64 {
+    let window_ms = window_us as f64 / 1000.0;
+    let index = ((at_us / 1000) as f64 / window_ms).floor();
+    let end_us = ((index + 1.0) * window_ms * 1000.0).floor();
+    (end_us as u64).saturating_sub(at_us)
 }
 
 /// Runs `task` in the background, when there is a runtime to run it on (outside one, a
