@@ -30,8 +30,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::ConfigError;
+use crate::keepalive::{self, LockSpace, Owner};
 use crate::keyspace;
-use crate::lease::{self, LockSpace, Owner};
 use crate::store::ClaimRequest;
 use crate::store::{Hold, LockStore, StoreError};
 
@@ -107,7 +107,7 @@ impl Claims {
             move || store.delete_if_held(Hold::new(key.clone(), holder.clone()))
         };
         let attempt = self.claim_key(key, holder, ttl.into(), deadline);
-        lease::attempt_with_undo(Owner::Claim, deadline, undo, attempt).await
+        keepalive::attempt_with_undo(Owner::Claim, deadline, undo, attempt).await
     }
 
     /// Claims `name` for `holder` (an order id, say), so that losers can tell who won.

@@ -218,15 +218,17 @@ pub mod claim;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
-mod lease;
+mod keepalive;
 pub mod lock;
 pub mod metrics;
+mod on_error;
 mod pace;
-mod policy;
+mod rate_client;
 mod task;
 // HTTP glue
 mod body;
 mod grpc;
+mod headers;
 mod rejection;
 // the layers
 pub mod concurrency;

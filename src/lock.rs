@@ -58,8 +58,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::ConfigError;
+use crate::keepalive::{self, LockSpace, Owner};
 use crate::keyspace;
-use crate::lease::{self, LockSpace, Owner};
 use crate::store::LockRequest;
 use crate::store::{Hold, LockAttempt, LockStore, StoreError};
 use crate::task::AbortOnDrop;
@@ -147,7 +147,7 @@ impl Locks {
             LockRequest::new(Hold::new(key.clone(), token.clone()), fence_key, lease),
             deadline,
         );
-        let attempt = lease::attempt_with_undo(Owner::Lock, deadline, undo, acquire)
+        let attempt = keepalive::attempt_with_undo(Owner::Lock, deadline, undo, acquire)
             .await
             .inspect_err(|_| crate::metrics::lock("error"))?;
         crate::metrics::lock(match attempt {
@@ -250,7 +250,7 @@ async fn keep_alive(
     lease: Duration,
     lost: watch::Sender<bool>,
 ) {
-    lease::keep_alive(Owner::Lock, lease, || {
+    keepalive::keep_alive(Owner::Lock, lease, || {
         let deadline = Instant::now() + store.timeout();
         store.extend_if_held(Hold::new(key.clone(), token.clone()), lease, deadline)
     })
@@ -365,7 +365,7 @@ impl Drop for LockGuard {
         );
         let store = Arc::clone(&self.store);
         let why = "the guard was dropped";
-        lease::release_in_background(Owner::Lock, why, Instant::now(), move || {
+        keepalive::release_in_background(Owner::Lock, why, Instant::now(), move || {
             store.delete_if_held(Hold::new(key.clone(), token.clone()))
         });
     }

@@ -13,10 +13,10 @@ use super::report::{Outcome, report};
 use super::settings::Settings;
 use crate::body::Complete;
 use crate::grpc::Wire;
+use crate::keepalive::{self, Owner, UndoUnanswered};
 use crate::key::Key;
 use crate::keyspace;
-use crate::lease::{self, Owner, UndoUnanswered};
-use crate::policy::OnStoreError;
+use crate::on_error::OnStoreError;
 use crate::store::{Hold, PermitAttempt, PermitRequest, StoreError};
 
 /// What became of a request's claim to a permit.
@@ -99,7 +99,7 @@ async fn acquire(
         PermitRequest::new(hold.clone(), fence_key, limit, lease, place),
         deadline,
     );
-    lease::attempt_with_undo(Owner::Permit, deadline, undo, attempt).await
+    keepalive::attempt_with_undo(Owner::Permit, deadline, undo, attempt).await
 }
 
 /// Gives up `hold`'s place in the queue when dropped (unless disarmed).

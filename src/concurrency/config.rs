@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::layer::ConcurrencyLimitLayerBuilder;
-use crate::policy::OnStoreError;
+use crate::on_error::OnStoreError;
 
 /// A concurrency-limit layer's settings from a configuration file; what is left out keeps the
 /// builder's default. Applied with [`ConcurrencyLimitLayerBuilder::config`]; the key extractor

@@ -85,4 +85,4 @@ pub use permit::Permit;
 pub use service::ConcurrencyLimit;
 
 pub use crate::key::MissingKey;
-pub use crate::policy::OnStoreError;
+pub use crate::on_error::OnStoreError;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::keepalive::{self, Owner};
 use crate::key::Key;
-use crate::lease::{self, Owner};
 use crate::store::{Hold, PermitStore};
 use crate::task::AbortOnDrop;
 
@@ -67,7 +67,7 @@ impl StorePermit {
     ) -> (Self, Permit) {
         let keep_alive = {
             let (store, hold) = (Arc::clone(&store), hold.clone());
-            AbortOnDrop(tokio::spawn(lease::keep_alive(
+            AbortOnDrop(tokio::spawn(keepalive::keep_alive(
                 Owner::Permit,
                 lease,
                 move || {
@@ -88,7 +88,7 @@ impl StorePermit {
 impl Drop for StorePermit {
     fn drop(&mut self) {
         let (store, hold) = (Arc::clone(&self.store), self.hold.clone());
-        lease::release_in_background(
+        keepalive::release_in_background(
             Owner::Permit,
             "a request ended",
             Instant::now(),

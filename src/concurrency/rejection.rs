@@ -8,8 +8,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use super::settings::Settings;
 use crate::body::Complete;
 use crate::grpc::{Code, Wire};
-use crate::rate_limit::QuotaUnit;
-use crate::rate_limit::headers::{RATELIMIT, RATELIMIT_POLICY};
+use crate::headers::{QuotaUnit, RATELIMIT, RATELIMIT_POLICY};
 use crate::rejection::{self, Rejection};
 
 /// `429` (gRPC: RESOURCE_EXHAUSTED) with `Retry-After`: the configured hint, or `next_free`.

@@ -7,8 +7,8 @@ use http::request::Parts;
 
 use super::permit::LocalPermits;
 use crate::key::MissingKey;
+use crate::on_error::OnStoreError;
 use crate::pace::OncePerSecond;
-use crate::policy::OnStoreError;
 use crate::store::PermitStore;
 
 /// Chooses a request's tier by name, from its head.

@@ -17,15 +17,15 @@ use tower_service::Service;
 
 use super::body::IdempotencyBody;
 use super::handler::{Handler, HttpBody, RequestBody};
-use super::record::StoredResponse;
 use super::rejection::Rejection;
 use super::settings::Settings;
 use crate::error::BoxError;
 use crate::grpc::Wire;
-use crate::lease::{self, Owner};
+use crate::keepalive::{self, Owner};
 use crate::store::CompleteRequest;
 use crate::store::Hold;
 use crate::store::Run;
+use crate::store::StoredResponse;
 use crate::task::AbortOnDrop;
 
 /// What the caller of a keyed request gets: a response, or the handler's error.
@@ -490,12 +490,12 @@ async fn complete(settings: &Settings, key: String, token: String, record: Bytes
 /// Gives the key back (token-checked) so that a retry runs the handler again.
 async fn release(settings: &Settings, key: String, token: String, why: &'static str) {
     let release = settings.store.idempotency_release(Hold::new(key, token));
-    lease::log_release(Owner::Idempotency, why, release).await;
+    keepalive::log_release(Owner::Idempotency, why, release).await;
 }
 
-/// Keeps the claim alive while the handler runs (see [`lease::keep_alive`]).
+/// Keeps the claim alive while the handler runs (see [`keepalive::keep_alive`]).
 async fn keep_lease(settings: Arc<Settings>, key: String, token: String) {
-    lease::keep_alive(Owner::Idempotency, settings.lease, || {
+    keepalive::keep_alive(Owner::Idempotency, settings.lease, || {
         settings.store.idempotency_extend(
             Hold::new(key.clone(), token.clone()),
             settings.lease,

@@ -17,16 +17,16 @@ use super::budget::Share;
 use super::execute::{Answer, Claimed, execute};
 use super::fingerprint::fingerprint;
 use super::handler::{Handler, HttpBody, RequestBody};
-use super::record::StoredResponse;
 use super::rejection::Rejection;
 use super::report::report;
 use super::settings::{OnConcurrent, Settings};
 use crate::body::Complete;
 use crate::error::BoxError;
 use crate::grpc::Wire;
+use crate::keepalive::{self, Owner};
 use crate::key::Key;
-use crate::lease::{self, Owner};
 use crate::store::BeginRequest;
+use crate::store::StoredResponse;
 use crate::store::{Hold, IdempotencyBegin, RunBegun, RunStart, StoreError};
 
 /// One keyed request: buffer and fingerprint it, then claim, replay or refuse.
@@ -149,7 +149,7 @@ async fn claim<B>(
             BeginRequest::new(hold, fingerprint.to_owned(), settings.lease),
             deadline,
         );
-        let begun = lease::attempt_with_undo(Owner::Idempotency, deadline, undo, begin).await?;
+        let begun = keepalive::attempt_with_undo(Owner::Idempotency, deadline, undo, begin).await?;
         Ok(match begun {
             IdempotencyBegin::Claimed => Found::Claimed(Claimed::Lease {
                 key: key.to_owned(),

@@ -139,7 +139,6 @@ mod future;
 mod handler;
 mod key_header;
 mod layer;
-pub(crate) mod record;
 mod rejection;
 mod report;
 mod service;

@@ -10,7 +10,7 @@
 //!
 //! A reset, or a settlement that refunded the caller, through any copy makes a cached denial
 //! stale. The store broadcasts it (see [`RateStore::invalidations`](crate::store::RateStore::invalidations)),
-//! and the layer drops the caller's entry when the word arrives (`invalidated.rs`): normally the
+//! and the rate client drops the caller's entry when the word arrives (`invalidated.rs`): normally the
 //! caller is admitted on every copy within about a round trip of the broadcast. When the
 //! broadcast is lost (the subscriber's connection down, a store without one), the bound is
 //! [`MAX_AGE`]: a denial is served from the cache for at most that long, however long the
@@ -30,8 +30,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::decision::{DecisionSource, RateLimitDecision};
+use super::source::{DecisionSource, Verdict};
 use crate::key::Key;
+use crate::rate::RateCheck;
 
 /// Entries beyond this are not cached (expired ones are dropped first): a flood of distinct
 /// callers cannot grow the cache without bound. Each shard holds its share, `CAPACITY / SHARDS`.
@@ -69,7 +70,7 @@ struct Denial {
     /// When the check that was denied was sent.
     at: Instant,
     cost: u64,
-    decision: RateLimitDecision,
+    verdict: Verdict,
 }
 
 impl Default for DenyCache {
@@ -83,19 +84,19 @@ impl Default for DenyCache {
 
 impl DenyCache {
     /// Remembers a denial by the store for a check sent at `sent_at`.
-    pub(crate) fn remember(&self, decision: &RateLimitDecision, sent_at: Instant) {
+    pub(crate) fn remember(&self, verdict: &Verdict, sent_at: Instant) {
         let now = Instant::now();
-        if decision.retry_after.is_zero() {
+        if verdict.retry_after.is_zero() {
             return;
         }
-        let Some(until) = sent_at.checked_add(decision.retry_after) else {
+        let Some(until) = sent_at.checked_add(verdict.retry_after) else {
             return;
         };
         if until <= now {
             // the denial ran out while the reply was on its way
             return;
         }
-        let mut entries = self.lock(decision.key);
+        let mut entries = self.lock(verdict.check.key());
         if entries.invalidated.is_some_and(|at| sent_at <= at) {
             return;
         }
@@ -103,19 +104,21 @@ impl DenyCache {
             return;
         }
         entries.map.insert(
-            decision.key,
+            verdict.check.key(),
             Denial {
                 until,
                 expires: until.min(sent_at + MAX_AGE),
                 at: sent_at,
-                cost: decision.cost,
-                decision: decision.clone(),
+                cost: verdict.check.cost(),
+                verdict: verdict.clone(),
             },
         );
     }
 
-    /// A denial for `key` at `cost` still in force, with its waits shortened by the time passed.
-    pub(crate) fn check(&self, key: Key, cost: u64) -> Option<RateLimitDecision> {
+    /// A denial of `check` (its caller at its cost) still in force, with its waits shortened by
+    /// the time passed.
+    pub(crate) fn check(&self, check: RateCheck) -> Option<Verdict> {
+        let (key, cost) = (check.key(), check.cost());
         let now = Instant::now();
         let mut entries = self.lock(key);
         let denial = entries.map.get(&key)?;
@@ -127,14 +130,14 @@ impl DenyCache {
             return None;
         }
         let elapsed = now - denial.at;
-        let mut decision = denial.decision.clone();
-        decision.cost = cost;
-        decision.source = DecisionSource::DenyCache;
-        decision.retry_after = (denial.until - now).max(Duration::from_millis(1));
-        for state in &mut decision.states {
+        let mut verdict = denial.verdict.clone();
+        verdict.check = check;
+        verdict.source = DecisionSource::DenyCache;
+        verdict.retry_after = (denial.until - now).max(Duration::from_millis(1));
+        for state in &mut verdict.states {
             state.reset = state.reset.saturating_sub(elapsed);
         }
-        Some(decision)
+        Some(verdict)
     }
 
     /// Forgets the denial of `key`, if any, and any denial of a check sent until now that
@@ -179,201 +182,5 @@ impl Entries {
         self.swept = Some(now);
         self.map.retain(|_, denial| denial.expires > now);
         self.map.len() < CAPACITY / SHARDS
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::convert::Infallible;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use http::{Request, Response, StatusCode};
-    use tower::{Service, ServiceExt, service_fn};
-
-    use crate::key::Header;
-    use crate::rate::{LimitState, RateCheck, RateOutcome, RatePolicy};
-    use crate::rate_limit::{DecisionSource, Limit, RateLimitDecision, RateLimitLayer};
-    use crate::store::{RateStore, StoreFuture};
-
-    /// A store that denies every check for a second, replying 200 ms after it was asked.
-    #[derive(Debug, Clone, Default)]
-    struct SlowDenial {
-        checks: Arc<AtomicUsize>,
-    }
-
-    const LATENCY: std::time::Duration = std::time::Duration::from_millis(200);
-    const WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
-    impl RateStore for SlowDenial {
-        fn check_rate(&self, _: &Arc<RatePolicy>, _: RateCheck) -> StoreFuture<RateOutcome> {
-            self.checks.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async {
-                tokio::time::sleep(LATENCY).await;
-                Ok(RateOutcome {
-                    admitted: false,
-                    retry_after: WAIT,
-                    limits: vec![LimitState {
-                        remaining: 0,
-                        reset: WAIT,
-                    }],
-                    decided_at_us: None,
-                })
-            })
-        }
-
-        fn timeout(&self) -> std::time::Duration {
-            WAIT
-        }
-
-        fn reset_rate(&self, _: &Arc<RatePolicy>, _: super::Key) -> StoreFuture<()> {
-            Box::pin(async { Ok(()) })
-        }
-    }
-
-    async fn decision<S>(svc: &mut S) -> RateLimitDecision
-    where
-        S: Service<Request<()>, Response = Response<crate::rate_limit::ResponseBody<()>>>,
-        S::Error: std::fmt::Debug,
-    {
-        let request = Request::get("/").header("x-caller", "a").body(()).unwrap();
-        let response = svc.ready().await.unwrap().call(request).await.unwrap();
-        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-        response
-            .extensions()
-            .get::<RateLimitDecision>()
-            .cloned()
-            .unwrap()
-    }
-
-    /// The store denied for 1 s at some moment between sending and the reply: the cached
-    /// denial ends 1 s after sending, not 1 s after the reply 200 ms later.
-    #[tokio::test(start_paused = true)]
-    async fn a_slow_reply_does_not_stretch_the_cached_denial() {
-        let store = SlowDenial::default();
-        let checks = Arc::clone(&store.checks);
-        let layer = RateLimitLayer::builder(store)
-            .limit(Limit::per_second("s", 1))
-            .key(Header::from_static("x-caller"))
-            .build()
-            .unwrap();
-        let ok = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) };
-        let mut svc = tower_layer::Layer::layer(&layer, service_fn(ok));
-        let sent = tokio::time::Instant::now();
-        assert_eq!(decision(&mut svc).await.source(), DecisionSource::Store);
-        assert_eq!(sent.elapsed(), LATENCY);
-        // 900 ms after sending: still denied locally, for the 100 ms left
-        tokio::time::advance(std::time::Duration::from_millis(700)).await;
-        let cached = decision(&mut svc).await;
-        assert_eq!(cached.source(), DecisionSource::DenyCache);
-        assert_eq!(cached.retry_after(), std::time::Duration::from_millis(100));
-        assert_eq!(
-            cached.limits()[0].1.reset,
-            std::time::Duration::from_millis(100)
-        );
-        assert_eq!(checks.load(Ordering::SeqCst), 1);
-        // 1 s and 1 ms after sending the denial is over: the store is asked again
-        tokio::time::advance(std::time::Duration::from_millis(101)).await;
-        assert_eq!(
-            decision(&mut svc).await.source(),
-            DecisionSource::Store,
-            "the cached denial outlived the store's"
-        );
-        assert_eq!(checks.load(Ordering::SeqCst), 2);
-    }
-
-    /// A store that denies every check at once for a minute (a caller over an hourly limit,
-    /// say), counting the checks it is asked.
-    #[derive(Debug, Default)]
-    struct LongDenial {
-        checks: Arc<AtomicUsize>,
-    }
-
-    const LONG: std::time::Duration = std::time::Duration::from_secs(60);
-
-    impl RateStore for LongDenial {
-        fn check_rate(&self, _: &Arc<RatePolicy>, _: RateCheck) -> StoreFuture<RateOutcome> {
-            self.checks.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async {
-                Ok(RateOutcome {
-                    admitted: false,
-                    retry_after: LONG,
-                    limits: vec![LimitState {
-                        remaining: 0,
-                        reset: LONG,
-                    }],
-                    decided_at_us: None,
-                })
-            })
-        }
-
-        fn timeout(&self) -> std::time::Duration {
-            LONG
-        }
-
-        fn reset_rate(&self, _: &Arc<RatePolicy>, _: super::Key) -> StoreFuture<()> {
-            Box::pin(async { Ok(()) })
-        }
-    }
-
-    /// A denial whose check was sent before the caller was forgotten (a reset or refund that
-    /// arrived while the check was on its way) is not cached: the store may have decided it
-    /// before the reset. One sent afterwards is.
-    #[tokio::test(start_paused = true)]
-    async fn a_denial_sent_before_an_invalidation_is_not_cached() {
-        let layer = RateLimitLayer::builder(LongDenial::default())
-            .limit(Limit::per_hour("h", 1))
-            .key(Header::from_static("x-caller"))
-            .deny_cache(false)
-            .build()
-            .unwrap();
-        let ok = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) };
-        let mut svc = tower_layer::Layer::layer(&layer, service_fn(ok));
-        let denial = decision(&mut svc).await;
-        let key = denial.key;
-        let cache = super::DenyCache::default();
-        let sent = tokio::time::Instant::now();
-        tokio::time::advance(std::time::Duration::from_millis(1)).await;
-        cache.forget(key);
-        cache.remember(&denial, sent);
-        assert!(
-            cache.check(key, 1).is_none(),
-            "a denial from before the reset"
-        );
-        tokio::time::advance(std::time::Duration::from_millis(1)).await;
-        cache.remember(&denial, tokio::time::Instant::now());
-        assert!(cache.check(key, 1).is_some(), "a denial from after it");
-        tokio::time::advance(std::time::Duration::from_millis(1)).await;
-        cache.clear();
-        assert!(cache.check(key, 1).is_none(), "cleared");
-    }
-
-    /// However long the store's wait, a denial is served from the cache for at most
-    /// `MAX_AGE`, then the store is asked again: a reset or refund made through another copy
-    /// whose broadcast was lost frees the caller here within that time. The answers still count
-    /// down the store's wait.
-    #[tokio::test(start_paused = true)]
-    async fn a_long_denial_is_asked_again_after_the_cache_max_age() {
-        let store = LongDenial::default();
-        let checks = Arc::clone(&store.checks);
-        let layer = RateLimitLayer::builder(store)
-            .limit(Limit::per_hour("h", 1))
-            .key(Header::from_static("x-caller"))
-            .build()
-            .unwrap();
-        let ok = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) };
-        let mut svc = tower_layer::Layer::layer(&layer, service_fn(ok));
-        assert_eq!(decision(&mut svc).await.source(), DecisionSource::Store);
-        tokio::time::advance(super::MAX_AGE - std::time::Duration::from_millis(1)).await;
-        let cached = decision(&mut svc).await;
-        assert_eq!(cached.source(), DecisionSource::DenyCache);
-        assert_eq!(
-            cached.retry_after(),
-            LONG - super::MAX_AGE + std::time::Duration::from_millis(1)
-        );
-        assert_eq!(checks.load(Ordering::SeqCst), 1);
-        tokio::time::advance(std::time::Duration::from_millis(1)).await;
-        assert_eq!(decision(&mut svc).await.source(), DecisionSource::Store);
-        assert_eq!(checks.load(Ordering::SeqCst), 2);
     }
 }

@@ -1,12 +1,12 @@
-//! The in-process limiter behind [`OnStoreError::LocalFallback`](super::OnStoreError).
+//! The in-process limiter behind [`OnStoreError::LocalFallback`](crate::on_error::OnStoreError).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderValue;
 
-use super::headers::{self, QuotaUnit};
 use crate::error::{ConfigError, ConfigErrorKind};
+use crate::headers::{self, QuotaUnit};
 use crate::pace::OncePerSecond;
 use crate::rate::{Clock, LocalRates, RateCheck, RateOutcome, RatePolicy};
 

@@ -13,11 +13,11 @@ use http::HeaderValue;
 use http::request::Parts;
 
 use super::fallback::Fallback;
-use super::headers::{self, QuotaUnit};
 use super::lease::Leases;
 use crate::error::{ConfigError, ConfigErrorKind};
+use crate::headers::{self, QuotaUnit};
+use crate::on_error::OnStoreError;
 use crate::pace::OncePerSecond;
-use crate::policy::OnStoreError;
 use crate::rate::{Algorithm, Limit, RatePolicy};
 use crate::store::RateStore;
 

@@ -8,6 +8,7 @@ use http_body::Frame;
 
 use crate::body::{LayerBody, Tap};
 use crate::rate::{RateCheck, RatePolicy};
+use crate::rate_client::settle::{self, Unsettled};
 use crate::store::RateStore;
 
 tapped_body! {
@@ -82,27 +83,7 @@ impl Drop for BodyMeter {
         if self.sent == self.check.cost() {
             return;
         }
-        // outside a runtime nothing can be sent: the reservation stays charged
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(
-                target: "tollgate::rate_limit",
-                sent = self.sent,
-                "a response body ended outside a Tokio runtime: it stays charged what it reserved"
-            );
-            return;
-        };
-        let settled = self
-            .store
-            .check_rate(&self.policy, self.check.settle(self.sent));
-        let sent = self.sent;
-        runtime.spawn(async move {
-            if let Err(error) = settled.await {
-                tracing::warn!(
-                    target: "tollgate::rate_limit",
-                    %error, sent,
-                    "could not settle a response's body size: it stays charged what it reserved"
-                );
-            }
-        });
+        let settlement = self.check.settle(self.sent);
+        settle::in_background(&*self.store, &self.policy, settlement, Unsettled::BodySize);
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::layer::RateLimitLayerBuilder;
-use crate::policy::OnStoreError;
+use crate::on_error::OnStoreError;
 use crate::rate::{Algorithm, Limit};
 
 /// A rate-limit layer's settings from a configuration file; what is left out keeps the

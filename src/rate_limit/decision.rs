@@ -5,41 +5,10 @@ use std::time::Duration;
 
 use http::HeaderMap;
 
-use super::headers::{self, RATELIMIT, RATELIMIT_POLICY};
-use super::tiers::Tier;
+use crate::headers::{self, RATELIMIT, RATELIMIT_POLICY};
 use crate::key::Key;
 use crate::rate::{Limit, LimitState, RatePolicy};
-
-/// Where a [`RateLimitDecision`] came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DecisionSource {
-    /// The shared store decided.
-    Store,
-    /// The store failed; [`OnStoreError::Allow`](super::OnStoreError::Allow) or [`OnStoreError::Deny`](super::OnStoreError::Deny) decided.
-    StoreUnavailable,
-    /// The store failed; the in-process fallback limiter decided.
-    LocalFallback,
-    /// The store denied this caller moments ago, until a time not yet reached: denied again
-    /// without a round trip (see [`RateLimitLayerBuilder::deny_cache`](super::RateLimitLayerBuilder::deny_cache)).
-    DenyCache,
-    /// Admitted from a slice of the caller's quota that this copy leased from the store (see
-    /// [`Limit::leased`](crate::rate::Limit::leased)), without a round trip.
-    Lease,
-}
-
-impl DecisionSource {
-    /// The `source` label of the decisions counter.
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Self::Store => "store",
-            Self::StoreUnavailable => "store_unavailable",
-            Self::LocalFallback => "local_fallback",
-            Self::DenyCache => "deny_cache",
-            Self::Lease => "lease",
-        }
-    }
-}
+use crate::rate_client::{DecisionSource, Tier, Verdict};
 
 /// The rate-limit decision for one request, in the response extensions (and, for admitted
 /// requests, the request extensions).
@@ -80,6 +49,33 @@ macro_rules! decision_event {
 }
 
 impl RateLimitDecision {
+    /// The decision the rate client's `verdict` makes, in shadow mode when `shadow`.
+    pub(crate) fn new(verdict: Verdict, shadow: bool) -> Self {
+        Self {
+            admitted: verdict.admitted,
+            shadow,
+            source: verdict.source,
+            key: verdict.check.key(),
+            cost: verdict.check.cost(),
+            retry_after: verdict.retry_after,
+            tier: verdict.tier,
+            states: verdict.states,
+        }
+    }
+
+    /// The rate client's verdict this decision was made of (of a check of its cost alone).
+    #[cfg(test)]
+    pub(crate) fn verdict(&self) -> Verdict {
+        Verdict {
+            admitted: self.admitted,
+            source: self.source,
+            check: crate::rate::RateCheck::new(self.key, self.cost),
+            retry_after: self.retry_after,
+            tier: Arc::clone(&self.tier),
+            states: self.states.clone(),
+        }
+    }
+
     /// Whether the request was let through.
     pub fn admitted(&self) -> bool {
         self.admitted

@@ -9,17 +9,15 @@ use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::{BodyMeter, ResponseBody};
-use super::decide;
-use super::decision::{self, DecisionSource, RateLimitDecision};
+use super::decision::{self, RateLimitDecision};
 use super::rejection::Rejection;
 use super::settings::{Settings, Settle};
-use super::tiers::Tier;
 use crate::grpc::Wire;
 use crate::rate::{RateCheck, RateOutcome};
+use crate::rate_client::{DecisionSource, Pending, Verdict};
 use crate::store::StoreFuture;
 
 pin_project! {
@@ -39,7 +37,7 @@ pin_project! {
     #[project_replace = StateOwned]
     enum State<F, S, R, B> {
         Check {
-            pending: StoreFuture<RateOutcome>,
+            pending: Pending,
             checking: Checking<S, R>,
         },
         Inner {
@@ -66,14 +64,10 @@ pin_project! {
     }
 }
 
-/// A request whose check is at the store, and what its decision needs.
+/// A request whose check is at the store, and the service that will call it.
 struct Checking<S, R> {
     service: S,
     request: R,
-    tier: Arc<Tier>,
-    check: RateCheck,
-    /// When the check went to the store: a cached denial counts from then.
-    sent_at: Instant,
     wire: Wire,
 }
 
@@ -81,44 +75,35 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
+    /// A request whose check is `pending` at the store, to be called on `service` if admitted.
     pub(super) fn check(
-        pending: StoreFuture<RateOutcome>,
+        pending: Pending,
         service: S,
         request: Request<ReqBody>,
         settings: Arc<Settings>,
-        tier: Arc<Tier>,
-        check: RateCheck,
         wire: Wire,
     ) -> Self {
+        let checking = Checking {
+            service,
+            request,
+            wire,
+        };
         Self {
-            state: State::Check {
-                pending,
-                checking: Checking {
-                    service,
-                    request,
-                    tier,
-                    check,
-                    sent_at: Instant::now(),
-                    wire,
-                },
-            },
+            state: State::Check { pending, checking },
             settings,
         }
     }
 
-    /// The inner call of a request admitted without a round trip, with its decision.
-    pub(super) fn admitted(
-        future: S::Future,
+    /// A request decided without a round trip: called on `service` if admitted.
+    pub(super) fn decided(
+        verdict: Verdict,
+        service: &mut S,
+        request: Request<ReqBody>,
         settings: Arc<Settings>,
-        decision: RateLimitDecision,
+        wire: Wire,
     ) -> Self {
         Self {
-            state: State::Inner {
-                future,
-                decision: Some(decision),
-                settle: None,
-                meter: None,
-            },
+            state: admit(&settings, verdict, service, request, wire),
             settings,
         }
     }
@@ -154,13 +139,19 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Check { pending, .. } => {
-                    let result = ready!(pending.as_mut().poll(cx));
+                    let verdict = ready!(Pin::new(pending).poll(cx));
                     let StateOwned::Check { checking, .. } =
                         this.state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("the state was Check");
                     };
-                    this.state.set(admit(this.settings, result, checking));
+                    let Checking {
+                        mut service,
+                        request,
+                        wire,
+                    } = checking;
+                    let admitted = admit(this.settings, verdict, &mut service, request, wire);
+                    this.state.set(admitted);
                 }
                 StateProj::Inner {
                     future,
@@ -215,21 +206,17 @@ where
 /// what it will settle; or the rejection.
 fn admit<S, ReqBody>(
     settings: &Settings,
-    result: Result<RateOutcome, crate::store::StoreError>,
-    checking: Checking<S, Request<ReqBody>>,
+    verdict: Verdict,
+    service: &mut S,
+    mut request: Request<ReqBody>,
+    wire: Wire,
 ) -> State<S::Future, S, Request<ReqBody>, S::Response>
 where
     S: Service<Request<ReqBody>>,
 {
-    let Checking {
-        mut service,
-        mut request,
-        tier,
-        check,
-        sent_at,
-        wire,
-    } = checking;
-    let decision = decide::decide(settings, result, tier, check, sent_at);
+    let check = verdict.check;
+    let decision = RateLimitDecision::new(verdict, settings.shadow);
+    decision.report();
     if !decision.admitted() && !settings.shadow {
         return State::Reject {
             rejection: Rejection::Denied(decision),
@@ -243,7 +230,7 @@ where
     // its response head (the client left) is settled too — on the nothing it was sent
     let (settle, meter) = match (&settings.settle, settle) {
         (Some(Settle::BodyBytes), Some(check)) => {
-            let meter = BodyMeter::new(&settings.store, &decision.tier.policy, check);
+            let meter = BodyMeter::new(&settings.client.store, &decision.tier.policy, check);
             (None, Some(meter))
         }
         (_, settle) => (settle, None),
@@ -280,8 +267,9 @@ fn settlement<F, S, R, B>(
         return ControlFlow::Break(finish(settings, response, decision));
     };
     let pending = settings
+        .client
         .store
-        .check_rate(&charged.tier.policy, check.settle(actual));
+        .settle(&charged.tier.policy, check.settle(actual));
     ControlFlow::Continue(State::Settle {
         pending,
         response,

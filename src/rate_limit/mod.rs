@@ -80,32 +80,29 @@
 //! enforce what callers may ask of the service as a whole.
 
 mod body;
+mod builder;
 #[cfg(feature = "serde")]
 mod config;
-mod decide;
 mod decision;
-mod deny_cache;
-mod fallback;
+#[cfg(test)]
+mod deny_cache_tests;
 mod future;
-pub(crate) mod headers;
-mod invalidated;
 mod layer;
-mod lease;
 mod rejection;
 mod service;
 mod settings;
 #[cfg(test)]
 mod tests;
-mod tiers;
 
+pub use crate::headers::QuotaUnit;
 pub use crate::key::MissingKey;
-pub use crate::policy::OnStoreError;
+pub use crate::on_error::OnStoreError;
+pub use crate::rate_client::DecisionSource;
 pub use body::ResponseBody;
 #[cfg(feature = "serde")]
 pub use config::RateLimitConfig;
-pub use decision::{DecisionSource, RateLimitDecision, RateLimitDecisions};
+pub use decision::{RateLimitDecision, RateLimitDecisions};
 pub use future::ResponseFuture;
-pub use headers::QuotaUnit;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use service::RateLimit;
 

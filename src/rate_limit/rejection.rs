@@ -5,12 +5,13 @@ use std::borrow::Cow;
 use http::{Response, StatusCode, header};
 
 use super::body::ResponseBody;
-use super::decision::{self, DecisionSource, RateLimitDecision};
-use super::headers;
+use super::decision::{self, RateLimitDecision};
 use super::settings::Settings;
 use crate::body::Complete;
 use crate::grpc::Code;
 use crate::grpc::Wire;
+use crate::headers;
+use crate::rate_client::DecisionSource;
 use crate::rejection;
 
 /// A response the layer gives instead of calling the inner service.

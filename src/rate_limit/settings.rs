@@ -4,13 +4,9 @@ use std::sync::Arc;
 
 use http::request::Parts;
 
-use super::deny_cache::DenyCache;
-use super::invalidated::Listener;
-use super::tiers::Tiers;
-use crate::key::MissingKey;
-use crate::pace::OncePerSecond;
-use crate::policy::OnStoreError;
-use crate::store::RateStore;
+use crate::key::{Key, MissingKey};
+use crate::rate::RateCheck;
+use crate::rate_client::RateClient;
 
 /// The response to a denied HTTP request, built from its decision.
 pub(crate) type RejectionFn =
@@ -37,13 +33,11 @@ pub(crate) enum Settle {
 
 /// Everything a request needs besides the key extractor; shared by every clone of the service.
 pub(crate) struct Settings {
-    pub(crate) store: Arc<dyn RateStore>,
-    /// The policies a request is checked against, one per request.
-    pub(crate) tiers: Tiers,
+    /// The store's rate checks, behind what this copy keeps: tiers, slices, cached denials.
+    pub(crate) client: Arc<RateClient>,
     pub(crate) cost: Option<CostFn>,
     /// Where the actual cost comes from, to settle what the request reserved.
     pub(crate) settle: Option<Settle>,
-    pub(crate) on_store_error: OnStoreError,
     pub(crate) missing_key: MissingKey,
     /// The detail of a rejected request without a key: where the key is read from.
     pub(crate) missing_key_message: Box<str>,
@@ -56,13 +50,6 @@ pub(crate) struct Settings {
     pub(crate) grpc_metadata: Option<GrpcMetadataFn>,
     /// `RateLimit` members carry the caller's `pk`.
     pub(crate) partition_key: bool,
-    /// Denials by the store, of every tier (a cached denial answers for its own tier only).
-    pub(crate) deny_cache: Option<Arc<DenyCache>>,
-    /// Drops the cached denials that the store says are stale.
-    pub(crate) listener: Listener,
-    /// Store failures are logged at warn at most once a second (the rest at debug): an outage
-    /// under load must not flood the log.
-    pub(crate) last_warning: OncePerSecond,
 }
 
 impl Settings {
@@ -79,12 +66,20 @@ impl Settings {
             cost
         }
     }
+
+    /// The check of `cost` for `key`: a check that will be settled is a reservation, whose
+    /// store keeps where it went.
+    pub(crate) fn check(&self, key: Key, cost: u64) -> RateCheck {
+        if self.settle.is_some() {
+            RateCheck::reservation(key, cost)
+        } else {
+            RateCheck::new(key, cost)
+        }
+    }
 }
 
 debug_fields!(Settings {
-    store,
-    tiers,
-    on_store_error,
+    client,
     missing_key,
     headers,
     shadow

@@ -112,7 +112,7 @@ impl IdempotencyState {
     pub fn response_status(&self) -> Option<http::StatusCode> {
         match self {
             Self::Completed { response, .. } => {
-                crate::idempotency::record::StoredResponse::decode(response).map(|r| r.status)
+                super::StoredResponse::decode(response).map(|r| r.status)
             }
             _ => None,
         }

@@ -134,6 +134,7 @@ mod rate_store;
 mod redact;
 #[cfg(feature = "redis")]
 mod redis;
+mod response;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod span;
 mod transaction;
@@ -160,6 +161,7 @@ pub use redact::redact_connection_string;
 pub(crate) use redact::redacted_list;
 #[cfg(feature = "redis")]
 pub use redis::{RedisClusterBuilder, RedisSentinelBuilder, RedisStore, RedisStoreBuilder};
+pub(crate) use response::StoredResponse;
 pub use transaction::{CommitError, Run, RunBegun, RunFuture, RunStart, TransactionStore};
 
 /// The future a store operation returns: owned, `Send`, and bounded by the store's timeout.

@@ -1,4 +1,4 @@
-//! [`RateStore`]: rate checks, the capability a rate-limit layer needs.
+//! [`RateStore`]: rate checks and their settlements, the capability a rate-limit layer needs.
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use super::{Invalidations, StoreFuture};
 use crate::key::Key;
 use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 
-/// Rate checks: the capability a rate-limit layer needs.
+/// Rate checks, their settlements and resets: the capability a rate-limit layer needs.
 ///
 /// Implementations must finish every future within their own timeout (a store that is down must not
 /// hang a request) and make each check atomic with respect to every other caller of the same
@@ -19,6 +19,21 @@ pub trait RateStore: fmt::Debug + Send + Sync + 'static {
     /// [`RatePolicy::store_keys`]. Safe to run twice: the same attempt again is charged once and
     /// admitted again (see [`RateCheck`]).
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome>;
+
+    /// Settles a reservation: `settlement` is a check made by [`RateCheck::settle`], which
+    /// corrects what its reservation charged to what the request actually used — refunding the
+    /// difference, or charging the overrun — under the
+    /// [attempt ledger](crate::store#the-attempt-ledger)'s rules (a refund comes only out of the
+    /// state the reservation charged; a re-sent settlement is applied once). It is a check like
+    /// any other, and a backend decides it in [`check_rate`](Self::check_rate), which this
+    /// provided method calls: a backend implements nothing more for it.
+    fn settle(&self, policy: &Arc<RatePolicy>, settlement: RateCheck) -> StoreFuture<RateOutcome> {
+        debug_assert!(
+            settlement.settles().is_some(),
+            "a settlement is made by RateCheck::settle"
+        );
+        self.check_rate(policy, settlement)
+    }
 
     /// How long a check may take before it fails with [`StoreErrorKind::Timeout`](super::StoreErrorKind::Timeout): a check is
     /// remembered for its deadline plus twice this (see the
@@ -46,6 +61,10 @@ pub trait RateStore: fmt::Debug + Send + Sync + 'static {
 impl<T: RateStore + ?Sized> RateStore for Arc<T> {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
         (**self).check_rate(policy, check)
+    }
+
+    fn settle(&self, policy: &Arc<RatePolicy>, settlement: RateCheck) -> StoreFuture<RateOutcome> {
+        (**self).settle(policy, settlement)
     }
 
     fn timeout(&self) -> Duration {

@@ -23,7 +23,7 @@ fn script(name: &str) -> Script {
         "idem_extend" => include_str!("../../src/store/redis/scripts/idem_extend.lua"),
         "idem_release" => include_str!("../../src/store/redis/scripts/idem_release.lua"),
         "rate" => include_str!("../../src/store/redis/scripts/rate.lua"),
-        "settle" => include_str!("../../src/store/redis/scripts/settle.lua"),
+        "confirm" => include_str!("../../src/store/redis/scripts/confirm.lua"),
         "reset" => include_str!("../../src/store/redis/scripts/reset.lua"),
         other => panic!("no script {other}"),
     };
@@ -106,7 +106,7 @@ fn a_claim_run_twice_is_won_twice() {
 /// A durable claim is pending until its marker is dropped: another holder learns that it is in
 /// progress, not taken; a durable re-run marks it pending again, and the marker expires.
 #[test]
-fn a_durable_claim_reads_as_pending_until_settled() {
+fn a_durable_claim_reads_as_pending_until_confirmed() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let keys = ["c:{1}", "c:{1}:pending"];
@@ -116,13 +116,13 @@ fn a_durable_claim_reads_as_pending_until_settled() {
     let pending = items(run(&mut conn, "claim", &keys, &["b", "0", "60000", LATER]));
     assert_eq!(int(&pending[0]), 3, "in progress, not taken");
     assert_eq!(
-        int(&run(&mut conn, "settle", &keys[1..], &["b"])),
+        int(&run(&mut conn, "confirm", &keys[1..], &["b"])),
         0,
         "b's own only"
     );
-    assert_eq!(int(&run(&mut conn, "settle", &keys[1..], &["a"])), 1);
+    assert_eq!(int(&run(&mut conn, "confirm", &keys[1..], &["a"])), 1);
     let taken = items(run(&mut conn, "claim", &keys, &["b", "0", "60000", LATER]));
-    assert_eq!(int(&taken[0]), 0, "settled: taken");
+    assert_eq!(int(&taken[0]), 0, "confirmed: taken");
     let again = items(run(&mut conn, "claim", &keys, &["a", "0", "60000", LATER]));
     assert_eq!(int(&again[0]), 2, "the same holder again");
     assert_eq!(

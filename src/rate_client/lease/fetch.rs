@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::{Lease, Leases, Slice, lost};
+use super::{Lease, LeaseFuture, Leases, Slice, lost};
 use crate::key::Key;
 use crate::rate::{RateCheck, RateOutcome};
-use crate::store::{StoreError, StoreErrorKind, StoreFuture};
+use crate::rate_client::source::DecisionSource;
+use crate::store::{StoreError, StoreErrorKind};
 
 /// A fetch, run in a task of the copy's.
 type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -25,7 +26,7 @@ impl Leases {
     /// A slice of `size` for `check`'s caller, `check`'s cost admitted from it; when the store
     /// has no room for the slice, a check of the request alone. The fetch is the copy's: the
     /// request only waits for it, and a request that goes away leaves the slice to the copy.
-    pub(super) fn fetch(self: &Arc<Self>, check: RateCheck, size: u64) -> StoreFuture<RateOutcome> {
+    pub(super) fn fetch(self: &Arc<Self>, check: RateCheck, size: u64) -> LeaseFuture {
         let leases = Arc::clone(self);
         let (answer, landed) = tokio::sync::oneshot::channel();
         let waiting = Waiting {
@@ -45,7 +46,7 @@ impl Leases {
                 )
             })?;
             match installed? {
-                Some(outcome) => Ok(outcome),
+                Some(outcome) => Ok((outcome, DecisionSource::Store)),
                 None => leases.direct(check).await,
             }
         })

@@ -28,21 +28,25 @@
 //!   listener calls [`Leases::forget`]; the store refunds nothing of a charge the reset erased). The slices left are given back when the layer
 //!   goes ([`Leases`] dropped) or on [`RateLimitLayer::give_back_leases`].
 //!
-//! [`RateLimitLayer::give_back_leases`]: super::RateLimitLayer::give_back_leases
+//! [`RateLimitLayer::give_back_leases`]: crate::rate_limit::RateLimitLayer::give_back_leases
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::settle::{self, Unsettled};
+use super::source::DecisionSource;
 use crate::key::Key;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::{RateStore, StoreFuture};
 use crate::task::AbortOnDrop;
 
+mod caller;
 mod fetch;
+mod give_back;
 mod lost;
 
 /// Requests of a caller on this copy within one lease before it is leased a slice.
@@ -110,13 +114,17 @@ impl Slice {
     }
 }
 
+/// The answer to a request of a leased tier that was not decided at once, and who gave it: the
+/// store, or a slice this copy waited for.
+pub(crate) type LeaseFuture = StoreFuture<(RateOutcome, DecisionSource)>;
+
 /// How a request of a leased tier is decided.
 pub(crate) enum Take {
     /// Admitted from a slice: the outcome to answer with, decided here.
     Local(RateOutcome),
-    /// Decided by the store: a slice fetched with the request's cost in it, or a check of the
-    /// request alone. The future records what the store answered.
-    Store(StoreFuture<RateOutcome>),
+    /// Decided by the store — a slice fetched with the request's cost in it, or a check of the
+    /// request alone, whose answer is recorded — or by a slice once the one being fetched lands.
+    Store(LeaseFuture),
 }
 
 impl Leases {
@@ -225,7 +233,7 @@ impl Leases {
                     // a fetch ends within the store's timeout; past it, the request goes alone
                     let _ = tokio::time::timeout(patience, fetched).await;
                     match leases.take_or_wait(check, false) {
-                        Take::Local(outcome) => Ok(outcome),
+                        Take::Local(outcome) => Ok((outcome, DecisionSource::Lease)),
                         Take::Store(pending) => pending.await,
                     }
                 }))
@@ -263,13 +271,13 @@ impl Leases {
     }
 
     /// A check of the request alone, its answer recorded.
-    fn direct(self: &Arc<Self>, check: RateCheck) -> StoreFuture<RateOutcome> {
+    fn direct(self: &Arc<Self>, check: RateCheck) -> LeaseFuture {
         let leases = Arc::clone(self);
         let pending = self.store.check_rate(&self.policy, check);
         Box::pin(async move {
             let outcome = pending.await?;
             leases.record(check.key(), &outcome);
-            Ok(outcome)
+            Ok((outcome, DecisionSource::Store))
         })
     }
 
@@ -280,18 +288,10 @@ impl Leases {
         }
     }
 
-    /// Sends the settlements that return what `slices` left unspent, in the background.
+    /// Sends the settlements that return what slices left unspent, in the background.
     fn give_back(&self, settlements: Vec<RateCheck>) {
         for settlement in settlements {
-            let pending = self.store.check_rate(&self.policy, settlement);
-            spawn(async move {
-                if let Err(error) = pending.await {
-                    tracing::debug!(
-                        target: "tollgate::rate_limit",
-                        %error, "could not give back what a leased slice left unspent"
-                    );
-                }
-            });
+            settle::in_background(&*self.store, &self.policy, settlement, Unsettled::Slice);
         }
     }
 
@@ -304,109 +304,7 @@ impl Leases {
         let every = self.lease;
         let _ = self
             .sweeper
-            .set(AbortOnDrop(tokio::spawn(sweep(leases, every))));
-    }
-
-    /// Forgets `key` on a reset, giving its slices back: the store refunds nothing of a slice
-    /// charged before the reset (a refund comes only out of the life of the state it charged;
-    /// see the [attempt ledger](crate::store#the-attempt-ledger)), and what is left of one taken
-    /// after it, before its word arrived. The caller is leased anew from its next requests.
-    pub(crate) fn forget(&self, key: Key) {
-        let lease = self.shard(&key).remove(&key);
-        if let Some(lease) = lease {
-            self.give_back(lease.slices.iter().filter_map(Slice::give_back).collect());
-        }
-    }
-
-    /// Forgets `key` right before this copy resets it, giving nothing back: every slice it holds
-    /// was charged before the reset, which erases that charge, so a settlement of it would change
-    /// nothing either way.
-    pub(crate) fn discard(&self, key: Key) {
-        self.shard(&key).remove(&key);
-    }
-
-    /// Takes every slice out, to give back: the layer is going.
-    fn drain(&self) -> Vec<RateCheck> {
-        let mut settlements = Vec::new();
-        for shard in &self.shards {
-            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            for lease in shard.values_mut() {
-                settlements.extend(lease.slices.drain(..).filter_map(|s| s.give_back()));
-            }
-        }
-        settlements
-    }
-
-    /// The fetches under way, to wait for.
-    fn fetches(&self) -> Vec<tokio::sync::futures::OwnedNotified> {
-        let mut fetches = Vec::new();
-        for shard in &self.shards {
-            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            fetches.extend(
-                shard
-                    .values()
-                    .filter(|lease| lease.fetching)
-                    .map(|lease| Arc::clone(&lease.fetched).notified_owned()),
-            );
-        }
-        fetches
-    }
-
-    /// Gives back every slice's unspent quota now, those being fetched included once they land
-    /// (within the store's timeout) and those whose answer was lost once resolved, and waits
-    /// for the store's answers: the callers given back quota.
-    pub(crate) async fn give_back_all(&self) -> Vec<Key> {
-        let fetches = self.fetches();
-        if !fetches.is_empty() {
-            let landed = futures_util::future::join_all(fetches);
-            let _ = tokio::time::timeout(self.store.timeout() * 2, landed).await;
-        }
-        self.resolutions.ended(self.store.timeout()).await;
-        let settlements = self.drain();
-        let pending: Vec<_> = settlements
-            .iter()
-            .map(|settlement| self.store.check_rate(&self.policy, *settlement))
-            .collect();
-        for settled in pending {
-            if let Err(error) = settled.await {
-                tracing::warn!(
-                    target: "tollgate::rate_limit",
-                    %error, "could not give back what a leased slice left unspent"
-                );
-            }
-        }
-        settlements.iter().map(RateCheck::key).collect()
-    }
-
-    /// What the copy holds unspent of its slices, over every caller.
-    pub(crate) fn unspent(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|shard| {
-                let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-                shard
-                    .values()
-                    .flat_map(|lease| &lease.slices)
-                    .map(Slice::left)
-                    .sum::<u64>()
-            })
-            .sum()
-    }
-
-    /// Retires the expired slices of every caller and forgets the callers idle for two leases.
-    fn sweep_once(&self) {
-        let now = Instant::now();
-        let mut returned = Vec::new();
-        for shard in &self.shards {
-            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            shard.retain(|_, lease| {
-                lease.retire(now, &mut returned);
-                !lease.slices.is_empty()
-                    || lease.fetching
-                    || now.duration_since(lease.touched) < 2 * self.lease
-            });
-        }
-        self.give_back(returned);
+            .set(AbortOnDrop(tokio::spawn(give_back::sweep(leases, every))));
     }
 }
 
@@ -417,154 +315,4 @@ fn counter_window_left(window_us: u64, at_us: u64) -> u64 {
     let index = ((at_us / 1000) as f64 / window_ms).floor();
     let end_us = ((index + 1.0) * window_ms * 1000.0).floor();
     (end_us as u64).saturating_sub(at_us)
-}
-
-/// Runs `task` in the background, when there is a runtime to run it on (outside one, a
-/// settlement is not sent: its slice stays charged until its window passes).
-fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(task);
-    }
-}
-
-/// Every `every`, the expired slices of quiet callers go back, until the leases are gone.
-async fn sweep(leases: Weak<Leases>, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        match leases.upgrade() {
-            Some(leases) => leases.sweep_once(),
-            None => return,
-        }
-    }
-}
-
-impl Drop for Leases {
-    fn drop(&mut self) {
-        let settlements = self.drain();
-        self.give_back(settlements);
-    }
-}
-
-impl Lease {
-    fn new(now: Instant) -> Self {
-        Self {
-            slices: Vec::new(),
-            fetching: false,
-            fetched: Arc::default(),
-            size: 0,
-            seen: 0,
-            since: now,
-            states: Vec::new(),
-            room: u64::MAX,
-            touched: now,
-        }
-    }
-
-    /// Admits `cost` from the oldest slice with room, if one has.
-    fn admit(&mut self, cost: u64) -> Option<RateOutcome> {
-        let slice = self.slices.iter_mut().find(|s| s.left() >= cost)?;
-        slice.used += cost;
-        Some(self.outcome())
-    }
-
-    /// The outcome of an admission from a slice: the store's last states, with what the
-    /// slices hold unspent counted as left.
-    fn outcome(&self) -> RateOutcome {
-        let unspent: u64 = self.slices.iter().map(Slice::left).sum();
-        RateOutcome {
-            admitted: true,
-            retry_after: Duration::ZERO,
-            limits: self
-                .states
-                .iter()
-                .map(|state| LimitState {
-                    remaining: state.remaining.saturating_add(unspent),
-                    reset: state.reset,
-                })
-                .collect(),
-            decided_at_us: None,
-        }
-    }
-
-    /// Takes out the slices that expired or are spent, adding their settlements to
-    /// `returned`, and sizes the next slice on how the last one went.
-    fn retire(&mut self, now: Instant, returned: &mut Vec<RateCheck>) {
-        let mut i = 0;
-        while i < self.slices.len() {
-            let slice = self.slices[i];
-            let expired = now >= slice.ends;
-            if !expired && slice.left() > 0 {
-                i += 1;
-                continue;
-            }
-            self.slices.remove(i);
-            returned.extend(slice.give_back());
-            let lasted = now.duration_since(slice.taken_at);
-            let lease = slice.ends.duration_since(slice.taken_at);
-            self.size = if !expired && lasted < lease / 2 {
-                // spent in under half a lease: twice as much next time
-                slice.check.cost().saturating_mul(2)
-            } else {
-                slice.used.max(1)
-            };
-        }
-    }
-
-    /// When the slices are three-quarters spent and none is being fetched: the size of the next
-    /// one, to fetch now (`None` when `cap` allows no slice).
-    fn prefetch(&mut self, cap: Option<u64>) -> Option<u64> {
-        let taken: u64 = self.slices.iter().map(|s| s.check.cost()).sum();
-        let left: u64 = self.slices.iter().map(Slice::left).sum();
-        if self.fetching || left.saturating_mul(4) > taken {
-            return None;
-        }
-        let size = self.size.max(taken).min(cap?);
-        self.fetching = true;
-        Some(size)
-    }
-
-    /// For a request that no slice has room for: the size of a slice to fetch with it, or
-    /// `None` for a check of the request alone (a caller not warm yet, a slice already being
-    /// fetched, too little quota left).
-    fn next_fetch(
-        &mut self,
-        now: Instant,
-        cost: u64,
-        lease: Duration,
-        cap: Option<u64>,
-    ) -> Option<u64> {
-        if self.fetching {
-            return None;
-        }
-        if self.size == 0 {
-            // not leased yet: count the caller's requests within a lease
-            if now.duration_since(self.since) >= lease {
-                (self.seen, self.since) = (0, now);
-            }
-            self.seen += 1;
-            if self.seen < WARM {
-                return None;
-            }
-            self.size = self.seen.saturating_mul(cost).saturating_mul(2);
-        }
-        let size = self.size.max(cost.saturating_mul(2)).min(cap?);
-        self.fetching = true;
-        Some(size)
-    }
-
-    /// Takes in what the store answered for this caller.
-    fn observe(&mut self, outcome: &RateOutcome) {
-        if outcome.limits.is_empty() {
-            return;
-        }
-        self.room = outcome
-            .limits
-            .iter()
-            .map(|s| s.remaining)
-            .min()
-            .unwrap_or(0);
-        self.states.clone_from(&outcome.limits);
-    }
 }

@@ -177,7 +177,7 @@ struct Scripts {
     permit_acquire: Lua,
     permit_extend: Lua,
     permit_release: Lua,
-    settle: Lua,
+    confirm: Lua,
     reset: Lua,
     lock_state: Lua,
     permit_usage: Lua,
@@ -198,7 +198,7 @@ impl Scripts {
             permit_acquire: lua!("permit_acquire"),
             permit_extend: lua!("permit_extend"),
             permit_release: lua!("permit_release"),
-            settle: lua!("settle"),
+            confirm: lua!("confirm"),
             reset: lua!("reset"),
             lock_state: lua!("lock_state"),
             permit_usage: lua!("permit_usage"),
@@ -401,14 +401,14 @@ impl RedisStore {
                 return Err(short);
             }
             if let Some(pending) = pending {
-                settle_in_background(&scripts, conn, pending);
+                confirm_in_background(&scripts, conn, pending);
             }
             decode(reply)
         })
     }
 
     /// The lifetime of the pending marker of a durable write (0: writes are not durable): it
-    /// outlives the write's `WAIT`, so that nobody takes a write still waiting for settled.
+    /// outlives the write's `WAIT`, so that nobody takes a write still waiting to be confirmed.
     fn pending_ms(&self) -> u64 {
         if self.durable.is_some() {
             millis(self.timeout) * 2
@@ -487,14 +487,14 @@ fn measured<T: Send + 'static>(
 
 /// Drops the pending marker of an acknowledged write, on `conn`, in the background: the caller
 /// need not wait (a marker left behind expires on its own).
-fn settle_in_background(scripts: &Arc<Scripts>, mut conn: Connection, pending: Pending) {
+fn confirm_in_background(scripts: &Arc<Scripts>, mut conn: Connection, pending: Pending) {
     let scripts = Arc::clone(scripts);
     tokio::spawn(async move {
         let call = ScriptCall::default()
             .key(pending.marker)
             .arg(pending.holder);
-        let settled: Result<i64, _> = call.invoke(&scripts.settle, &mut conn).await;
-        if let Err(error) = settled {
+        let confirmed: Result<i64, _> = call.invoke(&scripts.confirm, &mut conn).await;
+        if let Err(error) = confirmed {
             tracing::debug!(target: "tollgate::store", %error, "could not drop a pending marker; it expires");
         }
     });

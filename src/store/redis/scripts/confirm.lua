@@ -1,4 +1,4 @@
--- Settle: a durable write that replicas acknowledged is no longer pending — drop its marker, only
+-- Confirm: a durable write that replicas acknowledged is no longer pending — drop its marker, only
 -- while the marker still names this write's holder or token.
 --
 -- Safe to run twice, and late: a marker that names another holder is left alone.

@@ -1,0 +1,196 @@
+//! [`RateClient`]: a layer's one way to its store's rate checks.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use tokio::time::Instant;
+
+use super::deny_cache::DenyCache;
+use super::invalidated::Listener;
+use super::lease::{LeaseFuture, Take};
+use super::source::{DecisionSource, Verdict};
+use super::tiers::{Tier, Tiers};
+use crate::key::Key;
+use crate::on_error::OnStoreError;
+use crate::pace::OncePerSecond;
+use crate::rate::{RateCheck, RateOutcome};
+use crate::store::{RateStore, StoreError, StoreFuture};
+
+/// What a copy keeps of one layer's rate limits, in front of the store: the tiers with their
+/// leased slices and fallbacks, the deny cache and the invalidation listener that keeps them
+/// fresh. The layer asks it one thing, [`decide`](Self::decide), and gets a [`Verdict`] that
+/// names its source.
+pub(crate) struct RateClient {
+    pub(crate) store: Arc<dyn RateStore>,
+    /// The policies a request is checked against, one per request.
+    pub(crate) tiers: Tiers,
+    /// Denials by the store, of every tier (a cached denial answers for its own tier only);
+    /// `None` when off.
+    pub(crate) deny_cache: Option<DenyCache>,
+    /// Drops the cached denials and slices that the store says are stale.
+    listener: Listener,
+    pub(crate) on_store_error: OnStoreError,
+    /// Store failures are logged at warn at most once a second (the rest at debug): an outage
+    /// under load must not flood the log.
+    pub(crate) last_warning: OncePerSecond,
+}
+
+debug_fields!(RateClient {
+    store,
+    tiers,
+    on_store_error
+});
+
+/// How [`RateClient::decide`] answers.
+pub(crate) enum Decided {
+    /// At once, without a round trip: from a leased slice, or a cached denial.
+    Now(Verdict),
+    /// Once the store answers (or a slice being fetched lands).
+    Pending(Pending),
+}
+
+impl RateClient {
+    /// A client of `store` for `tiers`; with a deny cache when `deny_cache`.
+    pub(crate) fn new(
+        store: Arc<dyn RateStore>,
+        tiers: Tiers,
+        deny_cache: bool,
+        on_store_error: OnStoreError,
+    ) -> Self {
+        Self {
+            store,
+            tiers,
+            deny_cache: deny_cache.then(DenyCache::default),
+            listener: Listener::default(),
+            on_store_error,
+            last_warning: OncePerSecond::new(),
+        }
+    }
+
+    /// Decides `check` under `tier`: a slice of the caller's with room admits it, then a denial
+    /// of the store still in force denies it, then the store (through the leases, on a leased
+    /// tier) decides.
+    pub(crate) fn decide(self: &Arc<Self>, tier: &Arc<Tier>, check: RateCheck) -> Decided {
+        // the deny cache and leased slices hear of resets and refunds made through other copies
+        if self.deny_cache.is_some() || tier.leases.is_some() {
+            self.listener.ensure(self);
+        }
+        let leased =
+            |outcome| Verdict::new(outcome, DecisionSource::Lease, Arc::clone(tier), check);
+        // a slice with room answers first: it was charged in the store, whatever was denied since
+        let leases = tier.leases.as_ref();
+        if let Some(outcome) = leases.and_then(|l| l.admit(check.key(), check.cost())) {
+            return Decided::Now(leased(outcome));
+        }
+        if let Some(denied) = self.cached_denial(tier, check) {
+            return Decided::Now(denied);
+        }
+        let answer = match leases.map(|leases| leases.take(check)) {
+            None => Answer::Store(self.store.check_rate(&tier.policy, check)),
+            Some(Take::Store(pending)) => Answer::Leases(pending),
+            Some(Take::Local(outcome)) => return Decided::Now(leased(outcome)),
+        };
+        Decided::Pending(Pending {
+            client: Arc::clone(self),
+            answer,
+            tier: Arc::clone(tier),
+            check,
+            sent_at: Instant::now(),
+        })
+    }
+
+    /// A denial of `check`'s caller under `tier` still in force.
+    fn cached_denial(&self, tier: &Arc<Tier>, check: RateCheck) -> Option<Verdict> {
+        self.deny_cache
+            .as_ref()?
+            .check(check)
+            // a denial under another tier (the caller changed plans) says nothing of this one
+            .filter(|denied| Arc::ptr_eq(&denied.tier, tier))
+    }
+
+    /// Caller `key`'s state of `tier`'s limits, spending nothing: a check of cost 0 in the store.
+    pub(crate) fn peek(&self, tier: &Tier, key: Key) -> StoreFuture<RateOutcome> {
+        self.store.check_rate(&tier.policy, RateCheck::new(key, 0))
+    }
+
+    /// Forgets what caller `key` has spent of every tier, in the store and on this copy.
+    pub(crate) async fn reset(&self, key: Key) -> Result<(), StoreError> {
+        if let Some(cache) = &self.deny_cache {
+            cache.forget(key);
+        }
+        for tier in self.tiers.all() {
+            // the caller's slices were charged before the reset, which erases them: given back,
+            // they would refund nothing
+            if let Some(leases) = &tier.leases {
+                leases.discard(key);
+            }
+            self.store.reset_rate(&tier.policy, key).await?;
+        }
+        // a denial cached while the reset was on its way
+        if let Some(cache) = &self.deny_cache {
+            cache.forget(key);
+        }
+        Ok(())
+    }
+
+    /// Gives back what this copy holds unspent of its leased slices, and waits for the store's
+    /// answers.
+    pub(crate) async fn give_back_leases(&self) {
+        for tier in self.tiers.all() {
+            if let Some(leases) = &tier.leases {
+                let given = leases.give_back_all().await;
+                // a denial this copy cached of those callers is stale now (the settlements are
+                // quiet: other copies' cached denials end within their second)
+                if let Some(cache) = &self.deny_cache {
+                    given.into_iter().for_each(|key| cache.forget(key));
+                }
+            }
+        }
+    }
+
+    /// What this copy holds unspent of its leased slices, over every caller and tier.
+    pub(crate) fn leases_unspent(&self) -> u64 {
+        self.tiers
+            .all()
+            .iter()
+            .filter_map(|tier| tier.leases.as_ref())
+            .map(|leases| leases.unspent())
+            .sum()
+    }
+}
+
+/// The store's answer on its way: from the store itself, or through a leased tier's slices.
+enum Answer {
+    Store(StoreFuture<RateOutcome>),
+    Leases(LeaseFuture),
+}
+
+/// A check at the store: resolves to its [`Verdict`], the failure policy's when the store fails.
+pub(crate) struct Pending {
+    client: Arc<RateClient>,
+    answer: Answer,
+    tier: Arc<Tier>,
+    check: RateCheck,
+    /// When the check went to the store: a cached denial counts from then.
+    sent_at: Instant,
+}
+
+impl Future for Pending {
+    type Output = Verdict;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Verdict> {
+        let answer = match &mut self.answer {
+            Answer::Store(pending) => {
+                ready!(pending.as_mut().poll(cx)).map(|outcome| (outcome, DecisionSource::Store))
+            }
+            Answer::Leases(pending) => ready!(pending.as_mut().poll(cx)),
+        };
+        let this = &*self;
+        let verdict = this
+            .client
+            .verdict(answer, Arc::clone(&this.tier), this.check, this.sent_at);
+        Poll::Ready(verdict)
+    }
+}

@@ -1,0 +1,410 @@
+//! [`RateLimitLayerBuilder`]: what a layer limits — limits, tiers, algorithm, key and cost, and
+//! how costs settle. How it answers is configured in `answers.rs`, and checked in `build.rs`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+
+use super::layer::RateLimitLayer;
+use super::settings::{CostFn, GrpcMetadataFn, RejectionFn, Settle};
+use crate::headers::QuotaUnit;
+use crate::key::{Global, KeyExtractor, MissingKey};
+use crate::keyspace;
+use crate::on_error::OnStoreError;
+use crate::rate::{Algorithm, Limit};
+use crate::rate_client::{FALLBACK_CAPACITY, LimitsFn, TierFn};
+use crate::store::RateStore;
+
+mod answers;
+mod build;
+
+impl RateLimitLayer {
+    /// Starts a builder on `store` (a [`RedisStore`](crate::store::RedisStore) to share limits
+    /// between copies).
+    pub fn builder(store: impl RateStore) -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            draft: Draft {
+                store: Arc::new(store),
+                limits: Vec::new(),
+                tiers: Vec::new(),
+                tier_by: None,
+                limits_by: None,
+                algorithm: Algorithm::default(),
+                prefix: keyspace::DEFAULT_PREFIX.to_owned(),
+                cost: None,
+                settle: None,
+                on_store_error: OnStoreError::Allow,
+                missing_key: MissingKey::Reject,
+                headers: true,
+                shadow: false,
+                partition_key: false,
+                quota_unit: None,
+                rejection: None,
+                grpc_metadata: None,
+                deny_cache: true,
+                fallback_capacity: FALLBACK_CAPACITY,
+                fallback_admits_when_full: false,
+            },
+            extractor: Global,
+        }
+    }
+}
+
+/// Configures a [`RateLimitLayer`]; made by [`RateLimitLayer::builder`].
+pub struct RateLimitLayerBuilder<K = Global> {
+    draft: Draft,
+    extractor: K,
+}
+
+/// Everything a builder collects but the key extractor.
+struct Draft {
+    store: Arc<dyn RateStore>,
+    limits: Vec<Limit>,
+    tiers: Vec<(String, Vec<Limit>)>,
+    tier_by: Option<TierFn>,
+    limits_by: Option<LimitsFn>,
+    algorithm: Algorithm,
+    prefix: String,
+    cost: Option<CostFn>,
+    settle: Option<Settle>,
+    on_store_error: OnStoreError,
+    missing_key: MissingKey,
+    headers: bool,
+    shadow: bool,
+    partition_key: bool,
+    quota_unit: Option<QuotaUnit>,
+    rejection: Option<RejectionFn>,
+    grpc_metadata: Option<GrpcMetadataFn>,
+    deny_cache: bool,
+    fallback_capacity: usize,
+    fallback_admits_when_full: bool,
+}
+
+impl<K: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("limits", &self.draft.limits)
+            .field("tiers", &self.draft.tiers)
+            .field("algorithm", &self.draft.algorithm)
+            .field("prefix", &self.draft.prefix)
+            .field("key", &self.extractor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> RateLimitLayerBuilder<K> {
+    /// Adds a limit. A request is admitted only when every limit has room, and then charged to all.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.draft.limits.push(limit);
+        self
+    }
+
+    /// Adds several limits.
+    pub fn limits(mut self, limits: impl IntoIterator<Item = Limit>) -> Self {
+        self.draft.limits.extend(limits);
+        self
+    }
+
+    /// Adds tier `name` with limits of its own, for the requests that
+    /// [`tier_by`](Self::tier_by) puts in it; the rest keep the layer's own limits (see
+    /// [`limit`](Self::limit)). Each tier is a policy of its own, built here once: its own store
+    /// keys (`<prefix>:rl:<name>:{<caller>}:…`, so a caller who changes tier starts afresh in
+    /// it), its own `RateLimit-Policy`, local fallback and `limiter` metrics label
+    /// (`<prefix>:rl:<name>`), and the layer's algorithm and settings. Names are ASCII letters,
+    /// digits, `-`, `_` and `.`, each used once.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tollgate::key::Header;
+    /// use tollgate::rate_limit::{Limit, RateLimitDecision, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// /// What authentication put into the request, e.g. from a JWT claim.
+    /// #[derive(Clone)]
+    /// struct Plan(&'static str);
+    ///
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_hour("hourly", 1)) // anonymous and unknown plans
+    ///     .tier("free", [Limit::per_hour("hourly", 2)])
+    ///     .tier("paid", [Limit::per_hour("hourly", 10_000)])
+    ///     .tier_by(|parts| parts.extensions.get::<Plan>().map(|plan| plan.0))
+    ///     .key(Header::from_static("x-api-key"))
+    ///     .build()
+    ///     .unwrap();
+    /// let service = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_| async { Ok::<_, std::convert::Infallible>(Response::new(String::new())) });
+    ///
+    /// let call = |plan| {
+    ///     let mut request = Request::get("/").header("x-api-key", "alice").body(String::new()).unwrap();
+    ///     request.extensions_mut().insert(Plan(plan));
+    ///     service.clone().oneshot(request)
+    /// };
+    /// let first = call("paid").await.unwrap();
+    /// assert_eq!(first.headers()["ratelimit-policy"], r#""hourly";q=10000;w=3600"#);
+    /// assert_eq!(first.extensions().get::<RateLimitDecision>().unwrap().tier(), Some("paid"));
+    /// assert_eq!(call("free").await.unwrap().status(), StatusCode::OK);
+    /// assert_eq!(call("free").await.unwrap().status(), StatusCode::OK);
+    /// assert_eq!(call("free").await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    /// // a plan with no tier of its own gets the layer's limits
+    /// let gold = call("gold").await.unwrap();
+    /// assert_eq!(gold.headers()["ratelimit-policy"], r#""hourly";q=1;w=3600"#);
+    /// # }
+    /// ```
+    pub fn tier(
+        mut self,
+        name: impl Into<String>,
+        limits: impl IntoIterator<Item = Limit>,
+    ) -> Self {
+        self.draft
+            .tiers
+            .push((name.into(), limits.into_iter().collect()));
+        self
+    }
+
+    /// Names each request's [`tier`](Self::tier) from its head — typically from what
+    /// authentication put into the extensions, such as a plan claim of a verified JWT. A
+    /// request for which it answers `None`, or a name that is not a tier, is checked against the
+    /// layer's own limits (an unknown name is logged at warn, at most once a second): a
+    /// misspelt or new plan is never unlimited and never an error. Without named tiers,
+    /// [`build`](Self::build) fails if one is given, and vice versa.
+    pub fn tier_by(
+        mut self,
+        select: impl Fn(&Parts) -> Option<&str> + Send + Sync + 'static,
+    ) -> Self {
+        self.draft.tier_by = Some(Arc::new(select));
+        self
+    }
+
+    /// The algorithm for every limit of this layer (default [`Algorithm::SlidingLog`]).
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.draft.algorithm = algorithm;
+        self
+    }
+
+    /// The prefix of this layer's store keys (default `tollgate`); keys are
+    /// `<prefix>:rl:{<caller>}:<limit>:<algorithm>`. Two layers with the same prefix and limit
+    /// names share counters.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.draft.prefix = prefix.into();
+        self
+    }
+
+    /// Who a request counts against (default [`Global`]: everybody shares one bucket).
+    pub fn key<K2: KeyExtractor>(self, extractor: K2) -> RateLimitLayerBuilder<K2> {
+        RateLimitLayerBuilder {
+            draft: self.draft,
+            extractor,
+        }
+    }
+
+    /// Limits of a request's own, from the application's data — a tenant's plan read from a
+    /// table — beside the static tiers: where `limits_by` gives limits, the request is checked
+    /// against them; where it gives `None`, against its tier's (or the layer's own). Each
+    /// distinct set of limits is validated and built once, then kept (up to 1,024 sets); limits
+    /// that are invalid fall back to the request's tier, logged at warn.
+    ///
+    /// The limits live under the layer's own store keys, by name: a caller whose plan raises a
+    /// limit keeps what it has spent of it. The closure runs on every request, so it reads
+    /// data the application keeps at hand (loaded at start-up and refreshed, or a cache): a
+    /// plan read from a table is read-only configuration, the same on every copy.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::collections::HashMap;
+    /// use std::sync::{Arc, RwLock};
+    /// use http::Request;
+    /// use tollgate::key::Header;
+    /// use tollgate::rate_limit::{Limit, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// // tenant -> requests per minute, refreshed from the plans table by a task of the app
+    /// let plans: Arc<RwLock<HashMap<String, u64>>> = Arc::default();
+    /// plans.write().unwrap().insert("acme".into(), 5000);
+    /// let table = Arc::clone(&plans);
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_minute("minute", 100))
+    ///     .key(Header::from_static("x-tenant"))
+    ///     .limits_by(move |parts| {
+    ///         let tenant = parts.headers.get("x-tenant")?.to_str().ok()?;
+    ///         let quota = *table.read().ok()?.get(tenant)?;
+    ///         Some(vec![Limit::per_minute("minute", quota)])
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// let head = |tenant| Request::get("/").header("x-tenant", tenant).body(()).unwrap().into_parts().0;
+    /// let acme = layer.peek_request(&head("acme")).await.unwrap().unwrap();
+    /// let other = layer.peek_request(&head("other")).await.unwrap().unwrap();
+    /// assert_eq!((acme.limits[0].remaining, other.limits[0].remaining), (5000, 100));
+    /// # }
+    /// ```
+    pub fn limits_by(
+        mut self,
+        limits: impl Fn(&Parts) -> Option<Vec<Limit>> + Send + Sync + 'static,
+    ) -> Self {
+        self.draft.limits_by = Some(Arc::new(limits));
+        self
+    }
+
+    /// The cost of each request (default 1). With [`settle`](Self::settle) or
+    /// [`settle_body_size`](Self::settle_body_size), the amount a request reserves: it is
+    /// admitted only when that fits, and a reservation is at least 1 — a request whose cost is 0
+    /// is checked like any other (refused once the budget is spent) and then charged what it
+    /// used. Without a settlement a cost of 0 passes without a store call: free, as the function
+    /// decided.
+    ///
+    /// The function's input is the client's request, so a number read from it is the client's
+    /// word: give it a floor and a ceiling (`docs/security.md` says which inputs the layers
+    /// trust).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tollgate::key::Header;
+    /// use tollgate::rate_limit::{Limit, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let tokens = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_minute("tokens", 1000))
+    ///     .key(Header::from_static("x-api-key"))
+    ///     // the client's estimate, kept between a floor and a ceiling
+    ///     .cost(|req| {
+    ///         let max = req.headers.get("x-max-tokens").and_then(|v| v.to_str().ok()?.parse().ok());
+    ///         max.unwrap_or(256).clamp(1, 4096)
+    ///     })
+    ///     .settle(|res| res.headers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
+    ///     .build()
+    ///     .unwrap();
+    /// let llm = ServiceBuilder::new().layer(tokens).service_fn(|_req: Request<String>| async {
+    ///     let response = Response::builder().header("x-tokens-used", "500").body(String::new());
+    ///     Ok::<_, std::convert::Infallible>(response.unwrap())
+    /// });
+    /// let call = || {
+    ///     let request = Request::post("/complete").header("x-api-key", "alice");
+    ///     request.header("x-max-tokens", "0").body(String::new()).unwrap()
+    /// };
+    /// // an estimate of 0 pays what it used, and is refused once the budget is spent
+    /// let statuses = [
+    ///     llm.clone().oneshot(call()).await.unwrap().status(),
+    ///     llm.clone().oneshot(call()).await.unwrap().status(),
+    ///     llm.clone().oneshot(call()).await.unwrap().status(),
+    /// ];
+    /// assert_eq!(statuses, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    /// # }
+    /// ```
+    pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
+        self.draft.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Reserve, then settle: once the inner service has answered an admitted request, its
+    /// charge is corrected from what it reserved ([`cost`](Self::cost)) to the actual amount
+    /// `actual` reads from the response head (a header, an extension the handler set) — the
+    /// difference refunded or added, in one atomic store step applied once
+    /// ([`RateCheck::settle`](crate::rate::RateCheck::settle)). An overrun takes the balance
+    /// past the quota (by at most one more quota per limit): the caller is then denied until
+    /// the debt has left the window.
+    ///
+    /// The settlement is made before the response head goes out, so that its `RateLimit`
+    /// headers (and its [`RateLimitDecision`]) show the settled balance. A request is charged
+    /// what it reserved when `actual` answers `None`, when the inner service fails without a
+    /// response, when the store cannot settle (logged), and when the store did not decide it
+    /// (the local fallback, shadow denials).
+    ///
+    /// gRPC: a handler reports its usage in its response metadata, which is the head (tonic
+    /// sends a failed call's `Status` metadata in its trailers-only head, so failed calls settle
+    /// too). Usage that only trailing metadata carries (after a streamed body) is not read: such
+    /// a call is charged what it reserved.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use http::{Request, Response};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tollgate::key::Header;
+    /// use tollgate::rate_limit::{Limit, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let tokens = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_minute("tokens", 1000))
+    ///     .key(Header::from_static("x-api-key"))
+    ///     // reserve what the caller says it may use...
+    ///     .cost(|req| {
+    ///         let max = req.headers.get("x-max-tokens").and_then(|v| v.to_str().ok()?.parse().ok());
+    ///         max.unwrap_or(1)
+    ///     })
+    ///     // ...and charge what the handler reports it used
+    ///     .settle(|res| res.headers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
+    ///     .build()
+    ///     .unwrap();
+    /// let llm = ServiceBuilder::new().layer(tokens).service_fn(|_req: Request<String>| async {
+    ///     let response = Response::builder().header("x-tokens-used", "120").body(String::new());
+    ///     Ok::<_, std::convert::Infallible>(response.unwrap())
+    /// });
+    /// let call = Request::post("/complete")
+    ///     .header("x-api-key", "alice")
+    ///     .header("x-max-tokens", "300")
+    ///     .body(String::new())
+    ///     .unwrap();
+    /// let response = llm.oneshot(call).await.unwrap();
+    /// // charged 120, not the 300 reserved
+    /// assert_eq!(response.headers()["ratelimit"], r#""tokens";r=880;t=60"#);
+    /// # }
+    /// ```
+    pub fn settle(
+        mut self,
+        actual: impl Fn(&http::response::Parts) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.draft.settle = Some(Settle::Head(Arc::new(actual)));
+        self
+    }
+
+    /// Reserve, then settle on the bytes sent: an admitted request reserves its
+    /// [`cost`](Self::cost) (the most its response may be: required), and once its response
+    /// body has gone out — or been dropped midway, a client gone — the charge is corrected to
+    /// the bytes of body actually sent, in the background, as [`settle`](Self::settle) does. A
+    /// request that ends before its response head (its client left, or the inner service failed
+    /// without a response) was sent nothing: it is settled to 0.
+    /// A byte budget per caller for downloads, exports and proxies. The response's `RateLimit`
+    /// headers, sent before its body, show the balance with the reservation charged.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use http::{Request, Response};
+    /// use http_body_util::BodyExt;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tollgate::key::Header;
+    /// use tollgate::rate_limit::{Algorithm, Limit, QuotaUnit, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let bytes = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_hour("egress", 1_000_000))
+    ///     .algorithm(Algorithm::SlidingCounter)
+    ///     .key(Header::from_static("x-api-key"))
+    ///     .cost(|_| 64 * 1024) // no response is larger
+    ///     .settle_body_size()
+    ///     .quota_unit(QuotaUnit::ContentBytes)
+    ///     .build()
+    ///     .unwrap();
+    /// let export = ServiceBuilder::new().layer(bytes.clone()).service_fn(|_: Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::new("x".repeat(300)))
+    /// });
+    /// let call = Request::get("/export").header("x-api-key", "alice").body(String::new()).unwrap();
+    /// let response = export.oneshot(call).await.unwrap();
+    /// let body = response.into_body().collect().await.unwrap().to_bytes();
+    /// assert_eq!(body.len(), 300);
+    /// # tokio::task::yield_now().await;
+    /// let alice = bytes.key_of(&Request::get("/").header("x-api-key", "alice").body(()).unwrap().into_parts().0);
+    /// let left = bytes.peek(alice.unwrap()).await.unwrap();
+    /// // charged the 300 bytes sent, not the 64 KiB reserved
+    /// assert_eq!(left.limits[0].remaining, 1_000_000 - 300);
+    /// # }
+    /// ```
+    pub fn settle_body_size(mut self) -> Self {
+        self.draft.settle = Some(Settle::BodyBytes);
+        self
+    }
+}

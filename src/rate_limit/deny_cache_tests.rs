@@ -1,0 +1,199 @@
+//! The deny cache seen through the layer: how long a cached denial lasts, and which denials are
+//! cached.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http::{Request, Response, StatusCode};
+use tower::{Service, ServiceExt, service_fn};
+
+use crate::key::Header;
+use crate::rate::{LimitState, RateCheck, RateOutcome, RatePolicy};
+use crate::rate_client::{DenyCache, MAX_AGE};
+use crate::rate_limit::{DecisionSource, Limit, RateLimitDecision, RateLimitLayer};
+use crate::store::{RateStore, StoreFuture};
+
+/// A store that denies every check for a second, replying 200 ms after it was asked.
+#[derive(Debug, Clone, Default)]
+struct SlowDenial {
+    checks: Arc<AtomicUsize>,
+}
+
+const LATENCY: std::time::Duration = std::time::Duration::from_millis(200);
+const WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl RateStore for SlowDenial {
+    fn check_rate(&self, _: &Arc<RatePolicy>, _: RateCheck) -> StoreFuture<RateOutcome> {
+        self.checks.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async {
+            tokio::time::sleep(LATENCY).await;
+            Ok(RateOutcome {
+                admitted: false,
+                retry_after: WAIT,
+                limits: vec![LimitState {
+                    remaining: 0,
+                    reset: WAIT,
+                }],
+                decided_at_us: None,
+            })
+        })
+    }
+
+    fn timeout(&self) -> std::time::Duration {
+        WAIT
+    }
+
+    fn reset_rate(&self, _: &Arc<RatePolicy>, _: crate::key::Key) -> StoreFuture<()> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+async fn decision<S>(svc: &mut S) -> RateLimitDecision
+where
+    S: Service<Request<()>, Response = Response<crate::rate_limit::ResponseBody<()>>>,
+    S::Error: std::fmt::Debug,
+{
+    let request = Request::get("/").header("x-caller", "a").body(()).unwrap();
+    let response = svc.ready().await.unwrap().call(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    response
+        .extensions()
+        .get::<RateLimitDecision>()
+        .cloned()
+        .unwrap()
+}
+
+/// The store denied for 1 s at some moment between sending and the reply: the cached
+/// denial ends 1 s after sending, not 1 s after the reply 200 ms later.
+#[tokio::test(start_paused = true)]
+async fn a_slow_reply_does_not_stretch_the_cached_denial() {
+    let store = SlowDenial::default();
+    let checks = Arc::clone(&store.checks);
+    let layer = RateLimitLayer::builder(store)
+        .limit(Limit::per_second("s", 1))
+        .key(Header::from_static("x-caller"))
+        .build()
+        .unwrap();
+    let ok = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) };
+    let mut svc = tower_layer::Layer::layer(&layer, service_fn(ok));
+    let sent = tokio::time::Instant::now();
+    assert_eq!(decision(&mut svc).await.source(), DecisionSource::Store);
+    assert_eq!(sent.elapsed(), LATENCY);
+    // 900 ms after sending: still denied locally, for the 100 ms left
+    tokio::time::advance(std::time::Duration::from_millis(700)).await;
+    let cached = decision(&mut svc).await;
+    assert_eq!(cached.source(), DecisionSource::DenyCache);
+    assert_eq!(cached.retry_after(), std::time::Duration::from_millis(100));
+    assert_eq!(
+        cached.limits()[0].1.reset,
+        std::time::Duration::from_millis(100)
+    );
+    assert_eq!(checks.load(Ordering::SeqCst), 1);
+    // 1 s and 1 ms after sending the denial is over: the store is asked again
+    tokio::time::advance(std::time::Duration::from_millis(101)).await;
+    assert_eq!(
+        decision(&mut svc).await.source(),
+        DecisionSource::Store,
+        "the cached denial outlived the store's"
+    );
+    assert_eq!(checks.load(Ordering::SeqCst), 2);
+}
+
+/// A store that denies every check at once for a minute (a caller over an hourly limit,
+/// say), counting the checks it is asked.
+#[derive(Debug, Default)]
+struct LongDenial {
+    checks: Arc<AtomicUsize>,
+}
+
+const LONG: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl RateStore for LongDenial {
+    fn check_rate(&self, _: &Arc<RatePolicy>, _: RateCheck) -> StoreFuture<RateOutcome> {
+        self.checks.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async {
+            Ok(RateOutcome {
+                admitted: false,
+                retry_after: LONG,
+                limits: vec![LimitState {
+                    remaining: 0,
+                    reset: LONG,
+                }],
+                decided_at_us: None,
+            })
+        })
+    }
+
+    fn timeout(&self) -> std::time::Duration {
+        LONG
+    }
+
+    fn reset_rate(&self, _: &Arc<RatePolicy>, _: crate::key::Key) -> StoreFuture<()> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A denial whose check was sent before the caller was forgotten (a reset or refund that
+/// arrived while the check was on its way) is not cached: the store may have decided it
+/// before the reset. One sent afterwards is.
+#[tokio::test(start_paused = true)]
+async fn a_denial_sent_before_an_invalidation_is_not_cached() {
+    let layer = RateLimitLayer::builder(LongDenial::default())
+        .limit(Limit::per_hour("h", 1))
+        .key(Header::from_static("x-caller"))
+        .deny_cache(false)
+        .build()
+        .unwrap();
+    let ok = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) };
+    let mut svc = tower_layer::Layer::layer(&layer, service_fn(ok));
+    let denial = decision(&mut svc).await;
+    let key = denial.key;
+    let cache = DenyCache::default();
+    let sent = tokio::time::Instant::now();
+    tokio::time::advance(std::time::Duration::from_millis(1)).await;
+    cache.forget(key);
+    cache.remember(&denial.verdict(), sent);
+    assert!(
+        cache.check(RateCheck::new(key, 1)).is_none(),
+        "a denial from before the reset"
+    );
+    tokio::time::advance(std::time::Duration::from_millis(1)).await;
+    cache.remember(&denial.verdict(), tokio::time::Instant::now());
+    assert!(
+        cache.check(RateCheck::new(key, 1)).is_some(),
+        "a denial from after it"
+    );
+    tokio::time::advance(std::time::Duration::from_millis(1)).await;
+    cache.clear();
+    assert!(cache.check(RateCheck::new(key, 1)).is_none(), "cleared");
+}
+
+/// However long the store's wait, a denial is served from the cache for at most
+/// `MAX_AGE`, then the store is asked again: a reset or refund made through another copy
+/// whose broadcast was lost frees the caller here within that time. The answers still count
+/// down the store's wait.
+#[tokio::test(start_paused = true)]
+async fn a_long_denial_is_asked_again_after_the_cache_max_age() {
+    let store = LongDenial::default();
+    let checks = Arc::clone(&store.checks);
+    let layer = RateLimitLayer::builder(store)
+        .limit(Limit::per_hour("h", 1))
+        .key(Header::from_static("x-caller"))
+        .build()
+        .unwrap();
+    let ok = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) };
+    let mut svc = tower_layer::Layer::layer(&layer, service_fn(ok));
+    assert_eq!(decision(&mut svc).await.source(), DecisionSource::Store);
+    tokio::time::advance(MAX_AGE - std::time::Duration::from_millis(1)).await;
+    let cached = decision(&mut svc).await;
+    assert_eq!(cached.source(), DecisionSource::DenyCache);
+    assert_eq!(
+        cached.retry_after(),
+        LONG - MAX_AGE + std::time::Duration::from_millis(1)
+    );
+    assert_eq!(checks.load(Ordering::SeqCst), 1);
+    tokio::time::advance(std::time::Duration::from_millis(1)).await;
+    assert_eq!(decision(&mut svc).await.source(), DecisionSource::Store);
+    assert_eq!(checks.load(Ordering::SeqCst), 2);
+}
