@@ -8,10 +8,11 @@ use std::task::{Context, Poll, ready};
 use tokio::time::Instant;
 
 use super::deny_cache::DenyCache;
-use super::invalidated::Listener;
+use super::invalidated::{Invalidated, Listener};
 use super::lease::{LeaseFuture, Take};
-use super::source::{DecisionSource, Verdict};
+use super::source::DecisionSource;
 use super::tiers::{Tier, Tiers};
+use super::verdict::Verdict;
 use crate::key::Key;
 use crate::on_error::OnStoreError;
 use crate::pace::OncePerSecond;
@@ -75,7 +76,7 @@ impl RateClient {
     pub(crate) fn decide(self: &Arc<Self>, tier: &Arc<Tier>, check: RateCheck) -> Decided {
         // the deny cache and leased slices hear of resets and refunds made through other copies
         if self.deny_cache.is_some() || tier.leases.is_some() {
-            self.listener.ensure(self);
+            self.listener.ensure(&*self.store, self);
         }
         let leased =
             |outcome| Verdict::new(outcome, DecisionSource::Lease, Arc::clone(tier), check);
@@ -158,6 +159,36 @@ impl RateClient {
             .filter_map(|tier| tier.leases.as_ref())
             .map(|leases| leases.unspent())
             .sum()
+    }
+}
+
+impl Invalidated for RateClient {
+    /// Of a caller reset or refunded under one of the layer's namespaces (another layer's
+    /// policies on the same store are none of this one's business): its cached denial and — a
+    /// leased tier's invalidation can only be a reset, as a slice's settlement is
+    /// [quiet](crate::rate::RateCheck::quiet) and leased tiers settle nothing else — its slices,
+    /// given back (the store refunds nothing of a charge the reset erased).
+    fn caller(&self, namespace: &str, key: Key) {
+        let tiers = self.tiers.all();
+        let ours = tiers.iter().filter(|t| t.policy.namespace() == namespace);
+        let mut known = false;
+        for tier in ours {
+            known = true;
+            if let Some(leases) = &tier.leases {
+                leases.forget(key);
+            }
+        }
+        if let Some(cache) = self.deny_cache.as_ref().filter(|_| known) {
+            cache.forget(key);
+        }
+    }
+
+    /// Every cached denial goes; slices are kept: a reset missed here is spent past by at most
+    /// one lease's slices.
+    fn missed(&self) {
+        if let Some(cache) = &self.deny_cache {
+            cache.clear();
+        }
     }
 }
 

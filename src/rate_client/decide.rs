@@ -6,8 +6,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::client::RateClient;
-use super::source::{DecisionSource, Verdict};
+use super::source::DecisionSource;
 use super::tiers::Tier;
+use super::verdict::Verdict;
 use crate::on_error::OnStoreError;
 use crate::rate::{RateCheck, RateOutcome};
 use crate::store::StoreError;

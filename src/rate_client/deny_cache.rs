@@ -30,7 +30,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::source::{DecisionSource, Verdict};
+use super::source::DecisionSource;
+use super::verdict::Verdict;
 use crate::key::Key;
 use crate::rate::RateCheck;
 

@@ -28,11 +28,12 @@ mod lease;
 pub(crate) mod settle;
 mod source;
 mod tiers;
+mod verdict;
 
 pub(crate) use client::{Decided, Pending, RateClient};
 #[cfg(test)]
 pub(crate) use deny_cache::{DenyCache, MAX_AGE};
 pub(crate) use fallback::DEFAULT_CAPACITY as FALLBACK_CAPACITY;
 pub use source::DecisionSource;
-pub(crate) use source::Verdict;
 pub(crate) use tiers::{LimitsFn, Tier, TierFn, TierOptions, Tiers};
+pub(crate) use verdict::Verdict;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::layer::RateLimitLayerBuilder;
+use super::builder::RateLimitLayerBuilder;
 use crate::on_error::OnStoreError;
 use crate::rate::{Algorithm, Limit};
 

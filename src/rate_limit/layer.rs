@@ -6,7 +6,6 @@ use std::sync::Arc;
 use http::request::Parts;
 use tower_layer::Layer;
 
-pub use super::builder::RateLimitLayerBuilder;
 use super::service::RateLimit;
 use super::settings::Settings;
 use crate::key::{Global, Key, KeyExtractor};
@@ -54,7 +53,7 @@ impl<K> RateLimitLayer<K> {
         &self.settings.client.tiers.default_tier().policy
     }
 
-    /// The limits of tier `name` (see [`RateLimitLayerBuilder::tier`]), or the layer's own when
+    /// The limits of tier `name` (see [`RateLimitLayerBuilder::tier`](super::RateLimitLayerBuilder::tier)), or the layer's own when
     /// it has no tier of that name — as for a request.
     pub fn tier_policy(&self, name: &str) -> &RatePolicy {
         &self.settings.client.tiers.named(name).policy
@@ -103,7 +102,7 @@ impl<K> RateLimitLayer<K> {
 
     /// [`peek`](Self::peek) at the caller of a request with head `parts`, under the limits the
     /// request would be counted against: its key as the layer finds it, its tier as
-    /// [`tier_by`](RateLimitLayerBuilder::tier_by) chooses it. `None` when the request carries
+    /// [`tier_by`](super::RateLimitLayerBuilder::tier_by) chooses it. `None` when the request carries
     /// no key.
     pub async fn peek_request(&self, parts: &Parts) -> Result<Option<RateOutcome>, StoreError>
     where
@@ -125,7 +124,7 @@ impl<K> RateLimitLayer<K> {
     }
 
     /// Forgets what caller `key` has spent of this layer's limits — of every tier, and of the
-    /// per-request limits ([`limits_by`](RateLimitLayerBuilder::limits_by)) this copy has met —
+    /// per-request limits ([`limits_by`](super::RateLimitLayerBuilder::limits_by)) this copy has met —
     /// in the store (every copy sees it at once) and in this copy's deny cache. The store
     /// broadcasts the reset: another copy that cached a denial of `key` drops it within about a
     /// round trip, and admits; if the broadcast is lost, it asks the store again within a second

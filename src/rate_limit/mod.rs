@@ -99,11 +99,12 @@ pub use crate::key::MissingKey;
 pub use crate::on_error::OnStoreError;
 pub use crate::rate_client::DecisionSource;
 pub use body::ResponseBody;
+pub use builder::RateLimitLayerBuilder;
 #[cfg(feature = "serde")]
 pub use config::RateLimitConfig;
 pub use decision::{RateLimitDecision, RateLimitDecisions};
 pub use future::ResponseFuture;
-pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use layer::RateLimitLayer;
 pub use service::RateLimit;
 
 pub use crate::rate::{Algorithm, Limit, LimitState, MAX_LOG_QUOTA};
