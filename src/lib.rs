@@ -210,7 +210,16 @@ mod expiring;
 mod fuzz;
 pub mod key;
 mod keyspace;
+pub mod metrics;
+mod on_error;
+mod pace;
 pub mod rate;
+mod task;
+// HTTP vocabulary the layers share
+mod body;
+mod grpc;
+mod headers;
+mod rejection;
 // where state lives
 pub mod store;
 // built on the store
@@ -220,16 +229,7 @@ pub mod claim;
 pub mod conformance;
 mod keepalive;
 pub mod lock;
-pub mod metrics;
-mod on_error;
-mod pace;
 mod rate_client;
-mod task;
-// HTTP glue
-mod body;
-mod grpc;
-mod headers;
-mod rejection;
 // the layers
 pub mod concurrency;
 pub mod idempotency;

@@ -10,6 +10,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use crate::body::Complete;
 use crate::grpc::Wire;
 use crate::grpc::{self, Code};
+use crate::key::MissingKey;
 
 /// The problem type of a rate-limit denial (draft-ietf-httpapi-ratelimit-headers).
 pub(crate) const QUOTA_EXCEEDED: &str =
@@ -141,5 +142,26 @@ mod tests {
             json_escaped("the function \"tenant\"\n\\"),
             "the function \\\"tenant\\\"\\u000a\\\\"
         );
+    }
+}
+
+/// How a layer refuses a request without a key: the HTTP and gRPC vocabulary of
+/// [`MissingKey`], kept with the other refusals.
+impl MissingKey {
+    /// The status and gRPC code a request without a key is refused with; `None` when it is let
+    /// through.
+    pub(crate) fn refusal(self) -> Option<(http::StatusCode, Code)> {
+        match self {
+            Self::Reject => Some((StatusCode::BAD_REQUEST, Code::InvalidArgument)),
+            Self::RejectWith(status) => {
+                let code = match status {
+                    StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+                    StatusCode::FORBIDDEN => Code::PermissionDenied,
+                    _ => Code::InvalidArgument,
+                };
+                Some((status, code))
+            }
+            Self::Allow => None,
+        }
     }
 }

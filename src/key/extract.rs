@@ -264,24 +264,3 @@ pub enum MissingKey {
     /// Let the request through unlimited.
     Allow,
 }
-
-impl MissingKey {
-    /// The status and gRPC code a request without a key is refused with; `None` when it is let
-    /// through.
-    pub(crate) fn refusal(self) -> Option<(http::StatusCode, crate::grpc::Code)> {
-        use crate::grpc::Code;
-        use http::StatusCode;
-        match self {
-            Self::Reject => Some((StatusCode::BAD_REQUEST, Code::InvalidArgument)),
-            Self::RejectWith(status) => {
-                let code = match status {
-                    StatusCode::UNAUTHORIZED => Code::Unauthenticated,
-                    StatusCode::FORBIDDEN => Code::PermissionDenied,
-                    _ => Code::InvalidArgument,
-                };
-                Some((status, code))
-            }
-            Self::Allow => None,
-        }
-    }
-}
