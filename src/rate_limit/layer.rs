@@ -12,7 +12,7 @@ use crate::key::{Global, Key, KeyExtractor};
 use crate::rate::{RateOutcome, RatePolicy};
 use crate::store::StoreError;
 
-/// Applies [`RateLimit`] to a service: limits kept in a shared [`RateStore`].
+/// Applies [`RateLimit`] to a service: limits kept in a shared [`RateStore`](crate::store::RateStore).
 ///
 /// Clones share their configuration; all of a layer's state lives in the store, so every clone —
 /// and every copy of the service on the same store — enforces the same limits.

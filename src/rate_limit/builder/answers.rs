@@ -105,7 +105,7 @@ impl<K> RateLimitLayerBuilder<K> {
 
     /// What the quota counts, said as `qu` in `RateLimit-Policy` (default: requests, and `qu`
     /// said only when a [`cost`](Self::cost) closure is set). Use
-    /// [`QuotaUnit::ContentBytes`](super::QuotaUnit::ContentBytes) when the cost is a size.
+    /// [`QuotaUnit::ContentBytes`](crate::rate_limit::QuotaUnit::ContentBytes) when the cost is a size.
     pub fn quota_unit(mut self, unit: QuotaUnit) -> Self {
         self.draft.quota_unit = Some(unit);
         self
@@ -114,7 +114,7 @@ impl<K> RateLimitLayerBuilder<K> {
     /// Shadow mode (default off), to roll a new limit out: every request is decided and charged
     /// as usual, its decision recorded and its headers set, but none is rejected — a denial is
     /// logged (at info, target `tollgate::rate_limit`) and marked
-    /// [`RateLimitDecision::shadow`](super::RateLimitDecision::shadow), and the request goes on,
+    /// [`RateLimitDecision::shadow`](crate::rate_limit::RateLimitDecision::shadow), and the request goes on,
     /// as does one without a key. The deny cache is off: every request reaches the store.
     pub fn shadow(mut self, enabled: bool) -> Self {
         self.draft.shadow = enabled;
@@ -126,7 +126,7 @@ impl<K> RateLimitLayerBuilder<K> {
     /// (default true) — for at most a second at a time, then it asks the store again. A reset
     /// or a refund made through any copy frees the caller on every copy within about a round
     /// trip of the store's broadcast (the layer subscribes to
-    /// [`RateStore::invalidations`] on its first request), and within a second when the
+    /// [`RateStore::invalidations`](crate::store::RateStore::invalidations) on its first request), and within a second when the
     /// broadcast is lost. A flood from one caller then costs about one store call per copy and
     /// second. It caches the store's decision and never admits on its own.
     pub fn deny_cache(mut self, enabled: bool) -> Self {
@@ -149,8 +149,8 @@ impl<K> RateLimitLayerBuilder<K> {
     /// What a full [`OnStoreError::LocalFallback`] limiter (see
     /// [`fallback_capacity`](Self::fallback_capacity)) does with a new caller: deny it (`false`,
     /// the default) or admit it without counting it (`true`). Either way the decision has source
-    /// [`DecisionSource::LocalFallback`](super::DecisionSource::LocalFallback) and no limit
-    /// states ([`RateLimitDecision::limits`](super::RateLimitDecision::limits) is empty, and the
+    /// [`DecisionSource::LocalFallback`](crate::rate_limit::DecisionSource::LocalFallback) and no limit
+    /// states ([`RateLimitDecision::limits`](crate::rate_limit::RateLimitDecision::limits) is empty, and the
     /// response carries neither `RateLimit` nor `RateLimit-Policy`); a denial waits 1 s (`429`,
     /// `Retry-After: 1`). A warning is logged, at most once a second.
     pub fn fallback_admits_when_full(mut self, admit: bool) -> Self {

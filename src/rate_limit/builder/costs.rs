@@ -69,7 +69,7 @@ impl<K> RateLimitLayerBuilder<K> {
     /// the debt has left the window.
     ///
     /// The settlement is made before the response head goes out, so that its `RateLimit`
-    /// headers (and its [`RateLimitDecision`]) show the settled balance. A request is charged
+    /// headers (and its [`RateLimitDecision`](crate::rate_limit::RateLimitDecision)) show the settled balance. A request is charged
     /// what it reserved when `actual` answers `None`, when the inner service fails without a
     /// response, when the store cannot settle (logged), and when the store did not decide it
     /// (the local fallback, shadow denials).
