@@ -100,6 +100,27 @@ fn json_escaped(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// How a layer refuses a request without a key: the HTTP and gRPC vocabulary of
+/// [`MissingKey`], kept with the other refusals.
+impl MissingKey {
+    /// The status and gRPC code a request without a key is refused with; `None` when it is let
+    /// through.
+    pub(crate) fn refusal(self) -> Option<(http::StatusCode, Code)> {
+        match self {
+            Self::Reject => Some((StatusCode::BAD_REQUEST, Code::InvalidArgument)),
+            Self::RejectWith(status) => {
+                let code = match status {
+                    StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+                    StatusCode::FORBIDDEN => Code::PermissionDenied,
+                    _ => Code::InvalidArgument,
+                };
+                Some((status, code))
+            }
+            Self::Allow => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,26 +163,5 @@ mod tests {
             json_escaped("the function \"tenant\"\n\\"),
             "the function \\\"tenant\\\"\\u000a\\\\"
         );
-    }
-}
-
-/// How a layer refuses a request without a key: the HTTP and gRPC vocabulary of
-/// [`MissingKey`], kept with the other refusals.
-impl MissingKey {
-    /// The status and gRPC code a request without a key is refused with; `None` when it is let
-    /// through.
-    pub(crate) fn refusal(self) -> Option<(http::StatusCode, Code)> {
-        match self {
-            Self::Reject => Some((StatusCode::BAD_REQUEST, Code::InvalidArgument)),
-            Self::RejectWith(status) => {
-                let code = match status {
-                    StatusCode::UNAUTHORIZED => Code::Unauthenticated,
-                    StatusCode::FORBIDDEN => Code::PermissionDenied,
-                    _ => Code::InvalidArgument,
-                };
-                Some((status, code))
-            }
-            Self::Allow => None,
-        }
     }
 }
