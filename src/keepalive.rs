@@ -1,5 +1,7 @@
-//! Leases held in the store — a lock, an idempotency claim — kept alive while their work runs,
-//! and given back in the background when their owner goes away.
+//! Keep-alive of what a copy holds in the store — a lock, a claim, an idempotency record, a
+//! concurrency permit: each hold's lease (its time to live) is renewed while its work runs, and
+//! the hold is given back in the background when its owner goes away. (The rate limit's leased
+//! quota slices are another thing: `rate_client/lease/`.)
 
 use std::future::Future;
 use std::sync::Arc;

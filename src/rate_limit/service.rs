@@ -18,9 +18,10 @@ layer_service! {
     /// Admits a request only while every limit has room for the caller; made by
     /// [`RateLimitLayer`](super::RateLimitLayer).
     ///
-    /// The decision is one round trip to the store, made in the response future: `poll_ready` only
-    /// asks the inner service, so the service never waits for capacity (it rejects instead) and is
-    /// cheap to clone.
+    /// The layer's rate client decides: at once, from what this copy keeps (a leased slice, a
+    /// cached denial), or in one round trip to the store made in the response future.
+    /// `poll_ready` only asks the inner service, so the service never waits for capacity (it
+    /// rejects instead) and is cheap to clone.
     RateLimit { key }
 }
 
@@ -47,12 +48,7 @@ where
         let request = Request::from_parts(parts, body);
 
         let Some(key) = key else {
-            return match settings.missing_key.refusal() {
-                Some(_) if !settings.shadow => {
-                    ResponseFuture::reject(Rejection::MissingKey, settings, wire)
-                }
-                _ => ResponseFuture::unchecked(self.inner.call(request), settings),
-            };
+            return self.without_key(request, settings, wire);
         };
         if cost == 0 {
             return ResponseFuture::unchecked(self.inner.call(request), settings);
@@ -67,6 +63,27 @@ where
                 let ready = std::mem::replace(&mut self.inner, clone);
                 ResponseFuture::check(pending, ready, request, settings, wire)
             }
+        }
+    }
+}
+
+impl<S, K> RateLimit<S, K> {
+    /// A request without a key: refused as the layer's [`MissingKey`](crate::key::MissingKey)
+    /// says (let through in shadow mode), or let through unlimited.
+    fn without_key<ReqBody>(
+        &mut self,
+        request: Request<ReqBody>,
+        settings: Arc<Settings>,
+        wire: Wire,
+    ) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        match settings.missing_key.refusal() {
+            Some(_) if !settings.shadow => {
+                ResponseFuture::reject(Rejection::MissingKey, settings, wire)
+            }
+            _ => ResponseFuture::unchecked(self.inner.call(request), settings),
         }
     }
 }

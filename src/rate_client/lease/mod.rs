@@ -24,8 +24,8 @@
 //! - **Memory**: at most [`CAPACITY`] callers per tier, removed once idle for two leases; a
 //!   caller beyond that is checked per request.
 //! - **Resets**: a slice's settlement is [quiet](RateCheck::quiet), so the only invalidation a
-//!   leased tier hears is a reset, on which the caller's slices are given back (the layer's
-//!   listener calls [`Leases::forget`]; the store refunds nothing of a charge the reset erased). The slices left are given back when the layer
+//!   leased tier hears is a reset, on which the caller's slices are given back (the rate
+//!   client's listener calls [`Leases::forget`]; the store refunds nothing of a charge the reset erased). The slices left are given back when the layer
 //!   goes ([`Leases`] dropped) or on [`RateLimitLayer::give_back_leases`].
 //!
 //! [`RateLimitLayer::give_back_leases`]: crate::rate_limit::RateLimitLayer::give_back_leases
