@@ -1,5 +1,5 @@
-//! The deny cache seen through the layer: how long a cached denial lasts, and which denials are
-//! cached.
+//! The rate client seen through the layer: how long a cached denial lasts, which denials are
+//! cached, and who each answer names as its source.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -196,4 +196,56 @@ async fn a_long_denial_is_asked_again_after_the_cache_max_age() {
     tokio::time::advance(std::time::Duration::from_millis(1)).await;
     assert_eq!(decision(&mut svc).await.source(), DecisionSource::Store);
     assert_eq!(checks.load(Ordering::SeqCst), 2);
+}
+
+/// A store whose outcomes carry no store clock (`decided_at_us: None`), as a store written
+/// outside the crate may answer.
+#[derive(Debug, Default)]
+struct NoClock(crate::store::MemoryStore);
+
+impl RateStore for NoClock {
+    fn check_rate(&self, p: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
+        let pending = self.0.check_rate(p, check);
+        Box::pin(async move {
+            let outcome = pending.await?;
+            Ok(RateOutcome {
+                decided_at_us: None,
+                ..outcome
+            })
+        })
+    }
+
+    fn timeout(&self) -> std::time::Duration {
+        self.0.timeout()
+    }
+
+    fn reset_rate(&self, p: &Arc<RatePolicy>, key: crate::key::Key) -> StoreFuture<()> {
+        self.0.reset_rate(p, key)
+    }
+}
+
+/// Every answer names who gave it, whatever the store's outcome carries: on a leased tier, the
+/// checks of a caller not warm yet and the request a slice is fetched with are the store's,
+/// and only what a slice admits is the lease's.
+#[tokio::test]
+async fn an_answer_names_its_source_whatever_the_outcome_carries() {
+    let layer = RateLimitLayer::builder(NoClock::default())
+        .limit(Limit::per_hour("h", 1000).leased())
+        .key(Header::from_static("x-caller"))
+        .build()
+        .unwrap();
+    let ok = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) };
+    let mut svc = tower_layer::Layer::layer(&layer, service_fn(ok));
+    let mut sources = Vec::new();
+    for _ in 0..6 {
+        let request = Request::get("/").header("x-caller", "a").body(()).unwrap();
+        let response = svc.ready().await.unwrap().call(request).await.unwrap();
+        let decision = response.extensions().get::<RateLimitDecision>().unwrap();
+        assert!(decision.admitted());
+        sources.push(decision.source());
+    }
+    let store = DecisionSource::Store;
+    let lease = DecisionSource::Lease;
+    // three checks alone, then the fourth request with its slice, then two from the slice
+    assert_eq!(sources, [store, store, store, store, lease, lease]);
 }

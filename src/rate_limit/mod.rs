@@ -81,11 +81,11 @@
 
 mod body;
 mod builder;
+#[cfg(test)]
+mod client_tests;
 #[cfg(feature = "serde")]
 mod config;
 mod decision;
-#[cfg(test)]
-mod deny_cache_tests;
 mod future;
 mod layer;
 mod rejection;
