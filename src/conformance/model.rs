@@ -247,7 +247,14 @@ impl Model {
         for ((state, limit), key) in states.iter_mut().zip(policy.limits()).zip(keys) {
             let (q, w) = (limit.quota(), limit.window_us());
             if admitted && !replay && cost > 0 {
-                place.push(add(algorithm, state, (q, w), (now, check.hold_us()), id, cost));
+                place.push(add(
+                    algorithm,
+                    state,
+                    (q, w),
+                    (now, check.hold_us()),
+                    id,
+                    cost,
+                ));
             }
             limits.push(answer(algorithm, state.as_ref(), q, w, now));
             if let Some(state) = state.take() {
@@ -311,7 +318,13 @@ fn decide(
             continue;
         }
         let (q, w) = (limit.quota(), limit.window_us());
-        match wait(policy.algorithm(), state.as_ref(), (q, w), (now, check.hold_us()), cost) {
+        match wait(
+            policy.algorithm(),
+            state.as_ref(),
+            (q, w),
+            (now, check.hold_us()),
+            cost,
+        ) {
             None => {}
             // a log that would deny holding this attempt's first unit: charged before
             Some(_) if first_unit_logged(state.as_ref(), id, cost) => *replay = true,

@@ -1081,14 +1081,23 @@ pub async fn a_held_log_charge_counts_until_a_window_after_its_hold(store: &impl
     let plain = check(store, &p, key("l"), 1).await;
     assert!(plain.admitted);
     assert_eq!(plain.limits[0].remaining, 0);
-    assert!(plain.limits[0].reset <= Duration::from_millis(600), "{plain:?}");
+    assert!(
+        plain.limits[0].reset <= Duration::from_millis(600),
+        "{plain:?}"
+    );
     tokio::time::sleep(Duration::from_millis(650)).await;
     // a window after the charge: the plain unit left, the held ones still count
     let one = check(store, &p, key("l"), 1).await;
     assert!(one.admitted, "{one:?}");
     let denied = check(store, &p, key("l"), 1).await;
-    assert!(!denied.admitted, "the held units count until their hold's end plus a window");
-    assert!(denied.retry_after <= Duration::from_millis(260), "{denied:?}");
+    assert!(
+        !denied.admitted,
+        "the held units count until their hold's end plus a window"
+    );
+    assert!(
+        denied.retry_after <= Duration::from_millis(260),
+        "{denied:?}"
+    );
     tokio::time::sleep(denied.retry_after + Duration::from_millis(30)).await;
     let freed = check(store, &p, key("l"), 3).await;
     assert!(freed.admitted, "{freed:?}");
@@ -1129,5 +1138,8 @@ pub async fn a_held_counter_charge_is_charged_as_any(store: &impl RateStore) {
     assert_eq!(held.limits[0].remaining, 0);
     assert!(!check(store, &p, key("c"), 1).await.admitted);
     let settled = run(store, &p, slice.settle(4)).await;
-    assert_eq!(settled.limits[0].remaining, 6, "what the slice left goes back");
+    assert_eq!(
+        settled.limits[0].remaining, 6,
+        "what the slice left goes back"
+    );
 }

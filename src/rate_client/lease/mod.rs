@@ -316,3 +316,18 @@ fn counter_window_left(window_us: u64, at_us: u64) -> u64 {
     let end_us = ((index + 1.0) * window_ms * 1000.0).floor();
     (end_us as u64).saturating_sub(at_us)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::counter_window_left;
+
+    #[test]
+    fn a_counter_slice_lives_to_its_windows_end_on_the_stores_clock() {
+        // windows of 1 s on whole milliseconds of store time
+        assert_eq!(counter_window_left(1_000_000, 5_000_000), 1_000_000);
+        assert_eq!(counter_window_left(1_000_000, 5_999_400), 600);
+        assert_eq!(counter_window_left(1_000_000, 5_250_123), 749_877);
+        // a window of 1.5 ms: windows end at 1.5 ms, 3 ms, ...
+        assert_eq!(counter_window_left(1_500, 2_100), 900);
+    }
+}
