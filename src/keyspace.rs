@@ -1,4 +1,6 @@
 //! The store-key layout: every key tollgate reads or writes is built here, and nowhere else.
+//! (A *store key* says where state lives; a caller's [`Key`], from `key/`, says who a request
+//! counts against, and appears in a store key only as its digest.)
 //!
 //! A key is `<prefix>:<kind>:{<digest>}` plus, for rate limits, `:<limit>:<algorithm>`. The
 //! digest (a [`Key`], 22 characters of base64url) stands for whatever the user supplied — a
