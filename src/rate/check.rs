@@ -128,7 +128,9 @@ impl RateCheck {
     /// ```
     pub fn held(self, lease: std::time::Duration) -> Self {
         Self {
-            held_us: u64::try_from(lease.as_micros()).unwrap_or(u64::MAX).min(MOST_HELD_US),
+            held_us: u64::try_from(lease.as_micros())
+                .unwrap_or(u64::MAX)
+                .min(MOST_HELD_US),
             ..self
         }
     }
