@@ -134,6 +134,9 @@ macro_rules! rate_store_suite {
             only_a_limit_with_block_for_blocks,
             resent_checks_during_a_block_are_answered_as_recorded,
             resets_and_refunds_are_told_to_subscribers,
+            a_held_log_charge_counts_until_a_window_after_its_hold,
+            a_held_gcra_charge_is_charged_from_its_holds_end,
+            a_held_counter_charge_is_charged_as_any,
         );
     };
 }

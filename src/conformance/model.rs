@@ -247,7 +247,14 @@ impl Model {
         for ((state, limit), key) in states.iter_mut().zip(policy.limits()).zip(keys) {
             let (q, w) = (limit.quota(), limit.window_us());
             if admitted && !replay && cost > 0 {
-                place.push(add(algorithm, state, q, w, now, id, cost));
+                place.push(add(
+                    algorithm,
+                    state,
+                    (q, w),
+                    (now, check.hold_us()),
+                    id,
+                    cost,
+                ));
             }
             limits.push(answer(algorithm, state.as_ref(), q, w, now));
             if let Some(state) = state.take() {
@@ -311,7 +318,13 @@ fn decide(
             continue;
         }
         let (q, w) = (limit.quota(), limit.window_us());
-        match wait(policy.algorithm(), state.as_ref(), q, w, now, cost) {
+        match wait(
+            policy.algorithm(),
+            state.as_ref(),
+            (q, w),
+            (now, check.hold_us()),
+            cost,
+        ) {
             None => {}
             // a log that would deny holding this attempt's first unit: charged before
             Some(_) if first_unit_logged(state.as_ref(), id, cost) => *replay = true,
@@ -409,13 +422,13 @@ fn born_of(state: Option<&State>, window: u64, now: u64) -> Option<u64> {
     }
 }
 
-/// How long a check of `cost` waits (µs) under one limit, `None` when it fits now.
+/// How long a check of `cost`, its units admitted over up to `hold` µs, waits (µs) under one
+/// limit, `None` when it fits now.
 fn wait(
     algorithm: Algorithm,
     state: Option<&State>,
-    q: u64,
-    w: u64,
-    now: u64,
+    (q, w): (u64, u64),
+    (now, hold): (u64, u64),
     cost: u64,
 ) -> Option<u64> {
     match algorithm {
@@ -456,7 +469,7 @@ fn wait(
             if cost > q {
                 return Some(w);
             }
-            let (tat, rem) = tat_of(state, now);
+            let (tat, rem) = tat_of(state, now + if cost > 0 { hold } else { 0 });
             let (q, w) = (u128::from(q), u128::from(w));
             let ahead = u128::from(tat - now) * q + u128::from(rem) + u128::from(cost) * w;
             let over = ahead.checked_sub(w * q).filter(|over| *over > 0)?;
@@ -473,9 +486,8 @@ fn ceil_us(x: f64) -> u64 {
 fn add(
     algorithm: Algorithm,
     state: &mut Option<State>,
-    q: u64,
-    w: u64,
-    now: u64,
+    (q, w): (u64, u64),
+    (now, hold): (u64, u64),
     id: u64,
     cost: u64,
 ) -> Place {
@@ -485,8 +497,9 @@ fn add(
                 Some(State::Log(log)) => log,
                 _ => BTreeMap::new(),
             };
+            // units a copy may admit until `now + hold` are dated then
             for u in 1..=cost {
-                log.entry(name(id, cost, u)).or_insert(now);
+                log.entry(name(id, cost, u)).or_insert(now + hold);
             }
             *state = Some(State::Log(log));
             Place::Log
@@ -504,7 +517,8 @@ fn add(
             Place::Window { index, born }
         }
         Algorithm::Gcra => {
-            let (tat, rem) = tat_of(state.as_ref(), now);
+            // units a copy may admit until `now + hold` are charged from then at the earliest
+            let (tat, rem) = tat_of(state.as_ref(), now + hold);
             let units = u128::from(rem) + u128::from(cost) * u128::from(w);
             let tat = tat + u64::try_from(units / u128::from(q)).unwrap_or(u64::MAX / 4);
             let rem = u64::try_from(units % u128::from(q)).unwrap_or(0);

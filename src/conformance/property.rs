@@ -38,6 +38,18 @@ pub enum Op {
         /// Whether it is a reservation.
         reserve: bool,
     },
+    /// A reservation by `caller` under `policy` of `cost`, its units admitted over up to
+    /// `hold_ms` after the charge (a leased slice: [`RateCheck::held`]).
+    Held {
+        /// The caller.
+        caller: u8,
+        /// The policy.
+        policy: u8,
+        /// The cost.
+        cost: u64,
+        /// The hold, in milliseconds.
+        hold_ms: u32,
+    },
     /// The `back`-th latest check sent again (0: the latest); skipped when it went out more
     /// than 1.5 × the timeout ago.
     Resend {
@@ -310,6 +322,39 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
             Op::check(0, 1, 2),
         ],
     ),
+    (
+        "held charges: a log dates them at the hold's end, GCRA charges from it",
+        &[
+            (Algorithm::SlidingLog, &[(5, 300)]),
+            (Algorithm::Gcra, &[(5, 300)]),
+        ],
+        &[
+            Op::Held {
+                caller: 0,
+                policy: 0,
+                cost: 3,
+                hold_ms: 150,
+            },
+            Op::check(0, 0, 1),
+            Op::Held {
+                caller: 0,
+                policy: 1,
+                cost: 5,
+                hold_ms: 150,
+            },
+            Op::Held {
+                caller: 0,
+                policy: 1,
+                cost: 2,
+                hold_ms: 150,
+            },
+            Op::Sleep { ms: 350 },
+            Op::check(0, 0, 3),
+            Op::check(0, 1, 3),
+            Op::Settle { back: 4, actual: 1 },
+            Op::check(0, 0, 1),
+        ],
+    ),
 ];
 
 /// The cases of [`CORPUS`].
@@ -447,6 +492,18 @@ impl Run {
                 let policy = usize::from(policy) % self.policies.len();
                 Some(record(&mut self.checks, check, policy))
             }
+            Op::Held {
+                caller,
+                policy,
+                cost,
+                hold_ms,
+            } => {
+                let key = self.callers[usize::from(caller) % 2];
+                let hold = Duration::from_millis(u64::from(hold_ms));
+                let check = RateCheck::reservation(key, cost).held(hold);
+                let policy = usize::from(policy) % self.policies.len();
+                Some(record(&mut self.checks, check, policy))
+            }
             Op::Resend { back } => latest(&self.checks, back, self.fresh),
             Op::Settle { back, actual } => {
                 let i = self.checks.len().checked_sub(1 + usize::from(back));
@@ -565,6 +622,12 @@ pub fn generate(seed: u64, len: usize, timeout: Duration) -> Case {
                 policy: r.below(2) as u8,
             },
             18 => Op::PastTimeout,
+            19 => Op::Held {
+                caller: r.below(2) as u8,
+                policy: r.below(2) as u8,
+                cost: r.pick(&[1, 2, 3, 5, 11]),
+                hold_ms: r.pick(&[50, 150, 300]),
+            },
             _ => Op::Sleep { ms: r.pick(&waits) },
         })
         .collect();

@@ -1062,3 +1062,84 @@ pub async fn resets_and_refunds_are_told_to_subscribers(store: &impl RateStore) 
         "a quiet refund was told, or a reset was not"
     );
 }
+
+/// A held charge (a leased slice, whose units a copy admits up to its hold after the charge) is
+/// counted on a sliding log until a window after its hold ends: its entries are dated then.
+pub async fn a_held_log_charge_counts_until_a_window_after_its_hold(store: &impl RateStore) {
+    let p = policy(
+        Algorithm::SlidingLog,
+        vec![Limit::new("l", 4, Duration::from_millis(600))],
+    );
+    let hold = Duration::from_millis(300);
+    let held = run(store, &p, RateCheck::reservation(key("l"), 3).held(hold)).await;
+    assert!(held.admitted);
+    assert_eq!(held.limits[0].remaining, 1);
+    // the oldest entry is dated at the hold's end: it leaves a window after that
+    let reset = held.limits[0].reset;
+    assert!(reset > Duration::from_millis(890) && reset <= hold + Duration::from_millis(600));
+    // a plain charge now is dated now: the log stays in order of its dates
+    let plain = check(store, &p, key("l"), 1).await;
+    assert!(plain.admitted);
+    assert_eq!(plain.limits[0].remaining, 0);
+    assert!(
+        plain.limits[0].reset <= Duration::from_millis(600),
+        "{plain:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(650)).await;
+    // a window after the charge: the plain unit left, the held ones still count
+    let one = check(store, &p, key("l"), 1).await;
+    assert!(one.admitted, "{one:?}");
+    let denied = check(store, &p, key("l"), 1).await;
+    assert!(
+        !denied.admitted,
+        "the held units count until their hold's end plus a window"
+    );
+    assert!(
+        denied.retry_after <= Duration::from_millis(260),
+        "{denied:?}"
+    );
+    tokio::time::sleep(denied.retry_after + Duration::from_millis(30)).await;
+    let freed = check(store, &p, key("l"), 3).await;
+    assert!(freed.admitted, "{freed:?}");
+}
+
+/// A held charge on GCRA starts from its hold's end at the earliest: it fits only if its units
+/// would also fit admitted all at once then, and the caller's next charge waits on it.
+pub async fn a_held_gcra_charge_is_charged_from_its_holds_end(store: &impl RateStore) {
+    let p = policy(
+        Algorithm::Gcra,
+        vec![Limit::new("g", 10, Duration::from_millis(1000))],
+    );
+    let hold = Duration::from_millis(100);
+    // ten units from 100 ms on reach 1.1 s past now: more than a window
+    let all = run(store, &p, RateCheck::reservation(key("g"), 10).held(hold)).await;
+    assert!(!all.admitted, "{all:?}");
+    assert!(all.retry_after > Duration::from_millis(90), "{all:?}");
+    let nine = run(store, &p, RateCheck::reservation(key("g"), 9).held(hold)).await;
+    assert!(nine.admitted, "{nine:?}");
+    assert_eq!(nine.limits[0].remaining, 0, "a whole window is spoken for");
+    let next = check(store, &p, key("g"), 1).await;
+    assert!(!next.admitted, "{next:?}");
+    // a look charges nothing, whatever its hold
+    let look = run(store, &p, RateCheck::new(key("g"), 0).held(hold)).await;
+    assert_eq!(look.limits[0].remaining, 0);
+}
+
+/// A sliding counter charges a held check as any: the copy spends it within the window.
+pub async fn a_held_counter_charge_is_charged_as_any(store: &impl RateStore) {
+    let p = policy(
+        Algorithm::SlidingCounter,
+        vec![Limit::new("c", 10, Duration::from_secs(60))],
+    );
+    let hold = Duration::from_secs(6);
+    let slice = RateCheck::reservation(key("c"), 10).held(hold);
+    let held = run(store, &p, slice).await;
+    assert!(held.admitted, "{held:?}");
+    assert_eq!(held.limits[0].remaining, 0);
+    assert!(!check(store, &p, key("c"), 1).await.admitted);
+    let settled = run(store, &p, slice.settle(4)).await;
+    assert_eq!(
+        settled.limits[0].remaining, 6,
+        "what the slice left goes back"
+    );
+}

@@ -288,7 +288,7 @@ fn decide(
     check: RateCheck,
     (mut replay, blocked): (bool, u64),
 ) -> Decision {
-    let (cost, id) = (check.cost(), check.attempt());
+    let (cost, id, hold) = (check.cost(), check.attempt(), check.hold_us());
     let mut logs: Vec<VecDeque<(u64, Name)>> = Vec::new();
     let mut denied = Vec::with_capacity(slots.len());
     let (mut admitted, mut retry) = (true, 0u64);
@@ -317,7 +317,7 @@ fn decide(
                 }
             }
             super::Algorithm::SlidingCounter if !replay => counter_wait(slot, q, w, now, cost),
-            super::Algorithm::Gcra if !replay => gcra_wait(slot, q, w, now, cost),
+            super::Algorithm::Gcra if !replay => gcra_wait(slot, (q, w), (now, hold), cost),
             _ => None,
         };
         denied.push(wait.is_some());
@@ -351,7 +351,7 @@ fn charge(
     replay: bool,
     blocked: u64,
 ) -> (bool, u64, Vec<LimitState>, Option<Box<[Place]>>) {
-    let (cost, id) = (check.cost(), check.attempt());
+    let (cost, id, hold) = (check.cost(), check.attempt(), check.hold_us());
     let algorithm = policy.algorithm();
     let decision = decide(policy, slots, now, check, (replay, blocked));
     let (admitted, mut retry, replay) = (decision.admitted, decision.retry, decision.replay);
@@ -365,9 +365,9 @@ fn charge(
             super::Algorithm::SlidingLog => {
                 let mut log = logs.next().unwrap_or_default();
                 if charges {
-                    let added = add_units(&mut log, (id, cost), 1..=cost, now);
-                    if added > 0 {
-                        slot.expires_at = now + w.div_ceil(1000) * 1000;
+                    // units a copy may admit until `now + hold` are dated then
+                    if add_units(&mut log, (id, cost), 1..=cost, now + hold) > 0 {
+                        keep_until(slot, now, w + hold);
                     }
                     place.push(Place::Log);
                 }
@@ -390,6 +390,9 @@ fn charge(
             super::Algorithm::Gcra => {
                 let (mut tat, mut rem) = tat_of(slot, now);
                 if charges {
+                    // units a copy may admit until `now + hold` are charged from then at the
+                    // earliest
+                    (tat, rem) = tat_of(slot, now + hold);
                     let units = u128::from(rem) + u128::from(cost) * u128::from(w);
                     tat += u64::try_from(units / u128::from(q)).unwrap_or(u64::MAX / 4);
                     rem = u64::try_from(units % u128::from(q)).unwrap_or(0);
@@ -517,7 +520,7 @@ fn settle_log(
         let room = (2 * q).saturating_sub(log.len() as u64);
         let units = reserved + 1..=reserved + debt.min(room);
         if add_units(&mut log, (of, reserved), units, now) > 0 {
-            slot.expires_at = now + w.div_ceil(1000) * 1000;
+            keep_until(slot, now, w);
         }
     }
     if refund > 0 {
@@ -608,23 +611,31 @@ fn settle_gcra(
     gcra_state(tat - now, rem, q, w)
 }
 
-/// Adds the units `units` of an attempt (`of`, its cost) to `log` at `now`, each only if the log
-/// does not hold it yet (as ZADD NX); how many were added.
+/// Adds the units `units` of an attempt (`of`, its cost) to `log`, scored `score`, each only if
+/// the log does not hold it yet (as ZADD NX); how many were added. The log stays in order of
+/// score: a held charge's units may be scored after some added since.
 fn add_units(
     log: &mut VecDeque<(u64, Name)>,
     (of, cost): (u64, u64),
     units: std::ops::RangeInclusive<u64>,
-    now: u64,
+    score: u64,
 ) -> u64 {
     let mut added = 0;
     for u in units {
         let unit = name(of, cost, u);
         if !log.iter().any(|&(_, n)| n == unit) {
-            log.push_back((now, unit));
+            let at = log.partition_point(|&(s, _)| s <= score);
+            log.insert(at, (score, unit));
             added += 1;
         }
     }
     added
+}
+
+/// Keeps a log `slot` for at least `ttl` µs from `now` (whole milliseconds, as PEXPIRE), never
+/// shorter than it was: entries a held charge dated later may outlive those added since.
+fn keep_until(slot: &mut Slot, now: u64, ttl: u64) {
+    slot.expires_at = slot.expires_at.max(now + ttl.div_ceil(1000) * 1000);
 }
 
 /// Keeps `log` in `slot` (an empty log is deleted); the limit's remaining and reset.
@@ -718,11 +729,12 @@ fn counter_state(q: u64, w: u64, elapsed: f64, cur: f64, prev: f64) -> LimitStat
 
 /// How long a GCRA limit denies `cost`, `None` when it fits; a cost over the quota waits a
 /// whole window.
-fn gcra_wait(slot: &Slot, q: u64, w: u64, now: u64, cost: u64) -> Option<u64> {
+fn gcra_wait(slot: &Slot, (q, w): (u64, u64), (now, hold): (u64, u64), cost: u64) -> Option<u64> {
     if cost > q {
         return Some(w);
     }
-    let (tat, rem) = tat_of(slot, now);
+    // a held charge starts from `now + hold` at the earliest
+    let (tat, rem) = tat_of(slot, now + if cost > 0 { hold } else { 0 });
     let (q, w) = (u128::from(q), u128::from(w));
     let ahead = u128::from(tat - now) * q + u128::from(rem) + u128::from(cost) * w;
     let over = ahead.checked_sub(w * q).filter(|over| *over > 0)?;

@@ -568,3 +568,18 @@ impl Lease {
         self.states.clone_from(&outcome.limits);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::counter_window_left;
+
+    #[test]
+    fn a_counter_slice_lives_to_its_windows_end_on_the_stores_clock() {
+        // windows of 1 s on whole milliseconds of store time
+        assert_eq!(counter_window_left(1_000_000, 5_000_000), 1_000_000);
+        assert_eq!(counter_window_left(1_000_000, 5_999_400), 600);
+        assert_eq!(counter_window_left(1_000_000, 5_250_123), 749_877);
+        // a window of 1.5 ms: windows end at 1.5 ms, 3 ms, ...
+        assert_eq!(counter_window_left(1_500, 2_100), 900);
+    }
+}

@@ -243,7 +243,8 @@ fn place(policy: &RatePolicy, check: &RateCheck) -> Option<u64> {
 /// check's keys (its limits', its limits' blocks, then its place, if it names one), then the
 /// call's `deadline` (on the store's clock), the records' number and retention, each distinct
 /// policy once (its limits' quotas and windows, a window with its limit's penalty), then per
-/// check its policy, cost (marked as a reservation's; of a settlement: what it settles) and attempt
+/// check its policy, cost (marked as a reservation's, with its hold; of a settlement: what it
+/// settles) and attempt
 /// (with every place it went out at before, if it did).
 fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records: &Records) -> Cmd {
     let keys: usize = checks
@@ -276,6 +277,10 @@ fn command(verb: &str, script: &str, checks: &[Sent<'_>], deadline: u64, records
                 let of = String::from_utf8_lossy(&of);
                 let kind = if settled.refundable { 'S' } else { 's' };
                 cmd.arg(format!("{kind}{}:{}:{of}", settled.reserved, check.cost()))
+            }
+            None if check.hold_us() > 0 => {
+                let kind = if check.is_reservation() { 'r' } else { 'c' };
+                cmd.arg(format!("{kind}{}+{}", check.cost(), check.hold_us()))
             }
             None if check.is_reservation() => cmd.arg(format!("r{}", check.cost())),
             None => cmd.arg(check.cost()),

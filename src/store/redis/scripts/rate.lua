@@ -16,9 +16,9 @@
 --             GCRA), its number of limits n and per limit the quota and the window in
 --             microseconds (of a limit with a penalty: '<window>:<block_for>', both in
 --             microseconds); then per check its policy (1-based), its cost (integer >= 0; 0 only
---             looks; a reservation: 'r<cost>'; a settlement: 's<reserved>:<actual>:<settled
---             attempt id>', or 'S...' when it settles a reservation, whose unused part it may
---             refund) and its attempt id (16 hex digits), followed, for a check sent before, by
+--             looks; a reservation: 'r<cost>'; either held for h µs: 'c<cost>+<h>' or
+--             'r<cost>+<h>'; a settlement: 's<reserved>:<actual>:<settled attempt id>', or 'S...'
+--             when it settles a reservation, whose unused part it may refund) and its attempt id (16 hex digits), followed, for a check sent before, by
 --             every place it went out at whose record may live: '@j:p' each, the p-th check of
 --             the call of record j (1: this call), e.g. '<attempt>@3:1@2:4'
 -- Returns     per check: admitted (0|1), retry_after_us, then per limit remaining and reset_us;
@@ -51,6 +51,12 @@
 -- what others charged after a reset. (A state written before lives were named has no born: the
 -- next charge names it. A place without the 'p:' mark refunds nothing.)
 --
+-- A held check (a copy's leased slice, whose units it admits up to h µs after the charge) is
+-- counted for as long as they may be admitted: a sliding log dates its entries now + h (a log's
+-- expiry is never shortened: PTTL first), GCRA charges from now + h at the earliest (the decision
+-- too: the slice also fits when admitted at once); a sliding counter charges as any check (the
+-- copy spends the slice within the window).
+--
 -- A settlement corrects what an admitted check charged to its actual cost, always admitted; it
 -- answers the limits as they stand after it. An overrun is added whatever the balance (past the
 -- quota by at most one more quota). A refund, of a reservation only, returns what of its charge
@@ -82,6 +88,8 @@ local floor, ceil, min, max, tonumber = math.floor, math.ceil, math.min, math.ma
 local s1, s2, s3, s4, s5, s6 = {}, {}, {}, {}, {}, {}
 -- per limit of the check being decided, whether it denied the cost (a penalty's cause)
 local denied = {}
+-- how long after the charge the check being decided may admit its units (µs; 0: at once)
+local hold = 0
 
 -- A decimal integer below 2^53, read as two short halves: strtod takes a slow path for the
 -- 16 digits of a microsecond time.
@@ -155,6 +163,12 @@ local function settle_log(key, s, count, cap, score)
   return change
 end
 
+-- Keeps log `key` for at least `ttl_ms` from now, never shorter than it was: entries a held
+-- charge dated later may outlive those added since.
+local function keep(key, ttl_ms)
+  if redis.call('PTTL', key) < ttl_ms then redis.call('PEXPIRE', key, format('%d', ttl_ms)) end
+end
+
 local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked)
   local counts, oldests = s1, s2
   local admitted, retry = 1, 0
@@ -199,7 +213,8 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
   end
   if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
   push(admitted, retry)
-  local score = format('%d', now_us)
+  -- a held charge's units are dated when the copy may last admit them
+  local score = format('%d', now_us + hold)
   for i = 1, n do
     local key = KEYS[k + i]
     local quota, window = q[i], w[i]
@@ -211,8 +226,8 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
         local change = settle_log(key, settle, count, 2 * quota, score)
         count = count + change
         if change > 0 then
-          redis.call('PEXPIRE', key, format('%d', ceil(window / 1000)))
-          if not oldest then reset = window end
+          keep(key, ceil(window / 1000))
+          if not oldest or now_us < oldest then reset = window end
         elseif change < 0 then
           -- the oldest entry may have been one of those refunded
           local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
@@ -238,10 +253,10 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
         if #args > 1 then added = added + redis.call('ZADD', key, unpack(args)) end
       end
       if added > 0 then
-        redis.call('PEXPIRE', key, format('%d', ceil(window / 1000)))
+        keep(key, ceil((window + hold) / 1000))
         count = count + added
-        -- the log was empty: its oldest entry is this request's
-        if not oldest then reset = window end
+        -- the log was empty, or held only later entries: its oldest entry is this request's
+        if not oldest or now_us + hold < oldest then reset = window + hold end
       end
     end
     local remaining = quota - count
@@ -400,7 +415,10 @@ local function gcra(k, n, q, w, cost, attempt, replay, settle, place, blocked)
       admitted, denied[i] = 0, true
       if window > retry then retry = window end
     else
-      local ahead = (tat - now) * quota + rem + cost * window
+      -- a held charge starts from now + hold at the earliest
+      local from, part = tat, rem
+      if from < now + hold then from, part = now + hold, 0 end
+      local ahead = (from - now) * quota + part + cost * window
       if ahead > window * quota then
         admitted, denied[i] = 0, true
         local wait = ceil_div(ahead - window * quota, quota)
@@ -428,6 +446,7 @@ local function gcra(k, n, q, w, cost, attempt, replay, settle, place, blocked)
     local born = borns[i] or attempt
     local write = charge
     if write then
+      if tat < now + hold then tat, rem = now + hold, 0 end
       local units = rem + cost * window
       local whole = floor(units / quota)
       if whole * quota > units then whole = whole - 1 end
@@ -575,11 +594,14 @@ while a < args do
   -- a reservation keeps where its charge goes; a settlement of one reads it: the key follows the
   -- check's limit keys
   local settle, place = nil, nil
+  hold = 0
   if not cost then
     local kind = sub(ARGV[a + 2], 1, 1)
-    if kind == 'r' then
-      cost = int(sub(ARGV[a + 2], 2))
-      if policy[5] then place = KEYS[k + n + nb + 1] end
+    if kind == 'r' or kind == 'c' then
+      local units, held = match(ARGV[a + 2], '^[rc](%d+)%+?(%d*)$')
+      cost = int(units)
+      if held ~= '' and cost > 0 then hold = int(held) end
+      if kind == 'r' and policy[5] then place = KEYS[k + n + nb + 1] end
     else
       -- a settlement: what it settles, whether it may refund, and nothing to decide
       local reserved, actual, of = match(ARGV[a + 2], '^[sS](%d+):(%d+):(%x+)$')
