@@ -2429,3 +2429,127 @@ async fn a_schema_of_version_8_upgrades_and_its_copies_keep_working() {
     assert!(!store.check_rate(&p, held).await.unwrap().admitted);
     store.reset_rate(&p, caller("v8-held")).await.unwrap();
 }
+
+/// Held checks on policies of several limits, and under a penalty: each limit decides the hold
+/// (GCRA denies on the limit it overflows, a log dates its entries on every limit), and a held
+/// check denied by a limit with a penalty blocks the caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_checks_on_several_limits_and_under_a_penalty() {
+    let store = server().await.builder().connect().await.unwrap();
+    let hold = Duration::from_millis(100);
+    let limits = |a: u64, b: u64| {
+        vec![
+            Limit::new("s", a, Duration::from_secs(1)),
+            Limit::new("m", b, Duration::from_secs(60)),
+        ]
+    };
+    let ns = format!("t{}:rl", rand::random::<u32>());
+    let gcra = Arc::new(RatePolicy::new(ns.clone(), Algorithm::Gcra, limits(10, 100)).unwrap());
+    let who = caller("held-several");
+    let ten = store
+        .check_rate(&gcra, RateCheck::new(who, 10).held(hold))
+        .await
+        .unwrap();
+    assert!(!ten.admitted, "{ten:?}");
+    assert_eq!(ten.retry_after, hold);
+    let left: Vec<u64> = ten.limits.iter().map(|l| l.remaining).collect();
+    assert_eq!(left, [10, 100], "nothing charged");
+    let nine = admitted(&store, &gcra, RateCheck::new(who, 9).held(hold)).await;
+    let left: Vec<u64> = nine.limits.iter().map(|l| l.remaining).collect();
+    // on the minute, 9 units from 100 ms on end 5.5 s ahead: more than 9 emission intervals
+    assert_eq!(left, [0, 90], "{nine:?}");
+
+    let ns = format!("t{}:rl", rand::random::<u32>());
+    let log = Arc::new(RatePolicy::new(ns, Algorithm::SlidingLog, limits(4, 10)).unwrap());
+    let held = admitted(&store, &log, RateCheck::new(who, 4).held(hold * 3)).await;
+    let resets: Vec<Duration> = held.limits.iter().map(|l| l.reset).collect();
+    assert_eq!(
+        resets,
+        [Duration::from_millis(1300), Duration::from_millis(60_300)],
+        "each log dates the entries at the hold's end"
+    );
+
+    let ns = format!("t{}:rl", rand::random::<u32>());
+    let blocking = Limit::new("b", 10, Duration::from_secs(1)).block_for(Duration::from_secs(5));
+    let penalized = Arc::new(RatePolicy::new(ns, Algorithm::Gcra, vec![blocking]).unwrap());
+    let denied = store
+        .check_rate(&penalized, RateCheck::new(who, 10).held(hold))
+        .await
+        .unwrap();
+    assert!(!denied.admitted, "{denied:?}");
+    assert_eq!(
+        denied.retry_after,
+        Duration::from_secs(5),
+        "blocked: {denied:?}"
+    );
+    let after = store
+        .check_rate(&penalized, RateCheck::new(who, 1))
+        .await
+        .unwrap();
+    assert!(!after.admitted, "the block holds: {after:?}");
+}
+
+/// A rolling deploy: copies of version 8 keep checking (log and GCRA, through the
+/// `decide_rates` they call) while a copy of this version upgrades the schema under them. No
+/// call fails or deadlocks, and afterwards this version's held checks count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_version_8_upgrades_under_its_copies_load() {
+    let server = server().await;
+    let client = server.client().await;
+    let s = schema_of_version(&client, 8, SCHEMA_V8).await;
+    let sql = format!(
+        "SELECT \"{s}\".decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+         10000000::bigint, \"{s}\".now_us() + 10000000)"
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..4i16 {
+        let (copy, sql, stop) = (server.client().await, sql.clone(), Arc::clone(&stop));
+        workers.push(tokio::spawn(async move {
+            let mut calls = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) || calls == 0 {
+                calls += 1;
+                let keys = vec![format!("v8load:{w}:{}", calls % 8)];
+                // sliding log and GCRA, the algorithms that take a hold now
+                let algorithm = if w % 2 == 0 { 1i16 } else { 3 };
+                let attempt = i64::from(calls) << 8 | i64::from(w);
+                let reply: Vec<i64> = copy
+                    .query_one(
+                        &sql,
+                        &[
+                            &vec![algorithm],
+                            &vec![1i32],
+                            &keys,
+                            &vec![1_000_000i64],
+                            &vec![60_000_000i64],
+                            &vec![0i64],
+                            &vec![1i64],
+                            &vec![attempt],
+                            &vec![true],
+                            &vec![-1i64],
+                            &vec![0i64],
+                            &vec![false],
+                        ],
+                    )
+                    .await
+                    .expect("a check of a copy of version 8 during the upgrade")
+                    .get(0);
+                assert_eq!(reply[2], 1, "{reply:?}");
+            }
+            calls
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let store = server.builder().schema(s.clone()).connect().await.unwrap();
+    let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
+    assert!(becomes(&client, &versions, 9, Duration::ZERO).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for worker in workers {
+        assert!(worker.await.expect("every call of the load succeeded") > 0);
+    }
+    let p = policy(Algorithm::SlidingLog, Limit::per_second("s", 4));
+    let held = RateCheck::reservation(caller("after"), 4).held(Duration::from_millis(300));
+    let out = admitted(&store, &p, held).await;
+    assert_eq!(out.limits[0].reset, Duration::from_millis(1300));
+}
