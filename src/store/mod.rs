@@ -50,8 +50,8 @@
 //! on the caller's clock, an unanswered attempt has either run or never will, and a
 //! token-checked undo sent from then on is final. Rate checks carry the same deadline (their
 //! store timeout from when they were made): one that arrives late charges nothing. So does a
-//! reset on Redis: one that timed out (`tollgate reset` exiting 2) has run by its deadline or
-//! never will, and cannot land later to erase what the caller was charged since.
+//! reset on Redis and PostgreSQL: one that timed out (`tollgate reset` exiting 2) has run by its
+//! deadline or never will, and cannot land later to erase what the caller was charged since.
 //!
 //! The deadline is sent on the store's own clock (`TIME` on Redis, `clock_timestamp()` on
 //! PostgreSQL), mapped conservatively from the latest reading of that clock: it holds as long as

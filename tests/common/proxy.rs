@@ -1,6 +1,13 @@
 //! A TCP proxy in front of a redis-server that the tests control: cut every connection (and
 //! refuse new ones), heal, delay every byte or only the server's replies, or silence the open
 //! connections (a black hole: they stay open and carry nothing).
+//!
+//! A client that closes its connection closes it as TCP would across a network: what it sent is
+//! still delivered (late, if delayed or silenced), then its end of stream, and the server's
+//! replies are taken (and dropped) until the server closes too. So a server runs to the end what
+//! it was sent before the close — a PostgreSQL transaction sent whole commits — instead of
+//! meeting a reset right after the first reply, which on loopback would come within
+//! microseconds, far sooner than from a client a network away.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,6 +19,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+
+/// How long a connection whose client has closed waits for the server to close its side.
+const LINGER: Duration = Duration::from_secs(10);
 
 pub struct Proxy {
     addr: SocketAddr,
@@ -82,9 +92,18 @@ impl Proxy {
                 tokio::spawn(async move {
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
+                    let to_client = pump(sr, cw, replies);
+                    tokio::pin!(to_client);
                     tokio::select! {
-                        _ = pump(cr, sw, requests) => {}
-                        _ = pump(sr, cw, replies) => {}
+                        () = pump(cr, sw, requests) => {
+                            // the client ended: what it sent is delivered and the server has
+                            // its end of stream; its replies are taken until it closes too
+                            tokio::select! {
+                                _ = tokio::time::timeout(LINGER, &mut to_client) => {}
+                                _ = killed.changed() => {}
+                            }
+                        }
+                        () = &mut to_client => {}
                         _ = killed.changed() => {}
                     }
                 });
@@ -147,8 +166,9 @@ impl Proxy {
 }
 
 /// Forwards `from` to `to`: each chunk as read, after the sum of `controls.delays` (counted from
-/// when it was read), and only while the connection is not silenced. Returns when `from` ends
-/// (after what was read is delivered) or `to` fails.
+/// when it was read), and only while the connection is not silenced. Returns when `from` ends,
+/// after what was read is delivered — dropped, once `to` has failed (its peer is gone) — and
+/// `to` is shut down for writing with it.
 async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, controls: Controls) {
     let Controls {
         delays,
@@ -172,7 +192,11 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, controls: Control
         }
     };
     let writer = async move {
+        let mut broken = false;
         while let Some((due, chunk)) = due_chunks.recv().await {
+            if broken {
+                continue;
+            }
             tokio::time::sleep_until(due).await;
             // the accept loop keeps a sender, so this fails only once the runtime goes
             if silenced_below
@@ -182,9 +206,7 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, controls: Control
             {
                 return;
             }
-            if to.write_all(&chunk).await.is_err() {
-                return;
-            }
+            broken = to.write_all(&chunk).await.is_err();
         }
     };
     tokio::pin!(writer);

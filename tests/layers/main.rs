@@ -24,6 +24,7 @@ mod ambiguity_layers;
 mod body_settlement;
 mod config;
 mod config_example;
+mod copies_property;
 mod crafted_records;
 mod grpc;
 mod grpc_codegen;

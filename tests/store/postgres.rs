@@ -86,7 +86,7 @@ async fn migrate_is_idempotent_and_safe_to_run_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![8]);
+    assert_eq!(versions, vec![9]);
     let won = stores[2]
         .claim(ClaimRequest::new("k", "a", None), crate::common::soon())
         .await
@@ -920,7 +920,7 @@ async fn migrate_on_a_current_schema_takes_no_table_lock() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![8]);
+    assert_eq!(versions, vec![9]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1087,7 +1087,7 @@ async fn an_upgrade_drops_the_functions_without_deadlines() {
         .collect();
     assert_eq!(args, vec![4], "one claim: the one with a deadline");
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 9, Duration::ZERO).await);
     // a copy of version 1 started since, which migrates whatever the version row says, put its
     // functions back: the next migration finds them and runs its DDL again
     client.batch_execute(&old_claim).await.unwrap();
@@ -1201,7 +1201,7 @@ async fn a_schema_of_version_3_upgrades_and_keeps_its_limits() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 9, Duration::ZERO).await);
     // every function a copy of version 3 calls, or that one it calls calls, is still there
     let after = functions(&client, &s).await;
     let gone: Vec<&String> = before.iter().filter(|f| !after.contains(f)).collect();
@@ -1313,7 +1313,7 @@ async fn a_schema_of_version_4_upgrades_and_its_copies_keep_working() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 9, Duration::ZERO).await);
     // gone: only version 4's steps and settlements, which its functions alone called
     let after = functions(&client, &s).await;
     let replaced = [
@@ -1998,7 +1998,7 @@ async fn a_schema_of_version_5_upgrades_and_its_copies_keep_working() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 9, Duration::ZERO).await);
     // the copy of version 5: its attempt re-sent is not charged again, a new one is
     let again = decide(1).await;
     assert_eq!((again[2], again[5]), (1, 2), "{again:?}");
@@ -2047,7 +2047,7 @@ async fn a_schema_of_version_6_upgrades_and_its_records_read_alike() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 9, Duration::ZERO).await);
     match store.idempotency_state("old").await.unwrap() {
         IdempotencyState::InFlight { lease_left, age } => {
             assert!(lease_left <= Duration::from_secs(60), "{lease_left:?}");
@@ -2117,7 +2117,7 @@ async fn a_schema_of_version_7_upgrades_and_its_rows_are_named_by_the_next_charg
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 9, Duration::ZERO).await);
     for (p, first) in charged {
         let algorithm = p.algorithm();
         let settled = store.check_rate(&p, first.settle(0)).await.unwrap();
@@ -2185,7 +2185,7 @@ async fn a_schema_of_version_7_upgrades_under_its_copies_load() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 8, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 9, Duration::ZERO).await);
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     for worker in workers {
@@ -2197,4 +2197,359 @@ async fn a_schema_of_version_7_upgrades_under_its_copies_load() {
     assert!(store.check_rate(&p, reserved).await.unwrap().admitted);
     let settled = store.check_rate(&p, reserved.settle(1)).await.unwrap();
     assert_eq!(settled.limits[0].remaining, 9);
+}
+
+/// The instant `outcome` was decided at, µs of store time.
+fn decided_at(outcome: &tollgate::rate::RateOutcome) -> u64 {
+    outcome.decided_at_us.expect("PostgreSQL names the instant")
+}
+
+/// A held check on a sliding log of 4 per second: its 4 units are dated at the hold's end, so
+/// they count until 1 s after it (1.3 s after the charge), not 1 s after the charge; a charge
+/// without a hold made after it does not shorten the log's life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_check_on_a_sliding_log_counts_until_a_window_after_its_hold() {
+    let store = server().await.builder().connect().await.unwrap();
+    let hold = Duration::from_millis(300);
+    let p = policy(Algorithm::SlidingLog, Limit::per_second("s", 4));
+    let five = policy(Algorithm::SlidingLog, Limit::per_second("s", 5));
+    let (who, other) = (caller("held-log"), caller("held-log-5"));
+    let sent = Instant::now();
+    let held = admitted(&store, &p, RateCheck::new(who, 4).held(hold)).await;
+    let received = Instant::now();
+    let t = decided_at(&held);
+    assert_eq!(held.limits[0].remaining, 0);
+    assert_eq!(
+        held.limits[0].reset,
+        Duration::from_millis(1300),
+        "{held:?}"
+    );
+    // on a log of 5: held 4, then 1 without a hold, which logs its entry 300 ms earlier
+    let t5 = decided_at(&admitted(&store, &five, RateCheck::new(other, 4).held(hold)).await);
+    admitted(&store, &five, RateCheck::new(other, 1)).await;
+
+    tokio::time::sleep_until((sent + Duration::from_millis(1100)).into()).await;
+    let late = store.check_rate(&p, RateCheck::new(who, 1)).await.unwrap();
+    let at = decided_at(&late);
+    assert!(
+        at < t + 1_300_000,
+        "the check came too late to test: {late:?}"
+    );
+    assert!(
+        !late.admitted,
+        "the held units left with the window: {late:?}"
+    );
+    assert_eq!(
+        late.retry_after,
+        Duration::from_micros(t + 1_300_000 - at),
+        "the wait runs to a window after the hold's end"
+    );
+    // the entry without a hold has left, the held ones have not: the log lives on
+    let two = store
+        .check_rate(&five, RateCheck::new(other, 2))
+        .await
+        .unwrap();
+    assert!(decided_at(&two) < t5 + 1_300_000);
+    assert!(
+        !two.admitted,
+        "the log expired with its entry without a hold: {two:?}"
+    );
+    assert_eq!(two.limits[0].remaining, 1, "{two:?}");
+
+    tokio::time::sleep_until((received + Duration::from_millis(1350)).into()).await;
+    let after = admitted(&store, &p, RateCheck::new(who, 1)).await;
+    assert_eq!(after.limits[0].remaining, 3, "{after:?}");
+}
+
+/// A held check on GCRA (10 per second) starts from the hold's end: 10 held 100 ms do not fit
+/// an empty state (they would end 1.1 s ahead), 9 do, and leave no room for a check right after.
+/// The denial answers the state as it is; a look ignores the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_check_on_gcra_is_charged_from_the_holds_end() {
+    let store = server().await.builder().connect().await.unwrap();
+    let hold = Duration::from_millis(100);
+    let p = policy(Algorithm::Gcra, Limit::per_second("s", 10));
+    let who = caller("held-gcra");
+    let look = store
+        .check_rate(&p, RateCheck::new(who, 0).held(hold))
+        .await
+        .unwrap();
+    assert!(look.admitted);
+    assert_eq!(look.limits[0].remaining, 10, "a look holds nothing");
+    let ten = store
+        .check_rate(&p, RateCheck::new(who, 10).held(hold))
+        .await
+        .unwrap();
+    assert!(!ten.admitted, "{ten:?}");
+    assert_eq!(ten.retry_after, hold, "{ten:?}");
+    assert_eq!(ten.limits[0].remaining, 10, "the state as it is: {ten:?}");
+    let nine = admitted(&store, &p, RateCheck::new(who, 9).held(hold)).await;
+    assert_eq!(nine.limits[0].remaining, 0, "{nine:?}");
+    let plain = store.check_rate(&p, RateCheck::new(who, 1)).await.unwrap();
+    assert!(!plain.admitted, "{plain:?}");
+    // the hold's end plus 9 emission intervals, less the time since: about 100 ms
+    assert!(plain.retry_after <= hold, "{plain:?}");
+    assert!(
+        plain.retry_after > hold - Duration::from_millis(50),
+        "{plain:?}"
+    );
+    // a sliding counter ignores the hold
+    let counter = policy(Algorithm::SlidingCounter, Limit::per_second("s", 10));
+    admitted(&store, &counter, RateCheck::new(who, 10).held(hold)).await;
+}
+
+/// A reset that reaches the server late times out (the operator's `tollgate reset` exits);
+/// another copy charges the caller meanwhile; then the reset arrives, after its deadline, and
+/// runs on a session still open (so that its transaction commits, as it does across a network
+/// that delivers late what it held): it erases nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_reset_erases_nothing_charged_since() {
+    let server = server().await;
+    let proxy = common::proxy::Proxy::start(server.addr()).await;
+    let direct = server.builder().connect().await.unwrap();
+    let timeout = Duration::from_millis(400);
+    let held = PgStore::builder(format!("postgres://postgres@{}/postgres", proxy.addr()))
+        .schema(direct.schema().to_owned())
+        .timeout(timeout)
+        .pool_size(1)
+        .purge_interval(None)
+        .build()
+        .unwrap();
+    let client = server.client().await;
+    let p = policy(Algorithm::Gcra, Limit::per_minute("m", 10));
+    let who = caller("late-reset");
+    // the reset prepared and the clock read on the one connection, before the delay
+    held.reset_rate(&p, who).await.unwrap();
+    let charged = admitted(&direct, &p, RateCheck::new(who, 4)).await;
+    assert_eq!(charged.limits[0].remaining, 6);
+    let conn = held.pool().get().await.unwrap();
+    let pid: i32 = conn
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    drop(conn);
+    // every byte reaches the other side a second after it was sent: the reset at its deadline
+    // plus 600 ms, the end of its session right after it, its cancel request later still
+    proxy.delay(Duration::from_millis(1000));
+    let sent = Instant::now();
+    let reset = held.reset_rate(&p, who).await.unwrap_err();
+    assert_eq!(reset.kind(), StoreErrorKind::Timeout, "{reset}");
+    // another copy charges the caller before the reset arrives
+    let charged = admitted(&direct, &p, RateCheck::new(who, 3)).await;
+    assert_eq!(charged.limits[0].remaining, 3);
+    assert!(
+        sent.elapsed() < Duration::from_millis(900),
+        "charged too late to test"
+    );
+    // the reset arrives and runs, then its session ends
+    let gone = format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}");
+    assert!(becomes(&client, &gone, 0, Duration::from_secs(10)).await);
+    assert_eq!(
+        left(&direct, &p, who).await,
+        [3],
+        "the late reset erased the charge made after it timed out"
+    );
+    // a reset in time still erases
+    direct.reset_rate(&p, who).await.unwrap();
+    assert_eq!(left(&direct, &p, who).await, [10]);
+}
+
+/// `schema.sql` of version 8, as it was.
+const SCHEMA_V8: &str = include_str!("fixtures/schema_v8.sql");
+
+/// A schema of version 8 upgrades to this version: a copy of version 8 still checks through the
+/// `decide_rates` it calls and resets through its `reset_rate` without a deadline, and this
+/// version's held checks count on the upgraded schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_version_8_upgrades_and_its_copies_keep_working() {
+    let server = server().await;
+    let client = server.client().await;
+    let s = schema_of_version(&client, 8, SCHEMA_V8).await;
+    let as_v8 = format!(
+        "SELECT \"{s}\".decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+         \"{s}\".now_us() + 10000000)"
+    );
+    let decide = |algorithm: i16, key: &'static str, attempt: i64| {
+        let (client, sql) = (&client, &as_v8);
+        async move {
+            let row = client
+                .query_one(
+                    sql,
+                    &[
+                        &vec![algorithm],
+                        &vec![1i32],
+                        &vec![key.to_owned()],
+                        &vec![3i64],
+                        &vec![60_000_000i64],
+                        &vec![0i64],
+                        &vec![1i64],
+                        &vec![attempt],
+                        &vec![false],
+                        &vec![-1i64],
+                        &vec![0i64],
+                        &vec![false],
+                        &2_000_000i64,
+                    ],
+                )
+                .await
+                .unwrap();
+            row.get::<_, Vec<i64>>(0)
+        }
+    };
+    for (algorithm, key) in [(1i16, "v8:log"), (3, "v8:gcra")] {
+        let before = decide(algorithm, key, 1).await;
+        assert_eq!((before[2], before[5]), (1, 2), "{key}: {before:?}");
+    }
+
+    let store = server.builder().schema(s.clone()).connect().await.unwrap();
+    let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
+    assert!(becomes(&client, &versions, 9, Duration::ZERO).await);
+    // the copy of version 8: its attempt re-sent is not charged again, a new one is, and its
+    // reset erases
+    for (algorithm, key) in [(1i16, "v8:log"), (3, "v8:gcra")] {
+        let again = decide(algorithm, key, 1).await;
+        assert_eq!((again[2], again[5]), (1, 2), "{key}: {again:?}");
+        let next = decide(algorithm, key, 2).await;
+        assert_eq!((next[2], next[5]), (1, 1), "{key}: {next:?}");
+        client
+            .execute(
+                &format!("SELECT \"{s}\".reset_rate($1::text[])"),
+                &[&vec![key.to_owned()]],
+            )
+            .await
+            .unwrap();
+        let after = decide(algorithm, key, 3).await;
+        assert_eq!((after[2], after[5]), (1, 2), "{key}: {after:?}");
+    }
+
+    // this version's held check on the upgraded schema
+    let p = policy(Algorithm::Gcra, Limit::per_second("s", 10));
+    let held = RateCheck::new(caller("v8-held"), 10).held(Duration::from_millis(100));
+    assert!(!store.check_rate(&p, held).await.unwrap().admitted);
+    store.reset_rate(&p, caller("v8-held")).await.unwrap();
+}
+
+/// Held checks on policies of several limits, and under a penalty: each limit decides the hold
+/// (GCRA denies on the limit it overflows, a log dates its entries on every limit), and a held
+/// check denied by a limit with a penalty blocks the caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_checks_on_several_limits_and_under_a_penalty() {
+    let store = server().await.builder().connect().await.unwrap();
+    let hold = Duration::from_millis(100);
+    let limits = |a: u64, b: u64| {
+        vec![
+            Limit::new("s", a, Duration::from_secs(1)),
+            Limit::new("m", b, Duration::from_secs(60)),
+        ]
+    };
+    let ns = format!("t{}:rl", rand::random::<u32>());
+    let gcra = Arc::new(RatePolicy::new(ns.clone(), Algorithm::Gcra, limits(10, 100)).unwrap());
+    let who = caller("held-several");
+    let ten = store
+        .check_rate(&gcra, RateCheck::new(who, 10).held(hold))
+        .await
+        .unwrap();
+    assert!(!ten.admitted, "{ten:?}");
+    assert_eq!(ten.retry_after, hold);
+    let left: Vec<u64> = ten.limits.iter().map(|l| l.remaining).collect();
+    assert_eq!(left, [10, 100], "nothing charged");
+    let nine = admitted(&store, &gcra, RateCheck::new(who, 9).held(hold)).await;
+    let left: Vec<u64> = nine.limits.iter().map(|l| l.remaining).collect();
+    // on the minute, 9 units from 100 ms on end 5.5 s ahead: more than 9 emission intervals
+    assert_eq!(left, [0, 90], "{nine:?}");
+
+    let ns = format!("t{}:rl", rand::random::<u32>());
+    let log = Arc::new(RatePolicy::new(ns, Algorithm::SlidingLog, limits(4, 10)).unwrap());
+    let held = admitted(&store, &log, RateCheck::new(who, 4).held(hold * 3)).await;
+    let resets: Vec<Duration> = held.limits.iter().map(|l| l.reset).collect();
+    assert_eq!(
+        resets,
+        [Duration::from_millis(1300), Duration::from_millis(60_300)],
+        "each log dates the entries at the hold's end"
+    );
+
+    let ns = format!("t{}:rl", rand::random::<u32>());
+    let blocking = Limit::new("b", 10, Duration::from_secs(1)).block_for(Duration::from_secs(5));
+    let penalized = Arc::new(RatePolicy::new(ns, Algorithm::Gcra, vec![blocking]).unwrap());
+    let denied = store
+        .check_rate(&penalized, RateCheck::new(who, 10).held(hold))
+        .await
+        .unwrap();
+    assert!(!denied.admitted, "{denied:?}");
+    assert_eq!(
+        denied.retry_after,
+        Duration::from_secs(5),
+        "blocked: {denied:?}"
+    );
+    let after = store
+        .check_rate(&penalized, RateCheck::new(who, 1))
+        .await
+        .unwrap();
+    assert!(!after.admitted, "the block holds: {after:?}");
+}
+
+/// A rolling deploy: copies of version 8 keep checking (log and GCRA, through the
+/// `decide_rates` they call) while a copy of this version upgrades the schema under them. No
+/// call fails or deadlocks, and afterwards this version's held checks count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_version_8_upgrades_under_its_copies_load() {
+    let server = server().await;
+    let client = server.client().await;
+    let s = schema_of_version(&client, 8, SCHEMA_V8).await;
+    let sql = format!(
+        "SELECT \"{s}\".decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+         10000000::bigint, \"{s}\".now_us() + 10000000)"
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..4i16 {
+        let (copy, sql, stop) = (server.client().await, sql.clone(), Arc::clone(&stop));
+        workers.push(tokio::spawn(async move {
+            let mut calls = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) || calls == 0 {
+                calls += 1;
+                let keys = vec![format!("v8load:{w}:{}", calls % 8)];
+                // sliding log and GCRA, the algorithms that take a hold now
+                let algorithm = if w % 2 == 0 { 1i16 } else { 3 };
+                let attempt = i64::from(calls) << 8 | i64::from(w);
+                let reply: Vec<i64> = copy
+                    .query_one(
+                        &sql,
+                        &[
+                            &vec![algorithm],
+                            &vec![1i32],
+                            &keys,
+                            &vec![1_000_000i64],
+                            &vec![60_000_000i64],
+                            &vec![0i64],
+                            &vec![1i64],
+                            &vec![attempt],
+                            &vec![true],
+                            &vec![-1i64],
+                            &vec![0i64],
+                            &vec![false],
+                        ],
+                    )
+                    .await
+                    .expect("a check of a copy of version 8 during the upgrade")
+                    .get(0);
+                assert_eq!(reply[2], 1, "{reply:?}");
+            }
+            calls
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let store = server.builder().schema(s.clone()).connect().await.unwrap();
+    let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
+    assert!(becomes(&client, &versions, 9, Duration::ZERO).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for worker in workers {
+        assert!(worker.await.expect("every call of the load succeeded") > 0);
+    }
+    let p = policy(Algorithm::SlidingLog, Limit::per_second("s", 4));
+    let held = RateCheck::reservation(caller("after"), 4).held(Duration::from_millis(300));
+    let out = admitted(&store, &p, held).await;
+    assert_eq!(out.limits[0].reset, Duration::from_millis(1300));
 }

@@ -47,13 +47,26 @@ impl RateStore for PgStore {
 
     /// Deletes the caller's rows and notifies the reset (see
     /// [Invalidations](crate::store#invalidations)) in one transaction.
+    ///
+    /// The reset carries a deadline, as every write does (see
+    /// [Deadlines](crate::store#deadlines)): one that reaches the database after it deletes
+    /// nothing and fails with [`Timeout`](crate::store::StoreErrorKind::Timeout). So a reset
+    /// that timed out either ran by then or never will: it cannot land later and erase what the
+    /// caller was charged since.
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
         let params: Vec<Param> = vec![
             Box::new(policy.reset_keys(&key)),
             Box::new(invalidation::channel(&self.inner.settings.schema)),
             Box::new(invalidation::payload(policy.namespace(), key)),
         ];
-        self.call("reset_rate", |s| &s.reset_rate, params, None, |_| Ok(()))
+        let deadline = Instant::now() + self.inner.settings.timeout;
+        self.call(
+            "reset_rate",
+            |s| &s.reset_rate,
+            params,
+            Some(deadline),
+            decode_reset,
+        )
     }
 
     /// One connection per store outside the pool, made on the first call; `None` for a store
@@ -128,6 +141,18 @@ impl RateCall {
     }
 }
 
+/// The reply of `reset_rate`: the rows it deleted, or -1 when it was received after its deadline
+/// and deleted nothing.
+fn decode_reset(row: &tokio_postgres::Row) -> Result<(), StoreError> {
+    let deleted: i64 = row
+        .try_get(0)
+        .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?;
+    if deleted < 0 {
+        return Err(StoreError::expired());
+    }
+    Ok(())
+}
+
 /// A reply that left a check out.
 fn missing_outcome() -> StoreError {
     StoreError::new(
@@ -138,8 +163,9 @@ fn missing_outcome() -> StoreError {
 
 /// The parameters of `decide_rates` for `checks` (its deadline aside): per check its algorithm,
 /// number of limits, cost, attempt and whether it is a reservation, and every check's keys,
-/// quotas, windows and penalties (µs, 0: none) in turn; then per check what it settles, if it is a settlement; then how
-/// long a charged attempt is remembered after its deadline, `retention_us`.
+/// quotas, windows and penalties (µs, 0: none) in turn; then per check what it settles, if it is a settlement, and its
+/// hold (µs; see [`RateCheck::held`]); then how long a charged attempt is remembered after its
+/// deadline, `retention_us`.
 fn rate_params(checks: &[Sent<'_>], retention_us: i64) -> Vec<Param> {
     let mut algorithms: Vec<i16> = Vec::with_capacity(checks.len());
     let mut counts: Vec<i32> = Vec::with_capacity(checks.len());
@@ -153,6 +179,7 @@ fn rate_params(checks: &[Sent<'_>], retention_us: i64) -> Vec<Param> {
     let mut reserved: Vec<i64> = Vec::with_capacity(checks.len());
     let mut settled: Vec<i64> = Vec::with_capacity(checks.len());
     let mut refundable: Vec<bool> = Vec::with_capacity(checks.len());
+    let mut holds: Vec<i64> = Vec::with_capacity(checks.len());
     for (policy, check, _) in checks {
         algorithms.push(match policy.algorithm() {
             Algorithm::SlidingLog => 1,
@@ -175,6 +202,8 @@ fn rate_params(checks: &[Sent<'_>], retention_us: i64) -> Vec<Param> {
         reserved.push(settles.map_or(-1, |s| i64::try_from(s.reserved.min(1 << 62)).unwrap_or(0)));
         settled.push(settles.map_or(0, |s| signed(s.of)));
         refundable.push(settles.is_some_and(|s| s.refundable));
+        // at most 2^40 already (RateCheck::held); bounded again so that no sum overflows
+        holds.push(i64::try_from(check.hold_us().min(1 << 40)).unwrap_or(1 << 40));
     }
     vec![
         Box::new(algorithms),
@@ -189,6 +218,7 @@ fn rate_params(checks: &[Sent<'_>], retention_us: i64) -> Vec<Param> {
         Box::new(reserved),
         Box::new(settled),
         Box::new(refundable),
+        Box::new(holds),
         Box::new(retention_us),
     ]
 }

@@ -1,4 +1,4 @@
--- tollgate on PostgreSQL, schema version 8: tables, indexes and the functions that are the
+-- tollgate on PostgreSQL, schema version 9: tables, indexes and the functions that are the
 -- store's atomic operations. `__SCHEMA__` stands for the configured schema (quoted) and
 -- `__RATE_TABLES__` for `UNLOGGED` or nothing. Every statement is idempotent. PgStore::migrate
 -- first reads the version recorded in `migrations` (locking none of the tables below) and runs
@@ -50,6 +50,14 @@
 -- step functions take the row's born and the attempt (their signatures of version 7 stay, for
 -- the calls under way while the migration runs); a place of an earlier version (without lives)
 -- refunds nothing. Signatures and replies of the functions copies call stay.
+-- Version 9 adds held checks (RateCheck::held): decide_rates takes each check's hold (µs), for
+-- which its units may still be admitted after the charge. A sliding log scores a held charge's
+-- entry at its instant plus the hold (the row living until that score has left the window, an
+-- expiry no later charge shortens); GCRA charges it from no earlier than its instant plus the
+-- hold; a sliding counter ignores it. reset_rate takes a deadline as every write does: a reset
+-- received after it erases nothing. The signatures of version 8 stay (holding nothing; a reset
+-- without a deadline), so copies of version 8 keep working on a schema of version 9, and so do
+-- the step functions' for the calls under way while the migration runs.
 --
 -- Time is the database clock in microseconds since the Unix epoch (`now_us()`, read from
 -- `clock_timestamp()` after the rows an operation touches are locked). Every row has an
@@ -295,10 +303,13 @@ CREATE INDEX IF NOT EXISTS once_records_expiry ON __SCHEMA__.once_records (expir
 -- attempt found in the log when the cost does not fit is a replay (o_replay). It charges
 -- through rate_log_charge, which a check of several limits calls itself once every limit has
 -- been decided: o_count and o_oldest (NULL: the log is empty) are the log as the step left it.
+-- p_hold: how long after p_now the charge's units may still be admitted (µs; version 9), which
+-- dates its entry (see rate_log_charge); the decision is the same whatever the hold. Entries
+-- dated in the future count as any other until they leave the window.
 -- Cost: O(trimmed) plus index look-ups; a denial adds one scan of the log for the wait.
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_log_step(
   p_key text, p_a bigint, p_expires bigint, p_quota bigint, p_window bigint, p_cost bigint,
-  p_attempt bigint, p_now bigint, p_replay boolean, p_charge boolean,
+  p_attempt bigint, p_now bigint, p_replay boolean, p_charge boolean, p_hold bigint,
   OUT o_admitted boolean, OUT o_replay boolean, OUT o_retry bigint, OUT o_count bigint,
   OUT o_oldest bigint, OUT o_remaining bigint, OUT o_reset bigint
 ) LANGUAGE plpgsql AS $$
@@ -347,7 +358,7 @@ BEGIN
   -- a replay's attempt is in this log: a charge would log nothing
   IF p_charge AND o_admitted AND NOT o_replay AND p_cost > 0 THEN
     v_charge := __SCHEMA__.rate_log_charge(p_key, o_count, o_oldest, p_quota, p_window, p_cost,
-      p_attempt, p_now);
+      p_attempt, p_now, p_hold);
     IF v_charge.o_logged THEN
       -- the charge wrote the count
       o_remaining := v_charge.o_remaining;
@@ -364,28 +375,31 @@ END $$;
 
 -- Sliding log, one limit decided by rate_log_step (p_count, p_oldest: its o_count, o_oldest):
 -- logs the attempt's cost, once — an attempt logged already is not logged again (o_logged
--- false) — and sets the row's count and expiry. Answers as rate_log_step.
+-- false) — and sets the row's count and expiry. The entry is scored p_now plus the hold p_hold
+-- (µs: its units may be admitted until then), and the row lives until that score has left the
+-- window: an expiry that an entry scored later set stays. Answers as rate_log_step.
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_log_charge(
   p_key text, p_count bigint, p_oldest bigint, p_quota bigint, p_window bigint, p_cost bigint,
-  p_attempt bigint, p_now bigint,
+  p_attempt bigint, p_now bigint, p_hold bigint,
   OUT o_logged boolean, OUT o_remaining bigint, OUT o_reset bigint
 ) LANGUAGE plpgsql AS $$
 DECLARE
+  v_score bigint := p_now + greatest(coalesce(p_hold, 0), 0);
   v_expires bigint;
 BEGIN
   o_reset := CASE WHEN p_oldest IS NULL THEN 0 ELSE p_oldest + p_window - p_now END;
   INSERT INTO __SCHEMA__.rate_log (key, attempt, score, cost)
-    VALUES (p_key, p_attempt, p_now, p_cost)
+    VALUES (p_key, p_attempt, v_score, p_cost)
     ON CONFLICT DO NOTHING;
   o_logged := FOUND;
   IF o_logged THEN
     p_count := p_count + p_cost;
-    -- the log was empty: its oldest entry is this request's
-    IF p_oldest IS NULL THEN o_reset := p_window; END IF;
-    v_expires := p_now + __SCHEMA__.ceil_div(p_window, 1000) * 1000;
+    -- the oldest entry is this request's when the log was empty, or held all it had for longer
+    o_reset := least(coalesce(p_oldest, v_score), v_score) + p_window - p_now;
+    v_expires := v_score + __SCHEMA__.ceil_div(p_window, 1000) * 1000;
     UPDATE __SCHEMA__.rate_limits
-      SET a = p_count, expires_at = v_expires,
-          purge_at = __SCHEMA__.purge_mark(purge_at, v_expires, p_window)
+      SET a = p_count, expires_at = greatest(expires_at, v_expires),
+          purge_at = __SCHEMA__.purge_mark(purge_at, greatest(expires_at, v_expires), p_window)
       WHERE key = p_key;
   END IF;
   o_remaining := greatest(p_quota - p_count, 0);
@@ -486,15 +500,22 @@ END $$;
 -- life; a charge by p_attempt that finds none living (no row, or its arrival time passed)
 -- begins one, named p_attempt. The reply has three more numbers: the arrival time, remainder
 -- and life the limit is left with (after the charge).
+-- p_hold (version 9): how long after p_now a check of a cost may still have its units
+-- admitted (µs; a look ignores it). Its charge starts from the arrival time or p_now + p_hold,
+-- whichever is later (the remainder 0 when the latter), and is decided against p_now as any
+-- other: a hold that passes the window denies it. The life follows the row, as without one.
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_gcra_step(
   p_key text, p_a bigint, p_b bigint, p_live boolean, p_quota bigint, p_window bigint,
-  p_cost bigint, p_now bigint, p_charge boolean, p_born bigint, p_attempt bigint
+  p_cost bigint, p_now bigint, p_charge boolean, p_born bigint, p_attempt bigint,
+  p_hold bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_admitted boolean := true;
   v_retry bigint := 0;
   tat bigint := p_now;
   rem bigint := 0;
+  v_tat bigint;
+  v_rem bigint;
   ahead bigint;
   units bigint;
   whole bigint;
@@ -502,18 +523,29 @@ DECLARE
   v_born bigint;
 BEGIN
   IF p_live AND p_a >= p_now THEN tat := p_a; rem := p_b; v_born := p_born; END IF;
+  -- where a charge starts
+  v_tat := tat; v_rem := rem;
+  IF p_cost > 0 AND p_now + greatest(coalesce(p_hold, 0), 0) > tat THEN
+    v_tat := p_now + greatest(coalesce(p_hold, 0), 0);
+    v_rem := 0;
+  END IF;
   IF p_cost > p_quota THEN
     v_admitted := false;
     v_retry := p_window;
+  ELSIF v_tat - p_now > p_window THEN
+    -- a hold past the window: denied, its wait counted without multiplying the hold by the
+    -- quota (ahead - window * quota = (v_tat - p_now - window) * quota + the rest)
+    v_admitted := false;
+    v_retry := v_tat - p_now - p_window + __SCHEMA__.ceil_div(v_rem + p_cost * p_window, p_quota);
   ELSE
-    ahead := (tat - p_now) * p_quota + rem + p_cost * p_window;
+    ahead := (v_tat - p_now) * p_quota + v_rem + p_cost * p_window;
     IF ahead > p_window * p_quota THEN
       v_admitted := false;
       v_retry := __SCHEMA__.ceil_div(ahead - p_window * p_quota, p_quota);
     ELSIF p_charge AND p_cost > 0 THEN
-      units := rem + p_cost * p_window;
+      units := v_rem + p_cost * p_window;
       whole := units / p_quota;
-      tat := tat + whole;
+      tat := v_tat + whole;
       rem := units - whole * p_quota;
       v_born := coalesce(v_born, p_attempt);
       UPDATE __SCHEMA__.rate_limits
@@ -546,7 +578,34 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.rate_gcra_step(
   p_cost bigint, p_now bigint, p_charge boolean
 ) RETURNS bigint[] LANGUAGE sql AS $$
   SELECT (__SCHEMA__.rate_gcra_step(p_key, p_a, p_b, p_live, p_quota, p_window, p_cost, p_now,
-    p_charge, NULL, NULL))[1:6]
+    p_charge, NULL, NULL, 0))[1:6]
+$$;
+
+-- The steps as version 8 called them, without holds (for the calls under way while the
+-- migration runs, as above): they decide and charge as the steps above with a hold of 0.
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_gcra_step(
+  p_key text, p_a bigint, p_b bigint, p_live boolean, p_quota bigint, p_window bigint,
+  p_cost bigint, p_now bigint, p_charge boolean, p_born bigint, p_attempt bigint
+) RETURNS bigint[] LANGUAGE sql AS $$
+  SELECT __SCHEMA__.rate_gcra_step(p_key, p_a, p_b, p_live, p_quota, p_window, p_cost, p_now,
+    p_charge, p_born, p_attempt, 0)
+$$;
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_log_step(
+  p_key text, p_a bigint, p_expires bigint, p_quota bigint, p_window bigint, p_cost bigint,
+  p_attempt bigint, p_now bigint, p_replay boolean, p_charge boolean,
+  OUT o_admitted boolean, OUT o_replay boolean, OUT o_retry bigint, OUT o_count bigint,
+  OUT o_oldest bigint, OUT o_remaining bigint, OUT o_reset bigint
+) LANGUAGE sql AS $$
+  SELECT * FROM __SCHEMA__.rate_log_step(p_key, p_a, p_expires, p_quota, p_window, p_cost,
+    p_attempt, p_now, p_replay, p_charge, 0)
+$$;
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_log_charge(
+  p_key text, p_count bigint, p_oldest bigint, p_quota bigint, p_window bigint, p_cost bigint,
+  p_attempt bigint, p_now bigint,
+  OUT o_logged boolean, OUT o_remaining bigint, OUT o_reset bigint
+) LANGUAGE sql AS $$
+  SELECT * FROM __SCHEMA__.rate_log_charge(p_key, p_count, p_oldest, p_quota, p_window, p_cost,
+    p_attempt, p_now, 0)
 $$;
 
 -- Locks the rate_limits rows of p_keys in key order, made first where missing, so that checks
@@ -622,6 +681,9 @@ END $$;
 --                window charged, until that window's successor ends; GCRA the arrival time and
 --                remainder right after the charge, until that arrival time; a sliding log
 --                nothing (its entries are named by the attempt)
+--   p_hold       (version 9) how long after the charge its units may still be admitted (µs,
+--                >= 0): a sliding log scores its entries, and GCRA starts its charge, that
+--                much later (see the steps); a look, or a replay, holds nothing
 --   p_deadline_us  received at or after it (database clock), the check charges nothing
 -- Returns {admitted 0|1, retry_after_us, decided_at_us (the clock it was decided at), then per
 -- limit remaining, reset_us}, or {-2, 0} when received late.
@@ -632,10 +694,11 @@ END $$;
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __SCHEMA__.check_rate(
   p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[],
-  p_cost bigint, p_attempt bigint, p_reservation boolean, p_retention_us bigint,
-  p_deadline_us bigint
+  p_cost bigint, p_attempt bigint, p_reservation boolean, p_hold bigint,
+  p_retention_us bigint, p_deadline_us bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
+  v_hold bigint := 0;
   v_key text := p_keys[1];
   v_n int := cardinality(p_keys);
   r_a bigint;
@@ -676,20 +739,22 @@ BEGIN
     -- a replay looks: the limits as they stand
     IF v_replay THEN v_cost := 0; END IF;
   END IF;
+  IF v_cost > 0 THEN v_hold := greatest(coalesce(p_hold, 0), 0); END IF;
   IF v_n <> 1 THEN
     IF p_algorithm = 1 THEN
       v_reply := __SCHEMA__.rate_sliding_log(p_keys, p_quotas, p_windows, v_cost, p_attempt,
-        v_now);
+        v_now, v_hold);
     ELSIF p_algorithm = 2 THEN
+      -- a sliding counter ignores the hold
       v_reply := __SCHEMA__.rate_sliding_counter(p_keys, p_quotas, p_windows, v_cost,
         p_attempt, v_now, p_deadline_us);
     ELSE
       v_reply := __SCHEMA__.rate_gcra(p_keys, p_quotas, p_windows, v_cost, p_attempt, v_now,
-        p_deadline_us);
+        p_deadline_us, v_hold);
     END IF;
   ELSIF p_algorithm = 1 THEN
     v_log := __SCHEMA__.rate_log_step(v_key, r_a, r_expires, p_quotas[1], p_windows[1],
-      v_cost, p_attempt, v_now, false, true);
+      v_cost, p_attempt, v_now, false, true, v_hold);
     v_reply := ARRAY[CASE WHEN v_log.o_admitted THEN 1 ELSE 0 END, v_log.o_retry,
       v_log.o_remaining, v_log.o_reset];
   ELSIF p_algorithm = 2 THEN
@@ -697,7 +762,7 @@ BEGIN
       p_quotas[1], p_windows[1], v_cost, v_now, true, r_born, p_attempt);
   ELSE
     v_reply := __SCHEMA__.rate_gcra_step(v_key, r_a, r_b, r_expires > v_now, p_quotas[1],
-      p_windows[1], v_cost, v_now, true, r_born, p_attempt);
+      p_windows[1], v_cost, v_now, true, r_born, p_attempt, v_hold);
   END IF;
   IF v_replay THEN
     RETURN ARRAY[1, 0, v_now] || v_reply[3:2 + 2 * v_n];
@@ -736,6 +801,16 @@ BEGIN
   RETURN v_reply[1:2] || v_now || v_reply[3:2 + 2 * v_n];
 END $$;
 
+-- check_rate of versions 5 to 8, as above holding nothing.
+CREATE OR REPLACE FUNCTION __SCHEMA__.check_rate(
+  p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[],
+  p_cost bigint, p_attempt bigint, p_reservation boolean, p_retention_us bigint,
+  p_deadline_us bigint
+) RETURNS bigint[] LANGUAGE sql AS $$
+  SELECT __SCHEMA__.check_rate(p_algorithm, p_keys, p_quotas, p_windows, p_cost, p_attempt,
+    p_reservation, 0::bigint, p_retention_us, p_deadline_us)
+$$;
+
 -- ---------------------------------------------------------------------------------------------
 -- Penalties (version 6; as rate.lua): a check (cost > 0, not a settlement) that a limit with a
 -- penalty (p_blocks[i] > 0, µs) denies, of a caller not blocked yet, blocks the caller on that
@@ -767,12 +842,12 @@ BEGIN
   RETURN v_tills;
 END $$;
 
--- Decides a check of cost p_cost on every limit at p_now and charges nothing, each limit's step
--- alone: {replay 0|1 (a log holds the attempt), retry_after_us, then per limit denied 0|1,
--- remaining, reset_us}.
+-- Decides a check of cost p_cost (held for p_hold µs) on every limit at p_now and charges
+-- nothing, each limit's step alone: {replay 0|1 (a log holds the attempt), retry_after_us, then
+-- per limit denied 0|1, remaining, reset_us}.
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_look(
   p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint,
-  p_attempt bigint, p_now bigint
+  p_attempt bigint, p_now bigint, p_hold bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_replay boolean := false;
@@ -786,7 +861,7 @@ BEGIN
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
     IF p_algorithm = 1 THEN
       v_log := __SCHEMA__.rate_log_step(p_keys[i], v_row.a, v_row.expires_at, p_quotas[i],
-        p_windows[i], p_cost, p_attempt, p_now, v_replay, false);
+        p_windows[i], p_cost, p_attempt, p_now, v_replay, false, p_hold);
       v_replay := v_log.o_replay;
       v_step := ARRAY[CASE WHEN v_log.o_admitted THEN 1 ELSE 0 END, v_log.o_retry,
         v_log.o_remaining, v_log.o_reset];
@@ -795,13 +870,23 @@ BEGIN
         v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false, NULL, 0);
     ELSE
       v_step := __SCHEMA__.rate_gcra_step(p_keys[i], v_row.a, v_row.b,
-        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false, NULL, 0);
+        v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, false, NULL, 0,
+        p_hold);
     END IF;
     v_retry := greatest(v_retry, v_step[2]);
     v_limits := v_limits || ARRAY[1 - v_step[1], v_step[3], v_step[4]];
   END LOOP;
   RETURN ARRAY[CASE WHEN v_replay THEN 1 ELSE 0 END, v_retry] || v_limits;
 END $$;
+
+-- rate_look of versions 6 to 8: holding nothing.
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_look(
+  p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint,
+  p_attempt bigint, p_now bigint
+) RETURNS bigint[] LANGUAGE sql AS $$
+  SELECT __SCHEMA__.rate_look(p_algorithm, p_keys, p_quotas, p_windows, p_cost, p_attempt,
+    p_now, 0::bigint)
+$$;
 
 -- The penalties of a denied check (p_reply: check_rate's reply; p_look: rate_look's at the same
 -- instant, p_now; p_tills: rate_blocks'; p_blocked: a block had not ended): a caller not
@@ -830,14 +915,14 @@ BEGIN
   RETURN p_reply;
 END $$;
 
--- check_rate with penalties (version 6): as check_rate below, p_blocks holding each limit's
+-- check_rate with penalties (version 6): as check_rate above, p_blocks holding each limit's
 -- penalty (µs; 0 or NULL: none). Without one it is check_rate. With one, the limits' rows and
 -- block rows are locked in key order and the blocks read first; a blocked caller is answered
 -- from rate_look (or, a replay, by check_rate), else check_rate decides and a denial is
--- penalized, at check_rate's instant.
+-- penalized, at check_rate's instant. A check's hold (version 9) counts in every decision.
 CREATE OR REPLACE FUNCTION __SCHEMA__.check_rate(
   p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[],
-  p_blocks bigint[], p_cost bigint, p_attempt bigint, p_reservation boolean,
+  p_blocks bigint[], p_cost bigint, p_attempt bigint, p_reservation boolean, p_hold bigint,
   p_retention_us bigint, p_deadline_us bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
@@ -853,7 +938,7 @@ BEGIN
   END LOOP;
   IF cardinality(v_blocks) = 0 THEN
     RETURN __SCHEMA__.check_rate(p_algorithm, p_keys, p_quotas, p_windows, p_cost, p_attempt,
-      p_reservation, p_retention_us, p_deadline_us);
+      p_reservation, p_hold, p_retention_us, p_deadline_us);
   END IF;
   IF __SCHEMA__.now_us() >= p_deadline_us THEN RETURN ARRAY[-2, 0]; END IF;
   PERFORM __SCHEMA__.lock_rate_rows(p_keys || v_blocks);
@@ -864,7 +949,7 @@ BEGIN
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[1];
     IF v_row.expires_at <= v_now THEN v_row.recent := '{}'; v_row.recent_until := '{}'; END IF;
     v_look := __SCHEMA__.rate_look(p_algorithm, p_keys, p_quotas, p_windows, p_cost,
-      p_attempt, v_now);
+      p_attempt, v_now, p_hold);
     IF NOT (v_look[1] = 1 OR (p_cost > 0 AND __SCHEMA__.remembered(p_keys[1], p_attempt, v_now,
         v_row.recent, v_row.recent_until))) THEN
       v_reply := ARRAY[0, v_look[2], v_now];
@@ -877,13 +962,23 @@ BEGIN
   END IF;
   -- not blocked, or a replay: decided as without penalties
   v_reply := __SCHEMA__.check_rate(p_algorithm, p_keys, p_quotas, p_windows, p_cost, p_attempt,
-    p_reservation, p_retention_us, p_deadline_us);
+    p_reservation, p_hold, p_retention_us, p_deadline_us);
   IF v_reply[1] <> 0 THEN RETURN v_reply; END IF;
   v_look := __SCHEMA__.rate_look(p_algorithm, p_keys, p_quotas, p_windows, p_cost, p_attempt,
-    v_reply[3]);
+    v_reply[3], p_hold);
   RETURN __SCHEMA__.rate_penalize(p_keys, p_blocks, p_cost, v_reply, v_look, v_tills, false,
     v_reply[3]);
 END $$;
+
+-- check_rate with penalties of versions 6 to 8: holding nothing.
+CREATE OR REPLACE FUNCTION __SCHEMA__.check_rate(
+  p_algorithm smallint, p_keys text[], p_quotas bigint[], p_windows bigint[],
+  p_blocks bigint[], p_cost bigint, p_attempt bigint, p_reservation boolean,
+  p_retention_us bigint, p_deadline_us bigint
+) RETURNS bigint[] LANGUAGE sql AS $$
+  SELECT __SCHEMA__.check_rate(p_algorithm, p_keys, p_quotas, p_windows, p_blocks, p_cost,
+    p_attempt, p_reservation, 0::bigint, p_retention_us, p_deadline_us)
+$$;
 
 -- check_rate of versions 2 to 4, as above: a charged check is kept as a reservation and
 -- remembered for twice the time its call had left after its deadline; the reply is without
@@ -908,8 +1003,9 @@ END $$;
 -- sent): its algorithm, its number of limits, its cost and attempt, whether it is a
 -- reservation, and, for a settlement, its reserved cost, the settled attempt and whether that
 -- was a reservation (refundable) — a check has -1, 0 and false there (p_reserved NULL: none is
--- a settlement); p_keys, p_quotas, p_windows and p_blocks (each limit's penalty in µs, 0 or
--- NULL: none; NULL: no check has one) hold the checks' limits one after another;
+-- a settlement); per check its hold (version 9; µs, 0 or NULL: none; NULL: no check has one;
+-- a settlement's is not read); p_keys, p_quotas, p_windows and p_blocks (each limit's penalty
+-- in µs, 0 or NULL: none; NULL: no check has one) hold the checks' limits one after another;
 -- p_retention_us: how long after the deadline a charged attempt is remembered. Returns, per
 -- check in the order decided: its number, the length of its reply, then check_rate's (or
 -- settle_rate's) reply.
@@ -917,8 +1013,8 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.decide_rates(
   p_algorithms smallint[], p_counts int[], p_keys text[], p_quotas bigint[],
   p_windows bigint[], p_blocks bigint[], p_costs bigint[], p_attempts bigint[],
   p_reservations boolean[],
-  p_reserved bigint[], p_of bigint[], p_refundable boolean[], p_retention_us bigint,
-  p_deadline_us bigint
+  p_reserved bigint[], p_of bigint[], p_refundable boolean[], p_holds bigint[],
+  p_retention_us bigint, p_deadline_us bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_first int[] := '{}';
@@ -945,12 +1041,26 @@ BEGIN
       v_reply := __SCHEMA__.check_rate(p_algorithms[c], p_keys[v_first[c]:v_last],
         p_quotas[v_first[c]:v_last], p_windows[v_first[c]:v_last],
         p_blocks[v_first[c]:v_last], p_costs[c], p_attempts[c],
-        coalesce(p_reservations[c], false), p_retention_us, p_deadline_us);
+        coalesce(p_reservations[c], false), coalesce(p_holds[c], 0), p_retention_us,
+        p_deadline_us);
     END IF;
     v_out := v_out || ARRAY[c, cardinality(v_reply)]::bigint[] || v_reply;
   END LOOP;
   RETURN v_out;
 END $$;
+
+-- decide_rates of versions 6 to 8, what their copies call: as above, holding nothing.
+CREATE OR REPLACE FUNCTION __SCHEMA__.decide_rates(
+  p_algorithms smallint[], p_counts int[], p_keys text[], p_quotas bigint[],
+  p_windows bigint[], p_blocks bigint[], p_costs bigint[], p_attempts bigint[],
+  p_reservations boolean[],
+  p_reserved bigint[], p_of bigint[], p_refundable boolean[], p_retention_us bigint,
+  p_deadline_us bigint
+) RETURNS bigint[] LANGUAGE sql AS $$
+  SELECT __SCHEMA__.decide_rates(p_algorithms, p_counts, p_keys, p_quotas, p_windows,
+    p_blocks, p_costs, p_attempts, p_reservations, p_reserved, p_of, p_refundable,
+    NULL::bigint[], p_retention_us, p_deadline_us)
+$$;
 
 -- decide_rates of version 5, what its copies call: as above, without penalties.
 CREATE OR REPLACE FUNCTION __SCHEMA__.decide_rates(
@@ -1012,7 +1122,7 @@ $$;
 -- charged as its step left it — every log, whatever the replay.
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_sliding_log(
   p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
-  p_now bigint
+  p_now bigint, p_hold bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_counts bigint[] := '{}';
@@ -1027,7 +1137,7 @@ BEGIN
   FOR i IN 1..cardinality(p_keys) LOOP
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
     v_step := __SCHEMA__.rate_log_step(p_keys[i], v_row.a, v_row.expires_at, p_quotas[i],
-      p_windows[i], p_cost, p_attempt, p_now, v_replay, false);
+      p_windows[i], p_cost, p_attempt, p_now, v_replay, false, p_hold);
     v_counts[i] := v_step.o_count;
     v_oldests[i] := v_step.o_oldest;
     v_limits := v_limits || ARRAY[v_step.o_remaining, v_step.o_reset];
@@ -1042,7 +1152,7 @@ BEGIN
   IF v_admitted AND p_cost > 0 THEN
     FOR i IN 1..cardinality(p_keys) LOOP
       v_step := __SCHEMA__.rate_log_charge(p_keys[i], v_counts[i], v_oldests[i], p_quotas[i],
-        p_windows[i], p_cost, p_attempt, p_now);
+        p_windows[i], p_cost, p_attempt, p_now, p_hold);
       v_limits[2 * i - 1] := v_step.o_remaining;
       v_limits[2 * i] := v_step.o_reset;
     END LOOP;
@@ -1085,10 +1195,10 @@ BEGIN
   RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry] || v_limits;
 END $$;
 
--- Several limits of one check, as rate_sliding_counter: GCRA.
+-- Several limits of one check, as rate_sliding_counter: GCRA, the check held for p_hold µs.
 CREATE OR REPLACE FUNCTION __SCHEMA__.rate_gcra(
   p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
-  p_now bigint, p_deadline bigint
+  p_now bigint, p_deadline bigint, p_hold bigint
 ) RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
   v_rows __SCHEMA__.rate_limits[] := '{}';
@@ -1101,7 +1211,7 @@ BEGIN
   FOR i IN 1..cardinality(p_keys) LOOP
     SELECT * INTO v_row FROM __SCHEMA__.rate_limits WHERE key = p_keys[i];
     v_step := __SCHEMA__.rate_gcra_step(p_keys[i], v_row.a, v_row.b, v_row.expires_at > p_now,
-      p_quotas[i], p_windows[i], p_cost, p_now, false, NULL, 0);
+      p_quotas[i], p_windows[i], p_cost, p_now, false, NULL, 0, p_hold);
     v_rows[i] := v_row;
     v_limits := v_limits || v_step[3:4];
     v_admitted := v_admitted AND v_step[1] = 1;
@@ -1112,12 +1222,28 @@ BEGIN
       v_row := v_rows[i];
       v_step := __SCHEMA__.rate_gcra_step(p_keys[i], v_row.a, v_row.b,
         v_row.expires_at > p_now, p_quotas[i], p_windows[i], p_cost, p_now, true, v_row.born,
-        p_attempt);
+        p_attempt, p_hold);
       v_limits[2 * i - 1:2 * i] := v_step[3:4];
     END LOOP;
   END IF;
   RETURN ARRAY[CASE WHEN v_admitted THEN 1 ELSE 0 END, v_retry] || v_limits;
 END $$;
+
+-- rate_sliding_log and rate_gcra as versions 3 to 8 called them: holding nothing.
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_sliding_log(
+  p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
+  p_now bigint
+) RETURNS bigint[] LANGUAGE sql AS $$
+  SELECT __SCHEMA__.rate_sliding_log(p_keys, p_quotas, p_windows, p_cost, p_attempt, p_now,
+    0::bigint)
+$$;
+CREATE OR REPLACE FUNCTION __SCHEMA__.rate_gcra(
+  p_keys text[], p_quotas bigint[], p_windows bigint[], p_cost bigint, p_attempt bigint,
+  p_now bigint, p_deadline bigint
+) RETURNS bigint[] LANGUAGE sql AS $$
+  SELECT __SCHEMA__.rate_gcra(p_keys, p_quotas, p_windows, p_cost, p_attempt, p_now,
+    p_deadline, 0::bigint)
+$$;
 
 -- ---------------------------------------------------------------------------------------------
 -- settle_rate: a settlement (mirrors a settlement in scripts/rate.lua) corrects what the
@@ -1218,17 +1344,19 @@ BEGIN
   p_delta := least(p_delta, 2 * p_quota);
   IF p_algorithm = 1 THEN
     v_log := __SCHEMA__.rate_log_step(p_row.key, p_row.a, p_row.expires_at, p_quota, p_window,
-      0, p_of, p_now, false, false);
+      0, p_of, p_now, false, false, 0);
     IF p_delta > 0 THEN
       v_moved := least(p_delta, greatest(2 * p_quota - v_log.o_count, 0));
       IF v_moved > 0 THEN
         INSERT INTO __SCHEMA__.rate_log (key, attempt, score, cost)
           VALUES (p_row.key, p_attempt, p_now, v_moved) ON CONFLICT DO NOTHING;
+        -- an expiry that a held entry set stays
         UPDATE __SCHEMA__.rate_limits
           SET a = v_log.o_count + v_moved,
-              expires_at = p_now + __SCHEMA__.ceil_div(p_window, 1000) * 1000,
-              purge_at = __SCHEMA__.purge_mark(purge_at,
-                p_now + __SCHEMA__.ceil_div(p_window, 1000) * 1000, p_window)
+              expires_at = greatest(expires_at,
+                p_now + __SCHEMA__.ceil_div(p_window, 1000) * 1000),
+              purge_at = __SCHEMA__.purge_mark(purge_at, greatest(expires_at,
+                p_now + __SCHEMA__.ceil_div(p_window, 1000) * 1000), p_window)
           WHERE key = p_row.key;
       END IF;
     ELSIF p_delta < 0 THEN
@@ -1245,7 +1373,7 @@ BEGIN
       END IF;
     END IF;
     v_log := __SCHEMA__.rate_log_step(p_row.key, v_log.o_count + coalesce(v_moved, 0),
-      p_now + 1, p_quota, p_window, 0, p_of, p_now, false, false);
+      p_now + 1, p_quota, p_window, 0, p_of, p_now, false, false, 0);
     RETURN ARRAY[v_log.o_remaining, v_log.o_reset];
   ELSIF p_algorithm = 2 THEN
     idx := __SCHEMA__.counter_window(p_now, p_window);
@@ -1294,12 +1422,32 @@ BEGIN
       WHERE key = p_row.key;
   END IF;
   RETURN (__SCHEMA__.rate_gcra_step(p_row.key, tat, rem, true, p_quota, p_window, 0, p_now,
-    false, NULL, 0))[3:4];
+    false, NULL, 0, 0))[3:4];
 END $$;
 
 -- reset_rate: deletes a caller's limits (and their logs), locking them in key order as
--- check_rate does. The attempts remembered under them stay, as they do on every store: an
--- attempt that charged before the reset and is re-sent after it charges nothing.
+-- check_rate does, and notifies p_payload on p_channel (sent when the transaction commits). The
+-- attempts remembered under them stay, as they do on every store: an attempt that charged
+-- before the reset and is re-sent after it charges nothing. Received at or after p_deadline_us
+-- (version 9; read once the rows are locked), it deletes nothing and notifies nothing: a reset
+-- that timed out has then either run by its deadline or never will, and cannot land later to
+-- erase what was charged since. Returns the number of rows deleted, or -1 when received late.
+CREATE OR REPLACE FUNCTION __SCHEMA__.reset_rate(
+  p_keys text[], p_channel text, p_payload text, p_deadline_us bigint
+) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  v_deleted bigint;
+BEGIN
+  IF __SCHEMA__.now_us() >= p_deadline_us THEN RETURN -1; END IF;
+  PERFORM 1 FROM __SCHEMA__.rate_limits WHERE key = ANY (p_keys) ORDER BY key FOR UPDATE;
+  IF __SCHEMA__.now_us() >= p_deadline_us THEN RETURN -1; END IF;
+  DELETE FROM __SCHEMA__.rate_limits WHERE key = ANY (p_keys);
+  GET DIAGNOSTICS v_deleted = ROW_COUNT;
+  PERFORM pg_notify(p_channel, p_payload);
+  RETURN v_deleted;
+END $$;
+
+-- reset_rate of versions 1 to 8, what their copies call: without a deadline.
 CREATE OR REPLACE FUNCTION __SCHEMA__.reset_rate(p_keys text[]) RETURNS void
 LANGUAGE sql AS $$
   DELETE FROM __SCHEMA__.rate_limits WHERE key IN (

@@ -10,7 +10,7 @@ pub(super) const DEFAULT_SCHEMA: &str = "tollgate";
 const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// The version `schema.sql` brings a schema to, recorded in its `migrations` table.
-pub(super) const SCHEMA_VERSION: i32 = 8;
+pub(super) const SCHEMA_VERSION: i32 = 9;
 
 /// Checks a schema name: 1 to 63 lowercase ASCII letters, digits and `_`, not starting with a
 /// digit — a name PostgreSQL takes as it is, quoted or not.
@@ -82,10 +82,10 @@ impl Sql {
         let s = quoted(schema);
         Self {
             decide_rates: format!(
-                "SELECT {s}.decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+                "SELECT {s}.decide_rates($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
             ),
-            // the notification goes out when the reset commits
-            reset_rate: format!("SELECT 1 FROM {s}.reset_rate($1), pg_notify($2, $3)"),
+            // the notification ($2, $3) goes out when the reset commits
+            reset_rate: format!("SELECT {s}.reset_rate($1, $2, $3, $4)"),
             notify: "SELECT 1 FROM pg_notify($1, $2)".to_owned(),
             claim: format!("SELECT * FROM {s}.claim($1, $2, $3, $4)"),
             lock_acquire: format!("SELECT * FROM {s}.lock_acquire($1, $2, $3, $4, $5, $6)"),
