@@ -53,7 +53,7 @@
 --
 -- A held check (a copy's leased slice, whose units it admits up to h µs after the charge) is
 -- counted for as long as they may be admitted: a sliding log dates its entries now + h (a log's
--- expiry is never shortened: PTTL first), GCRA charges from now + h at the earliest (the decision
+-- expiry is never shortened: PEXPIRE GT), GCRA charges from now + h at the earliest (the decision
 -- too: the slice also fits when admitted at once); a sliding counter charges as any check (the
 -- copy spends the slice within the window).
 --
@@ -163,10 +163,15 @@ local function settle_log(key, s, count, cap, score)
   return change
 end
 
--- Keeps log `key` for at least `ttl_ms` from now, never shorter than it was: entries a held
--- charge dated later may outlive those added since.
-local function keep(key, ttl_ms)
-  if redis.call('PTTL', key) < ttl_ms then redis.call('PEXPIRE', key, format('%d', ttl_ms)) end
+-- Keeps log `key` for at least `ttl_ms` from now, never shorter than it was (GT): entries a held
+-- charge dated later may outlive those added since. A log that held nothing live was made by
+-- this ZADD, without an expiry, which GT would leave so.
+local function keep(key, ttl_ms, fresh)
+  if fresh then
+    redis.call('PEXPIRE', key, format('%d', ttl_ms))
+  else
+    redis.call('PEXPIRE', key, format('%d', ttl_ms), 'GT')
+  end
 end
 
 local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked)
@@ -226,7 +231,7 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
         local change = settle_log(key, settle, count, 2 * quota, score)
         count = count + change
         if change > 0 then
-          keep(key, ceil(window / 1000))
+          keep(key, ceil(window / 1000), not oldest)
           if not oldest or now_us < oldest then reset = window end
         elseif change < 0 then
           -- the oldest entry may have been one of those refunded
@@ -253,7 +258,7 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
         if #args > 1 then added = added + redis.call('ZADD', key, unpack(args)) end
       end
       if added > 0 then
-        keep(key, ceil((window + hold) / 1000))
+        keep(key, ceil((window + hold) / 1000), not oldest)
         count = count + added
         -- the log was empty, or held only later entries: its oldest entry is this request's
         if not oldest or now_us + hold < oldest then reset = window + hold end
