@@ -29,5 +29,6 @@ mod postgres_once;
 mod postgres_tls;
 mod scripts;
 mod secrets;
+mod sentinel_auth;
 mod spans;
 mod tls;

@@ -49,6 +49,8 @@ pub struct RedisClusterBuilder {
 pub struct RedisSentinelBuilder {
     sentinels: Vec<String>,
     master: String,
+    /// The primary's user name and password, when it asks for them (`requirepass`, ACL users).
+    primary_auth: Option<(Option<String>, String)>,
     common: Common,
 }
 
@@ -73,9 +75,14 @@ impl fmt::Debug for RedisClusterBuilder {
 
 impl fmt::Debug for RedisSentinelBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let auth = self
+            .primary_auth
+            .as_ref()
+            .map(|(user, _)| (user, "<redacted>"));
         f.debug_struct("RedisSentinelBuilder")
             .field("sentinels", &redacted_list(&self.sentinels))
             .field("master", &self.master)
+            .field("primary_auth", &auth)
             .field("common", &self.common)
             .finish()
     }
@@ -138,8 +145,19 @@ impl Tls {
     }
 
     /// The client of `url` (`TCP_NODELAY` on), with these certificates for `rediss://`.
-    fn client(&self, url: &str) -> redis::RedisResult<redis::Client> {
-        let info = no_delay(url)?;
+    fn client(
+        &self,
+        url: &str,
+        auth: Option<&(Option<String>, String)>,
+    ) -> redis::RedisResult<redis::Client> {
+        let mut info = no_delay(url)?;
+        if let Some((user, password)) = auth {
+            let mut settings = info.redis_settings().clone().set_password(password);
+            if let Some(user) = user {
+                settings = settings.set_username(user);
+            }
+            info = info.set_redis_settings(settings);
+        }
         #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
         if self.is_set() {
             return redis::Client::build_with_tls(info, self.certificates());
@@ -298,7 +316,7 @@ impl RedisStoreBuilder {
                  #[tokio::main], or after `let _guard = runtime.enter();`",
             ));
         }
-        let client = self.common.tls.client(&self.url).map_err(invalid)?;
+        let client = self.common.tls.client(&self.url, None).map_err(invalid)?;
         let config = manager_config(self.common.timeout);
         let open = || {
             ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
@@ -341,7 +359,7 @@ impl RedisClusterBuilder {
     fn node_clients(&self) -> Result<Arc<[redis::Client]>, StoreError> {
         self.nodes
             .iter()
-            .map(|url| self.common.tls.client(url))
+            .map(|url| self.common.tls.client(url, None))
             .collect::<Result<Arc<[_]>, _>>()
             .map_err(|e| StoreError::new(StoreErrorKind::Config, e))
     }
@@ -408,8 +426,26 @@ impl RedisSentinelBuilder {
         Self {
             sentinels,
             master,
+            primary_auth: None,
             common: Common::default(),
         }
+    }
+
+    /// The password the primary (and, after a failover, the replica promoted in its place) asks
+    /// for (`requirepass`), sent with `AUTH` on every connection to it; with a user name for an
+    /// ACL user. The sentinels' own password, if they have one, goes in their URLs. Kept out of
+    /// `Debug` and of every error and log line.
+    ///
+    /// ```
+    /// use tollgate::store::RedisStore;
+    ///
+    /// let builder = RedisStore::sentinel_builder(["redis://127.0.0.1:26379"], "mymaster")
+    ///     .primary_password(None, "s3cret");
+    /// assert!(!format!("{builder:?}").contains("s3cret"));
+    /// ```
+    pub fn primary_password(mut self, user: Option<&str>, password: impl Into<String>) -> Self {
+        self.primary_auth = Some((user.map(str::to_owned), password.into()));
+        self
     }
 
     /// The bound on every store call (default 250 ms); asking the sentinels may take that long
@@ -425,7 +461,14 @@ impl RedisSentinelBuilder {
     /// `rediss://`.
     fn client_maker(&self) -> PrimaryClient {
         let tls = self.common.tls.clone();
-        Arc::new(move |url: &str| tls.client(url))
+        Arc::new(move |url: &str| tls.client(url, None))
+    }
+
+    /// The client of a primary's URL: [`client_maker`](Self::client_maker)'s, with the
+    /// primary's credentials.
+    fn primary_maker(&self) -> PrimaryClient {
+        let (tls, auth) = (self.common.tls.clone(), self.primary_auth.clone());
+        Arc::new(move |url: &str| tls.client(url, auth.as_ref()))
     }
 
     /// Asks the sentinels for the primary and connects to it; a sentinel must answer now. A
@@ -433,7 +476,7 @@ impl RedisSentinelBuilder {
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         check_urls("sentinel", &self.sentinels)?;
         let (settings, timeout) = (self.common.settings(), self.common.timeout);
-        let client = self.client_maker();
+        let (client, primary_client) = (self.client_maker(), self.primary_maker());
         let sentinels = self
             .sentinels
             .iter()
@@ -455,11 +498,11 @@ impl RedisSentinelBuilder {
             master: self.master.into(),
             config: config.clone(),
             timeout,
-            primary_client: Arc::clone(&client),
+            primary_client: Arc::clone(&primary_client),
             known: Arc::default(),
         };
         let open = || {
-            client(&primary)
+            primary_client(&primary)
                 .and_then(|primary| open_single(primary, config.clone()))
                 .map(|conn| Link::to(conn, opener.clone(), primary.clone()))
                 .map_err(store_error)
