@@ -20,6 +20,9 @@ pub struct AppConfig {
     pub redis_sentinels: Vec<String>,
     /// `REDIS_SENTINEL_MASTER`: the master name the sentinels monitor.
     pub redis_sentinel_master: Option<String>,
+    /// `REDIS_PRIMARY_PASSWORD`: the password of the primary the sentinels name, when it asks
+    /// for one (the sentinels' own goes in their URLs).
+    pub redis_primary_password: Option<String>,
     /// `DATABASE_URL`: a PostgreSQL database (`postgres://…`), the alternative to Redis.
     pub database_url: Option<String>,
     /// `REDIS_WAIT_REPLICAS`: how many replicas must acknowledge every claim, lock and payment
@@ -134,6 +137,10 @@ impl std::fmt::Debug for AppConfig {
             .field("redis_cluster_urls", &urls(&self.redis_cluster_urls))
             .field("redis_sentinels", &urls(&self.redis_sentinels))
             .field("redis_sentinel_master", &self.redis_sentinel_master)
+            .field(
+                "redis_primary_password",
+                &self.redis_primary_password.as_ref().map(|_| REDACTED),
+            )
             .field("database_url", &url(&self.database_url))
             .field("wait_replicas", &self.wait_replicas)
             .field("store_timeout", &self.store_timeout)
@@ -199,6 +206,9 @@ impl AppConfig {
         let redis_sentinel_master = vars
             .get("REDIS_SENTINEL_MASTER")
             .map(|m| m.trim().to_owned());
+        let redis_primary_password = vars
+            .get("REDIS_PRIMARY_PASSWORD")
+            .filter(|password| !password.is_empty());
         let database_url = vars
             .get("DATABASE_URL")
             .map(|url| url.trim().to_owned())
@@ -327,6 +337,7 @@ impl AppConfig {
             redis_cluster_urls,
             redis_sentinels,
             redis_sentinel_master,
+            redis_primary_password,
             database_url,
             wait_replicas,
             store_timeout,

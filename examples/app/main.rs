@@ -14,6 +14,7 @@
 //! | `REDIS_CLUSTER_URLS` | unset                  | or: comma-separated node URLs of a Redis Cluster |
 //! | `REDIS_SENTINELS` | unset                     | or: comma-separated `redis://host:port/` of the sentinels |
 //! | `REDIS_SENTINEL_MASTER` | unset               | the master name they monitor (with `REDIS_SENTINELS`) |
+//! | `REDIS_PRIMARY_PASSWORD` | unset              | the password of the primary they name, if it asks for one |
 //! | `REDIS_CA_CERT` | unset                       | a PEM CA certificate to trust for a `rediss://` `REDIS_URL` |
 //! | `REDIS_WAIT_REPLICAS` | `0`                   | replicas that must acknowledge every claim, lock and payment record |
 //! | `APP_STORE_TIMEOUT_MS` | `250`                | how long a store call may take before it fails (then `503`, or the failure policy) |
@@ -220,6 +221,9 @@ async fn sentinel_store(config: &AppConfig) -> Result<Arc<dyn Store>, Failure> {
     let mut builder =
         RedisStore::sentinel_builder(config.redis_sentinels.iter().cloned(), master.as_str())
             .wait_replicas(config.wait_replicas);
+    if let Some(password) = &config.redis_primary_password {
+        builder = builder.primary_password(None, password.as_str());
+    }
     if let Some(timeout) = config.store_timeout {
         builder = builder.timeout(timeout);
     }
