@@ -151,6 +151,16 @@ impl StoreArgs {
                 "{message}\n(the service's store is in another schema? name it with --pg-schema; \
                  this command never creates one)"
             ),
+            // a store function this version calls is not there: the schema is an older one's
+            Ok(Kind::Postgres)
+                if message.contains("function") && message.contains("does not exist") =>
+            {
+                format!(
+                    "{message}\n(the store's schema is older than this tollgate's: this command \
+                     never migrates it. Use the tollgate of the service's version, or start a copy \
+                     of the service built with this one, which migrates it)"
+                )
+            }
             _ => message,
         }
     }
@@ -256,6 +266,31 @@ mod tests {
         let shown = format!("{:?} {:#?}", line.store, line.store);
         assert!(!shown.contains("s3"), "{shown}");
         assert!(shown.contains("redis://:***@h:6379/"), "{shown}");
+    }
+
+    #[test]
+    fn a_schema_older_than_the_tool_is_named() {
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            store: StoreArgs,
+        }
+        let line = <Line as clap::Parser>::try_parse_from([
+            "tollgate",
+            "--store",
+            "postgres://app@db/app",
+        ])
+        .unwrap();
+        let missing =
+            "db error: ERROR: function tollgate.reset_rate(text[], bigint) does not exist";
+        let explained = line.store.explain(missing.to_owned());
+        assert!(explained.starts_with(missing), "{explained}");
+        assert!(
+            explained.contains("older than this tollgate's"),
+            "{explained}"
+        );
+        let other = "db error: ERROR: permission denied".to_owned();
+        assert_eq!(line.store.explain(other.clone()), other);
     }
 
     #[test]
