@@ -226,13 +226,27 @@ fn log_of(slot: &mut Slot, window: u64, now: u64) -> VecDeque<(u64, Name)> {
     log
 }
 
-/// A sliding counter's window index and the milliseconds elapsed in it at `now`, and its
-/// (current, previous) counts from `slot`.
-fn counter_of(slot: &Slot, window_us: u64, now_us: u64) -> (f64, f64, f64, f64) {
+/// A sliding counter's window index at store time `now_us`, and the milliseconds elapsed in it:
+/// windows of `window_us` on whole milliseconds of store time, as every store places them.
+fn counter_window(window_us: u64, now_us: u64) -> (f64, f64) {
     let now = (now_us / 1000) as f64;
     let window = window_us as f64 / 1000.0;
     let index = (now / window).floor();
-    let elapsed = now - index * window;
+    (index, now - index * window)
+}
+
+/// What is left at store time `at_us` of the sliding counter's window of `window_us` it falls
+/// in (µs): how long a copy may spend a slice charged to it.
+pub(crate) fn counter_window_left(window_us: u64, at_us: u64) -> u64 {
+    let (index, _) = counter_window(window_us, at_us);
+    let end_us = ((index + 1.0) * window_us as f64).floor();
+    (end_us as u64).saturating_sub(at_us)
+}
+
+/// A sliding counter's window index and the milliseconds elapsed in it at `now`, and its
+/// (current, previous) counts from `slot`.
+fn counter_of(slot: &Slot, window_us: u64, now_us: u64) -> (f64, f64, f64, f64) {
+    let (index, elapsed) = counter_window(window_us, now_us);
     let (cur, prev) = match slot.state {
         Some(State::Counter {
             index: i,
@@ -260,7 +274,7 @@ fn tat_of(slot: &Slot, now: u64) -> (u64, u64) {
 fn born_of(slot: &Slot, window_us: u64, now_us: u64) -> Option<u64> {
     match slot.state.as_ref()? {
         State::Counter { index, born, .. } => {
-            let current = ((now_us / 1000) as f64 / (window_us as f64 / 1000.0)).floor();
+            let (current, _) = counter_window(window_us, now_us);
             (*index as f64 == current || *index as f64 == current - 1.0).then_some(*born)
         }
         State::Tat { tat, born, .. } => (*tat >= now_us).then_some(*born),
@@ -758,4 +772,19 @@ fn gcra_state(offset: u64, rem: u64, q: u64, w: u64) -> LimitState {
         u64::try_from(remaining).unwrap_or(0),
         u64::try_from(reset).unwrap_or(u64::MAX),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::counter_window_left;
+
+    #[test]
+    fn a_counter_slice_lives_to_its_windows_end_on_the_stores_clock() {
+        // windows of 1 s on whole milliseconds of store time
+        assert_eq!(counter_window_left(1_000_000, 5_000_000), 1_000_000);
+        assert_eq!(counter_window_left(1_000_000, 5_999_400), 600);
+        assert_eq!(counter_window_left(1_000_000, 5_250_123), 749_877);
+        // a window of 1.5 ms: windows end at 1.5 ms, 3 ms, ...
+        assert_eq!(counter_window_left(1_500, 2_100), 900);
+    }
 }

@@ -24,6 +24,7 @@ mod local;
 mod outcome;
 mod policy;
 
+pub(crate) use algorithms::counter_window_left;
 #[cfg(feature = "redis")]
 pub(crate) use check::hex;
 pub use check::{RateCheck, Settlement};

@@ -8,16 +8,15 @@
 //! `TOLLGATE_COPIES_SEED` runs the cases from that seed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use http::{Request, Response, StatusCode};
+use http::StatusCode;
 use tokio::time::Instant;
-use tower::ServiceExt;
 
+use crate::rate_limit_leases::{self, key_of};
 use tollgate::key::{Header, Key};
 use tollgate::rate::{RateCheck, RateOutcome, RatePolicy};
 use tollgate::rate_limit::{Algorithm, Limit, OnStoreError, RateLimitLayer};
@@ -294,27 +293,11 @@ impl Run {
 }
 
 async fn request(copy: &RateLimitLayer<Header>, caller: &str) -> bool {
-    let service = tower::Layer::layer(
-        copy,
-        tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
-    );
-    let request = Request::get("/")
-        .header("x-api-key", caller)
-        .body(())
-        .unwrap();
-    match service.oneshot(request).await.unwrap().status() {
+    match rate_limit_leases::one(copy, caller).await.0 {
         StatusCode::OK => true,
         StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => false,
         other => panic!("unexpected status {other}"),
     }
-}
-
-fn key_of(copy: &RateLimitLayer<Header>, caller: &str) -> Key {
-    let head = Request::get("/")
-        .header("x-api-key", caller)
-        .body(())
-        .unwrap();
-    copy.key_of(&head.into_parts().0).unwrap()
 }
 
 fn seeds() -> std::ops::Range<u64> {

@@ -5,17 +5,15 @@
 //! memory store, Redis and PostgreSQL.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::convert::Infallible;
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
+use http::StatusCode;
 use tokio::time::{Instant, sleep_until};
-use tower::ServiceExt;
 
 use crate::common::{RedisServer, postgres};
-use crate::rate_limit_leases::unique;
+use crate::rate_limit_leases::{self, unique};
 use tollgate::key::Header;
-use tollgate::rate_limit::{Algorithm, DecisionSource, Limit, RateLimitDecision, RateLimitLayer};
+use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
 use tollgate::store::{MemoryStore, RateStore};
 
 const QUOTA: u64 = 80;
@@ -35,22 +33,10 @@ fn copy(store: impl RateStore, prefix: &str) -> RateLimitLayer<Header> {
 
 /// One request of `caller` through `copy`: whether it was admitted, and whether from a slice.
 async fn one(copy: &RateLimitLayer<Header>, caller: &str) -> (bool, bool) {
-    let service = tower::Layer::layer(
-        copy,
-        tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
-    );
-    let request = Request::get("/")
-        .header("x-api-key", caller)
-        .body(())
-        .unwrap();
-    let reply = service.oneshot(request).await.unwrap();
-    match reply.status() {
-        StatusCode::OK => {
-            let decision = reply.extensions().get::<RateLimitDecision>().unwrap();
-            (true, decision.source() == DecisionSource::Lease)
-        }
-        StatusCode::TOO_MANY_REQUESTS => (false, false),
-        other => panic!("unexpected status {other}"),
+    match rate_limit_leases::one(copy, caller).await {
+        (StatusCode::OK, from_lease) => (true, from_lease),
+        (StatusCode::TOO_MANY_REQUESTS, _) => (false, false),
+        (other, _) => panic!("unexpected status {other}"),
     }
 }
 

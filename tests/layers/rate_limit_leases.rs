@@ -91,6 +91,24 @@ pub(super) async fn fire(copy: &RateLimitLayer<Header>, caller: &str, n: usize) 
     tally
 }
 
+/// One request of `caller` through `copy`: its status, and whether it was admitted from a slice.
+pub(super) async fn one(copy: &RateLimitLayer<Header>, caller: &str) -> (StatusCode, bool) {
+    let service = tower::Layer::layer(
+        copy,
+        tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
+    );
+    let request = Request::get("/")
+        .header("x-api-key", caller)
+        .body(())
+        .unwrap();
+    let reply = service.oneshot(request).await.unwrap();
+    let from_lease = reply
+        .extensions()
+        .get::<RateLimitDecision>()
+        .is_some_and(|d| d.source() == DecisionSource::Lease);
+    (reply.status(), from_lease)
+}
+
 pub(super) fn key_of(copy: &RateLimitLayer<Header>, caller: &str) -> Key {
     let head = Request::get("/")
         .header("x-api-key", caller)

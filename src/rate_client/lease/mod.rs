@@ -257,7 +257,7 @@ impl Leases {
             .policy
             .limits()
             .iter()
-            .map(|limit| counter_window_left(limit.window_us(), at))
+            .map(|limit| crate::rate::counter_window_left(limit.window_us(), at))
             .min()
             .unwrap_or(0);
         self.lease.min(Duration::from_micros(left))
@@ -305,29 +305,5 @@ impl Leases {
         let _ = self
             .sweeper
             .set(AbortOnDrop(tokio::spawn(give_back::sweep(leases, every))));
-    }
-}
-
-/// What is left at store time `at_us` of the sliding counter's window of `window_us` it falls
-/// in, as the stores place windows (on whole milliseconds of store time).
-fn counter_window_left(window_us: u64, at_us: u64) -> u64 {
-    let window_ms = window_us as f64 / 1000.0;
-    let index = ((at_us / 1000) as f64 / window_ms).floor();
-    let end_us = ((index + 1.0) * window_ms * 1000.0).floor();
-    (end_us as u64).saturating_sub(at_us)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::counter_window_left;
-
-    #[test]
-    fn a_counter_slice_lives_to_its_windows_end_on_the_stores_clock() {
-        // windows of 1 s on whole milliseconds of store time
-        assert_eq!(counter_window_left(1_000_000, 5_000_000), 1_000_000);
-        assert_eq!(counter_window_left(1_000_000, 5_999_400), 600);
-        assert_eq!(counter_window_left(1_000_000, 5_250_123), 749_877);
-        // a window of 1.5 ms: windows end at 1.5 ms, 3 ms, ...
-        assert_eq!(counter_window_left(1_500, 2_100), 900);
     }
 }
