@@ -273,10 +273,8 @@ async fn errors_exit_2_and_say_what_is_wrong() {
         tollgate(&args).await
     };
     // a port nothing listens on
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let closed: &'static str =
-        Box::leak(format!("redis://:pw@{}/", port.local_addr().unwrap()).into_boxed_str());
-    drop(port);
+        Box::leak(format!("redis://:pw@127.0.0.1:{}/", free_port()).into_boxed_str());
     let down = run(closed, config.to_owned()).await;
     assert_eq!(down.code, 2, "{down:?}");
     assert!(

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Run, TOLLGATE_TOML, write_config};
+use common::{Run, TOLLGATE_TOML, free_port, write_config};
 use tollgate::store::PgStore;
 use tollgate::testing::PgServer;
 
@@ -105,11 +105,6 @@ impl Drop for PasswordRedis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 /// Every subcommand that reads the store, text and `--json`, naming the caller by its key.

@@ -19,6 +19,23 @@ use tollgate::rate_limit::{RateLimitConfig, RateLimitLayer};
 use tollgate::store::RateStore;
 use tower::{Layer, ServiceExt};
 
+/// A port of `127.0.0.1` that is free now, drawn between 10,000 and 22,000: below the kernel's
+/// ephemeral range (32768 and up on Linux), where no outgoing connection takes it before the
+/// server does and a machine busy with short connections still has room, with room above it
+/// for a Cluster node's bus port (port + 10,000).
+pub(crate) fn free_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    loop {
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let port = 10_000 + (random % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// A caller's key as the command shows it: at most 4 characters and a third of it, then `…`.
 pub(crate) fn masked(key: &str) -> String {
     let shown = (key.chars().count() / 3).min(4);
