@@ -99,11 +99,6 @@ local function int(s)
   return tonumber(sub(s, 1, n - 8)) * 100000000 + tonumber(sub(s, n - 7))
 end
 
-local function push(a, b)
-  out[len + 1], out[len + 2] = a, b
-  len = len + 2
-end
-
 -- What the place of a settled reservation holds, per limit, as strings (nil when nothing is
 -- kept), and the place dropped: the settlement is the last to read it.
 local function take_place(place)
@@ -217,7 +212,7 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
     end
   end
   if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
-  push(admitted, retry)
+  out[len + 1], out[len + 2], len = admitted, retry, len + 2
   -- a held charge's units are dated when the copy may last admit them
   local score = format('%d', now_us + hold)
   for i = 1, n do
@@ -266,7 +261,7 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
     end
     local remaining = quota - count
     if remaining < 0 then remaining = 0 end
-    push(remaining, reset)
+    out[len + 1], out[len + 2], len = remaining, reset, len + 2
   end
 end
 
@@ -319,7 +314,7 @@ local function sliding_counter(k, n, q, w, cost, attempt, replay, settle, place,
     end
   end
   if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
-  push(admitted, ceil(retry * 1000))
+  out[len + 1], out[len + 2], len = admitted, ceil(retry * 1000), len + 2
   local charge = admitted == 1 and not replay and cost > 0
   -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
   local delta, at = 0, nil
@@ -382,7 +377,7 @@ local function sliding_counter(k, n, q, w, cost, attempt, replay, settle, place,
     elseif whole > 0 then
       reset = (window - elapsed) + window - (whole - 1) * window / cur
     end
-    push(remaining, ceil(reset * 1000))
+    out[len + 1], out[len + 2], len = remaining, ceil(reset * 1000), len + 2
   end
   if marks then
     redis.call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
@@ -406,8 +401,15 @@ local function gcra(k, n, q, w, cost, attempt, replay, settle, place, blocked)
     local tat, rem, born = now, 0, false
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
-      local stored, r, b = match(raw, '^(%d+):(%d+):?(%x*)')
-      stored = int(stored)
+      -- the arrival time read in two halves, as int does, without the calls to cut it
+      local high, low, r, b = match(raw, '^(%d+)(%d%d%d%d%d%d%d%d):(%d+):?(%x*)')
+      local stored
+      if high then
+        stored = tonumber(high) * 100000000 + tonumber(low)
+      else
+        low, r, b = match(raw, '^(%d+):(%d+):?(%x*)')
+        stored = tonumber(low)
+      end
       if stored >= now then
         tat, rem = stored, tonumber(r)
         if b ~= '' then born = b end
@@ -432,7 +434,7 @@ local function gcra(k, n, q, w, cost, attempt, replay, settle, place, blocked)
     end
   end
   if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
-  push(admitted, retry)
+  out[len + 1], out[len + 2], len = admitted, retry, len + 2
   local charge = admitted == 1 and not replay and cost > 0
   -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
   local delta, at = 0, nil
@@ -489,13 +491,16 @@ local function gcra(k, n, q, w, cost, attempt, replay, settle, place, blocked)
         format('%d:%d:%s', tat, rem, born))
     end
     local ahead = (tat - now) * quota + rem
-    local used = ceil_div(ahead, window)
+    -- ceil_div(ahead, window), inline: this runs for every check
+    local used = floor(ahead / window)
+    if used * window > ahead then used = used - 1 end
+    if used * window < ahead then used = used + 1 end
     local remaining = quota - used
     if remaining < 0 then remaining = 0 end
     local reset = 0
     -- the next unit frees when the offset drops to (used - 1) emission intervals
     if used > 0 then reset = ceil_div(ahead - (used - 1) * window, quota) end
-    push(remaining, reset)
+    out[len + 1], out[len + 2], len = remaining, reset, len + 2
   end
   if marks then
     redis.call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
@@ -586,14 +591,14 @@ for p = 1, tonumber(ARGV[4]) do
   end
   local algorithm = tonumber(ARGV[a + 1])
   -- the sliding log names a reservation's entries by its attempt: it keeps no place
-  policies[p] = {algorithms[algorithm], n, q, w, algorithm ~= 1, b, nb}
+  policies[tostring(p)] = {algorithms[algorithm], n, q, w, algorithm ~= 1, b, nb}
   a = a + 2 + 2 * n
 end
 local k, c, args = records, 0, #ARGV
 -- per limit of the check being decided, the end of its block
 local tills = {}
 while a < args do
-  local policy = policies[tonumber(ARGV[a + 1])]
+  local policy = policies[ARGV[a + 1]]
   local n, nb = policy[2], policy[7]
   local cost, attempt, where = tonumber(ARGV[a + 2]), ARGV[a + 3], nil
   -- a reservation keeps where its charge goes; a settlement of one reads it: the key follows the
@@ -621,10 +626,10 @@ while a < args do
   c = c + 1
   charged[c] = '0'
   if late then
-    push(-2, 0)
+    out[len + 1], out[len + 2], len = -2, 0, len + 2
   else
     local counts = cost > 0 or settle ~= nil
-    local replay = counts and replayed(c, where)
+    local replay = counts and (before or where) and replayed(c, where)
     local penalties = nb > 0 and not settle
     local blocked = false
     if penalties then
@@ -647,7 +652,7 @@ while a < args do
     for j = len, start + 1, -1 do out[j] = nil end
     len = start
     if type(err) == 'table' then err = err.err end
-    push(-1, tostring(err))
+    out[len + 1], out[len + 2], len = -1, tostring(err), len + 2
   end
   k, a = k + n + nb, a + 3
   if place then k = k + 1 end
