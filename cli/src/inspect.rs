@@ -16,7 +16,7 @@ use tollgate::key::{Global, KeyExtractor};
 use tollgate::store::{IdempotencyState, LockState, PermitUsage, keys};
 
 use crate::rate::{
-    self, Named, Who, human, millis, parse_header, parse_ip, parse_pair, runtime_and,
+    self, Named, Shown, Who, human, millis, parse_header, parse_ip, parse_pair, runtime_and,
 };
 use crate::store::StoreArgs;
 
@@ -36,8 +36,9 @@ Examples:
   tollgate inspect permits --store redis://10.0.0.5:6379/ --header x-tenant=42
   tollgate inspect record order-17 --scope-header x-api-key=alice --store postgres://app@db/app
 
-Exit codes: 0 the store was read; 2 an error (bad arguments or URL, a store that does not \
-answer).";
+Exit codes: 0 the store was read; 1 it holds nothing under what was named (a caller that spent \
+nothing, a lock never taken, no permit in use, no record: check the names and --prefix); 2 an \
+error (bad arguments or URL, a store that does not answer).";
 
 const LOCK_AFTER_HELP: &str = "\
 Example: the lock `nightly-report` of a service whose Locks use the prefix `svc`:
@@ -53,7 +54,8 @@ Example: the lock `nightly-report` of a service whose Locks use the prefix `svc`
   lease left     28.4s
 
 A free lock shows `state free` and the last fencing token drawn for its name, if any.
-Exit codes: 0 the lock was read; 2 an error.";
+Exit codes: 0 the lock was read; 1 it was never taken (free, no fencing token ever drawn: check \
+the name and --prefix); 2 an error.";
 
 const PERMITS_AFTER_HELP: &str = "\
 Example: the permits of tenant 42 under a ConcurrencyLimitLayer keyed by `x-tenant`:
@@ -67,7 +69,8 @@ Example: the permits of tenant 42 under a ConcurrencyLimitLayer keyed by `x-tena
   waiting  1
   leases   12.5s, 29.9s
 
-Exit codes: 0 the permits were read; 2 an error.";
+Exit codes: 0 the permits were read; 1 none is held or awaited (check the caller and --prefix); \
+2 an error.";
 
 const RECORD_AFTER_HELP: &str = "\
 Example: the record of `Idempotency-Key: order-17` sent by the client with API key alice, \
@@ -86,7 +89,8 @@ under an IdempotencyLayer scoped by `x-api-key`:
 
 The age is the time since the record's request began. A record still running shows `state \
 in flight`, its age and its lease left; one not in the store, `state absent`.
-Exit codes: 0 the record was read; 2 an error.";
+Exit codes: 0 the record was read; 1 it is absent (check the key, its scope and --prefix); 2 an \
+error.";
 
 /// The arguments of `tollgate inspect`: a subcommand, or the rate inspect's own arguments.
 #[derive(Debug, Args)]
@@ -234,7 +238,7 @@ fn pretty(value: &serde_json::Value) -> String {
     out
 }
 
-async fn lock(args: &LockArgs) -> Result<String, String> {
+async fn lock(args: &LockArgs) -> Result<Shown, String> {
     let common = &args.common;
     let (key, fence_key) =
         keys::lock(&common.prefix, &args.name).map_err(|e| format!("--prefix: {e}"))?;
@@ -243,7 +247,17 @@ async fn lock(args: &LockArgs) -> Result<String, String> {
         .store
         .bounded(store.lock_state(&key, &fence_key))
         .await?;
-    Ok(show_lock(args, &key, &state))
+    let out = show_lock(args, &key, &state);
+    Ok(match state.holder.is_none() && state.fence.is_none() {
+        false => Shown::Found(out),
+        true => Shown::Nothing {
+            out,
+            why: format!(
+                "no lock {:?} under prefix {:?}: never taken (check the name and --prefix)",
+                args.name, common.prefix
+            ),
+        },
+    })
 }
 
 fn show_lock(args: &LockArgs, key: &str, state: &LockState) -> String {
@@ -283,7 +297,7 @@ fn show_lock(args: &LockArgs, key: &str, state: &LockState) -> String {
     block(0, &rows)
 }
 
-async fn permits(args: &PermitArgs) -> Result<String, String> {
+async fn permits(args: &PermitArgs) -> Result<Shown, String> {
     let named = Named {
         header: args.key.header.as_ref(),
         peer_ip: args.key.peer_ip,
@@ -313,7 +327,18 @@ async fn permits(args: &PermitArgs) -> Result<String, String> {
     let key = keys::permits(&common.prefix, &who.key).map_err(|e| format!("--prefix: {e}"))?;
     let store = common.store.open().await?;
     let usage = common.store.bounded(store.permit_usage(&key)).await?;
-    Ok(show_permits(common, &who, &key, &usage))
+    let out = show_permits(common, &who, &key, &usage);
+    Ok(match usage.in_use() == 0 && usage.waiting == 0 {
+        false => Shown::Found(out),
+        true => Shown::Nothing {
+            out,
+            why: format!(
+                "nothing under {key}: no permit of {} held or awaited under prefix {:?} (check \
+                 the caller and --prefix)",
+                who.label, common.prefix
+            ),
+        },
+    })
 }
 
 fn show_permits(common: &Common, who: &Who, key: &str, usage: &PermitUsage) -> String {
@@ -348,7 +373,7 @@ fn show_permits(common: &Common, who: &Who, key: &str, usage: &PermitUsage) -> S
     )
 }
 
-async fn record(args: &RecordArgs) -> Result<String, String> {
+async fn record(args: &RecordArgs) -> Result<Shown, String> {
     let named = Named {
         header: args.scope.scope_header.as_ref(),
         peer_ip: args.scope.scope_peer_ip,
@@ -366,7 +391,18 @@ async fn record(args: &RecordArgs) -> Result<String, String> {
     .map_err(|e| format!("--prefix: {e}"))?;
     let store = common.store.open().await?;
     let state = common.store.bounded(store.idempotency_state(&key)).await?;
-    Ok(show_record(args, scope.as_ref(), &key, &state))
+    let out = show_record(args, scope.as_ref(), &key, &state);
+    Ok(match state {
+        IdempotencyState::InFlight { .. } | IdempotencyState::Completed { .. } => Shown::Found(out),
+        _ => Shown::Nothing {
+            out,
+            why: format!(
+                "no record of key {:?} under prefix {:?} and that scope: never made, or expired \
+                 (check the key, its scope and --prefix)",
+                args.idempotency_key, common.prefix
+            ),
+        },
+    })
 }
 
 /// The key a header value names: `"k"` (with `\"` and `\\` escapes) or k as it is.

@@ -11,7 +11,8 @@
 //!   what the caller spent. `tollgate inspect lock|permits|record` shows a lock's holder, a
 //!   concurrency limit's permits and an idempotency record, changing nothing.
 //!
-//! Exit codes: 0 when all is well, 1 when the audit found something or an expectation failed,
+//! Exit codes: 0 when all is well, 1 when the audit found something, an expectation failed or
+//! the store holds nothing under what `inspect` or `reset` was asked about,
 //! 2 on an error (bad arguments, an unreadable path, no request sent).
 
 mod audit;
@@ -52,7 +53,8 @@ Examples:
   TOLLGATE_STORE=redis://:secret@10.0.0.5:6379/ tollgate inspect lock nightly-report
   tollgate reset --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
 
-Exit codes: 0 all is well; 1 findings, or an expectation that failed; 2 an error.";
+Exit codes: 0 all is well; 1 findings, an expectation that failed, or nothing in the store under \
+what inspect or reset named; 2 an error.";
 
 /// The command line.
 #[derive(Debug, Parser)]

@@ -51,8 +51,9 @@ Example: the caller with API key `alice` of a service keyed by `x-api-key`, its 
 
 Stores: redis:// or rediss:// (standalone), --store repeated or --cluster (Redis Cluster \
 nodes), postgres:// (--pg-schema if the service's store is not in schema `tollgate`).
-Exit codes: 0 the quota was read; 2 an error (bad arguments, config file or URL, a store that \
-does not answer).";
+Exit codes: 0 the quota was read; 1 the caller has spent nothing (a caller that never came, or \
+named otherwise: check the caller and the limits file's prefix and tiers); 2 an error (bad \
+arguments, config file or URL, a store that does not answer).";
 
 pub(crate) const RESET_LONG_ABOUT: &str = "\
 Forget what a caller has spent of a service's rate limits.
@@ -70,8 +71,9 @@ Example: give the caller with API key `alice` its full quota back:
     config-example:rl        burst, daily
     config-example:rl:paid   burst, daily
 
-Exit codes: 0 the caller was reset; 2 an error (bad arguments, config file or URL, a store that \
-does not answer).";
+Exit codes: 0 the caller was reset; 1 there was nothing to reset (the caller had spent nothing \
+under the limits file's prefix and tiers: named otherwise, or never came); 2 an error (bad \
+arguments, config file or URL, a store that does not answer).";
 
 /// The service's limits and the caller: what both subcommands read.
 #[derive(Debug, Args)]
@@ -360,7 +362,29 @@ fn rows<'a>(policy: &'a RatePolicy, outcome: &RateOutcome) -> Vec<Row<'a>> {
         .collect()
 }
 
-async fn inspect(args: &InspectArgs) -> Result<String, String> {
+/// Whether a peek found anything spent: a limit short of its quota, or one that grows back
+/// later, or a block. A caller that never came, or whose spending all expired, shows neither.
+fn spent(policy: &RatePolicy, outcome: &RateOutcome) -> bool {
+    !outcome.admitted
+        || policy
+            .limits()
+            .iter()
+            .zip(&outcome.limits)
+            .any(|(limit, state)| state.remaining < limit.quota() || !state.reset.is_zero())
+}
+
+/// Why nothing was found of `who` under `namespaces` (`lead`: "nothing spent", "nothing to
+/// reset"), and what to check.
+fn nothing_of(lead: &str, who: &Who, namespaces: &[&str]) -> String {
+    format!(
+        "{lead}: the store holds no state of {} under {}; a caller that never came, or one \
+         named otherwise (check the caller, and the prefix and tiers of --config)",
+        who.label,
+        namespaces.join(", ")
+    )
+}
+
+async fn inspect(args: &InspectArgs) -> Result<Shown, String> {
     let target = &args.target;
     let setup = target.setup().await?;
     let key = setup.who.key;
@@ -375,8 +399,17 @@ async fn inspect(args: &InspectArgs) -> Result<String, String> {
         ),
     };
     let rows = rows(policy, &outcome);
+    let shown = |out: String| match spent(policy, &outcome) {
+        true => Shown::Found(out),
+        false => Shown::Nothing {
+            out,
+            why: nothing_of("nothing spent", &setup.who, &[policy.namespace()]),
+        },
+    };
     if args.json {
-        return Ok(inspect_json(target, &setup.who, policy, &outcome, &rows));
+        return Ok(shown(inspect_json(
+            target, &setup.who, policy, &outcome, &rows,
+        )));
     }
     let mut out = String::new();
     let _ = writeln!(out, "store   {}", target.store.describe());
@@ -443,7 +476,7 @@ async fn inspect(args: &InspectArgs) -> Result<String, String> {
         }
         out.push('\n');
     }
-    Ok(out)
+    Ok(shown(out))
 }
 
 fn inspect_json(
@@ -475,6 +508,7 @@ fn inspect_json(
         "namespace": policy.namespace(),
         "algorithm": policy.algorithm().to_string(),
         "tier": target.tier,
+        "spent": spent(policy, outcome),
         "blocked": !outcome.admitted,
         "retry_after_ms": millis(outcome.retry_after),
         "limits": limits,
@@ -484,10 +518,29 @@ fn inspect_json(
     out
 }
 
-async fn reset(args: &ResetArgs) -> Result<String, String> {
+async fn reset(args: &ResetArgs) -> Result<Shown, String> {
     let target = &args.target;
     let setup = target.setup().await?;
     let key = setup.who.key;
+    // whether the caller had spent anything: peeked first, for a reset that finds nothing to
+    // say so (a mistyped caller or prefix); the reset runs either way
+    let mut anything = false;
+    let mut namespaces = Vec::new();
+    let tiers: Vec<&String> = match &target.tier {
+        Some(tier) => vec![tier],
+        None => setup.config.tiers.keys().collect(),
+    };
+    if target.tier.is_none() {
+        let outcome = target.bounded(setup.layer.peek(key)).await?;
+        anything |= spent(setup.layer.policy(), &outcome);
+        namespaces.push(setup.layer.policy().namespace());
+    }
+    for tier in tiers {
+        let outcome = target.bounded(setup.layer.peek_tier(tier, key)).await?;
+        let policy = setup.layer.tier_policy(tier);
+        anything |= spent(policy, &outcome);
+        namespaces.push(policy.namespace());
+    }
     // (namespace, limits) of each policy reset
     let mut done: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut record = |policy: &RatePolicy| {
@@ -517,7 +570,13 @@ async fn reset(args: &ResetArgs) -> Result<String, String> {
     for (namespace, limits) in &done {
         let _ = writeln!(out, "  {namespace:<width$}   {}", limits.join(", "));
     }
-    Ok(out)
+    match anything {
+        true => Ok(Shown::Found(out)),
+        false => Ok(Shown::Nothing {
+            out,
+            why: nothing_of("nothing to reset", &setup.who, &namespaces),
+        }),
+    }
 }
 
 /// A window as a configuration file writes it: `1s`, `5m`, `1h`, `1d`, `250ms`.
@@ -559,7 +618,28 @@ pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-pub(crate) fn runtime_and<F: Future<Output = Result<String, String>>>(
+/// What a subcommand that reads the store shows, on stdout either way.
+#[derive(Debug)]
+pub(crate) enum Shown {
+    /// What was asked about is in the store: exit 0.
+    Found(String),
+    /// The store holds nothing under what was named — a caller that never spent, or one named
+    /// otherwise; a lock never taken; another prefix: `why` goes to stderr, exit 1.
+    Nothing {
+        /// What the subcommand prints, as when it finds something.
+        out: String,
+        /// What was looked for, and what to check.
+        why: String,
+    },
+}
+
+impl From<String> for Shown {
+    fn from(out: String) -> Self {
+        Shown::Found(out)
+    }
+}
+
+pub(crate) fn runtime_and<T: Into<Shown>, F: Future<Output = Result<T, String>>>(
     run: impl FnOnce() -> F,
 ) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -572,10 +652,15 @@ pub(crate) fn runtime_and<F: Future<Output = Result<String, String>>>(
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(run()) {
-        Ok(out) => {
+    match runtime.block_on(run()).map(Into::into) {
+        Ok(Shown::Found(out)) => {
             print!("{out}");
             ExitCode::SUCCESS
+        }
+        Ok(Shown::Nothing { out, why }) => {
+            print!("{out}");
+            eprintln!("{why}");
+            ExitCode::from(1)
         }
         Err(error) => {
             eprintln!("error: {error}");

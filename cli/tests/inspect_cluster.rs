@@ -49,12 +49,13 @@ async fn inspect_and_reset_on_a_cluster() {
     for (spent, who) in callers.iter().enumerate() {
         let spent = (spent % 5 + 1) as u64;
         let expected = rows(&[("minute", 5, 5 - spent), ("hour", 100, 100 - spent)]);
-        let json = inspect(config, &every_node, who).await;
+        let json = inspect(config, &every_node, who).await.json();
         assert_eq!(remaining(&json), expected, "{who}");
-        let json = inspect(config, &one_seed, who).await;
+        let json = inspect(config, &one_seed, who).await.json();
         assert_eq!(remaining(&json), expected, "{who}");
     }
-    let described = inspect(config, &one_seed, "alice").await;
+    // a caller that never came: exit 1, saying so
+    let described = inspect(config, &one_seed, "alice").await.json_of_nothing();
     assert_eq!(described["store"], format!("Redis Cluster {}", urls[2]));
 
     let mut reset = vec!["reset", "--config", config];
@@ -69,22 +70,26 @@ async fn inspect_and_reset_on_a_cluster() {
         "{reset:?}"
     );
     assert_eq!(
-        remaining(&inspect(config, &one_seed, "caller-4").await),
+        remaining(
+            &inspect(config, &one_seed, "caller-4")
+                .await
+                .json_of_nothing()
+        ),
         rows(&[("minute", 5, 5), ("hour", 100, 100)])
     );
     assert_eq!(
-        remaining(&inspect(config, &one_seed, "caller-3").await),
+        remaining(&inspect(config, &one_seed, "caller-3").await.json()),
         rows(&[("minute", 5, 1), ("hour", 100, 96)])
     );
 }
 
 /// `inspect --json` of caller `who` through the store arguments `seeds`.
-async fn inspect(config: &str, seeds: &[String], who: &str) -> serde_json::Value {
+async fn inspect(config: &str, seeds: &[String], who: &str) -> Run {
     let header = format!("x-api-key={who}");
     let mut args = vec!["inspect", "--json", "--config", config];
     args.extend(seeds.iter().map(String::as_str));
     args.extend(["--header", &header]);
-    tollgate(&args).await.json()
+    tollgate(&args).await
 }
 
 #[tokio::test]

@@ -56,15 +56,15 @@ async fn inspect_and_reset_on_postgres() {
         async move {
             let mut args = args;
             args.extend(["--header", &header]);
-            tollgate(&args).await.json()
+            tollgate(&args).await
         }
     };
     assert_eq!(
-        remaining(&inspect("alice").await),
+        remaining(&inspect("alice").await.json()),
         rows(&[("minute", 5, 2), ("hour", 100, 97)])
     );
     assert_eq!(
-        remaining(&inspect("bob").await),
+        remaining(&inspect("bob").await.json()),
         rows(&[("minute", 5, 4), ("hour", 100, 99)])
     );
 
@@ -79,12 +79,50 @@ async fn inspect_and_reset_on_postgres() {
             "reset header x-api-key=a… on {url}\n  svc:rl        minute, hour\n  svc:rl:paid   minute\n"
         )
     );
+    // nothing left of alice: inspect says so, and so does a second reset (exit 1 both)
     assert_eq!(
-        remaining(&inspect("alice").await),
+        remaining(&inspect("alice").await.json_of_nothing()),
         rows(&[("minute", 5, 5), ("hour", 100, 100)])
     );
+    let mut again = vec!["reset"];
+    again.extend(base);
+    again.extend(["--header", "x-api-key=alice"]);
+    let again = tollgate(&again).await;
+    assert_eq!(again.code, 1, "{again:?}");
+    assert_eq!(again.stdout, reset.stdout);
     assert_eq!(
-        remaining(&inspect("bob").await),
+        again.stderr,
+        "nothing to reset: the store holds no state of header x-api-key=a… under svc:rl, \
+         svc:rl:paid; a caller that never came, or one named otherwise (check the caller, and \
+         the prefix and tiers of --config)\n"
+    );
+    // a mistyped prefix in the limits file finds nothing of bob, who has spent: exit 1, naming
+    // the prefix it looked under, and bob's quota untouched
+    let (_mistyped_dir, mistyped) =
+        write_config(&TOLLGATE_TOML.replace("prefix = \"svc\"", "prefix = \"svx\""));
+    let mistyped = mistyped.to_str().unwrap();
+    for command in ["inspect", "reset"] {
+        let run = tollgate(&[
+            command,
+            "--store",
+            &url,
+            "--config",
+            mistyped,
+            "--pg-schema",
+            "svc_limits",
+            "--header",
+            "x-api-key=bob",
+        ])
+        .await;
+        assert_eq!(run.code, 1, "{run:?}");
+        assert!(
+            run.stderr.starts_with("nothing ")
+                && run.stderr.contains("header x-api-key=b… under svx:rl"),
+            "{run:?}"
+        );
+    }
+    assert_eq!(
+        remaining(&inspect("bob").await.json()),
         rows(&[("minute", 5, 4), ("hour", 100, 99)])
     );
 

@@ -47,10 +47,10 @@ async fn inspect_shows_what_is_left_and_reset_gives_one_caller_its_quota_back() 
             let args = ["inspect", "--store", &url, "--config", config];
             let mut args = args.to_vec();
             args.extend(["--header", &header, "--json"]);
-            tollgate(&args).await.json()
+            tollgate(&args).await
         }
     };
-    let alice = inspect("alice").await;
+    let alice = inspect("alice").await.json();
     assert_eq!(
         remaining(&alice),
         rows(&[("minute", 5, 2), ("hour", 100, 97)])
@@ -62,9 +62,9 @@ async fn inspect_shows_what_is_left_and_reset_gives_one_caller_its_quota_back() 
     let reset_ms = alice["limits"][0]["reset_ms"].as_u64().unwrap();
     assert!(reset_ms > 0 && reset_ms <= 60_000, "{alice}");
     // peeking spends nothing
-    assert_eq!(remaining(&inspect("alice").await), remaining(&alice));
+    assert_eq!(remaining(&inspect("alice").await.json()), remaining(&alice));
     assert_eq!(
-        remaining(&inspect("bob").await),
+        remaining(&inspect("bob").await.json()),
         rows(&[("minute", 5, 4), ("hour", 100, 99)])
     );
 
@@ -85,13 +85,14 @@ async fn inspect_shows_what_is_left_and_reset_gives_one_caller_its_quota_back() 
             "reset header x-api-key=a… on {url}\n  svc:rl        minute, hour\n  svc:rl:paid   minute\n"
         )
     );
+    // nothing left of alice: exit 1, saying so
     assert_eq!(
-        remaining(&inspect("alice").await),
+        remaining(&inspect("alice").await.json_of_nothing()),
         rows(&[("minute", 5, 5), ("hour", 100, 100)])
     );
     // the other caller is untouched
     assert_eq!(
-        remaining(&inspect("bob").await),
+        remaining(&inspect("bob").await.json()),
         rows(&[("minute", 5, 4), ("hour", 100, 99)])
     );
     // and the service sees the reset
@@ -100,7 +101,7 @@ async fn inspect_shows_what_is_left_and_reset_gives_one_caller_its_quota_back() 
         StatusCode::OK
     );
     assert_eq!(
-        remaining(&inspect("alice").await),
+        remaining(&inspect("alice").await.json()),
         rows(&[("minute", 5, 4), ("hour", 100, 99)])
     );
 }
@@ -135,14 +136,14 @@ async fn a_tier_is_inspected_and_reset_on_its_own() {
         if let Some(tier) = tier {
             args.extend(["--tier", tier]);
         }
-        async move { tollgate(&args).await.json() }
+        async move { tollgate(&args).await }
     };
-    let in_paid = inspect(Some("paid")).await;
+    let in_paid = inspect(Some("paid")).await.json();
     assert_eq!(remaining(&in_paid), rows(&[("minute", 50, 43)]));
     assert_eq!(in_paid["namespace"], "svc:rl:paid");
     assert_eq!(in_paid["tier"], "paid");
     assert_eq!(
-        remaining(&inspect(None).await),
+        remaining(&inspect(None).await.json()),
         rows(&[("minute", 5, 4), ("hour", 100, 99)])
     );
 
@@ -156,11 +157,11 @@ async fn a_tier_is_inspected_and_reset_on_its_own() {
         format!("reset header x-api-key=c… on {url}\n  svc:rl:paid   minute\n")
     );
     assert_eq!(
-        remaining(&inspect(Some("paid")).await),
+        remaining(&inspect(Some("paid")).await.json_of_nothing()),
         rows(&[("minute", 50, 50)])
     );
     assert_eq!(
-        remaining(&inspect(None).await),
+        remaining(&inspect(None).await.json()),
         rows(&[("minute", 5, 4), ("hour", 100, 99)])
     );
 
@@ -229,7 +230,7 @@ async fn a_blocked_caller_shows_blocked_until_reset() {
     let mut reset = vec!["reset"];
     reset.extend(args);
     assert_eq!(tollgate(&reset).await.code, 0);
-    let free = inspect().await.json();
+    let free = inspect().await.json_of_nothing();
     assert_eq!(free["blocked"], false);
     assert_eq!(remaining(&free), rows(&[("strict", 1, 1)]));
     // another address was never touched; the same address on another port is the same caller
@@ -243,7 +244,7 @@ async fn a_blocked_caller_shows_blocked_until_reset() {
         "198.51.100.1",
     ]);
     assert_eq!(
-        remaining(&tollgate(&other).await.json()),
+        remaining(&tollgate(&other).await.json_of_nothing()),
         rows(&[("strict", 1, 1)])
     );
     assert_eq!(call(&layer, &[], Some(peer)).await, StatusCode::OK);
@@ -354,7 +355,7 @@ async fn a_table_named_by_section() {
     let args = ["inspect", "--json", "--store", &url, "--config", path];
     let mut with = args.to_vec();
     with.extend(["--section", "http.limits", "--key-fn", "tenant=42"]);
-    let json = tollgate(&with).await.json();
+    let json = tollgate(&with).await.json_of_nothing();
     assert_eq!(remaining(&json), rows(&[("second", 3, 3)]));
     assert_eq!(json["namespace"], "nested:rl");
     assert_eq!(

@@ -139,8 +139,17 @@ pub(crate) struct Run {
 }
 
 impl Run {
+    /// The output of a run that found what it was asked about (exit 0), as JSON.
     pub(crate) fn json(&self) -> serde_json::Value {
         assert_eq!(self.code, 0, "{self:?}");
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {self:?}"))
+    }
+
+    /// The output of a run that found nothing in the store under what it was asked about
+    /// (exit 1, saying so on stderr), as JSON.
+    pub(crate) fn json_of_nothing(&self) -> serde_json::Value {
+        assert_eq!(self.code, 1, "{self:?}");
+        assert!(self.stderr.starts_with("nothing "), "{self:?}");
         serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {self:?}"))
     }
 }

@@ -18,15 +18,15 @@ use tollgate::store::{BeginRequest, Hold, IdempotencyBegin, PermitAttempt, Permi
 use tollgate::store::{Store, keys};
 use tower::{ServiceBuilder, ServiceExt};
 
-use super::{masked, tollgate};
+use super::{Run, masked, tollgate};
 
 /// A lease whose time left shows as `2h30m` for the first 30 s after it was set.
 const LONG: Duration = Duration::from_millis(9_030_500);
 /// One that shows as `1h15m` as long.
 const MEDIUM: Duration = Duration::from_millis(4_530_500);
 
-/// `tollgate inspect <what…> <store…> --prefix svc [--json]`: its standard output, exit 0.
-async fn inspect(what: &[&str], store: &[String], json: bool) -> String {
+/// `tollgate inspect <what…> <store…> --prefix svc [--json]`.
+async fn run_inspect(what: &[&str], store: &[String], json: bool) -> Run {
     let mut args = vec!["inspect"];
     args.extend(what);
     args.extend(store.iter().map(String::as_str));
@@ -34,9 +34,26 @@ async fn inspect(what: &[&str], store: &[String], json: bool) -> String {
     if json {
         args.push("--json");
     }
-    let run = tollgate(&args).await;
+    tollgate(&args).await
+}
+
+/// `tollgate inspect …` of something in the store: its standard output, exit 0.
+async fn inspect(what: &[&str], store: &[String], json: bool) -> String {
+    let run = run_inspect(what, store, json).await;
     assert_eq!(run.code, 0, "{run:?}");
     assert!(run.stderr.is_empty(), "{run:?}");
+    run.stdout
+}
+
+/// `tollgate inspect …` of something the store holds nothing of: its standard output, exit 1,
+/// and a line on stderr saying what it looked for, under which prefix.
+async fn absent(what: &[&str], store: &[String], json: bool) -> String {
+    let run = run_inspect(what, store, json).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(
+        run.stderr.contains("prefix \"svc\"") && run.stderr.contains("--prefix"),
+        "{run:?}"
+    );
     run.stdout
 }
 
@@ -118,7 +135,7 @@ async fn lock(store: &Arc<dyn Store>, args: &[String], described: &str) {
     let (key, _) = keys::lock("svc", &name).unwrap();
     let locks = Locks::new(Arc::clone(store)).with_prefix("svc").unwrap();
 
-    let never = inspect(&["lock", &name], args, false).await;
+    let never = absent(&["lock", &name], args, false).await;
     assert_eq!(
         never,
         format!(
@@ -198,7 +215,7 @@ async fn permits(store: &Arc<dyn Store>, args: &[String], described: &str) {
         masked(&value)
     );
 
-    let empty = inspect(&what, args, false).await;
+    let empty = absent(&what, args, false).await;
     assert_eq!(empty, format!("{head}in use   0\nwaiting  0\nleases   -\n"));
 
     assert!(matches!(
@@ -241,7 +258,7 @@ async fn permits(store: &Arc<dyn Store>, args: &[String], described: &str) {
     for token in ["a", "b", "c"] {
         store.permit_release(Hold::new(&key, token)).await.unwrap();
     }
-    let released = inspect(&what, args, false).await;
+    let released = absent(&what, args, false).await;
     assert_eq!(
         released,
         format!("{head}in use   0\nwaiting  0\nleases   -\n")
@@ -274,15 +291,16 @@ async fn permits(store: &Arc<dyn Store>, args: &[String], described: &str) {
     running.into_body().collect().await.unwrap();
     let mut ended = String::new();
     for _ in 0..50 {
-        ended = inspect(&what, args, false).await;
-        if ended.contains("in use   0") {
+        let run = run_inspect(&what, args, false).await;
+        ended = run.stdout;
+        if run.code == 1 && ended.contains("in use   0") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(ended, format!("{head}in use   0\nwaiting  0\nleases   -\n"));
 
-    let global = inspect(&["permits", "--global"], args, true).await;
+    let global = absent(&["permits", "--global"], args, true).await;
     let global: Value = serde_json::from_str(&global).unwrap();
     assert_eq!(global["caller"], "global (one key for every request)");
     assert_eq!(global["in_use"], 0);
@@ -381,7 +399,7 @@ async fn records(store: &Arc<dyn Store>, args: &[String], described: &str) {
     // the same key unscoped is another record: absent
     let unscoped_key = keys::idempotency_record("svc", None, &done).unwrap();
     assert_eq!(
-        inspect(&["record", &done], args, false).await,
+        absent(&["record", &done], args, false).await,
         format!(
             "store       {described}\nrecord      {done}\nscope       none (unscoped)\n\
              key         {unscoped_key}\n\nstate       absent\n"
