@@ -40,4 +40,5 @@ mod rate_limit_invalidations;
 mod rate_limit_layer;
 mod rate_limit_lease_fetches;
 mod rate_limit_lease_late;
+mod rate_limit_lease_stacked;
 mod rate_limit_leases;
