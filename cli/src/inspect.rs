@@ -18,6 +18,7 @@ use tollgate::store::{IdempotencyState, LockState, PermitUsage, keys};
 use crate::rate::{
     self, Named, Shown, Who, human, millis, parse_header, parse_ip, parse_pair, runtime_and,
 };
+use crate::secret::{masked_header, masked_pair};
 use crate::store::StoreArgs;
 
 pub(crate) const LONG_ABOUT: &str = "\
@@ -158,8 +159,9 @@ struct PermitArgs {
     common: Common,
 }
 
-/// The concurrency limit's key, as the layer's extractor names it: exactly one.
-#[derive(Debug, Args)]
+/// The concurrency limit's key, as the layer's extractor names it: exactly one. Its `Debug`
+/// masks the value.
+#[derive(Args)]
 #[group(required = true, multiple = false)]
 struct PermitKey {
     /// The key's header, for a layer keyed by `key::Header`: e.g. x-tenant=42.
@@ -176,6 +178,17 @@ struct PermitKey {
     global: bool,
 }
 
+impl std::fmt::Debug for PermitKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PermitKey")
+            .field("header", &masked_header(self.header.as_ref()))
+            .field("peer_ip", &self.peer_ip)
+            .field("key_fn", &masked_pair(self.key_fn.as_ref()))
+            .field("global", &self.global)
+            .finish()
+    }
+}
+
 /// The arguments of `tollgate inspect record`.
 #[derive(Debug, Args)]
 struct RecordArgs {
@@ -190,8 +203,8 @@ struct RecordArgs {
 }
 
 /// The record's scope, as the layer's `scope` extractor names it: none (an `unscoped` layer, or
-/// a request whose scope was not found) or one.
-#[derive(Debug, Args)]
+/// a request whose scope was not found) or one. Its `Debug` masks the value.
+#[derive(Args)]
 #[group(required = false, multiple = false)]
 struct Scope {
     /// The scope's header, for a layer scoped by `key::Header`: e.g. x-api-key=alice.
@@ -203,6 +216,16 @@ struct Scope {
     /// The scope under the service's own extractor `key::from_fn(DOMAIN, …)`.
     #[arg(long, value_name = "DOMAIN=VALUE", value_parser = parse_pair)]
     scope_key_fn: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scope")
+            .field("scope_header", &masked_header(self.scope_header.as_ref()))
+            .field("scope_peer_ip", &self.scope_peer_ip)
+            .field("scope_key_fn", &masked_pair(self.scope_key_fn.as_ref()))
+            .finish()
+    }
 }
 
 /// Runs `tollgate inspect`.

@@ -22,7 +22,7 @@ use tollgate::rate::{Limit, RateOutcome, RatePolicy};
 use tollgate::rate_limit::{RateLimitConfig, RateLimitLayer};
 use tollgate::store::RateStore;
 
-use crate::secret::mask;
+use crate::secret::{mask, masked_header, masked_pair};
 use crate::store::StoreArgs;
 
 pub(crate) const INSPECT_LONG_ABOUT: &str = "\
@@ -103,8 +103,9 @@ pub(crate) struct Target {
     tier: Option<String>,
 }
 
-/// Who the caller is, as the service's key extractor names it: exactly one.
-#[derive(Debug, Args)]
+/// Who the caller is, as the service's key extractor names it: exactly one. Its `Debug` masks
+/// the caller's value, as every output of the command does.
+#[derive(Args)]
 #[group(required = true, multiple = false)]
 pub(crate) struct Caller {
     /// The caller's header, for a service keyed by `key::Header`: e.g. x-api-key=alice.
@@ -118,6 +119,16 @@ pub(crate) struct Caller {
     /// tenant=42.
     #[arg(long, value_name = "DOMAIN=VALUE", value_parser = parse_pair)]
     pub(crate) key_fn: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caller")
+            .field("header", &masked_header(self.header.as_ref()))
+            .field("peer_ip", &self.peer_ip)
+            .field("key_fn", &masked_pair(self.key_fn.as_ref()))
+            .finish()
+    }
 }
 
 /// The arguments of `tollgate inspect`.
@@ -691,6 +702,19 @@ mod tests {
         assert_eq!(human(Duration::from_millis(12_301)), "12.4s");
         assert_eq!(human(Duration::from_secs(245)), "4m05s");
         assert_eq!(human(Duration::from_secs(86_399)), "23h59m");
+    }
+
+    #[test]
+    fn a_callers_debug_masks_its_value() {
+        let caller = Caller {
+            header: Some(parse_header("x-api-key=sk_live_51Hx9secret").unwrap()),
+            peer_ip: None,
+            key_fn: Some(parse_pair("tenant=acme-corp-secret").unwrap()),
+        };
+        let shown = format!("{caller:?}");
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("x-api-key=sk_l…"), "{shown}");
+        assert!(shown.contains("tenant=acme…"), "{shown}");
     }
 
     #[test]

@@ -25,6 +25,24 @@ pub(crate) fn mask(key: &str) -> String {
     format!("{prefix}…")
 }
 
+/// A header that names a caller (`--header`, `--scope-header`), as `Debug` shows it: its name
+/// and its value masked.
+pub(crate) fn masked_header(
+    header: Option<&(http::HeaderName, http::HeaderValue)>,
+) -> Option<String> {
+    header.map(|(name, value)| {
+        format!(
+            "{name}={}",
+            mask(&String::from_utf8_lossy(value.as_bytes()))
+        )
+    })
+}
+
+/// A `DOMAIN=VALUE` that names a caller (`--key-fn`, `--scope-key-fn`), as `Debug` shows it.
+pub(crate) fn masked_pair(pair: Option<&(String, String)>) -> Option<String> {
+    pair.map(|(domain, value)| format!("{domain}={}", mask(value)))
+}
+
 /// `NAME=VALUE` (or `name: value`) with the value masked; all of it masked when it has no
 /// separator.
 fn mask_pair(text: &str) -> String {
