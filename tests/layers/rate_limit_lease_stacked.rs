@@ -31,7 +31,7 @@ enum Outside {
 }
 
 /// One copy's two layers, keyed alike by `x-api-key`, each under a prefix of its own.
-fn layers(store: impl RateStore + Clone, prefix: &str) -> [RateLimitLayer<Header>; 2] {
+fn layers(store: &(impl RateStore + Clone), prefix: &str) -> [RateLimitLayer<Header>; 2] {
     let layer = |limit: Limit, name: &str| {
         RateLimitLayer::builder(store.clone())
             .limit(limit)
@@ -100,10 +100,7 @@ async fn fire(
 async fn stacked_in_both_orders(store: impl RateStore + Clone) {
     for outside in [Outside::Leased, Outside::Plain] {
         let prefix = unique("stacked");
-        let copies = [
-            layers(store.clone(), &prefix),
-            layers(store.clone(), &prefix),
-        ];
+        let copies = [layers(&store, &prefix), layers(&store, &prefix)];
         let caller = unique("caller");
         let fired = futures_util::future::join_all(
             copies.iter().map(|c| fire(c, outside, &caller, PER_COPY)),
