@@ -6,11 +6,10 @@
 
 use std::convert::Infallible;
 
-use futures_util::StreamExt;
 use http::{Request, Response, StatusCode};
-use tower::{Layer, ServiceExt};
+use tower::Layer;
 
-use super::rate_limit_leases::{key_of, left_becomes, unique};
+use super::rate_limit_leases::{key_of, left_becomes, send, unique};
 use crate::common::RedisServer;
 use tollgate::key::Header;
 use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
@@ -67,20 +66,8 @@ async fn fire(
         Outside::Leased => "\"plain\"",
         Outside::Plain => "\"leased\"",
     };
-    let replies: Vec<_> = futures_util::stream::iter(0..n)
-        .map(|_| {
-            let request = Request::get("/")
-                .header("x-api-key", caller)
-                .body(())
-                .unwrap();
-            service.clone().oneshot(request)
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await;
     let (mut admitted, mut by_outer) = (0, 0);
-    for reply in replies {
-        let reply = reply.unwrap();
+    for reply in send(&service, caller, n).await {
         match reply.status() {
             StatusCode::OK => admitted += 1,
             StatusCode::TOO_MANY_REQUESTS => {

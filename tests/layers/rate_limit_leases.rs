@@ -57,11 +57,12 @@ pub(super) struct Tally {
     pub(super) denied: u64,
 }
 
-pub(super) async fn fire(copy: &RateLimitLayer<Header>, caller: &str, n: usize) -> Tally {
-    let service = tower::Layer::layer(
-        copy,
-        tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
-    );
+/// The responses to `n` requests of `caller` through `service`, 32 at a time.
+pub(super) async fn send<S, B>(service: &S, caller: &str, n: usize) -> Vec<Response<B>>
+where
+    S: tower::Service<Request<()>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
     let replies: Vec<_> = futures_util::stream::iter(0..n)
         .map(|_| {
             let request = Request::get("/")
@@ -73,9 +74,16 @@ pub(super) async fn fire(copy: &RateLimitLayer<Header>, caller: &str, n: usize) 
         .buffer_unordered(32)
         .collect()
         .await;
+    replies.into_iter().map(Result::unwrap).collect()
+}
+
+pub(super) async fn fire(copy: &RateLimitLayer<Header>, caller: &str, n: usize) -> Tally {
+    let service = tower::Layer::layer(
+        copy,
+        tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
+    );
     let mut tally = Tally::default();
-    for reply in replies {
-        let reply = reply.unwrap();
+    for reply in send(&service, caller, n).await {
         match reply.status() {
             StatusCode::OK => {
                 tally.admitted += 1;
