@@ -410,12 +410,27 @@ async fn inspect(args: &InspectArgs) -> Result<Shown, String> {
         ),
     };
     let rows = rows(policy, &outcome);
-    let shown = |out: String| match spent(policy, &outcome) {
-        true => Shown::Found(out),
-        false => Shown::Nothing {
-            out,
-            why: nothing_of("nothing spent", &setup.who, &[policy.namespace()]),
-        },
+    let mut why = None;
+    if !spent(policy, &outcome) {
+        let mut text = nothing_of("nothing spent", &setup.who, &[policy.namespace()]);
+        // a caller of a tier, inspected without --tier: name the tiers it has spent under
+        if target.tier.is_none() {
+            let mut in_tiers = Vec::new();
+            for tier in setup.config.tiers.keys() {
+                let outcome = target.bounded(setup.layer.peek_tier(tier, key)).await?;
+                if spent(setup.layer.tier_policy(tier), &outcome) {
+                    in_tiers.push(format!("--tier {tier}"));
+                }
+            }
+            if !in_tiers.is_empty() {
+                let _ = write!(text, "; it has spent under {}", in_tiers.join(", "));
+            }
+        }
+        why = Some(text);
+    }
+    let shown = |out: String| match why {
+        None => Shown::Found(out),
+        Some(why) => Shown::Nothing { out, why },
     };
     if args.json {
         return Ok(shown(inspect_json(

@@ -165,6 +165,29 @@ async fn a_tier_is_inspected_and_reset_on_its_own() {
         rows(&[("minute", 5, 4), ("hour", 100, 99)])
     );
 
+    // a caller who spent only in a tier, inspected without --tier: exit 1, naming the tier
+    for _ in 0..2 {
+        let dave = [("x-api-key", "dave"), ("x-plan", "paid")];
+        assert_eq!(call(&layer, &dave, None).await, StatusCode::OK);
+    }
+    let untiered = tollgate(&[
+        "inspect",
+        "--store",
+        &url,
+        "--config",
+        config,
+        "--header",
+        "x-api-key=dave",
+    ])
+    .await;
+    assert_eq!(untiered.code, 1, "{untiered:?}");
+    assert_eq!(
+        untiered.stderr,
+        "nothing spent: the store holds no state of header x-api-key=d… under svc:rl; a caller \
+         that never came, or one named otherwise (check the caller, and the prefix and tiers of \
+         --config); it has spent under --tier paid\n"
+    );
+
     let mut args = vec!["inspect"];
     args.extend(base);
     args.extend(["--tier", "gold"]);
