@@ -77,6 +77,7 @@ where
     replies.into_iter().map(Result::unwrap).collect()
 }
 
+/// `n` requests of `caller` through `copy`, 32 at a time: what came of them.
 pub(super) async fn fire(copy: &RateLimitLayer<Header>, caller: &str, n: usize) -> Tally {
     let service = tower::Layer::layer(
         copy,
