@@ -230,6 +230,17 @@ impl StoreArgs {
 mod tests {
     use super::*;
 
+    /// The store arguments of a command line `tollgate ARGS…`.
+    fn parse(args: &[&str]) -> StoreArgs {
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            store: StoreArgs,
+        }
+        let line = std::iter::once("tollgate").chain(args.iter().copied());
+        <Line as clap::Parser>::try_parse_from(line).unwrap().store
+    }
+
     #[test]
     fn the_variable_names_one_store_or_a_cluster() {
         assert_eq!(urls_in(" redis://:pw@h:6379/ "), ["redis://:pw@h:6379/"]);
@@ -250,47 +261,30 @@ mod tests {
 
     #[test]
     fn debug_shows_no_password() {
-        #[derive(clap::Parser)]
-        struct Line {
-            #[command(flatten)]
-            store: StoreArgs,
-        }
-        let line = <Line as clap::Parser>::try_parse_from([
-            "tollgate",
+        let store = parse(&[
             "--store",
             "redis://:s3cret@h:6379/",
             "--store",
             "host=db password='s3 cret'",
-        ])
-        .unwrap();
-        let shown = format!("{:?} {:#?}", line.store, line.store);
+        ]);
+        let shown = format!("{store:?} {store:#?}");
         assert!(!shown.contains("s3"), "{shown}");
         assert!(shown.contains("redis://:***@h:6379/"), "{shown}");
     }
 
     #[test]
     fn a_schema_older_than_the_tool_is_named() {
-        #[derive(clap::Parser)]
-        struct Line {
-            #[command(flatten)]
-            store: StoreArgs,
-        }
-        let line = <Line as clap::Parser>::try_parse_from([
-            "tollgate",
-            "--store",
-            "postgres://app@db/app",
-        ])
-        .unwrap();
+        let store = parse(&["--store", "postgres://app@db/app"]);
         let missing =
             "db error: ERROR: function tollgate.reset_rate(text[], bigint) does not exist";
-        let explained = line.store.explain(missing.to_owned());
+        let explained = store.explain(missing.to_owned());
         assert!(explained.starts_with(missing), "{explained}");
         assert!(
             explained.contains("older than this tollgate's"),
             "{explained}"
         );
         let other = "db error: ERROR: permission denied".to_owned();
-        assert_eq!(line.store.explain(other.clone()), other);
+        assert_eq!(store.explain(other.clone()), other);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use tower::{Service, ServiceExt};
 
-use super::rate_limit_leases::{QUOTA, copy, copy_builder, fire, left_becomes, unique};
+use super::rate_limit_leases::{QUOTA, copy, copy_builder, fire, left_becomes, one, unique};
 use crate::common::proxy::Proxy;
 use crate::common::{RedisServer, postgres};
 use tollgate::key::Header;
@@ -168,19 +168,6 @@ async fn pg_through(proxy: &Proxy, timeout: Duration) -> PgStore {
     builder().timeout(timeout).connect().await.unwrap()
 }
 
-/// The status of one request of `caller` through `copy`.
-async fn send(copy: &RateLimitLayer<Header>, caller: &str) -> StatusCode {
-    let service = tower::Layer::layer(
-        copy,
-        tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
-    );
-    let request = Request::get("/")
-        .header("x-api-key", caller)
-        .body(())
-        .unwrap();
-    service.oneshot(request).await.unwrap().status()
-}
-
 /// Three requests checked one by one; the fourth fetches a slice whose reply comes 300 ms late,
 /// past the store's 200 ms timeout: the request is refused (`503`), the store had charged the
 /// slice. The copy resolves it (re-sent, answered as before, then given back): the store counts
@@ -189,7 +176,7 @@ async fn a_lost_reply_leaks_nothing(layer: &RateLimitLayer<Header>, proxy: &Prox
     let caller = unique("lost");
     assert_eq!(fire(layer, &caller, 3).await.admitted, 3);
     proxy.delay_replies(Duration::from_millis(300));
-    assert_eq!(send(layer, &caller).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(one(layer, &caller).await.0, StatusCode::SERVICE_UNAVAILABLE);
     proxy.delay_replies(Duration::ZERO);
     assert_eq!(layer.leases_unspent(), 0, "no slice without its answer");
     // a graceful shutdown waits for the lost slice to be resolved and given back
