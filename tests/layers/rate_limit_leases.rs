@@ -153,7 +153,14 @@ async fn four_copies_admit_at_most_the_quota(copies: [RateLimitLayer<Header>; 4]
         futures_util::future::join_all(copies.iter().map(|c| fire(c, &caller, PER_COPY))).await;
     let admitted: u64 = tallies.iter().map(|t| t.admitted).sum();
     let from_lease: u64 = tallies.iter().map(|t| t.from_lease).sum();
-    // a slice fetched ahead in the background is charged before it is held: it lands
+    // a slice fetched ahead in the background is charged before it is held: wait until it
+    // lands (a loaded machine may take longer than the usual few milliseconds)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut unspent: u64 = copies.iter().map(RateLimitLayer::leases_unspent).sum();
+    while admitted + unspent < QUOTA && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        unspent = copies.iter().map(RateLimitLayer::leases_unspent).sum();
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let unspent: u64 = copies.iter().map(RateLimitLayer::leases_unspent).sum();
     assert!(
