@@ -20,6 +20,7 @@
 //! | permits of a concurrency limit, fencing counter | `<prefix>:cc:{<caller>}`, the same plus `:fence` |
 //! | their queue of waiters, the waiters' places | the permits' key plus `:queue`, `:waiting` |
 //! | release marker of a claim, lock, record or permits | its key plus `:released` |
+//! | a rate-limit layer's limits in force, their history | `<prefix>:rl:{limits}`, the same plus `:history` |
 
 use std::sync::Arc;
 
@@ -77,6 +78,14 @@ pub(crate) fn rate_namespace(prefix: &str) -> String {
     format!("{prefix}:rl")
 }
 
+/// The keys of the limits in force of rate namespace `namespace` and of their history:
+/// `<namespace>:{limits}` and the same plus `:history`, in one slot.
+pub(crate) fn limit_table(namespace: &str) -> (String, String) {
+    let table = format!("{namespace}:{{limits}}");
+    let history = format!("{table}:history");
+    (table, history)
+}
+
 /// Writes the key of limit `limit` under `algorithm` (its tag) in `namespace` for caller `key`
 /// into `out`, in place of what it held (one buffer serves every key of a call):
 /// `<namespace>:{<key>}:<limit>:<algorithm>`.
@@ -99,7 +108,7 @@ pub(crate) fn write_rate(
 
 /// Writes the key of the block of limit `limit` under `algorithm` in `namespace` for caller
 /// `key` into `out`, in place of what it held: the limit's key plus `:block`, in its slot.
-/// PostgreSQL's `check_rate` names its block rows so too (see `schema.sql`).
+/// PostgreSQL's `check_rate` names its block rows so too (see `migrations/0009_base.sql`).
 pub(crate) fn write_rate_block(
     out: &mut String,
     namespace: &str,

@@ -176,7 +176,7 @@
 //!    [`Store`](store::Store), all four plus a health check. A backend implements what it
 //!    serves; [`RedisStore`](store::RedisStore)
 //!    (Lua scripts in `src/store/redis/scripts/`), [`PgStore`] (PL/pgSQL in
-//!    `src/store/postgres/schema.sql`) and [`MemoryStore`](store::MemoryStore) implement all of
+//!    `src/store/postgres/migrations/`) and [`MemoryStore`](store::MemoryStore) implement all of
 //!    them and pass one conformance suite, which ships with the crate (feature `conformance`,
 //!    `tollgate::conformance`) for stores written outside it.
 //! 3. **[`claim`] and [`lock`].** Claims and locks over a [`LockStore`](store::LockStore), and the

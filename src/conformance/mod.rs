@@ -26,6 +26,9 @@
 //!   holder alone extends or gives back its permit; fencing tokens strictly increase per key;
 //!   the same acquisition run twice takes one permit; waiters get the permits that free up in
 //!   arrival order, and a place lapses unless renewed.
+//! - **Limits in force** (optional, [`LimitsStore`](crate::store::LimitsStore)): a table reads
+//!   back as saved; a save names the version it read, so exactly one of concurrent writers
+//!   wins; the history keeps the newest changes.
 //! - **Reads** for operators' tools: a lock's state, a key's permits in use and waiters, an
 //!   idempotency record's state, each read on the store's clock and changing nothing.
 //! - **Invalidations** (optional): a store that offers
@@ -65,6 +68,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub mod idempotency;
+pub mod limits;
 pub mod lock;
 pub mod model;
 pub mod permit;
@@ -206,6 +210,23 @@ macro_rules! permit_store_suite {
             permits_go_to_waiters_in_arrival_order,
             a_lapsed_place_leaves_the_queue,
             permit_usage_reads_permits_and_waiters,
+        );
+    };
+}
+
+/// Expands to the module `limits_store` of one `#[test]` per rule of
+/// [`LimitsStore`](crate::store::LimitsStore), each on a store from `$make`, an expression (it
+/// may `.await`) that gives `(store, guard)`; the store is `Clone`. Not part of
+/// [`store_suite!`](crate::store_suite): a store may keep no limits.
+#[macro_export]
+macro_rules! limits_store_suite {
+    ($make:expr) => {
+        $crate::__conformance_tests!(limits_store, limits, $make;
+            a_table_reads_back_as_saved,
+            a_save_needs_the_version_it_read,
+            exactly_one_of_concurrent_saves_wins,
+            history_keeps_the_newest_changes,
+            namespaces_are_apart,
         );
     };
 }

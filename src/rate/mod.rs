@@ -23,6 +23,7 @@ mod check;
 mod local;
 mod outcome;
 mod policy;
+mod table;
 
 pub(crate) use algorithms::counter_window_left;
 #[cfg(feature = "redis")]
@@ -31,3 +32,4 @@ pub use check::{RateCheck, Settlement};
 pub(crate) use local::{Clock, LocalRates};
 pub use outcome::{LimitState, RateOutcome};
 pub use policy::{Algorithm, Limit, MAX_LOG_QUOTA, RatePolicy, parse_duration};
+pub use table::{LimitTable, StoredTable, TableChange, TableError};

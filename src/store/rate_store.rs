@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Invalidations, StoreFuture};
+use super::{Invalidations, LimitsStore, StoreFuture};
 use crate::key::Key;
 use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 
@@ -56,6 +56,14 @@ pub trait RateStore: fmt::Debug + Send + Sync + 'static {
     fn invalidations(&self) -> Option<Invalidations> {
         None
     }
+
+    /// Where the store keeps each layer's [limits in force](crate::rate::LimitTable), or `None`
+    /// when it keeps none (the default): a layer built with
+    /// [`build_in_store`](crate::rate_limit::RateLimitLayerBuilder::build_in_store) needs one.
+    /// Every store of this crate keeps them.
+    fn limits_store(&self) -> Option<&dyn LimitsStore> {
+        None
+    }
 }
 
 impl<T: RateStore + ?Sized> RateStore for Arc<T> {
@@ -77,5 +85,9 @@ impl<T: RateStore + ?Sized> RateStore for Arc<T> {
 
     fn invalidations(&self) -> Option<Invalidations> {
         (**self).invalidations()
+    }
+
+    fn limits_store(&self) -> Option<&dyn LimitsStore> {
+        (**self).limits_store()
     }
 }

@@ -10,6 +10,7 @@ use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
 use tollgate::store::RateStore;
 
 tollgate::store_suite!((RedisCluster::shared().store().await, ()));
+tollgate::limits_store_suite!((RedisCluster::shared().store().await, ()));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_spread_over_all_masters() {

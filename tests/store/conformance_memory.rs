@@ -2,3 +2,4 @@
 use tollgate::store::MemoryStore;
 
 tollgate::store_suite!((MemoryStore::new(), ()));
+tollgate::limits_store_suite!((MemoryStore::new(), ()));

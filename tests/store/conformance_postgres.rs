@@ -4,3 +4,4 @@
 use crate::common;
 
 tollgate::store_suite!((common::postgres::store().await, ()));
+tollgate::limits_store_suite!((common::postgres::store().await, ()));

@@ -8,3 +8,7 @@ tollgate::store_suite!({
     let server = RedisServer::start();
     (server.store(), server)
 });
+tollgate::limits_store_suite!({
+    let server = RedisServer::start();
+    (server.store(), server)
+});

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 mod idempotency;
+mod limits;
 mod lock;
 mod permit;
 mod rate;
@@ -108,6 +109,8 @@ struct Inner {
     entries: Entries,
     /// Resets and refunds, told to every layer on this store.
     invalidations: Hub,
+    /// Each rate-limit layer's limits in force.
+    tables: limits::Tables,
 }
 
 /// Claims, locks, fencing counters and idempotency records, sharded by hash tag.
@@ -171,6 +174,7 @@ impl MemoryStore {
                 rates: LocalRates::new(clock, capacity),
                 entries: Entries::new(capacity),
                 invalidations: Hub::default(),
+                tables: limits::Tables::default(),
             }),
         }
     }

@@ -8,7 +8,7 @@ use super::{MemoryStore, NOMINAL_TIMEOUT, done, invalidation, ready};
 use crate::key::Key;
 use crate::rate::{LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::{
-    Invalidation, Invalidations, RateStore, StoreError, StoreErrorKind, StoreFuture,
+    Invalidation, Invalidations, LimitsStore, RateStore, StoreError, StoreErrorKind, StoreFuture,
 };
 
 /// The answer to a new caller of a full store: denied for a second, nothing charged.
@@ -71,6 +71,10 @@ impl RateStore for MemoryStore {
     /// any other, at once.
     fn invalidations(&self) -> Option<Invalidations> {
         Some(self.inner.invalidations.subscribe())
+    }
+
+    fn limits_store(&self) -> Option<&dyn LimitsStore> {
+        Some(self)
     }
 }
 

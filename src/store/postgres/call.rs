@@ -10,7 +10,7 @@
 //!   synchronous standby is bounded only by the cancel request the client sends when the
 //!   deadline passes. A cancelled wait leaves the commit in place locally (not yet on the
 //!   standby); a release sent afterwards waits for it and sees it (see `lock_key` in
-//!   `schema.sql`). A cancel request that cannot reach the server (a partition) bounds nothing
+//!   `migrations/0009_base.sql`). A cancel request that cannot reach the server (a partition) bounds nothing
 //!   there: the commit waits for the standby as long as the server lets it, the call has
 //!   failed with a timeout meanwhile, and a release of the key waits behind it.
 

@@ -5,7 +5,7 @@
 //! Every copy migrates at its start, so in a rolling deploy migrations run under load: one that
 //! finds the schema current does no DDL at all (`CREATE INDEX IF NOT EXISTS` alone would hold a
 //! SHARE lock on its table to the commit, stalling every write to it). One that runs DDL locks
-//! the tables in the order every function locks them (see `schema.sql`): none deadlocks.
+//! the tables in the order every function locks them (see `migrations/0009_base.sql`): none deadlocks.
 
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use deadpool_postgres::{GenericClient, Pool, Transaction};
 use sha2::{Digest, Sha256};
 
 use super::call::{pg_error, pool_error};
-use super::sql::{SCHEMA_VERSION, migration, quoted};
+use super::sql::{MIGRATIONS_BASE, SCHEMA_VERSION, migrations, quoted};
 use crate::store::{StoreError, millis};
 
 /// Creates or updates `schema` (checked) within `timeout`.
@@ -121,14 +121,18 @@ async fn apply(
          )"
     ))
     .await?;
-    // every statement is idempotent: the whole file runs, whatever version the schema had
-    tx.batch_execute(&migration(schema, unlogged)).await?;
-    set_rate_persistence(tx, schema, unlogged).await?;
-    tx.execute(
-        &format!("INSERT INTO {s}.migrations (version) VALUES ($1) ON CONFLICT DO NOTHING"),
-        &[&SCHEMA_VERSION],
-    )
-    .await?;
+    let recorded = format!("SELECT max(version) FROM {s}.migrations");
+    let recorded: Option<i32> = tx.query_one(&recorded, &[]).await?.try_get(0)?;
+    let record = format!("INSERT INTO {s}.migrations (version) VALUES ($1) ON CONFLICT DO NOTHING");
+    // the base runs whatever version the schema had (every statement of it is idempotent),
+    // then each later file the schema has not recorded, in order
+    for (version, sql) in migrations(schema, unlogged, recorded) {
+        tx.batch_execute(&sql).await?;
+        if version == MIGRATIONS_BASE {
+            set_rate_persistence(tx, schema, unlogged).await?;
+        }
+        tx.execute(&record, &[&version]).await?;
+    }
     Ok(())
 }
 

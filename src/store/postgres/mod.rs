@@ -1,7 +1,7 @@
 //! [`PgStore`]: the store capabilities on PostgreSQL.
 //!
 //! Every operation is one round trip: one call of a PL/pgSQL function that
-//! [`PgStore::migrate`] installs (`schema.sql` beside this file), in a transaction of its own
+//! [`PgStore::migrate`] installs (the numbered files of `migrations/` beside this file), in a transaction of its own
 //! (`BEGIN`, its `statement_timeout`, the call and `COMMIT`, pipelined). Each function locks the
 //! rows it decides on, then reads the database clock (`clock_timestamp()`, in microseconds) —
 //! so concurrent calls on one key are decided one after the other, each at its own instant, and
@@ -30,6 +30,7 @@ mod call;
 mod clock;
 mod idempotency;
 mod invalidation;
+mod limits;
 mod lock;
 mod migrate;
 mod once;

@@ -12,7 +12,9 @@ use super::{PgStore, Shared, invalidation};
 use crate::key::Key;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::coalesce::{BatchCall, Decided, Sent};
-use crate::store::{Invalidations, RateStore, StoreError, StoreErrorKind, StoreFuture};
+use crate::store::{
+    Invalidations, LimitsStore, RateStore, StoreError, StoreErrorKind, StoreFuture,
+};
 
 /// An id as the database keeps it: the same 64 bits, as a `bigint`.
 fn signed(id: u64) -> i64 {
@@ -74,6 +76,10 @@ impl RateStore for PgStore {
     /// which cannot open a connection of its own.
     fn invalidations(&self) -> Option<Invalidations> {
         self.inner.listening.subscribe()
+    }
+
+    fn limits_store(&self) -> Option<&dyn LimitsStore> {
+        Some(self)
     }
 }
 

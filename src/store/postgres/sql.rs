@@ -1,16 +1,24 @@
-//! The statements of one schema: each operation is one call of a function that `schema.sql`
-//! installs.
+//! The statements of one schema: each operation is one call of a function that the migrations
+//! (`migrations/`) install.
 
 use crate::error::{ConfigError, ConfigErrorKind};
 
 /// The schema unless configured otherwise.
 pub(super) const DEFAULT_SCHEMA: &str = "tollgate";
 
-/// The migration: tables, indexes and functions (see the file's header).
-const SCHEMA_SQL: &str = include_str!("schema.sql");
+/// The migrations, in order, each with the version it brings a schema to: the base (every
+/// version up to 9 in one idempotent file, run first at every migration), then one file per
+/// later version, each run once.
+const MIGRATIONS: &[(i32, &str)] = &[
+    (9, include_str!("migrations/0009_base.sql")),
+    (10, include_str!("migrations/0010_limits.sql")),
+];
 
-/// The version `schema.sql` brings a schema to, recorded in its `migrations` table.
-pub(super) const SCHEMA_VERSION: i32 = 9;
+/// The version of the base, the first migration.
+pub(super) const MIGRATIONS_BASE: i32 = 9;
+
+/// The version the migrations bring a schema to, recorded in its `migrations` table.
+pub(super) const SCHEMA_VERSION: i32 = 10;
 
 /// Checks a schema name: 1 to 63 lowercase ASCII letters, digits and `_`, not starting with a
 /// digit — a name PostgreSQL takes as it is, quoted or not.
@@ -33,11 +41,25 @@ pub(super) fn check_schema(schema: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// The migration for `schema` (checked), its rate tables `UNLOGGED` or not.
-pub(super) fn migration(schema: &str, unlogged: bool) -> String {
-    SCHEMA_SQL
-        .replace("__SCHEMA__", &quoted(schema))
-        .replace("__RATE_TABLES__", if unlogged { "UNLOGGED" } else { "" })
+/// The migrations a schema at version `recorded` (`None`: none recorded) runs, for `schema`
+/// (checked) with its rate tables `UNLOGGED` or not: the base, then each later file it has not
+/// recorded, in order, each with its version.
+pub(super) fn migrations(
+    schema: &str,
+    unlogged: bool,
+    recorded: Option<i32>,
+) -> impl Iterator<Item = (i32, String)> {
+    let s = quoted(schema);
+    MIGRATIONS
+        .iter()
+        .enumerate()
+        .filter(move |(i, (version, _))| *i == 0 || recorded.is_none_or(|r| *version > r))
+        .map(move |(_, (version, sql))| {
+            let sql = sql
+                .replace("__SCHEMA__", &s)
+                .replace("__RATE_TABLES__", if unlogged { "UNLOGGED" } else { "" });
+            (*version, sql)
+        })
 }
 
 /// `"schema"`: a checked name needs no escaping.
@@ -73,6 +95,11 @@ pub(super) struct Sql {
     /// Reads only: idempotency record `$1`.
     pub(super) idem_state: String,
     pub(super) purge_expired: String,
+    /// A table of limits (`$1`): its version and text, both `NULL` when there is none.
+    pub(super) limits_load: String,
+    pub(super) limits_save: String,
+    /// The changes of a table of limits (`$1`), the newest first: four arrays in one row.
+    pub(super) limits_history: String,
     pub(super) ping: String,
     pub(super) now: String,
 }
@@ -133,6 +160,18 @@ impl Sql {
                  LEFT JOIN {s}.idempotency i ON i.key = $1 AND i.expires_at > n.now"
             ),
             purge_expired: format!("SELECT * FROM {s}.purge_expired($1)"),
+            limits_load: format!(
+                "SELECT t.version, t.doc FROM (SELECT 1) o \
+                 LEFT JOIN {s}.limit_tables t ON t.namespace = $1"
+            ),
+            limits_save: format!("SELECT {s}.limits_save($1, $2, $3, $4, $5, $6)"),
+            limits_history: format!(
+                "SELECT coalesce(array_agg(version ORDER BY version DESC), '{{}}'), \
+                 coalesce(array_agg(at_ms ORDER BY version DESC), '{{}}'), \
+                 coalesce(array_agg(note ORDER BY version DESC), '{{}}'), \
+                 coalesce(array_agg(doc ORDER BY version DESC), '{{}}') \
+                 FROM {s}.limit_changes WHERE namespace = $1"
+            ),
             ping: "SELECT 1".to_owned(),
             now: format!("SELECT {s}.now_us()"),
         }
@@ -154,12 +193,30 @@ mod tests {
     }
 
     #[test]
-    fn the_migration_names_the_schema_everywhere() {
-        let sql = migration("app_limits", true);
+    fn the_migrations_name_the_schema_everywhere() {
+        let all = |unlogged, recorded| -> Vec<(i32, String)> {
+            migrations("app_limits", unlogged, recorded).collect()
+        };
+        let fresh = all(true, None);
+        let versions: Vec<i32> = fresh.iter().map(|(v, _)| *v).collect();
+        assert_eq!(versions, [9, 10]);
+        assert_eq!(*versions.last().unwrap_or(&0), SCHEMA_VERSION);
+        let sql: String = fresh.into_iter().map(|(_, sql)| sql).collect();
         assert!(!sql.contains("__SCHEMA__") && !sql.contains("__RATE_TABLES__"));
         assert!(sql.contains("CREATE UNLOGGED TABLE IF NOT EXISTS \"app_limits\".rate_limits"));
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"app_limits\".holds"));
-        let logged = migration("app_limits", false);
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"app_limits\".limit_tables"));
+        let logged: String = all(false, None).into_iter().map(|(_, sql)| sql).collect();
         assert!(!logged.contains("UNLOGGED TABLE"));
+        // the base runs every time; a later file once
+        let versions = |recorded| {
+            all(false, recorded)
+                .iter()
+                .map(|(v, _)| *v)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(versions(Some(3)), [9, 10]);
+        assert_eq!(versions(Some(9)), [9, 10]);
+        assert_eq!(versions(Some(10)), [9]);
     }
 }

@@ -14,6 +14,7 @@ mod connection;
 mod durable;
 mod idempotency;
 mod invalidation;
+mod limits;
 mod lock;
 mod permit;
 mod rate;
@@ -182,6 +183,8 @@ struct Scripts {
     lock_state: Lua,
     permit_usage: Lua,
     idem_state: Lua,
+    limits_save: Lua,
+    limits_load: Lua,
 }
 
 impl Scripts {
@@ -203,6 +206,8 @@ impl Scripts {
             lock_state: lua!("lock_state"),
             permit_usage: lua!("permit_usage"),
             idem_state: lua!("idem_state"),
+            limits_save: lua!("limits_save"),
+            limits_load: lua!("limits_load"),
         }
     }
 }

@@ -13,7 +13,7 @@ use super::{RedisStore, invalidation, redis_call, store_error, unexpired};
 use crate::key::Key;
 use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 use crate::store::span::Command;
-use crate::store::{Invalidations, RateStore, StoreFuture};
+use crate::store::{Invalidations, LimitsStore, RateStore, StoreFuture};
 
 impl RateStore for RedisStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
@@ -66,5 +66,9 @@ impl RateStore for RedisStore {
     /// application handed over, which the store cannot open again.
     fn invalidations(&self) -> Option<Invalidations> {
         self.subscriber.subscribe()
+    }
+
+    fn limits_store(&self) -> Option<&dyn LimitsStore> {
+        Some(self)
     }
 }

@@ -1,10 +1,13 @@
--- tollgate on PostgreSQL, schema version 9: tables, indexes and the functions that are the
--- store's atomic operations. `__SCHEMA__` stands for the configured schema (quoted) and
+-- tollgate on PostgreSQL, the base: schema version 9, tables, indexes and the functions that
+-- are the store's atomic operations. `__SCHEMA__` stands for the configured schema (quoted) and
 -- `__RATE_TABLES__` for `UNLOGGED` or nothing. Every statement is idempotent. PgStore::migrate
 -- first reads the version recorded in `migrations` (locking none of the tables below) and runs
--- this file only when the schema is older, its rate tables are to change persistence, or a
--- function of version 1 is back (a copy of version 1 started since): in one transaction under
--- an advisory lock, so copies may run it at once.
+-- the migrations only when the schema is older than the last numbered file beside this one,
+-- its rate tables are to change persistence, or a function of version 1 is back (a copy of
+-- version 1 started since): in one transaction under an advisory lock, so copies may run them
+-- at once. This file runs first each time (it is every version up to 9 at once, and idempotent);
+-- then each later file the schema has not recorded, in order. This file is no longer changed:
+-- a new version is a new file.
 --
 -- Lock order: every function, the purge and the migration lock tables in this order, so that
 -- no two of them can wait for each other in a cycle:
