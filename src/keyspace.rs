@@ -80,6 +80,7 @@ pub(crate) fn rate_namespace(prefix: &str) -> String {
 
 /// The keys of the limits in force of rate namespace `namespace` and of their history:
 /// `<namespace>:{limits}` and the same plus `:history`, in one slot.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn limit_table(namespace: &str) -> (String, String) {
     let table = format!("{namespace}:{{limits}}");
     let history = format!("{table}:history");

@@ -9,6 +9,7 @@
 //! | [`STORE_ERRORS`] | counter | `operation`, `kind` | failed store calls; `kind` `timeout`, `unavailable`, `protocol` or `config` |
 //! | [`IDEMPOTENCY_REQUESTS`] | counter | `outcome` | keyed requests: `executed` (claimed, the handler ran), `replayed`, `conflict` (another request holds the key), `mismatch` (the key was used with another request), `rejected` (any other refusal: bad key, too large, store down, ...) |
 //! | [`LOCK_ACQUISITIONS`] | counter | `outcome` | lock attempts: `acquired`, `busy` or `error` |
+//! | [`LIMITS_IN_FORCE`] | gauge | `limiter`, `drift` | the version of the [limits in force](crate::rate::LimitTable) a layer built with [`build_in_store`](crate::rate_limit::RateLimitLayerBuilder::build_in_store) decides with; `drift` `true` when the limits the copy was built with differ from the defaults in force |
 //! | [`CONCURRENCY_DECISIONS`] | counter | `limiter`, `outcome`, `source` | concurrency-limit decisions; `limiter` is the layer's key namespace (`<prefix>:cc`), `outcome` `admitted` or `denied`, `source` `store`, `local_fallback` or `store_unavailable` |
 //!
 //! Store operations: `rate_check`, `reset_rate`, `claim`, `lock_acquire`, `lock_extend`,
@@ -30,6 +31,22 @@ pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
 pub const IDEMPOTENCY_REQUESTS: &str = "tollgate_idempotency_requests_total";
 /// Counter: lock acquisition attempts.
 pub const LOCK_ACQUISITIONS: &str = "tollgate_lock_acquisitions_total";
+
+/// Gauge: the version of the limits in force a layer decides with.
+pub const LIMITS_IN_FORCE: &str = "tollgate_limits_in_force_version";
+
+/// Layer `limiter` decides with version `version` of its limits in force; `drift` when the
+/// copy was built with other defaults.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn limits_in_force(limiter: &std::sync::Arc<str>, version: u64, drift: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(
+        LIMITS_IN_FORCE,
+        "limiter" => metrics::SharedString::from(std::sync::Arc::clone(limiter)),
+        "drift" => if drift { "true" } else { "false" },
+    )
+    .set(version as f64);
+}
 
 /// Counter: concurrency-limit decisions.
 pub const CONCURRENCY_DECISIONS: &str = "tollgate_concurrency_decisions_total";

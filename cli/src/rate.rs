@@ -386,12 +386,16 @@ fn spent(policy: &RatePolicy, outcome: &RateOutcome) -> bool {
 
 /// Why nothing was found of `who` under `namespaces` (`lead`: "nothing spent", "nothing to
 /// reset"), and what to check.
-fn nothing_of(lead: &str, who: &Who, namespaces: &[&str]) -> String {
+fn nothing_of(lead: &str, who: &Who, namespaces: &[impl AsRef<str>]) -> String {
     format!(
         "{lead}: the store holds no state of {} under {}; a caller that never came, or one \
          named otherwise (check the caller, and the prefix and tiers of --config)",
         who.label,
-        namespaces.join(", ")
+        namespaces
+            .iter()
+            .map(AsRef::as_ref)
+            .collect::<Vec<_>>()
+            .join(", ")
     )
 }
 
@@ -409,6 +413,7 @@ async fn inspect(args: &InspectArgs) -> Result<Shown, String> {
             target.bounded(setup.layer.peek(key)).await?,
         ),
     };
+    let policy = &*policy;
     let rows = rows(policy, &outcome);
     let mut why = None;
     if !spent(policy, &outcome) {
@@ -418,7 +423,7 @@ async fn inspect(args: &InspectArgs) -> Result<Shown, String> {
             let mut in_tiers = Vec::new();
             for tier in setup.config.tiers.keys() {
                 let outcome = target.bounded(setup.layer.peek_tier(tier, key)).await?;
-                if spent(setup.layer.tier_policy(tier), &outcome) {
+                if spent(&setup.layer.tier_policy(tier), &outcome) {
                     in_tiers.push(format!("--tier {tier}"));
                 }
             }
@@ -558,14 +563,15 @@ async fn reset(args: &ResetArgs) -> Result<Shown, String> {
     };
     if target.tier.is_none() {
         let outcome = target.bounded(setup.layer.peek(key)).await?;
-        anything |= spent(setup.layer.policy(), &outcome);
-        namespaces.push(setup.layer.policy().namespace());
+        let policy = setup.layer.policy();
+        anything |= spent(&policy, &outcome);
+        namespaces.push(policy.namespace().to_owned());
     }
     for tier in tiers {
         let outcome = target.bounded(setup.layer.peek_tier(tier, key)).await?;
         let policy = setup.layer.tier_policy(tier);
-        anything |= spent(policy, &outcome);
-        namespaces.push(policy.namespace());
+        anything |= spent(&policy, &outcome);
+        namespaces.push(policy.namespace().to_owned());
     }
     // (namespace, limits) of each policy reset
     let mut done: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -579,15 +585,15 @@ async fn reset(args: &ResetArgs) -> Result<Shown, String> {
     };
     match &target.tier {
         Some(tier) => {
-            let policy = Arc::new(setup.layer.tier_policy(tier).clone());
+            let policy = setup.layer.tier_policy(tier);
             target.bounded(setup.store.reset_rate(&policy, key)).await?;
             record(&policy);
         }
         None => {
             target.bounded(setup.layer.reset(key)).await?;
-            record(setup.layer.policy());
+            record(&setup.layer.policy());
             for tier in setup.config.tiers.keys() {
-                record(setup.layer.tier_policy(tier));
+                record(&setup.layer.tier_policy(tier));
             }
         }
     }

@@ -39,7 +39,6 @@ impl Key {
 
     /// The key whose [`write_encoded`](Self::write_encoded) form is `text`; `None` for any
     /// other text (wrong length, another alphabet, stray bits).
-    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     pub(crate) fn from_encoded(text: &str) -> Option<Self> {
         let text = text.as_bytes();
         if text.len() != 22 {

@@ -74,11 +74,23 @@ impl LimitTable {
             .map(Vec::as_slice)
     }
 
-    /// Replaces the defaults with those of revision `revision`, keeping every override and
-    /// replacement.
+    /// Takes `other`'s defaults and their revision, keeping every override and replacement.
     pub fn adopt_defaults(&mut self, other: &LimitTable) {
         self.revision = other.revision;
         self.defaults.clone_from(&other.defaults);
+    }
+
+    /// Adds the defaults of each tier of `other` that this table has none of (a tier new in
+    /// the code); whether it added any.
+    pub fn add_missing_defaults(&mut self, other: &LimitTable) -> bool {
+        let mut added = false;
+        for (tier, limits) in &other.defaults {
+            if !self.defaults.contains_key(tier) {
+                self.defaults.insert(tier.clone(), limits.clone());
+                added = true;
+            }
+        }
+        added
     }
 
     /// Whether the defaults equal `other`'s (its revision aside).

@@ -5,9 +5,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
+use arc_swap::{ArcSwap, Guard};
 use tokio::time::Instant;
 
 use super::deny_cache::DenyCache;
+use super::in_store::InStore;
 use super::invalidated::{Invalidated, Listener};
 use super::lease::{LeaseFuture, Take};
 use super::source::DecisionSource;
@@ -25,8 +27,11 @@ use crate::store::{RateStore, StoreError, StoreFuture};
 /// names its source.
 pub(crate) struct RateClient {
     pub(crate) store: Arc<dyn RateStore>,
-    /// The policies a request is checked against, one per request.
-    pub(crate) tiers: Tiers,
+    /// The policies a request is checked against, one per request: replaced whole when the
+    /// limits in force change.
+    pub(crate) tiers: ArcSwap<Tiers>,
+    /// The limits in force, for a layer built with them in the store.
+    pub(crate) in_store: Option<InStore>,
     /// Denials by the store, of every tier (a cached denial answers for its own tier only);
     /// `None` when off.
     pub(crate) deny_cache: Option<DenyCache>,
@@ -41,6 +46,7 @@ pub(crate) struct RateClient {
 debug_fields!(RateClient {
     store,
     tiers,
+    in_store,
     on_store_error
 });
 
@@ -62,12 +68,25 @@ impl RateClient {
     ) -> Self {
         Self {
             store,
-            tiers,
+            tiers: ArcSwap::from_pointee(tiers),
+            in_store: None,
             deny_cache: deny_cache.then(DenyCache::default),
             listener: Listener::default(),
             on_store_error,
             last_warning: OncePerSecond::new(),
         }
+    }
+
+    /// Follows the limits in force that the store keeps, made of `in_store`'s recipe (see
+    /// [`start_in_store`](Self::start_in_store)).
+    pub(crate) fn with_limits_in_store(mut self, in_store: InStore) -> Self {
+        self.in_store = Some(in_store);
+        self
+    }
+
+    /// The tiers in force.
+    pub(crate) fn tiers(&self) -> Guard<Arc<Tiers>> {
+        self.tiers.load()
     }
 
     /// Decides `check` under `tier`: a slice of the caller's with room admits it, then a denial
@@ -121,7 +140,7 @@ impl RateClient {
         if let Some(cache) = &self.deny_cache {
             cache.forget(key);
         }
-        for tier in self.tiers.all() {
+        for tier in self.tiers().all() {
             // the caller's slices were charged before the reset, which erases them: given back,
             // they would refund nothing
             if let Some(leases) = &tier.leases {
@@ -139,7 +158,7 @@ impl RateClient {
     /// Gives back what this copy holds unspent of its leased slices, and waits for the store's
     /// answers.
     pub(crate) async fn give_back_leases(&self) {
-        for tier in self.tiers.all() {
+        for tier in self.tiers().all() {
             if let Some(leases) = &tier.leases {
                 let given = leases.give_back_all().await;
                 // a denial this copy cached of those callers is stale now (the settlements are
@@ -153,7 +172,7 @@ impl RateClient {
 
     /// What this copy holds unspent of its leased slices, over every caller and tier.
     pub(crate) fn leases_unspent(&self) -> u64 {
-        self.tiers
+        self.tiers()
             .all()
             .iter()
             .filter_map(|tier| tier.leases.as_ref())
@@ -169,7 +188,7 @@ impl Invalidated for RateClient {
     /// [quiet](crate::rate::RateCheck::quiet) and leased tiers settle nothing else — its slices,
     /// given back (the store refunds nothing of a charge the reset erased).
     fn caller(&self, namespace: &str, key: Key) {
-        let tiers = self.tiers.all();
+        let tiers = self.tiers().all();
         let ours = tiers.iter().filter(|t| t.policy.namespace() == namespace);
         let mut known = false;
         for tier in ours {

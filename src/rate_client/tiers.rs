@@ -16,6 +16,7 @@ use super::fallback::Fallback;
 use super::lease::Leases;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::headers::{self, QuotaUnit};
+use crate::key::Key;
 use crate::on_error::OnStoreError;
 use crate::pace::OncePerSecond;
 use crate::rate::{Algorithm, Limit, RatePolicy};
@@ -142,6 +143,8 @@ pub(crate) struct Tiers {
     unknown_warning: OncePerSecond,
     /// Limits of a request's own, from the application's data.
     dynamic: Option<Dynamic>,
+    /// Callers' overrides from the limits in force, each a tier under the layer's own names.
+    callers: HashMap<Key, Arc<Tier>>,
 }
 
 /// Per-request limits: the closure that gives them, and the tiers built of them so far, by
@@ -215,7 +218,14 @@ impl Tiers {
             select,
             unknown_warning: OncePerSecond::new(),
             dynamic: None,
+            callers: HashMap::new(),
         })
+    }
+
+    /// Gives each caller of `callers` its tier, before any other.
+    pub(crate) fn with_callers(mut self, callers: HashMap<Key, Arc<Tier>>) -> Self {
+        self.callers = callers;
+        self
     }
 
     /// Gives requests limits of their own where `limits_by` finds some, built as `options`
@@ -235,8 +245,8 @@ impl Tiers {
         &self.default
     }
 
-    /// Every tier, the layer's own first, then the named ones and those built of per-request
-    /// limits so far.
+    /// Every tier, the layer's own first, then the named ones, those built of per-request
+    /// limits so far and those of callers' overrides.
     pub(crate) fn all(&self) -> Vec<Arc<Tier>> {
         let mut all: Vec<_> = std::iter::once(&self.default)
             .chain(self.named.iter())
@@ -246,7 +256,18 @@ impl Tiers {
             let built = dynamic.built.lock().unwrap_or_else(PoisonError::into_inner);
             all.extend(built.values().cloned());
         }
+        for tier in self.callers.values() {
+            if !all.iter().any(|known| Arc::ptr_eq(known, tier)) {
+                all.push(Arc::clone(tier));
+            }
+        }
         all
+    }
+
+    /// Caller `key`'s tier when nothing else is known of its requests: its override in the
+    /// limits in force, else the layer's own.
+    pub(crate) fn for_caller(&self, key: Key) -> Arc<Tier> {
+        Arc::clone(self.callers.get(&key).unwrap_or(&self.default))
     }
 
     /// The tier called `name`, or the layer's own when there is none of that name.
@@ -260,9 +281,13 @@ impl Tiers {
             .find(|tier| tier.name.as_deref() == Some(name))
     }
 
-    /// The tier of the request with head `parts`: its own limits, where the layer's
-    /// `limits_by` gives some; else the tier its closure names.
-    pub(crate) fn for_request(&self, parts: &Parts) -> Arc<Tier> {
+    /// The tier of the request with head `parts` and caller `key`: the caller's override in
+    /// the limits in force, if it has one; else its own limits, where the layer's `limits_by`
+    /// gives some; else the tier its closure names.
+    pub(crate) fn for_request(&self, parts: &Parts, key: Option<Key>) -> Arc<Tier> {
+        if let Some(tier) = key.and_then(|key| self.callers.get(&key)) {
+            return Arc::clone(tier);
+        }
         let own = self.dynamic.as_ref().and_then(|dynamic| {
             let limits = (dynamic.limits_by)(parts)?;
             dynamic.tier(limits)

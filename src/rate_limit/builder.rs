@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::request::Parts;
 
@@ -47,6 +48,9 @@ impl RateLimitLayer {
                 deny_cache: true,
                 fallback_capacity: FALLBACK_CAPACITY,
                 fallback_admits_when_full: false,
+                in_store: false,
+                limits_revision: 0,
+                limits_refresh: DEFAULT_LIMITS_REFRESH,
             },
             extractor: Global,
         }
@@ -81,7 +85,15 @@ struct Draft {
     deny_cache: bool,
     fallback_capacity: usize,
     fallback_admits_when_full: bool,
+    /// Whether the limits in force are the store's (`build_in_store`).
+    in_store: bool,
+    limits_revision: u64,
+    limits_refresh: Duration,
 }
+
+/// How often a layer built with [`build_in_store`](RateLimitLayerBuilder::build_in_store) reads
+/// its limits in force again, unless told otherwise.
+pub const DEFAULT_LIMITS_REFRESH: Duration = Duration::from_secs(1);
 
 impl<K: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -212,7 +224,10 @@ impl<K> RateLimitLayerBuilder<K> {
     /// The limits live under the layer's own store keys, by name: a caller whose plan raises a
     /// limit keeps what it has spent of it. The closure runs on every request, so it reads
     /// data the application keeps at hand (loaded at start-up and refreshed, or a cache): a
-    /// plan read from a table is read-only configuration, the same on every copy.
+    /// plan read from a table is read-only configuration, the same on every copy. Plans that
+    /// change while the service runs belong in the store instead, where every copy reads the
+    /// same: [`build_in_store`](Self::build_in_store) and
+    /// [`StoreLimits::set_caller`](super::StoreLimits::set_caller).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -248,6 +263,26 @@ impl<K> RateLimitLayerBuilder<K> {
         limits: impl Fn(&Parts) -> Option<Vec<Limit>> + Send + Sync + 'static,
     ) -> Self {
         self.draft.limits_by = Some(Arc::new(limits));
+        self
+    }
+
+    /// The revision of the limits this builder sets, for a layer built with
+    /// [`build_in_store`](Self::build_in_store) (default 0): a copy whose revision is higher
+    /// than the one that wrote the defaults in force makes its own the defaults, for every
+    /// copy; one whose revision is the same or lower decides with the store's. Raise it with
+    /// each change of the limits in the code that should replace those in force; a roll-back
+    /// to an earlier revision leaves the newer defaults in force.
+    pub fn limits_revision(mut self, revision: u64) -> Self {
+        self.draft.limits_revision = revision;
+        self
+    }
+
+    /// How often a layer built with [`build_in_store`](Self::build_in_store) reads its limits
+    /// in force again (default [`DEFAULT_LIMITS_REFRESH`], at least 10 ms): a change made
+    /// through another copy or the command-line tool is in force on this one within it, plus a
+    /// round trip.
+    pub fn limits_refresh(mut self, every: Duration) -> Self {
+        self.draft.limits_refresh = every.max(Duration::from_millis(10));
         self
     }
 }

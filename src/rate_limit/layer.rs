@@ -6,6 +6,7 @@ use std::sync::Arc;
 use http::request::Parts;
 use tower_layer::Layer;
 
+use super::limits::StoreLimits;
 use super::service::RateLimit;
 use super::settings::Settings;
 use crate::key::{Global, Key, KeyExtractor};
@@ -48,15 +49,26 @@ impl<K> Clone for RateLimitLayer<K> {
 debug_fields!(RateLimitLayer<K> { settings, extractor });
 
 impl<K> RateLimitLayer<K> {
-    /// The limits this layer checks (its own: those of the default tier).
-    pub fn policy(&self) -> &RatePolicy {
-        &self.settings.client.tiers.default_tier().policy
+    /// The limits this layer checks (its own: those of the default tier), as in force on this
+    /// copy now.
+    pub fn policy(&self) -> Arc<RatePolicy> {
+        Arc::clone(&self.settings.client.tiers().default_tier().policy)
     }
 
     /// The limits of tier `name` (see [`RateLimitLayerBuilder::tier`](super::RateLimitLayerBuilder::tier)), or the layer's own when
     /// it has no tier of that name — as for a request.
-    pub fn tier_policy(&self, name: &str) -> &RatePolicy {
-        &self.settings.client.tiers.named(name).policy
+    pub fn tier_policy(&self, name: &str) -> Arc<RatePolicy> {
+        Arc::clone(&self.settings.client.tiers().named(name).policy)
+    }
+
+    /// The layer's limits in force as the store keeps them, to read and change — `None` for a
+    /// layer not built with [`build_in_store`](super::RateLimitLayerBuilder::build_in_store).
+    pub fn limits(&self) -> Option<StoreLimits> {
+        self.settings
+            .client
+            .in_store
+            .is_some()
+            .then(|| StoreLimits::new(Arc::clone(&self.settings.client)))
     }
 
     /// The key a request with head `parts` counts against, as the layer finds it; `None` when
@@ -69,7 +81,8 @@ impl<K> RateLimitLayer<K> {
         self.extractor.extract(parts)
     }
 
-    /// Caller `key`'s state of each of the layer's own limits, without spending any: a check of
+    /// Caller `key`'s state of each of the layer's own limits (of its own, where the
+    /// [limits in force](Self::limits) give it some), without spending any: a check of
     /// cost 0 in the store (`admitted` says whether no limit is over its quota). Bounded by the
     /// store's timeout, as every check. Under tiers, [`peek_tier`](Self::peek_tier) names the
     /// tier and [`peek_request`](Self::peek_request) lets the layer choose it as for a request.
@@ -97,7 +110,8 @@ impl<K> RateLimitLayer<K> {
     /// ```
     pub async fn peek(&self, key: Key) -> Result<RateOutcome, StoreError> {
         let client = &self.settings.client;
-        client.peek(client.tiers.default_tier(), key).await
+        let tier = client.tiers().for_caller(key);
+        client.peek(&tier, key).await
     }
 
     /// [`peek`](Self::peek) at the caller of a request with head `parts`, under the limits the
@@ -112,7 +126,7 @@ impl<K> RateLimitLayer<K> {
             return Ok(None);
         };
         let client = &self.settings.client;
-        let tier = client.tiers.for_request(parts);
+        let tier = client.tiers().for_request(parts, Some(key));
         client.peek(&tier, key).await.map(Some)
     }
 
@@ -120,7 +134,8 @@ impl<K> RateLimitLayer<K> {
     /// when it has no tier of that name, as for a request).
     pub async fn peek_tier(&self, name: &str, key: Key) -> Result<RateOutcome, StoreError> {
         let client = &self.settings.client;
-        client.peek(client.tiers.named(name), key).await
+        let tier = Arc::clone(client.tiers().named(name));
+        client.peek(&tier, key).await
     }
 
     /// Forgets what caller `key` has spent of this layer's limits — of every tier, and of the

@@ -88,6 +88,7 @@ mod config;
 mod decision;
 mod future;
 mod layer;
+mod limits;
 mod rejection;
 mod service;
 mod settings;
@@ -97,14 +98,15 @@ mod tests;
 pub use crate::headers::QuotaUnit;
 pub use crate::key::MissingKey;
 pub use crate::on_error::OnStoreError;
-pub use crate::rate_client::DecisionSource;
+pub use crate::rate_client::{Changed, DecisionSource, LimitsError};
 pub use body::ResponseBody;
-pub use builder::RateLimitLayerBuilder;
+pub use builder::{DEFAULT_LIMITS_REFRESH, RateLimitLayerBuilder};
 #[cfg(feature = "serde")]
 pub use config::RateLimitConfig;
 pub use decision::{RateLimitDecision, RateLimitDecisions};
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
+pub use limits::StoreLimits;
 pub use service::RateLimit;
 
 pub use crate::rate::{Algorithm, Limit, LimitState, MAX_LOG_QUOTA};

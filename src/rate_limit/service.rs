@@ -44,7 +44,7 @@ where
         let wire = Wire::of(&parts.headers);
         let key = self.key.extract(&parts);
         let cost = settings.cost_of(&parts);
-        let tier = settings.client.tiers.for_request(&parts);
+        let tier = settings.client.tiers().for_request(&parts, key);
         let request = Request::from_parts(parts, body);
 
         let Some(key) = key else {

@@ -93,6 +93,7 @@ pub(crate) fn change_record(table_text: &str, version: u64, at_ms: u64, note: &s
 }
 
 /// Reads a change that [`change_record`] (or a store's script, alike) wrote.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn read_change(record: &str) -> Result<TableChange, super::StoreError> {
     let bad = |what: &str| {
         super::StoreError::new(

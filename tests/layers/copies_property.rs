@@ -284,7 +284,7 @@ impl Run {
     /// What the store counts as spent of `caller`'s quota, asked past the copies' wires.
     async fn charged(&self, caller: usize) -> u64 {
         let key = key_of(&self.copies[0], CALLERS[caller]);
-        let policy = Arc::new(self.copies[0].policy().clone());
+        let policy = self.copies[0].policy();
         let look = self.wires[0]
             .store
             .check_rate(&policy, RateCheck::new(key, 0));

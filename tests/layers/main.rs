@@ -34,6 +34,7 @@ mod hostile_tenants;
 mod hyper;
 mod idempotency;
 mod in_transaction;
+mod limits_in_store;
 mod planted_state;
 mod rate_limit_frameworks;
 mod rate_limit_invalidations;

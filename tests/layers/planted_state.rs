@@ -201,7 +201,7 @@ fn rate_layer<S: RateStore>(store: S, algorithm: Algorithm) -> RateLimitLayer<He
 impl Keys {
     fn of(algorithm: Algorithm) -> Self {
         let caller = Header::from_static(CALLER).key(b"planted");
-        let policy = rate_layer(MemoryStore::new(), algorithm).policy().clone();
+        let policy = rate_layer(MemoryStore::new(), algorithm).policy();
         Self {
             rate: policy.reset_keys(&caller),
             permits: keys::permits(keys::DEFAULT_PREFIX, &caller).unwrap(),

@@ -7,7 +7,7 @@ use crate::error::{ConfigError, ConfigErrorKind};
 use crate::headers::QuotaUnit;
 use crate::key::KeyExtractor;
 use crate::keyspace;
-use crate::rate_client::{RateClient, Tier, TierOptions, Tiers};
+use crate::rate_client::{InStore, RateClient, Recipe, TierOptions};
 use crate::rate_limit::RateLimitLayer;
 use crate::rate_limit::settings::{Settings, Settle};
 
@@ -22,15 +22,83 @@ impl<K> RateLimitLayerBuilder<K> {
         self.validated().map_err(|e| e.within(&layer))
     }
 
+    /// Builds the layer with its limits kept in the store, shared by every copy: the limits
+    /// this builder sets are the defaults, and the store's table of the layer's namespace
+    /// decides what is in force (see [`LimitTable`](crate::rate::LimitTable) and
+    /// `docs/limits.md`). Reads the table first: seeds it with these limits when the store
+    /// has none; replaces its defaults when [`limits_revision`](Self::limits_revision) is
+    /// higher than the revision that wrote them; else decides with the store's (and logs,
+    /// once, when they differ from these). Then reads it again every
+    /// [`limits_refresh`](Self::limits_refresh). Changes go through
+    /// [`RateLimitLayer::limits`].
+    ///
+    /// A store that cannot be read at the start does not fail the build: the layer decides with
+    /// these limits until a read succeeds (logged).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use tollgate::rate_limit::{Limit, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let store = MemoryStore::new();
+    /// let first = RateLimitLayer::builder(store.clone())
+    ///     .limit(Limit::per_minute("api", 100))
+    ///     .build_in_store()
+    ///     .await
+    ///     .unwrap();
+    /// // a copy built with other limits decides with those in force
+    /// let second = RateLimitLayer::builder(store.clone())
+    ///     .limit(Limit::per_minute("api", 200))
+    ///     .build_in_store()
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(second.policy().limits()[0].quota(), 100);
+    /// // unless its revision is higher
+    /// let third = RateLimitLayer::builder(store)
+    ///     .limit(Limit::per_minute("api", 300))
+    ///     .limits_revision(1)
+    ///     .build_in_store()
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(third.policy().limits()[0].quota(), 300);
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build); and a [`ConfigError`] of kind
+    /// [`Store`](ConfigErrorKind::Store) when the store keeps no limits
+    /// ([`RateStore::limits_store`](crate::store::RateStore::limits_store)).
+    pub async fn build_in_store(mut self) -> Result<RateLimitLayer<K>, ConfigError>
+    where
+        K: KeyExtractor,
+    {
+        if self.draft.store.limits_store().is_none() {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Store,
+                "this store keeps no limits: build_in_store needs one that does",
+            ));
+        }
+        self.draft.in_store = true;
+        let layer = self.build()?;
+        layer.settings.client.start_in_store().await;
+        Ok(layer)
+    }
+
     fn validated(self) -> Result<RateLimitLayer<K>, ConfigError>
     where
         K: KeyExtractor,
     {
         let mut draft = self.draft;
-        let tiers = draft.tiers()?;
+        let recipe = draft.recipe()?;
+        let tiers = recipe.tiers(None)?;
         // shadow mode reaches the store with every request
         let deny_cache = draft.deny_cache && !draft.shadow;
-        let client = RateClient::new(draft.store, tiers, deny_cache, draft.on_store_error);
+        let mut client = RateClient::new(draft.store, tiers, deny_cache, draft.on_store_error);
+        if draft.in_store {
+            let in_store = InStore::new(recipe, draft.limits_revision, draft.limits_refresh);
+            client = client.with_limits_in_store(in_store);
+        }
         Ok(RateLimitLayer {
             settings: Arc::new(Settings {
                 client: Arc::new(client),
@@ -54,9 +122,9 @@ impl<K> RateLimitLayerBuilder<K> {
 }
 
 impl Draft {
-    /// The layer's tiers: its own limits, the named tiers, and the per-request limits, each
-    /// checked.
-    fn tiers(&mut self) -> Result<Tiers, ConfigError> {
+    /// What the layer's tiers are made of: its own limits, the named tiers, and the
+    /// per-request limits, each checked.
+    fn recipe(&mut self) -> Result<Recipe, ConfigError> {
         // checked as written: the namespace adds `:rl`, which the user never wrote
         keyspace::check_prefix(&self.prefix)?;
         let options = TierOptions {
@@ -71,11 +139,8 @@ impl Draft {
             store: Arc::clone(&self.store),
             settles: self.settle.is_some(),
         };
-        let own = Tier::new(None, std::mem::take(&mut self.limits), &options)?;
-        let named = std::mem::take(&mut self.tiers)
-            .into_iter()
-            .map(|(name, limits)| Tier::new(Some(name), limits, &options))
-            .collect::<Result<Vec<_>, _>>()?;
+        let own = std::mem::take(&mut self.limits);
+        let named = std::mem::take(&mut self.tiers);
         if matches!(self.settle, Some(Settle::BodyBytes)) && self.cost.is_none() {
             return Err(ConfigError::new(
                 ConfigErrorKind::Limit,
@@ -88,10 +153,12 @@ impl Draft {
                 "tier_by needs named tiers to choose among",
             ));
         }
-        let tiers = Tiers::new(own, named, self.tier_by.take())?;
-        Ok(match self.limits_by.take() {
-            Some(limits_by) => tiers.with_limits_by(limits_by, options),
-            None => tiers,
+        Ok(Recipe {
+            own,
+            named,
+            select: self.tier_by.take(),
+            limits_by: self.limits_by.take(),
+            options,
         })
     }
 }

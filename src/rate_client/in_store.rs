@@ -1,0 +1,367 @@
+//! The limits in force, kept in the store: how a client reads them at its start, follows their
+//! changes, and changes them.
+//!
+//! A copy decides with one [`StoredTable`] at a time, held with the tiers built of it. It reads
+//! the store's at its start — seeding it with the code's limits when there is none, replacing
+//! the defaults when its code's revision is higher — and again every `refresh`; a change made
+//! through it is in force on it at once. A table is installed only when newer than the one held,
+//! so a slow read never takes a copy back.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use super::client::RateClient;
+use super::recipe::{Recipe, unknown_tier};
+use crate::error::ConfigError;
+use crate::metrics;
+use crate::pace::OncePerSecond;
+use crate::rate::{LimitTable, StoredTable, TableChange};
+use crate::store::{LimitsStore, Saved, StoreError, StoreErrorKind};
+
+/// How many times a change reads the table again when another change was saved between its
+/// read and its save.
+const CHANGE_TRIES: usize = 8;
+
+/// What a client keeps of its limits in force.
+pub(crate) struct InStore {
+    pub(crate) recipe: Recipe,
+    /// The revision of the code's limits (see [`LimitTable::revision`]).
+    pub(crate) revision: u64,
+    /// How often the table is read again.
+    pub(crate) refresh: Duration,
+    /// The table in force on this copy; version 0 until one was read.
+    held: Mutex<StoredTable>,
+    /// Failures to read the table are logged at warn at most once a second.
+    read_warning: OncePerSecond,
+}
+
+debug_fields!(InStore {
+    recipe,
+    revision,
+    refresh
+});
+
+impl InStore {
+    pub(crate) fn new(recipe: Recipe, revision: u64, refresh: Duration) -> Self {
+        let held = StoredTable {
+            version: 0,
+            table: recipe.defaults(revision),
+        };
+        Self {
+            recipe,
+            revision,
+            refresh,
+            held: Mutex::new(held),
+            read_warning: OncePerSecond::new(),
+        }
+    }
+
+    fn held(&self) -> StoredTable {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// What a change of the limits in force did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Changed {
+    /// It was saved as this version, in force on this copy at once and on every other within
+    /// its refresh.
+    Saved(u64),
+    /// Nothing: the limits in force (this version) already were so.
+    Unchanged(u64),
+}
+
+impl Changed {
+    /// The version in force after the change.
+    pub fn version(self) -> u64 {
+        match self {
+            Self::Saved(version) | Self::Unchanged(version) => version,
+        }
+    }
+}
+
+/// Why the limits in force could not be changed or read; the limits in force are unchanged.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LimitsError {
+    /// The change is refused: a quota of zero, a window the backend cannot keep, a tier the
+    /// layer does not have, a caller the table has no override for.
+    Invalid(ConfigError),
+    /// The store failed; a save that timed out may still have been made (read the limits
+    /// again: a change made twice is [`Changed::Unchanged`] the second time).
+    Store(StoreError),
+    /// Other changes were saved between every read and save of this one.
+    Contended,
+}
+
+impl fmt::Display for LimitsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Invalid(e) => write!(f, "refused: {e}"),
+            Self::Store(e) => write!(f, "the store failed: {e}"),
+            Self::Contended => f.write_str("other changes kept being saved first: try again"),
+        }
+    }
+}
+
+impl std::error::Error for LimitsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Invalid(e) => Some(e),
+            Self::Store(e) => Some(e),
+            Self::Contended => None,
+        }
+    }
+}
+
+impl From<StoreError> for LimitsError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+impl RateClient {
+    fn in_store(&self) -> Option<&InStore> {
+        self.in_store.as_ref()
+    }
+
+    fn table_store(&self) -> Result<&dyn LimitsStore, StoreError> {
+        self.store
+            .limits_store()
+            .ok_or_else(|| StoreError::new(StoreErrorKind::Config, "this store keeps no limits"))
+    }
+
+    /// The namespace the layer's table is kept under: its own tier's.
+    fn namespace(&self) -> &str {
+        self.in_store
+            .as_ref()
+            .map_or("", |in_store| &in_store.recipe.options.namespace)
+    }
+
+    /// Reads the limits in force and makes them this copy's: seeds the store with the code's
+    /// limits when it has none, makes the code's defaults the table's when its revision is
+    /// higher, and adds the code's tiers the table lacks. Then follows the table every
+    /// `refresh`, as long as the client lives.
+    pub(crate) async fn start_in_store(self: &Arc<Self>) {
+        if let Err(error) = self.adopt().await {
+            tracing::warn!(
+                target: "tollgate::rate_limit",
+                limiter = self.namespace(),
+                %error,
+                "could not read the limits in force: deciding with the limits this copy was built with until a read succeeds"
+            );
+        }
+        let Some(every) = self.in_store().map(|s| s.refresh) else {
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(client) = weak.upgrade() else { return };
+                if let Err(error) = client.refresh_limits().await {
+                    client.warn_unread(&error);
+                }
+            }
+        });
+    }
+
+    fn warn_unread(&self, error: &StoreError) {
+        let Some(in_store) = self.in_store() else {
+            return;
+        };
+        if in_store.read_warning.ready() {
+            tracing::warn!(
+                target: "tollgate::rate_limit",
+                limiter = self.namespace(),
+                %error,
+                "could not read the limits in force: deciding with those read last (logged at most once a second)"
+            );
+        }
+    }
+
+    /// The start's read (see [`start_in_store`](Self::start_in_store)).
+    async fn adopt(&self) -> Result<(), StoreError> {
+        let Some(in_store) = self.in_store() else {
+            return Ok(());
+        };
+        let code = in_store.recipe.defaults(in_store.revision);
+        let store = self.table_store()?;
+        for _ in 0..CHANGE_TRIES {
+            let (expected, current) = match store.load_limits(self.namespace()).await? {
+                None => (0, None),
+                Some(stored) => (stored.version, Some(stored.table)),
+            };
+            let mut table = current.clone().unwrap_or_else(|| code.clone());
+            if in_store.revision > table.revision() {
+                table.adopt_defaults(&code);
+            } else {
+                table.add_missing_defaults(&code);
+            }
+            if current.as_ref() == Some(&table) {
+                self.install(StoredTable {
+                    version: expected,
+                    table,
+                });
+                return Ok(());
+            }
+            let note = format!("defaults of revision {}", in_store.revision);
+            match store
+                .save_limits(self.namespace(), expected, &table, &note)
+                .await?
+            {
+                Saved::Saved(version) => {
+                    self.install(StoredTable { version, table });
+                    return Ok(());
+                }
+                Saved::Conflict(_) => continue,
+            }
+        }
+        // another copy keeps changing it: take what is there
+        self.refresh_limits().await.map(drop)
+    }
+
+    /// Reads the table again and installs it if it is newer than the one held; the version
+    /// held after.
+    pub(crate) async fn refresh_limits(&self) -> Result<u64, StoreError> {
+        let store = self.table_store()?;
+        if let Some(stored) = store.load_limits(self.namespace()).await? {
+            self.install(stored);
+        }
+        Ok(self.in_store().map_or(0, |s| s.held().version))
+    }
+
+    /// Makes `stored` this copy's limits in force, with its tiers, unless the copy holds that
+    /// version or a newer one already. A table whose tiers cannot be built keeps the tiers held
+    /// (logged). The tiers replaced give back what they hold of leased slices.
+    fn install(&self, stored: StoredTable) {
+        let Some(in_store) = self.in_store() else {
+            return;
+        };
+        let mut held = in_store.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if stored.version <= held.version {
+            return;
+        }
+        let tiers = match in_store.recipe.tiers(Some(&stored.table)) {
+            Ok(tiers) => tiers,
+            Err(error) => {
+                tracing::error!(
+                    target: "tollgate::rate_limit",
+                    limiter = self.namespace(),
+                    version = stored.version,
+                    %error,
+                    "the limits in force cannot be built by this copy: it keeps deciding with those it held"
+                );
+                return;
+            }
+        };
+        let drift = !stored
+            .table
+            .same_defaults(&in_store.recipe.defaults(in_store.revision));
+        if drift && held.version == 0 {
+            tracing::warn!(
+                target: "tollgate::rate_limit",
+                limiter = self.namespace(),
+                version = stored.version,
+                revision = stored.table.revision(),
+                own_revision = in_store.revision,
+                "the limits this copy was built with differ from the defaults in force, which apply: raise the layer's limits_revision to replace them"
+            );
+        }
+        metrics::limits_in_force(&self.tiers().default_tier().limiter, stored.version, drift);
+        *held = stored;
+        let replaced = self.tiers.swap(Arc::new(tiers));
+        drop(held);
+        give_back_in_background(&replaced);
+    }
+
+    /// The limits in force on this copy; `None` for a layer built without them.
+    pub(crate) fn limits_in_force(&self) -> Option<StoredTable> {
+        self.in_store().map(InStore::held)
+    }
+
+    /// Changes the limits in force with `edit`, saved with `note`: reads the table, edits it,
+    /// checks that every tier builds, and saves it on condition that nobody saved another since
+    /// the read (read again and edited anew when someone did).
+    pub(crate) async fn change_limits(
+        &self,
+        note: &str,
+        edit: impl Fn(&mut LimitTable) -> Result<(), ConfigError>,
+    ) -> Result<Changed, LimitsError> {
+        let in_store = self.in_store().ok_or_else(|| {
+            LimitsError::Invalid(ConfigError::new(
+                crate::error::ConfigErrorKind::Limit,
+                "the layer was built without limits in the store (build_in_store)",
+            ))
+        })?;
+        let store = self.table_store()?;
+        for _ in 0..CHANGE_TRIES {
+            let stored = match store.load_limits(self.namespace()).await? {
+                Some(stored) => stored,
+                None => StoredTable {
+                    version: 0,
+                    table: in_store.recipe.defaults(in_store.revision),
+                },
+            };
+            let mut table = stored.table.clone();
+            edit(&mut table).map_err(LimitsError::Invalid)?;
+            if table == stored.table && stored.version > 0 {
+                self.install(stored.clone());
+                return Ok(Changed::Unchanged(stored.version));
+            }
+            in_store
+                .recipe
+                .tiers(Some(&table))
+                .map_err(LimitsError::Invalid)?;
+            match store
+                .save_limits(self.namespace(), stored.version, &table, note)
+                .await?
+            {
+                Saved::Saved(version) => {
+                    self.install(StoredTable { version, table });
+                    return Ok(Changed::Saved(version));
+                }
+                Saved::Conflict(_) => continue,
+            }
+        }
+        Err(LimitsError::Contended)
+    }
+
+    /// The changes of the limits in force, the newest first.
+    pub(crate) async fn limits_history(&self) -> Result<Vec<TableChange>, StoreError> {
+        self.table_store()?.limits_history(self.namespace()).await
+    }
+
+    /// Whether the layer has tier `tier` (`None`: its own).
+    pub(crate) fn check_tier(&self, tier: Option<&str>) -> Result<(), ConfigError> {
+        match (self.in_store(), tier) {
+            (Some(in_store), Some(name)) if !in_store.recipe.has_tier(tier) => {
+                Err(unknown_tier(name))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Gives back, in the background, the slices that the tiers of `replaced` hold.
+fn give_back_in_background(replaced: &Arc<super::Tiers>) {
+    let leased: Vec<_> = replaced
+        .all()
+        .into_iter()
+        .filter_map(|tier| tier.leases.clone())
+        .collect();
+    if leased.is_empty() {
+        return;
+    }
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            for leases in leased {
+                leases.give_back_all().await;
+            }
+        });
+    }
+}

@@ -1,0 +1,101 @@
+//! [`Recipe`]: how a layer's tiers are made — from the limits its code writes, or from the
+//! limits in force that the store keeps ([`LimitTable`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::tiers::{LimitsFn, Tier, TierFn, TierOptions, Tiers};
+use crate::error::{ConfigError, ConfigErrorKind};
+use crate::rate::{Limit, LimitTable};
+
+/// What a layer's tiers are made of: the names and limits its code gives them, the closures
+/// that choose among them, and what every tier is built with.
+pub(crate) struct Recipe {
+    /// The layer's own limits, as the code writes them.
+    pub(crate) own: Vec<Limit>,
+    /// The named tiers, as the code writes them.
+    pub(crate) named: Vec<(String, Vec<Limit>)>,
+    pub(crate) select: Option<TierFn>,
+    pub(crate) limits_by: Option<LimitsFn>,
+    pub(crate) options: TierOptions,
+}
+
+debug_fields!(Recipe { own, named });
+
+impl Recipe {
+    /// The tiers: each with the limits `table` has in force for it, else those the code writes;
+    /// and each caller's override in `table` a tier of its own (under the layer's own names,
+    /// one per distinct set of limits). An error names the tier or caller at fault.
+    pub(crate) fn tiers(&self, table: Option<&LimitTable>) -> Result<Tiers, ConfigError> {
+        let limits = |tier: Option<&str>, code: &[Limit]| {
+            table
+                .and_then(|t| t.for_tier(tier))
+                .unwrap_or(code)
+                .to_vec()
+        };
+        let own = Tier::new(None, limits(None, &self.own), &self.options)?;
+        let named = self
+            .named
+            .iter()
+            .map(|(name, code)| {
+                let limits = limits(Some(name), code);
+                Tier::new(Some(name.clone()), limits, &self.options)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut tiers = Tiers::new(own, named, self.select.clone())?;
+        if let Some(limits_by) = &self.limits_by {
+            tiers = tiers.with_limits_by(Arc::clone(limits_by), self.options.clone());
+        }
+        let Some(table) = table else {
+            return Ok(tiers);
+        };
+        if let Some(unknown) = table
+            .replacements()
+            .filter_map(|(tier, _)| tier)
+            .find(|tier| !self.named.iter().any(|(name, _)| name == tier))
+        {
+            return Err(unknown_tier(unknown));
+        }
+        let mut built: HashMap<&[Limit], Arc<Tier>> = HashMap::new();
+        let mut callers = HashMap::new();
+        for (key, limits) in table.overrides() {
+            let tier = match built.get(limits) {
+                Some(tier) => Arc::clone(tier),
+                None => {
+                    let tier = Tier::new(None, limits.to_vec(), &self.options)
+                        .map_err(|e| e.within(&format!("caller {key}")))?;
+                    let tier = Arc::new(tier);
+                    built.insert(limits, Arc::clone(&tier));
+                    tier
+                }
+            };
+            callers.insert(key, tier);
+        }
+        Ok(tiers.with_callers(callers))
+    }
+
+    /// The limits the code writes, as a table's defaults of revision `revision`.
+    pub(crate) fn defaults(&self, revision: u64) -> LimitTable {
+        let named = self
+            .named
+            .iter()
+            .map(|(name, limits)| (Some(name.clone()), limits.clone()));
+        LimitTable::with_defaults(
+            revision,
+            std::iter::once((None, self.own.clone())).chain(named),
+        )
+    }
+
+    /// Whether the layer has a tier of this name (`None`: its own, which it always has).
+    pub(crate) fn has_tier(&self, tier: Option<&str>) -> bool {
+        tier.is_none_or(|tier| self.named.iter().any(|(name, _)| name == tier))
+    }
+}
+
+/// A tier the layer's code does not name.
+pub(crate) fn unknown_tier(tier: &str) -> ConfigError {
+    ConfigError::new(
+        ConfigErrorKind::Limit,
+        format!("unknown tier {tier:?}: the layer's tiers are those its code names"),
+    )
+}

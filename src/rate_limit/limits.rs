@@ -1,0 +1,177 @@
+//! [`StoreLimits`]: a layer's limits in force, as the store keeps them, to read and change.
+
+use std::sync::Arc;
+
+use crate::key::Key;
+use crate::rate::{Limit, StoredTable, TableChange};
+use crate::rate_client::{Changed, LimitsError, RateClient};
+use crate::store::StoreError;
+
+/// The limits in force of a layer built with
+/// [`build_in_store`](super::RateLimitLayerBuilder::build_in_store): read from and changed in
+/// the store, for every copy at once. Made by [`RateLimitLayer::limits`](super::RateLimitLayer::limits).
+///
+/// A change is checked first — every tier and override must build as the layer's own limits
+/// would (a quota of zero, a duplicate name, a window past the algorithm's bounds are refused),
+/// and a tier must be one the layer's code names — then saved on condition that nobody saved
+/// another since it was read, recorded with its note in the table's history, and in force on
+/// this copy at once; on every other copy within its
+/// [refresh](super::RateLimitLayerBuilder::limits_refresh) plus a round trip. A refused change
+/// leaves the limits in force as they were.
+///
+/// What a change does to what callers hold: spent quota is kept by limit name (a caller whose
+/// quota is raised from 100 to 5,000 keeps the 90 it spent); a caller's block stays until it
+/// ends; leased slices are given back by every copy when it takes the change, and new ones are
+/// sized by the new quota.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use tollgate::key::Header;
+/// use tollgate::rate_limit::{Changed, Limit, RateLimitLayer};
+/// use tollgate::store::MemoryStore;
+///
+/// let by_tenant = Header::from_static("x-tenant");
+/// let layer = RateLimitLayer::builder(MemoryStore::new())
+///     .limit(Limit::per_minute("minute", 100))
+///     .key(by_tenant.clone())
+///     .build_in_store()
+///     .await
+///     .unwrap();
+/// let limits = layer.limits().unwrap();
+/// let acme = by_tenant.key(b"acme");
+/// let changed = limits
+///     .set_caller(acme, vec![Limit::per_minute("minute", 5000)], "acme on the big plan")
+///     .await
+///     .unwrap();
+/// assert_eq!(changed, Changed::Saved(2));
+/// assert_eq!(layer.peek(acme).await.unwrap().limits[0].remaining, 5000);
+/// // a quota of zero is refused, and the limits in force stay
+/// let refused = limits.set_caller(acme, vec![Limit::per_minute("minute", 0)], "").await;
+/// assert!(refused.is_err());
+/// assert_eq!(limits.in_force().version, 2);
+/// assert_eq!(limits.history().await.unwrap()[0].note, "acme on the big plan");
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct StoreLimits {
+    client: Arc<RateClient>,
+}
+
+impl StoreLimits {
+    pub(super) fn new(client: Arc<RateClient>) -> Self {
+        Self { client }
+    }
+
+    /// The limits in force on this copy, and their version.
+    pub fn in_force(&self) -> StoredTable {
+        self.client
+            .limits_in_force()
+            .unwrap_or_else(|| StoredTable {
+                version: 0,
+                table: crate::rate::LimitTable::default(),
+            })
+    }
+
+    /// Reads the limits in force from the store now (as the layer does every refresh); the
+    /// version this copy holds after.
+    ///
+    /// # Errors
+    ///
+    /// The store's failure; the copy keeps deciding with what it held.
+    pub async fn refresh(&self) -> Result<u64, StoreError> {
+        self.client.refresh_limits().await
+    }
+
+    /// Gives caller `key` limits of its own — a tenant's plan — in place of its tier's,
+    /// counted under the layer's own limit names.
+    ///
+    /// # Errors
+    ///
+    /// See [`LimitsError`].
+    pub async fn set_caller(
+        &self,
+        key: Key,
+        limits: Vec<Limit>,
+        note: &str,
+    ) -> Result<Changed, LimitsError> {
+        self.client
+            .change_limits(note, |table| {
+                table.set_caller(key, limits.clone());
+                Ok(())
+            })
+            .await
+    }
+
+    /// Takes caller `key` back to its tier's limits.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError::Invalid`] when the caller has no override; else see [`LimitsError`].
+    pub async fn unset_caller(&self, key: Key, note: &str) -> Result<Changed, LimitsError> {
+        self.client
+            .change_limits(note, |table| {
+                if table.unset_caller(key) {
+                    Ok(())
+                } else {
+                    Err(nothing_to_unset(format!(
+                        "caller {key} has no limits of its own"
+                    )))
+                }
+            })
+            .await
+    }
+
+    /// Replaces tier `tier`'s limits (`None`: the layer's own) for every copy.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError::Invalid`] for a tier the layer does not have; else see [`LimitsError`].
+    pub async fn set_tier(
+        &self,
+        tier: Option<&str>,
+        limits: Vec<Limit>,
+        note: &str,
+    ) -> Result<Changed, LimitsError> {
+        self.client.check_tier(tier).map_err(LimitsError::Invalid)?;
+        self.client
+            .change_limits(note, |table| {
+                table.set_tier(tier, limits.clone());
+                Ok(())
+            })
+            .await
+    }
+
+    /// Takes tier `tier` (`None`: the layer's own) back to its defaults.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError::Invalid`] for a tier the layer does not have, or one not replaced; else
+    /// see [`LimitsError`].
+    pub async fn unset_tier(&self, tier: Option<&str>, note: &str) -> Result<Changed, LimitsError> {
+        self.client.check_tier(tier).map_err(LimitsError::Invalid)?;
+        self.client
+            .change_limits(note, |table| {
+                if table.unset_tier(tier) {
+                    Ok(())
+                } else {
+                    let tier = tier.map_or("the layer's own".to_owned(), |t| format!("{t:?}"));
+                    Err(nothing_to_unset(format!("tier {tier} is not replaced")))
+                }
+            })
+            .await
+    }
+
+    /// The changes of the limits in force, the newest first (the last
+    /// [`HISTORY_KEPT`](crate::store::HISTORY_KEPT)).
+    ///
+    /// # Errors
+    ///
+    /// The store's failure.
+    pub async fn history(&self) -> Result<Vec<TableChange>, StoreError> {
+        self.client.limits_history().await
+    }
+}
+
+fn nothing_to_unset(message: String) -> crate::ConfigError {
+    crate::ConfigError::new(crate::ConfigErrorKind::Limit, message)
+}

@@ -1,0 +1,239 @@
+//! The limits in force kept in the store (`build_in_store`), on every backend: copies built
+//! with different limits admit exactly the quota in force; a higher revision replaces the
+//! defaults on every copy, a roll-back does not; an override or a tier's replacement made
+//! through one copy governs the other within its refresh; a lowered leased quota admits no
+//! more than the new quota once the old window has passed; a refused change changes nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::rate_limit_leases::{fire, key_of, one, unique};
+use crate::common::cluster::RedisCluster;
+use crate::common::{RedisServer, postgres};
+use tollgate::ConfigErrorKind;
+use tollgate::key::Header;
+use tollgate::rate_limit::{
+    Changed, Limit, LimitsError, RateLimitLayer, RateLimitLayerBuilder, StoreLimits,
+};
+use tollgate::store::{MemoryStore, RateStore};
+
+/// How often the copies of these tests read the limits in force again.
+const REFRESH: Duration = Duration::from_millis(200);
+/// The most a read of the limits takes on these servers, twice over: a change is in force on
+/// every copy within [`REFRESH`] plus this.
+const ROUND_TRIPS: Duration = Duration::from_millis(400);
+
+/// A copy of `quota` requests per ten minutes (one window for the test) per `x-api-key`.
+fn copy(store: impl RateStore, prefix: &str, quota: u64) -> RateLimitLayerBuilder<Header> {
+    RateLimitLayer::builder(store)
+        .limit(Limit::new("api", quota, Duration::from_secs(600)))
+        .prefix(prefix)
+        .key(Header::from_static("x-api-key"))
+        .limits_refresh(REFRESH)
+}
+
+/// `n` requests of `caller` through each of `a` and `b` at once: how many were admitted.
+async fn admitted(a: &RateLimitLayer<Header>, b: &RateLimitLayer<Header>, caller: &str) -> u64 {
+    let (a, b) = tokio::join!(fire(a, caller, 100), fire(b, caller, 100));
+    a.admitted + b.admitted
+}
+
+fn limits(copy: &RateLimitLayer<Header>) -> StoreLimits {
+    copy.limits().expect("built in the store")
+}
+
+/// Two copies built with different limits: the first seeds the store, the second decides with
+/// the store's; 200 requests of one caller spread over both admit exactly its quota.
+async fn copies_built_otherwise_admit_the_quota_in_force(make: impl Fn() -> S) {
+    let prefix = unique("lim");
+    let a = copy(make(), &prefix, 10).build_in_store().await.unwrap();
+    let b = copy(make(), &prefix, 20).build_in_store().await.unwrap();
+    assert_eq!(b.policy().limits()[0].quota(), 10);
+    assert_eq!(limits(&b).in_force().version, 1);
+    assert_eq!(admitted(&a, &b, "alice").await, 10);
+}
+
+/// A copy of a higher revision replaces the defaults: every copy decides with them within its
+/// refresh, and 200 requests admit exactly the new quota; a copy of the lower revision started
+/// afterwards (a roll-back) decides with them too.
+async fn a_higher_revision_replaces_the_defaults(make: impl Fn() -> S) {
+    let prefix = unique("lim");
+    let old = copy(make(), &prefix, 10).build_in_store().await.unwrap();
+    let new = copy(make(), &prefix, 20)
+        .limits_revision(1)
+        .build_in_store()
+        .await
+        .unwrap();
+    assert_eq!(limits(&new).in_force().version, 2);
+    tokio::time::sleep(REFRESH + ROUND_TRIPS).await;
+    assert_eq!(limits(&old).in_force().version, 2);
+    assert_eq!(old.policy().limits()[0].quota(), 20);
+    assert_eq!(admitted(&old, &new, "alice").await, 20);
+    let rolled_back = copy(make(), &prefix, 10).build_in_store().await.unwrap();
+    assert_eq!(rolled_back.policy().limits()[0].quota(), 20);
+    assert_eq!(limits(&rolled_back).in_force().version, 2);
+}
+
+/// An override set through one copy is in force there at once and on the other within its
+/// refresh; what the caller spent stays spent when it is taken away.
+async fn an_override_governs_every_copy(make: impl Fn() -> S) {
+    let prefix = unique("lim");
+    let a = copy(make(), &prefix, 10).build_in_store().await.unwrap();
+    let b = copy(make(), &prefix, 10).build_in_store().await.unwrap();
+    let acme = key_of(&a, "acme");
+    let plan = vec![Limit::new("api", 3, Duration::from_secs(600))];
+    let changed = limits(&a)
+        .set_caller(acme, plan, "acme pays less")
+        .await
+        .unwrap();
+    assert_eq!(changed, Changed::Saved(2));
+    assert_eq!(fire(&a, "acme", 10).await.admitted, 3);
+    tokio::time::sleep(REFRESH + ROUND_TRIPS).await;
+    assert_eq!(fire(&b, "acme", 10).await.admitted, 0);
+    // other callers keep the tier's limits
+    assert_eq!(fire(&b, "bob", 20).await.admitted, 10);
+    // taken back through b: at once there, within the refresh on a; 3 of 10 spent
+    let changed = limits(&b).unset_caller(acme, "back").await.unwrap();
+    assert_eq!(changed, Changed::Saved(3));
+    assert_eq!(fire(&b, "acme", 5).await.admitted, 5);
+    tokio::time::sleep(REFRESH + ROUND_TRIPS).await;
+    assert_eq!(fire(&a, "acme", 5).await.admitted, 2);
+    let history = limits(&a).history().await.unwrap();
+    let notes: Vec<&str> = history.iter().map(|c| c.note.as_str()).collect();
+    assert_eq!(notes, ["back", "acme pays less", "defaults of revision 0"]);
+}
+
+/// A leased quota lowered through one copy: every copy gives back its slices, and once the
+/// old window has passed the two copies admit no more than the new quota, exactly it once
+/// their slices are given back.
+async fn a_lowered_leased_quota_holds_from_the_next_window(make: impl Fn() -> S) {
+    const WINDOW: Duration = Duration::from_secs(2);
+    let prefix = unique("lim");
+    let leased = |store, quota| {
+        RateLimitLayer::builder(store)
+            .limit(Limit::new("api", quota, WINDOW).leased())
+            .prefix(&prefix)
+            .key(Header::from_static("x-api-key"))
+            .limits_refresh(REFRESH)
+    };
+    let a = leased(make(), 100).build_in_store().await.unwrap();
+    let b = leased(make(), 100).build_in_store().await.unwrap();
+    assert_eq!(fire(&a, "alice", 30).await.admitted, 30);
+    let lower = vec![Limit::new("api", 10, WINDOW).leased()];
+    limits(&a).set_tier(None, lower, "lowered").await.unwrap();
+    tokio::time::sleep(REFRESH + ROUND_TRIPS + WINDOW).await;
+    assert_eq!(b.policy().limits()[0].quota(), 10);
+    let first = admitted(&a, &b, "alice").await;
+    assert!(first <= 10, "{first} admitted of a quota of 10");
+    a.give_back_leases().await;
+    b.give_back_leases().await;
+    let rest = admitted(&a, &b, "alice").await;
+    assert_eq!(first + rest, 10);
+}
+
+/// Changes the layer cannot build, or that name nothing, are refused with the reason; the
+/// limits in force, their version and history stay.
+async fn a_refused_change_changes_nothing(make: impl Fn() -> S) {
+    let prefix = unique("lim");
+    let copy = copy(make(), &prefix, 10)
+        .tier("pro", [Limit::new("api", 50, Duration::from_secs(600))])
+        .tier_by(|parts| parts.headers.get("x-plan")?.to_str().ok())
+        .build_in_store()
+        .await
+        .unwrap();
+    let limits = limits(&copy);
+    let acme = key_of(&copy, "acme");
+    let minute = |quota| vec![Limit::per_minute("api", quota)];
+    let refused = |result: Result<Changed, LimitsError>| match result {
+        Err(LimitsError::Invalid(e)) => {
+            assert_eq!(e.kind(), ConfigErrorKind::Limit);
+            e.to_string()
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let zero = refused(limits.set_caller(acme, minute(0), "").await);
+    assert!(zero.contains("quota"), "{zero}");
+    let twice = vec![Limit::per_minute("api", 1), Limit::per_hour("api", 2)];
+    let twice = refused(limits.set_caller(acme, twice, "").await);
+    assert!(twice.contains("used twice"), "{twice}");
+    let gold = refused(limits.set_tier(Some("gold"), minute(5), "").await);
+    assert!(gold.contains("unknown tier \"gold\""), "{gold}");
+    let unset = refused(limits.unset_caller(acme, "").await);
+    assert!(unset.contains("has no limits of its own"), "{unset}");
+    let unset = refused(limits.unset_tier(Some("pro"), "").await);
+    assert!(unset.contains("tier \"pro\" is not replaced"), "{unset}");
+    assert_eq!(limits.refresh().await.unwrap(), 1);
+    assert_eq!(limits.history().await.unwrap().len(), 1);
+    // and a change made twice is saved once
+    let pro = minute(7);
+    assert_eq!(
+        limits.set_tier(Some("pro"), pro.clone(), "").await.unwrap(),
+        Changed::Saved(2)
+    );
+    assert_eq!(
+        limits.set_tier(Some("pro"), pro, "").await.unwrap(),
+        Changed::Unchanged(2)
+    );
+    assert_eq!(copy.tier_policy("pro").limits()[0].quota(), 7);
+    assert_eq!(one(&copy, "bob").await.0, StatusCode::OK);
+}
+
+/// The store every copy of a test is built on, each copy with a handle of its own.
+type S = Arc<dyn RateStore>;
+
+/// One test per backend of each rule above.
+macro_rules! on_every_backend {
+    ($($rule:ident),* $(,)?) => {
+        mod in_memory {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    let store = MemoryStore::new();
+                    super::$rule(|| Arc::new(store.clone()) as S).await;
+                }
+            )*
+        }
+        mod on_redis {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    let server = RedisServer::start();
+                    super::$rule(|| Arc::new(server.store()) as S).await;
+                }
+            )*
+        }
+        mod on_cluster {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    let store = RedisCluster::shared().store().await;
+                    super::$rule(|| Arc::new(store.clone()) as S).await;
+                }
+            )*
+        }
+        mod on_postgres {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    let store = postgres::store().await;
+                    super::$rule(|| Arc::new(store.clone()) as S).await;
+                }
+            )*
+        }
+    };
+}
+
+on_every_backend!(
+    copies_built_otherwise_admit_the_quota_in_force,
+    a_higher_revision_replaces_the_defaults,
+    an_override_governs_every_copy,
+    a_lowered_leased_quota_holds_from_the_next_window,
+    a_refused_change_changes_nothing,
+);
