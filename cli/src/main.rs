@@ -18,6 +18,7 @@
 mod audit;
 mod check;
 mod inspect;
+mod limits;
 mod rate;
 mod secret;
 mod store;
@@ -80,6 +81,9 @@ enum Command {
     /// idempotency record.
     #[command(long_about = inspect::LONG_ABOUT, after_help = inspect::AFTER_HELP)]
     Inspect(inspect::InspectCommand),
+    /// Show and change the limits in force of a service's rate-limit layer, kept in the store.
+    #[command(long_about = limits::LONG_ABOUT, after_help = limits::AFTER_HELP)]
+    Limits(limits::LimitsCommand),
     /// Forget what a caller has spent of a service's rate limits, on every copy at once.
     #[command(long_about = rate::RESET_LONG_ABOUT, after_help = rate::RESET_AFTER_HELP)]
     Reset(rate::ResetArgs),
@@ -92,6 +96,7 @@ impl Command {
             Command::Check(args) => check::run(&args),
             Command::Inspect(args) => inspect::run(&args),
             Command::Reset(args) => rate::run_reset(&args),
+            Command::Limits(args) => args.run(),
         }
     }
 }

@@ -612,7 +612,7 @@ async fn reset(args: &ResetArgs) -> Result<Shown, String> {
 }
 
 /// A window as a configuration file writes it: `1s`, `5m`, `1h`, `1d`, `250ms`.
-fn window(d: Duration) -> String {
+pub(crate) fn window(d: Duration) -> String {
     let ms = d.as_millis();
     for (unit, size) in [
         ("d", 86_400_000),

@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
-use super::Limit;
+use super::{Algorithm, Limit, RatePolicy};
+use crate::error::ConfigError;
 use crate::key::Key;
 
 /// The limits in force for one rate-limit layer, kept in the store beside its counters so that
@@ -40,6 +41,8 @@ use crate::key::Key;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LimitTable {
     revision: u64,
+    /// The algorithm of the layer that wrote the defaults, which every limit is checked for.
+    algorithm: Option<Algorithm>,
     defaults: BTreeMap<Option<String>, Vec<Limit>>,
     tiers: BTreeMap<Option<String>, Vec<Limit>>,
     callers: HashMap<Key, Vec<Limit>>,
@@ -62,6 +65,43 @@ impl LimitTable {
         }
     }
 
+    /// The same table, its limits counted by `algorithm` (the layer's), which
+    /// [`check`](Self::check) holds them to.
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = Some(algorithm);
+        self
+    }
+
+    /// The algorithm of the layer that wrote the defaults, if it said.
+    pub fn algorithm(&self) -> Option<Algorithm> {
+        self.algorithm
+    }
+
+    /// Checks every tier's limits in force and every override as a layer of the table's
+    /// algorithm (the sliding log when it names none) under `namespace` would build them: a
+    /// quota of zero, a name used twice, a window past the algorithm's bounds are refused,
+    /// naming the tier or caller.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] of kind [`Limit`](crate::ConfigErrorKind::Limit), or of
+    /// [`Prefix`](crate::ConfigErrorKind::Prefix) for a bad `namespace`.
+    pub fn check(&self, namespace: &str) -> Result<(), ConfigError> {
+        let algorithm = self.algorithm.unwrap_or_default();
+        let check = |limits: &[Limit]| RatePolicy::new(namespace, algorithm, limits.to_vec());
+        for tier in self.tiers() {
+            let limits = self.for_tier(tier).unwrap_or_default();
+            check(limits).map_err(|e| match tier {
+                Some(tier) => e.within(&format!("tier {tier:?}")),
+                None => e,
+            })?;
+        }
+        for (key, limits) in self.overrides() {
+            check(limits).map_err(|e| e.within(&format!("caller {key}")))?;
+        }
+        Ok(())
+    }
+
     /// The revision of the code whose defaults the table holds.
     pub fn revision(&self) -> u64 {
         self.revision
@@ -77,6 +117,7 @@ impl LimitTable {
     /// Takes `other`'s defaults and their revision, keeping every override and replacement.
     pub fn adopt_defaults(&mut self, other: &LimitTable) {
         self.revision = other.revision;
+        self.algorithm = other.algorithm;
         self.defaults.clone_from(&other.defaults);
     }
 
@@ -157,6 +198,9 @@ impl LimitTable {
     /// The table as the store keeps it: one line per limit (see [`decode`](Self::decode)).
     pub fn encode(&self) -> String {
         let mut out = format!("{HEADER}\nrevision {}\n", self.revision);
+        if let Some(algorithm) = self.algorithm {
+            let _ = writeln!(out, "algorithm {algorithm}");
+        }
         let tier = |t: &Option<String>| t.clone().unwrap_or_else(|| "-".to_owned());
         for (t, limits) in &self.defaults {
             write_limits(&mut out, "default", &tier(t), limits);
@@ -189,6 +233,11 @@ impl LimitTable {
             let section = words.next().unwrap_or_default();
             if section == "revision" {
                 table.revision = number(words.next()).ok_or_else(|| fault("bad revision"))?;
+                continue;
+            }
+            if section == "algorithm" {
+                let algorithm = words.next().and_then(|a| a.parse().ok());
+                table.algorithm = Some(algorithm.ok_or_else(|| fault("bad algorithm"))?);
                 continue;
             }
             let (Some(owner), Some(limit)) = (words.next(), read_limit(&mut words)) else {
@@ -346,5 +395,32 @@ mod tests {
             refused("tollgate-limits 1\nrevision -1"),
             "stored limits, line 2: bad revision"
         );
+        assert_eq!(
+            refused("tollgate-limits 1\nalgorithm fast"),
+            "stored limits, line 2: bad algorithm"
+        );
+    }
+
+    #[test]
+    fn a_check_names_the_tier_or_caller_at_fault() {
+        let good = LimitTable::with_defaults(0, [(None, vec![Limit::per_second("s", 1)])]);
+        assert_eq!(good.check("t:rl"), Ok(()));
+        let mut zero = good.clone();
+        zero.set_tier(None, vec![Limit::per_second("s", 0)]);
+        assert!(
+            zero.check("t:rl")
+                .unwrap_err()
+                .to_string()
+                .contains("quota")
+        );
+        let mut caller = good.clone();
+        let key = Key::new("t", b"a");
+        caller.set_caller(key, vec![Limit::per_second("s", 0)]);
+        let error = caller.check("t:rl").unwrap_err().to_string();
+        assert!(error.starts_with(&format!("caller {key}: ")), "{error}");
+        // a quota the sliding log cannot keep, which GCRA can
+        let big = LimitTable::with_defaults(0, [(None, vec![Limit::per_second("s", 200_000)])]);
+        assert!(big.check("t:rl").is_err());
+        assert_eq!(big.with_algorithm(Algorithm::Gcra).check("t:rl"), Ok(()));
     }
 }

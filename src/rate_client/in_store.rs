@@ -299,36 +299,12 @@ impl RateClient {
             ))
         })?;
         let store = self.table_store()?;
-        for _ in 0..CHANGE_TRIES {
-            let stored = match store.load_limits(self.namespace()).await? {
-                Some(stored) => stored,
-                None => StoredTable {
-                    version: 0,
-                    table: in_store.recipe.defaults(in_store.revision),
-                },
-            };
-            let mut table = stored.table.clone();
-            edit(&mut table).map_err(LimitsError::Invalid)?;
-            if table == stored.table && stored.version > 0 {
-                self.install(stored.clone());
-                return Ok(Changed::Unchanged(stored.version));
-            }
-            in_store
-                .recipe
-                .tiers(Some(&table))
-                .map_err(LimitsError::Invalid)?;
-            match store
-                .save_limits(self.namespace(), stored.version, &table, note)
-                .await?
-            {
-                Saved::Saved(version) => {
-                    self.install(StoredTable { version, table });
-                    return Ok(Changed::Saved(version));
-                }
-                Saved::Conflict(_) => continue,
-            }
-        }
-        Err(LimitsError::Contended)
+        let fresh = || Some(in_store.recipe.defaults(in_store.revision));
+        let check = |table: &LimitTable| in_store.recipe.tiers(Some(table)).map(drop);
+        let (changed, stored) =
+            change_table(store, self.namespace(), note, fresh, edit, check).await?;
+        self.install(stored);
+        Ok(changed)
     }
 
     /// The changes of the limits in force, the newest first.
@@ -345,6 +321,53 @@ impl RateClient {
             _ => Ok(()),
         }
     }
+}
+
+/// Changes the table of `namespace` in `store` with `edit` (one made by `fresh` when the store
+/// has none; none at all is refused), checked by `check`, saved with `note` on condition that
+/// nobody saved another since it was read — read and edited anew when someone did: what it
+/// did, and the table in force after.
+pub(crate) async fn change_table(
+    store: &dyn LimitsStore,
+    namespace: &str,
+    note: &str,
+    fresh: impl Fn() -> Option<LimitTable>,
+    edit: impl Fn(&mut LimitTable) -> Result<(), ConfigError>,
+    check: impl Fn(&LimitTable) -> Result<(), ConfigError>,
+) -> Result<(Changed, StoredTable), LimitsError> {
+    for _ in 0..CHANGE_TRIES {
+        let stored = match store.load_limits(namespace).await? {
+            Some(stored) => stored,
+            None => {
+                let table = fresh().ok_or_else(|| {
+                    LimitsError::Invalid(ConfigError::new(
+                        crate::error::ConfigErrorKind::Limit,
+                        format!(
+                            "the store holds no limits under {namespace}: no copy built with \
+                             build_in_store has started on it, or its prefix is another"
+                        ),
+                    ))
+                })?;
+                StoredTable { version: 0, table }
+            }
+        };
+        let mut table = stored.table.clone();
+        edit(&mut table).map_err(LimitsError::Invalid)?;
+        if table == stored.table && stored.version > 0 {
+            return Ok((Changed::Unchanged(stored.version), stored));
+        }
+        check(&table).map_err(LimitsError::Invalid)?;
+        match store
+            .save_limits(namespace, stored.version, &table, note)
+            .await?
+        {
+            Saved::Saved(version) => {
+                return Ok((Changed::Saved(version), StoredTable { version, table }));
+            }
+            Saved::Conflict(_) => continue,
+        }
+    }
+    Err(LimitsError::Contended)
 }
 
 /// Gives back, in the background, the slices that the tiers of `replaced` hold.

@@ -36,8 +36,8 @@ pub(crate) use client::{Decided, Pending, RateClient};
 #[cfg(test)]
 pub(crate) use deny_cache::{DenyCache, MAX_AGE};
 pub(crate) use fallback::DEFAULT_CAPACITY as FALLBACK_CAPACITY;
-pub(crate) use in_store::InStore;
 pub use in_store::{Changed, LimitsError};
+pub(crate) use in_store::{InStore, change_table};
 pub(crate) use recipe::Recipe;
 pub use source::DecisionSource;
 pub(crate) use tiers::{LimitsFn, Tier, TierFn, TierOptions, Tiers};

@@ -84,6 +84,7 @@ impl Recipe {
             revision,
             std::iter::once((None, self.own.clone())).chain(named),
         )
+        .with_algorithm(self.options.algorithm)
     }
 
     /// Whether the layer has a tier of this name (`None`: its own, which it always has).

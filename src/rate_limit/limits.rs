@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use crate::key::Key;
-use crate::rate::{Limit, StoredTable, TableChange};
-use crate::rate_client::{Changed, LimitsError, RateClient};
-use crate::store::StoreError;
+use crate::rate::{Limit, LimitTable, StoredTable, TableChange};
+use crate::rate_client::{Changed, LimitsError, RateClient, change_table};
+use crate::store::{LimitsStore, StoreError};
 
 /// The limits in force of a layer built with
 /// [`build_in_store`](super::RateLimitLayerBuilder::build_in_store): read from and changed in
@@ -170,6 +170,56 @@ impl StoreLimits {
     pub async fn history(&self) -> Result<Vec<TableChange>, StoreError> {
         self.client.limits_history().await
     }
+}
+
+/// Changes the limits in force of the layer with `prefix` kept in `store`, without a layer — for
+/// operators' tools, such as `tollgate limits set`: reads the table, applies `edit`, checks
+/// every tier and override as the table's algorithm counts them
+/// ([`LimitTable::check`](crate::rate::LimitTable::check)), and saves it with `note` on
+/// condition that nobody saved another since the read (read and edited anew when someone did).
+/// Every copy of the layer takes it within its refresh.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use tollgate::key::Key;
+/// use tollgate::rate_limit::{Changed, Limit, RateLimitLayer, change_limits};
+/// use tollgate::store::MemoryStore;
+///
+/// let store = MemoryStore::new();
+/// let layer = RateLimitLayer::builder(store.clone())
+///     .limit(Limit::per_minute("api", 100))
+///     .prefix("app")
+///     .build_in_store()
+///     .await
+///     .unwrap();
+/// let changed = change_limits(&store, "app", "a quieter default", |table| {
+///     table.set_tier(None, vec![Limit::per_minute("api", 50)]);
+///     Ok(())
+/// })
+/// .await
+/// .unwrap();
+/// assert_eq!(changed, Changed::Saved(2));
+/// layer.limits().unwrap().refresh().await.unwrap();
+/// assert_eq!(layer.policy().limits()[0].quota(), 50);
+/// // a prefix no layer keeps its limits under
+/// assert!(change_limits(&store, "other", "", |_| Ok(())).await.is_err());
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// [`LimitsError::Invalid`] when the store holds no limits under the prefix, or the change is
+/// refused; else see [`LimitsError`].
+pub async fn change_limits(
+    store: &dyn LimitsStore,
+    prefix: &str,
+    note: &str,
+    edit: impl Fn(&mut LimitTable) -> Result<(), crate::ConfigError>,
+) -> Result<Changed, LimitsError> {
+    let namespace = crate::store::keys::rate_namespace(prefix).map_err(LimitsError::Invalid)?;
+    let check = |table: &LimitTable| table.check(&namespace);
+    let (changed, _) = change_table(store, &namespace, note, || None, edit, check).await?;
+    Ok(changed)
 }
 
 fn nothing_to_unset(message: String) -> crate::ConfigError {

@@ -106,7 +106,7 @@ pub use config::RateLimitConfig;
 pub use decision::{RateLimitDecision, RateLimitDecisions};
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
-pub use limits::StoreLimits;
+pub use limits::{StoreLimits, change_limits};
 pub use service::RateLimit;
 
 pub use crate::rate::{Algorithm, Limit, LimitState, MAX_LOG_QUOTA};

@@ -36,6 +36,14 @@ pub fn lock(prefix: &str, name: impl AsRef<[u8]>) -> Result<(String, String), Co
     Ok(keyspace::lock(prefix, name.as_ref()))
 }
 
+/// The namespace of a [`RateLimitLayer`](crate::rate_limit::RateLimitLayer) with `prefix`, which
+/// its policies and its [limits in force](crate::rate::LimitTable) are kept under:
+/// `<prefix>:rl` (a tier's policy adds `:<tier>`). An error for a prefix the layer refuses.
+pub fn rate_namespace(prefix: &str) -> Result<String, ConfigError> {
+    keyspace::check_prefix(prefix)?;
+    Ok(keyspace::rate_namespace(prefix))
+}
+
 /// The key of the permits of `key` (as the concurrency limit's extractor finds it) under a
 /// [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer) with `prefix`:
 /// `<prefix>:cc:{<key>}`. An error for a prefix the layer refuses.
