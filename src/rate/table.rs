@@ -413,7 +413,7 @@ mod tests {
                 .to_string()
                 .contains("quota")
         );
-        let mut caller = good.clone();
+        let mut caller = good;
         let key = Key::new("t", b"a");
         caller.set_caller(key, vec![Limit::per_second("s", 0)]);
         let error = caller.check("t:rl").unwrap_err().to_string();
