@@ -9,16 +9,17 @@ use arc_swap::{ArcSwap, Guard};
 use tokio::time::Instant;
 
 use super::deny_cache::DenyCache;
-use super::in_store::InStore;
+use super::in_store::{Changed, InStore, LimitsError, Place};
 use super::invalidated::{Invalidated, Listener};
 use super::lease::{LeaseFuture, Take};
 use super::source::DecisionSource;
 use super::tiers::{Tier, Tiers};
 use super::verdict::Verdict;
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::key::Key;
 use crate::on_error::OnStoreError;
 use crate::pace::OncePerSecond;
-use crate::rate::{RateCheck, RateOutcome};
+use crate::rate::{LimitTable, RateCheck, RateOutcome, StoredTable, TableChange};
 use crate::store::{RateStore, StoreError, StoreFuture};
 
 /// What a copy keeps of one layer's rate limits, in front of the store: the tiers with their
@@ -178,6 +179,83 @@ impl RateClient {
             .filter_map(|tier| tier.leases.as_ref())
             .map(|leases| leases.unspent())
             .sum()
+    }
+}
+
+/// The limits in force kept in the store (see `in_store.rs`).
+impl RateClient {
+    fn place(&self) -> Place<'_> {
+        Place {
+            store: &*self.store,
+            tiers: &self.tiers,
+        }
+    }
+
+    fn in_store(&self) -> Result<&InStore, LimitsError> {
+        self.in_store.as_ref().ok_or_else(|| {
+            LimitsError::Invalid(ConfigError::new(
+                ConfigErrorKind::Limit,
+                "the layer was built without limits in the store (build_in_store)",
+            ))
+        })
+    }
+
+    /// Reads the limits in force and makes them this copy's (see [`InStore`]); then follows
+    /// them every refresh, as long as the client lives.
+    pub(crate) async fn start_in_store(self: &Arc<Self>) {
+        let Some(in_store) = &self.in_store else {
+            return;
+        };
+        in_store.start(&self.place()).await;
+        let (weak, every) = (Arc::downgrade(self), in_store.refresh);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(client) = weak.upgrade() else { return };
+                if let Some(in_store) = &client.in_store
+                    && let Err(error) = in_store.refresh(&client.place()).await
+                {
+                    in_store.warn_unread(&error);
+                }
+            }
+        });
+    }
+
+    /// Reads the limits in force now; the version held after (0 without them).
+    pub(crate) async fn refresh_limits(&self) -> Result<u64, StoreError> {
+        match &self.in_store {
+            Some(in_store) => in_store.refresh(&self.place()).await,
+            None => Ok(0),
+        }
+    }
+
+    /// The limits in force on this copy; `None` for a layer built without them.
+    pub(crate) fn limits_in_force(&self) -> Option<StoredTable> {
+        self.in_store.as_ref().map(InStore::in_force)
+    }
+
+    /// Changes the limits in force with `edit`, saved with `note`.
+    pub(crate) async fn change_limits(
+        &self,
+        note: &str,
+        edit: impl Fn(&mut LimitTable) -> Result<(), ConfigError>,
+    ) -> Result<Changed, LimitsError> {
+        self.in_store()?.change(&self.place(), note, edit).await
+    }
+
+    /// The changes of the limits in force, the newest first.
+    pub(crate) async fn limits_history(&self) -> Result<Vec<TableChange>, StoreError> {
+        match &self.in_store {
+            Some(in_store) => in_store.history(&self.place()).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Whether the layer has tier `tier` (`None`: its own).
+    pub(crate) fn check_tier(&self, tier: Option<&str>) -> Result<(), ConfigError> {
+        self.in_store
+            .as_ref()
+            .map_or(Ok(()), |in_store| in_store.check_tier(tier))
     }
 }
 

@@ -11,13 +11,15 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::client::RateClient;
+use arc_swap::ArcSwap;
+
 use super::recipe::{Recipe, unknown_tier};
+use super::tiers::Tiers;
 use crate::error::ConfigError;
 use crate::metrics;
 use crate::pace::OncePerSecond;
 use crate::rate::{LimitTable, StoredTable, TableChange};
-use crate::store::{LimitsStore, Saved, StoreError, StoreErrorKind};
+use crate::store::{LimitsStore, RateStore, Saved, StoreError, StoreErrorKind};
 
 /// How many times a change reads the table again when another change was saved between its
 /// read and its save.
@@ -124,30 +126,30 @@ impl From<StoreError> for LimitsError {
     }
 }
 
-impl RateClient {
-    fn in_store(&self) -> Option<&InStore> {
-        self.in_store.as_ref()
+/// What the limits in force are read from and installed into: the client's store and tiers.
+pub(crate) struct Place<'a> {
+    pub(crate) store: &'a dyn RateStore,
+    pub(crate) tiers: &'a ArcSwap<Tiers>,
+}
+
+impl InStore {
+    /// The namespace the layer's table is kept under: its own tier's.
+    fn namespace(&self) -> &str {
+        &self.recipe.options.namespace
     }
 
-    fn table_store(&self) -> Result<&dyn LimitsStore, StoreError> {
-        self.store
+    fn table_store<'a>(&self, place: &Place<'a>) -> Result<&'a dyn LimitsStore, StoreError> {
+        place
+            .store
             .limits_store()
             .ok_or_else(|| StoreError::new(StoreErrorKind::Config, "this store keeps no limits"))
     }
 
-    /// The namespace the layer's table is kept under: its own tier's.
-    fn namespace(&self) -> &str {
-        self.in_store
-            .as_ref()
-            .map_or("", |in_store| &in_store.recipe.options.namespace)
-    }
-
-    /// Reads the limits in force and makes them this copy's: seeds the store with the code's
-    /// limits when it has none, makes the code's defaults the table's when its revision is
-    /// higher, and adds the code's tiers the table lacks. Then follows the table every
-    /// `refresh`, as long as the client lives.
-    pub(crate) async fn start_in_store(self: &Arc<Self>) {
-        if let Err(error) = self.adopt().await {
+    /// The start's read: seeds the store with the code's limits when it has none, makes the
+    /// code's defaults the table's when its revision is higher, adds the code's tiers the table
+    /// lacks — and installs the result. Logged when the store cannot be read.
+    pub(crate) async fn start(&self, place: &Place<'_>) {
+        if let Err(error) = self.adopt(place).await {
             tracing::warn!(
                 target: "tollgate::rate_limit",
                 limiter = self.namespace(),
@@ -155,26 +157,11 @@ impl RateClient {
                 "could not read the limits in force: deciding with the limits this copy was built with until a read succeeds"
             );
         }
-        let Some(every) = self.in_store().map(|s| s.refresh) else {
-            return;
-        };
-        let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                let Some(client) = weak.upgrade() else { return };
-                if let Err(error) = client.refresh_limits().await {
-                    client.warn_unread(&error);
-                }
-            }
-        });
     }
 
-    fn warn_unread(&self, error: &StoreError) {
-        let Some(in_store) = self.in_store() else {
-            return;
-        };
-        if in_store.read_warning.ready() {
+    /// A failed refresh, logged at warn at most once a second.
+    pub(crate) fn warn_unread(&self, error: &StoreError) {
+        if self.read_warning.ready() {
             tracing::warn!(
                 target: "tollgate::rate_limit",
                 limiter = self.namespace(),
@@ -184,69 +171,60 @@ impl RateClient {
         }
     }
 
-    /// The start's read (see [`start_in_store`](Self::start_in_store)).
-    async fn adopt(&self) -> Result<(), StoreError> {
-        let Some(in_store) = self.in_store() else {
-            return Ok(());
-        };
-        let code = in_store.recipe.defaults(in_store.revision);
-        let store = self.table_store()?;
+    async fn adopt(&self, place: &Place<'_>) -> Result<(), StoreError> {
+        let code = self.recipe.defaults(self.revision);
+        let store = self.table_store(place)?;
         for _ in 0..CHANGE_TRIES {
             let (expected, current) = match store.load_limits(self.namespace()).await? {
                 None => (0, None),
                 Some(stored) => (stored.version, Some(stored.table)),
             };
             let mut table = current.clone().unwrap_or_else(|| code.clone());
-            if in_store.revision > table.revision() {
+            if self.revision > table.revision() {
                 table.adopt_defaults(&code);
             } else {
                 table.add_missing_defaults(&code);
             }
             if current.as_ref() == Some(&table) {
-                self.install(StoredTable {
-                    version: expected,
-                    table,
-                });
+                let version = expected;
+                self.install(StoredTable { version, table }, place);
                 return Ok(());
             }
-            let note = format!("defaults of revision {}", in_store.revision);
+            let note = format!("defaults of revision {}", self.revision);
             match store
                 .save_limits(self.namespace(), expected, &table, &note)
                 .await?
             {
                 Saved::Saved(version) => {
-                    self.install(StoredTable { version, table });
+                    self.install(StoredTable { version, table }, place);
                     return Ok(());
                 }
                 Saved::Conflict(_) => continue,
             }
         }
         // another copy keeps changing it: take what is there
-        self.refresh_limits().await.map(drop)
+        self.refresh(place).await.map(drop)
     }
 
     /// Reads the table again and installs it if it is newer than the one held; the version
     /// held after.
-    pub(crate) async fn refresh_limits(&self) -> Result<u64, StoreError> {
-        let store = self.table_store()?;
+    pub(crate) async fn refresh(&self, place: &Place<'_>) -> Result<u64, StoreError> {
+        let store = self.table_store(place)?;
         if let Some(stored) = store.load_limits(self.namespace()).await? {
-            self.install(stored);
+            self.install(stored, place);
         }
-        Ok(self.in_store().map_or(0, |s| s.held().version))
+        Ok(self.held().version)
     }
 
     /// Makes `stored` this copy's limits in force, with its tiers, unless the copy holds that
     /// version or a newer one already. A table whose tiers cannot be built keeps the tiers held
     /// (logged). The tiers replaced give back what they hold of leased slices.
-    fn install(&self, stored: StoredTable) {
-        let Some(in_store) = self.in_store() else {
-            return;
-        };
-        let mut held = in_store.held.lock().unwrap_or_else(PoisonError::into_inner);
+    fn install(&self, stored: StoredTable, place: &Place<'_>) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         if stored.version <= held.version {
             return;
         }
-        let tiers = match in_store.recipe.tiers(Some(&stored.table)) {
+        let tiers = match self.recipe.tiers(Some(&stored.table)) {
             Ok(tiers) => tiers,
             Err(error) => {
                 tracing::error!(
@@ -261,63 +239,58 @@ impl RateClient {
         };
         let drift = !stored
             .table
-            .same_defaults(&in_store.recipe.defaults(in_store.revision));
+            .same_defaults(&self.recipe.defaults(self.revision));
         if drift && held.version == 0 {
             tracing::warn!(
                 target: "tollgate::rate_limit",
                 limiter = self.namespace(),
                 version = stored.version,
                 revision = stored.table.revision(),
-                own_revision = in_store.revision,
+                own_revision = self.revision,
                 "the limits this copy was built with differ from the defaults in force, which apply: raise the layer's limits_revision to replace them"
             );
         }
-        metrics::limits_in_force(&self.tiers().default_tier().limiter, stored.version, drift);
+        let limiter = Arc::clone(&tiers.default_tier().limiter);
+        metrics::limits_in_force(&limiter, stored.version, drift);
         *held = stored;
-        let replaced = self.tiers.swap(Arc::new(tiers));
+        let replaced = place.tiers.swap(Arc::new(tiers));
         drop(held);
         give_back_in_background(&replaced);
     }
 
-    /// The limits in force on this copy; `None` for a layer built without them.
-    pub(crate) fn limits_in_force(&self) -> Option<StoredTable> {
-        self.in_store().map(InStore::held)
+    /// The limits in force on this copy.
+    pub(crate) fn in_force(&self) -> StoredTable {
+        self.held()
     }
 
-    /// Changes the limits in force with `edit`, saved with `note`: reads the table, edits it,
-    /// checks that every tier builds, and saves it on condition that nobody saved another since
-    /// the read (read again and edited anew when someone did).
-    pub(crate) async fn change_limits(
+    /// Changes the limits in force with `edit`, saved with `note`, each tier checked to build
+    /// (see [`change_table`]), and in force on this copy once saved.
+    pub(crate) async fn change(
         &self,
+        place: &Place<'_>,
         note: &str,
         edit: impl Fn(&mut LimitTable) -> Result<(), ConfigError>,
     ) -> Result<Changed, LimitsError> {
-        let in_store = self.in_store().ok_or_else(|| {
-            LimitsError::Invalid(ConfigError::new(
-                crate::error::ConfigErrorKind::Limit,
-                "the layer was built without limits in the store (build_in_store)",
-            ))
-        })?;
-        let store = self.table_store()?;
-        let fresh = || Some(in_store.recipe.defaults(in_store.revision));
-        let check = |table: &LimitTable| in_store.recipe.tiers(Some(table)).map(drop);
+        let store = self.table_store(place)?;
+        let fresh = || Some(self.recipe.defaults(self.revision));
+        let check = |table: &LimitTable| self.recipe.tiers(Some(table)).map(drop);
         let (changed, stored) =
             change_table(store, self.namespace(), note, fresh, edit, check).await?;
-        self.install(stored);
+        self.install(stored, place);
         Ok(changed)
     }
 
     /// The changes of the limits in force, the newest first.
-    pub(crate) async fn limits_history(&self) -> Result<Vec<TableChange>, StoreError> {
-        self.table_store()?.limits_history(self.namespace()).await
+    pub(crate) async fn history(&self, place: &Place<'_>) -> Result<Vec<TableChange>, StoreError> {
+        self.table_store(place)?
+            .limits_history(self.namespace())
+            .await
     }
 
     /// Whether the layer has tier `tier` (`None`: its own).
     pub(crate) fn check_tier(&self, tier: Option<&str>) -> Result<(), ConfigError> {
-        match (self.in_store(), tier) {
-            (Some(in_store), Some(name)) if !in_store.recipe.has_tier(tier) => {
-                Err(unknown_tier(name))
-            }
+        match tier {
+            Some(name) if !self.recipe.has_tier(tier) => Err(unknown_tier(name)),
             _ => Ok(()),
         }
     }
@@ -371,7 +344,7 @@ pub(crate) async fn change_table(
 }
 
 /// Gives back, in the background, the slices that the tiers of `replaced` hold.
-fn give_back_in_background(replaced: &Arc<super::Tiers>) {
+fn give_back_in_background(replaced: &Arc<Tiers>) {
     let leased: Vec<_> = replaced
         .all()
         .into_iter()

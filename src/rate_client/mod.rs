@@ -40,5 +40,5 @@ pub use in_store::{Changed, LimitsError};
 pub(crate) use in_store::{InStore, change_table};
 pub(crate) use recipe::Recipe;
 pub use source::DecisionSource;
-pub(crate) use tiers::{LimitsFn, Tier, TierFn, TierOptions, Tiers};
+pub(crate) use tiers::{LimitsFn, Tier, TierFn, TierOptions};
 pub(crate) use verdict::Verdict;

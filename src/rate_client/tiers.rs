@@ -285,7 +285,10 @@ impl Tiers {
     /// the limits in force, if it has one; else its own limits, where the layer's `limits_by`
     /// gives some; else the tier its closure names.
     pub(crate) fn for_request(&self, parts: &Parts, key: Option<Key>) -> Arc<Tier> {
-        if let Some(tier) = key.and_then(|key| self.callers.get(&key)) {
+        // most layers have no overrides: no key is hashed for them
+        if !self.callers.is_empty()
+            && let Some(tier) = key.and_then(|key| self.callers.get(&key))
+        {
             return Arc::clone(tier);
         }
         let own = self.dynamic.as_ref().and_then(|dynamic| {

@@ -237,3 +237,28 @@ on_every_backend!(
     a_lowered_leased_quota_holds_from_the_next_window,
     a_refused_change_changes_nothing,
 );
+
+/// A copy that cannot read the store at its start is built all the same, and decides with its
+/// own limits (its checks go to the same store, so its failure policy decides them meanwhile);
+/// a change through it fails with the store's error and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_cannot_read_the_store_decides_with_its_own_limits() {
+    // nothing listens on port 1: every call is refused at once
+    let store = tollgate::store::RedisStore::builder("redis://127.0.0.1:1/")
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let copy = copy(store, &unique("lim"), 7)
+        .build_in_store()
+        .await
+        .unwrap();
+    assert_eq!(copy.policy().limits()[0].quota(), 7);
+    assert_eq!(limits(&copy).in_force().version, 0);
+    let acme = key_of(&copy, "acme");
+    let changed = limits(&copy)
+        .set_caller(acme, vec![Limit::per_minute("api", 1)], "")
+        .await;
+    assert!(matches!(changed, Err(LimitsError::Store(_))), "{changed:?}");
+    assert_eq!(limits(&copy).in_force().version, 0);
+    assert_eq!(copy.policy().limits()[0].quota(), 7);
+}
