@@ -34,6 +34,7 @@
 //! | `APP_LIMITS`    | `burst:5/1s,minute:100/60s` | limits of `/api/*`: `name:count/<seconds>s,…`  |
 //! | `APP_ALGORITHM` | `sliding-log`               | `sliding-log`, `sliding-counter` or `gcra`     |
 //! | `APP_LEASE`     | `off`                       | `on`: `/api/*`'s quota leased to each copy in slices (not with `APP_BLOCK`) |
+//! | `APP_LIMITS_REVISION` | `0`                   | the revision of `APP_LIMITS`: the store keeps `/api/*`'s limits in force for every copy (`tollgate limits` changes them); a copy of a higher revision makes its `APP_LIMITS` the defaults in force |
 //! | `RUST_LOG`      | `info`                      | log filter (`tollgate=debug` shows decisions)  |
 //!
 //! An invalid value exits with status 2 and a message naming the variable; other startup
@@ -98,8 +99,19 @@ async fn run() -> Result<(), Failure> {
         algorithm = %config.algorithm,
         "rate limit of /api/*"
     );
-    let mut state = AppState::new(store, config)
+    let revision = limits_revision()?;
+    let mut state = AppState::new(Arc::clone(&store), config.clone())
+        .map_err(|e| Failure::config(format!("invalid rate-limit configuration: {e}")))?
+        .with_limits_in_store(store, &config, revision)
+        .await
         .map_err(|e| Failure::config(format!("invalid rate-limit configuration: {e}")))?;
+    let in_force = state.api_limits();
+    tracing::info!(
+        limits = %env::describe_limits(in_force.limits()),
+        revision,
+        "rate limit of /api/* in force, kept in the store (tollgate limits show --prefix {})",
+        router::API_PREFIX
+    );
     if let Some(database) = database {
         state = state
             .with_transfers(database)
@@ -143,6 +155,18 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+}
+
+/// `APP_LIMITS_REVISION`: a whole number, 0 when unset.
+fn limits_revision() -> Result<u64, Failure> {
+    match std::env::var("APP_LIMITS_REVISION") {
+        Err(_) => Ok(0),
+        Ok(value) => value.trim().parse().map_err(|_| {
+            Failure::config(format!(
+                "APP_LIMITS_REVISION={value:?}: expected a whole number, e.g. APP_LIMITS_REVISION=2"
+            ))
+        }),
+    }
 }
 
 /// The store named by `REDIS_URL`, or a per-process memory store when it is unset.

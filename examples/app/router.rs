@@ -57,7 +57,9 @@ use tollgate::concurrency::{ConcurrencyLimitLayer, Permit};
 use tollgate::idempotency::IdempotencyLayer;
 use tollgate::key::{self, BoxedKey, Cidr, ForwardedIp, Key, KeyExtractor, MissingKey, Or};
 use tollgate::lock::{LockError, Locks};
-use tollgate::rate_limit::{Algorithm, Limit, OnStoreError, RateLimitDecision, RateLimitLayer};
+use tollgate::rate_limit::{
+    Algorithm, Limit, OnStoreError, RateLimitDecision, RateLimitLayer, RateLimitLayerBuilder,
+};
 use tollgate::store::{OnceTx, PgStore, Store};
 use tower::util::MapRequestLayer;
 
@@ -175,25 +177,29 @@ fn segment_after(parts: &Parts, group: &str) -> Option<String> {
     }
 }
 
+/// The rate limit of `/api/*`, as `config` sets it, on `store`.
+fn api_limit(store: &Arc<dyn Store>, config: &AppConfig) -> RateLimitLayerBuilder<CallerKey> {
+    RateLimitLayer::builder(Arc::clone(store))
+        .prefix(API_PREFIX)
+        .limits(
+            config
+                .limits
+                .iter()
+                .map(|limit| match (config.block, config.lease) {
+                    (Some(block), _) => limit.clone().block_for(block),
+                    (None, true) => limit.clone().leased(),
+                    (None, false) => limit.clone(),
+                }),
+        )
+        .algorithm(config.algorithm)
+        .key(ByCaller::new().or(config.client_ip()))
+        .on_store_error(config.on_store_error)
+}
+
 impl AppState {
     /// Builds the app's middleware on `store` as `config` says; fails on invalid limits.
     pub fn new(store: Arc<dyn Store>, config: AppConfig) -> Result<Self, ConfigError> {
-        let api_limit = RateLimitLayer::builder(Arc::clone(&store))
-            .prefix(API_PREFIX)
-            .limits(
-                config
-                    .limits
-                    .iter()
-                    .map(|limit| match (config.block, config.lease) {
-                        (Some(block), _) => limit.clone().block_for(block),
-                        (None, true) => limit.clone().leased(),
-                        (None, false) => limit.clone(),
-                    }),
-            )
-            .algorithm(config.algorithm)
-            .key(ByCaller::new().or(config.client_ip()))
-            .on_store_error(config.on_store_error)
-            .build()?;
+        let api_limit = api_limit(&store, &config).build()?;
         // `require_caller` in front: a payment without a tenant never reaches the layer
         let payments = IdempotencyLayer::builder(Arc::clone(&store))
             .prefix("tollgate-app")
@@ -251,6 +257,27 @@ impl AppState {
     /// for the store: at a graceful shutdown, so that the other copies have that quota at once.
     pub async fn give_back_leases(&self) {
         self.api_limit.give_back_leases().await;
+    }
+
+    /// Keeps the limits of `/api/*` in the store, shared by every copy (see `docs/limits.md`):
+    /// those of `config` are the defaults of revision `revision`, the store's are in force, and
+    /// `tollgate limits` changes them for every copy.
+    pub async fn with_limits_in_store(
+        mut self,
+        store: Arc<dyn Store>,
+        config: &AppConfig,
+        revision: u64,
+    ) -> Result<Self, ConfigError> {
+        self.api_limit = api_limit(&store, config)
+            .limits_revision(revision)
+            .build_in_store()
+            .await?;
+        Ok(self)
+    }
+
+    /// The limits of `/api/*` in force on this copy.
+    pub fn api_limits(&self) -> Arc<tollgate::rate::RatePolicy> {
+        self.api_limit.policy()
     }
 
     /// Serves `POST /transfers` and `GET /transfers/count` on `database` (whose table
