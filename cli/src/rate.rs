@@ -20,7 +20,7 @@ use serde_json::json;
 use tollgate::key::{Header, Key, KeyExtractor, PeerIp, from_fn};
 use tollgate::rate::{Limit, RateOutcome, RatePolicy};
 use tollgate::rate_limit::{RateLimitConfig, RateLimitLayer};
-use tollgate::store::RateStore;
+use tollgate::store::{RateStore, keys};
 
 use crate::secret::{mask, masked_header, masked_pair};
 use crate::store::StoreArgs;
@@ -29,7 +29,8 @@ pub(crate) const INSPECT_LONG_ABOUT: &str = "\
 Show a caller's remaining rate-limit quota, spending none.
 
 Builds the service's rate-limit layer from its limits file (--config, the file tollgate's \
-RateLimitConfig reads), names the caller as the service's key extractor does (--header, \
+RateLimitConfig reads) or, for a service built with `build_in_store`, from the limits in force \
+that the store keeps under --prefix (no file needed; a caller's own limits included), names the caller as the service's key extractor does (--header, \
 --peer-ip or --key-fn), and asks the store for each limit of the layer (or of --tier) with a \
 check of cost 0: its quota, window, what is left, and the time until it grows again. A caller \
 under a penalty (a limit's `block_for`) is shown as blocked, with the time the block has left.";
@@ -81,10 +82,14 @@ pub(crate) struct Target {
     #[command(flatten)]
     store: StoreArgs,
     /// The service's limits file (TOML): the fields of tollgate's RateLimitConfig, at the top or
-    /// under a table (see --section).
-    // optional to the parser only when `tollgate inspect` is given a subcommand instead
-    #[arg(long, value_name = "FILE", required = true)]
+    /// under a table (see --section). Without it, the limits in force are read from the store
+    /// under --prefix: those of a service built with `build_in_store`.
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Without --config: the service's key prefix (`RateLimitLayerBuilder::prefix`), under
+    /// which the store keeps its limits in force [default: tollgate].
+    #[arg(long, value_name = "PREFIX", conflicts_with_all = ["config", "section"])]
+    prefix: Option<String>,
     /// The table of --config that holds the limits, e.g. `rate_limit` or `http.limits`
     /// [default: the whole file, or its `rate_limit` table when the file has no `limits`].
     #[arg(long, value_name = "TABLE")]
@@ -299,35 +304,26 @@ fn load_config(path: &Path, section: Option<&str>) -> Result<RateLimitConfig, St
 struct Setup {
     store: Arc<dyn RateStore>,
     layer: RateLimitLayer,
-    config: RateLimitConfig,
+    /// The layer's named tiers.
+    tiers: Vec<String>,
     who: Who,
 }
 
 impl Target {
     async fn setup(&self) -> Result<Setup, String> {
-        let path = self
-            .config
-            .as_deref()
-            .ok_or_else(|| "name the service's limits file: --config FILE".to_owned())?;
+        let Some(path) = self.config.as_deref() else {
+            return self.setup_from_store().await;
+        };
         let config = load_config(path, self.section.as_deref())?;
-        if let Some(tier) = &self.tier
-            && !config.tiers.contains_key(tier)
-        {
-            let names: Vec<&str> = config.tiers.keys().map(String::as_str).collect();
-            let known = match names.is_empty() {
-                true => "it has no tiers".to_owned(),
-                false => format!("its tiers: {}", names.join(", ")),
-            };
-            let file = path.display();
-            return Err(format!("{file}: no tier {tier:?} ({known})"));
-        }
+        let tiers: Vec<String> = config.tiers.keys().cloned().collect();
+        self.known_tier(&tiers, &path.display().to_string())?;
         let who = self.who()?;
         let store: Arc<dyn RateStore> = self.store.open().await?;
         let mut builder = RateLimitLayer::builder(Arc::clone(&store))
-            .config(config.clone())
+            .config(config)
             // this process admits nothing: no deny cache, no subscription to the broadcast
             .deny_cache(false);
-        if !config.tiers.is_empty() {
+        if !tiers.is_empty() {
             builder = builder.tier_by(|_| None);
         }
         let layer = builder
@@ -336,9 +332,71 @@ impl Target {
         Ok(Setup {
             store,
             layer,
-            config,
+            tiers,
             who,
         })
+    }
+
+    /// The layer as the limits in force under --prefix make it (a service built with
+    /// `build_in_store`): its tiers, its algorithm, and the caller's own limits if it has some.
+    async fn setup_from_store(&self) -> Result<Setup, String> {
+        let prefix = self.prefix.as_deref().unwrap_or(keys::DEFAULT_PREFIX);
+        let namespace = keys::rate_namespace(prefix).map_err(|e| e.to_string())?;
+        let who = self.who()?;
+        let store = self.store.open().await?;
+        let limits = store.limits_store().ok_or_else(|| {
+            "this store keeps no limits: name the limits file, --config".to_owned()
+        })?;
+        let Some(stored) = self.store.bounded(limits.load_limits(&namespace)).await? else {
+            return Err(format!(
+                "no limits in force under {namespace}: name the service's limits file \
+                 (--config), or its prefix (--prefix) if it keeps its limits in the store"
+            ));
+        };
+        let table = stored.table;
+        let tiers: Vec<String> = table.tiers().flatten().map(str::to_owned).collect();
+        self.known_tier(&tiers, &format!("the limits in force under {namespace}"))?;
+        let own = match table.for_caller(who.key) {
+            Some(own) => own,
+            None => table.for_tier(None).unwrap_or_default(),
+        };
+        let store: Arc<dyn RateStore> = store;
+        let mut builder = RateLimitLayer::builder(Arc::clone(&store))
+            .limits(own.iter().cloned())
+            .algorithm(table.algorithm().unwrap_or_default())
+            .prefix(prefix)
+            .deny_cache(false);
+        for tier in &tiers {
+            let limits = table.for_tier(Some(tier)).unwrap_or_default();
+            builder = builder.tier(tier.clone(), limits.iter().cloned());
+        }
+        if !tiers.is_empty() {
+            builder = builder.tier_by(|_| None);
+        }
+        let layer = builder
+            .build()
+            .map_err(|e| format!("the limits in force under {namespace}: {e}"))?;
+        Ok(Setup {
+            store,
+            layer,
+            tiers,
+            who,
+        })
+    }
+
+    /// `--tier`, if given, among `tiers` (those of `source`).
+    fn known_tier(&self, tiers: &[String], source: &str) -> Result<(), String> {
+        let Some(tier) = &self.tier else {
+            return Ok(());
+        };
+        if tiers.contains(tier) {
+            return Ok(());
+        }
+        let known = match tiers.is_empty() {
+            true => "it has no tiers".to_owned(),
+            false => format!("its tiers: {}", tiers.join(", ")),
+        };
+        Err(format!("{source}: no tier {tier:?} ({known})"))
     }
 
     /// `call` bounded by the store's timeout (and a second more), its error naming the store.
@@ -389,7 +447,7 @@ fn spent(policy: &RatePolicy, outcome: &RateOutcome) -> bool {
 fn nothing_of(lead: &str, who: &Who, namespaces: &[impl AsRef<str>]) -> String {
     format!(
         "{lead}: the store holds no state of {} under {}; a caller that never came, or one \
-         named otherwise (check the caller, and the prefix and tiers of --config)",
+         named otherwise (check the caller, the prefix and the tiers)",
         who.label,
         namespaces
             .iter()
@@ -421,7 +479,7 @@ async fn inspect(args: &InspectArgs) -> Result<Shown, String> {
         // a caller of a tier, inspected without --tier: name the tiers it has spent under
         if target.tier.is_none() {
             let mut in_tiers = Vec::new();
-            for tier in setup.config.tiers.keys() {
+            for tier in &setup.tiers {
                 let outcome = target.bounded(setup.layer.peek_tier(tier, key)).await?;
                 if spent(&setup.layer.tier_policy(tier), &outcome) {
                     in_tiers.push(format!("--tier {tier}"));
@@ -559,7 +617,7 @@ async fn reset(args: &ResetArgs) -> Result<Shown, String> {
     let mut namespaces = Vec::new();
     let tiers: Vec<&String> = match &target.tier {
         Some(tier) => vec![tier],
-        None => setup.config.tiers.keys().collect(),
+        None => setup.tiers.iter().collect(),
     };
     if target.tier.is_none() {
         let outcome = target.bounded(setup.layer.peek(key)).await?;
@@ -592,7 +650,7 @@ async fn reset(args: &ResetArgs) -> Result<Shown, String> {
         None => {
             target.bounded(setup.layer.reset(key)).await?;
             record(&setup.layer.policy());
-            for tier in setup.config.tiers.keys() {
+            for tier in &setup.tiers {
                 record(&setup.layer.tier_policy(tier));
             }
         }

@@ -93,8 +93,8 @@ async fn inspect_and_reset_on_postgres() {
     assert_eq!(
         again.stderr,
         "nothing to reset: the store holds no state of header x-api-key=a… under svc:rl, \
-         svc:rl:paid; a caller that never came, or one named otherwise (check the caller, and \
-         the prefix and tiers of --config)\n"
+         svc:rl:paid; a caller that never came, or one named otherwise (check the caller, the \
+         prefix and the tiers)\n"
     );
     // a mistyped prefix in the limits file finds nothing of bob, who has spent: exit 1, naming
     // the prefix it looked under, and bob's quota untouched

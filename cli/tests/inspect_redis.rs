@@ -184,8 +184,8 @@ async fn a_tier_is_inspected_and_reset_on_its_own() {
     assert_eq!(
         untiered.stderr,
         "nothing spent: the store holds no state of header x-api-key=d… under svc:rl; a caller \
-         that never came, or one named otherwise (check the caller, and the prefix and tiers of \
-         --config); it has spent under --tier paid\n"
+         that never came, or one named otherwise (check the caller, the prefix and the tiers); \
+         it has spent under --tier paid\n"
     );
 
     let mut args = vec!["inspect"];

@@ -52,17 +52,18 @@ async fn the_tool_reads_and_changes_the_limits(
     store_args: &[&str],
     copies: [RateLimitLayer<Header>; 2],
 ) {
-    let run = |extra: &[&str]| {
-        let mut args = vec!["limits"];
-        args.extend_from_slice(&extra[..1]);
+    // `tollgate <command> <store args> <rest>`
+    let tool = |command: &[&str], rest: &[&str]| {
+        let mut args = command.to_vec();
         args.extend_from_slice(store_args);
-        args.extend_from_slice(&extra[1..]);
+        args.extend_from_slice(rest);
         let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
         async move {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             tollgate(&args).await
         }
     };
+    let run = |extra: &[&str]| tool(&["limits", extra[0]], &extra[1..]);
     // the copy built with 9 decides with the 5 the first one seeded
     let shown = run(&["show", "--prefix", "svc"]).await;
     assert_eq!(shown.code, 0, "{shown:?}");
@@ -175,6 +176,67 @@ async fn the_tool_reads_and_changes_the_limits(
     tokio::time::sleep(REFRESH * 5).await;
     // back to the tier's 5 a minute, 2 spent
     assert_eq!(admitted(&copies, "acme", 3).await, 3);
+
+    // inspect and reset read the limits in force: no limits file
+    let inspect = |who: &str| {
+        tool(
+            &["inspect"],
+            &["--prefix", "svc", "--header", who, "--json"],
+        )
+    };
+    let bob = inspect("x-api-key=bob").await.json();
+    assert_eq!(remaining(&bob), rows(&[("minute", 5, 0)]));
+    let reset = tool(
+        &["reset"],
+        &["--prefix", "svc", "--header", "x-api-key=bob"],
+    )
+    .await;
+    assert_eq!(reset.code, 0, "{reset:?}");
+    assert_eq!(
+        remaining(&inspect("x-api-key=bob").await.json_of_nothing()),
+        rows(&[("minute", 5, 5)])
+    );
+    let pro = tool(
+        &["inspect"],
+        &[
+            "--prefix",
+            "svc",
+            "--tier",
+            "pro",
+            "--header",
+            "x-api-key=bob",
+        ],
+    )
+    .await;
+    assert_eq!(pro.code, 1, "{pro:?}");
+    assert!(pro.stdout.contains("70"), "{pro:?}");
+    let gold = tool(
+        &["inspect"],
+        &[
+            "--prefix",
+            "svc",
+            "--tier",
+            "gold",
+            "--header",
+            "x-api-key=bob",
+        ],
+    )
+    .await;
+    assert_eq!(gold.code, 2, "{gold:?}");
+    assert!(
+        gold.stderr.contains("no tier \"gold\" (its tiers: pro)"),
+        "{gold:?}"
+    );
+    let svx = tool(
+        &["reset"],
+        &["--prefix", "svx", "--header", "x-api-key=bob"],
+    )
+    .await;
+    assert_eq!(svx.code, 2, "{svx:?}");
+    assert!(
+        svx.stderr.contains("no limits in force under svx:rl"),
+        "{svx:?}"
+    );
 
     let history = run(&["history", "--prefix", "svc"]).await;
     assert_eq!(history.code, 0, "{history:?}");
