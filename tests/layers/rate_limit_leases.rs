@@ -153,30 +153,20 @@ async fn four_copies_admit_at_most_the_quota(copies: [RateLimitLayer<Header>; 4]
         futures_util::future::join_all(copies.iter().map(|c| fire(c, &caller, PER_COPY))).await;
     let admitted: u64 = tallies.iter().map(|t| t.admitted).sum();
     let from_lease: u64 = tallies.iter().map(|t| t.from_lease).sum();
-    // a slice fetched ahead in the background is charged before it is held: wait until it
-    // lands (a loaded machine may take longer than the usual few milliseconds)
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    let mut unspent: u64 = copies.iter().map(RateLimitLayer::leases_unspent).sum();
-    while admitted + unspent < QUOTA && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        unspent = copies.iter().map(RateLimitLayer::leases_unspent).sum();
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let unspent: u64 = copies.iter().map(RateLimitLayer::leases_unspent).sum();
     assert!(
         admitted <= QUOTA,
         "{admitted} admitted of {QUOTA}: {tallies:?}"
     );
     assert!(
-        admitted + unspent >= QUOTA,
-        "{admitted} admitted and {unspent} unspent in slices, of {QUOTA}: {tallies:?}"
-    );
-    assert!(
         from_lease * 2 >= admitted,
         "only {from_lease} of {admitted} admitted from slices: {tallies:?}"
     );
-    // the store counts every admission and every unspent unit of a slice, nothing more
-    left_becomes(&copies[0], &caller, QUOTA - admitted - unspent).await;
+    // the store counts every admission and every unspent unit of a slice, nothing more: the
+    // quota is admitted but for what the slices hold — once every slice fetched in the
+    // background has landed, and every fetch whose answer was lost under load has been resolved
+    // and given back (a unit on its way back is counted by the store until it lands, and held
+    // by no copy)
+    accounted(&copies, &caller, admitted).await;
     for copy in &copies {
         copy.give_back_leases().await;
         assert_eq!(copy.leases_unspent(), 0);
@@ -189,6 +179,31 @@ async fn four_copies_admit_at_most_the_quota(copies: [RateLimitLayer<Header>; 4]
         QUOTA,
         "{admitted} admitted at first, {rest} then"
     );
+}
+
+/// Waits until the store's count of `caller` is exactly `admitted` plus what `copies` hold
+/// unspent of their slices, at most 10 s.
+async fn accounted(copies: &[RateLimitLayer<Header>], caller: &str, admitted: u64) {
+    let key = key_of(&copies[0], caller);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let unspent: u64 = copies.iter().map(RateLimitLayer::leases_unspent).sum();
+        let left = copies[0].peek(key).await.unwrap().limits[0].remaining;
+        if admitted + unspent + left == QUOTA {
+            // left in the store, yet denied: only units that were on their way back during the
+            // burst, at most a slice (an eighth of the quota)
+            assert!(
+                left <= QUOTA / 8,
+                "{admitted} admitted, {unspent} unspent in slices, {left} left in the store"
+            );
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{admitted} admitted, {unspent} unspent in slices, {left} left in the store, of {QUOTA}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Spends what is left of `caller`'s quota through `copies`, their slices given back before and
@@ -218,9 +233,15 @@ async fn spend_the_rest(copies: &[&RateLimitLayer<Header>], caller: &str) -> u64
 async fn a_dead_copy_loses_its_slice(alive: RateLimitLayer<Header>, dead: RateLimitLayer<Header>) {
     let caller = unique("dies");
     let before = fire(&dead, &caller, 40).await;
-    // a slice fetched in the background lands
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let held = dead.leases_unspent();
+    // a slice fetched in the background lands: what the copy holds stays the same for 300 ms
+    let mut held = dead.leases_unspent();
+    let (mut still, deadline) = (0, tokio::time::Instant::now() + Duration::from_secs(5));
+    while still < 3 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = dead.leases_unspent();
+        still = if now == held { still + 1 } else { 0 };
+        held = now;
+    }
     assert_eq!(before.admitted, 40);
     assert!(before.from_lease > 0 && held > 0, "{before:?}, {held} held");
     assert!(held <= QUOTA / 8, "{held} held in one slice");
