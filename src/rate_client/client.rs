@@ -207,6 +207,8 @@ impl RateClient {
             return;
         };
         in_store.start(&self.place()).await;
+        // a change made through another copy is heard of at once where the store broadcasts
+        self.listener.ensure(&*self.store, self);
         let (weak, every) = (Arc::downgrade(self), in_store.refresh);
         tokio::spawn(async move {
             loop {
@@ -278,6 +280,24 @@ impl Invalidated for RateClient {
         if let Some(cache) = self.deny_cache.as_ref().filter(|_| known) {
             cache.forget(key);
         }
+    }
+
+    /// Of this layer's limits changed through another copy: read them again now.
+    fn limits(self: &Arc<Self>, namespace: &str) {
+        let Some(in_store) = &self.in_store else {
+            return;
+        };
+        if in_store.namespace() != namespace {
+            return;
+        }
+        let client = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Some(in_store) = &client.in_store
+                && let Err(error) = in_store.refresh(&client.place()).await
+            {
+                in_store.warn_unread(&error);
+            }
+        });
     }
 
     /// Every cached denial goes; slices are kept: a reset missed here is spent past by at most

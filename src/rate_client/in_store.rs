@@ -134,7 +134,7 @@ pub(crate) struct Place<'a> {
 
 impl InStore {
     /// The namespace the layer's table is kept under: its own tier's.
-    fn namespace(&self) -> &str {
+    pub(crate) fn namespace(&self) -> &str {
         &self.recipe.options.namespace
     }
 

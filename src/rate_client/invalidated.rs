@@ -15,6 +15,11 @@ pub(crate) trait Invalidated: Send + Sync + 'static {
 
     /// Some invalidations may have been missed.
     fn missed(&self);
+
+    /// The limits in force of the layer of `namespace` were changed through some copy.
+    fn limits(self: &Arc<Self>, namespace: &str) {
+        let _ = namespace;
+    }
 }
 
 /// A subscription to a store's invalidations, made once, on the first request made inside a
@@ -49,6 +54,7 @@ async fn drop_invalidated<T: Invalidated>(mut invalidations: Invalidations, kept
         };
         match invalidation {
             Invalidation::Caller { namespace, key } => kept.caller(&namespace, key),
+            Invalidation::Limits { namespace } => kept.limits(&namespace),
             // `Missed`, and whatever a later version adds: dropping every denial is always safe
             _ => kept.missed(),
         }

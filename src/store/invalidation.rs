@@ -37,6 +37,12 @@ pub enum Invalidation {
         /// The caller.
         key: Key,
     },
+    /// The limits in force of the rate-limit layer of namespace `namespace` were changed (see
+    /// [`LimitsStore`](super::LimitsStore)): a copy reads them again.
+    Limits {
+        /// The namespace of the layer whose limits changed, e.g. `tollgate:rl`.
+        namespace: Arc<str>,
+    },
     /// Invalidations may have been lost (the subscriber fell behind, or its connection to the
     /// server dropped and was made again): any cached denial may be stale.
     Missed,

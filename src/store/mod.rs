@@ -88,7 +88,9 @@
 //! ([`RateStore::invalidations`]), and a layer drops the caller's cached denial on arrival: the
 //! caller is admitted on every copy within about a round trip of the broadcast. The broadcast
 //! is a shortcut, never what correctness rests on: when it is lost, a cached denial is still
-//! served for at most a second.
+//! served for at most a second. A change of a layer's [limits in force](LimitsStore) is
+//! broadcast the same way ([`Invalidation::Limits`]; the payload `limits` in place of a caller),
+//! and every copy of the layer reads them again at once; when it is lost, within its refresh.
 //!
 //! | store | broadcast | subscriber | published | cost |
 //! | --- | --- | --- | --- | --- |

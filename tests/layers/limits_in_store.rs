@@ -106,6 +106,37 @@ async fn an_override_governs_every_copy(make: impl Fn() -> S) {
     assert_eq!(notes, ["back", "acme pays less", "defaults of revision 0"]);
 }
 
+/// A change saved through one copy reaches the other by the store's broadcast (Redis Pub/Sub,
+/// PostgreSQL `NOTIFY`, in process), long before its refresh.
+async fn a_change_reaches_every_copy_by_the_broadcast(make: impl Fn() -> S) {
+    let prefix = unique("lim");
+    let slow = Duration::from_secs(60);
+    let a = copy(make(), &prefix, 10)
+        .limits_refresh(slow)
+        .build_in_store()
+        .await
+        .unwrap();
+    let b = copy(make(), &prefix, 10)
+        .limits_refresh(slow)
+        .build_in_store()
+        .await
+        .unwrap();
+    // the subscription of b is made when it starts: give it a moment to listen
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let acme = key_of(&a, "acme");
+    let plan = vec![Limit::new("api", 3, Duration::from_secs(600))];
+    limits(&a).set_caller(acme, plan, "").await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while limits(&b).in_force().version < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b did not hear of the change"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(fire(&b, "acme", 10).await.admitted, 3);
+}
+
 /// A leased quota lowered through one copy: every copy gives back its slices, and once the
 /// old window has passed the two copies admit no more than the new quota, exactly it once
 /// their slices are given back.
@@ -234,6 +265,7 @@ on_every_backend!(
     copies_built_otherwise_admit_the_quota_in_force,
     a_higher_revision_replaces_the_defaults,
     an_override_governs_every_copy,
+    a_change_reaches_every_copy_by_the_broadcast,
     a_lowered_leased_quota_holds_from_the_next_window,
     a_refused_change_changes_nothing,
 );

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::{MemoryStore, ready};
 use crate::rate::{LimitTable, StoredTable, TableChange};
 use crate::store::limits_store::{HISTORY_KEPT, kept_note};
-use crate::store::{LimitsStore, Saved, StoreFuture};
+use crate::store::{Invalidation, LimitsStore, Saved, StoreFuture};
 
 /// The tables of a [`MemoryStore`], by namespace.
 #[derive(Debug, Default)]
@@ -65,7 +65,12 @@ impl LimitsStore for MemoryStore {
             table: table.clone(),
         });
         kept.history.truncate(HISTORY_KEPT);
-        ready(Saved::Saved(kept.version))
+        let version = kept.version;
+        drop(tables);
+        self.inner.invalidations.send(Invalidation::Limits {
+            namespace: namespace.into(),
+        });
+        ready(Saved::Saved(version))
     }
 
     fn limits_history(&self, namespace: &str) -> StoreFuture<Vec<TableChange>> {

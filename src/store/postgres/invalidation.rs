@@ -35,6 +35,14 @@ pub(super) fn payload(namespace: &str, key: Key) -> String {
     format!("{namespace} {key}")
 }
 
+/// The payload telling that the limits in force of the layer of `namespace` changed.
+pub(super) fn limits_payload(namespace: &str) -> String {
+    format!("{namespace} {LIMITS}")
+}
+
+/// What stands for the caller in a change of limits: never a caller's key (22 characters).
+const LIMITS: &str = "limits";
+
 /// How the subscriber's own connection is made: as the pool's are.
 #[derive(Clone)]
 pub(super) enum Source {
@@ -150,6 +158,11 @@ async fn watch(client: &Client, hub: &Hub, timeout: Duration) {
 /// The invalidation a payload carries; `None` for one that is not ours.
 fn parse(payload: &str) -> Option<Invalidation> {
     let (namespace, key) = payload.split_once(' ')?;
+    if key == LIMITS {
+        return Some(Invalidation::Limits {
+            namespace: Arc::from(namespace),
+        });
+    }
     Some(Invalidation::Caller {
         namespace: Arc::from(namespace),
         key: Key::from_encoded(key)?,
@@ -174,8 +187,14 @@ mod tests {
             "[!-z|~]{0,12} [A-Za-z0-9_ -]{22}.{0,4}",
         ];
         check(1024, text, |text| {
-            if let Some(Invalidation::Caller { namespace, key }) = parse(&text) {
-                prop_assert_eq!(payload(&namespace, key), text);
+            match parse(&text) {
+                Some(Invalidation::Caller { namespace, key }) => {
+                    prop_assert_eq!(payload(&namespace, key), text);
+                }
+                Some(Invalidation::Limits { namespace }) => {
+                    prop_assert_eq!(limits_payload(&namespace), text);
+                }
+                _ => {}
             }
             Ok(())
         });
@@ -190,6 +209,10 @@ mod tests {
                 key,
             };
             prop_assert_eq!(parse(&payload(&namespace, key)), Some(expected));
+            let limits = Invalidation::Limits {
+                namespace: Arc::from(namespace.as_str()),
+            };
+            prop_assert_eq!(parse(&limits_payload(&namespace)), Some(limits));
             Ok(())
         });
     }

@@ -1,13 +1,14 @@
 //! [`LimitsStore`] on PostgreSQL: a row of `limit_tables` per table, saved by `limits_save`
 //! (compare-and-set on its version), its changes in `limit_changes`.
 
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use tokio::time::Instant;
 use tokio_postgres::Row;
 
-use super::PgStore;
 use super::call::Param;
+use super::{PgStore, invalidation};
 use crate::rate::{LimitTable, StoredTable, TableChange};
 use crate::store::limits_store::{HISTORY_KEPT, kept_note};
 use crate::store::{LimitsStore, Saved, StoreError, StoreFuture};
@@ -39,13 +40,34 @@ impl LimitsStore for PgStore {
             Box::new(HISTORY_KEPT as i32),
         ];
         let deadline = Instant::now() + self.inner.settings.timeout;
-        self.call(
+        let saving = self.call(
             "limits_save",
             |s| &s.limits_save,
             params,
             Some(deadline),
             decode_saved,
-        )
+        );
+        let shared = Arc::clone(&self.inner.shared);
+        let channel = invalidation::channel(&self.inner.settings.schema);
+        let payload = invalidation::limits_payload(namespace);
+        // every copy hears of it at once, and reads the table again
+        Box::pin(async move {
+            let saved = saving.await?;
+            if let Saved::Saved(_) = saved {
+                let params: Vec<Param> = vec![Box::new(channel), Box::new(payload)];
+                let notified = shared
+                    .calls
+                    .row("invalidate", 1, &shared.sql.notify, &params, None)
+                    .await;
+                if let Err(error) = notified {
+                    tracing::debug!(
+                        target: "tollgate::store", %error,
+                        "could not notify a change of limits; the copies read them within their refresh"
+                    );
+                }
+            }
+            Ok(saved)
+        })
     }
 
     fn limits_history(&self, namespace: &str) -> StoreFuture<Vec<TableChange>> {

@@ -65,6 +65,26 @@ pub(super) async fn publish_or_log(mut conn: Connection, namespace: Arc<str>, ke
     }
 }
 
+/// The payload that says a layer's limits in force changed: never a caller's key (22
+/// characters).
+const LIMITS: &str = "limits";
+
+/// Publishes that the limits in force of the layer of `namespace` changed, with a failure
+/// logged: the copies read them again within their refresh anyway.
+pub(super) async fn publish_limits_or_log(mut conn: Connection, namespace: Arc<str>) {
+    let published = redis::cmd("PUBLISH")
+        .arg(channel(&namespace))
+        .arg(LIMITS)
+        .query_async::<i64>(&mut conn)
+        .await;
+    if let Err(error) = published {
+        tracing::debug!(
+            target: "tollgate::store", %error,
+            "could not publish a change of limits; the copies read them within their refresh"
+        );
+    }
+}
+
 /// Where the subscriber connects.
 #[derive(Clone)]
 enum Source {
@@ -204,7 +224,13 @@ async fn serve(pubsub: PubSub, hub: &Hub, timeout: Duration) {
 /// The invalidation a message carries; `None` for one on another channel, or not a key.
 fn parse(message: &Msg) -> Option<Invalidation> {
     let namespace = message.get_channel_name().strip_suffix(SUFFIX)?;
-    let key = Key::from_encoded(std::str::from_utf8(message.get_payload_bytes()).ok()?)?;
+    let payload = std::str::from_utf8(message.get_payload_bytes()).ok()?;
+    if payload == LIMITS {
+        return Some(Invalidation::Limits {
+            namespace: Arc::from(namespace),
+        });
+    }
+    let key = Key::from_encoded(payload)?;
     Some(Invalidation::Caller {
         namespace: Arc::from(namespace),
         key,

@@ -1,11 +1,13 @@
 //! [`LimitsStore`] on Redis: a table is a hash (`v`, `doc`) beside a list of its changes, saved
 //! by one compare-and-set script.
 
+use std::sync::Arc;
+
 use redis::Value;
 use tokio::time::Instant;
 
 use super::script_call::ScriptCall;
-use super::{Effect, RedisStore, redis_call, store_error};
+use super::{Effect, RedisStore, invalidation, redis_call, store_error};
 use crate::keyspace;
 use crate::rate::{LimitTable, StoredTable, TableChange};
 use crate::store::limits_store::{HISTORY_KEPT, kept_note, read_change};
@@ -51,7 +53,8 @@ impl LimitsStore for RedisStore {
             .arg(table.encode())
             .arg(kept_note(note))
             .arg(HISTORY_KEPT as u64);
-        self.write(
+        let (conn, namespace) = (self.link.get(), Arc::<str>::from(namespace));
+        let saving = self.write(
             "limits_save",
             |s| &s.limits_save,
             call,
@@ -71,7 +74,15 @@ impl LimitsStore for RedisStore {
             },
             None,
             None,
-        )
+        );
+        // every copy hears of it at once, and reads the table again
+        Box::pin(async move {
+            let saved = saving.await?;
+            if let Saved::Saved(_) = saved {
+                invalidation::publish_limits_or_log(conn, namespace).await;
+            }
+            Ok(saved)
+        })
     }
 
     fn limits_history(&self, namespace: &str) -> StoreFuture<Vec<TableChange>> {
