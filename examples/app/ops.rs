@@ -1,5 +1,6 @@
-//! The app's operator and integration routes: `GET /admin/callers/{key}` and
-//! `POST /admin/callers/{key}/reset` (behind `APP_ADMIN_TOKEN`), and `POST /webhooks/{source}`,
+//! The app's operator and integration routes: `GET /admin/callers/{key}`,
+//! `POST /admin/callers/{key}/reset` and `PUT` / `DELETE /admin/callers/{key}/limits` (behind
+//! `APP_ADMIN_TOKEN`), and `POST /webhooks/{source}`,
 //! each delivery processed once across all copies by its `Webhook-Id`.
 
 use std::net::SocketAddr;
@@ -11,7 +12,7 @@ use axum::extract::{Path, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -19,7 +20,9 @@ use tollgate::ConfigError;
 use tollgate::idempotency::{IdempotencyLayer, OnConcurrent};
 use tollgate::key::{self, BoxedKey, ForwardedIp, KeyExtractor as _};
 use tollgate::rate::RateOutcome;
-use tollgate::rate_limit::{Limit, OnStoreError, RateLimitLayer};
+use tollgate::rate_limit::{
+    Changed, Limit, LimitsError, OnStoreError, RateLimitLayer, StoreLimits,
+};
 use tollgate::store::Store;
 
 use super::identity::{Caller, masked};
@@ -122,6 +125,10 @@ pub(super) fn admin_routes(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/admin/callers/{key}", get(peek_caller))
         .route("/admin/callers/{key}/reset", post(reset_caller))
+        .route(
+            "/admin/callers/{key}/limits",
+            put(set_caller_limits).delete(unset_caller_limits),
+        )
         .route_layer(state.admin_failures.clone())
         .route_layer(state.admin_calls.clone())
 }
@@ -282,6 +289,108 @@ async fn reset_caller(
             store_failed(&error)
         }
     }
+}
+
+/// Gives the tenant of API key `{key}` limits of its own on `/api/*`, for every copy: the body
+/// is `name:count/<seconds>s,…` (the syntax of `APP_LIMITS`), the note the `x-note` header.
+/// `200` `{"version", "changed"}`; `422` for limits the layer refuses (nothing changes); `409`
+/// when the limits are not kept in the store.
+async fn set_caller_limits(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    head: Parts,
+    body: String,
+) -> Response {
+    let call = AdminCall::new("set limits", &state, &head, &key);
+    let caller = match call.authorize(&state, &head.headers) {
+        Ok(caller) => caller,
+        Err(refused) => return refused.into_response(),
+    };
+    let parsed = crate::env::parse_limits_for(body.trim(), state.config.algorithm);
+    let new = match parsed {
+        Ok(limits) => limits,
+        Err(problem) => return unprocessable(&problem),
+    };
+    let note = note_of(&head.headers);
+    let Some((limits, tenant)) = caller_limits(&state, &caller) else {
+        return not_in_store();
+    };
+    let changed = limits.set_caller(tenant, new, &note).await;
+    call.log(Some(&caller), "limits set");
+    changed_response(changed)
+}
+
+/// Takes the tenant of API key `{key}` back to the limits of `/api/*`: `200`, or `404` when it
+/// had none of its own.
+async fn unset_caller_limits(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    head: Parts,
+) -> Response {
+    let call = AdminCall::new("unset limits", &state, &head, &key);
+    let caller = match call.authorize(&state, &head.headers) {
+        Ok(caller) => caller,
+        Err(refused) => return refused.into_response(),
+    };
+    let Some((limits, tenant)) = caller_limits(&state, &caller) else {
+        return not_in_store();
+    };
+    // what the store holds now, not what this copy heard of last
+    if let Err(error) = limits.refresh().await {
+        return store_failed(&error);
+    }
+    if limits.in_force().table.for_caller(tenant).is_none() {
+        let body = json!({ "error": "the tenant has no limits of its own" });
+        return (StatusCode::NOT_FOUND, Json(body)).into_response();
+    }
+    let changed = limits.unset_caller(tenant, &note_of(&head.headers)).await;
+    call.log(Some(&caller), "limits unset");
+    changed_response(changed)
+}
+
+/// The limits in force of `/api/*` and the tenant's key under them; `None` when the limits are
+/// the code's.
+fn caller_limits(state: &AppState, caller: &Caller) -> Option<(StoreLimits, tollgate::key::Key)> {
+    let limits = state.api_limit.limits()?;
+    let tenant = state.api_limit.key_of(&head_of(caller))?;
+    Some((limits, tenant))
+}
+
+/// The `x-note` header, or nothing.
+fn note_of(headers: &HeaderMap) -> String {
+    headers
+        .get("x-note")
+        .and_then(|note| note.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn changed_response(changed: Result<Changed, LimitsError>) -> Response {
+    match changed {
+        Ok(changed) => {
+            let body = json!({
+                "version": changed.version(),
+                "changed": matches!(changed, Changed::Saved(_)),
+            });
+            Json(body).into_response()
+        }
+        Err(LimitsError::Invalid(problem)) => unprocessable(&problem.to_string()),
+        Err(LimitsError::Store(error)) => store_failed(&error),
+        Err(other) => {
+            let body = json!({ "error": other.to_string() });
+            (StatusCode::CONFLICT, Json(body)).into_response()
+        }
+    }
+}
+
+fn unprocessable(problem: &str) -> Response {
+    let body = json!({ "error": format!("refused, nothing changed: {problem}") });
+    (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response()
+}
+
+fn not_in_store() -> Response {
+    let body = json!({ "error": "the limits of /api/* are not kept in the store on this copy" });
+    (StatusCode::CONFLICT, Json(body)).into_response()
 }
 
 fn limits(limits: &[Limit], outcome: &RateOutcome) -> Vec<Value> {

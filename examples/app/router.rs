@@ -23,6 +23,8 @@
 //! | `POST /webhooks/{source}` | processes a delivery once per `Webhook-Id` and sender across all copies: `200 {"source","webhook_id","bytes","run"}`, every repeated delivery answered with the first one's `run` (waiting for it while it runs); `400` without the header. Demo-only: the sender is the path and no signature is checked, which a real receiver does first |
 //! | `GET /admin/callers/{key}` | with `APP_ADMIN_TOKEN` (`Authorization: Bearer …`, compared in constant time): what the tenant of API key `{key}` has left of `/api/*`'s limits and of its token budget, spending nothing; `404` for a key the table does not know |
 //! | `POST /admin/callers/{key}/reset` | with `APP_ADMIN_TOKEN`: forgets what the tenant of API key `{key}` has spent, on every copy: `204` |
+//! | `PUT /admin/callers/{key}/limits` | with `APP_ADMIN_TOKEN`: limits of its own on `/api/*` for the tenant of API key `{key}`, on every copy (body `name:count/<seconds>s,…`, note in `x-note`): `200` `{"version", "changed"}`, `422` for limits refused |
+//! | `DELETE /admin/callers/{key}/limits` | with `APP_ADMIN_TOKEN`: the tenant back to `/api/*`'s limits: `200`, `404` when it had none of its own |
 //!
 //! Admin calls are rate-limited per client address (`ADMIN_CALLS` a minute, and `ADMIN_FAILURES`
 //! refused tokens in 15 minutes, after which even the right token waits), and each is logged with

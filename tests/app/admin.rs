@@ -324,3 +324,58 @@ fn api_key_tables_parse_and_their_errors_show_no_key() {
         assert!(!error.to_string().contains("sk_secret"), "{error}");
     }
 }
+
+/// `PUT` / `DELETE /admin/callers/{key}/limits` through one copy of the app govern the other:
+/// two copies built with different `APP_LIMITS` on one store admit the quota in force, a
+/// tenant's own limits set through one are in force on both, limits the layer refuses are `422`
+/// and change nothing, and a tenant without limits of its own is `404`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_set_through_one_copy_govern_both() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let copy = |limits: &str| {
+        let config = AppConfig {
+            limits: app::parse_limits(limits).unwrap(),
+            ..config()
+        };
+        let store = Arc::clone(&store);
+        async move {
+            let state = AppState::new(Arc::clone(&store), config.clone()).unwrap();
+            let state = state.with_limits_in_store(store, &config, 0).await.unwrap();
+            app::router(state)
+        }
+    };
+    let (a, b) = (copy("hourly:2/3600s").await, copy("hourly:9/3600s").await);
+    let limits = "/admin/callers/sk_live_ann_0123/limits";
+    let put = |body: &'static str| {
+        let request = Request::put(limits)
+            .header("authorization", format!("Bearer {ADMIN}"))
+            .header("x-note", "ann on trial")
+            .body(Body::from(body))
+            .unwrap();
+        from("203.0.113.9:1", request)
+    };
+    assert_eq!(status(&b, hello()).await, StatusCode::OK);
+    assert_eq!(status(&a, hello()).await, StatusCode::OK);
+    assert_eq!(status(&b, hello()).await, StatusCode::TOO_MANY_REQUESTS);
+
+    assert_eq!(
+        status(&a, put("hourly:0/3600s")).await,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    assert_eq!(status(&b, hello()).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(&a, put("hourly:3/3600s")).await, StatusCode::OK);
+    // in force on b at once (the store's broadcast), what ann spent kept: one more
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+    while status(&b, hello()).await != StatusCode::OK {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b never took ann's limits"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(status(&a, hello()).await, StatusCode::TOO_MANY_REQUESTS);
+
+    let delete = || admin("203.0.113.9:1", "DELETE", limits, ADMIN);
+    assert_eq!(status(&b, delete()).await, StatusCode::OK);
+    assert_eq!(status(&a, delete()).await, StatusCode::NOT_FOUND);
+}
