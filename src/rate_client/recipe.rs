@@ -46,16 +46,11 @@ impl Recipe {
         if let Some(limits_by) = &self.limits_by {
             tiers = tiers.with_limits_by(Arc::clone(limits_by), self.options.clone());
         }
+        // a tier of the table this copy's code does not name (another version's) is not its
+        // business: it is left out, not refused
         let Some(table) = table else {
             return Ok(tiers);
         };
-        if let Some(unknown) = table
-            .replacements()
-            .filter_map(|(tier, _)| tier)
-            .find(|tier| !self.named.iter().any(|(name, _)| name == tier))
-        {
-            return Err(unknown_tier(unknown));
-        }
         let mut built: HashMap<&[Limit], Arc<Tier>> = HashMap::new();
         let mut callers = HashMap::new();
         for (key, limits) in table.overrides() {

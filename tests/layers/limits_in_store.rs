@@ -294,3 +294,41 @@ async fn a_copy_that_cannot_read_the_store_decides_with_its_own_limits() {
     assert_eq!(limits(&copy).in_force().version, 0);
     assert_eq!(copy.policy().limits()[0].quota(), 7);
 }
+
+/// A copy of an earlier version, which does not name a tier that a later one added and an
+/// operator replaced, still takes every other change of the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tier_another_version_added_leaves_the_rest_in_force() {
+    let store = MemoryStore::new();
+    let prefix = unique("lim");
+    let tiered = |store: MemoryStore, tiers: &[&str]| {
+        let mut builder = copy(store, &prefix, 10);
+        for tier in tiers {
+            builder = builder.tier(*tier, [Limit::new("api", 50, Duration::from_secs(600))]);
+        }
+        builder.tier_by(|parts| parts.headers.get("x-plan")?.to_str().ok())
+    };
+    let old = tiered(store.clone(), &["pro"])
+        .build_in_store()
+        .await
+        .unwrap();
+    let new = tiered(store.clone(), &["pro", "gold"])
+        .limits_revision(1)
+        .build_in_store()
+        .await
+        .unwrap();
+    let gold = vec![Limit::new("api", 500, Duration::from_secs(600))];
+    limits(&new).set_tier(Some("gold"), gold, "").await.unwrap();
+    let own = vec![Limit::new("api", 3, Duration::from_secs(600))];
+    limits(&new).set_tier(None, own, "").await.unwrap();
+    assert_eq!(limits(&old).refresh().await.unwrap(), 4);
+    assert_eq!(old.policy().limits()[0].quota(), 3);
+    // and its own changes are saved beside the tier it does not know
+    let pro = vec![Limit::new("api", 70, Duration::from_secs(600))];
+    assert_eq!(
+        limits(&old).set_tier(Some("pro"), pro, "").await.unwrap(),
+        Changed::Saved(5)
+    );
+    let table = limits(&new).in_force().table;
+    assert_eq!(table.for_tier(Some("gold")).unwrap()[0].quota(), 500);
+}
