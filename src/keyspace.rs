@@ -20,7 +20,7 @@
 //! | permits of a concurrency limit, fencing counter | `<prefix>:cc:{<caller>}`, the same plus `:fence` |
 //! | their queue of waiters, the waiters' places | the permits' key plus `:queue`, `:waiting` |
 //! | release marker of a claim, lock, record or permits | its key plus `:released` |
-//! | a rate-limit layer's limits in force, their history | `<prefix>:rl:{limits}`, the same plus `:history` |
+//! | a rate-limit layer's limits in force, their history, its copies | `<prefix>:rl:{limits}`, the same plus `:history`, `:copies` |
 
 use std::sync::Arc;
 
@@ -85,6 +85,12 @@ pub(crate) fn limit_table(namespace: &str) -> (String, String) {
     let table = format!("{namespace}:{{limits}}");
     let history = format!("{table}:history");
     (table, history)
+}
+
+/// The key of the copies registered under rate namespace `namespace`: `<namespace>:{limits}:copies`.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn limit_copies(namespace: &str) -> String {
+    format!("{namespace}:{{limits}}:copies")
 }
 
 /// Writes the key of limit `limit` under `algorithm` (its tag) in `namespace` for caller `key`

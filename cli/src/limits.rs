@@ -236,7 +236,7 @@ fn nothing_under(namespace: &str) -> String {
 }
 
 async fn show(args: &ShowArgs) -> Result<Shown, String> {
-    let (_, namespace, stored) = read(&args.place).await?;
+    let (store, namespace, stored) = read(&args.place).await?;
     let Some(stored) = stored else {
         return Ok(Shown::Nothing {
             out: String::new(),
@@ -289,6 +289,26 @@ async fn show(args: &ShowArgs) -> Result<Shown, String> {
     );
     for (key, limits) in overrides {
         rows(&mut out, &format!("caller {key}"), limits);
+    }
+    let copies = args
+        .place
+        .store
+        .bounded(limits_store(&*store)?.copies(&namespace))
+        .await?;
+    let in_force = table.defaults_id();
+    let other = copies.iter().filter(|c| c.built != in_force).count();
+    let _ = writeln!(
+        out,
+        "\ncopies seen lately: {} ({other} built with other defaults, which do not apply)",
+        copies.len()
+    );
+    for copy in &copies {
+        let mark = if copy.built == in_force {
+            ""
+        } else {
+            "  other defaults"
+        };
+        let _ = writeln!(out, "  {}  built {}{mark}", copy.copy, copy.built);
     }
     Ok(Shown::Found(out))
 }

@@ -81,6 +81,12 @@ async fn the_tool_reads_and_changes_the_limits(
         shown.stdout.contains("callers with limits of their own: 0"),
         "{shown:?}"
     );
+    assert!(
+        shown
+            .stdout
+            .contains("copies seen lately: 2 (1 built with other defaults"),
+        "{shown:?}"
+    );
 
     let set = run(&[
         "set",

@@ -144,3 +144,34 @@ pub async fn namespaces_are_apart(store: &impl LimitsStore) {
     );
     assert_eq!(store.limits_history(&b).await.unwrap()[0].note, "b");
 }
+
+/// Copies register with what they were built with, each for its own time; registered again, a
+/// copy says what it says now; one not seen within its time is gone; namespaces are apart.
+pub async fn copies_register_and_lapse(store: &impl LimitsStore) {
+    let ns = unique("t:rl");
+    assert!(store.copies(&ns).await.unwrap().is_empty());
+    let minute = Duration::from_secs(60);
+    store
+        .register_copy(&ns, "a", "r0-abc", minute)
+        .await
+        .unwrap();
+    let short = Duration::from_millis(300);
+    store
+        .register_copy(&ns, "b", "r1-def", short)
+        .await
+        .unwrap();
+    let seen = store.copies(&ns).await.unwrap();
+    let named: Vec<(&str, &str)> = seen.iter().map(|c| (&*c.copy, &*c.built)).collect();
+    assert_eq!(named, [("a", "r0-abc"), ("b", "r1-def")]);
+    assert!(seen[0].left > minute - Duration::from_secs(5) && seen[0].left <= minute);
+    assert!(seen[1].left <= short, "{seen:?}");
+    store
+        .register_copy(&ns, "a", "r2-xyz", minute)
+        .await
+        .unwrap();
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    let seen = store.copies(&ns).await.unwrap();
+    let named: Vec<(&str, &str)> = seen.iter().map(|c| (&*c.copy, &*c.built)).collect();
+    assert_eq!(named, [("a", "r2-xyz")]);
+    assert!(store.copies(&unique("t:rl")).await.unwrap().is_empty());
+}

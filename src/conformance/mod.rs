@@ -28,7 +28,7 @@
 //!   arrival order, and a place lapses unless renewed.
 //! - **Limits in force** (optional, [`LimitsStore`](crate::store::LimitsStore)): a table reads
 //!   back as saved; a save names the version it read, so exactly one of concurrent writers
-//!   wins; the history keeps the newest changes.
+//!   wins; the history keeps the newest changes; copies register for a time of their own.
 //! - **Reads** for operators' tools: a lock's state, a key's permits in use and waiters, an
 //!   idempotency record's state, each read on the store's clock and changing nothing.
 //! - **Invalidations** (optional): a store that offers
@@ -227,6 +227,7 @@ macro_rules! limits_store_suite {
             exactly_one_of_concurrent_saves_wins,
             history_keeps_the_newest_changes,
             namespaces_are_apart,
+            copies_register_and_lapse,
         );
     };
 }

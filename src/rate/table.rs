@@ -134,6 +134,25 @@ impl LimitTable {
         added
     }
 
+    /// What names the defaults — their revision, algorithm and limits — in a copy's
+    /// registration: `r<revision>-<12 hex digits of their digest>`. Two tables of the same
+    /// defaults have the same id.
+    pub fn defaults_id(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let defaults = LimitTable {
+            revision: self.revision,
+            algorithm: self.algorithm,
+            defaults: self.defaults.clone(),
+            ..LimitTable::default()
+        };
+        let digest = Sha256::digest(defaults.encode().as_bytes());
+        let mut id = format!("r{}-", self.revision);
+        for byte in &digest[..6] {
+            let _ = write!(id, "{byte:02x}");
+        }
+        id
+    }
+
     /// Whether the defaults equal `other`'s (its revision aside).
     pub fn same_defaults(&self, other: &LimitTable) -> bool {
         self.defaults == other.defaults

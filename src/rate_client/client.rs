@@ -20,7 +20,7 @@ use crate::key::Key;
 use crate::on_error::OnStoreError;
 use crate::pace::OncePerSecond;
 use crate::rate::{LimitTable, RateCheck, RateOutcome, StoredTable, TableChange};
-use crate::store::{RateStore, StoreError, StoreFuture};
+use crate::store::{CopySeen, RateStore, StoreError, StoreFuture};
 
 /// What a copy keeps of one layer's rate limits, in front of the store: the tiers with their
 /// leased slices and fallbacks, the deny cache and the invalidation listener that keeps them
@@ -214,13 +214,23 @@ impl RateClient {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(client) = weak.upgrade() else { return };
-                if let Some(in_store) = &client.in_store
-                    && let Err(error) = in_store.refresh(&client.place()).await
-                {
-                    in_store.warn_unread(&error);
+                if let Some(in_store) = &client.in_store {
+                    let place = client.place();
+                    let done = in_store.refresh(&place).await.map(drop);
+                    if let Err(error) = done.and(in_store.register(&place).await) {
+                        in_store.warn_unread(&error);
+                    }
                 }
             }
         });
+    }
+
+    /// The copies of the layer the store has seen lately (none without limits in the store).
+    pub(crate) async fn copies(&self) -> Result<Vec<CopySeen>, StoreError> {
+        match &self.in_store {
+            Some(in_store) => in_store.copies(&self.place()).await,
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Reads the limits in force now; the version held after (0 without them).

@@ -19,7 +19,7 @@ use crate::error::ConfigError;
 use crate::metrics;
 use crate::pace::OncePerSecond;
 use crate::rate::{LimitTable, StoredTable, TableChange};
-use crate::store::{LimitsStore, RateStore, Saved, StoreError, StoreErrorKind};
+use crate::store::{CopySeen, LimitsStore, RateStore, Saved, StoreError, StoreErrorKind};
 
 /// How many times a change reads the table again when another change was saved between its
 /// read and its save.
@@ -36,6 +36,11 @@ pub(crate) struct InStore {
     held: Mutex<StoredTable>,
     /// Failures to read the table are logged at warn at most once a second.
     read_warning: OncePerSecond,
+    /// This copy's id in the store's list of copies, and what it was built with.
+    copy: String,
+    built: String,
+    /// When this copy last registered.
+    registered: Mutex<Option<tokio::time::Instant>>,
 }
 
 debug_fields!(InStore {
@@ -50,12 +55,16 @@ impl InStore {
             version: 0,
             table: recipe.defaults(revision),
         };
+        let built = held.table.defaults_id();
         Self {
             recipe,
             revision,
             refresh,
             held: Mutex::new(held),
             read_warning: OncePerSecond::new(),
+            copy: uuid::Uuid::new_v4().simple().to_string(),
+            built,
+            registered: Mutex::new(None),
         }
     }
 
@@ -149,7 +158,7 @@ impl InStore {
     /// code's defaults the table's when its revision is higher, adds the code's tiers the table
     /// lacks — and installs the result. Logged when the store cannot be read.
     pub(crate) async fn start(&self, place: &Place<'_>) {
-        if let Err(error) = self.adopt(place).await {
+        if let Err(error) = self.adopt(place).await.and(self.register(place).await) {
             tracing::warn!(
                 target: "tollgate::rate_limit",
                 limiter = self.namespace(),
@@ -157,6 +166,43 @@ impl InStore {
                 "could not read the limits in force: deciding with the limits this copy was built with until a read succeeds"
             );
         }
+    }
+
+    /// How long a registration of this copy lasts: three refreshes, and at least ten seconds.
+    pub(crate) fn copy_ttl(&self) -> Duration {
+        (self.refresh * 3).max(Duration::from_secs(10))
+    }
+
+    /// Registers this copy in the store's list of the layer's copies, unless it did within a
+    /// third of its registration's time.
+    pub(crate) async fn register(&self, place: &Place<'_>) -> Result<(), StoreError> {
+        let ttl = self.copy_ttl();
+        let now = tokio::time::Instant::now();
+        {
+            let mut registered = self
+                .registered
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if registered.is_some_and(|at| now < at + ttl / 3) {
+                return Ok(());
+            }
+            *registered = Some(now);
+        }
+        let store = self.table_store(place)?;
+        let registered = store.register_copy(self.namespace(), &self.copy, &self.built, ttl);
+        if let Err(error) = registered.await {
+            *self
+                .registered
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = None;
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// The copies of the layer the store has seen lately, with what each was built with.
+    pub(crate) async fn copies(&self, place: &Place<'_>) -> Result<Vec<CopySeen>, StoreError> {
+        self.table_store(place)?.copies(self.namespace()).await
     }
 
     /// A failed refresh, logged at warn at most once a second.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::key::Key;
 use crate::rate::{Limit, LimitTable, StoredTable, TableChange};
 use crate::rate_client::{Changed, LimitsError, RateClient, change_table};
-use crate::store::{LimitsStore, StoreError};
+use crate::store::{CopySeen, LimitsStore, StoreError};
 
 /// The limits in force of a layer built with
 /// [`build_in_store`](super::RateLimitLayerBuilder::build_in_store): read from and changed in
@@ -159,6 +159,20 @@ impl StoreLimits {
                 }
             })
             .await
+    }
+
+    /// The copies of the layer the store has seen lately (each registers at its start and
+    /// again every few refreshes, and counts as gone when it has not for three refreshes or
+    /// ten seconds), with what each was built with: a copy whose
+    /// [`built`](crate::store::CopySeen::built) differs from
+    /// [`defaults_id`](crate::rate::LimitTable::defaults_id) of the limits in force was built
+    /// with other defaults, which do not apply.
+    ///
+    /// # Errors
+    ///
+    /// The store's failure.
+    pub async fn copies(&self) -> Result<Vec<CopySeen>, StoreError> {
+        self.client.copies().await
     }
 
     /// The changes of the limits in force, the newest first (the last

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::StoreFuture;
 use crate::rate::{LimitTable, StoredTable, TableChange};
@@ -38,6 +39,31 @@ pub trait LimitsStore: fmt::Debug + Send + Sync + 'static {
 
     /// The changes of `namespace`'s table, the newest first.
     fn limits_history(&self, namespace: &str) -> StoreFuture<Vec<TableChange>>;
+
+    /// Records that copy `copy` of the layer of `namespace` is alive, built with `built` (what
+    /// [`LimitTable::defaults_id`] says of its defaults), until `ttl` from now by the store's
+    /// clock; copies not seen since their time are dropped.
+    fn register_copy(
+        &self,
+        namespace: &str,
+        copy: &str,
+        built: &str,
+        ttl: Duration,
+    ) -> StoreFuture<()>;
+
+    /// The copies of the layer of `namespace` seen within their time, by id.
+    fn copies(&self, namespace: &str) -> StoreFuture<Vec<CopySeen>>;
+}
+
+/// A copy of a layer as it registered itself (see [`LimitsStore::register_copy`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopySeen {
+    /// The copy's id: random, one per layer and process.
+    pub copy: String,
+    /// What it was built with: [`LimitTable::defaults_id`] of its defaults.
+    pub built: String,
+    /// How long it counts as alive unless it registers again.
+    pub left: Duration,
 }
 
 /// What a [`save_limits`](LimitsStore::save_limits) did.
@@ -66,6 +92,20 @@ impl<T: LimitsStore + ?Sized> LimitsStore for Arc<T> {
 
     fn limits_history(&self, namespace: &str) -> StoreFuture<Vec<TableChange>> {
         (**self).limits_history(namespace)
+    }
+
+    fn register_copy(
+        &self,
+        namespace: &str,
+        copy: &str,
+        built: &str,
+        ttl: Duration,
+    ) -> StoreFuture<()> {
+        (**self).register_copy(namespace, copy, built, ttl)
+    }
+
+    fn copies(&self, namespace: &str) -> StoreFuture<Vec<CopySeen>> {
+        (**self).copies(namespace)
     }
 }
 

@@ -151,7 +151,7 @@ pub use idempotency_store::{
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) use invalidation::publishing_refunds;
 pub use invalidation::{Invalidation, Invalidations};
-pub use limits_store::{HISTORY_KEPT, LimitsStore, NOTE_MAX, Saved};
+pub use limits_store::{CopySeen, HISTORY_KEPT, LimitsStore, NOTE_MAX, Saved};
 pub use lock_store::{ClaimOutcome, ClaimRequest, LockAttempt, LockRequest, LockState, LockStore};
 pub use memory::MemoryStore;
 pub use permit_store::{PermitAttempt, PermitRequest, PermitStore, PermitUsage};

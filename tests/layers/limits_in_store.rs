@@ -54,6 +54,12 @@ async fn copies_built_otherwise_admit_the_quota_in_force(make: impl Fn() -> S) {
     assert_eq!(b.policy().limits()[0].quota(), 10);
     assert_eq!(limits(&b).in_force().version, 1);
     assert_eq!(admitted(&a, &b, "alice").await, 10);
+    // both registered; the one built with other limits is told apart
+    let in_force = limits(&a).in_force().table.defaults_id();
+    let copies = limits(&a).copies().await.unwrap();
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    let drifting = copies.iter().filter(|c| c.built != in_force).count();
+    assert_eq!(drifting, 1, "{copies:?}");
 }
 
 /// A copy of a higher revision replaces the defaults: every copy decides with them within its

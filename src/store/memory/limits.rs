@@ -7,11 +7,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::{MemoryStore, ready};
 use crate::rate::{LimitTable, StoredTable, TableChange};
 use crate::store::limits_store::{HISTORY_KEPT, kept_note};
-use crate::store::{Invalidation, LimitsStore, Saved, StoreFuture};
+use crate::store::{CopySeen, Invalidation, LimitsStore, Saved, StoreFuture};
 
-/// The tables of a [`MemoryStore`], by namespace.
+/// The tables of a [`MemoryStore`], by namespace, and the copies registered under each: by id,
+/// what they were built with and until when (store time, µs).
 #[derive(Debug, Default)]
-pub(super) struct Tables(Mutex<HashMap<String, Kept>>);
+pub(super) struct Tables(Mutex<HashMap<String, Kept>>, Mutex<HashMap<String, Copies>>);
+
+/// The copies registered under one namespace: by id, what each was built with and until when.
+type Copies = HashMap<String, (String, u64)>;
 
 #[derive(Debug)]
 struct Kept {
@@ -71,6 +75,50 @@ impl LimitsStore for MemoryStore {
             namespace: namespace.into(),
         });
         ready(Saved::Saved(version))
+    }
+
+    fn register_copy(
+        &self,
+        namespace: &str,
+        copy: &str,
+        built: &str,
+        ttl: Duration,
+    ) -> StoreFuture<()> {
+        let now = self.now_us();
+        let mut copies = self
+            .inner
+            .tables
+            .1
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let of = copies.entry(namespace.to_owned()).or_default();
+        of.retain(|_, (_, until)| *until > now);
+        let until = now.saturating_add(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX));
+        of.insert(copy.to_owned(), (built.to_owned(), until));
+        ready(())
+    }
+
+    fn copies(&self, namespace: &str) -> StoreFuture<Vec<CopySeen>> {
+        let now = self.now_us();
+        let copies = self
+            .inner
+            .tables
+            .1
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut seen: Vec<CopySeen> = copies
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .filter(|(_, (_, until))| *until > now)
+            .map(|(copy, (built, until))| CopySeen {
+                copy: copy.clone(),
+                built: built.clone(),
+                left: Duration::from_micros(until - now),
+            })
+            .collect();
+        seen.sort_by(|a, b| a.copy.cmp(&b.copy));
+        ready(seen)
     }
 
     fn limits_history(&self, namespace: &str) -> StoreFuture<Vec<TableChange>> {

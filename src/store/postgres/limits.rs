@@ -11,7 +11,7 @@ use super::call::Param;
 use super::{PgStore, invalidation};
 use crate::rate::{LimitTable, StoredTable, TableChange};
 use crate::store::limits_store::{HISTORY_KEPT, kept_note};
-use crate::store::{LimitsStore, Saved, StoreError, StoreFuture};
+use crate::store::{CopySeen, LimitsStore, Saved, StoreError, StoreFuture, millis};
 
 impl LimitsStore for PgStore {
     fn load_limits(&self, namespace: &str) -> StoreFuture<Option<StoredTable>> {
@@ -70,6 +70,40 @@ impl LimitsStore for PgStore {
         })
     }
 
+    fn register_copy(
+        &self,
+        namespace: &str,
+        copy: &str,
+        built: &str,
+        ttl: Duration,
+    ) -> StoreFuture<()> {
+        let params: Vec<Param> = vec![
+            Box::new(namespace.to_owned()),
+            Box::new(copy.to_owned()),
+            Box::new(built.to_owned()),
+            Box::new(i64::try_from(millis(ttl).max(1)).unwrap_or(i64::MAX)),
+        ];
+        let done: fn(&Row) -> Result<(), StoreError> = |_| Ok(());
+        self.call(
+            "limits_register",
+            |s| &s.limits_register,
+            params,
+            None,
+            done,
+        )
+    }
+
+    fn copies(&self, namespace: &str) -> StoreFuture<Vec<CopySeen>> {
+        let params: Vec<Param> = vec![Box::new(namespace.to_owned())];
+        self.call(
+            "limits_copies",
+            |s| &s.limits_copies,
+            params,
+            None,
+            decode_copies,
+        )
+    }
+
     fn limits_history(&self, namespace: &str) -> StoreFuture<Vec<TableChange>> {
         let params: Vec<Param> = vec![Box::new(namespace.to_owned())];
         self.call(
@@ -125,6 +159,21 @@ fn decode_history(row: &Row) -> Result<Vec<TableChange>, StoreError> {
             })
         })
         .collect()
+}
+
+/// The copies alive: three arrays, `NULL`s where there are none (the outer join's one row).
+fn decode_copies(row: &Row) -> Result<Vec<CopySeen>, StoreError> {
+    let copies: Vec<Option<String>> = row.try_get(0).map_err(StoreError::protocol)?;
+    let left: Vec<Option<i64>> = row.try_get(1).map_err(StoreError::protocol)?;
+    let built: Vec<Option<String>> = row.try_get(2).map_err(StoreError::protocol)?;
+    let mut seen = Vec::new();
+    for ((copy, left), built) in copies.into_iter().zip(left).zip(built) {
+        if let (Some(copy), Some(left), Some(built)) = (copy, left, built) {
+            let left = Duration::from_millis(unsigned(left.max(0))?);
+            seen.push(CopySeen { copy, built, left });
+        }
+    }
+    Ok(seen)
 }
 
 fn unsigned(value: i64) -> Result<u64, StoreError> {

@@ -100,6 +100,9 @@ pub(super) struct Sql {
     pub(super) limits_save: String,
     /// The changes of a table of limits (`$1`), the newest first: four arrays in one row.
     pub(super) limits_history: String,
+    pub(super) limits_register: String,
+    /// The copies of a layer (`$1`) alive: three arrays (id, ms left, built) in one row.
+    pub(super) limits_copies: String,
     pub(super) ping: String,
     pub(super) now: String,
 }
@@ -165,6 +168,14 @@ impl Sql {
                  LEFT JOIN {s}.limit_tables t ON t.namespace = $1"
             ),
             limits_save: format!("SELECT {s}.limits_save($1, $2, $3, $4, $5, $6)"),
+            limits_register: format!("SELECT {s}.limits_register($1, $2, $3, $4)"),
+            limits_copies: format!(
+                "SELECT coalesce(array_agg(c.copy ORDER BY c.copy), '{{}}'), \
+                 coalesce(array_agg((c.until_us - n.now) / 1000 ORDER BY c.copy), '{{}}'), \
+                 coalesce(array_agg(c.built ORDER BY c.copy), '{{}}') \
+                 FROM (SELECT {s}.now_us() AS now) n \
+                 LEFT JOIN {s}.limit_copies c ON c.namespace = $1 AND c.until_us > n.now"
+            ),
             limits_history: format!(
                 "SELECT coalesce(array_agg(version ORDER BY version DESC), '{{}}'), \
                  coalesce(array_agg(at_ms ORDER BY version DESC), '{{}}'), \

@@ -2,6 +2,7 @@
 //! by one compare-and-set script.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::Value;
 use tokio::time::Instant;
@@ -12,7 +13,7 @@ use crate::keyspace;
 use crate::rate::{LimitTable, StoredTable, TableChange};
 use crate::store::limits_store::{HISTORY_KEPT, kept_note, read_change};
 use crate::store::span::Command;
-use crate::store::{LimitsStore, Saved, StoreError, StoreFuture};
+use crate::store::{CopySeen, LimitsStore, Saved, StoreError, StoreFuture, millis};
 
 impl LimitsStore for RedisStore {
     fn load_limits(&self, namespace: &str) -> StoreFuture<Option<StoredTable>> {
@@ -82,6 +83,60 @@ impl LimitsStore for RedisStore {
                 invalidation::publish_limits_or_log(conn, namespace).await;
             }
             Ok(saved)
+        })
+    }
+
+    fn register_copy(
+        &self,
+        namespace: &str,
+        copy: &str,
+        built: &str,
+        ttl: Duration,
+    ) -> StoreFuture<()> {
+        let call = ScriptCall::default()
+            .key(keyspace::limit_copies(namespace))
+            .arg("register")
+            .arg(copy)
+            .arg(built)
+            .arg(millis(ttl).max(1));
+        let span = redis_call(
+            "limits_register",
+            Command::Evalsha,
+            self.scripts.limits_copies.name,
+        );
+        self.call(span, move |mut conn, scripts| async move {
+            let _: i64 = call
+                .invoke(&scripts.limits_copies, &mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(())
+        })
+    }
+
+    fn copies(&self, namespace: &str) -> StoreFuture<Vec<CopySeen>> {
+        let call = ScriptCall::default()
+            .key(keyspace::limit_copies(namespace))
+            .arg("list");
+        let span = redis_call(
+            "limits_copies",
+            Command::Evalsha,
+            self.scripts.limits_copies.name,
+        );
+        self.call(span, move |mut conn, scripts| async move {
+            let reply: Vec<(String, u64, String)> = call
+                .invoke(&scripts.limits_copies, &mut conn)
+                .await
+                .map_err(store_error)?;
+            let mut seen: Vec<CopySeen> = reply
+                .into_iter()
+                .map(|(copy, left_ms, built)| CopySeen {
+                    copy,
+                    built,
+                    left: Duration::from_millis(left_ms),
+                })
+                .collect();
+            seen.sort_by(|a, b| a.copy.cmp(&b.copy));
+            Ok(seen)
         })
     }
 

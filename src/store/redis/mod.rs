@@ -185,6 +185,7 @@ struct Scripts {
     idem_state: Lua,
     limits_save: Lua,
     limits_load: Lua,
+    limits_copies: Lua,
 }
 
 impl Scripts {
@@ -208,6 +209,7 @@ impl Scripts {
             idem_state: lua!("idem_state"),
             limits_save: lua!("limits_save"),
             limits_load: lua!("limits_load"),
+            limits_copies: lua!("limits_copies"),
         }
     }
 }

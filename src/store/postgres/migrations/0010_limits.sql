@@ -57,3 +57,29 @@ BEGIN
     WHERE namespace = p_namespace AND version <= v_held + 1 - p_kept;
   RETURN ARRAY[1, v_held + 1];
 END $$;
+
+-- The copies of each layer that registered themselves (limits_register): what each was built
+-- with, and until when it counts as alive (database clock, µs). Lock order: after
+-- limit_changes.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.limit_copies (
+  namespace text NOT NULL,
+  copy text NOT NULL,
+  built text NOT NULL,
+  until_us bigint NOT NULL,
+  PRIMARY KEY (namespace, copy)
+);
+
+-- Registers copy p_copy of the layer of p_namespace, built with p_built, alive for p_ttl_ms
+-- more; drops the copies of the layer whose time is over.
+CREATE OR REPLACE FUNCTION __SCHEMA__.limits_register(
+  p_namespace text, p_copy text, p_built text, p_ttl_ms bigint
+) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+  v_now bigint := __SCHEMA__.now_us();
+BEGIN
+  DELETE FROM __SCHEMA__.limit_copies WHERE namespace = p_namespace AND until_us <= v_now;
+  INSERT INTO __SCHEMA__.limit_copies (namespace, copy, built, until_us)
+    VALUES (p_namespace, p_copy, p_built, v_now + p_ttl_ms * 1000)
+    ON CONFLICT (namespace, copy) DO UPDATE SET built = EXCLUDED.built, until_us = EXCLUDED.until_us;
+  RETURN 1;
+END $$;
