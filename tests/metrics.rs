@@ -18,8 +18,8 @@ use tollgate::idempotency::{IdempotencyLayer, RequestBody};
 use tollgate::key::Header;
 use tollgate::lock::Locks;
 use tollgate::metrics::{
-    IDEMPOTENCY_REQUESTS, LOCK_ACQUISITIONS, RATE_LIMIT_DECISIONS, STORE_CALL_DURATION,
-    STORE_ERRORS,
+    IDEMPOTENCY_REQUESTS, LIMITS_IN_FORCE, LOCK_ACQUISITIONS, RATE_LIMIT_DECISIONS,
+    STORE_CALL_DURATION, STORE_ERRORS,
 };
 use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
 use tollgate::store::RedisStore;
@@ -229,4 +229,45 @@ async fn every_series_counts_exactly_what_happened() {
             series(STORE_CALL_DURATION, "operation=once_commit", 1),
         ]
     );
+
+    // the limits in force: a copy built with other defaults than those in force says so
+    let pg = common::postgres::store().await;
+    let copy = |quota| {
+        RateLimitLayer::builder(pg.clone())
+            .prefix("lim")
+            .limit(Limit::per_hour("h", quota))
+            .build_in_store()
+    };
+    let (_seeded, _other) = (copy(5).await.unwrap(), copy(9).await.unwrap());
+    assert_eq!(
+        gauges(&snapshotter, LIMITS_IN_FORCE),
+        vec![
+            ("drift=false,limiter=lim:rl".to_owned(), 1.0),
+            ("drift=true,limiter=lim:rl".to_owned(), 1.0),
+        ]
+    );
+}
+
+/// The values of the gauge `name`, per labels (sorted `k=v` joined by `,`).
+fn gauges(snapshotter: &Snapshotter, name: &str) -> Vec<(String, f64)> {
+    let mut out: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, _, _, _)| key.key().name() == name)
+        .filter_map(|(key, _, _, value)| {
+            let mut labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            match value {
+                DebugValue::Gauge(value) => Some((labels.join(","), value.into_inner())),
+                _ => None,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
 }
