@@ -338,3 +338,18 @@ async fn a_tier_another_version_added_leaves_the_rest_in_force() {
     let table = limits(&new).in_force().table;
     assert_eq!(table.for_tier(Some("gold")).unwrap()[0].quota(), 500);
 }
+
+/// Behind Sentinel (the primary the sentinels name): copies built otherwise admit the quota in
+/// force, and a change reaches the other copy by the broadcast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_sentinel_the_quota_in_force_and_its_changes_hold() {
+    let setup = crate::common::sentinel::SentinelSetup::start_with("tollgate-limits", 1).await;
+    let store =
+        tollgate::store::RedisStore::sentinel_builder(setup.sentinel_urls(), setup.master_name())
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap();
+    copies_built_otherwise_admit_the_quota_in_force(|| Arc::new(store.clone()) as S).await;
+    a_change_reaches_every_copy_by_the_broadcast(|| Arc::new(store.clone()) as S).await;
+}
