@@ -41,15 +41,15 @@ fn channel(namespace: &str) -> String {
     format!("{namespace}{SUFFIX}")
 }
 
-/// Publishes that caller `key` under `namespace` may have room again.
+/// Publishes `payload` (a caller's key, or [`LIMITS`]) on `namespace`'s channel.
 async fn publish(
     conn: &mut Connection,
     namespace: &str,
-    key: Key,
+    payload: &str,
 ) -> Result<(), redis::RedisError> {
     redis::cmd("PUBLISH")
         .arg(channel(namespace))
-        .arg(key.to_string())
+        .arg(payload)
         .query_async::<i64>(conn)
         .await
         .map(drop)
@@ -57,7 +57,7 @@ async fn publish(
 
 /// [`publish`], with a failure logged: the deny caches' one-second bound covers a lost one.
 pub(super) async fn publish_or_log(mut conn: Connection, namespace: Arc<str>, key: Key) {
-    if let Err(error) = publish(&mut conn, &namespace, key).await {
+    if let Err(error) = publish(&mut conn, &namespace, &key.to_string()).await {
         tracing::debug!(
             target: "tollgate::store", %error,
             "could not publish an invalidation; cached denials of the caller end within a second"
@@ -72,12 +72,7 @@ const LIMITS: &str = "limits";
 /// Publishes that the limits in force of the layer of `namespace` changed, with a failure
 /// logged: the copies read them again within their refresh anyway.
 pub(super) async fn publish_limits_or_log(mut conn: Connection, namespace: Arc<str>) {
-    let published = redis::cmd("PUBLISH")
-        .arg(channel(&namespace))
-        .arg(LIMITS)
-        .query_async::<i64>(&mut conn)
-        .await;
-    if let Err(error) = published {
+    if let Err(error) = publish(&mut conn, &namespace, LIMITS).await {
         tracing::debug!(
             target: "tollgate::store", %error,
             "could not publish a change of limits; the copies read them within their refresh"
