@@ -1,5 +1,6 @@
 //! `tollgate check`: many requests at once over a service's copies, and the statuses they
-//! answer compared with what one service would give.
+//! answer compared with what one service would give; with `--store`, the limits in force of
+//! the service's rate-limit layer and the copies built with other defaults than those.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use clap::Args;
+use clap::{ArgGroup, Args};
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full};
@@ -17,6 +18,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::Barrier;
 use tollgate::store::redact_connection_string as redact;
+use tollgate::store::{CopySeen, Store, keys};
+
+use crate::limits::{limits_store, nothing_under};
+use crate::store::StoreArgs;
 
 pub(crate) const LONG_ABOUT: &str = "\
 Send parallel requests over a service's copies and check the statuses they answer.
@@ -26,7 +31,16 @@ robin over the --target base URLs with PATH appended to each, prints a table of 
 each copy answered, and checks every --expect STATUS=COUNT against the totals. Point --target at \
 each copy's own address, not at the load balancer, so that every copy takes its share. A \
 service that keeps its state in a shared store answers as one: one `200` for 50 redemptions of \
-one coupon, whichever copies they reach; copies with state of their own each answer `200` once.";
+one coupon, whichever copies they reach; copies with state of their own each answer `200` once.
+
+With --store (or --prefix, the store then named by TOLLGATE_STORE), it also reads the limits in \
+force of the service's rate-limit layer built with `build_in_store` under --prefix, before any \
+request is sent, and after the table prints them (namespace and version) and every copy \
+registered in the store, marking each copy built with other defaults than those in force: \
+such a copy decides with the limits in force, but says otherwise in its own code. That is a \
+warning, not a failed expectation, unless --no-drift is given: then any such copy makes the \
+check fail (exit 1). A prefix under which the store holds no limits is an error (exit 2) that \
+names the namespace looked for, and no request is sent.";
 
 pub(crate) const AFTER_HELP: &str = "\
 Example: two copies, one coupon redeemed 50 times at once, exactly one redemption wins:
@@ -41,8 +55,29 @@ Example: two copies, one coupon redeemed 50 times at once, exactly one redemptio
   200=1 as expected
   409=49 as expected
 
-Exit codes: 0 every expectation holds; 1 one does not; 2 bad arguments, or no request could be \
-sent. Plain http only: targets are the copies' own addresses.";
+Example with the store: 10 requests per caller in force, over two copies, one built with 20:
+  tollgate check --target http://127.0.0.1:4001 --target http://127.0.0.1:4002 \\
+      -H 'x-api-key: alice' --requests 30 --expect 200=10 --expect 429=20 \\
+      --store redis://127.0.0.1:6379/ --prefix svc /api/hello
+
+  target                   200  429  error
+  http://127.0.0.1:4001      3   12      0
+  http://127.0.0.1:4002      7    8      0
+  total                     10   20      0
+
+  200=10 as expected
+  429=20 as expected
+
+  store: redis://127.0.0.1:6379/
+  limits in force: svc:rl, version 1, defaults r0-f1c78a066048
+    26799552198b45db87131131b81fcb22  built r0-f1c78a066048
+    893c94081393424081692c530aa04429  built r0-8b6bb8f42346  other defaults
+  2 copies; 1 built with other defaults than those in force (version 1)
+
+Exit codes: 0 every expectation holds (copies built with other defaults only warn, unless \
+--no-drift); 1 one does not, or with --no-drift a copy is built with other defaults; 2 bad \
+arguments, no request could be sent, or (with the store) a store that does not answer or holds \
+no limits under --prefix. Plain http only: targets are the copies' own addresses.";
 
 /// A status count the totals must show: `STATUS=COUNT`, STATUS a code or `error`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,8 +165,19 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(value * scale))
 }
 
-/// The arguments of `tollgate check`.
+/// The heading of the store's arguments in the help.
+const STORE_HEADING: &str = "The limits in force (with --store or --prefix)";
+
+/// The arguments of `tollgate check`. The store's are those of the other subcommands
+/// ([`StoreArgs`]), but its bound on the store's answers is `--store-timeout` here: `--timeout`
+/// is the requests'. Those, and `--no-drift`, need `--store` or `--prefix`.
 #[derive(Debug, Args)]
+#[command(
+    group(ArgGroup::new("store_part").args(["urls", "prefix"]).multiple(true)),
+    mut_arg("timeout", |arg| arg.long("store-timeout").requires("store_part")),
+    mut_arg("cluster", |arg| arg.requires("store_part")),
+    mut_arg("pg_schema", |arg| arg.requires("store_part")),
+)]
 pub(crate) struct CheckArgs {
     /// A copy's base URL, e.g. http://10.0.0.1:8080 (repeat for each copy).
     #[arg(long = "target", value_name = "URL", required = true)]
@@ -149,7 +195,7 @@ pub(crate) struct CheckArgs {
     #[arg(short = 'd', long)]
     data: Option<String>,
     /// How long a request may take, e.g. 10s or 500ms; past it, it counts as an `error`.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(id = "request_timeout", long = "timeout", value_name = "TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     timeout: Duration,
     /// A count the totals must show exactly: `STATUS=COUNT`, STATUS a code or `error`
     /// (repeatable).
@@ -157,6 +203,26 @@ pub(crate) struct CheckArgs {
     expectations: Vec<Expectation>,
     /// The path appended to every target, e.g. /coupons/WELCOME5/redeem.
     path: String,
+    /// The store of the service's rate-limit layer: after the table, its limits in force and
+    /// the copies built with other defaults.
+    #[command(flatten, next_help_heading = STORE_HEADING)]
+    store: StoreArgs,
+    /// The layer's key prefix (`RateLimitLayerBuilder::prefix`) [default: tollgate]; alone, the
+    /// store is the one TOLLGATE_STORE names.
+    #[arg(long, value_name = "PREFIX", help_heading = STORE_HEADING)]
+    prefix: Option<String>,
+    /// Fail (exit 1) when a copy registered in the store is built with other defaults than the
+    /// limits in force; without it, such a copy is only marked.
+    #[arg(long, requires = "store_part", help_heading = STORE_HEADING)]
+    no_drift: bool,
+}
+
+impl CheckArgs {
+    /// Whether the store part runs: `--store` or `--prefix` given (`TOLLGATE_STORE` alone,
+    /// exported for other commands, leaves `check` as it is without the store).
+    fn with_store(&self) -> bool {
+        self.store.given() || self.prefix.is_some()
+    }
 }
 
 /// Each target's URL with the path, checked.
@@ -336,8 +402,113 @@ fn table(targets: &[String], tally: &Tally) -> String {
     out
 }
 
+/// The store of the limits in force and their namespace, once the store was found to hold
+/// limits there.
+struct InForce {
+    store: Arc<dyn Store>,
+    namespace: String,
+}
+
+/// `error` of a store call with the store's bound named as `check` names it.
+fn store_error(error: &str) -> String {
+    // `StoreArgs::bounded` names the other subcommands' flag
+    error.replace("(--timeout)", "(--store-timeout)")
+}
+
+/// Opens the store and finds limits in force under the prefix: an error naming the namespace
+/// when there are none, before any request is sent (a mistyped prefix is not a success).
+async fn limits_in_force(args: &CheckArgs) -> Result<InForce, String> {
+    let prefix = args.prefix.as_deref().unwrap_or(keys::DEFAULT_PREFIX);
+    let namespace = keys::rate_namespace(prefix).map_err(|e| format!("--prefix: {e}"))?;
+    let store = args.store.open().await?;
+    let stored = args
+        .store
+        .bounded(limits_store(&*store)?.load_limits(&namespace))
+        .await
+        .map_err(|e| store_error(&e))?;
+    if stored.is_none() {
+        return Err(nothing_under(&namespace));
+    }
+    Ok(InForce { store, namespace })
+}
+
+/// What the store says after the requests: the limits in force, each copy registered (marked
+/// when built with other defaults than those in force), and a summary.
+struct Drift {
+    out: String,
+    /// How many copies are built with other defaults.
+    other: usize,
+    copies: usize,
+}
+
+async fn drift(args: &CheckArgs, in_force: &InForce) -> Result<Drift, String> {
+    let InForce { store, namespace } = in_force;
+    let limits = limits_store(&**store)?;
+    let stored = args
+        .store
+        .bounded(limits.load_limits(namespace))
+        .await
+        .map_err(|e| store_error(&e))?
+        // taken away while the requests ran
+        .ok_or_else(|| nothing_under(namespace))?;
+    let mut copies: Vec<CopySeen> = args
+        .store
+        .bounded(limits.copies(namespace))
+        .await
+        .map_err(|e| store_error(&e))?;
+    copies.sort_by(|a, b| a.copy.cmp(&b.copy));
+    Ok(drift_report(
+        &args.store.describe(),
+        namespace,
+        stored.version,
+        &stored.table.defaults_id(),
+        &copies,
+    ))
+}
+
+/// The lines of [`Drift`].
+fn drift_report(
+    store: &str,
+    namespace: &str,
+    version: u64,
+    in_force: &str,
+    copies: &[CopySeen],
+) -> Drift {
+    let mut out = String::new();
+    let _ = writeln!(out, "store: {store}");
+    let _ = writeln!(
+        out,
+        "limits in force: {namespace}, version {version}, defaults {in_force}"
+    );
+    let mut other = 0;
+    for copy in copies {
+        let mark = if copy.built == in_force {
+            ""
+        } else {
+            other += 1;
+            "  other defaults"
+        };
+        let _ = writeln!(out, "  {}  built {}{mark}", copy.copy, copy.built);
+    }
+    let noun = if copies.len() == 1 { "copy" } else { "copies" };
+    let _ = writeln!(
+        out,
+        "{} {noun}; {other} built with other defaults than those in force (version {version})",
+        copies.len()
+    );
+    Drift {
+        out,
+        other,
+        copies: copies.len(),
+    }
+}
+
 async fn check(args: &CheckArgs) -> Result<bool, String> {
     let urls = urls(args)?;
+    let in_force = match args.with_store() {
+        true => Some(limits_in_force(args).await?),
+        false => None,
+    };
     let tally = send_all(args, &urls).await;
     // a target's user info may carry a password
     let shown: Vec<String> = args.targets.iter().map(|t| redact(t)).collect();
@@ -368,11 +539,24 @@ async fn check(args: &CheckArgs) -> Result<bool, String> {
             println!("expected {outcome}={count}, got {outcome}={got}");
         }
     }
+    if let Some(in_force) = &in_force {
+        let drift = drift(args, in_force).await?;
+        print!("\n{}", drift.out);
+        if args.no_drift && drift.other > 0 {
+            all_hold = false;
+            eprintln!(
+                "--no-drift: {} of {} copies built with other defaults than those in force",
+                drift.other, drift.copies
+            );
+        }
+    }
     Ok(all_hold)
 }
 
-/// Runs `tollgate check`: 0 when every expectation holds, 1 when one does not, 2 on bad
-/// arguments or when no request could be sent.
+/// Runs `tollgate check`: 0 when every expectation holds, 1 when one does not (or, with
+/// `--no-drift`, a copy is built with other defaults than the limits in force), 2 on bad
+/// arguments, when no request could be sent, or when the store does not answer or holds no
+/// limits under the prefix.
 pub(crate) fn run(args: &CheckArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -427,6 +611,90 @@ mod tests {
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    /// `tollgate check ARGS…` as clap takes it.
+    fn parse(args: &[&str]) -> Result<CheckArgs, clap::Error> {
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            check: CheckArgs,
+        }
+        let line = ["tollgate", "--target", "http://127.0.0.1:1"]
+            .into_iter()
+            .chain(args.iter().copied());
+        <Line as clap::Parser>::try_parse_from(line).map(|line| line.check)
+    }
+
+    #[test]
+    fn the_store_is_optional_and_its_timeout_is_its_own() {
+        let plain = parse(&["--timeout", "2s", "/x"]).unwrap();
+        assert!(!plain.with_store());
+        assert_eq!(plain.timeout, Duration::from_secs(2));
+        assert_eq!(plain.store.timeout, Duration::from_secs(3));
+        let stored = parse(&[
+            "--store",
+            "redis://127.0.0.1:6379/",
+            "--store-timeout",
+            "500ms",
+            "--no-drift",
+            "/x",
+        ])
+        .unwrap();
+        assert!(stored.with_store() && stored.no_drift);
+        assert_eq!(stored.timeout, Duration::from_secs(10));
+        assert_eq!(stored.store.timeout, Duration::from_millis(500));
+        assert_eq!(stored.prefix, None);
+        let prefixed = parse(&["--prefix", "svc", "/x"]).unwrap();
+        assert!(prefixed.with_store());
+        // what only means something with the store needs --store or --prefix
+        for alone in [
+            &["--no-drift", "/x"][..],
+            &["--store-timeout", "1s", "/x"],
+            &["--cluster", "/x"],
+            &["--pg-schema", "other", "/x"],
+        ] {
+            let error = parse(alone).err().unwrap();
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "{alone:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn copies_built_otherwise_are_marked_and_counted() {
+        let copy = |copy: &str, built: &str| CopySeen {
+            copy: copy.to_owned(),
+            built: built.to_owned(),
+            left: Duration::from_secs(30),
+        };
+        let drift = drift_report(
+            "redis://127.0.0.1:6379/",
+            "svc:rl",
+            3,
+            "r0-aaaaaaaaaaaa",
+            &[copy("c1", "r0-aaaaaaaaaaaa"), copy("c2", "r0-bbbbbbbbbbbb")],
+        );
+        assert_eq!(
+            drift.out,
+            "store: redis://127.0.0.1:6379/\n\
+             limits in force: svc:rl, version 3, defaults r0-aaaaaaaaaaaa\n  \
+             c1  built r0-aaaaaaaaaaaa\n  \
+             c2  built r0-bbbbbbbbbbbb  other defaults\n\
+             2 copies; 1 built with other defaults than those in force (version 3)\n"
+        );
+        assert_eq!((drift.other, drift.copies), (1, 2));
+        let alone = drift_report("s", "svc:rl", 1, "r0-a", &[copy("c1", "r0-a")]);
+        assert_eq!(
+            alone.out,
+            "store: s\n\
+             limits in force: svc:rl, version 1, defaults r0-a\n  \
+             c1  built r0-a\n\
+             1 copy; 0 built with other defaults than those in force (version 1)\n"
+        );
+        assert_eq!(alone.other, 0);
     }
 
     #[test]

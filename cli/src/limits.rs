@@ -222,13 +222,13 @@ async fn read(place: &Place) -> Result<(Arc<dyn Store>, String, Option<StoredTab
     Ok((store, namespace, stored))
 }
 
-fn limits_store(store: &dyn Store) -> Result<&dyn LimitsStore, String> {
+pub(crate) fn limits_store(store: &dyn Store) -> Result<&dyn LimitsStore, String> {
     store
         .limits_store()
         .ok_or_else(|| "this store keeps no limits".to_owned())
 }
 
-fn nothing_under(namespace: &str) -> String {
+pub(crate) fn nothing_under(namespace: &str) -> String {
     format!(
         "no limits in force under {namespace}: no copy built with build_in_store has started \
          on this store, or its prefix is another (--prefix)"

@@ -93,6 +93,12 @@ fn urls_in(value: &str) -> Vec<String> {
 }
 
 impl StoreArgs {
+    /// Whether `--store` was given (`TOLLGATE_STORE` does not count): for a command whose
+    /// store is optional.
+    pub(crate) fn given(&self) -> bool {
+        !self.urls.is_empty()
+    }
+
     /// The store's URLs: `--store`'s, else those of `TOLLGATE_STORE`.
     fn urls(&self) -> Result<Vec<String>, String> {
         if !self.urls.is_empty() {

@@ -1,6 +1,9 @@
 //! `tollgate check` run as a binary against small axum servers on 127.0.0.1: two copies that
 //! share their coupon state answer as one service (one `200`), two copies with state of their
-//! own do not (two `200`s); the table, the expectations and the exit codes.
+//! own do not (two `200`s); the table, the expectations and the exit codes. With `--store`, on a
+//! throwaway `redis-server`: the limits in force of two copies of a rate-limited service, the
+//! copy built with other defaults marked (exit 1 with `--no-drift`), and a prefix under which
+//! the store holds nothing refused before any request.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,8 +15,13 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode};
-use axum::routing::{any, post};
+use axum::routing::{any, get, post};
 use tokio::net::TcpListener;
+use tollgate::key::Header;
+use tollgate::rate::Limit;
+use tollgate::rate_limit::RateLimitLayer;
+use tollgate::store::{CopySeen, RedisStore};
+use tollgate::testing::RedisServer;
 
 async fn serve(router: Router) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -35,6 +43,7 @@ fn coupon_copy(redeemed: Arc<AtomicBool>) -> Router {
         .with_state(redeemed)
 }
 
+#[derive(Debug)]
 struct Run {
     code: i32,
     stdout: String,
@@ -42,8 +51,15 @@ struct Run {
 }
 
 async fn tollgate(args: &[&str]) -> Run {
+    tollgate_with(args, &[]).await
+}
+
+/// `tollgate ARGS…` with the environment variables `vars` set.
+async fn tollgate_with(args: &[&str], vars: &[(&str, &str)]) -> Run {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(args)
+        .env_remove("TOLLGATE_STORE")
+        .envs(vars.iter().copied())
         .output()
         .await
         .unwrap();
@@ -380,7 +396,265 @@ async fn help_shows_flags_and_an_example() {
         "--data",
         "--timeout",
         "--expect",
+        "--store <URL>",
+        "--store-timeout",
+        "--prefix",
+        "--no-drift",
     ] {
         assert!(run.stdout.contains(flag), "{flag}");
     }
+}
+
+/// A copy of a rate-limited service keeping its limits in the store: `quota` requests per ten
+/// minutes per `x-api-key`, under prefix `svc`, on its own connection to the Redis at `url`.
+async fn limited_copy(url: &str, quota: u64) -> RateLimitLayer<Header> {
+    RateLimitLayer::builder(RedisStore::open(url).unwrap())
+        .limit(Limit::new("api", quota, Duration::from_secs(600)))
+        .prefix("svc")
+        .key(Header::from_static("x-api-key"))
+        .build_in_store()
+        .await
+        .unwrap()
+}
+
+/// The copy served over HTTP: `GET /api/hello` behind its rate limit.
+async fn serve_limited(layer: RateLimitLayer<Header>) -> String {
+    serve(
+        Router::new()
+            .route("/api/hello", get(|| async { StatusCode::OK }))
+            .layer(layer),
+    )
+    .await
+}
+
+async fn copies_seen(layer: &RateLimitLayer<Header>) -> Vec<CopySeen> {
+    layer.limits().unwrap().copies().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_shows_the_copy_built_with_other_defaults() {
+    let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = server.url();
+    // the first copy seeds the limits in force with its 10; the second, built with 20, decides
+    // with those but registers what it was built with
+    let first = limited_copy(&url, 10).await;
+    let first_id = copies_seen(&first).await.pop().unwrap().copy;
+    let second = limited_copy(&url, 20).await;
+    let in_force = first.limits().unwrap().in_force();
+    assert_eq!(in_force.version, 1);
+    let defaults = in_force.table.defaults_id();
+    let mut copies = copies_seen(&first).await;
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    copies.sort_by(|a, b| a.copy.cmp(&b.copy));
+    let built = |id: &str| &copies.iter().find(|c| c.copy == id).unwrap().built;
+    let second_id = copies
+        .iter()
+        .find(|c| c.copy != first_id)
+        .unwrap()
+        .copy
+        .clone();
+    assert_eq!(built(&first_id), &defaults);
+    assert_ne!(built(&second_id), &defaults);
+    let a = serve_limited(first).await;
+    let b = serve_limited(second).await;
+
+    // the lines after the table and the expectations: the copies in the order of their ids
+    let expected = {
+        let mut lines =
+            format!("store: {url}\nlimits in force: svc:rl, version 1, defaults {defaults}\n");
+        for copy in &copies {
+            let mark = if copy.copy == second_id {
+                "  other defaults"
+            } else {
+                ""
+            };
+            lines.push_str(&format!("  {}  built {}{mark}\n", copy.copy, copy.built));
+        }
+        lines.push_str("2 copies; 1 built with other defaults than those in force (version 1)\n");
+        lines
+    };
+    let check = |caller: &'static str, extra: &'static [&'static str]| {
+        let (a, b, url) = (a.clone(), b.clone(), url.clone());
+        async move {
+            let header = format!("x-api-key: {caller}");
+            let mut args = vec![
+                "check",
+                "--target",
+                &a,
+                "--target",
+                &b,
+                "-H",
+                &header,
+                "--requests",
+                "30",
+                "--expect",
+                "200=10",
+                "--expect",
+                "429=20",
+                "--store",
+                &url,
+                "--prefix",
+                "svc",
+            ];
+            args.extend_from_slice(extra);
+            args.push("/api/hello");
+            tollgate(&args).await
+        }
+    };
+    let table_and_rest = |run: &Run| {
+        let (table, rest) = run.stdout.split_once("\n\n").unwrap();
+        let rows = rows(table);
+        assert_eq!(rows.len(), 4, "{}", run.stdout);
+        assert_eq!(rows[0].1, ["200", "429", "error"], "{}", run.stdout);
+        assert_eq!((rows[1].0.as_str(), rows[2].0.as_str()), (&*a, &*b));
+        // round robin: 15 each, the 10 admitted over both copies as the limits in force say
+        for row in &rows[1..3] {
+            let counts: Vec<usize> = row.1.iter().map(|c| c.parse().unwrap()).collect();
+            assert_eq!(
+                (counts[0] + counts[1], counts[2]),
+                (15, 0),
+                "{}",
+                run.stdout
+            );
+        }
+        assert_eq!(rows[3].1, ["10", "20", "0"], "{}", run.stdout);
+        rest.to_owned()
+    };
+
+    // a warning: the copy is marked, the expectations hold, exit 0
+    let run = check("alice", &[]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(
+        table_and_rest(&run),
+        format!("200=10 as expected\n429=20 as expected\n\n{expected}")
+    );
+    assert_eq!(run.stderr, "");
+
+    // --no-drift: the same output, and the copy built otherwise fails the check
+    let run = check("bob", &["--no-drift"]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(
+        table_and_rest(&run),
+        format!("200=10 as expected\n429=20 as expected\n\n{expected}")
+    );
+    assert_eq!(
+        run.stderr,
+        "--no-drift: 1 of 2 copies built with other defaults than those in force\n"
+    );
+    println!("{}", run.stdout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_without_limits_exits_2_naming_the_namespace_and_sends_nothing() {
+    let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = server.url();
+    // limits in force under `svc`; the prefix asked about is mistyped
+    let copy = limited_copy(&url, 10).await;
+    let copy_id = copies_seen(&copy).await.pop().unwrap().copy;
+    let defaults = copy.limits().unwrap().in_force().table.defaults_id();
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&hits);
+    let target = serve(
+        Router::new()
+            .route(
+                "/api/hello",
+                get(move || async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    StatusCode::OK
+                }),
+            )
+            .layer(copy),
+    )
+    .await;
+    for no_drift in [&[][..], &["--no-drift"]] {
+        let mut args = vec![
+            "check",
+            "--target",
+            &target,
+            "-H",
+            "x-api-key: alice",
+            "--expect",
+            "200=1",
+            "-n",
+            "1",
+            "--store",
+            &url,
+            "--prefix",
+            "svx",
+        ];
+        args.extend_from_slice(no_drift);
+        args.push("/api/hello");
+        let run = tollgate(&args).await;
+        assert_eq!(run.code, 2, "{run:?}");
+        assert_eq!(run.stdout, "", "{run:?}");
+        assert_eq!(
+            run.stderr,
+            "error: no limits in force under svx:rl: no copy built with build_in_store has \
+             started on this store, or its prefix is another (--prefix)\n"
+        );
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "a request was sent");
+    // the right prefix: the request is sent, the one copy built with the defaults in force
+    let run = tollgate(&[
+        "check",
+        "--target",
+        &target,
+        "-H",
+        "x-api-key: alice",
+        "-n",
+        "1",
+        "--expect",
+        "200=1",
+        "--store",
+        &url,
+        "--prefix",
+        "svc",
+        "--no-drift",
+        "/api/hello",
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    let width = target.len();
+    assert_eq!(
+        run.stdout,
+        format!(
+            "{:<width$}  200  error\n\
+             {target:<width$}    1      0\n\
+             {:<width$}    1      0\n\
+             \n\
+             200=1 as expected\n\
+             \n\
+             store: {url}\n\
+             limits in force: svc:rl, version 1, defaults {defaults}\n  \
+             {copy_id}  built {defaults}\n\
+             1 copy; 0 built with other defaults than those in force (version 1)\n",
+            "target", "total"
+        )
+    );
+    assert_eq!(run.stderr, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_variable_alone_leaves_check_as_it_was() {
+    let a = serve(Router::new().route("/x", any(|| async { StatusCode::OK }))).await;
+    let args = [
+        "check", "--target", &a, "-n", "2", "--expect", "200=2", "/x",
+    ];
+    let plain = tollgate(&args).await;
+    // a store exported for the other commands, that would not even answer
+    let with_var = tollgate_with(&args, &[("TOLLGATE_STORE", "redis://127.0.0.1:1/")]).await;
+    assert_eq!(plain.code, 0, "{plain:?}");
+    assert_eq!(
+        (with_var.code, &with_var.stdout, &with_var.stderr),
+        (0, &plain.stdout, &plain.stderr)
+    );
+    let width = a.len();
+    assert_eq!(
+        plain.stdout,
+        format!(
+            "{:<width$}  200  error\n{a:<width$}    2      0\n{:<width$}    2      0\n\n200=2 as expected\n",
+            "target", "total"
+        )
+    );
 }
