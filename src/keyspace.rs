@@ -78,6 +78,11 @@ pub(crate) fn rate_namespace(prefix: &str) -> String {
     format!("{prefix}:rl")
 }
 
+/// The namespace of a concurrency limit's keys and limits in force: `<prefix>:cc`.
+pub(crate) fn concurrency_namespace(prefix: &str) -> String {
+    format!("{prefix}:cc")
+}
+
 /// The keys of the limits in force of rate namespace `namespace` and of their history:
 /// `<namespace>:{limits}` and the same plus `:history`, in one slot.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -168,7 +173,7 @@ pub(crate) fn lock(prefix: &str, name: &[u8]) -> (String, String) {
 /// The permits of caller `key` under a concurrency limit, and their fencing counter, in the same
 /// slot: `<prefix>:cc:{<key>}` and `<prefix>:cc:{<key>}:fence`.
 pub(crate) fn permits(prefix: &str, key: &Key) -> (String, String) {
-    let permits = tagged(&format!("{prefix}:cc"), key, 6);
+    let permits = tagged(&concurrency_namespace(prefix), key, 6);
     let fence = format!("{permits}:fence");
     (permits, fence)
 }

@@ -227,6 +227,7 @@ pub mod claim;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
+mod in_force;
 mod keepalive;
 pub mod lock;
 mod rate_client;

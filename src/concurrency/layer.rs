@@ -3,17 +3,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use http::request::Parts;
 use tower_layer::Layer;
 
+use super::limits::{ConcurrencyLimits, InFlightRecipe};
 use super::permit::LocalPermits;
 use super::service::ConcurrencyLimit;
 use super::settings::{Settings, TierBy};
 use super::{MissingKey, OnStoreError};
 use crate::error::{ConfigError, ConfigErrorKind};
-use crate::key::{Global, KeyExtractor};
+use crate::in_force::InForce;
+use crate::key::{Global, Key, KeyExtractor};
 use crate::keyspace;
 use crate::pace::OncePerSecond;
+use crate::rate_client::Listener;
 use crate::store::PermitStore;
 
 /// Applies [`ConcurrencyLimit`] to a service: at most `limit` requests in flight per key, counted
@@ -74,22 +78,40 @@ impl ConcurrencyLimitLayer {
             tiers: Vec::new(),
             tier_by: None,
             advertise: None,
+            in_store: false,
+            limits_revision: 0,
+            limits_refresh: crate::rate_limit::DEFAULT_LIMITS_REFRESH,
             extractor: Global,
         }
     }
 }
 
 impl<K> ConcurrencyLimitLayer<K> {
-    /// At most this many requests per key in flight: the layer's own limit, for requests of no
-    /// tier.
+    /// At most this many requests per key in flight: the layer's own limit in force, for
+    /// requests of no tier.
     pub fn limit(&self) -> u32 {
-        self.settings.limit
+        self.settings.limits.load().own()
     }
 
-    /// The limit of tier `name`, or the layer's own when it has no tier of that name — as for a
-    /// request.
+    /// The limit in force of tier `name`, or the layer's own when it has no tier of that name —
+    /// as for a request.
     pub fn tier_limit(&self, name: &str) -> u32 {
-        self.settings.tier_limit(name)
+        self.settings.limits.load().tier(name)
+    }
+
+    /// The limit in force of caller `key`'s requests of no tier: its own, when the limits in
+    /// force give it one ([`ConcurrencyLimits::set_caller`]), else the layer's.
+    pub fn caller_limit(&self, key: Key) -> u32 {
+        self.settings.limits.load().of(None, Some(&key))
+    }
+
+    /// The limits in force, to read and change for every copy at once; `None` for a layer not
+    /// built with [`build_in_store`](ConcurrencyLimitLayerBuilder::build_in_store).
+    pub fn limits(&self) -> Option<ConcurrencyLimits> {
+        self.settings
+            .in_store
+            .is_some()
+            .then(|| ConcurrencyLimits::new(Arc::clone(&self.settings)))
     }
 }
 
@@ -118,6 +140,9 @@ pub struct ConcurrencyLimitLayerBuilder<K = Global> {
     tiers: Vec<(Box<str>, u32)>,
     tier_by: Option<TierBy>,
     advertise: Option<String>,
+    in_store: bool,
+    limits_revision: u64,
+    limits_refresh: Duration,
     extractor: K,
 }
 
@@ -187,6 +212,9 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             tiers: self.tiers,
             tier_by: self.tier_by,
             advertise: self.advertise,
+            in_store: self.in_store,
+            limits_revision: self.limits_revision,
+            limits_refresh: self.limits_refresh,
             extractor,
         }
     }
@@ -270,6 +298,76 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
         self
     }
 
+    /// The revision of the limits this builder sets, for
+    /// [`build_in_store`](Self::build_in_store) (default 0): a copy whose revision is higher
+    /// than that of the defaults in force replaces them, as a rate limit's does (see
+    /// [`RateLimitLayerBuilder::limits_revision`](crate::rate_limit::RateLimitLayerBuilder::limits_revision)).
+    pub fn limits_revision(mut self, revision: u64) -> Self {
+        self.limits_revision = revision;
+        self
+    }
+
+    /// How often a layer built with [`build_in_store`](Self::build_in_store) reads its limits
+    /// in force again (default
+    /// [`DEFAULT_LIMITS_REFRESH`](crate::rate_limit::DEFAULT_LIMITS_REFRESH), at least 10 ms):
+    /// the bound on how long a change made through another copy takes to govern this one when
+    /// the store's broadcast of it is lost.
+    pub fn limits_refresh(mut self, every: Duration) -> Self {
+        self.limits_refresh = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Builds the layer with its limits kept in the store, shared by every copy: the limits
+    /// this builder sets are the defaults, and the store's table of the layer's namespace
+    /// (`<prefix>:cc`) decides what is in force — as for a rate limit (see
+    /// [`RateLimitLayerBuilder::build_in_store`](crate::rate_limit::RateLimitLayerBuilder::build_in_store)
+    /// and `docs/limits.md`). Changes go through [`ConcurrencyLimitLayer::limits`].
+    ///
+    /// A store that cannot be read at the start does not fail the build: the layer decides with
+    /// these limits until a read succeeds (logged).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use tollgate::concurrency::ConcurrencyLimitLayer;
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let store = MemoryStore::new();
+    /// let first = ConcurrencyLimitLayer::builder(store.clone())
+    ///     .limit(4)
+    ///     .build_in_store()
+    ///     .await
+    ///     .unwrap();
+    /// // a copy built with another limit decides with the one in force
+    /// let second = ConcurrencyLimitLayer::builder(store)
+    ///     .limit(8)
+    ///     .build_in_store()
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!((first.limit(), second.limit()), (4, 4));
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build); and a [`ConfigError`] of kind
+    /// [`Store`](ConfigErrorKind::Store) when the store keeps no limits
+    /// ([`PermitStore::permit_limits`]).
+    pub async fn build_in_store(mut self) -> Result<ConcurrencyLimitLayer<K>, ConfigError>
+    where
+        K: KeyExtractor,
+    {
+        if self.store.permit_limits().is_none() {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Store,
+                "this store keeps no limits: build_in_store needs one that does",
+            ));
+        }
+        self.in_store = true;
+        let layer = self.build()?;
+        layer.settings.start_in_store().await;
+        Ok(layer)
+    }
+
     /// The layer, or what is wrong with its configuration, naming the layer by its prefix:
     /// `concurrency limit "tollgate": …`.
     pub fn build(self) -> Result<ConcurrencyLimitLayer<K>, ConfigError>
@@ -300,11 +398,21 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             None => None,
         };
         let local = local_permits(self.on_store_error)?;
+        let recipe = InFlightRecipe {
+            namespace: Arc::from(keyspace::concurrency_namespace(&self.prefix)),
+            own: limit,
+            tiers: self.tiers,
+        };
+        let limits = recipe.code();
+        let in_store = self
+            .in_store
+            .then(|| InForce::new(recipe, self.limits_revision, self.limits_refresh));
         let settings = Settings {
             store: self.store,
-            limit,
-            tiers: self.tiers,
+            limits: ArcSwap::from_pointee(limits),
             tier_by: self.tier_by,
+            in_store,
+            listener: Listener::default(),
             advertise,
             lease: self.lease,
             retry_after: self.retry_after,
@@ -317,7 +425,7 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
                 self.extractor.describe()
             )
             .into(),
-            limiter: Arc::from(format!("{}:cc", self.prefix)),
+            limiter: Arc::from(keyspace::concurrency_namespace(&self.prefix)),
             prefix: self.prefix.into(),
             store_warning: OncePerSecond::new(),
         };

@@ -68,6 +68,7 @@ mod body;
 mod config;
 mod future;
 mod layer;
+mod limits;
 mod permit;
 mod rejection;
 mod report;
@@ -81,6 +82,7 @@ pub use body::PermitBody;
 pub use config::ConcurrencyConfig;
 pub use future::ResponseFuture;
 pub use layer::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
+pub use limits::ConcurrencyLimits;
 pub use permit::Permit;
 pub use service::ConcurrencyLimit;
 

@@ -41,7 +41,7 @@ where
         let (parts, body) = request.into_parts();
         let wire = Wire::of(&parts.headers);
         let key = self.key.extract(&parts);
-        let limit = settings.limit_for(&parts);
+        let limit = settings.limit_for(&parts, key.as_ref());
         let request = Request::from_parts(parts, body);
         let Some(key) = key else {
             return match settings.missing_key.refusal() {

@@ -3,12 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use http::request::Parts;
 
+use super::limits::{InFlight, InFlightRecipe};
 use super::permit::LocalPermits;
-use crate::key::MissingKey;
+use crate::in_force::{Follows, InForce, Place};
+use crate::key::{Key, MissingKey};
 use crate::on_error::OnStoreError;
 use crate::pace::OncePerSecond;
+use crate::rate_client::{Invalidated, Listener};
 use crate::store::PermitStore;
 
 /// Chooses a request's tier by name, from its head.
@@ -17,11 +21,14 @@ pub(crate) type TierBy = Arc<dyn Fn(&Parts) -> Option<&str> + Send + Sync>;
 /// What every clone of a layer shares.
 pub(crate) struct Settings {
     pub(crate) store: Arc<dyn PermitStore>,
-    /// The layer's own limit.
-    pub(crate) limit: u32,
-    /// The named tiers' limits, and how a request picks one.
-    pub(crate) tiers: Vec<(Box<str>, u32)>,
+    /// The limits: the layer's own, the named tiers', callers' own.
+    pub(crate) limits: ArcSwap<InFlight>,
+    /// How a request picks a tier.
     pub(crate) tier_by: Option<TierBy>,
+    /// The limits in force, for a layer built with them in the store.
+    pub(crate) in_store: Option<InForce<InFlightRecipe>>,
+    /// Hears of the limits in force changed through other copies.
+    pub(crate) listener: Listener,
     /// The policy name the IETF headers advertise the limit under, if they do.
     pub(crate) advertise: Option<Box<str>>,
     pub(crate) lease: Duration,
@@ -41,23 +48,54 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    /// The limit of tier `name`, or the layer's own.
-    pub(crate) fn tier_limit(&self, name: &str) -> u32 {
-        let tier = self.tiers.iter().find(|(tier, _)| &**tier == name);
-        tier.map_or(self.limit, |&(_, limit)| limit)
+    /// The limit a request with head `parts` by caller `key` counts against.
+    pub(crate) fn limit_for(&self, parts: &Parts, key: Option<&Key>) -> u32 {
+        let tier = self.tier_by.as_ref().and_then(|select| select(parts));
+        self.limits.load().of(tier, key)
     }
 
-    /// The limit a request with head `parts` counts against.
-    pub(crate) fn limit_for(&self, parts: &Parts) -> u32 {
-        let name = self.tier_by.as_ref().and_then(|select| select(parts));
-        name.map_or(self.limit, |name| self.tier_limit(name))
+    /// Reads the limits in force and makes them the layer's; then follows them, at each
+    /// refresh and each broadcast of a change, as long as the layer lives.
+    pub(crate) async fn start_in_store(self: &Arc<Self>) {
+        if self.in_store.is_some() {
+            Self::start_following(self).await;
+            self.listener
+                .ensure(|| self.store.permit_invalidations(), self);
+        }
+    }
+}
+
+impl Follows for Settings {
+    type Recipe = InFlightRecipe;
+
+    fn in_force(&self) -> Option<&InForce<InFlightRecipe>> {
+        self.in_store.as_ref()
+    }
+
+    fn place(&self) -> Place<'_, InFlight> {
+        Place {
+            store: self.store.permit_limits(),
+            built: &self.limits,
+        }
+    }
+}
+
+/// A concurrency limit keeps nothing of a caller's to drop: it hears only of changes of its
+/// limits in force.
+impl Invalidated for Settings {
+    fn caller(&self, _: &str, _: Key) {}
+
+    fn missed(&self) {}
+
+    fn limits(self: &Arc<Self>, namespace: &str) {
+        Self::heard_of_change(self, namespace);
     }
 }
 
 debug_fields!(Settings {
     store,
-    limit,
-    tiers,
+    limits,
+    in_store,
     lease,
     retry_after,
     queue,

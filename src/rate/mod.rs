@@ -32,4 +32,4 @@ pub use check::{RateCheck, Settlement};
 pub(crate) use local::{Clock, LocalRates};
 pub use outcome::{LimitState, RateOutcome};
 pub use policy::{Algorithm, Limit, MAX_LOG_QUOTA, RatePolicy, parse_duration};
-pub use table::{LimitTable, StoredTable, TableChange, TableError};
+pub use table::{IN_FLIGHT, LimitTable, StoredTable, TableChange, TableError};

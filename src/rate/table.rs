@@ -41,6 +41,8 @@ use crate::key::Key;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LimitTable {
     revision: u64,
+    /// A concurrency limit's table ([`in_flight`](Self::in_flight)).
+    in_flight: bool,
     /// The algorithm of the layer that wrote the defaults, which every limit is checked for.
     algorithm: Option<Algorithm>,
     defaults: BTreeMap<Option<String>, Vec<Limit>>,
@@ -50,6 +52,9 @@ pub struct LimitTable {
 
 /// The first line of every encoded table, with the format's version.
 const HEADER: &str = "tollgate-limits 1";
+
+/// The name of a concurrency limit's one limit in its table (see [`LimitTable::in_flight`]).
+pub const IN_FLIGHT: &str = "in-flight";
 
 impl LimitTable {
     /// A table of `defaults` (each tier's limits as the code builds them) written by the code's
@@ -63,6 +68,62 @@ impl LimitTable {
             defaults: defaults.into_iter().collect(),
             ..Self::default()
         }
+    }
+
+    /// A concurrency limit's table of `defaults` (each tier's limit of requests in flight, as
+    /// the code builds them) written by the code's revision `revision`. Each tier, replacement
+    /// and override holds one limit, named [`IN_FLIGHT`], of a quota of at least 1 and no
+    /// window ([`in_flight_of`](Self::in_flight_of) reads it).
+    ///
+    /// ```
+    /// use tollgate::key::Key;
+    /// use tollgate::rate::LimitTable;
+    ///
+    /// let mut table = LimitTable::in_flight(0, [(None, 4), (Some("pro".to_owned()), 16)]);
+    /// let acme = Key::new("tenant", b"acme");
+    /// table.set_caller(acme, LimitTable::in_flight_limits(64));
+    /// assert_eq!(LimitTable::in_flight_of(table.for_caller(acme).unwrap()), Some(64));
+    /// assert_eq!(LimitTable::in_flight_of(table.for_tier(Some("pro")).unwrap()), Some(16));
+    /// assert_eq!(table.check("app:cc"), Ok(()));
+    /// ```
+    pub fn in_flight(
+        revision: u64,
+        defaults: impl IntoIterator<Item = (Option<String>, u32)>,
+    ) -> Self {
+        Self {
+            revision,
+            in_flight: true,
+            defaults: defaults
+                .into_iter()
+                .map(|(tier, limit)| (tier, Self::in_flight_limits(limit)))
+                .collect(),
+            ..Self::default()
+        }
+    }
+
+    /// A concurrency limit's entry: at most `limit` requests in flight.
+    pub fn in_flight_limits(limit: u32) -> Vec<Limit> {
+        vec![Limit::new(IN_FLIGHT, u64::from(limit), Duration::ZERO)]
+    }
+
+    /// The limit of requests in flight of a concurrency limit's entry; `None` for any other.
+    pub fn in_flight_of(limits: &[Limit]) -> Option<u32> {
+        match limits {
+            [limit]
+                if limit.name() == IN_FLIGHT
+                    && limit.window_us() == 0
+                    && limit.block_us() == 0
+                    && !limit.is_leased() =>
+            {
+                u32::try_from(limit.quota()).ok().filter(|&n| n >= 1)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether this is a concurrency limit's table ([`in_flight`](Self::in_flight)).
+    pub fn is_in_flight(&self) -> bool {
+        self.in_flight
     }
 
     /// The same table, its limits counted by `algorithm` (the layer's), which
@@ -87,8 +148,24 @@ impl LimitTable {
     /// A [`ConfigError`] of kind [`Limit`](crate::ConfigErrorKind::Limit), or of
     /// [`Prefix`](crate::ConfigErrorKind::Prefix) for a bad `namespace`.
     pub fn check(&self, namespace: &str) -> Result<(), ConfigError> {
+        crate::keyspace::check_prefix(namespace)?;
         let algorithm = self.algorithm.unwrap_or_default();
-        let check = |limits: &[Limit]| RatePolicy::new(namespace, algorithm, limits.to_vec());
+        let in_flight = self.in_flight;
+        let check = |limits: &[Limit]| {
+            if !in_flight {
+                return RatePolicy::new(namespace, algorithm, limits.to_vec()).map(drop);
+            }
+            match Self::in_flight_of(limits) {
+                Some(_) => Ok(()),
+                None => Err(ConfigError::new(
+                    crate::ConfigErrorKind::Limit,
+                    format!(
+                        "a concurrency limit needs one limit {IN_FLIGHT:?} of 1 to {} requests in flight",
+                        u32::MAX
+                    ),
+                )),
+            }
+        };
         for tier in self.tiers() {
             let limits = self.for_tier(tier).unwrap_or_default();
             check(limits).map_err(|e| match tier {
@@ -117,6 +194,7 @@ impl LimitTable {
     /// Takes `other`'s defaults and their revision, keeping every override and replacement.
     pub fn adopt_defaults(&mut self, other: &LimitTable) {
         self.revision = other.revision;
+        self.in_flight = other.in_flight;
         self.algorithm = other.algorithm;
         self.defaults.clone_from(&other.defaults);
     }
@@ -141,6 +219,7 @@ impl LimitTable {
         use sha2::{Digest, Sha256};
         let defaults = LimitTable {
             revision: self.revision,
+            in_flight: self.in_flight,
             algorithm: self.algorithm,
             defaults: self.defaults.clone(),
             ..LimitTable::default()
@@ -217,6 +296,9 @@ impl LimitTable {
     /// The table as the store keeps it: one line per limit (see [`decode`](Self::decode)).
     pub fn encode(&self) -> String {
         let mut out = format!("{HEADER}\nrevision {}\n", self.revision);
+        if self.in_flight {
+            let _ = writeln!(out, "kind {IN_FLIGHT}");
+        }
         if let Some(algorithm) = self.algorithm {
             let _ = writeln!(out, "algorithm {algorithm}");
         }
@@ -252,6 +334,13 @@ impl LimitTable {
             let section = words.next().unwrap_or_default();
             if section == "revision" {
                 table.revision = number(words.next()).ok_or_else(|| fault("bad revision"))?;
+                continue;
+            }
+            if section == "kind" {
+                if words.next() != Some(IN_FLIGHT) {
+                    return Err(fault("bad kind"));
+                }
+                table.in_flight = true;
                 continue;
             }
             if section == "algorithm" {

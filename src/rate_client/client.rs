@@ -9,18 +9,18 @@ use arc_swap::{ArcSwap, Guard};
 use tokio::time::Instant;
 
 use super::deny_cache::DenyCache;
-use super::in_store::{Changed, InStore, LimitsError, Place};
 use super::invalidated::{Invalidated, Listener};
 use super::lease::{LeaseFuture, Take};
+use super::recipe::TierRecipe;
 use super::source::DecisionSource;
 use super::tiers::{Tier, Tiers};
 use super::verdict::Verdict;
-use crate::error::{ConfigError, ConfigErrorKind};
+use crate::in_force::{Follows, InForce, Place};
 use crate::key::Key;
 use crate::on_error::OnStoreError;
 use crate::pace::OncePerSecond;
-use crate::rate::{LimitTable, RateCheck, RateOutcome, StoredTable, TableChange};
-use crate::store::{CopySeen, RateStore, StoreError, StoreFuture};
+use crate::rate::{RateCheck, RateOutcome};
+use crate::store::{RateStore, StoreError, StoreFuture};
 
 /// What a copy keeps of one layer's rate limits, in front of the store: the tiers with their
 /// leased slices and fallbacks, the deny cache and the invalidation listener that keeps them
@@ -32,7 +32,7 @@ pub(crate) struct RateClient {
     /// limits in force change.
     pub(crate) tiers: ArcSwap<Tiers>,
     /// The limits in force, for a layer built with them in the store.
-    pub(crate) in_store: Option<InStore>,
+    pub(crate) in_store: Option<InForce<TierRecipe>>,
     /// Denials by the store, of every tier (a cached denial answers for its own tier only);
     /// `None` when off.
     pub(crate) deny_cache: Option<DenyCache>,
@@ -80,7 +80,7 @@ impl RateClient {
 
     /// Follows the limits in force that the store keeps, made of `in_store`'s recipe (see
     /// [`start_in_store`](Self::start_in_store)).
-    pub(crate) fn with_limits_in_store(mut self, in_store: InStore) -> Self {
+    pub(crate) fn with_limits_in_store(mut self, in_store: InForce<TierRecipe>) -> Self {
         self.in_store = Some(in_store);
         self
     }
@@ -96,7 +96,7 @@ impl RateClient {
     pub(crate) fn decide(self: &Arc<Self>, tier: &Arc<Tier>, check: RateCheck) -> Decided {
         // the deny cache and leased slices hear of resets and refunds made through other copies
         if self.deny_cache.is_some() || tier.leases.is_some() {
-            self.listener.ensure(&*self.store, self);
+            self.listener.ensure(|| self.store.invalidations(), self);
         }
         let leased =
             |outcome| Verdict::new(outcome, DecisionSource::Lease, Arc::clone(tier), check);
@@ -182,92 +182,31 @@ impl RateClient {
     }
 }
 
-/// The limits in force kept in the store (see `in_store.rs`).
-impl RateClient {
-    fn place(&self) -> Place<'_> {
+impl Follows for RateClient {
+    type Recipe = TierRecipe;
+
+    fn in_force(&self) -> Option<&InForce<TierRecipe>> {
+        self.in_store.as_ref()
+    }
+
+    fn place(&self) -> Place<'_, Tiers> {
         Place {
-            store: &*self.store,
-            tiers: &self.tiers,
+            store: self.store.limits_store(),
+            built: &self.tiers,
         }
     }
+}
 
-    fn in_store(&self) -> Result<&InStore, LimitsError> {
-        self.in_store.as_ref().ok_or_else(|| {
-            LimitsError::Invalid(ConfigError::new(
-                ConfigErrorKind::Limit,
-                "the layer was built without limits in the store (build_in_store)",
-            ))
-        })
-    }
-
-    /// Reads the limits in force and makes them this copy's (see [`InStore`]); then follows
-    /// them every refresh, as long as the client lives.
+/// The limits in force kept in the store (see `in_force.rs`).
+impl RateClient {
+    /// Reads the limits in force and makes them this copy's; then follows them, at each refresh
+    /// and each broadcast of a change, as long as the client lives.
     pub(crate) async fn start_in_store(self: &Arc<Self>) {
-        let Some(in_store) = &self.in_store else {
-            return;
-        };
-        in_store.start(&self.place()).await;
-        // a change made through another copy is heard of at once where the store broadcasts
-        self.listener.ensure(&*self.store, self);
-        let (weak, every) = (Arc::downgrade(self), in_store.refresh);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                let Some(client) = weak.upgrade() else { return };
-                if let Some(in_store) = &client.in_store {
-                    let place = client.place();
-                    let done = in_store.refresh(&place).await.map(drop);
-                    if let Err(error) = done.and(in_store.register(&place).await) {
-                        in_store.warn_unread(&error);
-                    }
-                }
-            }
-        });
-    }
-
-    /// The copies of the layer the store has seen lately (none without limits in the store).
-    pub(crate) async fn copies(&self) -> Result<Vec<CopySeen>, StoreError> {
-        match &self.in_store {
-            Some(in_store) => in_store.copies(&self.place()).await,
-            None => Ok(Vec::new()),
+        if self.in_store.is_some() {
+            Self::start_following(self).await;
+            // a change made through another copy is heard of at once where the store broadcasts
+            self.listener.ensure(|| self.store.invalidations(), self);
         }
-    }
-
-    /// Reads the limits in force now; the version held after (0 without them).
-    pub(crate) async fn refresh_limits(&self) -> Result<u64, StoreError> {
-        match &self.in_store {
-            Some(in_store) => in_store.refresh(&self.place()).await,
-            None => Ok(0),
-        }
-    }
-
-    /// The limits in force on this copy; `None` for a layer built without them.
-    pub(crate) fn limits_in_force(&self) -> Option<StoredTable> {
-        self.in_store.as_ref().map(InStore::in_force)
-    }
-
-    /// Changes the limits in force with `edit`, saved with `note`.
-    pub(crate) async fn change_limits(
-        &self,
-        note: &str,
-        edit: impl Fn(&mut LimitTable) -> Result<(), ConfigError>,
-    ) -> Result<Changed, LimitsError> {
-        self.in_store()?.change(&self.place(), note, edit).await
-    }
-
-    /// The changes of the limits in force, the newest first.
-    pub(crate) async fn limits_history(&self) -> Result<Vec<TableChange>, StoreError> {
-        match &self.in_store {
-            Some(in_store) => in_store.history(&self.place()).await,
-            None => Ok(Vec::new()),
-        }
-    }
-
-    /// Whether the layer has tier `tier` (`None`: its own).
-    pub(crate) fn check_tier(&self, tier: Option<&str>) -> Result<(), ConfigError> {
-        self.in_store
-            .as_ref()
-            .map_or(Ok(()), |in_store| in_store.check_tier(tier))
     }
 }
 
@@ -294,20 +233,7 @@ impl Invalidated for RateClient {
 
     /// Of this layer's limits changed through another copy: read them again now.
     fn limits(self: &Arc<Self>, namespace: &str) {
-        let Some(in_store) = &self.in_store else {
-            return;
-        };
-        if in_store.namespace() != namespace {
-            return;
-        }
-        let client = Arc::clone(self);
-        tokio::spawn(async move {
-            if let Some(in_store) = &client.in_store
-                && let Err(error) = in_store.refresh(&client.place()).await
-            {
-                in_store.warn_unread(&error);
-            }
-        });
+        Self::heard_of_change(self, namespace);
     }
 
     /// Every cached denial goes; slices are kept: a reset missed here is spent past by at most

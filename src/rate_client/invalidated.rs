@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock, Weak};
 
 use crate::key::Key;
-use crate::store::{Invalidation, Invalidations, RateStore};
+use crate::store::{Invalidation, Invalidations};
 use crate::task::AbortOnDrop;
 
 /// What a copy keeps that the store's invalidations make stale.
@@ -32,14 +32,18 @@ pub(crate) struct Listener {
 }
 
 impl Listener {
-    /// Subscribes `kept` to `store`'s invalidations, unless done already, or outside a Tokio
-    /// runtime.
-    pub(crate) fn ensure<T: Invalidated>(&self, store: &dyn RateStore, kept: &Arc<T>) {
+    /// Subscribes `kept` to the store's invalidations (`subscribe`), unless done already, or
+    /// outside a Tokio runtime.
+    pub(crate) fn ensure<T: Invalidated>(
+        &self,
+        subscribe: impl FnOnce() -> Option<Invalidations>,
+        kept: &Arc<T>,
+    ) {
         if self.task.get().is_some() || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
         self.task.get_or_init(|| {
-            let invalidations = store.invalidations()?;
+            let invalidations = subscribe()?;
             let task = tokio::spawn(drop_invalidated(invalidations, Arc::downgrade(kept)));
             Some(AbortOnDrop(task))
         });

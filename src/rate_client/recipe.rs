@@ -1,16 +1,17 @@
-//! [`Recipe`]: how a layer's tiers are made — from the limits its code writes, or from the
-//! limits in force that the store keeps ([`LimitTable`]).
+//! [`TierRecipe`]: how a rate-limit layer's tiers are made — from the limits its code writes,
+//! or from the limits in force that the store keeps ([`LimitTable`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::tiers::{LimitsFn, Tier, TierFn, TierOptions, Tiers};
-use crate::error::{ConfigError, ConfigErrorKind};
+use crate::error::ConfigError;
+use crate::in_force::Recipe;
 use crate::rate::{Limit, LimitTable};
 
 /// What a layer's tiers are made of: the names and limits its code gives them, the closures
 /// that choose among them, and what every tier is built with.
-pub(crate) struct Recipe {
+pub(crate) struct TierRecipe {
     /// The layer's own limits, as the code writes them.
     pub(crate) own: Vec<Limit>,
     /// The named tiers, as the code writes them.
@@ -18,11 +19,13 @@ pub(crate) struct Recipe {
     pub(crate) select: Option<TierFn>,
     pub(crate) limits_by: Option<LimitsFn>,
     pub(crate) options: TierOptions,
+    /// The `limiter` label of the metrics: the namespace.
+    pub(crate) limiter: Arc<str>,
 }
 
-debug_fields!(Recipe { own, named });
+debug_fields!(TierRecipe { own, named });
 
-impl Recipe {
+impl TierRecipe {
     /// The tiers: each with the limits `table` has in force for it, else those the code writes;
     /// and each caller's override in `table` a tier of its own (under the layer's own names,
     /// one per distinct set of limits). An error names the tier or caller at fault.
@@ -68,9 +71,20 @@ impl Recipe {
         }
         Ok(tiers.with_callers(callers))
     }
+}
 
-    /// The limits the code writes, as a table's defaults of revision `revision`.
-    pub(crate) fn defaults(&self, revision: u64) -> LimitTable {
+impl Recipe for TierRecipe {
+    type Built = Tiers;
+
+    fn namespace(&self) -> &str {
+        &self.options.namespace
+    }
+
+    fn limiter(&self) -> &Arc<str> {
+        &self.limiter
+    }
+
+    fn defaults(&self, revision: u64) -> LimitTable {
         let named = self
             .named
             .iter()
@@ -82,16 +96,30 @@ impl Recipe {
         .with_algorithm(self.options.algorithm)
     }
 
-    /// Whether the layer has a tier of this name (`None`: its own, which it always has).
-    pub(crate) fn has_tier(&self, tier: Option<&str>) -> bool {
+    fn build(&self, table: &LimitTable) -> Result<Tiers, ConfigError> {
+        self.tiers(Some(table))
+    }
+
+    fn has_tier(&self, tier: Option<&str>) -> bool {
         tier.is_none_or(|tier| self.named.iter().any(|(name, _)| name == tier))
     }
-}
 
-/// A tier the layer's code does not name.
-pub(crate) fn unknown_tier(tier: &str) -> ConfigError {
-    ConfigError::new(
-        ConfigErrorKind::Limit,
-        format!("unknown tier {tier:?}: the layer's tiers are those its code names"),
-    )
+    /// The tiers replaced give back, in the background, what they hold of leased slices.
+    fn replaced(&self, old: Arc<Tiers>) {
+        let leased: Vec<_> = old
+            .all()
+            .into_iter()
+            .filter_map(|tier| tier.leases.clone())
+            .collect();
+        if leased.is_empty() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                for leases in leased {
+                    leases.give_back_all().await;
+                }
+            });
+        }
+    }
 }

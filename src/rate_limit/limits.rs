@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
+use crate::in_force::{Changed, Follows, InForce, LimitsError, Parts, change_table};
 use crate::key::Key;
 use crate::rate::{Limit, LimitTable, StoredTable, TableChange};
-use crate::rate_client::{Changed, LimitsError, RateClient, change_table};
-use crate::store::{CopySeen, LimitsStore, StoreError};
+use crate::rate_client::{RateClient, TierRecipe};
+use crate::store::{CopySeen, LimitsStore, StoreError, StoreErrorKind};
 
 /// The limits in force of a layer built with
 /// [`build_in_store`](super::RateLimitLayerBuilder::build_in_store): read from and changed in
@@ -64,12 +65,13 @@ impl StoreLimits {
 
     /// The limits in force on this copy, and their version.
     pub fn in_force(&self) -> StoredTable {
-        self.client
-            .limits_in_force()
-            .unwrap_or_else(|| StoredTable {
+        self.client.in_force().map_or_else(
+            || StoredTable {
                 version: 0,
-                table: crate::rate::LimitTable::default(),
-            })
+                table: LimitTable::default(),
+            },
+            InForce::in_force,
+        )
     }
 
     /// Reads the limits in force from the store now (as the layer does every refresh); the
@@ -79,7 +81,8 @@ impl StoreLimits {
     ///
     /// The store's failure; the copy keeps deciding with what it held.
     pub async fn refresh(&self) -> Result<u64, StoreError> {
-        self.client.refresh_limits().await
+        let (in_force, place) = self.parts()?;
+        in_force.refresh(&place).await
     }
 
     /// Gives caller `key` limits of its own — a tenant's plan — in place of its tier's,
@@ -94,12 +97,8 @@ impl StoreLimits {
         limits: Vec<Limit>,
         note: &str,
     ) -> Result<Changed, LimitsError> {
-        self.client
-            .change_limits(note, |table| {
-                table.set_caller(key, limits.clone());
-                Ok(())
-            })
-            .await
+        let (in_force, place) = self.client.changing()?;
+        in_force.set_caller(&place, key, limits, note).await
     }
 
     /// Takes caller `key` back to its tier's limits.
@@ -108,17 +107,8 @@ impl StoreLimits {
     ///
     /// [`LimitsError::Invalid`] when the caller has no override; else see [`LimitsError`].
     pub async fn unset_caller(&self, key: Key, note: &str) -> Result<Changed, LimitsError> {
-        self.client
-            .change_limits(note, |table| {
-                if table.unset_caller(key) {
-                    Ok(())
-                } else {
-                    Err(nothing_to_unset(format!(
-                        "caller {key} has no limits of its own"
-                    )))
-                }
-            })
-            .await
+        let (in_force, place) = self.client.changing()?;
+        in_force.unset_caller(&place, key, note).await
     }
 
     /// Replaces tier `tier`'s limits (`None`: the layer's own) for every copy.
@@ -132,13 +122,8 @@ impl StoreLimits {
         limits: Vec<Limit>,
         note: &str,
     ) -> Result<Changed, LimitsError> {
-        self.client.check_tier(tier).map_err(LimitsError::Invalid)?;
-        self.client
-            .change_limits(note, |table| {
-                table.set_tier(tier, limits.clone());
-                Ok(())
-            })
-            .await
+        let (in_force, place) = self.client.changing()?;
+        in_force.set_tier(&place, tier, limits, note).await
     }
 
     /// Takes tier `tier` (`None`: the layer's own) back to its defaults.
@@ -148,17 +133,8 @@ impl StoreLimits {
     /// [`LimitsError::Invalid`] for a tier the layer does not have, or one not replaced; else
     /// see [`LimitsError`].
     pub async fn unset_tier(&self, tier: Option<&str>, note: &str) -> Result<Changed, LimitsError> {
-        self.client.check_tier(tier).map_err(LimitsError::Invalid)?;
-        self.client
-            .change_limits(note, |table| {
-                if table.unset_tier(tier) {
-                    Ok(())
-                } else {
-                    let tier = tier.map_or("the layer's own".to_owned(), |t| format!("{t:?}"));
-                    Err(nothing_to_unset(format!("tier {tier} is not replaced")))
-                }
-            })
-            .await
+        let (in_force, place) = self.client.changing()?;
+        in_force.unset_tier(&place, tier, note).await
     }
 
     /// The copies of the layer the store has seen lately (each registers at its start and
@@ -172,7 +148,8 @@ impl StoreLimits {
     ///
     /// The store's failure.
     pub async fn copies(&self) -> Result<Vec<CopySeen>, StoreError> {
-        self.client.copies().await
+        let (in_force, place) = self.parts()?;
+        in_force.copies(&place).await
     }
 
     /// The changes of the limits in force, the newest first (the last
@@ -182,7 +159,16 @@ impl StoreLimits {
     ///
     /// The store's failure.
     pub async fn history(&self) -> Result<Vec<TableChange>, StoreError> {
-        self.client.limits_history().await
+        let (in_force, place) = self.parts()?;
+        in_force.history(&place).await
+    }
+
+    /// The layer's limits in force and where they go; a handle exists only for a layer built
+    /// with them.
+    fn parts(&self) -> Result<Parts<'_, TierRecipe>, StoreError> {
+        self.client
+            .changing()
+            .map_err(|_| StoreError::new(StoreErrorKind::Config, "no limits in the store"))
     }
 }
 
@@ -234,8 +220,4 @@ pub async fn change_limits(
     let check = |table: &LimitTable| table.check(&namespace);
     let (changed, _) = change_table(store, &namespace, note, || None, edit, check).await?;
     Ok(changed)
-}
-
-fn nothing_to_unset(message: String) -> crate::ConfigError {
-    crate::ConfigError::new(crate::ConfigErrorKind::Limit, message)
 }

@@ -96,9 +96,10 @@ mod settings;
 mod tests;
 
 pub use crate::headers::QuotaUnit;
+pub use crate::in_force::{Changed, LimitsError};
 pub use crate::key::MissingKey;
 pub use crate::on_error::OnStoreError;
-pub use crate::rate_client::{Changed, DecisionSource, LimitsError};
+pub use crate::rate_client::DecisionSource;
 pub use body::ResponseBody;
 pub use builder::{DEFAULT_LIMITS_REFRESH, RateLimitLayerBuilder};
 #[cfg(feature = "serde")]

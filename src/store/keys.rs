@@ -44,6 +44,14 @@ pub fn rate_namespace(prefix: &str) -> Result<String, ConfigError> {
     Ok(keyspace::rate_namespace(prefix))
 }
 
+/// The namespace of a [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer) with
+/// `prefix`, which its permits and its [limits in force](crate::rate::LimitTable::in_flight) are
+/// kept under: `<prefix>:cc`. An error for a prefix the layer refuses.
+pub fn concurrency_namespace(prefix: &str) -> Result<String, ConfigError> {
+    keyspace::check_prefix(prefix)?;
+    Ok(keyspace::concurrency_namespace(prefix))
+}
+
 /// The key of the permits of `key` (as the concurrency limit's extractor finds it) under a
 /// [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer) with `prefix`:
 /// `<prefix>:cc:{<key>}`. An error for a prefix the layer refuses.

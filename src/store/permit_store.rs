@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Hold, StoreError, StoreFuture};
+use super::{Hold, Invalidations, LimitsStore, StoreError, StoreFuture};
 
 /// Permits: at most `limit` holders of a key at once, each with a lease and a fencing token —
 /// the capability the [concurrency-limit layer](crate::concurrency) needs.
@@ -61,6 +61,21 @@ pub trait PermitStore: fmt::Debug + Send + Sync + 'static {
         Box::pin(std::future::ready(Err(StoreError::unsupported(
             "permit_usage",
         ))))
+    }
+
+    /// Where the limits in force of a concurrency limit built with
+    /// [`build_in_store`](crate::concurrency::ConcurrencyLimitLayerBuilder::build_in_store) are
+    /// kept; `None` (the default): this store keeps none.
+    fn permit_limits(&self) -> Option<&dyn LimitsStore> {
+        None
+    }
+
+    /// A subscription to the store's broadcast of changes made through any copy — of the limits
+    /// in force, here (see [`RateStore::invalidations`](super::RateStore::invalidations));
+    /// `None` (the default): the store broadcasts nothing, and each copy reads the limits in
+    /// force again every refresh.
+    fn permit_invalidations(&self) -> Option<Invalidations> {
+        None
     }
 }
 
@@ -170,5 +185,13 @@ impl<T: PermitStore + ?Sized> PermitStore for Arc<T> {
 
     fn permit_usage(&self, key: &str) -> StoreFuture<PermitUsage> {
         (**self).permit_usage(key)
+    }
+
+    fn permit_limits(&self) -> Option<&dyn LimitsStore> {
+        (**self).permit_limits()
+    }
+
+    fn permit_invalidations(&self) -> Option<Invalidations> {
+        (**self).permit_invalidations()
     }
 }

@@ -5,20 +5,26 @@
 //! more than the new quota once the old window has passed; a refused change changes nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use http::StatusCode;
+use http::{Request, Response, StatusCode};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tower::{Layer, ServiceExt, service_fn};
 
 use super::rate_limit_leases::{fire, key_of, one, unique};
 use crate::common::cluster::RedisCluster;
 use crate::common::{RedisServer, postgres};
 use tollgate::ConfigErrorKind;
+use tollgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
 use tollgate::key::Header;
 use tollgate::rate_limit::{
     Changed, Limit, LimitsError, RateLimitLayer, RateLimitLayerBuilder, StoreLimits,
 };
-use tollgate::store::{MemoryStore, RateStore};
+use tollgate::store::{MemoryStore, PermitStore, RateStore};
 
 /// How often the copies of these tests read the limits in force again.
 const REFRESH: Duration = Duration::from_millis(200);
@@ -218,8 +224,178 @@ async fn a_refused_change_changes_nothing(make: impl Fn() -> S) {
     assert_eq!(one(&copy, "bob").await.0, StatusCode::OK);
 }
 
+/// A concurrency limit of `limit` requests in flight per `x-api-key`.
+fn cc_copy(store: S, prefix: &str, limit: u32) -> ConcurrencyLimitLayerBuilder<Header> {
+    ConcurrencyLimitLayer::builder(store)
+        .limit(limit)
+        .prefix(prefix)
+        .key(Header::from_static("x-api-key"))
+        .limits_refresh(REFRESH)
+}
+
+/// Requests held in flight until [`release`](Self::release)d.
+struct Flight {
+    entered: Arc<AtomicUsize>,
+    refused: Arc<AtomicUsize>,
+    gate: Arc<Semaphore>,
+    tasks: JoinSet<StatusCode>,
+    sent: usize,
+}
+
+impl Flight {
+    /// `n` requests of `caller` through each copy at once, each held by its handler until
+    /// released; returns once every one was admitted (and is held) or refused.
+    async fn hold(copies: &[&ConcurrencyLimitLayer<Header>], caller: &str, n: usize) -> Self {
+        let entered = Arc::new(AtomicUsize::new(0));
+        let refused = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(Semaphore::new(0));
+        let handler = {
+            let (entered, gate) = (Arc::clone(&entered), Arc::clone(&gate));
+            service_fn(move |_: Request<String>| {
+                let (entered, gate) = (Arc::clone(&entered), Arc::clone(&gate));
+                async move {
+                    entered.fetch_add(1, Ordering::SeqCst);
+                    let _open = gate.acquire().await;
+                    Ok::<_, Infallible>(Response::new(String::new()))
+                }
+            })
+        };
+        let mut tasks = JoinSet::new();
+        for _ in 0..n {
+            for copy in copies {
+                let service = copy.layer(handler.clone());
+                let request = Request::builder()
+                    .header("x-api-key", caller)
+                    .body(String::new())
+                    .unwrap();
+                let refused = Arc::clone(&refused);
+                tasks.spawn(async move {
+                    let status = service.oneshot(request).await.unwrap().status();
+                    if status != StatusCode::OK {
+                        refused.fetch_add(1, Ordering::SeqCst);
+                    }
+                    status
+                });
+            }
+        }
+        let flight = Self {
+            entered,
+            refused,
+            gate,
+            tasks,
+            sent: n * copies.len(),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while flight.held() + flight.refused() < flight.sent {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "requests neither held nor refused"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        flight
+    }
+
+    fn held(&self) -> usize {
+        self.entered.load(Ordering::SeqCst)
+    }
+
+    fn refused(&self) -> usize {
+        self.refused.load(Ordering::SeqCst)
+    }
+
+    /// Lets the held requests finish, and waits until the store holds none of `caller`'s
+    /// permits: how many were answered 200.
+    async fn release(mut self, store: &S, prefix: &str, caller: &str) -> usize {
+        self.gate.add_permits(self.sent);
+        let mut ok = 0;
+        while let Some(status) = self.tasks.join_next().await {
+            let status = status.unwrap();
+            assert!(
+                status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+                "{status}"
+            );
+            ok += usize::from(status == StatusCode::OK);
+        }
+        let key = Header::from_static("x-api-key").key(caller.as_bytes());
+        let permits = tollgate::store::keys::permits(prefix, &key).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while store.permit_usage(&permits).await.unwrap().in_use() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "permits not given back"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        ok
+    }
+}
+
+/// A concurrency limit in the store: two copies built with other limits hold exactly the limit
+/// in force in flight; a caller's own limit set through one copy governs the other within its
+/// refresh; lowered while requests are in flight, it takes none back and admits none until
+/// fewer than the new limit are.
+async fn a_concurrency_limit_in_force_governs_every_copy(make: impl Fn() -> S) {
+    let prefix = unique("lim");
+    let store = make();
+    let a = cc_copy(make(), &prefix, 2).build_in_store().await.unwrap();
+    let b = cc_copy(make(), &prefix, 5).build_in_store().await.unwrap();
+    assert_eq!((a.limit(), b.limit()), (2, 2));
+    let flight = Flight::hold(&[&a, &b], "alice", 10).await;
+    assert_eq!((flight.held(), flight.refused()), (2, 18));
+    assert_eq!(flight.release(&store, &prefix, "alice").await, 2);
+
+    let alice = Header::from_static("x-api-key").key(b"alice");
+    let cc_limits = a.limits().unwrap();
+    let changed = cc_limits.set_caller(alice, 4, "alice runs batches").await;
+    assert_eq!(changed.unwrap(), Changed::Saved(2));
+    tokio::time::sleep(REFRESH + ROUND_TRIPS).await;
+    assert_eq!(b.caller_limit(alice), 4);
+    let flight = Flight::hold(&[&a, &b], "alice", 10).await;
+    assert_eq!((flight.held(), flight.refused()), (4, 16));
+    // bob keeps the layer's limit
+    let bob = Flight::hold(&[&b], "bob", 5).await;
+    assert_eq!((bob.held(), bob.refused()), (2, 3));
+    assert_eq!(bob.release(&store, &prefix, "bob").await, 2);
+
+    // lowered through b while alice holds 4 in flight: none is taken back, none more admitted
+    let lowered = b.limits().unwrap().set_caller(alice, 1, "").await;
+    assert_eq!(lowered.unwrap(), Changed::Saved(3));
+    tokio::time::sleep(REFRESH + ROUND_TRIPS).await;
+    assert_eq!(a.caller_limit(alice), 1);
+    let more = Flight::hold(&[&a, &b], "alice", 5).await;
+    assert_eq!((more.held(), more.refused()), (0, 10));
+    assert_eq!(flight.release(&store, &prefix, "alice").await, 4);
+    assert_eq!(more.release(&store, &prefix, "alice").await, 0);
+    let after = Flight::hold(&[&a, &b], "alice", 5).await;
+    assert_eq!((after.held(), after.refused()), (1, 9));
+    assert_eq!(after.release(&store, &prefix, "alice").await, 1);
+    let notes: Vec<String> = cc_limits
+        .history()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.note)
+        .collect();
+    assert_eq!(notes, ["", "alice runs batches", "defaults of revision 0"]);
+    // a limit of zero, or a tier the layer does not have, is refused
+    assert!(matches!(
+        cc_limits.set_caller(alice, 0, "").await,
+        Err(LimitsError::Invalid(_))
+    ));
+    assert!(matches!(
+        cc_limits.set_tier(Some("gold"), 3, "").await,
+        Err(LimitsError::Invalid(_))
+    ));
+    assert_eq!(cc_limits.refresh().await.unwrap(), 3);
+}
+
+/// What the tests' stores are: both a rate store and a permit store.
+trait Store: RateStore + PermitStore {}
+impl<T: RateStore + PermitStore> Store for T {}
+
 /// The store every copy of a test is built on, each copy with a handle of its own.
-type S = Arc<dyn RateStore>;
+type S = Arc<dyn Store>;
 
 /// One test per backend of each rule above.
 macro_rules! on_every_backend {
@@ -274,6 +450,7 @@ on_every_backend!(
     a_change_reaches_every_copy_by_the_broadcast,
     a_lowered_leased_quota_holds_from_the_next_window,
     a_refused_change_changes_nothing,
+    a_concurrency_limit_in_force_governs_every_copy,
 );
 
 /// A copy that cannot read the store at its start is built all the same, and decides with its
@@ -352,4 +529,55 @@ async fn behind_sentinel_the_quota_in_force_and_its_changes_hold() {
             .unwrap();
     copies_built_otherwise_admit_the_quota_in_force(|| Arc::new(store.clone()) as S).await;
     a_change_reaches_every_copy_by_the_broadcast(|| Arc::new(store.clone()) as S).await;
+}
+
+/// A store that loses the limits in force (restarted empty) gets back those the copies held,
+/// saved anew as version 1; a change saved after governs every copy, though each held a higher
+/// version before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_lost_the_limits_gets_them_back_and_later_changes_hold() {
+    let mut server = RedisServer::start();
+    let prefix = unique("lim");
+    let a = copy(server.store(), &prefix, 10)
+        .build_in_store()
+        .await
+        .unwrap();
+    let b = copy(server.store(), &prefix, 10)
+        .build_in_store()
+        .await
+        .unwrap();
+    let acme = key_of(&a, "acme");
+    let plan = |quota| vec![Limit::new("api", quota, Duration::from_secs(600))];
+    limits(&a).set_caller(acme, plan(3), "").await.unwrap();
+    limits(&a).set_caller(acme, plan(4), "").await.unwrap();
+    tokio::time::sleep(REFRESH + ROUND_TRIPS).await;
+    assert_eq!(limits(&b).in_force().version, 3);
+
+    server.restart();
+    let namespace = tollgate::store::keys::rate_namespace(&prefix).unwrap();
+    let probe = server.store();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let restored = loop {
+        let read = probe.limits_store().unwrap().load_limits(&namespace).await;
+        if let Ok(Some(stored)) = read {
+            break stored;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not restored");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(restored.version, 1);
+    assert_eq!(restored.table.for_caller(acme).unwrap()[0].quota(), 4);
+    let history = probe.limits_store().unwrap().limits_history(&namespace);
+    let history = history.await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].note, "restored by a copy that held version 3");
+    tokio::time::sleep(REFRESH + ROUND_TRIPS).await;
+    assert_eq!(limits(&a).in_force().version, 1);
+    assert_eq!(limits(&b).in_force().version, 1);
+
+    let changed = limits(&a).set_caller(acme, plan(6), "").await.unwrap();
+    assert_eq!(changed, Changed::Saved(2));
+    tokio::time::sleep(REFRESH + ROUND_TRIPS).await;
+    assert_eq!(limits(&b).in_force().version, 2);
+    assert_eq!(fire(&b, "acme", 10).await.admitted, 6);
 }

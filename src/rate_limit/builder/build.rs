@@ -5,9 +5,10 @@ use std::sync::Arc;
 use super::{Draft, RateLimitLayerBuilder};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::headers::QuotaUnit;
+use crate::in_force::InForce;
 use crate::key::KeyExtractor;
 use crate::keyspace;
-use crate::rate_client::{InStore, RateClient, Recipe, TierOptions};
+use crate::rate_client::{RateClient, TierOptions, TierRecipe};
 use crate::rate_limit::RateLimitLayer;
 use crate::rate_limit::settings::{Settings, Settle};
 
@@ -96,7 +97,7 @@ impl<K> RateLimitLayerBuilder<K> {
         let deny_cache = draft.deny_cache && !draft.shadow;
         let mut client = RateClient::new(draft.store, tiers, deny_cache, draft.on_store_error);
         if draft.in_store {
-            let in_store = InStore::new(recipe, draft.limits_revision, draft.limits_refresh);
+            let in_store = InForce::new(recipe, draft.limits_revision, draft.limits_refresh);
             client = client.with_limits_in_store(in_store);
         }
         Ok(RateLimitLayer {
@@ -124,7 +125,7 @@ impl<K> RateLimitLayerBuilder<K> {
 impl Draft {
     /// What the layer's tiers are made of: its own limits, the named tiers, and the
     /// per-request limits, each checked.
-    fn recipe(&mut self) -> Result<Recipe, ConfigError> {
+    fn recipe(&mut self) -> Result<TierRecipe, ConfigError> {
         // checked as written: the namespace adds `:rl`, which the user never wrote
         keyspace::check_prefix(&self.prefix)?;
         let options = TierOptions {
@@ -153,7 +154,8 @@ impl Draft {
                 "tier_by needs named tiers to choose among",
             ));
         }
-        Ok(Recipe {
+        Ok(TierRecipe {
+            limiter: Arc::from(options.namespace.as_str()),
             own,
             named,
             select: self.tier_by.take(),

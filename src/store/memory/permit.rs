@@ -193,6 +193,14 @@ impl PermitStore for MemoryStore {
             ))
         }))
     }
+
+    fn permit_limits(&self) -> Option<&dyn crate::store::LimitsStore> {
+        Some(self)
+    }
+
+    fn permit_invalidations(&self) -> Option<crate::store::Invalidations> {
+        crate::store::RateStore::invalidations(self)
+    }
 }
 
 /// Takes one of `limit` permits of `entry` for `token` until `lease` (store time), or, when none

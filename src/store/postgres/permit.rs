@@ -78,6 +78,14 @@ impl PermitStore for PgStore {
             decode_permit_usage,
         )
     }
+
+    fn permit_limits(&self) -> Option<&dyn crate::store::LimitsStore> {
+        Some(self)
+    }
+
+    fn permit_invalidations(&self) -> Option<crate::store::Invalidations> {
+        crate::store::RateStore::invalidations(self)
+    }
 }
 
 /// `(leases_left_ms[], waiting)`.

@@ -123,4 +123,12 @@ impl PermitStore for RedisStore {
             ))
         })
     }
+
+    fn permit_limits(&self) -> Option<&dyn crate::store::LimitsStore> {
+        Some(self)
+    }
+
+    fn permit_invalidations(&self) -> Option<crate::store::Invalidations> {
+        crate::store::RateStore::invalidations(self)
+    }
 }

@@ -1,0 +1,276 @@
+//! The limits a concurrency-limit layer decides with ([`InFlight`]), how they are made of the
+//! limits in force that the store keeps ([`InFlightRecipe`]), and [`ConcurrencyLimits`], to read
+//! and change those.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::settings::Settings;
+use crate::error::{ConfigError, ConfigErrorKind};
+use crate::in_force::{Changed, Follows, InForce, LimitsError, Parts, Recipe};
+use crate::key::Key;
+use crate::rate::{LimitTable, StoredTable, TableChange};
+use crate::store::{CopySeen, StoreError, StoreErrorKind};
+
+/// The limits of requests in flight a layer decides with: its own, its tiers', and callers'
+/// own — replaced whole when the limits in force change.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    own: u32,
+    tiers: Vec<(Box<str>, u32)>,
+    callers: HashMap<Key, u32>,
+}
+
+impl InFlight {
+    /// The layer's own limit.
+    pub(crate) fn own(&self) -> u32 {
+        self.own
+    }
+
+    /// The limit of tier `name`, or the layer's own.
+    pub(crate) fn tier(&self, name: &str) -> u32 {
+        let tier = self.tiers.iter().find(|(tier, _)| &**tier == name);
+        tier.map_or(self.own, |&(_, limit)| limit)
+    }
+
+    /// The limit of a request of tier `tier` by caller `key`: the caller's own, else its
+    /// tier's, else the layer's.
+    pub(crate) fn of(&self, tier: Option<&str>, key: Option<&Key>) -> u32 {
+        if let Some(&limit) = key.and_then(|key| self.callers.get(key)) {
+            return limit;
+        }
+        tier.map_or(self.own, |name| self.tier(name))
+    }
+}
+
+/// How a concurrency-limit layer's limits are made: its code's, or those in force.
+pub(crate) struct InFlightRecipe {
+    /// `<prefix>:cc`: the namespace and the metrics' `limiter` label.
+    pub(crate) namespace: Arc<str>,
+    pub(crate) own: u32,
+    pub(crate) tiers: Vec<(Box<str>, u32)>,
+}
+
+impl InFlightRecipe {
+    /// The limits as the code writes them.
+    pub(crate) fn code(&self) -> InFlight {
+        InFlight {
+            own: self.own,
+            tiers: self.tiers.clone(),
+            callers: HashMap::new(),
+        }
+    }
+}
+
+impl Recipe for InFlightRecipe {
+    type Built = InFlight;
+
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn limiter(&self) -> &Arc<str> {
+        &self.namespace
+    }
+
+    fn defaults(&self, revision: u64) -> LimitTable {
+        let named = self
+            .tiers
+            .iter()
+            .map(|(name, n)| (Some(name.to_string()), *n));
+        LimitTable::in_flight(revision, std::iter::once((None, self.own)).chain(named))
+    }
+
+    /// Each tier's limit in force, else the code's; each caller's own. A table of a rate
+    /// limit, or an entry that is not one limit of requests in flight, is refused.
+    fn build(&self, table: &LimitTable) -> Result<InFlight, ConfigError> {
+        if !table.is_in_flight() {
+            return Err(ConfigError::new(
+                ConfigErrorKind::Limit,
+                "the table is a rate limit's, not a concurrency limit's",
+            ));
+        }
+        table.check(&self.namespace)?;
+        let limit = |tier: Option<&str>, code: u32| {
+            table
+                .for_tier(tier)
+                .and_then(LimitTable::in_flight_of)
+                .unwrap_or(code)
+        };
+        let tiers = self
+            .tiers
+            .iter()
+            .map(|(name, code)| (name.clone(), limit(Some(name), *code)))
+            .collect();
+        let callers = table
+            .overrides()
+            .into_iter()
+            .filter_map(|(key, limits)| Some((key, LimitTable::in_flight_of(limits)?)))
+            .collect();
+        Ok(InFlight {
+            own: limit(None, self.own),
+            tiers,
+            callers,
+        })
+    }
+
+    fn has_tier(&self, tier: Option<&str>) -> bool {
+        tier.is_none_or(|tier| self.tiers.iter().any(|(name, _)| &**name == tier))
+    }
+}
+
+/// The limits of requests in flight of a layer built with
+/// [`build_in_store`](super::ConcurrencyLimitLayerBuilder::build_in_store), read from and
+/// changed in the store for every copy at once. Made by
+/// [`ConcurrencyLimitLayer::limits`](super::ConcurrencyLimitLayer::limits).
+///
+/// A change is checked first (a limit of zero is refused, a tier must be one the layer's code
+/// names), saved on condition that nobody saved another since it was read, recorded with its
+/// note in the history, in force on this copy at once and on every other at the store's
+/// broadcast of it — within its [refresh](super::ConcurrencyLimitLayerBuilder::limits_refresh)
+/// plus a round trip where the broadcast is lost.
+///
+/// What a change does to the permits in use: none is taken back. A lowered limit refuses new
+/// requests (or keeps them waiting, with a [queue](super::ConcurrencyLimitLayerBuilder::queue))
+/// until fewer than the new limit are in flight; a raised one admits them at once. A request
+/// counts against the limit in force when it arrived.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use tollgate::concurrency::ConcurrencyLimitLayer;
+/// use tollgate::key::Header;
+/// use tollgate::rate_limit::Changed;
+/// use tollgate::store::MemoryStore;
+///
+/// let by_tenant = Header::from_static("x-tenant");
+/// let layer = ConcurrencyLimitLayer::builder(MemoryStore::new())
+///     .limit(2)
+///     .key(by_tenant.clone())
+///     .build_in_store()
+///     .await
+///     .unwrap();
+/// let limits = layer.limits().unwrap();
+/// let acme = by_tenant.key(b"acme");
+/// let changed = limits.set_caller(acme, 20, "acme runs batch jobs").await.unwrap();
+/// assert_eq!(changed, Changed::Saved(2));
+/// assert_eq!(layer.caller_limit(acme), 20);
+/// // a limit of zero is refused, and the limits in force stay
+/// assert!(limits.set_caller(acme, 0, "").await.is_err());
+/// assert_eq!(limits.in_force().version, 2);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConcurrencyLimits {
+    settings: Arc<Settings>,
+}
+
+impl ConcurrencyLimits {
+    pub(super) fn new(settings: Arc<Settings>) -> Self {
+        Self { settings }
+    }
+
+    fn parts(&self) -> Result<Parts<'_, InFlightRecipe>, StoreError> {
+        self.settings
+            .changing()
+            .map_err(|_| StoreError::new(StoreErrorKind::Config, "no limits in the store"))
+    }
+
+    /// The limits in force on this copy, and their version.
+    pub fn in_force(&self) -> StoredTable {
+        self.settings.in_force().map_or_else(
+            || StoredTable {
+                version: 0,
+                table: LimitTable::default(),
+            },
+            InForce::in_force,
+        )
+    }
+
+    /// Reads the limits in force from the store now (as the layer does every refresh); the
+    /// version this copy holds after.
+    ///
+    /// # Errors
+    ///
+    /// The store's failure; the copy keeps deciding with what it held.
+    pub async fn refresh(&self) -> Result<u64, StoreError> {
+        let (in_force, place) = self.parts()?;
+        in_force.refresh(&place).await
+    }
+
+    /// Lets caller `key` have `limit` requests in flight, in place of its tier's limit.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError::Invalid`] for a limit of zero; else see [`LimitsError`].
+    pub async fn set_caller(
+        &self,
+        key: Key,
+        limit: u32,
+        note: &str,
+    ) -> Result<Changed, LimitsError> {
+        let (in_force, place) = self.settings.changing()?;
+        let limits = LimitTable::in_flight_limits(limit);
+        in_force.set_caller(&place, key, limits, note).await
+    }
+
+    /// Takes caller `key` back to its tier's limit.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError::Invalid`] when the caller has no limit of its own; else see
+    /// [`LimitsError`].
+    pub async fn unset_caller(&self, key: Key, note: &str) -> Result<Changed, LimitsError> {
+        let (in_force, place) = self.settings.changing()?;
+        in_force.unset_caller(&place, key, note).await
+    }
+
+    /// Replaces tier `tier`'s limit (`None`: the layer's own) for every copy.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError::Invalid`] for a limit of zero or a tier the layer does not have; else
+    /// see [`LimitsError`].
+    pub async fn set_tier(
+        &self,
+        tier: Option<&str>,
+        limit: u32,
+        note: &str,
+    ) -> Result<Changed, LimitsError> {
+        let (in_force, place) = self.settings.changing()?;
+        let limits = LimitTable::in_flight_limits(limit);
+        in_force.set_tier(&place, tier, limits, note).await
+    }
+
+    /// Takes tier `tier` (`None`: the layer's own) back to the limit its code writes.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError::Invalid`] for a tier the layer does not have, or one not replaced; else
+    /// see [`LimitsError`].
+    pub async fn unset_tier(&self, tier: Option<&str>, note: &str) -> Result<Changed, LimitsError> {
+        let (in_force, place) = self.settings.changing()?;
+        in_force.unset_tier(&place, tier, note).await
+    }
+
+    /// The copies of the layer the store has seen lately, with what each was built with (see
+    /// [`StoreLimits::copies`](crate::rate_limit::StoreLimits::copies)).
+    ///
+    /// # Errors
+    ///
+    /// The store's failure.
+    pub async fn copies(&self) -> Result<Vec<CopySeen>, StoreError> {
+        let (in_force, place) = self.parts()?;
+        in_force.copies(&place).await
+    }
+
+    /// The changes of the limits in force, the newest first (the last
+    /// [`HISTORY_KEPT`](crate::store::HISTORY_KEPT)).
+    ///
+    /// # Errors
+    ///
+    /// The store's failure.
+    pub async fn history(&self) -> Result<Vec<TableChange>, StoreError> {
+        let (in_force, place) = self.parts()?;
+        in_force.history(&place).await
+    }
+}
