@@ -608,7 +608,7 @@ pub(crate) fn unknown_tier(tier: &str) -> ConfigError {
 /// has none; none at all is refused), checked by `check`, saved with `note` on condition that
 /// nobody saved another since it was read — read and edited anew when someone did: what it
 /// did, and the table in force after.
-pub(crate) async fn change_table(
+async fn change_table(
     store: &dyn LimitsStore,
     namespace: &str,
     note: &str,
@@ -649,4 +649,18 @@ pub(crate) async fn change_table(
         }
     }
     Err(LimitsError::Contended)
+}
+
+/// Changes the table of `namespace` in `store` without a layer (for operators' tools): `edit`
+/// applied to the table the store holds — none is refused — and the result checked as its kind
+/// counts it ([`LimitTable::check`]).
+pub(crate) async fn change_stored(
+    store: &dyn LimitsStore,
+    namespace: &str,
+    note: &str,
+    edit: impl Fn(&mut LimitTable) -> Result<(), ConfigError>,
+) -> Result<Changed, LimitsError> {
+    let check = |table: &LimitTable| table.check(namespace);
+    let (changed, _) = change_table(store, namespace, note, || None, edit, check).await?;
+    Ok(changed)
 }

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use super::settings::Settings;
 use crate::error::{ConfigError, ConfigErrorKind};
-use crate::in_force::{Changed, Follows, InForce, LimitsError, Parts, Recipe};
+use crate::in_force::{Changed, Follows, InForce, LimitsError, Parts, Recipe, change_stored};
 use crate::key::Key;
 use crate::rate::{LimitTable, StoredTable, TableChange};
-use crate::store::{CopySeen, StoreError, StoreErrorKind};
+use crate::store::{CopySeen, LimitsStore, StoreError, StoreErrorKind};
 
 /// The limits of requests in flight a layer decides with: its own, its tiers', and callers'
 /// own — replaced whole when the limits in force change.
@@ -273,4 +273,50 @@ impl ConcurrencyLimits {
         let (in_force, place) = self.parts()?;
         in_force.history(&place).await
     }
+}
+
+/// Changes the limits in force of the concurrency limit with `prefix` kept in `store`, without
+/// a layer — for operators' tools, such as `tollgate limits set --in-flight`: as
+/// [`rate_limit::change_limits`](crate::rate_limit::change_limits) does for a rate limit. Each
+/// entry must be one limit of requests in flight ([`LimitTable::in_flight_limits`]).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use tollgate::concurrency::{ConcurrencyLimitLayer, change_limits};
+/// use tollgate::rate::LimitTable;
+/// use tollgate::rate_limit::Changed;
+/// use tollgate::store::MemoryStore;
+///
+/// let store = MemoryStore::new();
+/// let layer = ConcurrencyLimitLayer::builder(store.clone())
+///     .limit(4)
+///     .prefix("jobs")
+///     .build_in_store()
+///     .await
+///     .unwrap();
+/// let changed = change_limits(&store, "jobs", "fewer at once", |table| {
+///     table.set_tier(None, LimitTable::in_flight_limits(2));
+///     Ok(())
+/// })
+/// .await
+/// .unwrap();
+/// assert_eq!(changed, Changed::Saved(2));
+/// layer.limits().unwrap().refresh().await.unwrap();
+/// assert_eq!(layer.limit(), 2);
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// [`LimitsError::Invalid`] when the store holds no limits under the prefix, or the change is
+/// refused; else see [`LimitsError`].
+pub async fn change_limits(
+    store: &dyn LimitsStore,
+    prefix: &str,
+    note: &str,
+    edit: impl Fn(&mut LimitTable) -> Result<(), ConfigError>,
+) -> Result<Changed, LimitsError> {
+    let namespace =
+        crate::store::keys::concurrency_namespace(prefix).map_err(LimitsError::Invalid)?;
+    change_stored(store, &namespace, note, edit).await
 }

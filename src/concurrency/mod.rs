@@ -82,7 +82,7 @@ pub use body::PermitBody;
 pub use config::ConcurrencyConfig;
 pub use future::ResponseFuture;
 pub use layer::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
-pub use limits::ConcurrencyLimits;
+pub use limits::{ConcurrencyLimits, change_limits};
 pub use permit::Permit;
 pub use service::ConcurrencyLimit;
 

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::in_force::{Changed, Follows, InForce, LimitsError, Parts, change_table};
+use crate::in_force::{Changed, Follows, InForce, LimitsError, Parts, change_stored};
 use crate::key::Key;
 use crate::rate::{Limit, LimitTable, StoredTable, TableChange};
 use crate::rate_client::{RateClient, TierRecipe};
@@ -217,7 +217,5 @@ pub async fn change_limits(
     edit: impl Fn(&mut LimitTable) -> Result<(), crate::ConfigError>,
 ) -> Result<Changed, LimitsError> {
     let namespace = crate::store::keys::rate_namespace(prefix).map_err(LimitsError::Invalid)?;
-    let check = |table: &LimitTable| table.check(&namespace);
-    let (changed, _) = change_table(store, &namespace, note, || None, edit, check).await?;
-    Ok(changed)
+    change_stored(store, &namespace, note, edit).await
 }
