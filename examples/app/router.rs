@@ -55,7 +55,7 @@ use serde_json::{Value, json};
 use tokio_postgres::types::ToSql;
 use tollgate::ConfigError;
 use tollgate::claim::Claims;
-use tollgate::concurrency::{ConcurrencyLimitLayer, Permit};
+use tollgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder, Permit};
 use tollgate::idempotency::IdempotencyLayer;
 use tollgate::key::{self, BoxedKey, Cidr, ForwardedIp, Key, KeyExtractor, MissingKey, Or};
 use tollgate::lock::{LockError, Locks};
@@ -198,6 +198,29 @@ fn api_limit(store: &Arc<dyn Store>, config: &AppConfig) -> RateLimitLayerBuilde
         .on_store_error(config.on_store_error)
 }
 
+/// The limit of `/jobs` in flight per tenant, with the plans' tiers.
+fn jobs_limit(
+    store: &Arc<dyn Store>,
+    config: &AppConfig,
+) -> ConcurrencyLimitLayerBuilder<ByCaller> {
+    let mut jobs = ConcurrencyLimitLayer::builder(Arc::clone(store))
+        .prefix("tollgate-app")
+        .limit(config.jobs.concurrency)
+        .lease(config.jobs.lease)
+        .retry_after(config.jobs.duration)
+        .advertise("jobs")
+        .key(ByCaller::new())
+        .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED));
+    for (plan, limit) in &config.jobs.tiers {
+        jobs = jobs.tier(plan.clone(), *limit);
+    }
+    if !config.jobs.tiers.is_empty() {
+        // the plan of the tenant's entry in APP_API_KEYS, never one the request names
+        jobs = jobs.tier_by(|parts| parts.extensions.get::<Caller>().map(Caller::plan));
+    }
+    jobs
+}
+
 impl AppState {
     /// Builds the app's middleware on `store` as `config` says; fails on invalid limits.
     pub fn new(store: Arc<dyn Store>, config: AppConfig) -> Result<Self, ConfigError> {
@@ -208,22 +231,7 @@ impl AppState {
             .required(true)
             .scope(ByCaller::new())
             .build()?;
-        let mut jobs = ConcurrencyLimitLayer::builder(Arc::clone(&store))
-            .prefix("tollgate-app")
-            .limit(config.jobs.concurrency)
-            .lease(config.jobs.lease)
-            .retry_after(config.jobs.duration)
-            .advertise("jobs")
-            .key(ByCaller::new())
-            .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED));
-        for (plan, limit) in &config.jobs.tiers {
-            jobs = jobs.tier(plan.clone(), *limit);
-        }
-        if !config.jobs.tiers.is_empty() {
-            // the plan of the tenant's entry in APP_API_KEYS, never one the request names
-            jobs = jobs.tier_by(|parts| parts.extensions.get::<Caller>().map(Caller::plan));
-        }
-        let jobs = jobs.build()?;
+        let jobs = jobs_limit(&store, &config).build()?;
         let ceiling = max_tokens_ceiling(&config.token_limits);
         let tokens = RateLimitLayer::builder(Arc::clone(&store))
             .prefix("tollgate-app:llm")
@@ -261,9 +269,9 @@ impl AppState {
         self.api_limit.give_back_leases().await;
     }
 
-    /// Keeps the limits of `/api/*` in the store, shared by every copy (see `docs/limits.md`):
-    /// those of `config` are the defaults of revision `revision`, the store's are in force, and
-    /// `tollgate limits` changes them for every copy.
+    /// Keeps the limits of `/api/*` and of `/jobs` in flight in the store, shared by every copy
+    /// (see `docs/limits.md`): those of `config` are the defaults of revision `revision`, the
+    /// store's are in force, and `tollgate limits` changes them for every copy.
     pub async fn with_limits_in_store(
         mut self,
         store: Arc<dyn Store>,
@@ -271,6 +279,10 @@ impl AppState {
         revision: u64,
     ) -> Result<Self, ConfigError> {
         self.api_limit = api_limit(&store, config)
+            .limits_revision(revision)
+            .build_in_store()
+            .await?;
+        self.jobs = jobs_limit(&store, config)
             .limits_revision(revision)
             .build_in_store()
             .await?;
