@@ -433,10 +433,14 @@ impl<R: Recipe> InForce<R> {
     /// version is the store's going back, and is followed. A table that cannot be built keeps
     /// what the copy decides with (logged).
     fn install(&self, stored: StoredTable, place: &Place<'_, R::Built>) {
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        if stored == *held {
-            return;
-        }
+        // built outside the lock: the turn keeps every other install out meanwhile
+        let held = {
+            let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            if stored == *held {
+                return;
+            }
+            held.version
+        };
         let built = match self.recipe.build(&stored.table) {
             Ok(built) => built,
             Err(error) => {
@@ -453,7 +457,7 @@ impl<R: Recipe> InForce<R> {
         let drift = !stored
             .table
             .same_defaults(&self.recipe.defaults(self.revision));
-        if drift && held.version == 0 {
+        if drift && held == 0 {
             tracing::warn!(
                 target: "tollgate::limits",
                 limiter = self.namespace(),
@@ -463,19 +467,18 @@ impl<R: Recipe> InForce<R> {
                 "the limits this copy was built with differ from the defaults in force, which apply: raise the layer's limits_revision to replace them"
             );
         }
-        if stored.version < held.version {
+        if stored.version < held {
             tracing::warn!(
                 target: "tollgate::limits",
                 limiter = self.namespace(),
                 version = stored.version,
-                held = held.version,
+                held,
                 "the store's limits in force went back to an older version: following it"
             );
         }
         metrics::limits_in_force(self.recipe.limiter(), stored.version, drift);
-        *held = stored;
+        *self.held.lock().unwrap_or_else(PoisonError::into_inner) = stored;
         let replaced = place.built.swap(Arc::new(built));
-        drop(held);
         self.recipe.replaced(replaced);
     }
 
