@@ -1,30 +1,36 @@
-//! `tollgate limits`: the limits in force of a rate-limit layer built with `build_in_store`,
-//! read from and changed in the store every copy reads them from — no limits file needed.
+//! `tollgate limits`: the limits in force of a rate-limit or concurrency-limit layer built with
+//! `build_in_store`, read from and changed in the store every copy reads them from — no limits
+//! file needed.
 
 use std::fmt::Write;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use clap::{Args, Subcommand};
+use clap::{ArgGroup, Args, Subcommand};
 use http::header::{HeaderName, HeaderValue};
 use tollgate::key::Key;
-use tollgate::rate::{Limit, LimitTable, StoredTable, parse_duration};
-use tollgate::rate_limit::{Changed, LimitsError, change_limits};
-use tollgate::store::{LimitsStore, Store, keys};
+use tollgate::rate::{IN_FLIGHT, Limit, LimitTable, StoredTable, parse_duration};
+use tollgate::rate_limit::{Changed, LimitsError};
+use tollgate::store::{CopySeen, LimitsStore, Store, keys};
 
 use crate::rate::{Named, Shown, parse_header, parse_ip, parse_pair, runtime_and};
 use crate::secret::{masked_header, masked_pair};
 use crate::store::StoreArgs;
 
 pub(crate) const LONG_ABOUT: &str = "\
-Show and change the limits in force of a service's rate-limit layer, kept in the store.
+Show and change the limits in force of a service's rate-limit and concurrency-limit layers, kept \
+in the store.
 
 A layer built with `build_in_store` keeps its limits in the store beside its counters: each \
 tier's (the defaults its code was built with, or a replacement set here) and each caller's \
 own (a tenant's plan). Every copy reads them at its start and again every refresh (a second \
 unless the service says otherwise), so a change made here is in force on every copy within \
-that. No limits file is needed: the store holds the tiers and the algorithm.";
+that. No limits file is needed: the store holds the tiers and the algorithm.
+
+A rate limit's are under <PREFIX>:rl, changed with --limit; a concurrency limit's (requests in \
+flight) under <PREFIX>:cc, changed with --in-flight, and named with --concurrency to unset them \
+or read their history. `show` prints both.";
 
 pub(crate) const AFTER_HELP: &str = "\
 Examples:
@@ -34,9 +40,14 @@ Examples:
   tollgate limits set --store redis://10.0.0.5:6379/ --prefix app --tier pro --limit minute:2000/60s
   tollgate limits unset --store redis://10.0.0.5:6379/ --prefix app --header x-api-key=acme
   tollgate limits history --store redis://10.0.0.5:6379/ --prefix app
+  tollgate limits set --store redis://10.0.0.5:6379/ --prefix app \\
+      --header x-api-key=acme --in-flight 20 --note 'acme runs batch jobs'
+  tollgate limits unset --store redis://10.0.0.5:6379/ --prefix app --concurrency \\
+      --header x-api-key=acme
 
 A limit is NAME:COUNT/WINDOW (a window as 500ms, 1s, 5m, 1h, 1d), then :leased and \
-:block=DURATION if it has them, e.g. minute:100/60s:block=30s.
+:block=DURATION if it has them, e.g. minute:100/60s:block=30s. A limit of requests in \
+flight is a whole number from 1.
 Exit codes: 0 done; 1 nothing under what was named (no limits under the prefix, no override \
 of the caller, no replacement of the tier); 2 an error (bad arguments or limits, which change \
 nothing; a store that does not answer).";
@@ -50,14 +61,17 @@ pub(crate) struct LimitsCommand {
 
 #[derive(Debug, Subcommand)]
 enum Action {
-    /// The limits in force: each tier's, and the callers' own (or one caller's).
+    /// The limits in force, a rate limit's and a concurrency limit's: each tier's, and the
+    /// callers' own (or one caller's).
     Show(ShowArgs),
     /// Give a caller limits of its own, or replace a tier's limits (the layer's own without
-    /// --tier or a caller).
+    /// --tier or a caller): a rate limit's with --limit, a concurrency limit's with --in-flight.
     Set(SetArgs),
-    /// Take a caller back to its tier's limits, or a tier back to its defaults.
+    /// Take a caller back to its tier's limits, or a tier back to its defaults (a concurrency
+    /// limit's with --concurrency).
     Unset(UnsetArgs),
-    /// The changes of the limits in force, the newest first.
+    /// The changes of the limits in force, the newest first (a concurrency limit's with
+    /// --concurrency).
     History(HistoryArgs),
 }
 
@@ -66,7 +80,8 @@ enum Action {
 struct Place {
     #[command(flatten)]
     store: StoreArgs,
-    /// The layer's key prefix (`RateLimitLayerBuilder::prefix`).
+    /// The layer's key prefix (`RateLimitLayerBuilder::prefix`,
+    /// `ConcurrencyLimitLayerBuilder::prefix`).
     #[arg(long, value_name = "PREFIX", default_value = keys::DEFAULT_PREFIX)]
     prefix: String,
 }
@@ -137,15 +152,22 @@ struct ShowArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("new").required(true).args(["limits", "in_flight"])))]
 struct SetArgs {
     #[command(flatten)]
     place: Place,
     #[command(flatten)]
     subject: Subject,
-    /// A limit, NAME:COUNT/WINDOW[:leased][:block=DURATION]; repeat it for several, checked
-    /// together.
-    #[arg(long = "limit", value_name = "LIMIT", required = true, value_parser = parse_limit)]
+    /// A rate limit's limit, NAME:COUNT/WINDOW[:leased][:block=DURATION]; repeat it for
+    /// several, checked together.
+    #[arg(long = "limit", value_name = "LIMIT", value_parser = parse_limit)]
     limits: Vec<Limit>,
+    /// A concurrency limit's limit of requests in flight (1 or more), set under <PREFIX>:cc.
+    #[arg(long, value_name = "N")]
+    in_flight: Option<u32>,
+    /// The concurrency limit's limits (<PREFIX>:cc): what --in-flight changes anyway.
+    #[arg(long, conflicts_with = "limits")]
+    concurrency: bool,
     /// What the change is for, kept in the history.
     #[arg(long, value_name = "TEXT", default_value = "")]
     note: String,
@@ -157,6 +179,9 @@ struct UnsetArgs {
     place: Place,
     #[command(flatten)]
     subject: Subject,
+    /// The concurrency limit's limits (<PREFIX>:cc), not the rate limit's (<PREFIX>:rl).
+    #[arg(long)]
+    concurrency: bool,
     /// What the change is for, kept in the history.
     #[arg(long, value_name = "TEXT", default_value = "")]
     note: String,
@@ -166,6 +191,37 @@ struct UnsetArgs {
 struct HistoryArgs {
     #[command(flatten)]
     place: Place,
+    /// The concurrency limit's limits (<PREFIX>:cc), not the rate limit's (<PREFIX>:rl).
+    #[arg(long)]
+    concurrency: bool,
+}
+
+/// Whose limits: a rate limit's, or a concurrency limit's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Under `<prefix>:rl`.
+    Rate,
+    /// Under `<prefix>:cc`: one limit of requests in flight each.
+    Concurrency,
+}
+
+impl Kind {
+    fn of(concurrency: bool) -> Self {
+        if concurrency {
+            Kind::Concurrency
+        } else {
+            Kind::Rate
+        }
+    }
+
+    /// The namespace of the limits under `prefix`.
+    fn namespace(self, prefix: &str) -> Result<String, String> {
+        match self {
+            Kind::Rate => keys::rate_namespace(prefix),
+            Kind::Concurrency => keys::concurrency_namespace(prefix),
+        }
+        .map_err(|e| e.to_string())
+    }
 }
 
 /// `NAME:COUNT/WINDOW[:leased][:block=DURATION]`.
@@ -210,10 +266,12 @@ impl LimitsCommand {
     }
 }
 
-/// The store, the namespace of the prefix, and what the store holds there (`Err` names what
-/// was looked for when it holds nothing).
-async fn read(place: &Place) -> Result<(Arc<dyn Store>, String, Option<StoredTable>), String> {
-    let namespace = keys::rate_namespace(&place.prefix).map_err(|e| e.to_string())?;
+/// The store, the namespace of `kind`'s limits under the prefix, and what the store holds there.
+async fn read(
+    place: &Place,
+    kind: Kind,
+) -> Result<(Arc<dyn Store>, String, Option<StoredTable>), String> {
+    let namespace = kind.namespace(&place.prefix)?;
     let store = place.store.open().await?;
     let stored = place
         .store
@@ -235,66 +293,117 @@ pub(crate) fn nothing_under(namespace: &str) -> String {
     )
 }
 
+/// Both tables of the prefix, what `show` prints: the rate limit's, then the concurrency
+/// limit's, each that the store holds.
 async fn show(args: &ShowArgs) -> Result<Shown, String> {
-    let (store, namespace, stored) = read(&args.place).await?;
-    let Some(stored) = stored else {
+    let place = &args.place;
+    let rate = Kind::Rate.namespace(&place.prefix)?;
+    let concurrency = Kind::Concurrency.namespace(&place.prefix)?;
+    let store = place.store.open().await?;
+    let limits = limits_store(&*store)?;
+    let mut tables = Vec::new();
+    for namespace in [&rate, &concurrency] {
+        if let Some(stored) = place.store.bounded(limits.load_limits(namespace)).await? {
+            tables.push((namespace, stored));
+        }
+    }
+    if tables.is_empty() {
         return Ok(Shown::Nothing {
             out: String::new(),
-            why: nothing_under(&namespace),
+            why: nothing_under(&format!("{rate} nor {concurrency}")),
         });
-    };
+    }
+    let of = args.subject.named()?;
+    if let Of::Tier(tier) = &of
+        && !tables
+            .iter()
+            .any(|(_, stored)| stored.table.for_tier(Some(tier)).is_some())
+    {
+        let under: Vec<String> = tables
+            .iter()
+            .map(|(namespace, stored)| {
+                format!(
+                    "under {namespace} (its tiers: {})",
+                    tier_list(&stored.table)
+                )
+            })
+            .collect();
+        return Err(format!("no tier {tier:?} {}", under.join(" nor ")));
+    }
+    let mut out = format!("store    {}\n", place.store.describe());
+    for (i, (namespace, stored)) in tables.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        section(&mut out, namespace, stored, &of);
+        if matches!(of, Of::Own) {
+            let copies = place.store.bounded(limits.copies(namespace)).await?;
+            copies_seen(&mut out, &stored.table, &copies);
+        }
+    }
+    Ok(Shown::Found(out))
+}
+
+/// One table as `show` prints it, its copies aside: its tiers and callers, or those of `of`.
+fn section(out: &mut String, namespace: &str, stored: &StoredTable, of: &Of) {
     let table = &stored.table;
-    let mut out = String::new();
-    let algorithm = table.algorithm().map_or("?".to_owned(), |a| a.to_string());
+    let kind = if table.is_in_flight() {
+        "concurrency limit".to_owned()
+    } else {
+        table.algorithm().map_or("?".to_owned(), |a| a.to_string())
+    };
     let _ = writeln!(
         out,
-        "store    {}\nlimits   {namespace} ({algorithm}), version {}, defaults of revision {}\n",
-        args.place.store.describe(),
+        "limits   {namespace} ({kind}), version {}, defaults of revision {}\n",
         stored.version,
         table.revision()
     );
-    match args.subject.named()? {
+    match of {
         Of::Caller { key, label } => {
             let _ = writeln!(out, "caller   {label}");
-            match table.for_caller(key) {
-                Some(limits) => rows(&mut out, "own", limits),
+            match table.for_caller(*key) {
+                Some(limits) => rows(out, "own", limits),
                 None => {
                     let _ = writeln!(out, "  its tier's limits: it has none of its own");
                 }
             }
-            return Ok(Shown::Found(out));
         }
-        Of::Tier(tier) => {
-            let limits = tier_limits(table, Some(&tier), &namespace)?;
-            rows(&mut out, &tier, limits);
-            return Ok(Shown::Found(out));
+        Of::Tier(tier) => match table.for_tier(Some(tier)) {
+            Some(limits) => rows(out, tier, limits),
+            None => {
+                let _ = writeln!(
+                    out,
+                    "  no tier {tier:?} here (its tiers: {})",
+                    tier_list(table)
+                );
+            }
+        },
+        Of::Own => {
+            for tier in table.tiers() {
+                let name = tier.unwrap_or("(own)");
+                let replaced = table.replacements().any(|(t, _)| t == tier);
+                let kind = if replaced { " (replaced)" } else { "" };
+                rows(
+                    out,
+                    &format!("{name}{kind}"),
+                    table.for_tier(tier).unwrap_or_default(),
+                );
+            }
+            let overrides = table.overrides();
+            let _ = writeln!(
+                out,
+                "\ncallers with limits of their own: {}",
+                overrides.len()
+            );
+            for (key, limits) in overrides {
+                rows(out, &format!("caller {key}"), limits);
+            }
         }
-        Of::Own => {}
     }
-    for tier in table.tiers() {
-        let name = tier.unwrap_or("(own)");
-        let replaced = table.replacements().any(|(t, _)| t == tier);
-        let kind = if replaced { " (replaced)" } else { "" };
-        rows(
-            &mut out,
-            &format!("{name}{kind}"),
-            table.for_tier(tier).unwrap_or_default(),
-        );
-    }
-    let overrides = table.overrides();
-    let _ = writeln!(
-        out,
-        "\ncallers with limits of their own: {}",
-        overrides.len()
-    );
-    for (key, limits) in overrides {
-        rows(&mut out, &format!("caller {key}"), limits);
-    }
-    let copies = args
-        .place
-        .store
-        .bounded(limits_store(&*store)?.copies(&namespace))
-        .await?;
+}
+
+/// The copies of a table's layer the store has seen lately, and which were built otherwise.
+fn copies_seen(out: &mut String, table: &LimitTable, copies: &[CopySeen]) {
     let in_force = table.defaults_id();
     let other = copies.iter().filter(|c| c.built != in_force).count();
     let _ = writeln!(
@@ -302,7 +411,7 @@ async fn show(args: &ShowArgs) -> Result<Shown, String> {
         "\ncopies seen lately: {} ({other} built with other defaults, which do not apply)",
         copies.len()
     );
-    for copy in &copies {
+    for copy in copies {
         let mark = if copy.built == in_force {
             ""
         } else {
@@ -310,29 +419,25 @@ async fn show(args: &ShowArgs) -> Result<Shown, String> {
         };
         let _ = writeln!(out, "  {}  built {}{mark}", copy.copy, copy.built);
     }
-    Ok(Shown::Found(out))
 }
 
-fn tier_limits<'t>(
-    table: &'t LimitTable,
-    tier: Option<&str>,
-    namespace: &str,
-) -> Result<&'t [Limit], String> {
-    table.for_tier(tier).ok_or_else(|| {
-        let tiers: Vec<&str> = table.tiers().flatten().collect();
-        format!(
-            "no tier {:?} under {namespace} (its tiers: {})",
-            tier.unwrap_or_default(),
-            if tiers.is_empty() {
-                "none".to_owned()
-            } else {
-                tiers.join(", ")
-            }
-        )
-    })
+/// The named tiers of a table, or `none`.
+fn tier_list(table: &LimitTable) -> String {
+    let tiers: Vec<&str> = table.tiers().flatten().collect();
+    if tiers.is_empty() {
+        "none".to_owned()
+    } else {
+        tiers.join(", ")
+    }
 }
 
+/// A table's limits of one tier or caller, one line each: a concurrency limit's as
+/// `in-flight N`.
 fn rows(out: &mut String, owner: &str, limits: &[Limit]) {
+    if let Some(n) = LimitTable::in_flight_of(limits) {
+        let _ = writeln!(out, "{owner:<28} {IN_FLIGHT} {n}");
+        return;
+    }
     for limit in limits {
         let mut extra = String::new();
         if limit.is_leased() {
@@ -351,16 +456,17 @@ fn rows(out: &mut String, owner: &str, limits: &[Limit]) {
     }
 }
 
-/// Runs one change on the limits under `place`, once `precheck` has found it sound against the
-/// table read (its `Err`: why nothing was sent, exit 1): what it printed, or why nothing was
+/// Runs one change on `kind`'s limits under `place`, once `precheck` has found it sound against
+/// the table read (its `Err`: why nothing was sent): what it printed, or why nothing was
 /// changed.
 async fn change(
     place: &Place,
+    kind: Kind,
     note: &str,
     precheck: impl FnOnce(&LimitTable) -> Result<(), Refusal>,
     edit: impl Fn(&mut LimitTable),
 ) -> Result<Shown, String> {
-    let (store, namespace, stored) = read(place).await?;
+    let (store, namespace, stored) = read(place, kind).await?;
     let Some(stored) = stored else {
         return Ok(Shown::Nothing {
             out: String::new(),
@@ -378,14 +484,22 @@ async fn change(
         Err(Refusal::Invalid(why)) => return Err(format!("refused, nothing changed: {why}")),
     }
     let limits = limits_store(&*store)?;
+    let edit = |table: &mut LimitTable| {
+        edit(table);
+        Ok(())
+    };
     let changed = place
         .store
         .bounded(async {
-            let edited = change_limits(limits, &place.prefix, note, |table| {
-                edit(table);
-                Ok(())
-            });
-            match edited.await {
+            let edited = match kind {
+                Kind::Rate => {
+                    tollgate::rate_limit::change_limits(limits, &place.prefix, note, edit).await
+                }
+                Kind::Concurrency => {
+                    tollgate::concurrency::change_limits(limits, &place.prefix, note, edit).await
+                }
+            };
+            match edited {
                 Err(LimitsError::Store(e)) => Err(e),
                 other => Ok(other),
             }
@@ -416,25 +530,24 @@ fn known_tier(table: &LimitTable, tier: &str) -> Result<(), Refusal> {
     if table.tiers().flatten().any(|t| t == tier) {
         return Ok(());
     }
-    let tiers: Vec<&str> = table.tiers().flatten().collect();
-    let known = if tiers.is_empty() {
-        "none".to_owned()
-    } else {
-        tiers.join(", ")
-    };
     Err(Refusal::Invalid(format!(
-        "unknown tier {tier:?} (the layer's tiers: {known})"
+        "unknown tier {tier:?} (the layer's tiers: {})",
+        tier_list(table)
     )))
 }
 
 async fn set(args: &SetArgs) -> Result<Shown, String> {
     let of = args.subject.named()?;
+    let (kind, limits) = match args.in_flight {
+        Some(n) => (Kind::Concurrency, LimitTable::in_flight_limits(n)),
+        None => (Kind::Rate, args.limits.clone()),
+    };
     let precheck = |table: &LimitTable| match &of {
         Of::Tier(tier) => known_tier(table, tier),
         _ => Ok(()),
     };
-    change(&args.place, &args.note, precheck, |table| {
-        let limits = args.limits.clone();
+    change(&args.place, kind, &args.note, precheck, |table| {
+        let limits = limits.clone();
         match &of {
             Of::Own => table.set_tier(None, limits),
             Of::Tier(tier) => table.set_tier(Some(tier), limits),
@@ -466,7 +579,8 @@ async fn unset(args: &UnsetArgs) -> Result<Shown, String> {
             _ => Ok(()),
         }
     };
-    change(&args.place, &args.note, precheck, |table| {
+    let kind = Kind::of(args.concurrency);
+    change(&args.place, kind, &args.note, precheck, |table| {
         match &of {
             Of::Own => table.unset_tier(None),
             Of::Tier(tier) => table.unset_tier(Some(tier)),
@@ -477,7 +591,7 @@ async fn unset(args: &UnsetArgs) -> Result<Shown, String> {
 }
 
 async fn history(args: &HistoryArgs) -> Result<Shown, String> {
-    let (store, namespace, stored) = read(&args.place).await?;
+    let (store, namespace, stored) = read(&args.place, Kind::of(args.concurrency)).await?;
     if stored.is_none() {
         return Ok(Shown::Nothing {
             out: String::new(),
@@ -553,6 +667,35 @@ mod tests {
             let error = parse_limit(bad).unwrap_err();
             assert!(error.contains("NAME:COUNT/WINDOW"), "{bad}: {error}");
         }
+    }
+
+    #[test]
+    fn limits_in_flight_show_as_such() {
+        let mut table = LimitTable::in_flight(0, [(None, 4), (Some("pro".to_owned()), 16)]);
+        table.set_tier(Some("pro"), LimitTable::in_flight_limits(32));
+        let stored = StoredTable { version: 2, table };
+        let mut out = String::new();
+        section(&mut out, "app:cc", &stored, &Of::Own);
+        assert_eq!(
+            out,
+            "limits   app:cc (concurrency limit), version 2, defaults of revision 0\n\n\
+             (own)                        in-flight 4\n\
+             pro (replaced)               in-flight 32\n\n\
+             callers with limits of their own: 0\n"
+        );
+        // a rate limit's rows are as they were
+        let mut out = String::new();
+        rows(&mut out, "(own)", &[Limit::per_minute("minute", 5)]);
+        assert_eq!(
+            out,
+            "(own)                        minute                5/1m\n"
+        );
+        let mut out = String::new();
+        section(&mut out, "app:cc", &stored, &Of::Tier("gold".to_owned()));
+        assert!(
+            out.ends_with("  no tier \"gold\" here (its tiers: pro)\n"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -81,7 +81,8 @@ enum Command {
     /// idempotency record.
     #[command(long_about = inspect::LONG_ABOUT, after_help = inspect::AFTER_HELP)]
     Inspect(inspect::InspectCommand),
-    /// Show and change the limits in force of a service's rate-limit layer, kept in the store.
+    /// Show and change the limits in force of a service's rate-limit and concurrency-limit
+    /// layers, kept in the store.
     #[command(long_about = limits::LONG_ABOUT, after_help = limits::AFTER_HELP)]
     Limits(limits::LimitsCommand),
     /// Forget what a caller has spent of a service's rate limits, on every copy at once.

@@ -1,7 +1,9 @@
 //! `tollgate limits` run as a binary against two copies of a service that keep their limits in
 //! the store (`build_in_store`), on a throwaway `redis-server` and PostgreSQL: no limits file;
 //! a change made by the tool governs both copies within their refresh; what names nothing
-//! exits 1, and a refused change exits 2 and changes nothing.
+//! exits 1, and a refused change exits 2 and changes nothing. Then the same for a concurrency
+//! limit's limits of requests in flight (`--in-flight`, `--concurrency`), shown beside a rate
+//! limit's of the same prefix.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,10 +14,11 @@ use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
+use tollgate::concurrency::ConcurrencyLimitLayer;
 use tollgate::key::Header;
 use tollgate::rate::Limit;
 use tollgate::rate_limit::RateLimitLayer;
-use tollgate::store::{PgStore, RateStore, RedisStore};
+use tollgate::store::{CopySeen, PermitStore, PgStore, RateStore, RedisStore};
 use tollgate::testing::{PgServer, RedisServer};
 
 const REFRESH: Duration = Duration::from_millis(100);
@@ -261,6 +264,347 @@ async fn the_tool_reads_and_changes_the_limits(
     );
 }
 
+/// A service under prefix `jobs`: a rate limit of 5 a minute, and a concurrency limit of 2
+/// requests in flight per `x-api-key`, 8 for tier `pro`.
+async fn jobs(
+    rate: Arc<dyn RateStore>,
+    permits: impl PermitStore,
+) -> (RateLimitLayer<Header>, ConcurrencyLimitLayer<Header>) {
+    let rate = RateLimitLayer::builder(rate)
+        .limit(Limit::per_minute("minute", 5))
+        .prefix("jobs")
+        .key(Header::from_static("x-api-key"))
+        .limits_refresh(REFRESH)
+        .build_in_store()
+        .await
+        .unwrap();
+    let in_flight = ConcurrencyLimitLayer::builder(permits)
+        .limit(2)
+        .tier("pro", 8)
+        .tier_by(|parts| parts.headers.get("x-plan")?.to_str().ok())
+        .prefix("jobs")
+        .key(Header::from_static("x-api-key"))
+        .limits_refresh(REFRESH)
+        .build_in_store()
+        .await
+        .unwrap();
+    (rate, in_flight)
+}
+
+/// `copies seen lately` as `show` prints it, of copies all built with the defaults in force.
+fn seen(copies: &[CopySeen]) -> String {
+    let mut out = format!(
+        "\ncopies seen lately: {} (0 built with other defaults, which do not apply)\n",
+        copies.len()
+    );
+    for copy in copies {
+        out.push_str(&format!("  {}  built {}\n", copy.copy, copy.built));
+    }
+    out
+}
+
+/// The round of the tool on the limits of requests in flight of `layer` (prefix `jobs`, beside
+/// the rate limit `rate`), against `store_args` (the service's store, its URL second); the
+/// store holds a rate limit's limits under `svc` and none of a concurrency limit there.
+async fn the_tool_changes_the_limits_in_flight(
+    store_args: &[&str],
+    rate: RateLimitLayer<Header>,
+    layer: ConcurrencyLimitLayer<Header>,
+) {
+    let run = |command: &[&str]| {
+        let mut args = vec!["limits", command[0]];
+        args.extend_from_slice(store_args);
+        args.extend_from_slice(&command[1..]);
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            tollgate(&args).await
+        }
+    };
+    let url = store_args[1];
+    let limits = layer.limits().unwrap();
+    let alice = Header::from_static("x-api-key").key(b"alice");
+    let rate_section = format!(
+        "limits   jobs:rl (sliding-log), version 1, defaults of revision 0\n\n\
+         (own)                        minute                5/1m\n\n\
+         callers with limits of their own: 0\n{}",
+        seen(&rate.limits().unwrap().copies().await.unwrap())
+    );
+    let in_flight_seen = seen(&limits.copies().await.unwrap());
+    assert_eq!(layer.limits().unwrap().copies().await.unwrap().len(), 1);
+
+    // both tables of the prefix, each in its section
+    let shown = run(&["show", "--prefix", "jobs"]).await;
+    assert_eq!(shown.code, 0, "{shown:?}");
+    assert_eq!(
+        shown.stdout,
+        format!(
+            "store    {url}\n{rate_section}\n\
+             limits   jobs:cc (concurrency limit), version 1, defaults of revision 0\n\n\
+             (own)                        in-flight 2\n\
+             pro                          in-flight 8\n\n\
+             callers with limits of their own: 0\n{in_flight_seen}"
+        ),
+        "{shown:?}"
+    );
+    assert_eq!(shown.stderr, "");
+
+    // a caller's own limit, and a tier's
+    let set = run(&[
+        "set",
+        "--prefix",
+        "jobs",
+        "--in-flight",
+        "5",
+        "--header",
+        "x-api-key=alice",
+        "--note",
+        "alice runs batch jobs",
+    ])
+    .await;
+    assert_eq!(set.code, 0, "{set:?}");
+    assert_eq!(
+        set.stdout,
+        "saved as version 2 of jobs:cc: in force on every copy within its refresh\n"
+    );
+    assert_eq!(set.stderr, "");
+    assert_eq!(limits.refresh().await.unwrap(), 2);
+    assert_eq!(layer.caller_limit(alice), 5);
+    assert_eq!(layer.limit(), 2);
+    let pro = run(&[
+        "set",
+        "--prefix",
+        "jobs",
+        "--tier",
+        "pro",
+        "--in-flight",
+        "10",
+    ])
+    .await;
+    assert_eq!(pro.code, 0, "{pro:?}");
+    assert_eq!(
+        pro.stdout,
+        "saved as version 3 of jobs:cc: in force on every copy within its refresh\n"
+    );
+    // the same again changes nothing
+    let again = run(&[
+        "set",
+        "--prefix",
+        "jobs",
+        "--tier",
+        "pro",
+        "--in-flight",
+        "10",
+    ])
+    .await;
+    assert_eq!(again.code, 0, "{again:?}");
+    assert_eq!(
+        again.stdout,
+        "unchanged: version 3 of jobs:cc says so already\n"
+    );
+    assert_eq!(limits.refresh().await.unwrap(), 3);
+    assert_eq!(layer.tier_limit("pro"), 10);
+
+    let shown = run(&["show", "--prefix", "jobs"]).await;
+    assert_eq!(shown.code, 0, "{shown:?}");
+    assert_eq!(
+        shown.stdout,
+        format!(
+            "store    {url}\n{rate_section}\n\
+             limits   jobs:cc (concurrency limit), version 3, defaults of revision 0\n\n\
+             (own)                        in-flight 2\n\
+             pro (replaced)               in-flight 10\n\n\
+             callers with limits of their own: 1\n\
+             {:<28} in-flight 5\n{in_flight_seen}",
+            format!("caller {alice}")
+        ),
+        "{shown:?}"
+    );
+    let masked_alice = masked("alice");
+    let caller = run(&["show", "--prefix", "jobs", "--header", "x-api-key=alice"]).await;
+    assert_eq!(caller.code, 0, "{caller:?}");
+    assert_eq!(
+        caller.stdout,
+        format!(
+            "store    {url}\n\
+             limits   jobs:rl (sliding-log), version 1, defaults of revision 0\n\n\
+             caller   header x-api-key={masked_alice}\n\
+             \x20 its tier's limits: it has none of its own\n\n\
+             limits   jobs:cc (concurrency limit), version 3, defaults of revision 0\n\n\
+             caller   header x-api-key={masked_alice}\n\
+             own                          in-flight 5\n"
+        ),
+        "{caller:?}"
+    );
+    let tier = run(&["show", "--prefix", "jobs", "--tier", "pro"]).await;
+    assert_eq!(tier.code, 0, "{tier:?}");
+    assert_eq!(
+        tier.stdout,
+        format!(
+            "store    {url}\n\
+             limits   jobs:rl (sliding-log), version 1, defaults of revision 0\n\n\
+             \x20 no tier \"pro\" here (its tiers: none)\n\n\
+             limits   jobs:cc (concurrency limit), version 3, defaults of revision 0\n\n\
+             pro                          in-flight 10\n"
+        ),
+        "{tier:?}"
+    );
+    let gold = run(&["show", "--prefix", "jobs", "--tier", "gold"]).await;
+    assert_eq!(gold.code, 2, "{gold:?}");
+    assert_eq!(gold.stdout, "");
+    assert_eq!(
+        gold.stderr,
+        "error: no tier \"gold\" under jobs:rl (its tiers: none) nor under jobs:cc (its tiers: \
+         pro)\n"
+    );
+
+    // refused: exit 2, nothing changed
+    let zero = run(&[
+        "set",
+        "--prefix",
+        "jobs",
+        "--in-flight",
+        "0",
+        "--header",
+        "x-api-key=alice",
+    ])
+    .await;
+    assert_eq!(zero.code, 2, "{zero:?}");
+    assert_eq!(zero.stdout, "");
+    assert_eq!(
+        zero.stderr,
+        format!(
+            "error: refused, nothing changed: caller {alice}: a concurrency limit needs one \
+             limit \"in-flight\" of 1 to 4294967295 requests in flight\n"
+        )
+    );
+    let gold = run(&[
+        "set",
+        "--prefix",
+        "jobs",
+        "--tier",
+        "gold",
+        "--in-flight",
+        "3",
+    ])
+    .await;
+    assert_eq!(gold.code, 2, "{gold:?}");
+    assert_eq!(
+        gold.stderr,
+        "error: refused, nothing changed: unknown tier \"gold\" (the layer's tiers: pro)\n"
+    );
+    for both in [
+        &[
+            "set",
+            "--prefix",
+            "jobs",
+            "--in-flight",
+            "3",
+            "--limit",
+            "minute:1/60s",
+        ][..],
+        &[
+            "set",
+            "--prefix",
+            "jobs",
+            "--concurrency",
+            "--limit",
+            "minute:1/60s",
+        ],
+        &["set", "--prefix", "jobs", "--in-flight", "-1"],
+    ] {
+        let refused = run(both).await;
+        assert_eq!(refused.code, 2, "{refused:?}");
+        assert_eq!(refused.stdout, "", "{refused:?}");
+    }
+    assert_eq!(limits.refresh().await.unwrap(), 3);
+    assert_eq!(limits.in_force().version, 3);
+    assert_eq!(layer.caller_limit(alice), 5);
+
+    // back to the layer's limit
+    let unset = run(&[
+        "unset",
+        "--prefix",
+        "jobs",
+        "--concurrency",
+        "--header",
+        "x-api-key=alice",
+        "--note",
+        "batch done",
+    ])
+    .await;
+    assert_eq!(unset.code, 0, "{unset:?}");
+    assert_eq!(
+        unset.stdout,
+        "saved as version 4 of jobs:cc: in force on every copy within its refresh\n"
+    );
+    assert_eq!(limits.refresh().await.unwrap(), 4);
+    assert_eq!(layer.caller_limit(alice), 2);
+
+    // what names nothing: exit 1, saying what was looked for
+    let nobody = run(&[
+        "unset",
+        "--prefix",
+        "jobs",
+        "--concurrency",
+        "--header",
+        "x-api-key=alice",
+    ])
+    .await;
+    assert_eq!(nobody.code, 1, "{nobody:?}");
+    assert_eq!(nobody.stdout, "");
+    assert_eq!(
+        nobody.stderr,
+        format!("nothing to unset: header x-api-key={masked_alice} has no limits of its own\n")
+    );
+    let no_table = |namespace: &str| {
+        format!(
+            "no limits in force under {namespace}: no copy built with build_in_store has \
+             started on this store, or its prefix is another (--prefix)\n"
+        )
+    };
+    for svc in [
+        &["set", "--prefix", "svc", "--in-flight", "3"][..],
+        &["unset", "--prefix", "svc", "--concurrency", "--tier", "pro"],
+        &["history", "--prefix", "svc", "--concurrency"],
+    ] {
+        let svc = run(svc).await;
+        assert_eq!(svc.code, 1, "{svc:?}");
+        assert_eq!(svc.stdout, "");
+        assert_eq!(svc.stderr, no_table("svc:cc"));
+    }
+    let none = run(&["show", "--prefix", "none"]).await;
+    assert_eq!(none.code, 1, "{none:?}");
+    assert_eq!(none.stdout, "");
+    assert_eq!(none.stderr, no_table("none:rl nor none:cc"));
+
+    let history = run(&["history", "--prefix", "jobs", "--concurrency"]).await;
+    assert_eq!(history.code, 0, "{history:?}");
+    let lines: Vec<(&str, &str)> = history
+        .stdout
+        .lines()
+        .map(|line| {
+            let (version, rest) = line.split_at(5);
+            let (_, note) = rest.split_once(" UTC  ").unwrap();
+            (version, note)
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ("    4", "batch done"),
+            ("    3", ""),
+            ("    2", "alice runs batch jobs"),
+            ("    1", "defaults of revision 0"),
+        ],
+        "{history:?}"
+    );
+    // the rate limit's history is its own
+    let rate_history = run(&["history", "--prefix", "jobs"]).await;
+    assert_eq!(rate_history.code, 0, "{rate_history:?}");
+    assert_eq!(rate_history.stdout.lines().count(), 1, "{rate_history:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_on_redis() {
     let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
@@ -268,6 +612,9 @@ async fn limits_on_redis() {
     let copies = [copy(store(), 5).await, copy(store(), 9).await];
     let url = server.url();
     the_tool_reads_and_changes_the_limits(&["--store", &url], copies).await;
+    let redis = RedisStore::open(server.url()).unwrap();
+    let (rate, in_flight) = jobs(store(), redis).await;
+    the_tool_changes_the_limits_in_flight(&["--store", &url], rate, in_flight).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,6 +635,15 @@ async fn limits_on_postgres() {
         Arc::new(store) as Arc<dyn RateStore>
     };
     let copies = [copy(store().await, 5).await, copy(store().await, 9).await];
-    the_tool_reads_and_changes_the_limits(&["--store", &url, "--pg-schema", "svc_limits"], copies)
-        .await;
+    let store_args = ["--store", &url, "--pg-schema", "svc_limits"];
+    the_tool_reads_and_changes_the_limits(&store_args, copies).await;
+    let pg = PgStore::builder(url.clone())
+        .schema("svc_limits")
+        .timeout(Duration::from_secs(2))
+        .purge_interval(None)
+        .connect()
+        .await
+        .unwrap();
+    let (rate, in_flight) = jobs(store().await, pg).await;
+    the_tool_changes_the_limits_in_flight(&store_args, rate, in_flight).await;
 }
