@@ -34,7 +34,7 @@
 //! | `APP_LIMITS`    | `burst:5/1s,minute:100/60s` | limits of `/api/*`: `name:count/<seconds>s,…`  |
 //! | `APP_ALGORITHM` | `sliding-log`               | `sliding-log`, `sliding-counter` or `gcra`     |
 //! | `APP_LEASE`     | `off`                       | `on`: `/api/*`'s quota leased to each copy in slices (not with `APP_BLOCK`) |
-//! | `APP_LIMITS_REVISION` | `0`                   | the revision of `APP_LIMITS`: the store keeps `/api/*`'s limits in force for every copy (`tollgate limits` changes them); a copy of a higher revision makes its `APP_LIMITS` the defaults in force |
+//! | `APP_LIMITS_REVISION` | `0`                   | the revision of `APP_LIMITS` and `APP_JOB_CONCURRENCY`: the store keeps `/api/*`'s limits and the jobs' limit in force for every copy (`tollgate limits` changes them); a copy of a higher revision makes its own the defaults in force |
 //! | `RUST_LOG`      | `info`                      | log filter (`tollgate=debug` shows decisions)  |
 //!
 //! An invalid value exits with status 2 and a message naming the variable; other startup
