@@ -47,13 +47,15 @@ pub(super) fn advertise(
     let unit = QuotaUnit::ConcurrentRequests.token();
     let policy = format!("\"{name}\";q={limit};qu=\"{unit}\"");
     // the name is checked when the layer is built: the values are valid header text
+    // appended, not inserted: the members of layers inside (a rate limit's quota) stay, and
+    // the fields list them all (RFC 9651 lists may span several field lines)
     if let Ok(policy) = HeaderValue::from_str(&policy) {
-        headers.insert(RATELIMIT_POLICY, policy);
+        headers.append(RATELIMIT_POLICY, policy);
     }
     if let Some(wait) = wait {
         let state = format!("\"{name}\";r=0;t={}", rejection::ceil_secs(wait));
         if let Ok(state) = HeaderValue::from_str(&state) {
-            headers.insert(RATELIMIT, state);
+            headers.append(RATELIMIT, state);
         }
     }
 }

@@ -244,7 +244,37 @@ where
     }
 }
 
-/// A completed response, replayed byte for byte plus `Idempotent-Replayed: true`.
+/// In the extensions of a response the idempotency layer replayed from its record: the handler
+/// did not run for it, and nothing it did was done again. Layers outside read it — a rate limit
+/// that settles a request's cost charges a replay nothing of what the first run used (see
+/// [`RateLimitLayerBuilder::settle`](crate::rate_limit::RateLimitLayerBuilder::settle)).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::convert::Infallible;
+/// use http::{Request, Response};
+/// use http_body_util::Full;
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tollgate::idempotency::{IdempotencyLayer, Replayed};
+/// use tollgate::store::MemoryStore;
+///
+/// let service = ServiceBuilder::new()
+///     .layer(IdempotencyLayer::builder(MemoryStore::new()).unscoped().build().unwrap())
+///     .service_fn(|_: Request<_>| async {
+///         Ok::<_, Infallible>(Response::new(Full::new("paid".into())))
+///     });
+/// let pay = || Request::post("/payments").header("idempotency-key", "order-1").body(Full::new("{}".into())).unwrap();
+/// let first = service.clone().oneshot(pay()).await.unwrap();
+/// assert!(first.extensions().get::<Replayed>().is_none());
+/// let again = service.oneshot(pay()).await.unwrap();
+/// assert_eq!(again.extensions().get::<Replayed>(), Some(&Replayed));
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replayed;
+
+/// A completed response, replayed byte for byte plus `Idempotent-Replayed: true` (and
+/// [`Replayed`] in its extensions).
 fn replay<B>(settings: &Settings, record: &[u8], wire: Wire) -> Response<IdempotencyBody<B>> {
     let Some(stored) = StoredResponse::decode(record) else {
         tracing::error!(target: "tollgate::idempotency", "a stored response could not be decoded");
@@ -257,5 +287,6 @@ fn replay<B>(settings: &Settings, record: &[u8], wire: Wire) -> Response<Idempot
     response
         .headers_mut()
         .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    response.extensions_mut().insert(Replayed);
     response
 }

@@ -147,6 +147,7 @@ mod settings;
 pub use body::IdempotencyBody;
 #[cfg(all(feature = "postgres", feature = "axum"))]
 pub use extract::NoTransaction;
+pub use flow::Replayed;
 pub use future::ResponseFuture;
 pub use handler::RequestBody;
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder};

@@ -69,6 +69,14 @@ impl BodyMeter {
     }
 }
 
+impl BodyMeter {
+    /// The response is a replay: nothing of its body is charged (settled when dropped).
+    pub(crate) fn replayed(self) {
+        let mut meter = self;
+        meter.sent = 0;
+    }
+}
+
 impl std::fmt::Debug for BodyMeter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BodyMeter")

@@ -16,6 +16,7 @@ use super::decision::{self, RateLimitDecision};
 use super::rejection::Rejection;
 use super::settings::{Settings, Settle};
 use crate::grpc::Wire;
+use crate::idempotency::Replayed;
 use crate::rate::{RateCheck, RateOutcome};
 use crate::rate_client::{DecisionSource, Pending, Verdict};
 use crate::store::StoreFuture;
@@ -162,7 +163,12 @@ where
                     let response = ready!(future.poll(cx))?;
                     if let Some(meter) = meter.take() {
                         let mut response = finish(this.settings, response, decision.take());
-                        response.body_mut().meter(meter);
+                        if replayed(&response) {
+                            // settled to nothing at once: none of the replay's bytes are charged
+                            meter.replayed();
+                        } else {
+                            response.body_mut().meter(meter);
+                        }
                         this.state.set(State::Done);
                         return Poll::Ready(Ok(response));
                     }
@@ -261,7 +267,12 @@ fn settlement<F, S, R, B>(
         return ControlFlow::Break(finish(settings, response, decision));
     };
     let (parts, body) = response.into_parts();
-    let actual = read(&parts);
+    // a replay used nothing: what the first run used was settled by the first run
+    let actual = if parts.extensions.get::<Replayed>().is_some() {
+        Some(0)
+    } else {
+        read(&parts)
+    };
     let response = Response::from_parts(parts, body);
     let Some(actual) = actual.filter(|actual| *actual != check.cost()) else {
         return ControlFlow::Break(finish(settings, response, decision));
@@ -298,6 +309,11 @@ fn settled_decision(
         (Ok(_), None) => {}
     }
     decision
+}
+
+/// Whether `response` is a replay of the idempotency layer inside, which did not run the handler.
+fn replayed<B>(response: &Response<B>) -> bool {
+    response.extensions().get::<Replayed>().is_some()
 }
 
 /// The response to send: the inner service's, with the decision's headers and record.

@@ -22,6 +22,7 @@ pub mod hyper_server;
 
 mod ambiguity_layers;
 mod body_settlement;
+mod composition;
 mod config;
 mod config_example;
 mod copies_property;

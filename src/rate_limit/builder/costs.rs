@@ -74,6 +74,11 @@ impl<K> RateLimitLayerBuilder<K> {
     /// response, when the store cannot settle (logged), and when the store did not decide it
     /// (the local fallback, shadow denials).
     ///
+    /// A replay of an [idempotency layer](crate::idempotency) inside this one (a response with
+    /// [`Replayed`](crate::idempotency::Replayed) in its extensions) is settled to 0, whatever
+    /// its recorded headers say: the first run was charged what it used, and the replay ran
+    /// nothing. It still needs room for its reservation to be admitted.
+    ///
     /// gRPC: a handler reports its usage in its response metadata, which is the head (tonic
     /// sends a failed call's `Status` metadata in its trailers-only head, so failed calls settle
     /// too). Usage that only trailing metadata carries (after a streamed body) is not read: such
@@ -126,7 +131,8 @@ impl<K> RateLimitLayerBuilder<K> {
     /// body has gone out — or been dropped midway, a client gone — the charge is corrected to
     /// the bytes of body actually sent, in the background, as [`settle`](Self::settle) does. A
     /// request that ends before its response head (its client left, or the inner service failed
-    /// without a response) was sent nothing: it is settled to 0.
+    /// without a response) was sent nothing: it is settled to 0, and so is a
+    /// [replay](crate::idempotency::Replayed) of an idempotency layer inside this one.
     /// A byte budget per caller for downloads, exports and proxies. The response's `RateLimit`
     /// headers, sent before its body, show the balance with the reservation charged.
     ///

@@ -1,0 +1,291 @@
+//! Layers stacked, in either order, on a `MemoryStore`, a real `redis-server` and a real
+//! PostgreSQL: a replay of the idempotency layer is never charged again by a rate limit that
+//! settles its cost (on the response head or on the body's size); a concurrency limit and a rate
+//! limit both advertise their policies in one response.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tokio::task::JoinSet;
+use tower::util::BoxCloneService;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+use super::rate_limit_invalidations::redis_store;
+use crate::common::{RedisServer, postgres};
+use tollgate::concurrency::ConcurrencyLimitLayer;
+use tollgate::idempotency::IdempotencyLayer;
+use tollgate::key::Header;
+use tollgate::rate_limit::{Limit, RateLimitLayer, RateLimitLayerBuilder};
+use tollgate::store::{IdempotencyStore, MemoryStore, PermitStore, RateStore};
+
+/// What every test's store is.
+trait Store: RateStore + IdempotencyStore + PermitStore + Clone {}
+impl<T: RateStore + IdempotencyStore + PermitStore + Clone> Store for T {}
+
+/// A prefix no other test uses.
+fn unique(name: &str) -> String {
+    format!("{name}{:08x}", rand::random::<u32>())
+}
+
+/// What a client sees of an answer.
+#[derive(Debug)]
+struct Seen {
+    status: StatusCode,
+    headers: HeaderMap,
+}
+
+type Stack = BoxCloneService<Request<Full<Bytes>>, Seen, Infallible>;
+
+/// How many tokens each run of the upstream uses, said in `x-tokens-used` and as the size of
+/// its body.
+const USED: u64 = 60;
+/// What a request reserves before it runs.
+const ESTIMATE: u64 = 100;
+/// The tenant's budget.
+const BUDGET: u64 = 10_000;
+
+/// The upstream: counts its runs, answers `201` with [`USED`] tokens used.
+fn upstream<B: Send + 'static>(
+    runs: &Arc<AtomicUsize>,
+) -> impl Service<Request<B>, Response = Response<Full<Bytes>>, Error = Infallible, Future: Send>
++ Clone
++ Send
++ 'static {
+    let runs = Arc::clone(runs);
+    tower::service_fn(move |_: Request<B>| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let body = Full::new(Bytes::from(vec![b'x'; USED as usize]));
+            let response = Response::builder()
+                .status(StatusCode::CREATED)
+                .header("x-tokens-used", USED.to_string());
+            Ok::<_, Infallible>(response.body(body).unwrap())
+        }
+    })
+}
+
+/// How the rate limit learns what a request used.
+#[derive(Debug, Clone, Copy)]
+enum Settled {
+    /// From the response head (`settle`).
+    Head,
+    /// From the size of the body sent (`settle_body_size`).
+    BodySize,
+}
+
+fn budget(store: impl RateStore, settled: Settled) -> RateLimitLayer<Header> {
+    let builder: RateLimitLayerBuilder<Header> = RateLimitLayer::builder(store)
+        .limit(Limit::per_hour("tokens", BUDGET))
+        .prefix(unique("budget"))
+        .key(Header::from_static("x-tenant"))
+        .cost(|_| ESTIMATE);
+    let builder = match settled {
+        Settled::Head => builder.settle(|res| {
+            res.headers
+                .get("x-tokens-used")?
+                .to_str()
+                .ok()?
+                .parse()
+                .ok()
+        }),
+        Settled::BodySize => builder.settle_body_size(),
+    };
+    builder.build().unwrap()
+}
+
+/// The answer with its body read to the end (the body-size settlement is made then).
+async fn seen<B>(response: Response<B>) -> Result<Seen, Infallible>
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let (parts, body) = response.into_parts();
+    body.collect().await.unwrap();
+    Ok(Seen {
+        status: parts.status,
+        headers: parts.headers,
+    })
+}
+
+/// The rate limit outside the idempotency layer (as a request must be admitted before anything
+/// is claimed), or inside it (so that a replay never reaches it).
+fn stack<S: Store>(
+    store: &S,
+    rate_outside: bool,
+    rate: RateLimitLayer<Header>,
+    runs: &Arc<AtomicUsize>,
+) -> Stack {
+    let idempotency = IdempotencyLayer::builder(store.clone())
+        .prefix(unique("idem"))
+        .scope(Header::from_static("x-tenant"))
+        .build()
+        .unwrap();
+    if rate_outside {
+        let service = ServiceBuilder::new()
+            .layer(rate)
+            .layer(idempotency)
+            .service(upstream(runs))
+            .and_then(seen);
+        BoxCloneService::new(service)
+    } else {
+        let service = ServiceBuilder::new()
+            .layer(idempotency)
+            .layer(rate)
+            .service(upstream(runs))
+            .and_then(seen);
+        BoxCloneService::new(service)
+    }
+}
+
+fn pay(key: &str) -> Request<Full<Bytes>> {
+    Request::post("/llm/complete")
+        .header("x-tenant", "acme")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from_static(b"{\"prompt\":\"hi\"}")))
+        .unwrap()
+}
+
+/// What acme has left, once it stays the same for a moment: settlements of a body's size are
+/// made in the background.
+async fn left(rate: &RateLimitLayer<Header>) -> u64 {
+    let acme = Header::from_static("x-tenant").key(b"acme");
+    let mut last = None;
+    for _ in 0..100 {
+        let now = rate.peek(acme).await.unwrap().limits[0].remaining;
+        if last == Some(now) {
+            return now;
+        }
+        last = Some(now);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("acme's budget did not settle: {last:?}");
+}
+
+/// One request of a key, then 50 replays of it at once, in either layer order and with either
+/// settlement: the upstream runs once, every replay is answered as the first run was, and the
+/// budget is charged the first run's usage only.
+async fn fifty_replays_charge_the_budget_once(store: impl Store) {
+    for rate_outside in [true, false] {
+        for settled in [Settled::Head, Settled::BodySize] {
+            let case = format!("rate outside: {rate_outside}, settled on {settled:?}");
+            let runs = Arc::new(AtomicUsize::new(0));
+            let rate = budget(store.clone(), settled);
+            let service = stack(&store, rate_outside, rate.clone(), &runs);
+            let first = service.clone().oneshot(pay("order-1")).await.unwrap();
+            assert_eq!(first.status, StatusCode::CREATED, "{case}");
+            assert!(!first.headers.contains_key("idempotent-replayed"), "{case}");
+            assert_eq!(left(&rate).await, BUDGET - USED, "{case}: the first run");
+            let mut replays = JoinSet::new();
+            for _ in 0..50 {
+                let service = service.clone();
+                replays.spawn(async move { service.oneshot(pay("order-1")).await.unwrap() });
+            }
+            while let Some(replay) = replays.join_next().await {
+                let replay = replay.unwrap();
+                assert_eq!(replay.status, StatusCode::CREATED, "{case}");
+                assert_eq!(replay.headers["idempotent-replayed"], "true", "{case}");
+            }
+            assert_eq!(runs.load(Ordering::SeqCst), 1, "{case}: upstream runs");
+            assert_eq!(
+                left(&rate).await,
+                BUDGET - USED,
+                "{case}: after the replays"
+            );
+        }
+    }
+}
+
+/// A concurrency limit and a rate limit stacked, in either order: each response carries both
+/// policies, the inner layer's first.
+async fn stacked_layers_both_advertise_their_policies(store: impl Store) {
+    let rate_policy = r#""api";q=10;w=60"#;
+    let in_flight = r#""in-flight";q=2;qu="concurrent-requests""#;
+    for rate_outside in [true, false] {
+        let rate = RateLimitLayer::builder(store.clone())
+            .limit(Limit::per_minute("api", 10))
+            .prefix(unique("api"))
+            .key(Header::from_static("x-tenant"))
+            .build()
+            .unwrap();
+        let concurrency = ConcurrencyLimitLayer::builder(store.clone())
+            .limit(2)
+            .prefix(unique("cc"))
+            .key(Header::from_static("x-tenant"))
+            .advertise("in-flight")
+            .build()
+            .unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let service: Stack = if rate_outside {
+            BoxCloneService::new(
+                ServiceBuilder::new()
+                    .layer(rate)
+                    .layer(concurrency)
+                    .service(upstream(&runs))
+                    .and_then(seen),
+            )
+        } else {
+            BoxCloneService::new(
+                ServiceBuilder::new()
+                    .layer(concurrency)
+                    .layer(rate)
+                    .service(upstream(&runs))
+                    .and_then(seen),
+            )
+        };
+        let answer = service.oneshot(pay("unused")).await.unwrap();
+        assert_eq!(answer.status, StatusCode::CREATED);
+        let policies: Vec<&str> = answer
+            .headers
+            .get_all("ratelimit-policy")
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        let expected = if rate_outside {
+            [in_flight, rate_policy]
+        } else {
+            [rate_policy, in_flight]
+        };
+        assert_eq!(policies, expected, "rate outside: {rate_outside}");
+    }
+}
+
+macro_rules! on_every_backend {
+    ($($rule:ident),* $(,)?) => {
+        mod on_memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    super::$rule(super::MemoryStore::new()).await;
+                }
+            )*
+        }
+        mod on_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    let server = super::RedisServer::start();
+                    super::$rule(super::redis_store(&server)).await;
+                }
+            )*
+        }
+        mod on_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $rule() {
+                    super::$rule(super::postgres::store().await).await;
+                }
+            )*
+        }
+    };
+}
+
+on_every_backend!(
+    fifty_replays_charge_the_budget_once,
+    stacked_layers_both_advertise_their_policies,
+);
