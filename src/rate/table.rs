@@ -488,6 +488,31 @@ mod tests {
     }
 
     #[test]
+    fn a_concurrency_limits_table_reads_back_and_holds_its_entries_to_one_limit() {
+        let mut table = LimitTable::in_flight(2, [(None, 4), (Some("pro".to_owned()), 16)]);
+        table.set_caller(Key::new("t", b"a"), LimitTable::in_flight_limits(64));
+        let text = table.encode();
+        assert!(text.contains("\nkind in-flight\n"), "{text}");
+        let read = LimitTable::decode(&text).unwrap();
+        assert!(read.is_in_flight());
+        assert_eq!(read, table);
+        assert_ne!(read.defaults_id(), LimitTable::with_defaults(2, []).defaults_id());
+        assert_eq!(table.check("app:cc"), Ok(()));
+        // a rate limit's entry, or a limit of zero, is no concurrency limit's
+        let mut rate = table.clone();
+        rate.set_tier(None, vec![Limit::per_second("s", 1)]);
+        assert!(rate.check("app:cc").is_err());
+        let mut zero = table;
+        zero.set_caller(Key::new("t", b"b"), LimitTable::in_flight_limits(0));
+        let error = zero.check("app:cc").unwrap_err().to_string();
+        assert!(error.starts_with("caller "), "{error}");
+        assert_eq!(
+            LimitTable::decode("tollgate-limits 1\nkind slots").unwrap_err().to_string(),
+            "stored limits, line 2: bad kind"
+        );
+    }
+
+    #[test]
     fn what_no_version_wrote_is_refused_by_line() {
         let refused = |text: &str| LimitTable::decode(text).unwrap_err().to_string();
         assert_eq!(refused(""), "stored limits, line 1: not a table of limits");
