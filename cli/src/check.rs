@@ -1,6 +1,7 @@
 //! `tollgate check`: many requests at once over a service's copies, and the statuses they
 //! answer compared with what one service would give; with `--store`, the limits in force of
-//! the service's rate-limit layer and the copies built with other defaults than those.
+//! the service's rate-limit and concurrency-limit layers and the copies built with other
+//! defaults than those.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -34,13 +35,14 @@ service that keeps its state in a shared store answers as one: one `200` for 50 
 one coupon, whichever copies they reach; copies with state of their own each answer `200` once.
 
 With --store (or --prefix, the store then named by TOLLGATE_STORE), it also reads the limits in \
-force of the service's rate-limit layer built with `build_in_store` under --prefix, before any \
-request is sent, and after the table prints them (namespace and version) and every copy \
-registered in the store, marking each copy built with other defaults than those in force: \
-such a copy decides with the limits in force, but says otherwise in its own code. That is a \
-warning, not a failed expectation, unless --no-drift is given: then any such copy makes the \
-check fail (exit 1). A prefix under which the store holds no limits is an error (exit 2) that \
-names the namespace looked for, and no request is sent.";
+force that the service's layers built with `build_in_store` keep under --prefix — a rate \
+limit's (<PREFIX>:rl) and a concurrency limit's (<PREFIX>:cc), each the store holds — before \
+any request is sent, and after the table prints each (namespace and version) with every copy \
+registered in the store under it, marking each copy built with other defaults than those in \
+force: such a copy decides with the limits in force, but says otherwise in its own code. That \
+is a warning, not a failed expectation, unless --no-drift is given: then any such copy, of \
+either limit, makes the check fail (exit 1). A prefix under which the store holds neither is \
+an error (exit 2) that names both namespaces looked for, and no request is sent.";
 
 pub(crate) const AFTER_HELP: &str = "\
 Example: two copies, one coupon redeemed 50 times at once, exactly one redemption wins:
@@ -74,10 +76,14 @@ Example with the store: 10 requests per caller in force, over two copies, one bu
     893c94081393424081692c530aa04429  built r0-8b6bb8f42346  other defaults
   2 copies; 1 built with other defaults than those in force (version 1)
 
+A prefix that holds a concurrency limit's limits too (or only those) shows a block of them \
+after the rate limit's, a blank line between: `limits in force: svc:cc, …`, its copies, its \
+summary.
+
 Exit codes: 0 every expectation holds (copies built with other defaults only warn, unless \
 --no-drift); 1 one does not, or with --no-drift a copy is built with other defaults; 2 bad \
 arguments, no request could be sent, or (with the store) a store that does not answer or holds \
-no limits under --prefix. Plain http only: targets are the copies' own addresses.";
+no limits under --prefix (neither <PREFIX>:rl nor <PREFIX>:cc). Plain http only: targets are the copies' own addresses.";
 
 /// A status count the totals must show: `STATUS=COUNT`, STATUS a code or `error`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,16 +209,18 @@ pub(crate) struct CheckArgs {
     expectations: Vec<Expectation>,
     /// The path appended to every target, e.g. /coupons/WELCOME5/redeem.
     path: String,
-    /// The store of the service's rate-limit layer: after the table, its limits in force and
-    /// the copies built with other defaults.
+    /// The store of the service's rate-limit and concurrency-limit layers: after the table,
+    /// their limits in force and the copies built with other defaults.
     #[command(flatten, next_help_heading = STORE_HEADING)]
     store: StoreArgs,
-    /// The layer's key prefix (`RateLimitLayerBuilder::prefix`) [default: tollgate]; alone, the
-    /// store is the one TOLLGATE_STORE names.
+    /// The layers' key prefix (`RateLimitLayerBuilder::prefix`,
+    /// `ConcurrencyLimitLayerBuilder::prefix`) [default: tollgate]; alone, the store is the one
+    /// TOLLGATE_STORE names.
     #[arg(long, value_name = "PREFIX", help_heading = STORE_HEADING)]
     prefix: Option<String>,
     /// Fail (exit 1) when a copy registered in the store is built with other defaults than the
-    /// limits in force; without it, such a copy is only marked.
+    /// limits in force, a rate limit's or a concurrency limit's; without it, such a copy is only
+    /// marked.
     #[arg(long, requires = "store_part", help_heading = STORE_HEADING)]
     no_drift: bool,
 }
@@ -402,11 +410,11 @@ fn table(targets: &[String], tally: &Tally) -> String {
     out
 }
 
-/// The store of the limits in force and their namespace, once the store was found to hold
-/// limits there.
+/// The store of the limits in force and the namespaces under the prefix that hold some: the
+/// rate limit's (`<prefix>:rl`) and the concurrency limit's (`<prefix>:cc`), in that order.
 struct InForce {
     store: Arc<dyn Store>,
-    namespace: String,
+    namespaces: Vec<String>,
 }
 
 /// `error` of a store call with the store's bound named as `check` names it.
@@ -415,25 +423,34 @@ fn store_error(error: &str) -> String {
     error.replace("(--timeout)", "(--store-timeout)")
 }
 
-/// Opens the store and finds limits in force under the prefix: an error naming the namespace
-/// when there are none, before any request is sent (a mistyped prefix is not a success).
+/// Opens the store and finds the limits in force under the prefix, a rate limit's and a
+/// concurrency limit's: an error naming both namespaces when there are none, before any request
+/// is sent (a mistyped prefix is not a success).
 async fn limits_in_force(args: &CheckArgs) -> Result<InForce, String> {
     let prefix = args.prefix.as_deref().unwrap_or(keys::DEFAULT_PREFIX);
-    let namespace = keys::rate_namespace(prefix).map_err(|e| format!("--prefix: {e}"))?;
+    let rate = keys::rate_namespace(prefix).map_err(|e| format!("--prefix: {e}"))?;
+    let concurrency = keys::concurrency_namespace(prefix).map_err(|e| format!("--prefix: {e}"))?;
     let store = args.store.open().await?;
-    let stored = args
-        .store
-        .bounded(limits_store(&*store)?.load_limits(&namespace))
-        .await
-        .map_err(|e| store_error(&e))?;
-    if stored.is_none() {
-        return Err(nothing_under(&namespace));
+    let limits = limits_store(&*store)?;
+    let mut namespaces = Vec::new();
+    for namespace in [rate.clone(), concurrency.clone()] {
+        let stored = args
+            .store
+            .bounded(limits.load_limits(&namespace))
+            .await
+            .map_err(|e| store_error(&e))?;
+        if stored.is_some() {
+            namespaces.push(namespace);
+        }
     }
-    Ok(InForce { store, namespace })
+    if namespaces.is_empty() {
+        return Err(nothing_under(&format!("{rate} nor {concurrency}")));
+    }
+    Ok(InForce { store, namespaces })
 }
 
-/// What the store says after the requests: the limits in force, each copy registered (marked
-/// when built with other defaults than those in force), and a summary.
+/// What the store says after the requests: the limits in force of each namespace, each copy
+/// registered (marked when built with other defaults than those in force), and a summary.
 struct Drift {
     out: String,
     /// How many copies are built with other defaults.
@@ -441,41 +458,49 @@ struct Drift {
     copies: usize,
 }
 
+/// The store line, then a [`drift_report`] block of each namespace of `in_force`, a blank line
+/// between two; the copies built otherwise counted over all of them.
 async fn drift(args: &CheckArgs, in_force: &InForce) -> Result<Drift, String> {
-    let InForce { store, namespace } = in_force;
+    let InForce { store, namespaces } = in_force;
     let limits = limits_store(&**store)?;
-    let stored = args
-        .store
-        .bounded(limits.load_limits(namespace))
-        .await
-        .map_err(|e| store_error(&e))?
-        // taken away while the requests ran
-        .ok_or_else(|| nothing_under(namespace))?;
-    let mut copies: Vec<CopySeen> = args
-        .store
-        .bounded(limits.copies(namespace))
-        .await
-        .map_err(|e| store_error(&e))?;
-    copies.sort_by(|a, b| a.copy.cmp(&b.copy));
-    Ok(drift_report(
-        &args.store.describe(),
-        namespace,
-        stored.version,
-        &stored.table.defaults_id(),
-        &copies,
-    ))
+    let mut all = Drift {
+        out: format!("store: {}\n", args.store.describe()),
+        other: 0,
+        copies: 0,
+    };
+    for (i, namespace) in namespaces.iter().enumerate() {
+        let stored = args
+            .store
+            .bounded(limits.load_limits(namespace))
+            .await
+            .map_err(|e| store_error(&e))?
+            // taken away while the requests ran
+            .ok_or_else(|| nothing_under(namespace))?;
+        let mut copies: Vec<CopySeen> = args
+            .store
+            .bounded(limits.copies(namespace))
+            .await
+            .map_err(|e| store_error(&e))?;
+        copies.sort_by(|a, b| a.copy.cmp(&b.copy));
+        let block = drift_report(
+            namespace,
+            stored.version,
+            &stored.table.defaults_id(),
+            &copies,
+        );
+        if i > 0 {
+            all.out.push('\n');
+        }
+        all.out.push_str(&block.out);
+        all.other += block.other;
+        all.copies += block.copies;
+    }
+    Ok(all)
 }
 
-/// The lines of [`Drift`].
-fn drift_report(
-    store: &str,
-    namespace: &str,
-    version: u64,
-    in_force: &str,
-    copies: &[CopySeen],
-) -> Drift {
+/// The lines of one namespace's limits in force and its copies.
+fn drift_report(namespace: &str, version: u64, in_force: &str, copies: &[CopySeen]) -> Drift {
     let mut out = String::new();
-    let _ = writeln!(out, "store: {store}");
     let _ = writeln!(
         out,
         "limits in force: {namespace}, version {version}, defaults {in_force}"
@@ -556,7 +581,7 @@ async fn check(args: &CheckArgs) -> Result<bool, String> {
 /// Runs `tollgate check`: 0 when every expectation holds, 1 when one does not (or, with
 /// `--no-drift`, a copy is built with other defaults than the limits in force), 2 on bad
 /// arguments, when no request could be sent, or when the store does not answer or holds no
-/// limits under the prefix.
+/// limits under the prefix (neither a rate limit's nor a concurrency limit's).
 pub(crate) fn run(args: &CheckArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -671,7 +696,6 @@ mod tests {
             left: Duration::from_secs(30),
         };
         let drift = drift_report(
-            "redis://127.0.0.1:6379/",
             "svc:rl",
             3,
             "r0-aaaaaaaaaaaa",
@@ -679,22 +703,26 @@ mod tests {
         );
         assert_eq!(
             drift.out,
-            "store: redis://127.0.0.1:6379/\n\
-             limits in force: svc:rl, version 3, defaults r0-aaaaaaaaaaaa\n  \
+            "limits in force: svc:rl, version 3, defaults r0-aaaaaaaaaaaa\n  \
              c1  built r0-aaaaaaaaaaaa\n  \
              c2  built r0-bbbbbbbbbbbb  other defaults\n\
              2 copies; 1 built with other defaults than those in force (version 3)\n"
         );
         assert_eq!((drift.other, drift.copies), (1, 2));
-        let alone = drift_report("s", "svc:rl", 1, "r0-a", &[copy("c1", "r0-a")]);
+        let alone = drift_report("svc:cc", 1, "r0-a", &[copy("c1", "r0-a")]);
         assert_eq!(
             alone.out,
-            "store: s\n\
-             limits in force: svc:rl, version 1, defaults r0-a\n  \
+            "limits in force: svc:cc, version 1, defaults r0-a\n  \
              c1  built r0-a\n\
              1 copy; 0 built with other defaults than those in force (version 1)\n"
         );
         assert_eq!(alone.other, 0);
+        let none = drift_report("svc:rl", 2, "r0-a", &[]);
+        assert_eq!(
+            none.out,
+            "limits in force: svc:rl, version 2, defaults r0-a\n\
+             0 copies; 0 built with other defaults than those in force (version 2)\n"
+        );
     }
 
     #[test]

@@ -9,16 +9,17 @@ use std::fmt::Write;
 use std::net::IpAddr;
 use std::process::ExitCode;
 
-use clap::{Args, Subcommand};
+use clap::{ArgGroup, Args, Subcommand};
 use http::header::{HeaderName, HeaderValue};
 use serde_json::json;
 use tollgate::key::{Global, KeyExtractor};
 use tollgate::store::{IdempotencyState, LockState, PermitUsage, keys};
 
 use crate::rate::{
-    self, Named, Shown, Who, human, millis, parse_header, parse_ip, parse_pair, runtime_and,
+    self, Named, Shown, Who, human, millis, parse_extension, parse_header, parse_ip, parse_pair,
+    runtime_and,
 };
-use crate::secret::{masked_header, masked_pair};
+use crate::secret::{masked_header, masked_pair, masked_value};
 use crate::store::StoreArgs;
 
 pub(crate) const LONG_ABOUT: &str = "\
@@ -35,6 +36,7 @@ Examples:
   tollgate inspect --store redis://10.0.0.5:6379/ --config tollgate.toml --header x-api-key=alice
   tollgate inspect lock nightly-report --store redis://10.0.0.5:6379/
   tollgate inspect permits --store redis://10.0.0.5:6379/ --header x-tenant=42
+  tollgate inspect permits --store redis://10.0.0.5:6379/ --extension acme
   tollgate inspect record order-17 --scope-header x-api-key=alice --store postgres://app@db/app
 
 Exit codes: 0 the store was read; 1 it holds nothing under what was named (a caller that spent \
@@ -159,10 +161,15 @@ struct PermitArgs {
     common: Common,
 }
 
-/// The concurrency limit's key, as the layer's extractor names it: exactly one. Its `Debug`
-/// masks the value.
+/// The concurrency limit's key, as the layer's extractor names it: exactly one
+/// (`--extension-name` goes with `--extension`). Its `Debug` masks the value.
 #[derive(Args)]
-#[group(required = true, multiple = false)]
+#[group(skip)]
+#[command(group(
+    ArgGroup::new("permit_key")
+        .required(true)
+        .args(["header", "peer_ip", "key_fn", "extension", "global"])
+))]
 struct PermitKey {
     /// The key's header, for a layer keyed by `key::Header`: e.g. x-tenant=42.
     #[arg(long, value_name = "NAME=VALUE", value_parser = parse_header)]
@@ -173,6 +180,18 @@ struct PermitKey {
     /// The value under the service's own extractor `key::from_fn(DOMAIN, …)`: e.g. tenant=42.
     #[arg(long, value_name = "DOMAIN=VALUE", value_parser = parse_pair)]
     key_fn: Option<(String, String)>,
+    /// The caller's value of a request extension, for a layer keyed by `key::Extension::new()`:
+    /// e.g. acme.
+    #[arg(long, value_name = "VALUE", value_parser = parse_extension)]
+    extension: Option<String>,
+    /// With --extension: NAME of a layer keyed by `key::Extension::named(NAME)`.
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "extension",
+        conflicts_with_all = ["header", "peer_ip", "key_fn", "global"]
+    )]
+    extension_name: Option<String>,
     /// The one key of a layer without an extractor (`key::Global`, the default).
     #[arg(long)]
     global: bool,
@@ -184,6 +203,8 @@ impl std::fmt::Debug for PermitKey {
             .field("header", &masked_header(self.header.as_ref()))
             .field("peer_ip", &self.peer_ip)
             .field("key_fn", &masked_pair(self.key_fn.as_ref()))
+            .field("extension", &masked_value(self.extension.as_deref()))
+            .field("extension_name", &self.extension_name)
             .field("global", &self.global)
             .finish()
     }
@@ -203,9 +224,14 @@ struct RecordArgs {
 }
 
 /// The record's scope, as the layer's `scope` extractor names it: none (an `unscoped` layer, or
-/// a request whose scope was not found) or one. Its `Debug` masks the value.
+/// a request whose scope was not found) or one (`--scope-extension-name` goes with
+/// `--scope-extension`). Its `Debug` masks the value.
 #[derive(Args)]
-#[group(required = false, multiple = false)]
+#[group(skip)]
+#[command(group(
+    ArgGroup::new("scope")
+        .args(["scope_header", "scope_peer_ip", "scope_key_fn", "scope_extension"])
+))]
 struct Scope {
     /// The scope's header, for a layer scoped by `key::Header`: e.g. x-api-key=alice.
     #[arg(long, value_name = "NAME=VALUE", value_parser = parse_header)]
@@ -216,6 +242,18 @@ struct Scope {
     /// The scope under the service's own extractor `key::from_fn(DOMAIN, …)`.
     #[arg(long, value_name = "DOMAIN=VALUE", value_parser = parse_pair)]
     scope_key_fn: Option<(String, String)>,
+    /// The client's value of a request extension, for a layer scoped by
+    /// `key::Extension::new()` (the caller its authentication inserts).
+    #[arg(long, value_name = "VALUE", value_parser = parse_extension)]
+    scope_extension: Option<String>,
+    /// With --scope-extension: NAME of a layer scoped by `key::Extension::named(NAME)`.
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "scope_extension",
+        conflicts_with_all = ["scope_header", "scope_peer_ip", "scope_key_fn"]
+    )]
+    scope_extension_name: Option<String>,
 }
 
 impl std::fmt::Debug for Scope {
@@ -224,6 +262,11 @@ impl std::fmt::Debug for Scope {
             .field("scope_header", &masked_header(self.scope_header.as_ref()))
             .field("scope_peer_ip", &self.scope_peer_ip)
             .field("scope_key_fn", &masked_pair(self.scope_key_fn.as_ref()))
+            .field(
+                "scope_extension",
+                &masked_value(self.scope_extension.as_deref()),
+            )
+            .field("scope_extension_name", &self.scope_extension_name)
             .finish()
     }
 }
@@ -325,6 +368,8 @@ async fn permits(args: &PermitArgs) -> Result<Shown, String> {
         header: args.key.header.as_ref(),
         peer_ip: args.key.peer_ip,
         key_fn: args.key.key_fn.as_ref(),
+        extension: args.key.extension.as_deref(),
+        extension_name: args.key.extension_name.as_deref(),
         ipv4_prefix: args.ipv4_prefix,
         ipv6_prefix: args.ipv6_prefix,
     };
@@ -344,7 +389,11 @@ async fn permits(args: &PermitArgs) -> Result<Shown, String> {
                 label: "global (one key for every request)".to_owned(),
             }
         }
-        None => return Err("name the key: --header, --peer-ip, --key-fn or --global".to_owned()),
+        None => {
+            return Err(
+                "name the key: --header, --peer-ip, --key-fn, --extension or --global".to_owned(),
+            );
+        }
     };
     let common = &args.common;
     let key = keys::permits(&common.prefix, &who.key).map_err(|e| format!("--prefix: {e}"))?;
@@ -401,6 +450,8 @@ async fn record(args: &RecordArgs) -> Result<Shown, String> {
         header: args.scope.scope_header.as_ref(),
         peer_ip: args.scope.scope_peer_ip,
         key_fn: args.scope.scope_key_fn.as_ref(),
+        extension: args.scope.scope_extension.as_deref(),
+        extension_name: args.scope.scope_extension_name.as_deref(),
         ..Named::default()
     };
     let scope = named.who()?;
@@ -517,6 +568,73 @@ mod tests {
         assert_eq!(unquoted("\"order-17\""), Ok("order-17".to_owned()));
         assert_eq!(unquoted(r#""a\"b\\c""#), Ok(r#"a"b\c"#.to_owned()));
         assert!(unquoted(r#""a\b""#).is_err());
+    }
+
+    /// `Args` as clap takes `ARGS…` (a store beside them).
+    fn parse<A: Args>(args: &[&str]) -> Result<A, clap::Error> {
+        #[derive(clap::Parser)]
+        struct Line<A: Args> {
+            #[command(flatten)]
+            args: A,
+        }
+        let line = ["tollgate", "--store", "redis://127.0.0.1:1/"]
+            .into_iter()
+            .chain(args.iter().copied());
+        <Line<A> as clap::Parser>::try_parse_from(line).map(|line| line.args)
+    }
+
+    #[test]
+    fn permits_and_records_name_an_extension_as_the_others() {
+        use clap::error::ErrorKind::{ArgumentConflict, MissingRequiredArgument};
+        let permits: PermitArgs =
+            parse(&["--extension", "acme-secret", "--extension-name", "org"]).unwrap();
+        assert_eq!(permits.key.extension.as_deref(), Some("acme-secret"));
+        assert_eq!(permits.key.extension_name.as_deref(), Some("org"));
+        let shown = format!("{permits:?}");
+        assert!(!shown.contains("secret"), "{shown}");
+        for (args, kind) in [
+            (&["--extension", "acme", "--global"][..], ArgumentConflict),
+            (&["--extension-name", "org", "--global"], ArgumentConflict),
+            (&["--extension-name", "org"], MissingRequiredArgument),
+        ] {
+            let Err(error) = parse::<PermitArgs>(args) else {
+                panic!("{args:?} parsed")
+            };
+            assert_eq!(error.kind(), kind, "{args:?}: {error}");
+        }
+        let record: RecordArgs = parse(&["k1", "--scope-extension", "acme-secret"]).unwrap();
+        assert_eq!(record.scope.scope_extension.as_deref(), Some("acme-secret"));
+        assert!(!format!("{record:?}").contains("secret"));
+        assert!(parse::<RecordArgs>(&["k1"]).is_ok(), "unscoped");
+        for (args, kind) in [
+            (
+                &["k1", "--scope-extension", "a", "--scope-header", "x-a=b"][..],
+                ArgumentConflict,
+            ),
+            (
+                &[
+                    "k1",
+                    "--scope-extension-name",
+                    "org",
+                    "--scope-key-fn",
+                    "t=a",
+                ],
+                ArgumentConflict,
+            ),
+            (
+                &["k1", "--scope-extension-name", "org"],
+                MissingRequiredArgument,
+            ),
+            (
+                &["k1", "--extension", "acme"],
+                clap::error::ErrorKind::UnknownArgument,
+            ),
+        ] {
+            let Err(error) = parse::<RecordArgs>(args) else {
+                panic!("{args:?} parsed")
+            };
+            assert_eq!(error.kind(), kind, "{args:?}: {error}");
+        }
     }
 
     #[test]

@@ -14,8 +14,8 @@ use tollgate::rate::{IN_FLIGHT, Limit, LimitTable, StoredTable, parse_duration};
 use tollgate::rate_limit::{Changed, LimitsError};
 use tollgate::store::{CopySeen, LimitsStore, Store, keys};
 
-use crate::rate::{Named, Shown, parse_header, parse_ip, parse_pair, runtime_and};
-use crate::secret::{masked_header, masked_pair};
+use crate::rate::{Named, Shown, parse_extension, parse_header, parse_ip, parse_pair, runtime_and};
+use crate::secret::{masked_header, masked_pair, masked_value};
 use crate::store::StoreArgs;
 
 pub(crate) const LONG_ABOUT: &str = "\
@@ -44,6 +44,7 @@ Examples:
       --header x-api-key=acme --in-flight 20 --note 'acme runs batch jobs'
   tollgate limits unset --store redis://10.0.0.5:6379/ --prefix app --concurrency \\
       --header x-api-key=acme
+  tollgate limits set --store redis://10.0.0.5:6379/ --prefix app --extension acme --in-flight 5
 
 A limit is NAME:COUNT/WINDOW (a window as 500ms, 1s, 5m, 1h, 1d), then :leased and \
 :block=DURATION if it has them, e.g. minute:100/60s:block=30s. A limit of requests in \
@@ -86,9 +87,13 @@ struct Place {
     prefix: String,
 }
 
-/// What a change or a look is about: a tier, a caller, or the layer's own limits.
+/// What a change or a look is about: a tier, a caller, or the layer's own limits — one at most
+/// (`--extension-name` goes with `--extension`).
 #[derive(Args)]
-#[group(multiple = false)]
+#[group(skip)]
+#[command(group(
+    ArgGroup::new("subject").args(["tier", "header", "peer_ip", "key_fn", "extension"])
+))]
 struct Subject {
     /// A named tier of the layer.
     #[arg(long, value_name = "NAME")]
@@ -102,6 +107,18 @@ struct Subject {
     /// A caller named by its value under a service's own extractor `key::from_fn(DOMAIN, …)`.
     #[arg(long, value_name = "DOMAIN=VALUE", value_parser = parse_pair)]
     key_fn: Option<(String, String)>,
+    /// A caller named by its value of a request extension, for a service keyed by
+    /// `key::Extension::new()` (the caller its authentication inserts): e.g. acme.
+    #[arg(long, value_name = "VALUE", value_parser = parse_extension)]
+    extension: Option<String>,
+    /// With --extension: NAME of a service keyed by `key::Extension::named(NAME)`.
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "extension",
+        conflicts_with_all = ["tier", "header", "peer_ip", "key_fn"]
+    )]
+    extension_name: Option<String>,
 }
 
 impl std::fmt::Debug for Subject {
@@ -111,6 +128,8 @@ impl std::fmt::Debug for Subject {
             .field("header", &masked_header(self.header.as_ref()))
             .field("peer_ip", &self.peer_ip)
             .field("key_fn", &masked_pair(self.key_fn.as_ref()))
+            .field("extension", &masked_value(self.extension.as_deref()))
+            .field("extension_name", &self.extension_name)
             .finish()
     }
 }
@@ -131,6 +150,8 @@ impl Subject {
             header: self.header.as_ref(),
             peer_ip: self.peer_ip,
             key_fn: self.key_fn.as_ref(),
+            extension: self.extension.as_deref(),
+            extension_name: self.extension_name.as_deref(),
             ..Named::default()
         };
         Ok(match named.who()? {
@@ -696,6 +717,51 @@ mod tests {
             out.ends_with("  no tier \"gold\" here (its tiers: pro)\n"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn a_caller_is_named_by_an_extension_as_by_the_others() {
+        use clap::error::ErrorKind::{ArgumentConflict, MissingRequiredArgument};
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            args: SetArgs,
+        }
+        let parse = |args: &[&str]| {
+            let line = [
+                "tollgate",
+                "--store",
+                "redis://127.0.0.1:1/",
+                "--in-flight",
+                "5",
+            ]
+            .into_iter()
+            .chain(args.iter().copied());
+            <Line as clap::Parser>::try_parse_from(line).map(|line| line.args)
+        };
+        let set = parse(&["--extension", "acme-secret", "--extension-name", "org"]).unwrap();
+        assert!(!format!("{set:?}").contains("secret"), "{set:?}");
+        let Ok(Of::Caller { key, label }) = set.subject.named() else {
+            panic!("no caller")
+        };
+        assert_eq!(key, crate::rate::extension_key(Some("org"), "acme-secret"));
+        assert_eq!(label, "extension org=acm…");
+        for (args, kind) in [
+            (
+                &["--extension", "acme", "--tier", "pro"][..],
+                ArgumentConflict,
+            ),
+            (
+                &["--extension-name", "org", "--tier", "pro"],
+                ArgumentConflict,
+            ),
+            (&["--extension-name", "org"], MissingRequiredArgument),
+        ] {
+            let Err(error) = parse(args) else {
+                panic!("{args:?} parsed")
+            };
+            assert_eq!(error.kind(), kind, "{args:?}: {error}");
+        }
     }
 
     #[test]

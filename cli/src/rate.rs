@@ -13,16 +13,16 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Args;
+use clap::{ArgGroup, Args};
 use http::header::{HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::json;
-use tollgate::key::{Header, Key, KeyExtractor, PeerIp, from_fn};
+use tollgate::key::{Extension, Header, Key, KeyExtractor, PeerIp, from_fn};
 use tollgate::rate::{Limit, RateOutcome, RatePolicy};
 use tollgate::rate_limit::{RateLimitConfig, RateLimitLayer};
 use tollgate::store::{RateStore, keys};
 
-use crate::secret::{mask, masked_header, masked_pair};
+use crate::secret::{mask, masked_header, masked_pair, masked_value};
 use crate::store::StoreArgs;
 
 pub(crate) const INSPECT_LONG_ABOUT: &str = "\
@@ -31,7 +31,7 @@ Show a caller's remaining rate-limit quota, spending none.
 Builds the service's rate-limit layer from its limits file (--config, the file tollgate's \
 RateLimitConfig reads) or, for a service built with `build_in_store`, from the limits in force \
 that the store keeps under --prefix (no file needed; a caller's own limits included), names the caller as the service's key extractor does (--header, \
---peer-ip or --key-fn), and asks the store for each limit of the layer (or of --tier) with a \
+--peer-ip, --key-fn or --extension), and asks the store for each limit of the layer (or of --tier) with a \
 check of cost 0: its quota, window, what is left, and the time until it grows again. A caller \
 under a penalty (a limit's `block_for`) is shown as blocked, with the time the block has left.";
 
@@ -108,10 +108,16 @@ pub(crate) struct Target {
     tier: Option<String>,
 }
 
-/// Who the caller is, as the service's key extractor names it: exactly one. Its `Debug` masks
-/// the caller's value, as every output of the command does.
+/// Who the caller is, as the service's key extractor names it: exactly one (`--extension-name`
+/// goes with `--extension`, and is no caller of its own). Its `Debug` masks the caller's value,
+/// as every output of the command does.
 #[derive(Args)]
-#[group(required = true, multiple = false)]
+#[group(skip)]
+#[command(group(
+    ArgGroup::new("caller")
+        .required(true)
+        .args(["header", "peer_ip", "key_fn", "extension"])
+))]
 pub(crate) struct Caller {
     /// The caller's header, for a service keyed by `key::Header`: e.g. x-api-key=alice.
     #[arg(long, value_name = "NAME=VALUE", value_parser = parse_header)]
@@ -124,6 +130,19 @@ pub(crate) struct Caller {
     /// tenant=42.
     #[arg(long, value_name = "DOMAIN=VALUE", value_parser = parse_pair)]
     pub(crate) key_fn: Option<(String, String)>,
+    /// The caller's value of a request extension, for a service keyed by
+    /// `key::Extension::new()` (the caller its authentication inserts): the bytes the
+    /// extension's `AsRef<[u8]>` gives, e.g. the tenant id acme.
+    #[arg(long, value_name = "VALUE", value_parser = parse_extension)]
+    pub(crate) extension: Option<String>,
+    /// With --extension: NAME of a service keyed by `key::Extension::named(NAME)`.
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "extension",
+        conflicts_with_all = ["header", "peer_ip", "key_fn"]
+    )]
+    pub(crate) extension_name: Option<String>,
 }
 
 impl std::fmt::Debug for Caller {
@@ -132,6 +151,8 @@ impl std::fmt::Debug for Caller {
             .field("header", &masked_header(self.header.as_ref()))
             .field("peer_ip", &self.peer_ip)
             .field("key_fn", &masked_pair(self.key_fn.as_ref()))
+            .field("extension", &masked_value(self.extension.as_deref()))
+            .field("extension_name", &self.extension_name)
             .finish()
     }
 }
@@ -173,6 +194,17 @@ pub(crate) fn parse_header(text: &str) -> Result<(HeaderName, HeaderValue), Stri
     Ok((name, value))
 }
 
+/// A caller's value of a request extension: not empty (a request whose extension has no bytes
+/// has no key).
+pub(crate) fn parse_extension(text: &str) -> Result<String, String> {
+    if text.is_empty() {
+        return Err(
+            "an empty extension value names no caller (the service finds no key)".to_owned(),
+        );
+    }
+    Ok(text.to_owned())
+}
+
 pub(crate) fn parse_ip(text: &str) -> Result<IpAddr, String> {
     let text = text.trim();
     text.parse::<IpAddr>()
@@ -186,14 +218,45 @@ pub(crate) struct Who {
     pub(crate) label: String,
 }
 
-/// A caller named on the command line: by a header, an address or a `from_fn` value.
-#[derive(Debug, Clone, Copy, Default)]
+/// A caller named on the command line: by a header, an address, a `from_fn` value or a request
+/// extension's value.
+#[derive(Clone, Copy, Default)]
 pub(crate) struct Named<'a> {
     pub(crate) header: Option<&'a (HeaderName, HeaderValue)>,
     pub(crate) peer_ip: Option<IpAddr>,
     pub(crate) key_fn: Option<&'a (String, String)>,
+    /// The value of a request extension, for a service keyed by `key::Extension`.
+    pub(crate) extension: Option<&'a str>,
+    /// With `extension`: the name of `key::Extension::named` (none: `key::Extension::new()`).
+    pub(crate) extension_name: Option<&'a str>,
     pub(crate) ipv4_prefix: Option<u8>,
     pub(crate) ipv6_prefix: Option<u8>,
+}
+
+impl std::fmt::Debug for Named<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Named")
+            .field("header", &masked_header(self.header))
+            .field("peer_ip", &self.peer_ip)
+            .field("key_fn", &masked_pair(self.key_fn))
+            .field("extension", &masked_value(self.extension))
+            .field("extension_name", &self.extension_name)
+            .field("ipv4_prefix", &self.ipv4_prefix)
+            .field("ipv6_prefix", &self.ipv6_prefix)
+            .finish()
+    }
+}
+
+/// The key of a request whose extension's bytes are `value`, under `key::Extension::new()`
+/// (`name` none) or `key::Extension::named(name)`: what the extractor's own `key` gives.
+pub(crate) fn extension_key(name: Option<&str>, value: &str) -> Key {
+    // `String` stands for the service's type: only the bytes its `AsRef<[u8]>` gives are
+    // hashed, within the domain `ext:` or `ext:<name>`
+    let extractor = match name {
+        None => Extension::<String>::new(),
+        Some(name) => Extension::<String>::named(name),
+    };
+    extractor.key(&value.to_owned())
 }
 
 impl Named<'_> {
@@ -232,6 +295,17 @@ impl Named<'_> {
             let label = format!("key-fn {domain}={}", mask(value));
             return Ok(Some(Who { key, label }));
         }
+        if let Some(value) = self.extension {
+            if value.is_empty() {
+                return Err(no_key());
+            }
+            let key = extension_key(self.extension_name, value);
+            let label = match self.extension_name {
+                None => format!("extension {}", mask(value)),
+                Some(name) => format!("extension {name}={}", mask(value)),
+            };
+            return Ok(Some(Who { key, label }));
+        }
         Ok(None)
     }
 }
@@ -243,12 +317,14 @@ impl Target {
             header: self.caller.header.as_ref(),
             peer_ip: self.caller.peer_ip,
             key_fn: self.caller.key_fn.as_ref(),
+            extension: self.caller.extension.as_deref(),
+            extension_name: self.caller.extension_name.as_deref(),
             ipv4_prefix: self.ipv4_prefix,
             ipv6_prefix: self.ipv6_prefix,
         };
-        named
-            .who()?
-            .ok_or_else(|| "name the caller: --header, --peer-ip or --key-fn".to_owned())
+        named.who()?.ok_or_else(|| {
+            "name the caller: --header, --peer-ip, --key-fn or --extension".to_owned()
+        })
     }
 }
 
@@ -789,11 +865,128 @@ mod tests {
             header: Some(parse_header("x-api-key=sk_live_51Hx9secret").unwrap()),
             peer_ip: None,
             key_fn: Some(parse_pair("tenant=acme-corp-secret").unwrap()),
+            extension: Some("globex-secret".to_owned()),
+            extension_name: Some("org".to_owned()),
         };
         let shown = format!("{caller:?}");
         assert!(!shown.contains("secret"), "{shown}");
         assert!(shown.contains("x-api-key=sk_l…"), "{shown}");
         assert!(shown.contains("tenant=acme…"), "{shown}");
+        assert!(shown.contains("extension: Some(\"glob…\")"), "{shown}");
+        assert!(shown.contains("extension_name: Some(\"org\")"), "{shown}");
+        let named = Named {
+            extension: caller.extension.as_deref(),
+            ..Named::default()
+        };
+        let shown = format!("{named:?}");
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    /// What the authentication layer of a service inserts: the caller's tenant.
+    #[derive(Clone)]
+    struct Tenant {
+        id: String,
+    }
+
+    impl AsRef<[u8]> for Tenant {
+        fn as_ref(&self) -> &[u8] {
+            self.id.as_bytes()
+        }
+    }
+
+    #[test]
+    fn an_extension_names_the_key_the_services_extractor_finds() {
+        let acme = Tenant { id: "acme".into() };
+        let by_tenant = Extension::<Tenant>::new();
+        assert_eq!(extension_key(None, "acme"), by_tenant.key(&acme));
+        let named = Extension::<Tenant>::named("tenant");
+        assert_eq!(extension_key(Some("tenant"), "acme"), named.key(&acme));
+        // a request the service sees finds that key
+        let mut request = http::Request::get("/").body(()).unwrap();
+        request.extensions_mut().insert(acme.clone());
+        let parts = request.into_parts().0;
+        assert_eq!(by_tenant.extract(&parts), Some(extension_key(None, "acme")));
+        // another name, another domain, another value: another caller
+        assert_ne!(extension_key(None, "acme"), named.key(&acme));
+        assert_ne!(extension_key(Some("org"), "acme"), named.key(&acme));
+        assert_ne!(extension_key(None, "acmf"), by_tenant.key(&acme));
+        // nor the same bytes under `from_fn` or a header
+        let from_fn = from_fn("ext", |_: &http::request::Parts| None::<Vec<u8>>);
+        assert_ne!(from_fn.key(b"acme"), by_tenant.key(&acme));
+
+        let who = Named {
+            extension: Some("acme"),
+            ..Named::default()
+        }
+        .who()
+        .unwrap()
+        .unwrap();
+        assert_eq!(who.key, by_tenant.key(&acme));
+        assert_eq!(who.label, "extension a…");
+        let who = Named {
+            extension: Some("acme"),
+            extension_name: Some("tenant"),
+            ..Named::default()
+        }
+        .who()
+        .unwrap()
+        .unwrap();
+        assert_eq!(who.key, named.key(&acme));
+        assert_eq!(who.label, "extension tenant=a…");
+        assert!(parse_extension("").is_err());
+    }
+
+    /// `Target` as clap takes `ARGS…`.
+    fn target(args: &[&str]) -> Result<Target, clap::Error> {
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            target: Target,
+        }
+        let line = ["tollgate", "--store", "redis://127.0.0.1:1/"]
+            .into_iter()
+            .chain(args.iter().copied());
+        <Line as clap::Parser>::try_parse_from(line).map(|line| line.target)
+    }
+
+    #[test]
+    fn exactly_one_caller_an_extension_with_its_name() {
+        let named = target(&["--extension", "acme", "--extension-name", "tenant"]).unwrap();
+        assert_eq!(named.caller.extension.as_deref(), Some("acme"));
+        assert_eq!(named.caller.extension_name.as_deref(), Some("tenant"));
+        assert_eq!(
+            named.who().unwrap().key,
+            extension_key(Some("tenant"), "acme")
+        );
+        assert!(target(&["--extension", "acme"]).is_ok());
+        for (args, kind) in [
+            (&[][..], clap::error::ErrorKind::MissingRequiredArgument),
+            (
+                &["--extension-name", "tenant"],
+                clap::error::ErrorKind::MissingRequiredArgument,
+            ),
+            (
+                &["--extension-name", "tenant", "--header", "x-api-key=alice"],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                &["--extension", "acme", "--header", "x-api-key=alice"],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                &["--extension", "acme", "--key-fn", "tenant=acme"],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                &["--extension", ""],
+                clap::error::ErrorKind::ValueValidation,
+            ),
+        ] {
+            let Err(error) = target(args) else {
+                panic!("{args:?} parsed")
+            };
+            assert_eq!(error.kind(), kind, "{args:?}: {error}");
+        }
     }
 
     #[test]

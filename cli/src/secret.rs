@@ -16,6 +16,9 @@ const KEYED_FLAGS: [&str; 5] = [
     "-H",
 ];
 
+/// The flags whose whole value names a caller (`--extension VALUE`): it shows masked.
+const VALUE_FLAGS: [&str; 2] = ["--extension", "--scope-extension"];
+
 /// A caller's key as the command shows it: its first characters — at most 4, and at most a
 /// third of it — then `…`, so that `sk_live_51Hx…` shows as `sk_l…` and `alice` as `a…`. The
 /// store key beside it (a digest) tells two callers apart.
@@ -41,6 +44,12 @@ pub(crate) fn masked_header(
 /// A `DOMAIN=VALUE` that names a caller (`--key-fn`, `--scope-key-fn`), as `Debug` shows it.
 pub(crate) fn masked_pair(pair: Option<&(String, String)>) -> Option<String> {
     pair.map(|(domain, value)| format!("{domain}={}", mask(value)))
+}
+
+/// A value that names a caller by itself (`--extension`, `--scope-extension`), as `Debug` shows
+/// it.
+pub(crate) fn masked_value(value: Option<&str>) -> Option<String> {
+    value.map(mask)
 }
 
 /// `NAME=VALUE` (or `name: value`) with the value masked; all of it masked when it has no
@@ -73,6 +82,17 @@ pub(crate) fn hide_arguments(message: &str, args: &[OsString]) -> String {
         }
     };
     for (i, arg) in args.iter().enumerate() {
+        let whole_value = (i > 0 && VALUE_FLAGS.contains(&args[i - 1].as_str()))
+            .then_some(arg.as_str())
+            .or_else(|| {
+                VALUE_FLAGS
+                    .iter()
+                    .find_map(|flag| arg.strip_prefix(flag)?.strip_prefix('='))
+            });
+        if let Some(value) = whole_value {
+            hide_value(value, &mut replace);
+            continue;
+        }
         let keyed_value = i > 0 && KEYED_FLAGS.contains(&args[i - 1].as_str());
         let inline = KEYED_FLAGS
             .iter()
@@ -100,6 +120,19 @@ fn hide_pair(pair: &str, replace: &mut impl FnMut(&str, &str)) {
         .map_or(pair, |(_, value)| value)
         .trim();
     if value.chars().count() >= 8 {
+        replace(value, &mask(value));
+    }
+}
+
+/// Hides `value`, a caller's value named on the command line by itself, through `replace`: as
+/// clap quotes it, and anywhere when it is long enough not to stand for other words of the
+/// message.
+fn hide_value(value: &str, replace: &mut impl FnMut(&str, &str)) {
+    if value.is_empty() {
+        return;
+    }
+    replace(&format!("'{value}'"), &format!("'{}'", mask(value)));
+    if value.trim().chars().count() >= 8 {
         replace(value, &mask(value));
     }
 }
@@ -133,15 +166,24 @@ mod tests {
             "x-api-key=sk_live_51HxQ2example",
             "--store=redis://:hunter22@h:6379/",
             "--key-fn=tenant=acme-secret-tenant",
+            "--extension",
+            "acme",
+            "--scope-extension=globex-secret-corp",
         ]
         .map(OsString::from)
         .to_vec();
         let message = "error: invalid value 'x-api-key=sk_live_51HxQ2example' for '--header': \
-                       redis://:hunter22@h:6379/ 'tenant=acme-secret-tenant'";
+                       redis://:hunter22@h:6379/ 'tenant=acme-secret-tenant' \
+                       invalid value 'acme' for '--extension <VALUE>' globex-secret-corp";
         let hidden = hide_arguments(message, &args);
         assert!(!hidden.contains("sk_live_51HxQ2example"), "{hidden}");
         assert!(!hidden.contains("hunter22"), "{hidden}");
         assert!(!hidden.contains("acme-secret-tenant"), "{hidden}");
         assert!(hidden.contains("redis://:***@h:6379/"), "{hidden}");
+        assert!(
+            hidden.contains("value 'a…' for '--extension <VALUE>'"),
+            "{hidden}"
+        );
+        assert!(!hidden.contains("globex-secret-corp"), "{hidden}");
     }
 }

@@ -2,8 +2,9 @@
 //! share their coupon state answer as one service (one `200`), two copies with state of their
 //! own do not (two `200`s); the table, the expectations and the exit codes. With `--store`, on a
 //! throwaway `redis-server`: the limits in force of two copies of a rate-limited service, the
-//! copy built with other defaults marked (exit 1 with `--no-drift`), and a prefix under which
-//! the store holds nothing refused before any request.
+//! copy built with other defaults marked (exit 1 with `--no-drift`), those of a concurrency
+//! limit's two copies under a prefix that holds no rate limit's, then beside a rate limit's,
+//! and a prefix under which the store holds nothing refused before any request.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,6 +18,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::routing::{any, get, post};
 use tokio::net::TcpListener;
+use tollgate::concurrency::ConcurrencyLimitLayer;
 use tollgate::key::Header;
 use tollgate::rate::Limit;
 use tollgate::rate_limit::RateLimitLayer;
@@ -544,6 +546,157 @@ async fn the_store_shows_the_copy_built_with_other_defaults() {
     println!("{}", run.stdout);
 }
 
+/// A copy of a service whose only limit in the store is a concurrency limit: `in_flight`
+/// requests at once per `x-api-key`, under prefix `jobs`.
+async fn in_flight_copy(url: &str, in_flight: u32) -> ConcurrencyLimitLayer<Header> {
+    ConcurrencyLimitLayer::builder(RedisStore::open(url).unwrap())
+        .limit(in_flight)
+        .prefix("jobs")
+        .key(Header::from_static("x-api-key"))
+        .build_in_store()
+        .await
+        .unwrap()
+}
+
+/// The lines `check` prints of one namespace: the limits in force, each copy (those not built
+/// with `defaults` marked), the summary.
+fn block(namespace: &str, defaults: &str, copies: &[CopySeen]) -> String {
+    let mut copies = copies.to_vec();
+    copies.sort_by(|a, b| a.copy.cmp(&b.copy));
+    let mut lines = format!("limits in force: {namespace}, version 1, defaults {defaults}\n");
+    let mut other = 0;
+    for copy in &copies {
+        let mark = if copy.built == defaults {
+            ""
+        } else {
+            other += 1;
+            "  other defaults"
+        };
+        lines.push_str(&format!("  {}  built {}{mark}\n", copy.copy, copy.built));
+    }
+    lines.push_str(&format!(
+        "{} copies; {other} built with other defaults than those in force (version 1)\n",
+        copies.len()
+    ));
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_limits_table_alone_is_checked_and_beside_a_rate_limits() {
+    let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = server.url();
+    // the first copy seeds 2 in flight; the second, built with 4, decides with those
+    let first = in_flight_copy(&url, 2).await;
+    let second = in_flight_copy(&url, 4).await;
+    let limits = first.limits().unwrap();
+    assert_eq!((first.limit(), second.limit()), (2, 2));
+    let defaults = limits.in_force().table.defaults_id();
+    let copies = limits.copies().await.unwrap();
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    assert_eq!(
+        copies.iter().filter(|c| c.built != defaults).count(),
+        1,
+        "{copies:?}"
+    );
+    let in_flight = block("jobs:cc", &defaults, &copies);
+    let route = || Router::new().route("/jobs", post(|| async { StatusCode::OK }));
+    let a = serve(route().layer(first)).await;
+    let b = serve(route().layer(second)).await;
+    // two requests, one on each copy: both within the 2 in flight
+    let check = |extra: &'static [&'static str]| {
+        let (a, b, url) = (a.clone(), b.clone(), url.clone());
+        async move {
+            let mut args = vec![
+                "check",
+                "--target",
+                &a,
+                "--target",
+                &b,
+                "-X",
+                "POST",
+                "-H",
+                "x-api-key: alice",
+                "-n",
+                "2",
+                "--expect",
+                "200=2",
+                "--store",
+                &url,
+                "--prefix",
+                "jobs",
+            ];
+            args.extend_from_slice(extra);
+            args.push("/jobs");
+            tollgate(&args).await
+        }
+    };
+    let width = a.len().max(b.len());
+    let table = format!(
+        "{:<width$}  200  error\n\
+         {a:<width$}    1      0\n\
+         {b:<width$}    1      0\n\
+         {:<width$}    2      0\n\
+         \n\
+         200=2 as expected\n\
+         \n\
+         store: {url}\n",
+        "target", "total"
+    );
+
+    // no rate limit's table under `jobs`: the concurrency limit's alone, its copy built with 4
+    // marked; a warning, exit 0
+    let run = check(&[]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.stdout, format!("{table}{in_flight}"));
+    assert_eq!(run.stderr, "");
+    // --no-drift: the same output, and that copy fails the check
+    let run = check(&["--no-drift"]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(run.stdout, format!("{table}{in_flight}"));
+    assert_eq!(
+        run.stderr,
+        "--no-drift: 1 of 2 copies built with other defaults than those in force\n"
+    );
+    println!("{}", run.stdout);
+
+    // a rate limit under the same prefix, its two copies built alike: both blocks, the rate
+    // limit's first; the drift counted over both
+    let mut rate_limited = Vec::new();
+    for _ in 0..2 {
+        let layer = RateLimitLayer::builder(RedisStore::open(url.as_str()).unwrap())
+            .limit(Limit::new("api", 10, Duration::from_secs(600)))
+            .prefix("jobs")
+            .key(Header::from_static("x-api-key"))
+            .build_in_store()
+            .await
+            .unwrap();
+        rate_limited.push(layer);
+    }
+    let rate_defaults = rate_limited[0]
+        .limits()
+        .unwrap()
+        .in_force()
+        .table
+        .defaults_id();
+    let rate_block = block(
+        "jobs:rl",
+        &rate_defaults,
+        &copies_seen(&rate_limited[0]).await,
+    );
+    assert!(
+        rate_block
+            .ends_with("\n2 copies; 0 built with other defaults than those in force (version 1)\n"),
+        "{rate_block}"
+    );
+    let run = check(&["--no-drift"]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(run.stdout, format!("{table}{rate_block}\n{in_flight}"));
+    assert_eq!(
+        run.stderr,
+        "--no-drift: 1 of 4 copies built with other defaults than those in force\n"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefix_without_limits_exits_2_naming_the_namespace_and_sends_nothing() {
     let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
@@ -589,8 +742,8 @@ async fn a_prefix_without_limits_exits_2_naming_the_namespace_and_sends_nothing(
         assert_eq!(run.stdout, "", "{run:?}");
         assert_eq!(
             run.stderr,
-            "error: no limits in force under svx:rl: no copy built with build_in_store has \
-             started on this store, or its prefix is another (--prefix)\n"
+            "error: no limits in force under svx:rl nor svx:cc: no copy built with \
+             build_in_store has started on this store, or its prefix is another (--prefix)\n"
         );
     }
     assert_eq!(hits.load(Ordering::SeqCst), 0, "a request was sent");

@@ -3,7 +3,8 @@
 //! a change made by the tool governs both copies within their refresh; what names nothing
 //! exits 1, and a refused change exits 2 and changes nothing. Then the same for a concurrency
 //! limit's limits of requests in flight (`--in-flight`, `--concurrency`), shown beside a rate
-//! limit's of the same prefix.
+//! limit's of the same prefix; and of a layer keyed by the caller its authentication inserts
+//! (`key::Extension`), named with `--extension`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,10 +16,10 @@ use std::time::Duration;
 use common::*;
 use http::StatusCode;
 use tollgate::concurrency::ConcurrencyLimitLayer;
-use tollgate::key::Header;
+use tollgate::key::{self, Header};
 use tollgate::rate::Limit;
 use tollgate::rate_limit::RateLimitLayer;
-use tollgate::store::{CopySeen, PermitStore, PgStore, RateStore, RedisStore};
+use tollgate::store::{CopySeen, PermitStore, PgStore, RateStore, RedisStore, keys};
 use tollgate::testing::{PgServer, RedisServer};
 
 const REFRESH: Duration = Duration::from_millis(100);
@@ -605,6 +606,140 @@ async fn the_tool_changes_the_limits_in_flight(
     assert_eq!(rate_history.stdout.lines().count(), 1, "{rate_history:?}");
 }
 
+/// What the service's authentication inserts in a request: the caller's tenant.
+#[derive(Clone)]
+struct Tenant(String);
+
+impl AsRef<[u8]> for Tenant {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+/// A concurrency limit of 2 in flight per tenant, keyed by the `Tenant` its authentication
+/// inserts, under prefix `tenants`.
+async fn by_tenant(permits: impl PermitStore) -> ConcurrencyLimitLayer<key::Extension<Tenant>> {
+    ConcurrencyLimitLayer::builder(permits)
+        .limit(2)
+        .prefix("tenants")
+        .key(key::Extension::<Tenant>::new())
+        .build_in_store()
+        .await
+        .unwrap()
+}
+
+/// A tenant's own limit, set naming it by its extension's value (`--extension`): the layer
+/// finds it under the key its extractor gives; shown, and its permits inspected, by that name.
+async fn the_tool_names_a_tenant_by_its_extension(
+    store_args: &[&str],
+    layer: ConcurrencyLimitLayer<key::Extension<Tenant>>,
+) {
+    let tool = |command: &[&str]| {
+        let mut args = command[..2].to_vec();
+        args.extend_from_slice(store_args);
+        args.extend_from_slice(&command[2..]);
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            tollgate(&args).await
+        }
+    };
+    let url = store_args[1];
+    let acme = key::Extension::<Tenant>::new().key(&Tenant("acme".to_owned()));
+    let globex = key::Extension::<Tenant>::new().key(&Tenant("globex".to_owned()));
+    let set = tool(&[
+        "limits",
+        "set",
+        "--prefix",
+        "tenants",
+        "--extension",
+        "acme",
+        "--in-flight",
+        "5",
+    ])
+    .await;
+    assert_eq!(set.code, 0, "{set:?}");
+    assert_eq!(
+        set.stdout,
+        "saved as version 2 of tenants:cc: in force on every copy within its refresh\n"
+    );
+    assert_eq!(set.stderr, "");
+    assert_eq!(layer.limits().unwrap().refresh().await.unwrap(), 2);
+    assert_eq!(layer.caller_limit(acme), 5);
+    assert_eq!(layer.caller_limit(globex), 2);
+
+    let masked_acme = masked("acme");
+    let shown = tool(&[
+        "limits",
+        "show",
+        "--prefix",
+        "tenants",
+        "--extension",
+        "acme",
+    ])
+    .await;
+    assert_eq!(shown.code, 0, "{shown:?}");
+    assert_eq!(
+        shown.stdout,
+        format!(
+            "store    {url}\n\
+             limits   tenants:cc (concurrency limit), version 2, defaults of revision 0\n\n\
+             caller   extension {masked_acme}\n\
+             own                          in-flight 5\n"
+        )
+    );
+    println!("{}", shown.stdout);
+    // `Extension::named("org")` is another domain: another caller
+    let named = tool(&[
+        "limits",
+        "show",
+        "--prefix",
+        "tenants",
+        "--extension",
+        "acme",
+        "--extension-name",
+        "org",
+    ])
+    .await;
+    assert_eq!(named.code, 0, "{named:?}");
+    assert!(
+        named.stdout.ends_with(&format!(
+            "caller   extension org={masked_acme}\n  its tier's limits: it has none of its own\n"
+        )),
+        "{named:?}"
+    );
+    // its permits: none in use, under the key the layer takes them by
+    let permits = tool(&[
+        "inspect",
+        "permits",
+        "--prefix",
+        "tenants",
+        "--extension",
+        "acme",
+    ])
+    .await;
+    let permit_key = keys::permits("tenants", &acme).unwrap();
+    assert_eq!(permits.code, 1, "{permits:?}");
+    assert_eq!(
+        permits.stdout,
+        format!(
+            "store    {url}\n\
+             caller   extension {masked_acme}\n\
+             key      {permit_key}\n\n\
+             in use   0\n\
+             waiting  0\n\
+             leases   -\n"
+        )
+    );
+    assert_eq!(
+        permits.stderr,
+        format!(
+            "nothing under {permit_key}: no permit of extension {masked_acme} held or awaited \
+             under prefix \"tenants\" (check the caller and --prefix)\n"
+        )
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_on_redis() {
     let server = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
@@ -615,6 +750,8 @@ async fn limits_on_redis() {
     let redis = RedisStore::open(server.url()).unwrap();
     let (rate, in_flight) = jobs(store(), redis).await;
     the_tool_changes_the_limits_in_flight(&["--store", &url], rate, in_flight).await;
+    let tenants = by_tenant(RedisStore::open(server.url()).unwrap()).await;
+    the_tool_names_a_tenant_by_its_extension(&["--store", &url], tenants).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -646,4 +783,12 @@ async fn limits_on_postgres() {
         .unwrap();
     let (rate, in_flight) = jobs(store().await, pg).await;
     the_tool_changes_the_limits_in_flight(&store_args, rate, in_flight).await;
+    let pg = PgStore::builder(url.clone())
+        .schema("svc_limits")
+        .timeout(Duration::from_secs(2))
+        .purge_interval(None)
+        .connect()
+        .await
+        .unwrap();
+    the_tool_names_a_tenant_by_its_extension(&store_args, by_tenant(pg).await).await;
 }
