@@ -390,6 +390,37 @@ async fn a_concurrency_limit_in_force_governs_every_copy(make: impl Fn() -> S) {
     assert_eq!(cc_limits.refresh().await.unwrap(), 3);
 }
 
+/// A concurrency limit's change saved through one copy reaches the other by the store's
+/// broadcast, long before its refresh.
+async fn a_concurrency_change_reaches_every_copy_by_the_broadcast(make: impl Fn() -> S) {
+    let prefix = unique("lim");
+    let slow = Duration::from_secs(60);
+    let a = cc_copy(make(), &prefix, 2)
+        .limits_refresh(slow)
+        .build_in_store()
+        .await
+        .unwrap();
+    let b = cc_copy(make(), &prefix, 2)
+        .limits_refresh(slow)
+        .build_in_store()
+        .await
+        .unwrap();
+    // the subscription of b is made when it starts: give it a moment to listen
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let alice = Header::from_static("x-api-key").key(b"alice");
+    let changed = a.limits().unwrap().set_caller(alice, 7, "").await.unwrap();
+    assert_eq!(changed, Changed::Saved(2));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while b.caller_limit(alice) != 7 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b did not hear of the change"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(b.limits().unwrap().in_force().version, 2);
+}
+
 /// What the tests' stores are: both a rate store and a permit store.
 trait Store: RateStore + PermitStore {}
 impl<T: RateStore + PermitStore> Store for T {}
@@ -451,6 +482,7 @@ on_every_backend!(
     a_lowered_leased_quota_holds_from_the_next_window,
     a_refused_change_changes_nothing,
     a_concurrency_limit_in_force_governs_every_copy,
+    a_concurrency_change_reaches_every_copy_by_the_broadcast,
 );
 
 /// A copy that cannot read the store at its start is built all the same, and decides with its

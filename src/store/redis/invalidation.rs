@@ -33,6 +33,9 @@ use crate::store::{Invalidation, Invalidations};
 const SUFFIX: &str = ":invalidated";
 /// The channels of every rate-limit namespace: `<prefix>:rl` and its tiers' `<prefix>:rl:<tier>`.
 const PATTERN: &str = "*:rl*:invalidated";
+/// The channels of every concurrency limit's namespace, `<prefix>:cc`: changes of its limits in
+/// force.
+const CONCURRENCY_PATTERN: &str = "*:cc:invalidated";
 /// The least time a connection, or its `PING`, is given.
 const LEAST_WAIT: Duration = Duration::from_secs(1);
 
@@ -180,7 +183,7 @@ impl Source {
         };
         let mut pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
         pubsub
-            .psubscribe(PATTERN)
+            .psubscribe(&[PATTERN, CONCURRENCY_PATTERN])
             .await
             .map_err(|e| e.to_string())?;
         Ok(pubsub)
