@@ -7,10 +7,11 @@ use arc_swap::ArcSwap;
 use http::request::Parts;
 use tower_layer::Layer;
 
-use super::limits::{ConcurrencyLimits, InFlightRecipe};
+use super::limits::InFlightRecipe;
 use super::permit::LocalPermits;
 use super::service::ConcurrencyLimit;
 use super::settings::{Settings, TierBy};
+use super::store_limits::ConcurrencyLimits;
 use super::{MissingKey, OnStoreError};
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::in_force::InForce;

@@ -74,6 +74,7 @@ mod rejection;
 mod report;
 mod service;
 mod settings;
+mod store_limits;
 #[cfg(test)]
 mod tests;
 
@@ -82,9 +83,9 @@ pub use body::PermitBody;
 pub use config::ConcurrencyConfig;
 pub use future::ResponseFuture;
 pub use layer::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
-pub use limits::{ConcurrencyLimits, change_limits};
 pub use permit::Permit;
 pub use service::ConcurrencyLimit;
+pub use store_limits::{ConcurrencyLimits, change_limits};
 
 pub use crate::key::MissingKey;
 pub use crate::on_error::OnStoreError;

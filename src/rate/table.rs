@@ -496,7 +496,10 @@ mod tests {
         let read = LimitTable::decode(&text).unwrap();
         assert!(read.is_in_flight());
         assert_eq!(read, table);
-        assert_ne!(read.defaults_id(), LimitTable::with_defaults(2, []).defaults_id());
+        assert_ne!(
+            read.defaults_id(),
+            LimitTable::with_defaults(2, []).defaults_id()
+        );
         assert_eq!(table.check("app:cc"), Ok(()));
         // a rate limit's entry, or a limit of zero, is no concurrency limit's
         let mut rate = table.clone();
@@ -507,7 +510,9 @@ mod tests {
         let error = zero.check("app:cc").unwrap_err().to_string();
         assert!(error.starts_with("caller "), "{error}");
         assert_eq!(
-            LimitTable::decode("tollgate-limits 1\nkind slots").unwrap_err().to_string(),
+            LimitTable::decode("tollgate-limits 1\nkind slots")
+                .unwrap_err()
+                .to_string(),
             "stored limits, line 2: bad kind"
         );
     }
