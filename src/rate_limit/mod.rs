@@ -86,6 +86,7 @@ mod client_tests;
 #[cfg(feature = "serde")]
 mod config;
 mod decision;
+mod estimate;
 mod future;
 mod layer;
 mod limits;
@@ -105,6 +106,10 @@ pub use builder::{DEFAULT_LIMITS_REFRESH, RateLimitLayerBuilder};
 #[cfg(feature = "serde")]
 pub use config::RateLimitConfig;
 pub use decision::{RateLimitDecision, RateLimitDecisions};
+pub use estimate::{
+    DEFAULT_BODY_TIMEOUT, Estimate, EstimateBody, EstimateError, EstimateFuture, EstimateLayer,
+    EstimateService,
+};
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use limits::{StoreLimits, change_limits};

@@ -1,7 +1,8 @@
 //! Layers stacked, in either order, on a `MemoryStore`, a real `redis-server` and a real
 //! PostgreSQL: a replay of the idempotency layer is never charged again by a rate limit that
 //! settles its cost (on the response head or on the body's size); a concurrency limit and a rate
-//! limit both advertise their policies in one response.
+//! limit both advertise their policies in one response; a cost estimated from the request body
+//! is reserved, and a body past the cap, unreadable as the estimate needs or too slow refused.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
@@ -285,7 +286,151 @@ macro_rules! on_every_backend {
     };
 }
 
+/// A request body as clients send it: whole (with its length), in chunks (no length), or
+/// stalled after its head.
+enum Sent {
+    Whole(Option<Bytes>),
+    Chunks(std::collections::VecDeque<Bytes>),
+    Stalled,
+}
+
+impl http_body::Body for Sent {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        let next = match this {
+            Self::Whole(data) => data.take(),
+            Self::Chunks(chunks) => chunks.pop_front(),
+            Self::Stalled => return std::task::Poll::Pending,
+        };
+        std::task::Poll::Ready(next.map(|data| Ok(http_body::Frame::data(data))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            Self::Whole(data) => {
+                http_body::SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            _ => http_body::SizeHint::default(),
+        }
+    }
+}
+
+/// A request's cost read from its JSON body by an estimate layer outside the rate limit: the
+/// call reserves its `max_tokens`, the upstream gets the body intact and the budget is charged
+/// what it used; a body over the cap (declared or streamed) is answered `413`, one that is not
+/// JSON `400`, one that stalls `408` — none reaches the upstream or charges the budget.
+async fn a_cost_is_read_from_the_body_or_the_request_refused(store: impl Store) {
+    use tollgate::rate_limit::{Estimate, EstimateError, EstimateLayer};
+
+    let seen_bodies = Arc::new(std::sync::Mutex::new(Vec::<Bytes>::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let rate = RateLimitLayer::builder(store.clone())
+        .limit(Limit::per_hour("tokens", BUDGET))
+        .prefix(unique("estimate"))
+        .key(Header::from_static("x-tenant"))
+        .cost(|parts| Estimate::of(parts).unwrap_or(1))
+        .settle(|res| {
+            res.headers
+                .get("x-tokens-used")?
+                .to_str()
+                .ok()?
+                .parse()
+                .ok()
+        })
+        .build()
+        .unwrap();
+    let max_tokens = EstimateLayer::new(1024, |_, body| {
+        let json: serde_json::Value =
+            serde_json::from_slice(body).map_err(|_| EstimateError::new("the body is not JSON"))?;
+        let max = json["max_tokens"].as_u64();
+        Ok(max
+            .ok_or(EstimateError::new("max_tokens is missing"))?
+            .clamp(1, 4096))
+    })
+    .body_timeout(Duration::from_millis(300));
+    let service = {
+        let (seen_bodies, runs) = (Arc::clone(&seen_bodies), Arc::clone(&runs));
+        ServiceBuilder::new()
+            .layer(max_tokens)
+            .layer(rate.clone())
+            .service_fn(move |request: Request<Full<Bytes>>| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let seen_bodies = Arc::clone(&seen_bodies);
+                async move {
+                    let body = request.into_body().collect().await.unwrap().to_bytes();
+                    seen_bodies.lock().unwrap().push(body);
+                    let used = Response::builder().header("x-tokens-used", USED.to_string());
+                    Ok::<_, Infallible>(used.body(Full::new(Bytes::new())).unwrap())
+                }
+            })
+    };
+    let call = |body: Sent, length: Option<usize>| {
+        let mut request = Request::post("/v1/chat").header("x-tenant", "acme");
+        if let Some(length) = length {
+            request = request.header("content-length", length);
+        }
+        request.body(body).unwrap()
+    };
+    let answer = |request| {
+        let service = service.clone();
+        async move {
+            let response = service.oneshot(request).await.unwrap();
+            let status = response.status();
+            let kind = response.headers().get("content-type").cloned();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, kind, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+
+    let json = Bytes::from_static(br#"{"max_tokens": 300, "prompt": "hi"}"#);
+    let (status, _, _) = answer(call(Sent::Whole(Some(json.clone())), Some(json.len()))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(*seen_bodies.lock().unwrap(), [json]);
+    assert_eq!(left(&rate).await, BUDGET - USED);
+
+    let big = Bytes::from(vec![b' '; 2048]);
+    let problem = Some(http::HeaderValue::from_static("application/problem+json"));
+    let declared = answer(call(Sent::Whole(Some(big.clone())), Some(big.len()))).await;
+    assert_eq!(
+        (declared.0, &declared.1),
+        (StatusCode::PAYLOAD_TOO_LARGE, &problem)
+    );
+    let chunks = big.chunks(256).map(Bytes::copy_from_slice).collect();
+    let streamed = answer(call(Sent::Chunks(chunks), None)).await;
+    assert_eq!(
+        (streamed.0, &streamed.1),
+        (StatusCode::PAYLOAD_TOO_LARGE, &problem)
+    );
+    let not_json = Bytes::from_static(b"max_tokens=300");
+    let refused = answer(call(
+        Sent::Whole(Some(not_json.clone())),
+        Some(not_json.len()),
+    ))
+    .await;
+    assert_eq!((refused.0, &refused.1), (StatusCode::BAD_REQUEST, &problem));
+    assert!(
+        refused.2.contains(r#""detail":"the body is not JSON""#),
+        "{}",
+        refused.2
+    );
+    let stalled = answer(call(Sent::Stalled, Some(100))).await;
+    assert_eq!(
+        (stalled.0, &stalled.1),
+        (StatusCode::REQUEST_TIMEOUT, &problem)
+    );
+
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "only the good call ran");
+    assert_eq!(left(&rate).await, BUDGET - USED, "refusals charge nothing");
+}
+
 on_every_backend!(
     fifty_replays_charge_the_budget_once,
     stacked_layers_both_advertise_their_policies,
+    a_cost_is_read_from_the_body_or_the_request_refused,
 );
