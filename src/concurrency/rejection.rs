@@ -11,7 +11,9 @@ use crate::grpc::{Code, Wire};
 use crate::headers::{QuotaUnit, RATELIMIT, RATELIMIT_POLICY};
 use crate::rejection::{self, Rejection};
 
-/// `429` (gRPC: RESOURCE_EXHAUSTED) with `Retry-After`: the configured hint, or `next_free`.
+/// `429` (gRPC: RESOURCE_EXHAUSTED) with `Retry-After`: the configured hint, or `next_free` — a
+/// problem of the quota-exceeded type, as a rate limit's denial is, naming the advertised
+/// policy among its `violated-policies`.
 pub(super) fn full(
     settings: &Settings,
     limit: u32,
@@ -25,7 +27,8 @@ pub(super) fn full(
             "too many requests in flight for this key: at most {limit}"
         )),
     };
-    let mut response = refused.into_response(wire);
+    let violated: Vec<&str> = settings.advertise.as_deref().into_iter().collect();
+    let mut response = refused.into_problem(wire, rejection::QUOTA_EXCEEDED, &violated);
     let wait = settings.retry_after.unwrap_or(next_free);
     let headers = response.headers_mut();
     headers.insert(header::RETRY_AFTER, rejection::retry_after(wait));

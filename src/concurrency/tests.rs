@@ -100,7 +100,12 @@ async fn at_most_limit_in_flight_per_key_and_a_permit_per_response() {
         refused.headers()["content-type"],
         "application/problem+json"
     );
-    assert!(text(refused).await.contains("at most 2"));
+    assert_eq!(
+        text(refused).await,
+        "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
+         \"title\":\"Too Many Requests\",\"status\":429,\
+         \"detail\":\"too many requests in flight for this key: at most 2\"}\n"
+    );
     // another tenant is not affected
     assert_eq!(
         svc.clone().oneshot(call("other")).await.unwrap().status(),
@@ -393,6 +398,10 @@ async fn an_advertised_limit_is_in_the_ietf_headers_of_its_tier() {
         r#""jobs";q=1;qu="concurrent-requests""#
     );
     assert_eq!(refused.headers()["ratelimit"], r#""jobs";r=0;t=2"#);
+    assert!(
+        text(refused).await.ends_with(r#""violated-policies":["jobs"]}
+"#)
+    );
     let mut pro = call("b");
     pro.headers_mut().insert("x-plan", "pro".parse().unwrap());
     let pro = svc.ready().await.unwrap().call(pro).await.unwrap();
