@@ -398,10 +398,10 @@ async fn an_advertised_limit_is_in_the_ietf_headers_of_its_tier() {
         r#""jobs";q=1;qu="concurrent-requests""#
     );
     assert_eq!(refused.headers()["ratelimit"], r#""jobs";r=0;t=2"#);
-    assert!(
-        text(refused).await.ends_with(r#""violated-policies":["jobs"]}
-"#)
-    );
+    assert!(text(refused).await.ends_with(
+        r#""violated-policies":["jobs"]}
+"#
+    ));
     let mut pro = call("b");
     pro.headers_mut().insert("x-plan", "pro".parse().unwrap());
     let pro = svc.ready().await.unwrap().call(pro).await.unwrap();
