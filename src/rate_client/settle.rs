@@ -11,6 +11,9 @@ use crate::store::RateStore;
 pub(crate) enum Unsettled {
     /// A request's reservation, settled on its response's body size: logged at warn.
     BodySize,
+    /// A request's reservation, settled on the usage its response's body reported: logged at
+    /// warn.
+    Streamed,
     /// What a leased slice left unspent (the copy gives slices back often, and a slice stays
     /// charged no longer than its window): logged at debug.
     Slice,
@@ -23,6 +26,11 @@ impl Unsettled {
                 target: "tollgate::rate_limit",
                 %error, sent = settled_to,
                 "could not settle a response's body size: it stays charged what it reserved"
+            ),
+            Self::Streamed => tracing::warn!(
+                target: "tollgate::rate_limit",
+                %error, usage = settled_to,
+                "could not settle the usage a response's body reported: it stays charged what it reserved"
             ),
             Self::Slice => tracing::debug!(
                 target: "tollgate::rate_limit",

@@ -6,6 +6,7 @@ use std::task::Poll;
 use bytes::{Buf, Bytes};
 use http_body::Frame;
 
+use super::Meter;
 use crate::body::{LayerBody, Tap};
 use crate::rate::{RateCheck, RatePolicy};
 use crate::rate_client::settle::{self, Unsettled};
@@ -15,7 +16,8 @@ tapped_body! {
     /// The response body of the rate-limit layer: the inner service's body, or a complete body
     /// made by tollgate (a rejection). Its error is the inner body's, unboxed.
     ResponseBody {
-        // with `settle_body_size`: counts the bytes sent, and settles them when dropped
+        // with `settle_body_size` or `settle_stream`: reads what the body sends, and settles
+        // the reservation on it when dropped
         meter: Option<BodyMeter>
     }
 }
@@ -29,7 +31,7 @@ impl<B> ResponseBody<B> {
         }
     }
 
-    /// Counts the bytes of this body that go out, to settle its reservation on them.
+    /// Reads what this body sends, to settle its reservation on it.
     pub(crate) fn meter(&mut self, meter: BodyMeter) {
         self.meter = Some(meter);
     }
@@ -37,43 +39,88 @@ impl<B> ResponseBody<B> {
 
 impl Tap for Option<BodyMeter> {
     fn frame<E>(&mut self, frame: &Poll<Option<Result<Frame<Bytes>, E>>>) {
-        if let (Some(meter), Poll::Ready(Some(Ok(frame)))) = (self.as_mut(), frame) {
-            let sent = frame.data_ref().map_or(0, Buf::remaining);
-            meter.sent = meter.sent.saturating_add(sent as u64);
+        let (Some(meter), Poll::Ready(Some(Ok(frame)))) = (self.as_mut(), frame) else {
+            return;
+        };
+        match &mut meter.reading {
+            Reading::Sent(sent) => {
+                let data = frame.data_ref().map_or(0, Buf::remaining);
+                *sent = sent.saturating_add(data as u64);
+            }
+            Reading::Usage(usage) => {
+                if let Some(data) = frame.data_ref() {
+                    usage.data(data);
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    usage.trailers(trailers);
+                }
+            }
         }
     }
 }
 
-/// The reservation of a response settled on its body's size: counts the bytes that go out and,
-/// when the body is dropped (sent in full, or cut short), settles the charge to them in the
-/// background.
+/// What a [`BodyMeter`] settles a reservation on.
+enum Reading {
+    /// The bytes of body sent (`settle_body_size`).
+    Sent(u64),
+    /// The usage the body reports (`settle_stream`); what was reserved when it reports none.
+    Usage(Box<dyn Meter>),
+}
+
+/// The reservation of a response settled on its body: reads what goes out and, when the body
+/// is dropped (sent in full, or cut short), settles the charge in the background.
 pub(crate) struct BodyMeter {
     store: Arc<dyn RateStore>,
     policy: Arc<RatePolicy>,
     check: RateCheck,
-    sent: u64,
+    reading: Reading,
 }
 
 impl BodyMeter {
-    pub(crate) fn new(
+    /// Settles on the bytes of body sent: 0 until the body sends any.
+    pub(crate) fn sent(
         store: &Arc<dyn RateStore>,
         policy: &Arc<RatePolicy>,
         check: RateCheck,
+    ) -> Self {
+        Self::new(store, policy, check, Reading::Sent(0))
+    }
+
+    /// Settles on the usage `meter` reads from the body.
+    pub(crate) fn usage(
+        store: &Arc<dyn RateStore>,
+        policy: &Arc<RatePolicy>,
+        check: RateCheck,
+        meter: Box<dyn Meter>,
+    ) -> Self {
+        Self::new(store, policy, check, Reading::Usage(meter))
+    }
+
+    fn new(
+        store: &Arc<dyn RateStore>,
+        policy: &Arc<RatePolicy>,
+        check: RateCheck,
+        reading: Reading,
     ) -> Self {
         Self {
             store: Arc::clone(store),
             policy: Arc::clone(policy),
             check,
-            sent: 0,
+            reading,
         }
     }
-}
 
-impl BodyMeter {
-    /// The response is a replay: nothing of its body is charged (settled when dropped).
+    /// The response is a replay: nothing of its body is charged (settled at once).
     pub(crate) fn replayed(self) {
         let mut meter = self;
-        meter.sent = 0;
+        meter.reading = Reading::Sent(0);
+    }
+
+    /// What the charge is settled to.
+    fn actual(&self) -> u64 {
+        match &self.reading {
+            Reading::Sent(sent) => *sent,
+            Reading::Usage(meter) => meter.usage().unwrap_or(self.check.cost()),
+        }
     }
 }
 
@@ -81,17 +128,22 @@ impl std::fmt::Debug for BodyMeter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BodyMeter")
             .field("reserved", &self.check.cost())
-            .field("sent", &self.sent)
+            .field("actual", &self.actual())
             .finish_non_exhaustive()
     }
 }
 
 impl Drop for BodyMeter {
     fn drop(&mut self) {
-        if self.sent == self.check.cost() {
+        let actual = self.actual();
+        if actual == self.check.cost() {
             return;
         }
-        let settlement = self.check.settle(self.sent);
-        settle::in_background(&*self.store, &self.policy, settlement, Unsettled::BodySize);
+        let why = match self.reading {
+            Reading::Sent(_) => Unsettled::BodySize,
+            Reading::Usage(_) => Unsettled::Streamed,
+        };
+        let settlement = self.check.settle(actual);
+        settle::in_background(&*self.store, &self.policy, settlement, why);
     }
 }

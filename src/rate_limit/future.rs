@@ -236,7 +236,7 @@ where
     // its response head (the client left) is settled too — on the nothing it was sent
     let (settle, meter) = match (&settings.settle, settle) {
         (Some(Settle::BodyBytes), Some(check)) => {
-            let meter = BodyMeter::new(&settings.client.store, &decision.tier.policy, check);
+            let meter = BodyMeter::sent(&settings.client.store, &decision.tier.policy, check);
             (None, Some(meter))
         }
         (_, settle) => (settle, None),
@@ -263,8 +263,27 @@ fn settlement<F, S, R, B>(
         return ControlFlow::Break(finish(settings, response, decision));
     };
     // settled on the bytes of body sent: the meter went with the request (see `admit`)
-    let Some(Settle::Head(read)) = &settings.settle else {
-        return ControlFlow::Break(finish(settings, response, decision));
+    let read = match &settings.settle {
+        Some(Settle::Head(read)) => read,
+        Some(Settle::Stream(make)) => {
+            // settled once the body has gone out, on what it reported
+            let (parts, body) = response.into_parts();
+            let meter = BodyMeter::usage(
+                &settings.client.store,
+                &charged.tier.policy,
+                check,
+                make(&parts),
+            );
+            let replay = parts.extensions.get::<Replayed>().is_some();
+            let mut response = finish(settings, Response::from_parts(parts, body), decision);
+            if replay {
+                meter.replayed();
+            } else {
+                response.body_mut().meter(meter);
+            }
+            return ControlFlow::Break(response);
+        }
+        _ => return ControlFlow::Break(finish(settings, response, decision)),
     };
     let (parts, body) = response.into_parts();
     // a replay used nothing: what the first run used was settled by the first run

@@ -90,6 +90,7 @@ mod estimate;
 mod future;
 mod layer;
 mod limits;
+mod meter;
 mod rejection;
 mod service;
 mod settings;
@@ -113,6 +114,9 @@ pub use estimate::{
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use limits::{StoreLimits, change_limits};
+#[cfg(feature = "sse")]
+pub use meter::SseUsage;
+pub use meter::{Meter, TrailerUsage};
 pub use service::RateLimit;
 
 pub use crate::rate::{Algorithm, Limit, LimitState, MAX_LOG_QUOTA};

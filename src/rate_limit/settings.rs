@@ -22,6 +22,10 @@ pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 /// The actual cost of an admitted request, read from its response head.
 pub(crate) type SettleFn = Arc<dyn Fn(&http::response::Parts) -> Option<u64> + Send + Sync>;
 
+/// A meter of the usage a response's body reports as it streams, made from its head.
+pub(crate) type MeterFn =
+    Arc<dyn Fn(&http::response::Parts) -> Box<dyn super::Meter> + Send + Sync>;
+
 /// Where the actual cost of an admitted request comes from.
 #[derive(Clone)]
 pub(crate) enum Settle {
@@ -29,6 +33,8 @@ pub(crate) enum Settle {
     Head(SettleFn),
     /// The bytes of the response body sent, counted as they go out.
     BodyBytes,
+    /// The usage the response body reports as it streams, read by a meter made from its head.
+    Stream(MeterFn),
 }
 
 /// Everything a request needs besides the key extractor; shared by every clone of the service.

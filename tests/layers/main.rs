@@ -44,3 +44,4 @@ mod rate_limit_lease_fetches;
 mod rate_limit_lease_late;
 mod rate_limit_lease_stacked;
 mod rate_limit_leases;
+mod streamed_usage;

@@ -142,10 +142,15 @@ impl Draft {
         };
         let own = std::mem::take(&mut self.limits);
         let named = std::mem::take(&mut self.tiers);
-        if matches!(self.settle, Some(Settle::BodyBytes)) && self.cost.is_none() {
+        let needs_cost = match self.settle {
+            Some(Settle::BodyBytes) => Some("settle_body_size"),
+            Some(Settle::Stream(_)) => Some("settle_stream"),
+            _ => None,
+        };
+        if let Some(settle) = needs_cost.filter(|_| self.cost.is_none()) {
             return Err(ConfigError::new(
                 ConfigErrorKind::Limit,
-                "settle_body_size needs .cost(..): the most a response may use, reserved first",
+                format!("{settle} needs .cost(..): the most a response may use, reserved first"),
             ));
         }
         if self.tier_by.is_some() && named.is_empty() {

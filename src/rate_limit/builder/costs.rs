@@ -172,4 +172,66 @@ impl<K> RateLimitLayerBuilder<K> {
         self.draft.settle = Some(Settle::BodyBytes);
         self
     }
+
+    /// Reserve, then settle on the usage the response **body** reports as it streams — in its
+    /// last server-sent event (an LLM API's `usage`), in a trailer (gRPC's trailing metadata) —
+    /// read by a [`Meter`](crate::rate_limit::Meter) that `meter` makes from each admitted response's head
+    /// ([`SseUsage`](crate::rate_limit::SseUsage), feature `sse`; [`TrailerUsage`](crate::rate_limit::TrailerUsage)).
+    /// The body is passed on frame by frame, never held back; an admitted request reserves its
+    /// [`cost`](Self::cost) (required), and once its body has ended — or been dropped midway —
+    /// its charge is corrected in the background, as [`settle`](Self::settle) does, to:
+    ///
+    /// | the body | is charged |
+    /// | --- | --- |
+    /// | ended, its usage reported | the usage |
+    /// | ended, no usage reported | what it reserved |
+    /// | cut short (the client left, the body failed) | the usage reported until then, else what it reserved |
+    /// | never begun (no response head: the client left, the service failed) | what it reserved |
+    /// | a [replay](crate::idempotency::Replayed) of an idempotency layer inside | 0 |
+    ///
+    /// The response's `RateLimit` headers, sent before its body, show the balance with the
+    /// reservation charged.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use http::{HeaderMap, Request, Response};
+    /// use http_body_util::{BodyExt, Full, StreamBody};
+    /// use http_body::Frame;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tollgate::key::Header;
+    /// use tollgate::rate_limit::{Limit, RateLimitLayer, TrailerUsage};
+    /// use tollgate::store::MemoryStore;
+    ///
+    /// let tokens = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_hour("tokens", 10_000))
+    ///     .key(Header::from_static("x-api-key"))
+    ///     .cost(|_| 500)
+    ///     .settle_stream(|_| TrailerUsage::from_static("x-tokens-used"))
+    ///     .build()
+    ///     .unwrap();
+    /// let llm = ServiceBuilder::new().layer(tokens.clone()).service_fn(|_: Request<String>| async {
+    ///     let mut trailers = HeaderMap::new();
+    ///     trailers.insert("x-tokens-used", "120".parse().unwrap());
+    ///     let frames = [Ok::<_, std::convert::Infallible>(Frame::data(bytes::Bytes::from("Hello"))), Ok(Frame::trailers(trailers))];
+    ///     Ok::<_, std::convert::Infallible>(Response::new(StreamBody::new(futures_util::stream::iter(frames))))
+    /// });
+    /// let call = Request::post("/v1/chat").header("x-api-key", "alice").body(String::new()).unwrap();
+    /// let response = llm.oneshot(call).await.unwrap();
+    /// response.into_body().collect().await.unwrap();
+    /// # tokio::task::yield_now().await;
+    /// let alice = tokens.key_of(&Request::get("/").header("x-api-key", "alice").body(()).unwrap().into_parts().0);
+    /// // charged the 120 the trailer reported, not the 500 reserved
+    /// assert_eq!(tokens.peek(alice.unwrap()).await.unwrap().limits[0].remaining, 10_000 - 120);
+    /// # }
+    /// ```
+    pub fn settle_stream<M: crate::rate_limit::Meter>(
+        mut self,
+        meter: impl Fn(&http::response::Parts) -> M + Send + Sync + 'static,
+    ) -> Self {
+        let make = move |head: &http::response::Parts| {
+            Box::new(meter(head)) as Box<dyn crate::rate_limit::Meter>
+        };
+        self.draft.settle = Some(Settle::Stream(Arc::new(make)));
+        self
+    }
 }
