@@ -433,4 +433,81 @@ on_every_backend!(
     fifty_replays_charge_the_budget_once,
     stacked_layers_both_advertise_their_policies,
     a_cost_is_read_from_the_body_or_the_request_refused,
+    the_documented_stack_replays_without_permits,
 );
+
+/// The stack the docs give for a metered endpoint — the budget outside, then the idempotency
+/// layer, then the limit in flight — answers 50 replays of a completed key at once, every one
+/// a replay (none refused for want of a permit it never needed), charges the budget once, and
+/// still holds executions to the limit in flight.
+async fn the_documented_stack_replays_without_permits(store: impl Store) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let rate = budget(store.clone(), Settled::Head);
+    let idempotency = IdempotencyLayer::builder(store.clone())
+        .prefix(unique("idem"))
+        .scope(Header::from_static("x-tenant"))
+        .build()
+        .unwrap();
+    let in_flight = ConcurrencyLimitLayer::builder(store.clone())
+        .limit(2)
+        .prefix(unique("cc"))
+        .key(Header::from_static("x-tenant"))
+        .build()
+        .unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let upstream = {
+        let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
+        tower::service_fn(move |_: Request<_>| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let gate = Arc::clone(&gate);
+            async move {
+                gate.acquire().await.unwrap().forget();
+                let body = Full::new(Bytes::from(vec![b'x'; USED as usize]));
+                let response = Response::builder()
+                    .status(StatusCode::CREATED)
+                    .header("x-tokens-used", USED.to_string());
+                Ok::<_, Infallible>(response.body(body).unwrap())
+            }
+        })
+    };
+    let service: Stack = BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(rate.clone())
+            .layer(idempotency)
+            .layer(in_flight)
+            .service(upstream)
+            .and_then(seen),
+    );
+    gate.add_permits(1);
+    let first = service.clone().oneshot(pay("order-1")).await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let mut replays = JoinSet::new();
+    for _ in 0..50 {
+        let service = service.clone();
+        replays.spawn(async move { service.oneshot(pay("order-1")).await.unwrap() });
+    }
+    while let Some(replay) = replays.join_next().await {
+        let replay = replay.unwrap();
+        assert_eq!(replay.status, StatusCode::CREATED);
+        assert_eq!(replay.headers["idempotent-replayed"], "true");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(left(&rate).await, BUDGET - USED);
+    // five new orders at once: two run, three are refused for want of a permit
+    let mut orders = JoinSet::new();
+    for n in 0..5 {
+        let service = service.clone();
+        orders.spawn(async move { service.oneshot(pay(&format!("order-{}", n + 2))).await });
+    }
+    let mut refused = 0;
+    while refused < 3 {
+        let answer = orders.join_next().await.unwrap().unwrap().unwrap();
+        assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
+        refused += 1;
+    }
+    gate.add_permits(2);
+    while let Some(answer) = orders.join_next().await {
+        assert_eq!(answer.unwrap().unwrap().status, StatusCode::CREATED);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
