@@ -32,3 +32,7 @@ pub mod performance {
 pub mod security {
     #![doc = include_str!("../docs/security.md")]
 }
+
+pub mod metering {
+    #![doc = include_str!("../docs/metering.md")]
+}

@@ -13,6 +13,8 @@ mod common;
 // the router finds `crate::env`.
 #[path = "../../examples/shared/env.rs"]
 pub mod env;
+#[path = "../../examples/llm_gateway/gateway.rs"]
+pub mod llm_gateway;
 #[path = "../../examples/app/router.rs"]
 pub mod router;
 
@@ -39,6 +41,7 @@ mod admin;
 mod ambiguity;
 mod app;
 mod app_coordination;
+mod gateway_session;
 mod jobs;
 mod operations;
 mod parsers;
