@@ -135,6 +135,9 @@ mod sse {
     /// ```
     pub struct SseUsage {
         paths: Vec<Vec<String>>,
+        /// The first key of each path, quoted as JSON writes it: an event whose data names
+        /// none of them is not parsed.
+        first_keys: Vec<String>,
         found: Vec<Option<u64>>,
         /// The events of the bytes fed to it; `None` once the reading stopped.
         events: Option<Pin<Box<EventStream<Feed>>>>,
@@ -159,12 +162,19 @@ mod sse {
         pub fn json_paths(paths: &[&str]) -> Self {
             let feed = Arc::new(Mutex::new(VecDeque::new()));
             let events = Feed(Arc::clone(&feed)).eventsource();
+            let paths: Vec<Vec<String>> = paths
+                .iter()
+                .map(|path| path.split('.').map(str::to_owned).collect())
+                .collect();
+            let first_keys = paths
+                .iter()
+                .filter_map(|path| path.first())
+                .map(|key| format!("\"{key}\""))
+                .collect();
             Self {
-                paths: paths
-                    .iter()
-                    .map(|path| path.split('.').map(str::to_owned).collect())
-                    .collect(),
                 found: vec![None; paths.len()],
+                paths,
+                first_keys,
                 events: Some(Box::pin(events)),
                 feed,
                 pending: 0,
@@ -184,6 +194,10 @@ mod sse {
         }
 
         fn event(&mut self, data: &str) {
+            // most events are content: found without parsing them
+            if !self.first_keys.iter().any(|key| data.contains(key.as_str())) {
+                return;
+            }
             let Ok(json) = serde_json::from_str::<serde_json::Value>(data) else {
                 return;
             };
