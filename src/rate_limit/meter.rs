@@ -195,7 +195,11 @@ mod sse {
 
         fn event(&mut self, data: &str) {
             // most events are content: found without parsing them
-            if !self.first_keys.iter().any(|key| data.contains(key.as_str())) {
+            if !self
+                .first_keys
+                .iter()
+                .any(|key| data.contains(key.as_str()))
+            {
                 return;
             }
             let Ok(json) = serde_json::from_str::<serde_json::Value>(data) else {
