@@ -477,8 +477,10 @@ impl<R: Recipe> InForce<R> {
             );
         }
         metrics::limits_in_force(self.recipe.limiter(), stored.version, drift);
-        *self.held.lock().unwrap_or_else(PoisonError::into_inner) = stored;
+        // what the layer decides with first, then the version it says it holds: a version seen
+        // in force is one every decision made after makes with
         let replaced = place.built.swap(Arc::new(built));
+        *self.held.lock().unwrap_or_else(PoisonError::into_inner) = stored;
         self.recipe.replaced(replaced);
     }
 
