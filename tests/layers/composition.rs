@@ -78,6 +78,21 @@ enum Settled {
     Head,
     /// From the size of the body sent (`settle_body_size`).
     BodySize,
+    /// From what a meter reads of the body as it streams (`settle_stream`): here its size.
+    Stream,
+}
+
+/// A meter that reports the bytes of body it saw.
+struct BodyBytes(u64);
+
+impl tollgate::rate_limit::Meter for BodyBytes {
+    fn data(&mut self, data: &[u8]) {
+        self.0 += data.len() as u64;
+    }
+
+    fn usage(&self) -> Option<u64> {
+        Some(self.0)
+    }
 }
 
 fn budget(store: impl RateStore, settled: Settled) -> RateLimitLayer<Header> {
@@ -96,6 +111,7 @@ fn budget(store: impl RateStore, settled: Settled) -> RateLimitLayer<Header> {
                 .ok()
         }),
         Settled::BodySize => builder.settle_body_size(),
+        Settled::Stream => builder.settle_stream(|_| BodyBytes(0)),
     };
     builder.build().unwrap()
 }
@@ -168,12 +184,12 @@ async fn left(rate: &RateLimitLayer<Header>) -> u64 {
     panic!("acme's budget did not settle: {last:?}");
 }
 
-/// One request of a key, then 50 replays of it at once, in either layer order and with either
+/// One request of a key, then 50 replays of it at once, in either layer order and with each
 /// settlement: the upstream runs once, every replay is answered as the first run was, and the
 /// budget is charged the first run's usage only.
 async fn fifty_replays_charge_the_budget_once(store: impl Store) {
     for rate_outside in [true, false] {
-        for settled in [Settled::Head, Settled::BodySize] {
+        for settled in [Settled::Head, Settled::BodySize, Settled::Stream] {
             let case = format!("rate outside: {rate_outside}, settled on {settled:?}");
             let runs = Arc::new(AtomicUsize::new(0));
             let rate = budget(store.clone(), settled);
