@@ -155,6 +155,24 @@ pub(crate) trait Follows: Send + Sync + Sized + 'static {
         Ok((in_force, self.place()))
     }
 
+    /// Its limits in force and where they are read from, for a read: a handle exists only for
+    /// a layer built with them, so the error is one no caller meets.
+    fn reading(&self) -> Result<Parts<'_, Self::Recipe>, StoreError> {
+        self.changing()
+            .map_err(|_| StoreError::new(StoreErrorKind::Config, "no limits in the store"))
+    }
+
+    /// The limits in force on this copy; version 0 and no limits for a layer built without them.
+    fn held_in_force(&self) -> StoredTable {
+        self.in_force().map_or_else(
+            || StoredTable {
+                version: 0,
+                table: LimitTable::default(),
+            },
+            InForce::in_force,
+        )
+    }
+
     /// Reads the limits in force and makes them the layer's (see [`InForce`]); then follows them
     /// every refresh, as long as `this` lives.
     async fn start_following(this: &Arc<Self>) {
@@ -205,6 +223,8 @@ pub(crate) struct InForce<R> {
     pub(crate) recipe: R,
     /// The revision of the code's limits (see [`LimitTable::revision`]).
     pub(crate) revision: u64,
+    /// The limits the code writes, as a table's defaults of that revision.
+    code: LimitTable,
     /// How often the table is read again.
     pub(crate) refresh: Duration,
     /// The table in force on this copy; version 0 until one was read.
@@ -232,14 +252,16 @@ impl<R> fmt::Debug for InForce<R> {
 
 impl<R: Recipe> InForce<R> {
     pub(crate) fn new(recipe: R, revision: u64, refresh: Duration) -> Self {
+        let code = recipe.defaults(revision);
+        let built = code.defaults_id();
         let held = StoredTable {
             version: 0,
-            table: recipe.defaults(revision),
+            table: code.clone(),
         };
-        let built = held.table.defaults_id();
         Self {
             recipe,
             revision,
+            code,
             refresh,
             held: Mutex::new(held),
             turns: tokio::sync::Mutex::new(()),
@@ -341,7 +363,7 @@ impl<R: Recipe> InForce<R> {
     /// Seeds or updates the store's table with the code's defaults, and installs it. Run in
     /// turn.
     async fn adopt(&self, place: &Place<'_, R::Built>) -> Result<(), StoreError> {
-        let code = self.recipe.defaults(self.revision);
+        let code = &self.code;
         let store = self.table_store(place)?;
         for _ in 0..CHANGE_TRIES {
             let (expected, current) = match store.load_limits(self.namespace()).await? {
@@ -350,9 +372,9 @@ impl<R: Recipe> InForce<R> {
             };
             let mut table = current.clone().unwrap_or_else(|| code.clone());
             if self.revision > table.revision() {
-                table.adopt_defaults(&code);
+                table.adopt_defaults(code);
             } else {
-                table.add_missing_defaults(&code);
+                table.add_missing_defaults(code);
             }
             if current.as_ref() == Some(&table) {
                 let version = expected;
@@ -454,9 +476,7 @@ impl<R: Recipe> InForce<R> {
                 return;
             }
         };
-        let drift = !stored
-            .table
-            .same_defaults(&self.recipe.defaults(self.revision));
+        let drift = !stored.table.same_defaults(&self.code);
         if drift && held == 0 {
             tracing::warn!(
                 target: "tollgate::limits",
@@ -498,7 +518,7 @@ impl<R: Recipe> InForce<R> {
         edit: impl Fn(&mut LimitTable) -> Result<(), ConfigError>,
     ) -> Result<Changed, LimitsError> {
         let store = self.table_store(place)?;
-        let fresh = || Some(self.recipe.defaults(self.revision));
+        let fresh = || Some(self.code.clone());
         let check = |table: &LimitTable| self.recipe.build(table).map(drop);
         let _turn = self.turns.lock().await;
         let (changed, stored) =

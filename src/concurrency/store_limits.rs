@@ -2,13 +2,12 @@
 
 use std::sync::Arc;
 
-use super::limits::InFlightRecipe;
 use super::settings::Settings;
 use crate::error::ConfigError;
-use crate::in_force::{Changed, Follows, InForce, LimitsError, Parts, change_stored};
+use crate::in_force::{Changed, Follows, LimitsError, change_stored};
 use crate::key::Key;
 use crate::rate::{LimitTable, StoredTable, TableChange};
-use crate::store::{CopySeen, LimitsStore, StoreError, StoreErrorKind};
+use crate::store::{CopySeen, LimitsStore, StoreError};
 
 /// The limits of requests in flight of a layer built with
 /// [`build_in_store`](super::ConcurrencyLimitLayerBuilder::build_in_store), read from and
@@ -60,21 +59,9 @@ impl ConcurrencyLimits {
         Self { settings }
     }
 
-    fn parts(&self) -> Result<Parts<'_, InFlightRecipe>, StoreError> {
-        self.settings
-            .changing()
-            .map_err(|_| StoreError::new(StoreErrorKind::Config, "no limits in the store"))
-    }
-
     /// The limits in force on this copy, and their version.
     pub fn in_force(&self) -> StoredTable {
-        self.settings.in_force().map_or_else(
-            || StoredTable {
-                version: 0,
-                table: LimitTable::default(),
-            },
-            InForce::in_force,
-        )
+        self.settings.held_in_force()
     }
 
     /// Reads the limits in force from the store now (as the layer does every refresh); the
@@ -84,7 +71,7 @@ impl ConcurrencyLimits {
     ///
     /// The store's failure; the copy keeps deciding with what it held.
     pub async fn refresh(&self) -> Result<u64, StoreError> {
-        let (in_force, place) = self.parts()?;
+        let (in_force, place) = self.settings.reading()?;
         in_force.refresh(&place).await
     }
 
@@ -150,7 +137,7 @@ impl ConcurrencyLimits {
     ///
     /// The store's failure.
     pub async fn copies(&self) -> Result<Vec<CopySeen>, StoreError> {
-        let (in_force, place) = self.parts()?;
+        let (in_force, place) = self.settings.reading()?;
         in_force.copies(&place).await
     }
 
@@ -161,7 +148,7 @@ impl ConcurrencyLimits {
     ///
     /// The store's failure.
     pub async fn history(&self) -> Result<Vec<TableChange>, StoreError> {
-        let (in_force, place) = self.parts()?;
+        let (in_force, place) = self.settings.reading()?;
         in_force.history(&place).await
     }
 }

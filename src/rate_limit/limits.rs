@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use crate::in_force::{Changed, Follows, InForce, LimitsError, Parts, change_stored};
+use crate::in_force::{Changed, Follows, LimitsError, change_stored};
 use crate::key::Key;
 use crate::rate::{Limit, LimitTable, StoredTable, TableChange};
-use crate::rate_client::{RateClient, TierRecipe};
-use crate::store::{CopySeen, LimitsStore, StoreError, StoreErrorKind};
+use crate::rate_client::RateClient;
+use crate::store::{CopySeen, LimitsStore, StoreError};
 
 /// The limits in force of a layer built with
 /// [`build_in_store`](super::RateLimitLayerBuilder::build_in_store): read from and changed in
@@ -65,13 +65,7 @@ impl StoreLimits {
 
     /// The limits in force on this copy, and their version.
     pub fn in_force(&self) -> StoredTable {
-        self.client.in_force().map_or_else(
-            || StoredTable {
-                version: 0,
-                table: LimitTable::default(),
-            },
-            InForce::in_force,
-        )
+        self.client.held_in_force()
     }
 
     /// Reads the limits in force from the store now (as the layer does every refresh); the
@@ -81,7 +75,7 @@ impl StoreLimits {
     ///
     /// The store's failure; the copy keeps deciding with what it held.
     pub async fn refresh(&self) -> Result<u64, StoreError> {
-        let (in_force, place) = self.parts()?;
+        let (in_force, place) = self.client.reading()?;
         in_force.refresh(&place).await
     }
 
@@ -148,7 +142,7 @@ impl StoreLimits {
     ///
     /// The store's failure.
     pub async fn copies(&self) -> Result<Vec<CopySeen>, StoreError> {
-        let (in_force, place) = self.parts()?;
+        let (in_force, place) = self.client.reading()?;
         in_force.copies(&place).await
     }
 
@@ -159,16 +153,8 @@ impl StoreLimits {
     ///
     /// The store's failure.
     pub async fn history(&self) -> Result<Vec<TableChange>, StoreError> {
-        let (in_force, place) = self.parts()?;
+        let (in_force, place) = self.client.reading()?;
         in_force.history(&place).await
-    }
-
-    /// The layer's limits in force and where they go; a handle exists only for a layer built
-    /// with them.
-    fn parts(&self) -> Result<Parts<'_, TierRecipe>, StoreError> {
-        self.client
-            .changing()
-            .map_err(|_| StoreError::new(StoreErrorKind::Config, "no limits in the store"))
     }
 }
 

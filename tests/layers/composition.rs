@@ -17,13 +17,12 @@ use tokio::task::JoinSet;
 use tower::util::BoxCloneService;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-use super::rate_limit_invalidations::redis_store;
-use crate::common::{RedisServer, postgres};
-use tollgate::concurrency::ConcurrencyLimitLayer;
+use super::metered::acme_left;
+use tollgate::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
 use tollgate::idempotency::IdempotencyLayer;
 use tollgate::key::Header;
 use tollgate::rate_limit::{Limit, RateLimitLayer, RateLimitLayerBuilder};
-use tollgate::store::{IdempotencyStore, MemoryStore, PermitStore, RateStore};
+use tollgate::store::{IdempotencyStore, PermitStore, RateStore};
 
 /// What every test's store is.
 trait Store: RateStore + IdempotencyStore + PermitStore + Clone {}
@@ -130,6 +129,23 @@ where
     })
 }
 
+/// The idempotency layer of every test: keys scoped by `x-tenant`.
+fn idempotency<S: Store>(store: &S) -> IdempotencyLayer<Header> {
+    IdempotencyLayer::builder(store.clone())
+        .prefix(unique("idem"))
+        .scope(Header::from_static("x-tenant"))
+        .build()
+        .unwrap()
+}
+
+/// Two calls in flight per `x-tenant`.
+fn in_flight<S: Store>(store: &S) -> ConcurrencyLimitLayerBuilder<Header> {
+    ConcurrencyLimitLayer::builder(store.clone())
+        .limit(2)
+        .prefix(unique("cc"))
+        .key(Header::from_static("x-tenant"))
+}
+
 /// The rate limit outside the idempotency layer (as a request must be admitted before anything
 /// is claimed), or inside it (so that a replay never reaches it).
 fn stack<S: Store>(
@@ -138,11 +154,7 @@ fn stack<S: Store>(
     rate: RateLimitLayer<Header>,
     runs: &Arc<AtomicUsize>,
 ) -> Stack {
-    let idempotency = IdempotencyLayer::builder(store.clone())
-        .prefix(unique("idem"))
-        .scope(Header::from_static("x-tenant"))
-        .build()
-        .unwrap();
+    let idempotency = idempotency(store);
     if rate_outside {
         let service = ServiceBuilder::new()
             .layer(rate)
@@ -168,22 +180,6 @@ fn pay(key: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-/// What acme has left, once it stays the same for a moment: settlements of a body's size are
-/// made in the background.
-async fn left(rate: &RateLimitLayer<Header>) -> u64 {
-    let acme = Header::from_static("x-tenant").key(b"acme");
-    let mut last = None;
-    for _ in 0..100 {
-        let now = rate.peek(acme).await.unwrap().limits[0].remaining;
-        if last == Some(now) {
-            return now;
-        }
-        last = Some(now);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("acme's budget did not settle: {last:?}");
-}
-
 /// One request of a key, then 50 replays of it at once, in either layer order and with each
 /// settlement: the upstream runs once, every replay is answered as the first run was, and the
 /// budget is charged the first run's usage only.
@@ -197,7 +193,11 @@ async fn fifty_replays_charge_the_budget_once(store: impl Store) {
             let first = service.clone().oneshot(pay("order-1")).await.unwrap();
             assert_eq!(first.status, StatusCode::CREATED, "{case}");
             assert!(!first.headers.contains_key("idempotent-replayed"), "{case}");
-            assert_eq!(left(&rate).await, BUDGET - USED, "{case}: the first run");
+            assert_eq!(
+                acme_left(&rate).await,
+                BUDGET - USED,
+                "{case}: the first run"
+            );
             let mut replays = JoinSet::new();
             for _ in 0..50 {
                 let service = service.clone();
@@ -210,7 +210,7 @@ async fn fifty_replays_charge_the_budget_once(store: impl Store) {
             }
             assert_eq!(runs.load(Ordering::SeqCst), 1, "{case}: upstream runs");
             assert_eq!(
-                left(&rate).await,
+                acme_left(&rate).await,
                 BUDGET - USED,
                 "{case}: after the replays"
             );
@@ -222,7 +222,7 @@ async fn fifty_replays_charge_the_budget_once(store: impl Store) {
 /// policies, the inner layer's first.
 async fn stacked_layers_both_advertise_their_policies(store: impl Store) {
     let rate_policy = r#""api";q=10;w=60"#;
-    let in_flight = r#""in-flight";q=2;qu="concurrent-requests""#;
+    let in_flight_policy = r#""in-flight";q=2;qu="concurrent-requests""#;
     for rate_outside in [true, false] {
         let rate = RateLimitLayer::builder(store.clone())
             .limit(Limit::per_minute("api", 10))
@@ -230,13 +230,7 @@ async fn stacked_layers_both_advertise_their_policies(store: impl Store) {
             .key(Header::from_static("x-tenant"))
             .build()
             .unwrap();
-        let concurrency = ConcurrencyLimitLayer::builder(store.clone())
-            .limit(2)
-            .prefix(unique("cc"))
-            .key(Header::from_static("x-tenant"))
-            .advertise("in-flight")
-            .build()
-            .unwrap();
+        let concurrency = in_flight(&store).advertise("in-flight").build().unwrap();
         let runs = Arc::new(AtomicUsize::new(0));
         let service: Stack = if rate_outside {
             BoxCloneService::new(
@@ -264,42 +258,12 @@ async fn stacked_layers_both_advertise_their_policies(store: impl Store) {
             .map(|v| v.to_str().unwrap())
             .collect();
         let expected = if rate_outside {
-            [in_flight, rate_policy]
+            [in_flight_policy, rate_policy]
         } else {
-            [rate_policy, in_flight]
+            [rate_policy, in_flight_policy]
         };
         assert_eq!(policies, expected, "rate outside: {rate_outside}");
     }
-}
-
-macro_rules! on_every_backend {
-    ($($rule:ident),* $(,)?) => {
-        mod on_memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() {
-                    super::$rule(super::MemoryStore::new()).await;
-                }
-            )*
-        }
-        mod on_redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() {
-                    let server = super::RedisServer::start();
-                    super::$rule(super::redis_store(&server)).await;
-                }
-            )*
-        }
-        mod on_postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() {
-                    super::$rule(super::postgres::store().await).await;
-                }
-            )*
-        }
-    };
 }
 
 /// A request body as clients send it: whole (with its length), in chunks (no length), or
@@ -408,7 +372,7 @@ async fn a_cost_is_read_from_the_body_or_the_request_refused(store: impl Store) 
     let (status, _, _) = answer(call(Sent::Whole(Some(json.clone())), Some(json.len()))).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(*seen_bodies.lock().unwrap(), [json]);
-    assert_eq!(left(&rate).await, BUDGET - USED);
+    assert_eq!(acme_left(&rate).await, BUDGET - USED);
 
     let big = Bytes::from(vec![b' '; 2048]);
     let problem = Some(http::HeaderValue::from_static("application/problem+json"));
@@ -442,10 +406,14 @@ async fn a_cost_is_read_from_the_body_or_the_request_refused(store: impl Store) 
     );
 
     assert_eq!(runs.load(Ordering::SeqCst), 1, "only the good call ran");
-    assert_eq!(left(&rate).await, BUDGET - USED, "refusals charge nothing");
+    assert_eq!(
+        acme_left(&rate).await,
+        BUDGET - USED,
+        "refusals charge nothing"
+    );
 }
 
-on_every_backend!(
+on_memory_redis_postgres!(
     fifty_replays_charge_the_budget_once,
     stacked_layers_both_advertise_their_policies,
     a_cost_is_read_from_the_body_or_the_request_refused,
@@ -459,17 +427,8 @@ on_every_backend!(
 async fn the_documented_stack_replays_without_permits(store: impl Store) {
     let runs = Arc::new(AtomicUsize::new(0));
     let rate = budget(store.clone(), Settled::Head);
-    let idempotency = IdempotencyLayer::builder(store.clone())
-        .prefix(unique("idem"))
-        .scope(Header::from_static("x-tenant"))
-        .build()
-        .unwrap();
-    let in_flight = ConcurrencyLimitLayer::builder(store.clone())
-        .limit(2)
-        .prefix(unique("cc"))
-        .key(Header::from_static("x-tenant"))
-        .build()
-        .unwrap();
+    let idempotency = idempotency(&store);
+    let in_flight = in_flight(&store).build().unwrap();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let upstream = {
         let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
@@ -508,7 +467,7 @@ async fn the_documented_stack_replays_without_permits(store: impl Store) {
         assert_eq!(replay.headers["idempotent-replayed"], "true");
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert_eq!(left(&rate).await, BUDGET - USED);
+    assert_eq!(acme_left(&rate).await, BUDGET - USED);
     // five new orders at once: two run, three are refused for want of a permit
     let mut orders = JoinSet::new();
     for n in 0..5 {

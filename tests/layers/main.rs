@@ -20,6 +20,9 @@ pub mod grpc_server;
 #[path = "../../examples/hyper/server.rs"]
 pub mod hyper_server;
 
+#[macro_use]
+mod metered;
+
 mod ambiguity_layers;
 mod body_settlement;
 mod composition;

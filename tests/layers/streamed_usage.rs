@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -14,11 +13,10 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tower::{Layer, ServiceExt, service_fn};
 
-use super::rate_limit_invalidations::redis_store;
-use crate::common::{RedisServer, postgres};
+use super::metered::acme_left;
 use tollgate::key::Header;
 use tollgate::rate_limit::{Limit, Meter, RateLimitLayer, SseUsage, TrailerUsage};
-use tollgate::store::{MemoryStore, RateStore};
+use tollgate::store::RateStore;
 
 /// What every request reserves.
 const ESTIMATE: u64 = 500;
@@ -107,22 +105,6 @@ async fn stream(layer: &RateLimitLayer<Header>, ending: Ending, frames_read: Opt
     }
 }
 
-/// What acme has left once it stays the same for a moment (settlements are made in the
-/// background, once the body is dropped).
-async fn left(layer: &RateLimitLayer<Header>) -> u64 {
-    let acme = Header::from_static("x-tenant").key(b"acme");
-    let mut last = None;
-    for _ in 0..100 {
-        let now = layer.peek(acme).await.unwrap().limits[0].remaining;
-        if last == Some(now) {
-            return now;
-        }
-        last = Some(now);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the budget did not settle: {last:?}");
-}
-
 /// Ten streams through each of two copies, their usage in the last event: the budget is
 /// charged exactly the usage reported, none of the reservations.
 async fn usage_in_the_last_event_is_charged_across_copies<S: RateStore + Clone>(store: S) {
@@ -134,8 +116,8 @@ async fn usage_in_the_last_event_is_charged_across_copies<S: RateStore + Clone>(
         stream(copy, Ending::UsageEvent(100 + i), None).await;
     }
     let used: u64 = (0..20).map(|i| 100 + i).sum();
-    assert_eq!(left(&a).await, BUDGET - used);
-    assert_eq!(left(&b).await, BUDGET - used);
+    assert_eq!(acme_left(&a).await, BUDGET - used);
+    assert_eq!(acme_left(&b).await, BUDGET - used);
 }
 
 /// The same with the usage in a trailer.
@@ -149,7 +131,7 @@ async fn usage_in_a_trailer_is_charged_across_copies<S: RateStore + Clone>(store
         stream(copy, Ending::Trailer(7 * i), None).await;
     }
     let used: u64 = (0..20).map(|i| 7 * i).sum();
-    assert_eq!(left(&b).await, BUDGET - used);
+    assert_eq!(acme_left(&b).await, BUDGET - used);
 }
 
 /// As the builder's table says: a client that leaves after half the stream (before the usage)
@@ -176,41 +158,11 @@ async fn streams_cut_short_or_silent_are_charged_as_stated<S: RateStore + Clone>
         let prefix = format!("cut{:08x}", rand::random::<u32>());
         let layer = copy(store.clone(), &prefix, SseUsage::openai);
         stream(&layer, ending, frames_read).await;
-        assert_eq!(left(&layer).await, BUDGET - charged, "{case}");
+        assert_eq!(acme_left(&layer).await, BUDGET - charged, "{case}");
     }
 }
 
-macro_rules! on_every_backend {
-    ($($rule:ident),* $(,)?) => {
-        mod on_memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() {
-                    super::$rule(super::MemoryStore::new()).await;
-                }
-            )*
-        }
-        mod on_redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() {
-                    let server = super::RedisServer::start();
-                    super::$rule(super::redis_store(&server)).await;
-                }
-            )*
-        }
-        mod on_postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $rule() {
-                    super::$rule(super::postgres::store().await).await;
-                }
-            )*
-        }
-    };
-}
-
-on_every_backend!(
+on_memory_redis_postgres!(
     usage_in_the_last_event_is_charged_across_copies,
     usage_in_a_trailer_is_charged_across_copies,
     streams_cut_short_or_silent_are_charged_as_stated,
