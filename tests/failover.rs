@@ -45,6 +45,12 @@ const STORE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long any one request may take before the test gives up on it (no test hangs).
 const REQUEST_BOUND: Duration = Duration::from_secs(10);
 
+/// How long a payment may take while the store does not confirm its record: the idempotency
+/// layer retries storing it for up to its lease (30 s by default), then tells the caller it was
+/// not recorded. Right after a failover, while the replicas reattach to the new primary, `WAIT`
+/// may go unanswered that long.
+const RECORD_BOUND: Duration = Duration::from_secs(30 + 5);
+
 /// How soon after the primary is killed both copies must serve again (Sentinel).
 const SENTINEL_RECOVERY_BOUND: Duration = Duration::from_secs(10);
 
@@ -142,6 +148,11 @@ impl fmt::Display for Answer {
 /// Sends `request` to `app` and reads the whole answer; panics when it takes longer than
 /// [`REQUEST_BOUND`].
 async fn send(app: Router, request: Request<Body>) -> Answer {
+    send_within(app, request, REQUEST_BOUND).await
+}
+
+/// [`send`], with `bound` in place of [`REQUEST_BOUND`].
+async fn send_within(app: Router, request: Request<Body>, bound: Duration) -> Answer {
     let what = format!("{} {}", request.method(), request.uri());
     let answer = async {
         let response = app.oneshot(request).await.unwrap();
@@ -163,9 +174,9 @@ async fn send(app: Router, request: Request<Body>) -> Answer {
             body: data.freeze(),
         }
     };
-    tokio::time::timeout(REQUEST_BOUND, answer)
+    tokio::time::timeout(bound, answer)
         .await
-        .unwrap_or_else(|_| panic!("{what}: no complete answer within {REQUEST_BOUND:?}"))
+        .unwrap_or_else(|_| panic!("{what}: no complete answer within {bound:?}"))
 }
 
 fn redeem(code: &str) -> Request<Body> {
@@ -624,7 +635,9 @@ async fn sentinel_failover_with_wait_redeems_every_coupon_exactly_once() {
         "the payment replayed with another id: {replay}"
     );
     let after_cut = send(copies[0].clone(), rebuild("during-cut")).await;
-    let retried_payment = send(copies[0].clone(), pay("order-during-cut")).await;
+    // it may run now, and its record wait for a replica that is still reattaching
+    let retried_payment =
+        send_within(copies[0].clone(), pay("order-during-cut"), RECORD_BOUND).await;
     println!(
         "after the failover: the report locked during the cut rebuilds: {after_cut}; the payment \
          refused during the cut, retried: {retried_payment}"
