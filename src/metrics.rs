@@ -5,6 +5,7 @@
 //! | series | kind | labels | what |
 //! | --- | --- | --- | --- |
 //! | [`RATE_LIMIT_DECISIONS`] | counter | `limiter`, `outcome`, `source` | rate-limit decisions; `limiter` is the layer's key namespace (`<prefix>:rl`), `outcome` `admitted` or `denied` (in shadow mode a denial is counted as one, though the request goes on), `source` `store`, `deny_cache`, `local_fallback` or `store_unavailable` |
+//! | [`RATE_LIMIT_WAIT`] | histogram (seconds) | `limiter`, `outcome` | how long a request that waited for room ([`queue`](crate::rate_limit::RateLimitLayerBuilder::queue)) waited, from its arrival to its decision; `outcome` `admitted` or `denied` (its room came too late, or its line was full) |
 //! | [`STORE_CALL_DURATION`] | histogram (seconds) | `operation` | each call of a [`RedisStore`](crate::store::RedisStore) to Redis or a `PgStore` to PostgreSQL, answered or not; a batch of rate checks is one `rate_check` call |
 //! | [`STORE_ERRORS`] | counter | `operation`, `kind` | failed store calls; `kind` `timeout`, `unavailable`, `protocol` or `config` |
 //! | [`IDEMPOTENCY_REQUESTS`] | counter | `outcome` | keyed requests: `executed` (claimed, the handler ran), `replayed`, `conflict` (another request holds the key), `mismatch` (the key was used with another request), `rejected` (any other refusal: bad key, too large, store down, ...) |
@@ -50,6 +51,25 @@ pub(crate) fn limits_in_force(limiter: &std::sync::Arc<str>, version: u64, drift
 
 /// Counter: concurrency-limit decisions.
 pub const CONCURRENCY_DECISIONS: &str = "tollgate_concurrency_decisions_total";
+
+/// Histogram: seconds a request of a rate-limit layer with a queue waited for room.
+pub const RATE_LIMIT_WAIT: &str = "tollgate_rate_limit_wait_seconds";
+
+/// A request of `limiter` waited `waited` for room, then was admitted or refused.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn rate_wait(
+    limiter: &std::sync::Arc<str>,
+    admitted: bool,
+    waited: std::time::Duration,
+) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!(
+        RATE_LIMIT_WAIT,
+        "limiter" => metrics::SharedString::from(std::sync::Arc::clone(limiter)),
+        "outcome" => if admitted { "admitted" } else { "denied" },
+    )
+    .record(waited.as_secs_f64());
+}
 
 /// A rate-limit decision of `limiter`.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]

@@ -19,7 +19,7 @@ use tollgate::key::Header;
 use tollgate::lock::Locks;
 use tollgate::metrics::{
     IDEMPOTENCY_REQUESTS, LIMITS_IN_FORCE, LOCK_ACQUISITIONS, RATE_LIMIT_DECISIONS,
-    STORE_CALL_DURATION, STORE_ERRORS,
+    RATE_LIMIT_WAIT, STORE_CALL_DURATION, STORE_ERRORS,
 };
 use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
 use tollgate::store::RedisStore;
@@ -179,6 +179,40 @@ async fn every_series_counts_exactly_what_happened() {
             series(STORE_CALL_DURATION, "operation=lock_acquire", 2),
             series(STORE_CALL_DURATION, "operation=lock_release", 1),
         ]
+    );
+
+    // waiting for room: the second request waits, then is admitted
+    let queued = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::builder(store.clone())
+                .prefix("q")
+                .limit(Limit::new("s", 1, Duration::from_millis(400)))
+                .queue(Duration::from_secs(2))
+                .key(Header::from_static("x-client"))
+                .build()
+                .unwrap(),
+        )
+        .service(tower::service_fn(hello));
+    for _ in 0..2 {
+        let status = queued.clone().oneshot(get("carol")).await.unwrap().status();
+        assert_eq!(status, StatusCode::OK);
+    }
+    let phase = recorded(&snapshotter);
+    for expected in [
+        series(
+            RATE_LIMIT_DECISIONS,
+            "limiter=q:rl,outcome=admitted,source=store",
+            2,
+        ),
+        series(RATE_LIMIT_WAIT, "limiter=q:rl,outcome=admitted", 1),
+    ] {
+        assert!(phase.contains(&expected), "{expected:?} in {phase:?}");
+    }
+    assert!(
+        !phase
+            .iter()
+            .any(|(name, labels, _)| name == RATE_LIMIT_DECISIONS && labels.contains("denied")),
+        "a request that waited is decided once: {phase:?}"
     );
 
     // the store down: one decision by the failure policy, one timed-out call

@@ -195,6 +195,16 @@ impl RateCheck {
         }
     }
 
+    /// The same check as a new attempt, with a fresh id: what a request that waited for room
+    /// sends again (a denied attempt is charged nothing, and a new id can never be mistaken
+    /// for a re-send of one the store may still be deciding).
+    pub(crate) fn again(&self) -> Self {
+        Self {
+            attempt: uuid::Uuid::new_v4().as_u64_pair().0,
+            ..*self
+        }
+    }
+
     /// What this check settles, when it is a [settlement](Self::settle).
     pub fn settles(&self) -> Option<Settlement> {
         self.settles

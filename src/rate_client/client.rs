@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::deny_cache::DenyCache;
 use super::invalidated::{Invalidated, Listener};
 use super::lease::{LeaseFuture, Take};
+use super::queue::Queue;
 use super::recipe::TierRecipe;
 use super::source::DecisionSource;
 use super::tiers::{Tier, Tiers};
@@ -39,6 +40,8 @@ pub(crate) struct RateClient {
     /// Drops the cached denials and slices that the store says are stale.
     listener: Listener,
     pub(crate) on_store_error: OnStoreError,
+    /// Where denied requests wait for room, when they may.
+    pub(crate) queue: Option<Queue>,
     /// Store failures are logged at warn at most once a second (the rest at debug): an outage
     /// under load must not flood the log.
     pub(crate) last_warning: OncePerSecond,
@@ -74,8 +77,15 @@ impl RateClient {
             deny_cache: deny_cache.then(DenyCache::default),
             listener: Listener::default(),
             on_store_error,
+            queue: None,
             last_warning: OncePerSecond::new(),
         }
+    }
+
+    /// Lets denied requests wait for room in `queue`.
+    pub(crate) fn with_queue(mut self, queue: Queue) -> Self {
+        self.queue = Some(queue);
+        self
     }
 
     /// Follows the limits in force that the store keeps, made of `in_store`'s recipe (see
@@ -92,8 +102,16 @@ impl RateClient {
 
     /// Decides `check` under `tier`: a slice of the caller's with room admits it, then a denial
     /// of the store still in force denies it, then the store (through the leases, on a leased
-    /// tier) decides.
+    /// tier) decides. With a [queue](super::queue), a denied request may then wait for room.
     pub(crate) fn decide(self: &Arc<Self>, tier: &Arc<Tier>, check: RateCheck) -> Decided {
+        match &self.queue {
+            Some(queue) => self.decide_queued(queue, tier, check),
+            None => self.decide_now(tier, check),
+        }
+    }
+
+    /// Decides `check` under `tier` once, without waiting for room.
+    pub(super) fn decide_now(self: &Arc<Self>, tier: &Arc<Tier>, check: RateCheck) -> Decided {
         // the deny cache and leased slices hear of resets and refunds made through other copies
         if self.deny_cache.is_some() || tier.leases.is_some() {
             self.listener.ensure(|| self.store.invalidations(), self);
@@ -113,13 +131,13 @@ impl RateClient {
             Some(Take::Store(pending)) => Answer::Leases(pending),
             Some(Take::Local(outcome)) => return Decided::Now(leased(outcome)),
         };
-        Decided::Pending(Pending {
+        Decided::Pending(Pending(Waiting::Answer {
             client: Arc::clone(self),
             answer,
             tier: Arc::clone(tier),
             check,
             sent_at: Instant::now(),
-        })
+        }))
     }
 
     /// A denial of `check`'s caller under `tier` still in force.
@@ -251,30 +269,60 @@ enum Answer {
     Leases(LeaseFuture),
 }
 
-/// A check at the store: resolves to its [`Verdict`], the failure policy's when the store fails.
-pub(crate) struct Pending {
-    client: Arc<RateClient>,
-    answer: Answer,
-    tier: Arc<Tier>,
-    check: RateCheck,
-    /// When the check went to the store: a cached denial counts from then.
-    sent_at: Instant,
+/// A check at the store, or a request waiting for room: resolves to its [`Verdict`], the
+/// failure policy's when the store fails.
+pub(crate) struct Pending(Waiting);
+
+/// What a [`Pending`] check waits for.
+enum Waiting {
+    /// The store's answer.
+    Answer {
+        client: Arc<RateClient>,
+        answer: Answer,
+        tier: Arc<Tier>,
+        check: RateCheck,
+        /// When the check went to the store: a cached denial counts from then.
+        sent_at: Instant,
+    },
+    /// Room, in the caller's line (see [`queue`](super::queue)).
+    Room(Pin<Box<dyn Future<Output = Verdict> + Send>>),
+}
+
+impl Decided {
+    /// The answer of a request that waits for room in `waiting`.
+    pub(super) fn queued(waiting: impl Future<Output = Verdict> + Send + 'static) -> Self {
+        Self::Pending(Pending(Waiting::Room(Box::pin(waiting))))
+    }
+
+    /// The verdict, once decided.
+    pub(super) async fn resolve(self) -> Verdict {
+        match self {
+            Self::Now(verdict) => verdict,
+            Self::Pending(pending) => pending.await,
+        }
+    }
 }
 
 impl Future for Pending {
     type Output = Verdict;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Verdict> {
-        let answer = match &mut self.answer {
+        let (client, answer, tier, check, sent_at) = match &mut self.0 {
+            Waiting::Room(waiting) => return waiting.as_mut().poll(cx),
+            Waiting::Answer {
+                client,
+                answer,
+                tier,
+                check,
+                sent_at,
+            } => (client, answer, tier, check, sent_at),
+        };
+        let answer = match answer {
             Answer::Store(pending) => {
                 ready!(pending.as_mut().poll(cx)).map(|outcome| (outcome, DecisionSource::Store))
             }
             Answer::Leases(pending) => ready!(pending.as_mut().poll(cx)),
         };
-        let this = &*self;
-        let verdict = this
-            .client
-            .verdict(answer, Arc::clone(&this.tier), this.check, this.sent_at);
-        Poll::Ready(verdict)
+        Poll::Ready(client.verdict(answer, Arc::clone(tier), *check, *sent_at))
     }
 }

@@ -16,7 +16,8 @@
 //!
 //! The store's invalidation broadcast keeps the slices and cached denials fresh
 //! (`invalidated.rs`); settlements the client does not wait for go out one way
-//! (`settle.rs`). Like tower-sessions' caching store, the client wraps the store's contract
+//! (`settle.rs`). A denied request may wait for room in its caller's line on this copy
+//! (`queue.rs`). Like tower-sessions' caching store, the client wraps the store's contract
 //! ([`RateStore`](crate::store::RateStore)) and the layer never branches on what it keeps.
 
 mod client;
@@ -25,6 +26,7 @@ mod deny_cache;
 mod fallback;
 mod invalidated;
 mod lease;
+mod queue;
 mod recipe;
 pub(crate) mod settle;
 mod source;
@@ -36,6 +38,7 @@ pub(crate) use client::{Decided, Pending, RateClient};
 pub(crate) use deny_cache::{DenyCache, MAX_AGE};
 pub(crate) use fallback::DEFAULT_CAPACITY as FALLBACK_CAPACITY;
 pub(crate) use invalidated::{Invalidated, Listener};
+pub(crate) use queue::{DEFAULT_MAX_WAITING, Queue};
 pub(crate) use recipe::TierRecipe;
 pub use source::DecisionSource;
 pub(crate) use tiers::{LimitsFn, Tier, TierFn, TierOptions};

@@ -19,6 +19,8 @@ pub(crate) struct Verdict {
     pub(crate) tier: Arc<Tier>,
     /// Per limit of the tier's policy; empty when the store did not answer.
     pub(crate) states: Vec<LimitState>,
+    /// How long the request waited for room (see [`queue`](super::queue)).
+    pub(crate) waited: Duration,
 }
 
 impl Verdict {
@@ -36,6 +38,7 @@ impl Verdict {
             retry_after: outcome.retry_after,
             tier,
             states: outcome.limits,
+            waited: Duration::ZERO,
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::key::{Global, KeyExtractor, MissingKey};
 use crate::keyspace;
 use crate::on_error::OnStoreError;
 use crate::rate::{Algorithm, Limit};
-use crate::rate_client::{FALLBACK_CAPACITY, LimitsFn, TierFn};
+use crate::rate_client::{DEFAULT_MAX_WAITING, FALLBACK_CAPACITY, LimitsFn, TierFn};
 use crate::store::RateStore;
 
 mod answers;
@@ -46,6 +46,8 @@ impl RateLimitLayer {
                 rejection: None,
                 grpc_metadata: None,
                 deny_cache: true,
+                queue: None,
+                max_waiting: DEFAULT_MAX_WAITING,
                 fallback_capacity: FALLBACK_CAPACITY,
                 fallback_admits_when_full: false,
                 in_store: false,
@@ -83,6 +85,9 @@ struct Draft {
     rejection: Option<RejectionFn>,
     grpc_metadata: Option<GrpcMetadataFn>,
     deny_cache: bool,
+    /// How long a denied request may wait for room.
+    queue: Option<Duration>,
+    max_waiting: usize,
     fallback_capacity: usize,
     fallback_admits_when_full: bool,
     /// Whether the limits in force are the store's (`build_in_store`).

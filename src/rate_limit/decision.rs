@@ -25,6 +25,8 @@ pub struct RateLimitDecision {
     pub(crate) tier: Arc<Tier>,
     /// Per limit of [`policy`](Self::policy); empty when the store did not answer.
     pub(crate) states: Vec<LimitState>,
+    /// How long the request waited for room.
+    pub(crate) waited: Duration,
 }
 
 /// One `tracing` event of `$decision` at `$level` (a constant, as `tracing` wants it), with the
@@ -43,6 +45,7 @@ macro_rules! decision_event {
             tollgate.limit = $decision.tightest().map(|(name, _)| name),
             tollgate.remaining = $decision.tightest().map(|(_, remaining)| remaining),
             tollgate.retry_after_ms = millis($decision.retry_after),
+            tollgate.waited_ms = millis($decision.waited),
             $message
         )
     };
@@ -60,6 +63,7 @@ impl RateLimitDecision {
             retry_after: verdict.retry_after,
             tier: verdict.tier,
             states: verdict.states,
+            waited: verdict.waited,
         }
     }
 
@@ -73,6 +77,7 @@ impl RateLimitDecision {
             retry_after: self.retry_after,
             tier: Arc::clone(&self.tier),
             states: self.states.clone(),
+            waited: self.waited,
         }
     }
 
@@ -100,6 +105,12 @@ impl RateLimitDecision {
     /// The request's cost.
     pub fn cost(&self) -> u64 {
         self.cost
+    }
+
+    /// How long the request waited for room before it was decided: zero unless the layer has a
+    /// [`queue`](super::RateLimitLayerBuilder::queue) and the limits first denied it.
+    pub fn waited(&self) -> Duration {
+        self.waited
     }
 
     /// For a denied request, the time until it could be admitted.

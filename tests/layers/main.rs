@@ -47,4 +47,5 @@ mod rate_limit_lease_fetches;
 mod rate_limit_lease_late;
 mod rate_limit_lease_stacked;
 mod rate_limit_leases;
+mod rate_limit_queue;
 mod streamed_usage;

@@ -1,5 +1,5 @@
 //! How a layer answers: when the store fails, when a key is missing, which headers and
-//! rejections it sends, shadow mode, the deny cache and the local fallback.
+//! rejections it sends, shadow mode, the deny cache, waiting for room and the local fallback.
 
 use std::sync::Arc;
 
@@ -131,6 +131,62 @@ impl<K> RateLimitLayerBuilder<K> {
     /// second. It caches the store's decision and never admits on its own.
     pub fn deny_cache(mut self, enabled: bool) -> Self {
         self.draft.deny_cache = enabled;
+        self
+    }
+
+    /// Lets a request the limits deny wait up to `patience` for room, instead of a 429 (default:
+    /// refused at once). A denied request whose room comes within its patience (counted from
+    /// its arrival) waits on its copy in its caller's line, served in arrival order; the first
+    /// of the line asks the store again when the store said room comes, and the next as soon
+    /// as the one before is admitted. Across copies the store decides as always: what is
+    /// admitted is exactly what the limits admit. A request whose room comes later, or that
+    /// finds its caller's line full ([`max_waiting`](Self::max_waiting)), is refused as
+    /// without a queue, with `Retry-After`; one whose client leaves gives up its place.
+    ///
+    /// A request waits at most `patience` plus the round trip of its last check. How long it
+    /// waited is [`RateLimitDecision::waited`] and the metric
+    /// [`RATE_LIMIT_WAIT`](crate::metrics::RATE_LIMIT_WAIT). Denials by the failure policy
+    /// (the store down) are not waited on; in [shadow mode](Self::shadow) nothing waits. The
+    /// fairness, bounds and costs are in the guide's
+    /// [Waiting for room](crate::guide::customizing#waiting-for-room).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    ///
+    /// use http::{Request, Response};
+    /// use tollgate::rate_limit::{Limit, RateLimitDecision, RateLimitLayer};
+    /// use tollgate::store::MemoryStore;
+    /// use tower::{Service, ServiceBuilder, ServiceExt};
+    ///
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::per_second("requests", 1))
+    ///     .queue(Duration::from_secs(2))
+    ///     .build()
+    ///     .unwrap();
+    /// let mut svc = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_: Request<()>| async { Ok::<_, std::convert::Infallible>(Response::new(())) });
+    /// let mut call = async || svc.ready().await.unwrap().call(Request::new(())).await.unwrap();
+    /// let waited = |r: &Response<_>| r.extensions().get::<RateLimitDecision>().unwrap().waited();
+    ///
+    /// assert_eq!(waited(&call().await), Duration::ZERO);
+    /// let second = call().await;
+    /// assert_eq!(second.status(), 200, "admitted once the second began");
+    /// assert!(waited(&second) >= Duration::from_millis(990));
+    /// # }
+    /// ```
+    pub fn queue(mut self, patience: std::time::Duration) -> Self {
+        self.draft.queue = Some(patience);
+        self
+    }
+
+    /// How many requests of one caller may wait for room on one copy at once, with a
+    /// [`queue`](Self::queue) (default 1,024; at least 1, or [`build`](Self::build) fails): one
+    /// more is decided as without a queue. A copy keeps one line per caller that waits, and
+    /// nothing for a caller that does not.
+    pub fn max_waiting(mut self, requests: usize) -> Self {
+        self.draft.max_waiting = requests;
         self
     }
 

@@ -8,7 +8,7 @@ use crate::headers::QuotaUnit;
 use crate::in_force::InForce;
 use crate::key::KeyExtractor;
 use crate::keyspace;
-use crate::rate_client::{RateClient, TierOptions, TierRecipe};
+use crate::rate_client::{Queue, RateClient, TierOptions, TierRecipe};
 use crate::rate_limit::RateLimitLayer;
 use crate::rate_limit::settings::{Settings, Settle};
 
@@ -96,6 +96,15 @@ impl<K> RateLimitLayerBuilder<K> {
         // shadow mode reaches the store with every request
         let deny_cache = draft.deny_cache && !draft.shadow;
         let mut client = RateClient::new(draft.store, tiers, deny_cache, draft.on_store_error);
+        if let Some(patience) = draft.queue.filter(|_| !draft.shadow) {
+            if draft.max_waiting == 0 {
+                return Err(ConfigError::new(
+                    ConfigErrorKind::Limit,
+                    "max_waiting must be at least 1 for a queue to hold anyone",
+                ));
+            }
+            client = client.with_queue(Queue::new(patience, draft.max_waiting));
+        }
         if draft.in_store {
             let in_store = InForce::new(recipe, draft.limits_revision, draft.limits_refresh);
             client = client.with_limits_in_store(in_store);
