@@ -235,6 +235,7 @@ mod rate_client;
 pub mod concurrency;
 pub mod idempotency;
 pub mod rate_limit;
+pub mod stack;
 // docs
 pub mod guide;
 #[cfg(feature = "testing")]

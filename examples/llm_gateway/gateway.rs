@@ -27,6 +27,7 @@ use tollgate::key::Extension;
 use tollgate::rate_limit::{
     Estimate, EstimateError, EstimateLayer, Limit, RateLimitLayer, SseUsage,
 };
+use tollgate::stack::Stack;
 use tollgate::store::Store;
 use tower::ServiceBuilder;
 
@@ -114,12 +115,14 @@ pub fn gateway(store: &Arc<dyn Store>, options: &Options) -> Result<Router, Conf
         .build()?;
     let delay = options.word_delay;
     // outermost first: the estimate, the budget, replays, the calls in flight (docs/customizing.md)
+    let layers = Stack::new()
+        .estimate(EstimateLayer::new(MAX_BODY, max_tokens))
+        .budget(budget.clone())
+        .idempotency(idempotency)
+        .in_flight(in_flight);
     let completions = ServiceBuilder::new()
         .map_response(|response: axum::http::Response<_>| response.map(Body::new))
-        .layer(EstimateLayer::new(MAX_BODY, max_tokens))
-        .layer(budget.clone())
-        .layer(idempotency)
-        .layer(in_flight)
+        .layer(layers)
         .service_fn(move |request| model(request, delay));
     Ok(Router::new()
         .route_service("/v1/chat/completions", post_service(completions))

@@ -17,6 +17,7 @@ use super::rejection::advertise;
 use super::settings::Settings;
 use crate::body::Complete;
 use crate::grpc::Wire;
+use crate::idempotency::Replayed;
 use crate::key::Key;
 
 /// A request's admission under way: it may wait in the key's queue.
@@ -155,6 +156,9 @@ where
                     this.state.set(State::Done);
                     // a failing inner service drops `held`: the permit goes back
                     let mut response = called?;
+                    if held.is_some() && response.extensions().get::<Replayed>().is_some() {
+                        this.settings.replay_took_a_permit();
+                    }
                     advertise(this.settings, *this.limit, response.headers_mut(), None);
                     return Poll::Ready(Ok(response.map(|body| PermitBody::inner(body, held))));
                 }

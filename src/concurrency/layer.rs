@@ -429,6 +429,7 @@ impl<K> ConcurrencyLimitLayerBuilder<K> {
             limiter: Arc::from(keyspace::concurrency_namespace(&self.prefix)),
             prefix: self.prefix.into(),
             store_warning: OncePerSecond::new(),
+            replay_warned: std::sync::atomic::AtomicBool::new(false),
         };
         Ok(ConcurrencyLimitLayer {
             settings: Arc::new(settings),

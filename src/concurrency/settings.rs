@@ -1,6 +1,7 @@
 //! What every clone of a concurrency-limit layer shares.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -45,9 +46,25 @@ pub(crate) struct Settings {
     pub(crate) limiter: Arc<str>,
     /// A failing store is logged at warn at most once a second.
     pub(crate) store_warning: OncePerSecond,
+    /// Whether a replay of an idempotency layer inside was said to have taken a permit.
+    pub(crate) replay_warned: AtomicBool,
 }
 
 impl Settings {
+    /// A replay of an idempotency layer inside this one took a permit: the layers are stacked
+    /// the wrong way round for a limit in flight (said once per layer, at warn).
+    pub(crate) fn replay_took_a_permit(&self) {
+        if !self.replay_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                target: "tollgate::concurrency",
+                limiter = &*self.limiter,
+                "a replay of an idempotency layer inside this concurrency limit took a permit: \
+                 replays of a completed key at once are refused beyond the limit. Put the \
+                 concurrency limit inside the idempotency layer (tollgate::stack::Stack does)"
+            );
+        }
+    }
+
     /// The limit a request with head `parts` by caller `key` counts against.
     pub(crate) fn limit_for(&self, parts: &Parts, key: Option<&Key>) -> u32 {
         let tier = self.tier_by.as_ref().and_then(|select| select(parts));

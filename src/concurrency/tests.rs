@@ -422,3 +422,87 @@ fn an_advertised_name_is_checked() {
     assert_eq!(error.kind(), ConfigErrorKind::Limit);
     assert!(error.to_string().contains("\"in flight\""), "{error}");
 }
+
+/// A limit in flight outside an idempotency layer — the wrong way round: each replay takes a
+/// permit. The layer says so, once, at warn; a replay through the right order says nothing.
+#[test]
+fn a_replay_that_takes_a_permit_is_said_once() {
+    use crate::idempotency::{IdempotencyLayer, RequestBody};
+
+    #[derive(Clone, Default)]
+    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Log {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let warnings = || {
+        let log = log.0.lock().unwrap();
+        String::from_utf8_lossy(&log)
+            .matches("took a permit")
+            .count()
+    };
+    runtime.block_on(async {
+        let store = MemoryStore::new();
+        let handler = service_fn(|_: Request<RequestBody<Full<Bytes>>>| async {
+            Ok::<_, Infallible>(Response::new(Full::from("paid")))
+        });
+        let idempotency = || {
+            IdempotencyLayer::builder(store.clone())
+                .unscoped()
+                .build()
+                .unwrap()
+        };
+        let limit = || {
+            ConcurrencyLimitLayer::builder(store.clone())
+                .limit(2)
+                .build()
+                .unwrap()
+        };
+        let pay = |key: &str| {
+            Request::post("/pay")
+                .header("idempotency-key", key)
+                .body(Full::<Bytes>::default())
+                .unwrap()
+        };
+        let right = ServiceBuilder::new()
+            .layer(idempotency())
+            .layer(limit())
+            .service(handler);
+        for _ in 0..3 {
+            let response = right.clone().oneshot(pay("k-1")).await.unwrap();
+            response.into_body().collect().await.unwrap();
+        }
+        assert_eq!(warnings(), 0);
+        let wrong = ServiceBuilder::new()
+            .layer(limit())
+            .layer(idempotency())
+            .service(handler);
+        for replayed in [false, true, true] {
+            let response = wrong.clone().oneshot(pay("k-2")).await.unwrap();
+            assert_eq!(
+                response.headers().contains_key("idempotent-replayed"),
+                replayed
+            );
+            response.into_body().collect().await.unwrap();
+            // the permit goes back in a task of its own
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    assert_eq!(warnings(), 1);
+}

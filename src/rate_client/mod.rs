@@ -17,7 +17,7 @@
 //! The store's invalidation broadcast keeps the slices and cached denials fresh
 //! (`invalidated.rs`); settlements the client does not wait for go out one way
 //! (`settle.rs`). A denied request may wait for room in its caller's line on this copy
-//! (`queue.rs`). Like tower-sessions' caching store, the client wraps the store's contract
+//! (`queue.rs`, `wait.rs`). Like tower-sessions' caching store, the client wraps the store's contract
 //! ([`RateStore`](crate::store::RateStore)) and the layer never branches on what it keeps.
 
 mod client;
@@ -32,6 +32,7 @@ pub(crate) mod settle;
 mod source;
 mod tiers;
 mod verdict;
+mod wait;
 
 pub(crate) use client::{Decided, Pending, RateClient};
 #[cfg(test)]

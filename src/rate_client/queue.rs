@@ -25,19 +25,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::client::{Decided, RateClient};
 use super::source::DecisionSource;
-use super::tiers::Tier;
 use super::verdict::Verdict;
 use crate::key::Key;
-use crate::rate::RateCheck;
 
 /// How many requests of one caller may wait on one copy, unless told otherwise.
 pub(crate) const DEFAULT_MAX_WAITING: usize = 1_024;
-
-/// The shortest pause between two checks of one waiter: a store that says room comes now, yet
-/// denies, is not asked in a busy loop.
-const LEAST_PAUSE: Duration = Duration::from_millis(1);
 
 /// The lines of the callers that wait on this copy.
 #[derive(Debug)]
@@ -58,10 +51,11 @@ struct Line {
 }
 
 /// A request's place in its caller's line: leaves it when dropped (admitted, refused or gone).
-struct Place<'a> {
+pub(super) struct Place<'a> {
     queue: &'a Queue,
     key: Key,
-    turn: Arc<tokio::sync::Mutex<()>>,
+    /// The line's turn: whoever holds it asks the store.
+    pub(super) turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Queue {
@@ -78,12 +72,12 @@ impl Queue {
     }
 
     /// Whether requests of caller `key` wait on this copy.
-    fn has_line(&self, key: Key) -> bool {
+    pub(super) fn has_line(&self, key: Key) -> bool {
         self.lines().contains_key(&key)
     }
 
     /// A place at the end of `key`'s line; `None` when the line is full.
-    fn join(&self, key: Key) -> Option<Place<'_>> {
+    pub(super) fn join(&self, key: Key) -> Option<Place<'_>> {
         let mut lines = self.lines();
         let line = lines.entry(key).or_insert_with(|| Line {
             turn: Arc::default(),
@@ -102,7 +96,7 @@ impl Queue {
 
     /// Whether a request denied by `verdict` waits for room: denied by the limits (not by the
     /// failure policy), with room coming before `deadline`.
-    fn waits_on(verdict: &Verdict, deadline: Instant) -> bool {
+    pub(super) fn waits_on(verdict: &Verdict, deadline: Instant) -> bool {
         !verdict.admitted
             && matches!(
                 verdict.source,
@@ -121,92 +115,5 @@ impl Drop for Place<'_> {
                 lines.remove(&self.key);
             }
         }
-    }
-}
-
-impl RateClient {
-    /// Decides `check` under `tier` for a layer with a queue: at once when the caller has room
-    /// and nobody of its waits on this copy; otherwise in the caller's line, for up to the
-    /// queue's patience.
-    pub(super) fn decide_queued(
-        self: &Arc<Self>,
-        queue: &Queue,
-        tier: &Arc<Tier>,
-        check: RateCheck,
-    ) -> Decided {
-        let deadline = Instant::now() + queue.patience;
-        let client = Arc::clone(self);
-        let tier = Arc::clone(tier);
-        if queue.has_line(check.key()) {
-            return Decided::queued(async move { client.wait(tier, check, None, deadline).await });
-        }
-        match self.decide_now(&tier, check) {
-            Decided::Now(verdict) if !Queue::waits_on(&verdict, deadline) => Decided::Now(verdict),
-            Decided::Now(denied) => {
-                Decided::queued(
-                    async move { client.wait(tier, check, Some(denied), deadline).await },
-                )
-            }
-            Decided::Pending(pending) => Decided::queued(async move {
-                let verdict = pending.await;
-                if Queue::waits_on(&verdict, deadline) {
-                    client.wait(tier, check, Some(verdict), deadline).await
-                } else {
-                    verdict
-                }
-            }),
-        }
-    }
-
-    /// Waits in `check`'s caller's line until it is admitted, or refused: its room comes after
-    /// `deadline`, or the line is full. `denied` is its denial, when it asked before joining.
-    async fn wait(
-        self: Arc<Self>,
-        tier: Arc<Tier>,
-        check: RateCheck,
-        mut denied: Option<Verdict>,
-        deadline: Instant,
-    ) -> Verdict {
-        let Some(queue) = self.queue.as_ref() else {
-            return self.decide_now(&tier, check).resolve().await;
-        };
-        let arrived = deadline - queue.patience;
-        let Some(place) = queue.join(check.key()) else {
-            // a full line: decided as without a queue
-            return match denied {
-                Some(denied) => denied,
-                None => self.decide_now(&tier, check).resolve().await,
-            };
-        };
-        let turn = match place.turn.try_lock() {
-            Ok(turn) => Some(turn),
-            Err(_) => {
-                // others wait before it: its denial is stale by the time its turn comes
-                denied = None;
-                tokio::time::timeout_at(deadline, place.turn.lock())
-                    .await
-                    .ok()
-            }
-        };
-        let mut attempt = check;
-        let verdict = loop {
-            let verdict = match denied.take() {
-                Some(denied) => denied,
-                None => {
-                    attempt = attempt.again();
-                    self.decide_now(&tier, attempt).resolve().await
-                }
-            };
-            // past its patience without its turn: the check it just made decides
-            if turn.is_none() || !Queue::waits_on(&verdict, deadline) {
-                break verdict;
-            }
-            tokio::time::sleep(verdict.retry_after.max(LEAST_PAUSE)).await;
-        };
-        drop(turn);
-        drop(place);
-        let waited = arrived.elapsed();
-        crate::metrics::rate_wait(&tier.limiter, verdict.admitted, waited);
-        Verdict { waited, ..verdict }
     }
 }

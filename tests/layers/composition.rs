@@ -421,7 +421,8 @@ on_memory_redis_postgres!(
 );
 
 /// The stack the docs give for a metered endpoint — the budget outside, then the idempotency
-/// layer, then the limit in flight — answers 50 replays of a completed key at once, every one
+/// layer, then the limit in flight, put in that order by `tollgate::stack::Stack` whatever
+/// order they are given in — answers 50 replays of a completed key at once, every one
 /// a replay (none refused for want of a permit it never needed), charges the budget once, and
 /// still holds executions to the limit in flight.
 async fn the_documented_stack_replays_without_permits(store: impl Store) {
@@ -445,11 +446,14 @@ async fn the_documented_stack_replays_without_permits(store: impl Store) {
             }
         })
     };
+    // given innermost first: the stack puts each layer in its place
+    let layers = tollgate::stack::Stack::new()
+        .in_flight(in_flight)
+        .idempotency(idempotency)
+        .budget(rate.clone());
     let service: Stack = BoxCloneService::new(
         ServiceBuilder::new()
-            .layer(rate.clone())
-            .layer(idempotency)
-            .layer(in_flight)
+            .layer(layers)
             .service(upstream)
             .and_then(seen),
     );

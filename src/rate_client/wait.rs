@@ -1,0 +1,104 @@
+//! How a request waits in its caller's line (see [`queue`](super::queue)): the rate client's
+//! decision for a layer with a queue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::client::{Decided, RateClient};
+use super::queue::Queue;
+use super::tiers::Tier;
+use super::verdict::Verdict;
+use crate::rate::RateCheck;
+
+/// The shortest pause between two checks of one waiter: a store that says room comes now, yet
+/// denies, is not asked in a busy loop.
+const LEAST_PAUSE: Duration = Duration::from_millis(1);
+
+impl RateClient {
+    /// Decides `check` under `tier` for a layer with a queue: at once when the caller has room
+    /// and nobody of its waits on this copy; otherwise in the caller's line, for up to the
+    /// queue's patience.
+    pub(super) fn decide_queued(
+        self: &Arc<Self>,
+        queue: &Queue,
+        tier: &Arc<Tier>,
+        check: RateCheck,
+    ) -> Decided {
+        let deadline = Instant::now() + queue.patience;
+        let client = Arc::clone(self);
+        let tier = Arc::clone(tier);
+        if queue.has_line(check.key()) {
+            return Decided::queued(async move { client.wait(tier, check, None, deadline).await });
+        }
+        match self.decide_now(&tier, check) {
+            Decided::Now(verdict) if !Queue::waits_on(&verdict, deadline) => Decided::Now(verdict),
+            Decided::Now(denied) => {
+                Decided::queued(
+                    async move { client.wait(tier, check, Some(denied), deadline).await },
+                )
+            }
+            Decided::Pending(pending) => Decided::queued(async move {
+                let verdict = pending.await;
+                if Queue::waits_on(&verdict, deadline) {
+                    client.wait(tier, check, Some(verdict), deadline).await
+                } else {
+                    verdict
+                }
+            }),
+        }
+    }
+
+    /// Waits in `check`'s caller's line until it is admitted, or refused: its room comes after
+    /// `deadline`, or the line is full. `denied` is its denial, when it asked before joining.
+    async fn wait(
+        self: Arc<Self>,
+        tier: Arc<Tier>,
+        check: RateCheck,
+        mut denied: Option<Verdict>,
+        deadline: Instant,
+    ) -> Verdict {
+        let Some(queue) = self.queue.as_ref() else {
+            return self.decide_now(&tier, check).resolve().await;
+        };
+        let arrived = deadline - queue.patience;
+        let Some(place) = queue.join(check.key()) else {
+            // a full line: decided as without a queue
+            return match denied {
+                Some(denied) => denied,
+                None => self.decide_now(&tier, check).resolve().await,
+            };
+        };
+        let turn = match place.turn.try_lock() {
+            Ok(turn) => Some(turn),
+            Err(_) => {
+                // others wait before it: its denial is stale by the time its turn comes
+                denied = None;
+                tokio::time::timeout_at(deadline, place.turn.lock())
+                    .await
+                    .ok()
+            }
+        };
+        let mut attempt = check;
+        let verdict = loop {
+            let verdict = match denied.take() {
+                Some(denied) => denied,
+                None => {
+                    attempt = attempt.again();
+                    self.decide_now(&tier, attempt).resolve().await
+                }
+            };
+            // past its patience without its turn: the check it just made decides
+            if turn.is_none() || !Queue::waits_on(&verdict, deadline) {
+                break verdict;
+            }
+            tokio::time::sleep(verdict.retry_after.max(LEAST_PAUSE)).await;
+        };
+        drop(turn);
+        drop(place);
+        let waited = arrived.elapsed();
+        crate::metrics::rate_wait(&tier.limiter, verdict.admitted, waited);
+        Verdict { waited, ..verdict }
+    }
+}
