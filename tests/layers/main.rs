@@ -32,6 +32,7 @@ mod copies_property;
 mod crafted_records;
 mod grpc;
 mod grpc_codegen;
+mod grpc_metered;
 mod header_text;
 mod hostile_input;
 mod hostile_tenants;
