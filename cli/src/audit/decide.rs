@@ -2,10 +2,16 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use serde::Serialize;
+
 use super::Finding;
-use super::kind::{Kind, Place};
-use super::model::{Model, Spot, Types, is_resource, show, unwrap_shared};
-use super::scan::Collected;
+use super::kind::{Base, Kind, Place, names_cache, names_done_work, words};
+use super::model::{
+    Model, Spot, Types, is_collection, is_lock, is_resource, show, type_names, unwrap_shared,
+    walk_paths,
+};
+use super::scan::{Collected, KnownType};
+use super::usage::{Candidate, Event, Index, Shape, Target, Uses, decide};
 
 /// Whether a struct's name says it is an application's state or context.
 fn named_as_state(name: &str) -> bool {
@@ -111,93 +117,289 @@ fn allowed(lines: &[String], spot: Spot) -> bool {
     above(spot.line) || above(spot.start)
 }
 
-/// The findings from the model and the first pass, sorted by file, line and kind.
-pub(crate) fn findings(model: &Model, collected: Collected) -> Vec<Finding> {
-    let mut found: Vec<(Spot, Kind, String)> = Vec::new();
+/// One piece of evidence: a line that shows the use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Evidence {
+    /// The file, relative to the audited path.
+    pub(crate) file: String,
+    /// The 1-based line.
+    pub(crate) line: usize,
+    /// What the line does with the state: "checked", "written", "compared".
+    pub(crate) what: &'static str,
+}
 
-    for (name, place) in state_structs(model, &collected) {
-        // the parts of a pool or a client (`DbPool { pool, semaphore }`) are that copy's own
-        if is_resource(&name) {
+/// The shape of a candidate's type and name.
+fn shape_of(types: &Types<'_>, model: &Model, ty: &syn::Type, name: &str) -> Shape {
+    let names = type_names(ty);
+    let tokens = quote::ToTokens::to_token_stream(ty).to_string();
+    let first_collection = names.iter().position(|n| is_collection(n));
+    let set_like = names.iter().any(|n| n.ends_with("Set") && is_collection(n))
+        || (first_collection.is_some()
+            && [
+                ", () >",
+                ", bool >",
+                ", Instant >",
+                ", SystemTime >",
+                "DateTime",
+            ]
+            .iter()
+            .any(|end| tokens.contains(end)));
+    let sender = |n: &str| {
+        n.ends_with("Sender")
+            || n.ends_with("Tx")
+            || n.ends_with("Recipient")
+            || n == "Addr"
+            || n.ends_with("SplitSink")
+            || n.ends_with("WebSocket")
+    };
+    let mut senders = first_collection.is_some() && names.iter().any(|n| sender(n));
+    if first_collection.is_some() && !senders {
+        // a map of a struct or an alias of the code read that holds a sender: `Vec<UserSenders>`
+        senders = names.iter().any(|n| {
+            model.structs.get(n).is_some_and(|defs| {
+                defs.iter().any(|def| {
+                    def.fields
+                        .iter()
+                        .any(|f| type_names(&f.ty).iter().any(|t| sender(t)))
+                })
+            }) || model.aliases.get(n).is_some_and(|aliases| {
+                aliases
+                    .iter()
+                    .any(|a| type_names(&a.ty).iter().any(|t| sender(t)))
+            })
+        });
+    }
+    let locks = first_collection.is_some_and(|at| names[at + 1..].iter().any(|n| is_lock(n)))
+        || tokens.contains("Mutex < () >");
+    Shape {
+        set_like,
+        senders,
+        locks,
+        cache: types.is_cache_type(ty) || names_cache(name),
+    }
+}
+
+/// Whether the file a candidate is in speaks of work done: its path, or the names of the
+/// items beside it (`IdempotencyKey`, `consume_nonce`).
+fn file_speaks_of_done(model: &Model, file: usize) -> bool {
+    let source = &model.files[file];
+    let speaks = |text: &str| {
+        let text = text.to_lowercase();
+        text.contains("idempot") || text.contains("nonce") || text.contains("dedup")
+    };
+    speaks(&source.rel) || source.item_names.iter().any(|n| speaks(n))
+}
+
+/// What the audit is told beside the code: `--all`, and the user's known types.
+#[derive(Debug, Default)]
+pub(crate) struct Options {
+    /// List memoising caches and state whose use is not seen too.
+    pub(crate) all: bool,
+}
+
+/// The findings from the model and the first pass, sorted by file, line and kind.
+pub(crate) fn findings(
+    model: &Model,
+    collected: Collected,
+    files: &[(usize, syn::File)],
+    known: &[KnownType],
+    options: &Options,
+) -> Vec<Finding> {
+    let mut candidates: Vec<Candidate> = Vec::new();
+    let mut direct: Vec<(Spot, Kind, String, Place)> = Vec::new();
+    let roots: HashSet<String> = collected.root_names.iter().cloned().collect();
+    let per_connection: HashSet<&String> = collected
+        .per_connection
+        .iter()
+        .filter(|name| !roots.contains(*name))
+        .collect();
+
+    let mut places = state_structs(model, &collected);
+    for actor in &collected.actors {
+        places.entry(actor.clone()).or_insert(Place::Actor);
+    }
+    // a struct that holds a channel's receiving end and collections: a task's own state
+    for (name, defs) in &model.structs {
+        let receives = defs.iter().any(|def| {
+            def.fields.iter().any(|f| {
+                type_names(&f.ty)
+                    .iter()
+                    .any(|t| t.ends_with("Receiver") || t == "Inbox")
+            })
+        });
+        if receives {
+            places.entry(name.clone()).or_insert(Place::Task);
+        }
+    }
+    // state built per connection is not shared by the requests of a copy
+    places.retain(|name, _| !per_connection.contains(name));
+
+    let known_kind = |types: &Types<'_>, ty: &syn::Type| -> Option<(Option<Kind>, String)> {
+        let mut found = None;
+        walk_paths(ty, &mut |path| {
+            let Some(last) = path.segments.last() else {
+                return;
+            };
+            let name = last.ident.to_string();
+            for k in known {
+                if k.name == name
+                    && k.krate.as_deref().is_none_or(|krate| {
+                        types.is_from(path, krate) || path.segments.iter().any(|s| s.ident == krate)
+                    })
+                {
+                    found = Some((k.kind, name.clone()));
+                }
+            }
+        });
+        found
+    };
+
+    for (name, place) in &places {
+        if is_resource(name) {
             continue;
         }
-        for def in model.structs.get(&name).into_iter().flatten() {
+        for def in model.structs.get(name).into_iter().flatten() {
             let types = Types::new(model, def.file);
             for field in &def.fields {
-                let Some(base) = types.shared(&field.ty) else {
+                if let Some((kind, type_name)) = known_kind(&types, &field.ty) {
+                    match kind {
+                        Some(kind) => {
+                            let message = format!(
+                                "`{}` in field `{}` of `{}`: `{type_name}` keeps its state in \
+                                 process memory",
+                                show(&field.ty),
+                                field.name,
+                                def.name
+                            );
+                            direct.push((field.spot, kind, message, Place::Library));
+                            continue;
+                        }
+                        None => {
+                            candidates.push(Candidate {
+                                spot: field.spot,
+                                base: Base::Map,
+                                shape: shape_of(&types, model, &field.ty, &field.name),
+                                place: *place,
+                                target: Target::Field {
+                                    owner: def.name.clone(),
+                                    name: field.name.clone(),
+                                },
+                                hint_done: names_done_work(&field.name)
+                                    || names_done_work(&def.name),
+                                subject: format!(
+                                    "`{}` in field `{}` of `{}`",
+                                    types.describe(&field.ty),
+                                    field.name,
+                                    def.name
+                                ),
+                            });
+                            continue;
+                        }
+                    }
+                }
+                let base = match place {
+                    Place::Actor => types.owned(&field.ty),
+                    // a task's own collections: its counters and flags are its own business
+                    Place::Task => types
+                        .owned(&field.ty)
+                        .filter(|b| matches!(b, Base::Map | Base::Cache)),
+                    _ => types.shared(&field.ty),
+                };
+                let Some(base) = base else {
                     continue;
                 };
-                let base = base.named(&field.name);
-                let kind = base.kind(place, &format!("{}_{}", def.name, field.name));
-                let held = match place {
-                    Place::State => "the application's shared state",
-                    Place::Static => "held in a static",
-                };
-                let message = format!(
-                    "`{}` in field `{}` of `{}`, {held}: {}",
-                    types.describe(&field.ty),
-                    field.name,
-                    def.name,
-                    base.why(kind)
-                );
-                found.push((field.spot, kind, message));
+                // configuration reloaded in each copy
+                if words(&field.name)
+                    .iter()
+                    .any(|w| matches!(w.as_str(), "config" | "configs" | "settings" | "options"))
+                {
+                    continue;
+                }
+                let shape = shape_of(&types, model, &field.ty, &field.name);
+                let hint_done = names_done_work(&field.name)
+                    || names_done_work(&def.name)
+                    || (shape.set_like && file_speaks_of_done(model, def.file));
+                candidates.push(Candidate {
+                    spot: field.spot,
+                    base,
+                    shape,
+                    place: *place,
+                    target: Target::Field {
+                        owner: def.name.clone(),
+                        name: field.name.clone(),
+                    },
+                    hint_done,
+                    subject: format!(
+                        "`{}` in field `{}` of `{}`",
+                        types.describe(&field.ty),
+                        field.name,
+                        def.name
+                    ),
+                });
             }
         }
     }
 
-    // a type handed to the framework directly: reported once, where it is first written
-    let mut by_type: BTreeMap<String, Vec<(Spot, Kind, String)>> = BTreeMap::new();
-    let mut aliases_seen: HashSet<String> = HashSet::new();
+    // a type handed to the framework directly: one candidate per type, where first written
+    let mut root_keys: HashSet<String> = HashSet::new();
     for root in &collected.root_types {
         let types = Types::new(model, root.spot.file);
         let inner = unwrap_shared(&root.ty);
         if types.is_struct(inner) {
             continue;
         }
-        if let Some((name, alias)) = types.alias(inner) {
-            if !aliases_seen.insert(name.to_owned()) {
-                continue;
-            }
-            let alias_types = Types::new(model, alias.spot.file);
-            if let Some(base) = alias_types.shared(&alias.ty) {
-                let base = base.named(name);
-                let kind = base.kind(Place::State, name);
-                let message = format!(
-                    "`{}` in type `{name}`, shared with every request as `{}<{name}>`: {}",
-                    show(&alias.ty),
-                    root.wrapper,
-                    base.why(kind)
-                );
-                found.push((alias.spot, kind, message));
-            }
+        let key = quote::ToTokens::to_token_stream(&root.ty).to_string();
+        if !root_keys.insert(key.clone()) {
             continue;
         }
-        let Some(base) = types.shared(&root.ty) else {
+        let (spot, ty, label, file) = match types.alias(inner) {
+            Some((name, alias)) => (alias.spot, &alias.ty, name.to_owned(), alias.spot.file),
+            None => (root.spot, &root.ty, String::new(), root.spot.file),
+        };
+        let Some(base) = Types::new(model, file).shared(ty) else {
             continue;
         };
-        let kind = base.kind(Place::State, "");
-        let shown = show(&root.ty);
-        let message = format!(
-            "`{shown}` shared with every request as `{}<..>`: {}",
-            root.wrapper,
-            base.why(kind)
-        );
-        let key = quote::ToTokens::to_token_stream(&root.ty).to_string();
-        by_type
-            .entry(key)
-            .or_default()
-            .push((root.spot, kind, message));
-    }
-    for (_, mut uses) in by_type {
-        let silenced = uses
-            .iter()
-            .any(|(spot, _, _)| allowed(&model.files[spot.file].lines, *spot));
-        if !silenced && !uses.is_empty() {
-            found.push(uses.remove(0));
-        }
+        let shape = shape_of(&types, model, ty, &label);
+        let subject = if label.is_empty() {
+            format!(
+                "`{}` shared with every request as `{}<..>`",
+                show(ty),
+                root.wrapper
+            )
+        } else {
+            format!(
+                "`{}` in type `{label}`, shared with every request as `{}<{label}>`",
+                show(ty),
+                root.wrapper
+            )
+        };
+        candidates.push(Candidate {
+            spot,
+            base,
+            shape,
+            place: Place::State,
+            target: Target::Root(key),
+            hint_done: names_done_work(&label)
+                || (shape.set_like && file_speaks_of_done(model, file)),
+            subject,
+        });
     }
 
     for item in &collected.statics {
         let types = Types::new(model, item.spot.file);
+        if let Some((Some(kind), type_name)) = known_kind(&types, &item.ty) {
+            let message = format!(
+                "`{}` in `static {}`: `{type_name}` keeps its state in process memory",
+                show(&item.ty),
+                item.name
+            );
+            direct.push((item.spot, kind, message, Place::Library));
+            continue;
+        }
+        // one per thread: scoped to the requests a thread runs, as a task's state is
+        if item.thread_local && !options.all {
+            continue;
+        }
         let base = if item.mutable {
             types.guarded(&item.ty)
         } else {
@@ -206,42 +408,119 @@ pub(crate) fn findings(model: &Model, collected: Collected) -> Vec<Finding> {
         let Some(base) = base else {
             continue;
         };
-        let base = base.named(&item.name);
-        let kind = base.kind(Place::Static, &item.name);
-        let message = if item.thread_local {
+        let shape = shape_of(&types, model, &item.ty, &item.name);
+        let subject = if item.thread_local {
             format!(
-                "a per-thread `{}` in `thread_local!` `{}`: every thread of every copy has its \
-                 own, so what one request records is not seen by requests on other threads or \
-                 copies",
+                "a per-thread `{}` in `thread_local!` `{}`",
                 show(&item.ty),
-                item.name,
+                item.name
             )
         } else {
             let keyword = if item.mutable { "static mut" } else { "static" };
             format!(
-                "a process-wide `{}` in `{keyword} {}`: {}",
+                "a process-wide `{}` in `{keyword} {}`",
                 types.describe(&item.ty),
-                item.name,
-                base.why(kind)
+                item.name
             )
         };
-        found.push((item.spot, kind, message));
+        candidates.push(Candidate {
+            spot: item.spot,
+            base,
+            shape,
+            place: Place::Static,
+            target: Target::Static(item.name.clone()),
+            hint_done: names_done_work(&item.name)
+                || (shape.set_like && file_speaks_of_done(model, item.spot.file)),
+            subject,
+        });
     }
 
+    let mut locals: HashMap<(usize, usize), usize> = HashMap::new();
+    for local in &collected.task_locals {
+        locals.insert((local.spot.file, local.spot.line), candidates.len());
+        candidates.push(Candidate {
+            spot: local.spot,
+            base: local.base,
+            shape: Shape {
+                set_like: local.set_like,
+                ..Shape::default()
+            },
+            place: Place::Task,
+            target: Target::Local,
+            hint_done: names_done_work(&local.name)
+                || (local.set_like && file_speaks_of_done(model, local.spot.file)),
+            subject: format!("`{}` (`{}`)", local.name, local.built),
+        });
+    }
+
+    // every use of every candidate, through the function bodies of all files
+    let index = Index::new(&candidates);
+    let mut events: Vec<Event> = Vec::new();
+    let mut next_func = 0;
+    for (file, syntax) in files {
+        let mut uses = Uses::new(*file, &candidates, &index, &mut next_func, &locals);
+        syn::visit::Visit::visit_file(&mut uses, syntax);
+        events.extend(uses.events);
+    }
+    let mut by_candidate: Vec<Vec<Event>> = vec![Vec::new(); candidates.len()];
+    for event in events {
+        by_candidate[event.cand].push(event);
+    }
+
+    let mut found: Vec<(Spot, Kind, String, Place, String, Vec<Evidence>)> = Vec::new();
+    for (cand, mut events) in candidates.iter().zip(by_candidate) {
+        events.sort_by_key(|e| (e.file, e.line));
+        let decision = decide(cand, &events);
+        if decision.kind.only_with_all() && !options.all {
+            continue;
+        }
+        let evidence: Vec<Evidence> = decision
+            .evidence
+            .iter()
+            .map(|e| Evidence {
+                file: model.files[e.file].rel.clone(),
+                line: e.line,
+                what: e.op.verb(),
+            })
+            .collect();
+        let message = format!("{}, {}: {}", cand.subject, cand.place.held(), decision.how);
+        found.push((
+            cand.spot,
+            decision.kind,
+            message,
+            cand.place,
+            decision.how,
+            evidence,
+        ));
+    }
     for hit in collected.hits {
-        found.push((hit.spot, hit.kind, hit.message));
+        direct.push((hit.spot, hit.kind, hit.message, Place::Library));
+    }
+    for (spot, kind, message, place) in direct {
+        found.push((
+            spot,
+            kind,
+            message,
+            place,
+            "keeps its state in process memory".to_owned(),
+            Vec::new(),
+        ));
     }
 
-    let mut seen: HashMap<(usize, usize, Kind), ()> = HashMap::new();
+    let mut seen: HashSet<(usize, usize, Kind)> = HashSet::new();
     let mut findings: Vec<Finding> = found
         .into_iter()
-        .filter(|(spot, _, _)| !allowed(&model.files[spot.file].lines, *spot))
-        .filter(|(spot, kind, _)| seen.insert((spot.file, spot.line, *kind), ()).is_none())
-        .map(|(spot, kind, message)| Finding {
+        .filter(|(spot, ..)| !allowed(&model.files[spot.file].lines, *spot))
+        .filter(|(spot, kind, ..)| seen.insert((spot.file, spot.line, *kind)))
+        .map(|(spot, kind, message, place, how, evidence)| Finding {
             file: model.files[spot.file].rel.clone(),
             line: spot.line,
             kind,
+            place,
+            used_as: how,
             message,
+            evidence,
+            breaks: kind.breaks().to_owned(),
             fix: kind.fix().to_owned(),
         })
         .collect();

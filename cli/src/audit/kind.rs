@@ -1,162 +1,218 @@
-//! The kinds of finding: a stable id each, what it means, and the tollgate replacement.
+//! What a piece of in-process state is used for: the kinds of finding, each with a stable id,
+//! what breaks when the service runs as N copies, and the fix for that use.
 
 use serde::Serialize;
 
-/// What was found. The id ([`Kind::id`]) is stable: scripts and SARIF rules refer to it.
+/// What was found, named by its use. The id ([`Kind::id`]) is stable: scripts and SARIF rules
+/// refer to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum Kind {
-    /// A process-wide lock, or a value behind one, in a `static`.
-    StaticMutex,
-    /// A process-wide map or set in a `static`.
-    StaticMap,
-    /// A process-wide atomic integer (or an integer behind a lock) in a `static`.
-    StaticCounter,
-    /// A process-wide cache in a `static`.
-    StaticCache,
-    /// A process-wide semaphore in a `static`.
-    StaticSemaphore,
-    /// A lock, or a value behind one, in the application's shared state.
-    StateMutex,
-    /// A map or set in the application's shared state, changed through a lock or a concurrent
-    /// map.
-    StateMap,
-    /// An atomic integer (or an integer behind a lock) in the application's shared state.
-    StateCounter,
-    /// A cache in the application's shared state.
-    StateCache,
-    /// A semaphore in the application's shared state.
-    StateSemaphore,
-    /// A map, set or cache whose name says it records what was already done.
-    SeenSet,
-    /// A rate limiter that counts in process memory.
+    /// Checked, then inserted around work: a record of what was already done (nonces,
+    /// idempotency keys, processed events, one-time tokens), or read to skip work.
+    AlreadyDone,
+    /// Counted and compared with a limit: a rate limiter, or a library limiter that counts in
+    /// process memory.
     InProcessRateLimit,
-    /// A concurrency limit that counts in process memory.
+    /// Locked around a write: one copy at a time does the work.
+    InProcessLock,
+    /// A semaphore, or a concurrency limit that counts in process memory.
     InProcessConcurrencyLimit,
-    /// tollgate's own in-process store, `MemoryStore`: one copy's counters, claims and records.
+    /// Written by one request and read by others: sessions, tokens, rooms, pastes.
+    InProcessRecord,
+    /// A map of the connections subscribed to something: a message sent on one copy reaches
+    /// only the subscribers connected to that copy.
+    InProcessSubscribers,
+    /// Counted and never compared: ids, totals, sequence numbers.
+    InProcessCounter,
+    /// A library store that keeps its records in process memory: tollgate's `MemoryStore`, an
+    /// in-process session store.
     InProcessStore,
+    /// A cache whose only use is memoising fetched or computed data: listed with `--all` only.
+    InProcessCache,
+    /// State whose use the audit does not see (no write found, or no use at all): listed with
+    /// `--all` only when no write was found.
+    InProcessState,
 }
 
 impl Kind {
     /// Every kind, in the order of the SARIF rules.
-    pub(crate) const ALL: [Kind; 14] = [
-        Kind::StaticMutex,
-        Kind::StaticMap,
-        Kind::StaticCounter,
-        Kind::StaticCache,
-        Kind::StaticSemaphore,
-        Kind::StateMutex,
-        Kind::StateMap,
-        Kind::StateCounter,
-        Kind::StateCache,
-        Kind::StateSemaphore,
-        Kind::SeenSet,
+    pub(crate) const ALL: [Kind; 10] = [
+        Kind::AlreadyDone,
         Kind::InProcessRateLimit,
+        Kind::InProcessLock,
         Kind::InProcessConcurrencyLimit,
+        Kind::InProcessRecord,
+        Kind::InProcessSubscribers,
+        Kind::InProcessCounter,
         Kind::InProcessStore,
+        Kind::InProcessCache,
+        Kind::InProcessState,
     ];
 
     /// The stable kebab-case id.
     pub(crate) fn id(self) -> &'static str {
         match self {
-            Kind::StaticMutex => "static-mutex",
-            Kind::StaticMap => "static-map",
-            Kind::StaticCounter => "static-counter",
-            Kind::StaticCache => "static-cache",
-            Kind::StaticSemaphore => "static-semaphore",
-            Kind::StateMutex => "state-mutex",
-            Kind::StateMap => "state-map",
-            Kind::StateCounter => "state-counter",
-            Kind::StateCache => "state-cache",
-            Kind::StateSemaphore => "state-semaphore",
-            Kind::SeenSet => "seen-set",
+            Kind::AlreadyDone => "already-done",
             Kind::InProcessRateLimit => "in-process-rate-limit",
+            Kind::InProcessLock => "in-process-lock",
             Kind::InProcessConcurrencyLimit => "in-process-concurrency-limit",
+            Kind::InProcessRecord => "in-process-record",
+            Kind::InProcessSubscribers => "in-process-subscribers",
+            Kind::InProcessCounter => "in-process-counter",
             Kind::InProcessStore => "in-process-store",
+            Kind::InProcessCache => "in-process-cache",
+            Kind::InProcessState => "in-process-state",
         }
     }
 
     /// One line on what the kind is, for SARIF's `shortDescription`.
     pub(crate) fn summary(self) -> &'static str {
         match self {
-            Kind::StaticMutex => "A lock or a value behind a lock in a static: one per copy",
-            Kind::StaticMap => "A map or set in a static, changed at run time: one per copy",
-            Kind::StaticCounter => "A counter in a static: each copy counts on its own",
-            Kind::StaticCache => "A cache in a static: one per copy",
-            Kind::StaticSemaphore => "A semaphore in a static: each copy has its own permits",
-            Kind::StateMutex => "A lock or a value behind a lock in shared state: one per copy",
-            Kind::StateMap => "A map or set in shared state, changed at run time: one per copy",
-            Kind::StateCounter => "A counter in shared state: each copy counts on its own",
-            Kind::StateCache => "A cache in shared state: one per copy",
-            Kind::StateSemaphore => "A semaphore in shared state: each copy has its own permits",
-            Kind::SeenSet => {
-                "An \"already done\" set in process memory: a repeat on another copy is done again"
+            Kind::AlreadyDone => "An \"already done\" record in process memory",
+            Kind::InProcessRateLimit => "A rate limit counted in process memory",
+            Kind::InProcessLock => "A lock in process memory held around a write",
+            Kind::InProcessConcurrencyLimit => "A concurrency limit counted in process memory",
+            Kind::InProcessRecord => "Records in process memory that other requests read",
+            Kind::InProcessSubscribers => "Subscribers of one copy only",
+            Kind::InProcessCounter => "A counter in process memory",
+            Kind::InProcessStore => "A store that keeps its records in process memory",
+            Kind::InProcessCache => "A per-copy cache of fetched or computed data",
+            Kind::InProcessState => "State in process memory whose use is not seen",
+        }
+    }
+
+    /// What breaks with N copies, one sentence.
+    pub(crate) fn breaks(self) -> &'static str {
+        match self {
+            Kind::AlreadyDone => {
+                "each copy remembers only what it did itself, so a repeat that reaches another \
+                 copy is done again (a nonce or a token accepted N times, a payment or an event \
+                 processed N times)"
             }
             Kind::InProcessRateLimit => {
-                "A rate limiter in process memory: N copies let a caller through N times as often"
+                "each copy counts on its own, so N copies let a caller through N times the limit"
+            }
+            Kind::InProcessLock => {
+                "a lock taken on one copy does not stop the others, so N copies run the guarded \
+                 write at the same time"
             }
             Kind::InProcessConcurrencyLimit => {
-                "A concurrency limit in process memory: N copies let N times as many in"
+                "each copy has its own permits, so N copies let N times as many in at once"
+            }
+            Kind::InProcessRecord => {
+                "a record written on one copy is not seen by the others, so a request that \
+                 reaches another copy finds nothing or an old value"
+            }
+            Kind::InProcessSubscribers => {
+                "a message sent on one copy reaches only the connections held by that copy; \
+                 subscribers connected to the others miss it"
+            }
+            Kind::InProcessCounter => {
+                "N copies keep N separate totals and hand out the same numbers"
             }
             Kind::InProcessStore => {
-                "tollgate's MemoryStore: each copy keeps its own counters, claims and records"
+                "each copy keeps its own records, so a session, a claim or a counter made on one \
+                 copy is unknown to the others"
+            }
+            Kind::InProcessCache => {
+                "each copy caches on its own: it serves data up to the cache's lifetime stale, \
+                 which is fine for data that may be stale"
+            }
+            Kind::InProcessState => {
+                "each copy has its own; whether that matters depends on a use the audit did not \
+                 see"
             }
         }
     }
 
-    /// The tollgate replacement, one sentence.
+    /// The fix for this use, one sentence, with the tollgate type where one fits.
     pub(crate) fn fix(self) -> &'static str {
         match self {
-            Kind::StaticMutex | Kind::StateMutex => {
-                "keep the state in the shared store; to let one copy at a time do the work take a \
-                 `tollgate::lock::Locks` lock (leased, with a fencing token), and to do a thing \
-                 once use a `tollgate::claim::Claims` claim"
+            Kind::AlreadyDone => {
+                "claim the key before the work with a `tollgate::claim::Claims` claim (one \
+                 `SET NX` or `INSERT … ON CONFLICT DO NOTHING` that exactly one copy wins); for \
+                 requests with an `Idempotency-Key`, `tollgate::idempotency::IdempotencyLayer` \
+                 runs the handler once and replays its response"
             }
-            Kind::StaticMap | Kind::StateMap => {
-                "keep the records in the shared store (Redis / Valkey or PostgreSQL), changed by \
-                 atomic operations; an \"already done\" record is a `tollgate::claim::Claims` \
-                 claim, a per-key lock a `tollgate::lock::Locks` lock"
+            Kind::InProcessRateLimit => {
+                "count in the shared store: `tollgate::rate_limit::RateLimitLayer` (Redis / \
+                 Valkey or PostgreSQL) enforces one limit across all copies"
             }
-            Kind::StaticCounter | Kind::StateCounter => {
-                "count in the shared store with one atomic increment (Redis `INCR`, a database \
-                 sequence); to limit a caller's requests use `tollgate::rate_limit::RateLimitLayer`"
+            Kind::InProcessLock => {
+                "take a `tollgate::lock::Locks` lock (leased, so a crashed copy does not hold it \
+                 for ever) and pass its fencing token to the write, which the database accepts \
+                 only when the token is not older than the last one it saw"
             }
-            Kind::StaticCache | Kind::StateCache => {
-                "keep a per-copy cache only for data that may be stale; what was done belongs in \
-                 a `tollgate::claim::Claims` claim, a response to replay in \
-                 `tollgate::idempotency::IdempotencyLayer`"
-            }
-            Kind::StaticSemaphore | Kind::StateSemaphore | Kind::InProcessConcurrencyLimit => {
+            Kind::InProcessConcurrencyLimit => {
                 "`tollgate::concurrency::ConcurrencyLimitLayer` counts the requests in flight \
                  across all copies in the shared store"
             }
-            Kind::SeenSet => {
-                "a `tollgate::claim::Claims` claim (one `SET NX` that exactly one copy wins); for \
-                 requests with an `Idempotency-Key`, `tollgate::idempotency::IdempotencyLayer`"
+            Kind::InProcessRecord => {
+                "keep the records in the database the service already has (a table, or a Redis \
+                 hash with a TTL), written with a conditional write (`INSERT … ON CONFLICT`, \
+                 `UPDATE … WHERE version = $1`) so that two copies do not overwrite each other"
             }
-            Kind::InProcessRateLimit => {
-                "`tollgate::rate_limit::RateLimitLayer` keeps each caller's count in the shared \
-                 store, so that all copies enforce one limit"
+            Kind::InProcessSubscribers => {
+                "publish through the shared store (Redis `PUBLISH`, PostgreSQL `NOTIFY`) and let \
+                 every copy deliver to the connections it holds"
+            }
+            Kind::InProcessCounter => {
+                "count with one atomic increment in the shared store (Redis `INCR`, a database \
+                 sequence or `UPDATE … SET n = n + 1 RETURNING n`)"
             }
             Kind::InProcessStore => {
-                "give every copy one shared store: `tollgate::store::RedisStore` (Redis or \
-                 Valkey) or `tollgate::store::PgStore` (PostgreSQL); `MemoryStore` is for a \
-                 single copy, tests and docs"
+                "give every copy one shared store: `tollgate::store::RedisStore` or \
+                 `tollgate::store::PgStore` for tollgate, the library's Redis or database \
+                 backend for sessions"
+            }
+            Kind::InProcessCache => {
+                "nothing to do if the data may be stale for the cache's lifetime; otherwise \
+                 invalidate through the shared store (a version key, `NOTIFY`)"
+            }
+            Kind::InProcessState => {
+                "if requests change it, keep it in the shared store; if it is only read after \
+                 start-up, mark it `// tollgate: allow(read-only)`"
             }
         }
+    }
+
+    /// Whether the kind is listed only with `--all`.
+    pub(crate) fn only_with_all(self) -> bool {
+        matches!(self, Kind::InProcessCache | Kind::InProcessState)
     }
 }
 
 /// What kind of place holds the state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub(crate) enum Place {
     /// A `static`, `lazy_static!` or `thread_local!`.
     Static,
     /// The application's shared state.
     State,
+    /// An actor's fields (actix `impl Actor`), reached through its `Addr`.
+    Actor,
+    /// A task that owns it and is fed by a channel.
+    Task,
+    /// A library type known to keep state in process memory.
+    Library,
 }
 
-/// What a piece of state is, before the place and the name decide its [`Kind`].
+impl Place {
+    /// How the finding's sentence names the place.
+    pub(crate) fn held(self) -> &'static str {
+        match self {
+            Place::Static => "held in a static",
+            Place::State => "the application's shared state",
+            Place::Actor => "an actor's state, reached through its address",
+            Place::Task => "owned by a task fed by a channel",
+            Place::Library => "kept by a library in process memory",
+        }
+    }
+}
+
+/// What a piece of state is by its type, before its use decides its [`Kind`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Base {
     /// A lock, or a value changed behind one.
@@ -171,66 +227,9 @@ pub(crate) enum Base {
     Semaphore,
 }
 
-impl Base {
-    /// A lock whose name says it caches (`CSS_CACHE`, `token_cache`) is a cache.
-    pub(crate) fn named(self, name: &str) -> Base {
-        if self == Base::Lock && words(name).iter().any(|w| w == "cache" || w == "cached") {
-            Base::Cache
-        } else {
-            self
-        }
-    }
-
-    /// The kind for this base in `place`, held under `name` (a field or a static; for a field,
-    /// the struct's name and the field's joined by `_`).
-    pub(crate) fn kind(self, place: Place, name: &str) -> Kind {
-        if matches!(self, Base::Map | Base::Cache) && names_done_work(name) {
-            return Kind::SeenSet;
-        }
-        match (place, self) {
-            (Place::Static, Base::Lock) => Kind::StaticMutex,
-            (Place::Static, Base::Map) => Kind::StaticMap,
-            (Place::Static, Base::Counter) => Kind::StaticCounter,
-            (Place::Static, Base::Cache) => Kind::StaticCache,
-            (Place::Static, Base::Semaphore) => Kind::StaticSemaphore,
-            (Place::State, Base::Lock) => Kind::StateMutex,
-            (Place::State, Base::Map) => Kind::StateMap,
-            (Place::State, Base::Counter) => Kind::StateCounter,
-            (Place::State, Base::Cache) => Kind::StateCache,
-            (Place::State, Base::Semaphore) => Kind::StateSemaphore,
-        }
-    }
-
-    /// Why N copies break it, the end of a finding's sentence.
-    pub(crate) fn why(self, kind: Kind) -> &'static str {
-        if kind == Kind::SeenSet {
-            return "each copy remembers only what it handled itself, so a repeat that reaches \
-                    another copy is done again";
-        }
-        match self {
-            Base::Lock => {
-                "each copy has its own, so a lock taken or a value written on one copy is not \
-                 seen by the others"
-            }
-            Base::Map => {
-                "each copy has its own, so a record written on one copy is not seen by the others"
-            }
-            Base::Counter => {
-                "each copy counts on its own, so N copies keep N separate totals (and hand out \
-                 the same numbers)"
-            }
-            Base::Cache => {
-                "each copy caches on its own, which is fine for data that may be stale but not \
-                 for what was done or who may pass"
-            }
-            Base::Semaphore => "each copy has its own permits, so N copies let N times as many in",
-        }
-    }
-}
-
-/// Whether a field or static name says it records work already done: one of its words (split
-/// on `_` and case changes) is `seen`, `processed`, `done`, `used`, `redeemed`, `handled`,
-/// `claimed`, `consumed`, or starts with `idempot`, `dedup` or `nonce`.
+/// Whether a name says it records work already done: one of its words (split on `_` and case
+/// changes) is `seen`, `processed`, `done`, `used`, `redeemed`, `handled`, `claimed`,
+/// `consumed`, `revoked`, or starts with `idempot`, `dedup` or `nonce`.
 pub(crate) fn names_done_work(name: &str) -> bool {
     words(name).iter().any(|word| {
         matches!(
@@ -243,14 +242,22 @@ pub(crate) fn names_done_work(name: &str) -> bool {
                 | "handled"
                 | "claimed"
                 | "consumed"
+                | "revoked"
         ) || word.starts_with("idempot")
             || word.starts_with("dedup")
             || word.starts_with("nonce")
     })
 }
 
+/// Whether a name says it caches.
+pub(crate) fn names_cache(name: &str) -> bool {
+    words(name)
+        .iter()
+        .any(|w| matches!(w.as_str(), "cache" | "cached" | "memo" | "memoized"))
+}
+
 /// The lower-case words of a snake_case, SCREAMING_CASE or CamelCase name.
-fn words(name: &str) -> Vec<String> {
+pub(crate) fn words(name: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut word = String::new();
     let mut previous_lower = false;
@@ -305,7 +312,7 @@ mod tests {
         let ids: std::collections::BTreeSet<_> = Kind::ALL.iter().map(|k| k.id()).collect();
         assert_eq!(ids.len(), Kind::ALL.len());
         for kind in Kind::ALL {
-            let json = serde_json::to_string(&kind).unwrap();
+            let json = serde_json::to_string(&kind).unwrap_or_default();
             assert_eq!(json, format!("\"{}\"", kind.id()));
         }
     }

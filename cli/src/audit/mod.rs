@@ -6,6 +6,7 @@ mod kind;
 mod model;
 mod report;
 mod scan;
+mod usage;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,8 +14,9 @@ use std::process::ExitCode;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use kind::Kind;
+use kind::{Kind, Place};
 use model::{Model, SourceFile};
+use scan::KnownType;
 
 /// Where the findings' documentation is: the command's page.
 pub(crate) const DOCS_URI: &str = "https://crates.io/crates/tollgate-cli";
@@ -67,6 +69,107 @@ pub(crate) struct AuditArgs {
     /// Skip a folder or file, relative to PATH (repeatable), e.g. `--exclude vendor`.
     #[arg(long, value_name = "PATH")]
     exclude: Vec<PathBuf>,
+    /// Also list memoising caches and state whose use is not seen (kinds `in-process-cache`
+    /// and `in-process-state`).
+    #[arg(long)]
+    all: bool,
+    /// A library type that keeps state in process memory, as `[crate::]Type=KIND` (repeatable);
+    /// KIND is `rate-limit`, `concurrency-limit`, `store`, `already-done`, `lock`, `record`,
+    /// `counter`, or `map` to judge it by its use. Also read from `[known-types]` in
+    /// `tollgate-audit.toml` at PATH.
+    #[arg(long, value_name = "TYPE=KIND")]
+    known_type: Vec<String>,
+}
+
+/// A file that was not read, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Skipped {
+    /// The file, relative to the audited path.
+    pub(crate) file: String,
+    /// Why: the parser's message with its line and column, or the read error.
+    pub(crate) reason: String,
+}
+
+/// Parses a known type's `[crate::]Type` and kind.
+fn known_type(spec: &str, kind: &str) -> Result<KnownType, String> {
+    let kind = match kind.trim() {
+        "rate-limit" => Some(Kind::InProcessRateLimit),
+        "concurrency-limit" => Some(Kind::InProcessConcurrencyLimit),
+        "store" => Some(Kind::InProcessStore),
+        "already-done" => Some(Kind::AlreadyDone),
+        "lock" => Some(Kind::InProcessLock),
+        "record" => Some(Kind::InProcessRecord),
+        "counter" => Some(Kind::InProcessCounter),
+        "map" => None,
+        other => {
+            return Err(format!(
+                "known type {spec}: unknown kind `{other}` (rate-limit, concurrency-limit, \
+                 store, already-done, lock, record, counter, map)"
+            ));
+        }
+    };
+    let spec = spec.trim();
+    let (krate, name) = match spec.rsplit_once("::") {
+        Some((krate, name)) => (
+            Some(krate.split("::").next().unwrap_or(krate).to_owned()),
+            name,
+        ),
+        None => (None, spec),
+    };
+    if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || c == '_') {
+        return Err(format!("known type `{spec}`: not a type name"));
+    }
+    Ok(KnownType {
+        krate,
+        name: name.to_owned(),
+        kind,
+    })
+}
+
+/// The known types: the built-in table, `[known-types]` of `tollgate-audit.toml` at the
+/// audited folder, and `--known-type`.
+fn known_types(root: &Path, args: &AuditArgs) -> Result<Vec<KnownType>, String> {
+    let mut known: Vec<KnownType> = scan::KNOWN_TYPES
+        .iter()
+        .map(|(krate, name, kind)| KnownType {
+            krate: Some((*krate).to_owned()),
+            name: (*name).to_owned(),
+            kind: Some(*kind),
+        })
+        .collect();
+    let config = root.join("tollgate-audit.toml");
+    if config.is_file() {
+        let text =
+            std::fs::read_to_string(&config).map_err(|e| format!("{}: {e}", config.display()))?;
+        let table: toml::Table =
+            toml::from_str(&text).map_err(|e| format!("{}: {e}", config.display()))?;
+        if let Some(types) = table.get("known-types") {
+            let Some(types) = types.as_table() else {
+                return Err(format!(
+                    "{}: [known-types] is not a table",
+                    config.display()
+                ));
+            };
+            for (spec, kind) in types {
+                let Some(kind) = kind.as_str() else {
+                    return Err(format!(
+                        "{}: known type {spec}: the kind is not a string",
+                        config.display()
+                    ));
+                };
+                known.push(
+                    known_type(spec, kind).map_err(|e| format!("{}: {e}", config.display()))?,
+                );
+            }
+        }
+    }
+    for spec in &args.known_type {
+        let Some((ty, kind)) = spec.split_once('=') else {
+            return Err(format!("--known-type {spec}: expected TYPE=KIND"));
+        };
+        known.push(known_type(ty, kind)?);
+    }
+    Ok(known)
 }
 
 /// One finding.
@@ -76,11 +179,19 @@ pub(crate) struct Finding {
     pub(crate) file: String,
     /// The 1-based line.
     pub(crate) line: usize,
-    /// What it is: a stable kebab-case id.
+    /// What it is used for: a stable kebab-case id.
     pub(crate) kind: Kind,
-    /// What it is and why N copies break it.
+    /// Where the state lives: `static`, `state`, `actor`, `task`, `library`.
+    pub(crate) place: Place,
+    /// What the code does with it, in words: "checked, then inserted around the work".
+    pub(crate) used_as: String,
+    /// What it is, where, and its use.
     pub(crate) message: String,
-    /// The tollgate replacement.
+    /// The lines that show the use.
+    pub(crate) evidence: Vec<decide::Evidence>,
+    /// What breaks with N copies, one sentence.
+    pub(crate) breaks: String,
+    /// The fix for that use.
     pub(crate) fix: String,
 }
 
@@ -185,15 +296,38 @@ fn test_module_files(path: &Path, syntax: &syn::File) -> Vec<PathBuf> {
     out
 }
 
-/// The findings under `args.path` and the number of files read.
-fn audit(args: &AuditArgs) -> Result<(Vec<Finding>, usize), String> {
+/// What the audit found under `args.path`.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    /// The findings.
+    pub(crate) findings: Vec<Finding>,
+    /// The number of files read.
+    pub(crate) read: usize,
+    /// The files that were not read.
+    pub(crate) skipped: Vec<Skipped>,
+}
+
+/// The findings under `args.path`, the files read and skipped.
+fn audit(args: &AuditArgs) -> Result<Outcome, String> {
     let root = args.path.as_path();
+    let known = known_types(
+        if root.is_dir() {
+            root
+        } else {
+            Path::new("/nonexistent")
+        },
+        args,
+    )?;
     let mut parsed = Vec::new();
+    let mut skipped = Vec::new();
     for path in rust_files(root, args)? {
         let source = match std::fs::read_to_string(&path) {
             Ok(source) => source,
             Err(error) => {
-                eprintln!("warning: {}: not read: {error}", path.display());
+                skipped.push(Skipped {
+                    file: relative(root, &path),
+                    reason: format!("not read: {error}"),
+                });
                 continue;
             }
         };
@@ -201,12 +335,10 @@ fn audit(args: &AuditArgs) -> Result<(Vec<Finding>, usize), String> {
             Ok(syntax) => parsed.push((path, source, syntax)),
             Err(error) => {
                 let at = error.span().start();
-                eprintln!(
-                    "warning: {}:{}:{}: does not parse, skipped: {error}",
-                    path.display(),
-                    at.line,
-                    at.column + 1
-                );
+                skipped.push(Skipped {
+                    file: relative(root, &path),
+                    reason: format!("does not parse at {}:{}: {error}", at.line, at.column + 1),
+                });
             }
         }
     }
@@ -217,6 +349,7 @@ fn audit(args: &AuditArgs) -> Result<(Vec<Finding>, usize), String> {
         .collect();
     let mut model = Model::default();
     let mut collected = scan::Collected::default();
+    let mut files = Vec::new();
     for (path, source, syntax) in parsed {
         if test_files.contains(&path) {
             continue;
@@ -226,30 +359,42 @@ fn audit(args: &AuditArgs) -> Result<(Vec<Finding>, usize), String> {
             rel: relative(root, &path),
             lines: source.lines().map(str::to_owned).collect(),
             uses: model::Uses::default(),
+            item_names: Vec::new(),
         });
-        scan::collect(&syntax, index, &mut model, &mut collected);
+        scan::collect(&syntax, index, &mut model, &mut collected, &known);
+        files.push((index, syntax));
     }
     let read = model.files.len();
-    Ok((decide::findings(&model, collected), read))
+    let options = decide::Options { all: args.all };
+    let findings = decide::findings(&model, collected, &files, &known, &options);
+    Ok(Outcome {
+        findings,
+        read,
+        skipped,
+    })
 }
 
 /// Runs `tollgate audit`: 0 without findings, 1 with, 2 on an error.
 pub(crate) fn run(args: &AuditArgs) -> ExitCode {
-    let (findings, read) = match audit(args) {
+    let outcome = match audit(args) {
         Ok(result) => result,
         Err(error) => {
             eprintln!("error: {error}");
             return ExitCode::from(2);
         }
     };
+    for skipped in &outcome.skipped {
+        eprintln!("warning: {}: skipped: {}", skipped.file, skipped.reason);
+    }
     let printed = match args.format {
         Format::Text => {
-            print!("{}", report::text(&findings, read));
+            print!("{}", report::text(&outcome));
             Ok(())
         }
-        Format::Json => report::json(&findings).map(|json| println!("{json}")),
-        Format::Sarif => report::sarif(&findings).map(|sarif| println!("{sarif}")),
+        Format::Json => report::json(&outcome).map(|json| println!("{json}")),
+        Format::Sarif => report::sarif(&outcome).map(|sarif| println!("{sarif}")),
     };
+    let findings = outcome.findings;
     if let Err(error) = printed {
         eprintln!("error: {error}");
         return ExitCode::from(2);

@@ -158,6 +158,8 @@ pub(crate) struct SourceFile {
     pub(crate) lines: Vec<String>,
     /// Its `use` declarations.
     pub(crate) uses: Uses,
+    /// The names of its items (functions, types, constants), for hints of what it does.
+    pub(crate) item_names: Vec<String>,
 }
 
 /// Everything collected from the files before the findings are decided.
@@ -376,6 +378,11 @@ impl<'a> Types<'a> {
         &self.model.files[self.file].uses
     }
 
+    /// Whether a path names something of `krate`, as imported in this file.
+    pub(crate) fn is_from(&self, path: &syn::Path, krate: &str) -> bool {
+        self.uses().is_from(path, &[krate])
+    }
+
     fn is_concurrent_map(&self, path: &syn::Path, name: &str) -> bool {
         CONCURRENT_MAPS.contains(&name)
             || (matches!(name, "HashMap" | "HashSet" | "HashIndex" | "TreeIndex")
@@ -403,6 +410,33 @@ impl<'a> Types<'a> {
             Contents::Resource => None,
             Contents::Data => Some(Base::Lock),
         }
+    }
+
+    /// What a type owned by a task or an actor (changed through `&mut self`) holds: a
+    /// collection, a counter; `None` for a resource, a flag or plain data.
+    pub(crate) fn owned(&self, ty: &Type) -> Option<Base> {
+        if let Some(base) = self.shared(ty) {
+            return Some(base);
+        }
+        match self.contents_at(ty, 0) {
+            Contents::Collection(base) => Some(base),
+            Contents::Counter => Some(Base::Counter),
+            Contents::Resource | Contents::Data => None,
+        }
+    }
+
+    /// Whether a type is a cache: of a cache crate, or one of the known cache types.
+    pub(crate) fn is_cache_type(&self, ty: &Type) -> bool {
+        let mut found = false;
+        walk_paths(ty, &mut |path| {
+            if let Some(last) = path.segments.last() {
+                let name = last.ident.to_string();
+                if CACHES.contains(&name.as_str()) || self.is_shared_cache(path, &name) {
+                    found = true;
+                }
+            }
+        });
+        found
     }
 
     fn shared_at(&self, ty: &Type, depth: u8) -> Option<Base> {
@@ -649,6 +683,42 @@ impl<'a> Types<'a> {
     pub(crate) fn is_struct(&self, ty: &Type) -> bool {
         last_segment(ty).is_some_and(|(_, name, _)| self.model.structs.contains_key(&name))
     }
+}
+
+/// Calls `f` on every path in a type.
+pub(crate) fn walk_paths(ty: &Type, f: &mut dyn FnMut(&syn::Path)) {
+    struct Paths<'f>(&'f mut dyn FnMut(&syn::Path));
+    impl<'v> syn::visit::Visit<'v> for Paths<'_> {
+        fn visit_path(&mut self, path: &'v syn::Path) {
+            (self.0)(path);
+            syn::visit::visit_path(self, path);
+        }
+    }
+    syn::visit::Visit::visit_type(&mut Paths(f), ty);
+}
+
+/// The names of the type's path segments, outermost first.
+pub(crate) fn type_names(ty: &Type) -> Vec<String> {
+    let mut names = Vec::new();
+    walk_paths(ty, &mut |path| {
+        for segment in &path.segments {
+            names.push(segment.ident.to_string());
+        }
+    });
+    names
+}
+
+/// Whether a name is one of the locks.
+pub(crate) fn is_lock(name: &str) -> bool {
+    LOCKS.contains(&name) || name == "Semaphore"
+}
+
+/// Whether a name is one of the maps, sets or caches.
+pub(crate) fn is_collection(name: &str) -> bool {
+    MAPS.contains(&name)
+        || CONCURRENT_MAPS.contains(&name)
+        || CACHES.contains(&name)
+        || name.ends_with("Cache")
 }
 
 /// Strips references and the wrappers an application's state comes in (`Arc`, `Box`, …).

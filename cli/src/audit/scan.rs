@@ -47,7 +47,76 @@ pub(crate) struct Collected {
     pub(crate) statics: Vec<Static>,
     /// The limiters found in expressions.
     pub(crate) hits: Vec<Hit>,
+    /// The structs with an actix `impl Actor`: their fields are reached through an `Addr`.
+    pub(crate) actors: Vec<String>,
+    /// The structs built once per connection (`ws::start(X { .. })`, in an `on_upgrade`
+    /// closure, in a function given a socket): not state across requests.
+    pub(crate) per_connection: Vec<String>,
+    /// The collections a task owns and fills from a channel.
+    pub(crate) task_locals: Vec<TaskLocal>,
 }
+
+/// A local collection or counter of a task fed by a channel: `let mut seen = HashSet::new();
+/// while let Some(m) = rx.recv().await { .. }`.
+#[derive(Debug)]
+pub(crate) struct TaskLocal {
+    /// Its name.
+    pub(crate) name: String,
+    /// What it is.
+    pub(crate) base: super::kind::Base,
+    /// A set.
+    pub(crate) set_like: bool,
+    /// What built it, for the sentence: `HashMap::new()`.
+    pub(crate) built: String,
+    /// Where it is declared (the line of its `let`).
+    pub(crate) spot: Spot,
+}
+
+/// A library type known to keep state in process memory, with the kind it is reported as.
+#[derive(Debug, Clone)]
+pub(crate) struct KnownType {
+    /// The crate it must come from, if any (`tower_sessions`).
+    pub(crate) krate: Option<String>,
+    /// The type's name (`MemoryStore`).
+    pub(crate) name: String,
+    /// The kind reported; `None` for a type judged by its use as a map.
+    pub(crate) kind: Option<Kind>,
+}
+
+/// The library types known to keep state in process memory and reported wherever they are
+/// built, beside the limiters recognised by their constructors (tower's, governor's) and the
+/// maps, sets and caches judged by their use (`model.rs`).
+pub(crate) const KNOWN_TYPES: &[(&str, &str, Kind)] = &[
+    ("tower_sessions", "MemoryStore", Kind::InProcessStore),
+    (
+        "tower_sessions_memory_store",
+        "MemoryStore",
+        Kind::InProcessStore,
+    ),
+    ("async_session", "MemoryStore", Kind::InProcessStore),
+    ("axum_sessions", "MemoryStore", Kind::InProcessStore),
+    ("async_sqlx_session", "MemoryStore", Kind::InProcessStore),
+    (
+        "actix_extensible_rate_limit",
+        "InMemoryBackend",
+        Kind::InProcessRateLimit,
+    ),
+    ("actix_ratelimit", "MemoryStore", Kind::InProcessRateLimit),
+    (
+        "actix_ratelimit",
+        "MemoryStoreActor",
+        Kind::InProcessRateLimit,
+    ),
+    ("actix_limitation", "Limiter", Kind::InProcessRateLimit),
+    ("leaky_bucket", "RateLimiter", Kind::InProcessRateLimit),
+    ("ratelimit", "Ratelimiter", Kind::InProcessRateLimit),
+    (
+        "rocket_governor",
+        "RocketGovernor",
+        Kind::InProcessRateLimit,
+    ),
+    ("tollgate", "MemoryStore", Kind::InProcessStore),
+];
 
 /// The crates of in-process rate limiters built on `governor`.
 const GOVERNOR_CRATES: &[&str] = &[
@@ -245,9 +314,193 @@ struct Collector<'a> {
     out: &'a mut Collected,
     lets: Vec<HashMap<String, Vec<Binding>>>,
     item_starts: Vec<usize>,
+    known: &'a [KnownType],
+}
+
+/// The names of the types built in a block: struct literals and `T::new(..)`-like calls.
+fn constructed(block: &syn::Block) -> Vec<String> {
+    struct Built(Vec<String>);
+    impl<'ast> Visit<'ast> for Built {
+        fn visit_expr_struct(&mut self, expr: &'ast syn::ExprStruct) {
+            if let Some(last) = expr.path.segments.last() {
+                self.0.push(last.ident.to_string());
+            }
+            visit::visit_expr_struct(self, expr);
+        }
+        fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+            if let Expr::Path(func) = &*call.func {
+                let n = func.path.segments.len();
+                if n >= 2 {
+                    let owner = func.path.segments[n - 2].ident.to_string();
+                    if owner.starts_with(char::is_uppercase) {
+                        self.0.push(owner);
+                    }
+                }
+            }
+            visit::visit_expr_call(self, call);
+        }
+    }
+    let mut built = Built(Vec::new());
+    built.visit_block(block);
+    built.0
+}
+
+/// Whether a function takes a connection: a websocket, a TCP or Unix stream, an actix-ws
+/// session.
+fn takes_connection(sig: &syn::Signature) -> bool {
+    sig.inputs.iter().any(|input| {
+        let syn::FnArg::Typed(typed) = input else {
+            return false;
+        };
+        super::model::type_names(&typed.ty).iter().any(|name| {
+            matches!(
+                name.as_str(),
+                "WebSocket"
+                    | "WebSocketStream"
+                    | "WsStream"
+                    | "TcpStream"
+                    | "UnixStream"
+                    | "Framed"
+                    | "MessageStream"
+                    | "Upgraded"
+            ) || (name == "Session" && typed.ty.to_token_stream_string().contains("actix_ws"))
+        })
+    })
+}
+
+trait TokensString {
+    fn to_token_stream_string(&self) -> String;
+}
+
+impl<T: quote::ToTokens> TokensString for T {
+    fn to_token_stream_string(&self) -> String {
+        quote::ToTokens::to_token_stream(self).to_string()
+    }
+}
+
+/// Whether a block receives from a channel in a loop: `while let Some(m) = rx.recv().await`,
+/// `loop { select! { m = rx.recv() => .. } }`, `for m in rx`.
+fn receives_in_loop(block: &syn::Block) -> bool {
+    struct Recv {
+        depth: u32,
+        found: bool,
+    }
+    impl<'ast> Visit<'ast> for Recv {
+        fn visit_expr_while(&mut self, expr: &'ast syn::ExprWhile) {
+            self.depth += 1;
+            visit::visit_expr_while(self, expr);
+            self.depth -= 1;
+        }
+        fn visit_expr_loop(&mut self, expr: &'ast syn::ExprLoop) {
+            self.depth += 1;
+            visit::visit_expr_loop(self, expr);
+            self.depth -= 1;
+        }
+        fn visit_expr_for_loop(&mut self, expr: &'ast syn::ExprForLoop) {
+            if let Expr::Path(path) = &*expr.expr
+                && path.path.segments.last().is_some_and(|s| {
+                    let name = s.ident.to_string();
+                    name == "rx" || name.ends_with("_rx") || name.contains("receiver")
+                })
+            {
+                self.found = true;
+            }
+            self.depth += 1;
+            visit::visit_expr_for_loop(self, expr);
+            self.depth -= 1;
+        }
+        fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+            if self.depth > 0
+                && matches!(
+                    call.method.to_string().as_str(),
+                    "recv" | "recv_async" | "recv_many" | "blocking_recv"
+                )
+            {
+                self.found = true;
+            }
+            visit::visit_expr_method_call(self, call);
+        }
+        fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+            // `select!` arms are tokens: a `recv` among them, inside a loop, counts
+            if self.depth > 0 && mac.tokens.to_string().contains(". recv (") {
+                self.found = true;
+            }
+        }
+    }
+    let mut recv = Recv {
+        depth: 0,
+        found: false,
+    };
+    recv.visit_block(block);
+    recv.found
 }
 
 impl Collector<'_> {
+    /// The collections and counters a block that receives in a loop declares as its own.
+    fn task_locals(&mut self, block: &syn::Block) {
+        if !receives_in_loop(block) {
+            return;
+        }
+        for stmt in &block.stmts {
+            let syn::Stmt::Local(local) = stmt else {
+                continue;
+            };
+            let (pat, ty) = match &local.pat {
+                Pat::Type(typed) => (&*typed.pat, Some(&*typed.ty)),
+                other => (other, None),
+            };
+            let Pat::Ident(ident) = pat else {
+                continue;
+            };
+            if ident.mutability.is_none() {
+                continue;
+            }
+            let Some(init) = &local.init else {
+                continue;
+            };
+            let built = quote::ToTokens::to_token_stream(&*init.expr)
+                .to_string()
+                .replace(' ', "");
+            let mut names: Vec<String> = ty.map(super::model::type_names).unwrap_or_default();
+            if let Expr::Call(call) = &*init.expr
+                && let Expr::Path(func) = &*call.func
+            {
+                names.extend(func.path.segments.iter().map(|s| s.ident.to_string()));
+            }
+            let collection = names.iter().find(|n| super::model::is_collection(n));
+            let base = if let Some(name) = collection {
+                if name.ends_with("Cache") {
+                    super::kind::Base::Cache
+                } else {
+                    super::kind::Base::Map
+                }
+            } else if matches!(
+                &*init.expr,
+                Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Int(_),
+                    ..
+                })
+            ) {
+                super::kind::Base::Counter
+            } else {
+                continue;
+            };
+            let set_like = collection.is_some_and(|n| n.ends_with("Set"));
+            let let_line = line(local.let_token.span);
+            self.out.task_locals.push(TaskLocal {
+                name: ident.ident.to_string(),
+                base,
+                set_like,
+                built,
+                spot: Spot {
+                    file: self.file,
+                    line: let_line,
+                    start: let_line,
+                },
+            });
+        }
+    }
+
     fn spot(&self, span: Span) -> Spot {
         Spot {
             file: self.file,
@@ -320,9 +573,9 @@ impl Collector<'_> {
                  copies let N times as many requests in at once"
             ),
             Kind::InProcessStore => format!(
-                "an in-process store ({what}): each copy keeps its own counters, claims and \
-                 records, so N copies admit N times, redeem N times and run a keyed request N \
-                 times"
+                "an in-process store ({what}): each copy keeps its own counters, claims, \
+                 sessions and records, so N copies admit N times, redeem N times and run a \
+                 keyed request N times"
             ),
             _ => format!(
                 "an in-process rate limiter ({what}): each copy counts on its own, so N copies \
@@ -383,6 +636,45 @@ impl Collector<'_> {
         }
     }
 
+    /// A function's body: the types it builds are per connection when it takes a connection;
+    /// its own collections are a task's when it receives from a channel in a loop.
+    fn fn_body(&mut self, sig: &syn::Signature, block: &syn::Block) {
+        if takes_connection(sig) {
+            self.out.per_connection.extend(constructed(block));
+        }
+        self.task_locals(block);
+    }
+
+    /// The known library types built by a call `T::f(..)`.
+    fn known_call(&mut self, path: &syn::Path) {
+        let n = path.segments.len();
+        if n < 2 {
+            return;
+        }
+        let owner = path.segments[n - 2].ident.to_string();
+        let known: Vec<KnownType> = self
+            .known
+            .iter()
+            .filter(|k| {
+                k.name == owner
+                    && k.kind.is_some()
+                    && k.krate.as_deref().is_none_or(|krate| {
+                        self.uses.is_from(path, &[krate])
+                            || path.segments.iter().any(|s| s.ident == krate)
+                    })
+            })
+            .cloned()
+            .collect();
+        for k in known {
+            let Some(kind) = k.kind else { continue };
+            let what = match &k.krate {
+                Some(krate) => format!("{krate}'s `{}`", k.name),
+                None => format!("`{}`", k.name),
+            };
+            self.hit(kind, &what, path.span());
+        }
+    }
+
     fn with_item<F: FnOnce(&mut Self)>(&mut self, start: usize, f: F) {
         self.item_starts.push(start);
         f(self);
@@ -401,6 +693,7 @@ impl<'ast> Visit<'ast> for Collector<'_> {
         if is_test_only(&item.attrs) {
             return;
         }
+        self.fn_body(&item.sig, &item.block);
         self.lets.push(bindings_of(&item.block));
         self.with_item(line(item.span()), |this| visit::visit_item_fn(this, item));
         self.lets.pop();
@@ -410,6 +703,7 @@ impl<'ast> Visit<'ast> for Collector<'_> {
         if is_test_only(&item.attrs) {
             return;
         }
+        self.fn_body(&item.sig, &item.block);
         self.lets.push(bindings_of(&item.block));
         self.with_item(line(item.span()), |this| {
             visit::visit_impl_item_fn(this, item);
@@ -420,6 +714,17 @@ impl<'ast> Visit<'ast> for Collector<'_> {
     fn visit_item_impl(&mut self, item: &'ast syn::ItemImpl) {
         if is_test_only(&item.attrs) {
             return;
+        }
+        if let Some((_, trait_path, _)) = &item.trait_
+            && trait_path
+                .segments
+                .last()
+                .is_some_and(|s| s.ident == "Actor")
+            && (self.uses.is_from(trait_path, &["actix"])
+                || trait_path.segments.iter().any(|s| s.ident == "actix"))
+            && let Some(name) = type_name_of_type(&item.self_ty)
+        {
+            self.out.actors.push(name);
         }
         if let Some((_, trait_path, _)) = &item.trait_ {
             let tonic_attr = item.attrs.iter().any(|attr| {
@@ -596,6 +901,18 @@ impl<'ast> Visit<'ast> for Collector<'_> {
                     self.root_value(arg);
                 }
             }
+            ("on_upgrade", 1) => {
+                if let Some(Expr::Closure(closure)) = call.args.first() {
+                    let body = match &*closure.body {
+                        Expr::Async(block) => Some(&block.block),
+                        Expr::Block(block) => Some(&block.block),
+                        _ => None,
+                    };
+                    if let Some(block) = body {
+                        self.out.per_connection.extend(constructed(block));
+                    }
+                }
+            }
             ("rate_limit", 2) | ("concurrency_limit", 1) if on_service_builder(&call.receiver) => {
                 let kind = if method == "rate_limit" {
                     Kind::InProcessRateLimit
@@ -633,6 +950,32 @@ impl<'ast> Visit<'ast> for Collector<'_> {
             {
                 self.root_value(arg);
             }
+            // an actix websocket actor: one per connection
+            if (last == "start" && owner == "ws") || (owner == "WsResponseBuilder" && last == "new")
+            {
+                if let Some(arg) = call.args.first()
+                    && let Some(name) = self.type_name(arg, 0)
+                {
+                    self.out.per_connection.push(name);
+                }
+            }
+            if matches!(last, "spawn" | "spawn_local" | "spawn_blocking")
+                && let Some(arg) = call.args.first()
+            {
+                let block = match arg {
+                    Expr::Async(block) => Some(&block.block),
+                    Expr::Closure(closure) => match &*closure.body {
+                        Expr::Async(block) => Some(&block.block),
+                        Expr::Block(block) => Some(&block.block),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                if let Some(block) = block {
+                    self.task_locals(block);
+                }
+            }
+            self.known_call(path);
             let span = path.span();
             let governor = self.uses.is_from(path, GOVERNOR_CRATES);
             let tower = self.uses.is_from(path, &["tower"]);
@@ -711,7 +1054,13 @@ fn on_service_builder(mut receiver: &Expr) -> bool {
 }
 
 /// Reads one parsed file into the model and the collection.
-pub(crate) fn collect(file: &syn::File, index: usize, model: &mut Model, out: &mut Collected) {
+pub(crate) fn collect(
+    file: &syn::File,
+    index: usize,
+    model: &mut Model,
+    out: &mut Collected,
+    known: &[KnownType],
+) {
     let uses = uses_of(file);
     let mut collector = Collector {
         file: index,
@@ -720,7 +1069,39 @@ pub(crate) fn collect(file: &syn::File, index: usize, model: &mut Model, out: &m
         out,
         lets: Vec::new(),
         item_starts: Vec::new(),
+        known,
     };
     collector.visit_file(file);
     model.files[index].uses = uses;
+    model.files[index].item_names = item_names(file);
+}
+
+/// The names of a file's items, at every depth: functions, methods, types, constants.
+fn item_names(file: &syn::File) -> Vec<String> {
+    struct Names(Vec<String>);
+    impl<'ast> Visit<'ast> for Names {
+        fn visit_ident(&mut self, ident: &'ast Ident) {
+            self.0.push(ident.to_string());
+        }
+    }
+    let mut names = Names(Vec::new());
+    for item in &file.items {
+        match item {
+            syn::Item::Fn(f) => names.visit_ident(&f.sig.ident),
+            syn::Item::Struct(s) => names.visit_ident(&s.ident),
+            syn::Item::Enum(e) => names.visit_ident(&e.ident),
+            syn::Item::Const(c) => names.visit_ident(&c.ident),
+            syn::Item::Impl(i) => {
+                for item in &i.items {
+                    if let syn::ImplItem::Fn(f) = item {
+                        names.visit_ident(&f.sig.ident);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    names.0.sort();
+    names.0.dedup();
+    names.0
 }
