@@ -36,3 +36,7 @@ pub mod security {
 pub mod metering {
     #![doc = include_str!("../docs/metering.md")]
 }
+
+pub mod outbound {
+    #![doc = include_str!("../docs/outbound.md")]
+}

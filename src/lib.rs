@@ -234,6 +234,7 @@ mod rate_client;
 // the layers
 pub mod concurrency;
 pub mod idempotency;
+pub mod outbound;
 pub mod rate_limit;
 pub mod stack;
 // docs

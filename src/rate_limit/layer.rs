@@ -166,6 +166,13 @@ impl<K> RateLimitLayer<K> {
     }
 }
 
+impl<K> RateLimitLayer<K> {
+    /// The key extractor, shared with the services the layer makes.
+    pub(crate) fn extractor(&self) -> Arc<K> {
+        Arc::clone(&self.extractor)
+    }
+}
+
 impl<S, K> Layer<S> for RateLimitLayer<K> {
     type Service = RateLimit<S, K>;
 

@@ -92,6 +92,7 @@ mod layer;
 mod limits;
 mod meter;
 mod rejection;
+pub(crate) use rejection::Refused;
 mod service;
 mod settings;
 #[cfg(test)]

@@ -21,6 +21,16 @@ pub(crate) enum Rejection {
     MissingKey,
 }
 
+/// Marks a response the layer gave instead of calling the inner service (in its extensions):
+/// an outbound limit turns it into an error of the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The request had no key.
+    MissingKey,
+    /// The limits had no room (or the store was down, under a policy that denies).
+    Denied,
+}
+
 const DENIED: rejection::Rejection = rejection::Rejection {
     status: StatusCode::TOO_MANY_REQUESTS,
     code: Code::ResourceExhausted,
@@ -50,7 +60,9 @@ impl Rejection {
                     code,
                     message: Cow::Owned(settings.missing_key_message.to_string()),
                 };
-                return missing.into_response(wire).map(Into::into);
+                let mut response = missing.into_response(wire).map(ResponseBody::from);
+                response.extensions_mut().insert(Refused::MissingKey);
+                return response;
             }
             Self::Denied(decision) => decision,
         };
@@ -85,6 +97,7 @@ impl Rejection {
             metadata(&decision, headers);
         }
         decision::record(response.extensions_mut(), decision);
+        response.extensions_mut().insert(Refused::Denied);
         response
     }
 }

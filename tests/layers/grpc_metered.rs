@@ -2,7 +2,8 @@
 //! `MemoryStore`, a real `redis-server` and a real PostgreSQL: the usage a tonic handler sends
 //! in its trailers (the status of a stream that ends well, with metadata) settles the budget,
 //! across two copies; a client that cancels the call before the trailers is charged what it
-//! reserved.
+//! reserved. And a tonic channel behind an outbound limit (`build_outbound`): its calls wait for
+//! room, and fail past their patience.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
@@ -192,3 +193,58 @@ async fn trailers_settle_the_budget_across_copies(store: impl RateStore + Clone)
 }
 
 on_memory_redis_postgres!(trailers_settle_the_budget_across_copies);
+
+/// A tonic channel behind an outbound limit: one call a half second, waited for, through tonic's
+/// own client; past its patience a call fails with the limit's error, which tonic carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tonic_channel_waits_for_room() {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    let store = tollgate::store::MemoryStore::new();
+    let addr = serve(budget(store.clone(), "model")).await;
+    let outbound = RateLimitLayer::builder(store)
+        .prefix("calls")
+        .limit(Limit::new("calls", 1, Duration::from_millis(500)))
+        .queue(Duration::from_millis(1_200))
+        .build_outbound()
+        .unwrap();
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let paced = tower::ServiceBuilder::new()
+        .layer(outbound)
+        .service(channel);
+    type Paced = tollgate::outbound::OutboundLimit<Channel, tollgate::key::Global>;
+    let call = |mut client: tonic::client::Grpc<Paced>| async move {
+        client.ready().await.map_err(|e| e.to_string())?;
+        let mut request = tonic::Request::new(Prompt { text: "hi".into() });
+        request
+            .metadata_mut()
+            .insert("x-tenant", "acme".parse().unwrap());
+        let path = http::uri::PathAndQuery::from_static(METHOD);
+        let codec = tonic_prost::ProstCodec::<Prompt, Chunk>::default();
+        let response = client.server_streaming(request, path, codec).await;
+        response.map(|_| ()).map_err(|status| status.to_string())
+    };
+    let client = tonic::client::Grpc::new(paced);
+    let started = Instant::now();
+    call(client.clone()).await.unwrap();
+    call(client.clone()).await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(450),
+        "the second waited"
+    );
+    // three at once: the third's room comes past its patience
+    let (a, b, c) = tokio::join!(
+        call(client.clone()),
+        call(client.clone()),
+        call(client.clone())
+    );
+    assert!(a.is_ok() && b.is_ok(), "{a:?} {b:?}");
+    let refused = c.unwrap_err();
+    assert!(refused.contains("no room for the call"), "{refused}");
+}

@@ -40,6 +40,7 @@ mod hyper;
 mod idempotency;
 mod in_transaction;
 mod limits_in_store;
+mod outbound;
 mod planted_state;
 mod rate_limit_frameworks;
 mod rate_limit_invalidations;

@@ -181,6 +181,15 @@ impl<K> RateLimitLayerBuilder<K> {
         self
     }
 
+    /// The [`queue`](Self::queue)'s patience, `default` when none was set.
+    pub(crate) fn patience_or(
+        mut self,
+        default: std::time::Duration,
+    ) -> (Self, std::time::Duration) {
+        let patience = *self.draft.queue.get_or_insert(default);
+        (self, patience)
+    }
+
     /// How many requests of one caller may wait for room on one copy at once, with a
     /// [`queue`](Self::queue) (default 1,024; at least 1, or [`build`](Self::build) fails): one
     /// more is decided as without a queue. A copy keeps one line per caller that waits, and

@@ -1,0 +1,100 @@
+//! [`OutboundLimitLayer`]: a rate limit on the calls a client makes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::pause::{Pause, Pauses};
+use super::service::{OutboundLimit, Shared};
+use crate::error::ConfigError;
+use crate::key::{Global, KeyExtractor};
+use crate::rate_limit::{RateLimitLayer, RateLimitLayerBuilder};
+
+/// How long a call waits for room unless the builder's
+/// [`queue`](crate::rate_limit::RateLimitLayerBuilder::queue) says otherwise.
+pub(crate) const DEFAULT_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Applies [`OutboundLimit`] to a client: made by
+/// [`RateLimitLayerBuilder::build_outbound`](crate::rate_limit::RateLimitLayerBuilder::build_outbound).
+/// See the [module](super).
+///
+/// Clones share their configuration, and the pauses the provider asked for on this copy.
+pub struct OutboundLimitLayer<K = Global> {
+    rate: RateLimitLayer<K>,
+    shared: Arc<Shared>,
+}
+
+impl<K> Clone for OutboundLimitLayer<K> {
+    fn clone(&self) -> Self {
+        Self {
+            rate: self.rate.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+debug_fields!(OutboundLimitLayer<K> { rate, shared });
+
+impl<K> OutboundLimitLayer<K> {
+    /// The layer of `rate`'s limits, whose calls wait up to `patience`.
+    pub(crate) fn new(rate: RateLimitLayer<K>, patience: Duration) -> Self {
+        Self {
+            rate,
+            shared: Arc::new(Shared {
+                patience,
+                pause: Pause::default(),
+                pauses: Pauses::default(),
+            }),
+        }
+    }
+
+    /// How a provider's `429` or `503` pauses the calls of its key on this copy (default
+    /// [`Pause::default`]).
+    pub fn pause(self, pause: Pause) -> Self {
+        Self {
+            rate: self.rate,
+            shared: Arc::new(Shared {
+                patience: self.shared.patience,
+                pause,
+                pauses: Pauses::default(),
+            }),
+        }
+    }
+
+    /// The rate limit that decides the calls: its policy, peeks, resets and limits in force.
+    pub fn rate_limit(&self) -> &RateLimitLayer<K> {
+        &self.rate
+    }
+}
+
+impl<K> RateLimitLayerBuilder<K> {
+    /// Builds the layer for a client: a limit on the calls it makes (see
+    /// [`outbound`](crate::outbound)). The same as [`build`](Self::build), but a call the limits
+    /// deny waits for room — up to the [`queue`](Self::queue)'s patience, 30 s unless set —
+    /// and fails with [`OutboundError::Limited`](super::OutboundError::Limited) past it; no
+    /// `RateLimit` headers are added to the provider's answers.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build).
+    pub fn build_outbound(self) -> Result<OutboundLimitLayer<K>, ConfigError>
+    where
+        K: KeyExtractor,
+    {
+        let (builder, patience) = self.headers_on_success(false).patience_or(DEFAULT_PATIENCE);
+        Ok(OutboundLimitLayer::new(builder.build()?, patience))
+    }
+}
+
+impl<S, K> Layer<S> for OutboundLimitLayer<K> {
+    type Service = OutboundLimit<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        OutboundLimit::new(
+            self.rate.layer(inner),
+            self.rate.extractor(),
+            Arc::clone(&self.shared),
+        )
+    }
+}

@@ -1,0 +1,131 @@
+//! [`Pause`]: what a provider's `429` or `503` makes a copy do — wait before its next call of
+//! that key — and the pauses in force on this copy.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, StatusCode, header};
+use tokio::time::Instant;
+
+use crate::key::Key;
+
+/// How an [`OutboundLimitLayer`](super::OutboundLimitLayer) reads a provider that says it is
+/// overloaded: a `429 Too Many Requests` or `503 Service Unavailable` pauses the calls of that
+/// key on this copy, for as long as its `Retry-After` says.
+///
+/// What the provider sends may be wrong, and is never trusted further than this:
+///
+/// | `Retry-After` | pause |
+/// | --- | --- |
+/// | seconds (`120`) or an HTTP date in the future | that long, at most [`longest`](Self::longest) (default 5 minutes) |
+/// | missing, unparsable, negative, a date in the past | [`without_retry_after`](Self::without_retry_after) (default 1 s) |
+/// | longer than `longest` | `longest` |
+///
+/// Other statuses pause nothing. A call that finds its key paused waits for the pause to end
+/// when it ends within the call's patience, and fails with
+/// [`OutboundError::Limited`](super::OutboundError::Limited) at once otherwise.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{HeaderMap, StatusCode};
+/// use tollgate::outbound::Pause;
+///
+/// let pause = Pause::default().longest(Duration::from_secs(60));
+/// let mut headers = HeaderMap::new();
+/// headers.insert("retry-after", "7".parse().unwrap());
+/// assert_eq!(pause.of(StatusCode::TOO_MANY_REQUESTS, &headers), Some(Duration::from_secs(7)));
+/// headers.insert("retry-after", "86400".parse().unwrap());
+/// assert_eq!(pause.of(StatusCode::SERVICE_UNAVAILABLE, &headers), Some(Duration::from_secs(60)));
+/// headers.insert("retry-after", "-3".parse().unwrap());
+/// assert_eq!(pause.of(StatusCode::TOO_MANY_REQUESTS, &headers), Some(Duration::from_secs(1)));
+/// assert_eq!(pause.of(StatusCode::OK, &headers), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pause {
+    longest: Duration,
+    without_retry_after: Duration,
+}
+
+impl Default for Pause {
+    fn default() -> Self {
+        Self {
+            longest: Duration::from_secs(300),
+            without_retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Pause {
+    /// The longest pause a provider's answer may cause (default 5 minutes): a longer
+    /// `Retry-After` is taken as this.
+    pub fn longest(self, longest: Duration) -> Self {
+        Self { longest, ..self }
+    }
+
+    /// The pause after a `429` or `503` without a usable `Retry-After` (default 1 s; zero
+    /// pauses nothing).
+    pub fn without_retry_after(self, pause: Duration) -> Self {
+        Self {
+            without_retry_after: pause,
+            ..self
+        }
+    }
+
+    /// The pause an answer of `status` with `headers` causes, if any.
+    pub fn of(&self, status: StatusCode, headers: &HeaderMap) -> Option<Duration> {
+        if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
+            return None;
+        }
+        let said = headers
+            .get(header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(retry_after);
+        let pause = said.unwrap_or(self.without_retry_after).min(self.longest);
+        (!pause.is_zero()).then_some(pause)
+    }
+}
+
+/// A `Retry-After` value as a wait from now: delay-seconds, or an HTTP date in the future.
+fn retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    at.duration_since(SystemTime::now()).ok()
+}
+
+/// The pauses in force on this copy, by key.
+#[derive(Debug, Default)]
+pub(crate) struct Pauses {
+    until: Mutex<HashMap<Key, Instant>>,
+}
+
+impl Pauses {
+    /// Until when calls of `key` wait, if they do.
+    pub(crate) fn until(&self, key: Key) -> Option<Instant> {
+        let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        // ended pauses go as they are met, and all of them once the map grows
+        if until.len() > 1_024 {
+            until.retain(|_, end| *end > now);
+        }
+        match until.get(&key) {
+            Some(end) if *end > now => Some(*end),
+            Some(_) => {
+                until.remove(&key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Pauses the calls of `key` for `pause` from now (a later pause in force is kept).
+    pub(crate) fn pause(&self, key: Key, pause: Duration) {
+        let end = Instant::now() + pause;
+        let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
+        let kept = until.entry(key).or_insert(end);
+        *kept = (*kept).max(end);
+    }
+}

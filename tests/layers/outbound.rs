@@ -1,0 +1,304 @@
+//! Limits on the calls a service makes (`tollgate::outbound`), against a stand-in provider (an
+//! axum server enforcing 100 calls a second as a token bucket — 100 at once, refilled at 100 a
+//! second — answering `429` past it), on a `MemoryStore`, a real
+//! `redis-server` and a real PostgreSQL: four copies of sixteen workers each, calling as fast as
+//! they can through hyper's client, never go over the provider's limit and use nearly all of
+//! it; a provider's `429` with `Retry-After` pauses the copy that got it; a cancelled wait frees
+//! its place.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower::util::BoxCloneService;
+use tower::{ServiceBuilder, ServiceExt};
+
+use tollgate::key::Global;
+use tollgate::outbound::{OutboundError, OutboundLimitLayer};
+use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
+use tollgate::store::RateStore;
+
+/// The provider's limit: calls a second (and at once).
+const PROVIDER_LIMIT: usize = 100;
+/// The share of it the copies are given, by GCRA (the provider's token bucket, on the store's
+/// clock): the rest absorbs the time a call takes from the store's decision to the provider.
+const OURS: u64 = 97;
+const COPIES: usize = 4;
+const WORKERS: usize = 16;
+
+/// The stand-in provider: a token bucket of `limit` calls, refilled at `limit` a second; `429`
+/// with `Retry-After: 1` when it is empty (and a count of each).
+#[derive(Debug)]
+struct Provider {
+    limit: usize,
+    /// The bucket: calls it holds, as of `filled`.
+    tokens: f64,
+    filled: Instant,
+    total: usize,
+    over: usize,
+    /// When each call arrived, accepted or not.
+    arrivals: Vec<Instant>,
+}
+
+type Shared = Arc<Mutex<Provider>>;
+
+async fn call(State(provider): State<Shared>) -> (StatusCode, [(&'static str, &'static str); 1]) {
+    let mut p = provider.lock().unwrap();
+    let now = Instant::now();
+    p.arrivals.push(now);
+    let limit = p.limit as f64;
+    let refill = now.duration_since(p.filled).as_secs_f64() * limit;
+    p.tokens = (p.tokens + refill).min(limit);
+    p.filled = now;
+    if p.tokens < 1.0 {
+        p.over += 1;
+        return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")]);
+    }
+    p.tokens -= 1.0;
+    p.total += 1;
+    (StatusCode::OK, [("x-provider", "ok")])
+}
+
+async fn provider(limit: usize) -> (SocketAddr, Shared) {
+    let shared = Arc::new(Mutex::new(Provider {
+        limit,
+        tokens: limit as f64,
+        filled: Instant::now(),
+        total: 0,
+        over: 0,
+        arrivals: Vec::new(),
+    }));
+    let app = Router::new()
+        .route("/v1/calls", post(call))
+        .with_state(Arc::clone(&shared));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, shared)
+}
+
+/// A copy's client: hyper's, behind the outbound limit.
+type Caller = BoxCloneService<Request<Full<Bytes>>, StatusCode, String>;
+
+fn caller(layer: OutboundLimitLayer<Global>) -> Caller {
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(client)
+            .map_response(|response| response.status())
+            .map_err(|error| match error {
+                OutboundError::Limited(limited) => format!("limited {limited:?}"),
+                other => other.to_string(),
+            }),
+    )
+}
+
+fn outbound(store: impl RateStore, prefix: &str, patience: Duration) -> OutboundLimitLayer<Global> {
+    RateLimitLayer::builder(store)
+        .prefix(prefix)
+        .limit(Limit::per_second("calls", OURS))
+        .algorithm(Algorithm::Gcra)
+        .queue(patience)
+        .build_outbound()
+        .unwrap()
+}
+
+fn post_to(addr: SocketAddr) -> Request<Full<Bytes>> {
+    Request::post(format!("http://{addr}/v1/calls"))
+        .body(Full::default())
+        .unwrap()
+}
+
+/// How long the workers call.
+const RUN: Duration = Duration::from_secs(10);
+
+/// Four copies × sixteen workers calling as fast as they can for ten seconds: the provider
+/// refuses none (none goes over its limit), and at least 95% of its quota is used — what its
+/// bucket holds at first and is refilled with over the ten seconds.
+async fn four_copies_stay_under_the_providers_limit<S: RateStore>(make: impl Fn() -> S) {
+    let (addr, provider) = provider(PROVIDER_LIMIT).await;
+    let prefix = format!("out{:08x}", rand::random::<u32>());
+    let mut workers = JoinSet::new();
+    let start = Instant::now();
+    for _ in 0..COPIES {
+        let caller = caller(outbound(make(), &prefix, Duration::from_secs(5)));
+        for _ in 0..WORKERS {
+            let caller = caller.clone();
+            workers.spawn(async move {
+                let mut errors = Vec::new();
+                while start.elapsed() < RUN {
+                    match caller.clone().oneshot(post_to(addr)).await {
+                        Ok(StatusCode::OK) => {}
+                        Ok(status) => errors.push(status.to_string()),
+                        Err(error) => errors.push(error),
+                    }
+                }
+                errors
+            });
+        }
+    }
+    let errors: Vec<String> = workers.join_all().await.into_iter().flatten().collect();
+    let p = provider.lock().unwrap();
+    assert_eq!(p.over, 0, "calls over the provider's limit");
+    assert!(errors.is_empty(), "{errors:?}");
+    // the calls the workers made within the run (the last ones waited past its end)
+    let within = p
+        .arrivals
+        .iter()
+        .filter(|at| at.duration_since(start) < RUN)
+        .count();
+    // what the bucket holds at first, and what it is refilled with
+    let quota = PROVIDER_LIMIT * (1 + RUN.as_secs() as usize);
+    assert!(within * 100 >= quota * 95, "{within} of {quota} used");
+    assert_eq!(p.total, p.arrivals.len());
+}
+
+/// A provider that answers `429` with `Retry-After: 1` pauses the copy that got it: its next
+/// call waits until the second has passed; and a call cancelled while it waits leaves its place.
+async fn a_providers_429_pauses_the_copy<S: RateStore>(store: S) {
+    // the provider allows 2 a second; the copy thinks it may make 50
+    let (addr, provider) = provider(2).await;
+    let prefix = format!("pause{:08x}", rand::random::<u32>());
+    let layer = RateLimitLayer::builder(store)
+        .prefix(&prefix)
+        .limit(Limit::per_second("calls", 50))
+        .queue(Duration::from_secs(5))
+        .build_outbound()
+        .unwrap();
+    let caller = caller(layer);
+    for _ in 0..2 {
+        assert_eq!(
+            caller.clone().oneshot(post_to(addr)).await,
+            Ok(StatusCode::OK)
+        );
+    }
+    let refused_at = Instant::now();
+    assert_eq!(
+        caller.clone().oneshot(post_to(addr)).await,
+        Ok(StatusCode::TOO_MANY_REQUESTS)
+    );
+    // paused: the next call reaches the provider only once its second has passed
+    assert_eq!(
+        caller.clone().oneshot(post_to(addr)).await,
+        Ok(StatusCode::OK)
+    );
+    let arrivals = provider.lock().unwrap().arrivals.clone();
+    assert_eq!(arrivals.len(), 4);
+    let after = arrivals[3].duration_since(refused_at);
+    assert!(
+        after >= Duration::from_millis(950),
+        "called again after {after:?}"
+    );
+}
+
+/// A line of one: a call waiting for room that is cancelled gives its place to the next.
+async fn a_cancelled_wait_frees_its_place<S: RateStore>(store: S) {
+    let (addr, _provider) = provider(1_000).await;
+    let layer = RateLimitLayer::builder(store)
+        .prefix(format!("cancel{:08x}", rand::random::<u32>()))
+        .limit(Limit::new("calls", 1, Duration::from_millis(500)))
+        .queue(Duration::from_secs(5))
+        .max_waiting(1)
+        .build_outbound()
+        .unwrap();
+    let caller = caller(layer);
+    assert_eq!(
+        caller.clone().oneshot(post_to(addr)).await,
+        Ok(StatusCode::OK)
+    );
+    let waiting = tokio::spawn(caller.clone().oneshot(post_to(addr)));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // the line is full: refused at once
+    let full = caller.clone().oneshot(post_to(addr)).await;
+    assert!(
+        full.as_ref().is_err_and(|e| e.starts_with("limited")),
+        "{full:?}"
+    );
+    waiting.abort();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // its place is free: this one waits, and is made once room comes
+    let started = Instant::now();
+    assert_eq!(
+        caller.clone().oneshot(post_to(addr)).await,
+        Ok(StatusCode::OK)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+mod on_memory {
+    use tollgate::store::MemoryStore;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn four_copies_stay_under_the_providers_limit() {
+        let store = MemoryStore::new();
+        super::four_copies_stay_under_the_providers_limit(|| store.clone()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_providers_429_pauses_the_copy() {
+        super::a_providers_429_pauses_the_copy(MemoryStore::new()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_wait_frees_its_place() {
+        super::a_cancelled_wait_frees_its_place(MemoryStore::new()).await;
+    }
+}
+
+mod on_redis {
+    use crate::common::RedisServer;
+    use crate::rate_limit_invalidations::redis_store;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn four_copies_stay_under_the_providers_limit() {
+        let server = RedisServer::start();
+        super::four_copies_stay_under_the_providers_limit(|| redis_store(&server)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_providers_429_pauses_the_copy() {
+        let server = RedisServer::start();
+        super::a_providers_429_pauses_the_copy(redis_store(&server)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_wait_frees_its_place() {
+        let server = RedisServer::start();
+        super::a_cancelled_wait_frees_its_place(redis_store(&server)).await;
+    }
+}
+
+mod on_postgres {
+    use crate::common::postgres;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn four_copies_stay_under_the_providers_limit() {
+        let store = postgres::store().await;
+        super::four_copies_stay_under_the_providers_limit(|| store.clone()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_providers_429_pauses_the_copy() {
+        super::a_providers_429_pauses_the_copy(postgres::store().await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_wait_frees_its_place() {
+        super::a_cancelled_wait_frees_its_place(postgres::store().await).await;
+    }
+}
