@@ -37,7 +37,8 @@ fn audit_json(path: &Path, extra: &[&str]) -> (i32, Vec<Value>) {
     let mut args = vec!["audit", path.to_str().unwrap(), "--format", "json"];
     args.extend_from_slice(extra);
     let run = tollgate(&args);
-    let findings: Vec<Value> = serde_json::from_str(&run.stdout).unwrap();
+    let out: Value = serde_json::from_str(&run.stdout).unwrap();
+    let findings = out["findings"].as_array().unwrap().clone();
     (run.code, findings)
 }
 
@@ -61,62 +62,61 @@ fn set(expected: &[(&str, u64, &str)]) -> BTreeSet<(String, u64, String)> {
         .collect()
 }
 
-/// Every pattern the audit reports, one finding each; the allowed, test-only and tollgate
-/// items in the same files are not reported.
+/// Every place state is recognised by its type, listed with `--all`: the fixture's items are
+/// declared and barely used, so most are `in-process-state` (no use seen); limiters, stores,
+/// semaphores, names of work done and caches keep their kind.
 const POSITIVES: &[(&str, u64, &str)] = &[
-    // actix `app_data(visits.clone())`, `visits` bound to `web::Data::new(Visits { .. })`
-    ("src/actix.rs", 7, "state-counter"),
-    ("src/actix.rs", 8, "state-map"),
-    // a tonic service: `#[tonic::async_trait] impl Greeter for MyGreeter`; `BillingServer::new`
-    ("src/grpc.rs", 10, "seen-set"),
-    ("src/grpc.rs", 19, "state-counter"),
-    // tower's and governor's limiters; tollgate's `RateLimitLayer::builder` is not one
+    ("src/actix.rs", 7, "in-process-state"),
+    ("src/actix.rs", 8, "in-process-state"),
+    ("src/grpc.rs", 10, "already-done"),
+    ("src/grpc.rs", 19, "in-process-state"),
     ("src/limits.rs", 11, "in-process-rate-limit"),
     ("src/limits.rs", 12, "in-process-concurrency-limit"),
     ("src/limits.rs", 14, "in-process-rate-limit"),
     ("src/limits.rs", 15, "in-process-concurrency-limit"),
     ("src/limits.rs", 16, "in-process-rate-limit"),
     ("src/limits.rs", 17, "in-process-rate-limit"),
-    // tollgate's own in-process store, but not where allowed
     ("src/limits.rs", 23, "in-process-store"),
     ("src/limits.rs", 24, "in-process-store"),
-    // a `Clone` handle to shared locks; an enum's variant in a `*Context`; allowed fields not
-    ("src/registry.rs", 10, "state-map"),
-    ("src/registry.rs", 19, "seen-set"),
-    // the owner's name says "already done"; an alias of `Arc<RwLock<..>>` in a `Clone` struct
-    ("src/registry.rs", 32, "seen-set"),
-    ("src/registry.rs", 40, "state-map"),
-    // axum: the fields of `State<AppState>` (not its config nor pool), a struct inside it, an
-    // alias handed as `State<Db>`, an `Extension<Arc<Mutex<..>>>` once for its two handlers
-    ("src/state.rs", 17, "state-map"),
-    ("src/state.rs", 18, "state-counter"),
-    ("src/state.rs", 19, "state-semaphore"),
-    ("src/state.rs", 20, "seen-set"),
-    ("src/state.rs", 27, "state-cache"),
-    ("src/state.rs", 31, "state-map"),
-    ("src/state.rs", 40, "state-mutex"),
-    // statics: LazyLock, a bare Mutex, an atomic, once_cell, OnceLock, moka, a semaphore,
-    // `static mut`, a lock named as a cache, lazy_static!, thread_local!, inside cfg_if!, and
-    // an allow comment without a reason (which silences nothing)
-    ("src/statics.rs", 11, "static-map"),
-    ("src/statics.rs", 14, "static-mutex"),
-    ("src/statics.rs", 16, "static-counter"),
-    ("src/statics.rs", 18, "static-map"),
-    ("src/statics.rs", 20, "static-mutex"),
-    ("src/statics.rs", 22, "static-cache"),
-    ("src/statics.rs", 24, "static-semaphore"),
-    ("src/statics.rs", 26, "static-counter"),
-    ("src/statics.rs", 28, "static-cache"),
-    ("src/statics.rs", 31, "seen-set"),
-    ("src/statics.rs", 33, "static-counter"),
-    ("src/statics.rs", 37, "static-map"),
-    ("src/statics.rs", 42, "static-mutex"),
-    ("src/statics.rs", 47, "static-counter"),
+    ("src/registry.rs", 10, "in-process-state"),
+    ("src/registry.rs", 19, "already-done"),
+    ("src/registry.rs", 32, "already-done"),
+    ("src/registry.rs", 40, "in-process-state"),
+    ("src/state.rs", 17, "in-process-state"),
+    ("src/state.rs", 18, "in-process-state"),
+    ("src/state.rs", 19, "in-process-concurrency-limit"),
+    ("src/state.rs", 20, "already-done"),
+    ("src/state.rs", 27, "in-process-cache"),
+    ("src/state.rs", 31, "in-process-state"),
+    ("src/state.rs", 40, "in-process-state"),
+    ("src/statics.rs", 11, "in-process-state"),
+    ("src/statics.rs", 14, "in-process-state"),
+    ("src/statics.rs", 16, "in-process-counter"),
+    ("src/statics.rs", 18, "in-process-state"),
+    ("src/statics.rs", 20, "in-process-state"),
+    ("src/statics.rs", 22, "in-process-cache"),
+    ("src/statics.rs", 24, "in-process-concurrency-limit"),
+    ("src/statics.rs", 26, "in-process-state"),
+    ("src/statics.rs", 28, "in-process-cache"),
+    ("src/statics.rs", 31, "already-done"),
+    ("src/statics.rs", 33, "in-process-state"),
+    ("src/statics.rs", 37, "in-process-state"),
+    ("src/statics.rs", 42, "in-process-state"),
+    ("src/statics.rs", 47, "in-process-state"),
 ];
+
+/// Without `--all`: what is judged by its use or its library, not memoising caches nor state
+/// whose use is not seen.
+fn reported(all: &[(&'static str, u64, &'static str)]) -> Vec<(&'static str, u64, &'static str)> {
+    all.iter()
+        .copied()
+        .filter(|(_, _, kind)| *kind != "in-process-state" && *kind != "in-process-cache")
+        .collect()
+}
 
 #[test]
 fn positives_are_exactly_the_expected_findings() {
-    let (code, findings) = audit_json(&fixture("positives"), &[]);
+    let (code, findings) = audit_json(&fixture("positives"), &["--all"]);
     assert_eq!(code, 1);
     assert_eq!(findings.len(), POSITIVES.len());
     assert_eq!(triples(&findings), set(POSITIVES));
@@ -125,65 +125,148 @@ fn positives_are_exactly_the_expected_findings() {
         let keys: BTreeSet<&str> = object.keys().map(String::as_str).collect();
         assert_eq!(
             keys,
-            BTreeSet::from(["file", "line", "kind", "message", "fix"])
+            BTreeSet::from([
+                "file", "line", "kind", "place", "used_as", "message", "evidence", "breaks", "fix"
+            ])
         );
         assert!(!finding["message"].as_str().unwrap().is_empty());
-        assert!(finding["fix"].as_str().unwrap().contains("tollgate::"));
+        assert!(!finding["breaks"].as_str().unwrap().is_empty());
     }
+    let (code, findings) = audit_json(&fixture("positives"), &[]);
+    assert_eq!(code, 1);
+    assert_eq!(triples(&findings), set(&reported(POSITIVES)));
+}
+
+/// The shapes judged by use, one file each.
+const USES: &[(&str, u64, &str)] = &[
+    // an actor's counters: per site, compared with a limit; a total
+    ("src/actor.rs", 7, "in-process-rate-limit"),
+    ("src/actor.rs", 8, "in-process-counter"),
+    // a `DashMap` counted and compared
+    ("src/limiter.rs", 9, "in-process-rate-limit"),
+    // a set checked, then inserted around the work, named `recent`
+    ("src/nonce.rs", 8, "already-done"),
+    // a map owned by a spawned task fed by a channel
+    ("src/task.rs", 14, "in-process-record"),
+];
+
+fn finding_at<'f>(findings: &'f [Value], file: &str, line: u64) -> &'f Value {
+    findings
+        .iter()
+        .find(|f| f["file"] == file && f["line"] == line)
+        .unwrap()
 }
 
 #[test]
-fn messages_name_the_item_and_fixes_name_tollgate_types() {
-    let (_, findings) = audit_json(&fixture("positives"), &[]);
-    let at = |file: &str, line: u64| {
-        findings
-            .iter()
-            .find(|f| f["file"] == file && f["line"] == line)
-            .unwrap()
-    };
-    let sessions = at("src/statics.rs", 11);
+fn state_is_judged_by_its_use() {
+    let (code, findings) = audit_json(&fixture("uses"), &[]);
+    assert_eq!(code, 1);
+    assert_eq!(triples(&findings), set(USES));
+
+    // the nonce set: "already done" by its use, with the lines that check and insert
+    let nonce = finding_at(&findings, "src/nonce.rs", 8);
+    assert_eq!(nonce["used_as"], "checked, then inserted around the work");
+    assert_eq!(nonce["place"], "state");
     assert_eq!(
-        sessions["message"],
-        "a process-wide `LazyLock<Mutex<HashMap<..>>>` in `static SESSIONS`: each copy has its \
-         own, so a record written on one copy is not seen by the others"
+        nonce["evidence"],
+        serde_json::json!([
+            { "file": "src/nonce.rs", "line": 12, "what": "checked" },
+            { "file": "src/nonce.rs", "line": 16, "what": "written" },
+        ])
     );
     assert!(
-        sessions["fix"]
+        nonce["fix"]
             .as_str()
             .unwrap()
             .contains("`tollgate::claim::Claims`")
     );
-    let redeemed = at("src/state.rs", 20);
+
+    // the `DashMap` limiter gets the rate-limit advice
+    let limiter = finding_at(&findings, "src/limiter.rs", 9);
+    assert_eq!(limiter["used_as"], "counted and compared with a limit");
     assert_eq!(
-        redeemed["message"],
-        "`Arc<DashSet<String>>` in field `redeemed` of `AppState`, the application's shared \
-         state: each copy remembers only what it handled itself, so a repeat that reaches another \
-         copy is done again"
+        limiter["evidence"],
+        serde_json::json!([
+            { "file": "src/limiter.rs", "line": 16, "what": "counted" },
+            { "file": "src/limiter.rs", "line": 17, "what": "compared" },
+        ])
     );
     assert!(
-        redeemed["fix"]
-            .as_str()
-            .unwrap()
-            .contains("`tollgate::idempotency::IdempotencyLayer`")
-    );
-    assert!(
-        at("src/limits.rs", 11)["fix"]
+        limiter["fix"]
             .as_str()
             .unwrap()
             .contains("`tollgate::rate_limit::RateLimitLayer`")
     );
-    assert!(
-        at("src/limits.rs", 12)["fix"]
-            .as_str()
-            .unwrap()
-            .contains("`tollgate::concurrency::ConcurrencyLimitLayer`")
+    assert_eq!(
+        limiter["breaks"],
+        "each copy counts on its own, so N copies let a caller through N times the limit"
     );
-    assert!(
-        at("src/statics.rs", 14)["fix"]
-            .as_str()
-            .unwrap()
-            .contains("`tollgate::lock::Locks`")
+
+    // the actor's counters, reached through its address
+    assert_eq!(finding_at(&findings, "src/actor.rs", 7)["place"], "actor");
+    assert_eq!(finding_at(&findings, "src/actor.rs", 8)["place"], "actor");
+    // the task's own map
+    let task = finding_at(&findings, "src/task.rs", 14);
+    assert_eq!(task["place"], "task");
+    assert_eq!(
+        task["evidence"],
+        serde_json::json!([{ "file": "src/task.rs", "line": 16, "what": "written" }])
     );
+}
+
+#[test]
+fn memoising_caches_and_per_connection_state_are_not_findings() {
+    let (_, findings) = audit_json(&fixture("uses"), &["--all"]);
+    let mut expected = USES.to_vec();
+    // memoising caches: listed with `--all` only
+    expected.push(("src/memo.rs", 9, "in-process-cache"));
+    expected.push(("src/memo.rs", 10, "in-process-cache"));
+    assert_eq!(triples(&findings), set(&expected));
+    let profiles = finding_at(&findings, "src/memo.rs", 10);
+    assert_eq!(profiles["used_as"], "memoises fetched or computed data");
+    // `ConnState`, built per connection in a function given the socket, is never listed
+    assert!(findings.iter().all(|f| f["file"] != "src/connection.rs"));
+}
+
+#[test]
+fn a_known_type_is_reported_with_its_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("src")).unwrap();
+    std::fs::write(
+        dir.path().join("src/lib.rs"),
+        "use std::sync::Arc;\n\
+         #[derive(Clone)]\n\
+         pub struct AppState {\n\
+         \x20   limiter: Arc<quota::Bucket>,\n\
+         \x20   sessions: Arc<sess::Sessions>,\n\
+         }\n\
+         pub fn app() { let _ = tower_sessions::MemoryStore::default(); }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("tollgate-audit.toml"),
+        "[known-types]\n\"sess::Sessions\" = \"store\"\n",
+    )
+    .unwrap();
+    let (code, findings) = audit_json(dir.path(), &["--known-type", "quota::Bucket=rate-limit"]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        triples(&findings),
+        set(&[
+            ("src/lib.rs", 4, "in-process-rate-limit"),
+            ("src/lib.rs", 5, "in-process-store"),
+            ("src/lib.rs", 7, "in-process-store"),
+        ])
+    );
+    assert_eq!(finding_at(&findings, "src/lib.rs", 4)["place"], "library");
+    let run = tollgate(&[
+        "audit",
+        dir.path().to_str().unwrap(),
+        "--known-type",
+        "quota::Bucket=fast",
+    ]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("unknown kind `fast`"), "{}", run.stderr);
 }
 
 #[test]
@@ -202,19 +285,28 @@ fn negatives_report_nothing() {
 
 #[test]
 fn tests_folders_are_read_only_when_asked() {
-    let (code, findings) = audit_json(&fixture("negatives"), &["--include-tests"]);
+    let (code, findings) = audit_json(&fixture("negatives"), &["--include-tests", "--all"]);
     assert_eq!(code, 1);
     assert_eq!(
         triples(&findings),
-        set(&[("tests/helpers.rs", 4, "static-mutex")])
+        set(&[("tests/helpers.rs", 4, "in-process-state")])
     );
+    let (code, findings) = audit_json(&fixture("negatives"), &["--all"]);
+    assert_eq!(code, 0);
+    assert!(findings.is_empty());
 }
 
 #[test]
 fn excluded_paths_are_skipped() {
     let (code, findings) = audit_json(
         &fixture("positives"),
-        &["--exclude", "src/statics.rs", "--exclude", "src/limits.rs"],
+        &[
+            "--all",
+            "--exclude",
+            "src/statics.rs",
+            "--exclude",
+            "src/limits.rs",
+        ],
     );
     assert_eq!(code, 1);
     let expected: Vec<_> = POSITIVES
@@ -230,13 +322,7 @@ fn one_file_is_audited_alone() {
     let file = fixture("positives").join("src/grpc.rs");
     let (code, findings) = audit_json(&file, &[]);
     assert_eq!(code, 1);
-    assert_eq!(
-        triples(&findings),
-        set(&[
-            ("grpc.rs", 10, "seen-set"),
-            ("grpc.rs", 19, "state-counter")
-        ])
-    );
+    assert_eq!(triples(&findings), set(&[("grpc.rs", 10, "already-done")]));
 }
 
 #[test]
@@ -246,19 +332,41 @@ fn a_file_that_does_not_parse_is_a_warning_and_skipped() {
     assert_eq!(run.code, 1);
     assert_eq!(
         run.stdout,
-        "src/good.rs\n  line 3: a process-wide `AtomicUsize` in `static HITS`: each copy counts \
-         on its own, so N copies keep N separate totals (and hand out the same numbers) \
-         [static-counter]\n    fix: count in the shared store with one atomic increment (Redis \
-         `INCR`, a database sequence); to limit a caller's requests use \
-         `tollgate::rate_limit::RateLimitLayer`\n\n1 finding in 1 file (1 file read)\n"
+        "src/good.rs\n  line 3: a process-wide `AtomicUsize` in `static HITS`, held in a static: \
+         counted [in-process-counter]\n    seen: counted line 6\n    breaks: N copies keep N \
+         separate totals and hand out the same numbers\n    fix: count with one atomic \
+         increment in the shared store (Redis `INCR`, a database sequence or `UPDATE … SET n = \
+         n + 1 RETURNING n`)\n\nskipped src/bad.rs: does not parse at 1:20: cannot parse \
+         string into token stream\n\n1 finding in 1 file (1 file read, 1 file skipped)\n"
     );
-    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
-    assert!(run.stderr.starts_with("warning: "), "{}", run.stderr);
-    assert!(run.stderr.contains("bad.rs:1:"), "{}", run.stderr);
-    assert!(
-        run.stderr.contains("does not parse, skipped"),
-        "{}",
-        run.stderr
+    assert_eq!(
+        run.stderr,
+        "warning: src/bad.rs: skipped: does not parse at 1:20: cannot parse string into token \
+         stream\n"
+    );
+    let (code, findings) = audit_json(&path, &[]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        triples(&findings),
+        set(&[("src/good.rs", 3, "in-process-counter")])
+    );
+    let run = tollgate(&["audit", path.to_str().unwrap(), "--format", "json"]);
+    let out: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(
+        out["skipped"],
+        serde_json::json!([{
+            "file": "src/bad.rs",
+            "reason": "does not parse at 1:20: cannot parse string into token stream"
+        }])
+    );
+    assert_eq!(out["files_read"], 1);
+    let run = tollgate(&["audit", path.to_str().unwrap(), "--format", "sarif"]);
+    let log: Value = serde_json::from_str(&run.stdout).unwrap();
+    let notes = &log["runs"][0]["invocations"][0]["toolExecutionNotifications"];
+    assert_eq!(notes.as_array().unwrap().len(), 1);
+    assert_eq!(
+        notes[0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"],
+        "src/bad.rs"
     );
 }
 
@@ -284,7 +392,13 @@ fn a_bad_format_is_an_error() {
 #[test]
 fn sarif_has_the_shape_code_scanning_reads() {
     let path = fixture("positives");
-    let run = tollgate(&["audit", path.to_str().unwrap(), "--format", "sarif"]);
+    let run = tollgate(&[
+        "audit",
+        path.to_str().unwrap(),
+        "--format",
+        "sarif",
+        "--all",
+    ]);
     assert_eq!(run.code, 1);
     let log: Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(log["version"], "2.1.0");
@@ -307,23 +421,30 @@ fn sarif_has_the_shape_code_scanning_reads() {
     assert_eq!(
         rule_ids,
         [
-            "static-mutex",
-            "static-map",
-            "static-counter",
-            "static-cache",
-            "static-semaphore",
-            "state-mutex",
-            "state-map",
-            "state-counter",
-            "state-cache",
-            "state-semaphore",
-            "seen-set",
+            "already-done",
             "in-process-rate-limit",
+            "in-process-lock",
             "in-process-concurrency-limit",
+            "in-process-record",
+            "in-process-subscribers",
+            "in-process-counter",
             "in-process-store",
+            "in-process-cache",
+            "in-process-state",
         ]
     );
+    // the fix for each use is the rule's help
+    let help = rules[1]["help"]["text"].as_str().unwrap();
+    assert!(
+        help.starts_with("With N copies: each copy counts on its own"),
+        "{help}"
+    );
+    assert!(
+        help.contains("`tollgate::rate_limit::RateLimitLayer`"),
+        "{help}"
+    );
     for rule in rules {
+        assert!(!rule["help"]["markdown"].as_str().unwrap().is_empty());
         assert!(
             !rule["shortDescription"]["text"]
                 .as_str()
@@ -335,7 +456,8 @@ fn sarif_has_the_shape_code_scanning_reads() {
     assert_eq!(results.len(), POSITIVES.len());
     let mut seen = BTreeSet::new();
     for result in results {
-        assert_eq!(result["level"], "warning");
+        let note = matches!(rule_of(result), "in-process-state" | "in-process-cache");
+        assert_eq!(result["level"], if note { "note" } else { "warning" });
         let rule = result["ruleId"].as_str().unwrap();
         let index = result["ruleIndex"].as_u64().unwrap() as usize;
         assert_eq!(rule_ids[index], rule);
@@ -353,6 +475,10 @@ fn sarif_has_the_shape_code_scanning_reads() {
         ));
     }
     assert_eq!(seen, set(POSITIVES));
+}
+
+fn rule_of(result: &Value) -> &str {
+    result["ruleId"].as_str().unwrap()
 }
 
 #[test]
