@@ -951,13 +951,12 @@ impl<'ast> Visit<'ast> for Collector<'_> {
                 self.root_value(arg);
             }
             // an actix websocket actor: one per connection
-            if (last == "start" && owner == "ws") || (owner == "WsResponseBuilder" && last == "new")
+            if ((last == "start" && owner == "ws")
+                || (owner == "WsResponseBuilder" && last == "new"))
+                && let Some(arg) = call.args.first()
+                && let Some(name) = self.type_name(arg, 0)
             {
-                if let Some(arg) = call.args.first()
-                    && let Some(name) = self.type_name(arg, 0)
-                {
-                    self.out.per_connection.push(name);
-                }
+                self.out.per_connection.push(name);
             }
             if matches!(last, "spawn" | "spawn_local" | "spawn_blocking")
                 && let Some(arg) = call.args.first()

@@ -881,7 +881,7 @@ pub(crate) fn decide(cand: &Candidate, events: &[Event]) -> Decision {
             evidence,
         );
     }
-    if cand.base == Base::Counter {
+    if cand.base == Base::Counter && !events.is_empty() {
         // a value only stored (a timestamp, a gauge) is this copy's own reading
         if let Some(count) = counted {
             return decision(Kind::InProcessCounter, "counted", vec![count]);
