@@ -208,10 +208,11 @@ pub(crate) fn findings(
     let mut candidates: Vec<Candidate> = Vec::new();
     let mut direct: Vec<(Spot, Kind, String, Place)> = Vec::new();
     let roots: HashSet<String> = collected.root_names.iter().cloned().collect();
+    let elsewhere: HashSet<&String> = collected.built_elsewhere.iter().collect();
     let per_connection: HashSet<&String> = collected
         .per_connection
         .iter()
-        .filter(|name| !roots.contains(*name))
+        .filter(|name| !roots.contains(*name) && !elsewhere.contains(name))
         .collect();
 
     let mut places = state_structs(model, &collected);

@@ -218,7 +218,11 @@ fn rust_files(root: &Path, args: &AuditArgs) -> Result<Vec<PathBuf>, String> {
             let name = entry.file_name().to_string_lossy();
             !(name.starts_with('.')
                 || name == "target"
-                || (!args.include_tests && (name == "tests" || name == "benches")))
+                || (!args.include_tests
+                    && (name == "tests"
+                        || name == "benches"
+                        || name.ends_with("test_utils")
+                        || name.ends_with("test-utils"))))
         });
     let mut files = Vec::new();
     for entry in walker {

@@ -318,6 +318,10 @@ const RESOURCE_SUFFIXES: &[&str] = &[
     "JoinSet",
     "Regex",
     "RegexSet",
+    "Repository",
+    "Mailer",
+    "Transport",
+    "Operator",
 ];
 
 /// What a lock guards.

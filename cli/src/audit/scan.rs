@@ -49,9 +49,13 @@ pub(crate) struct Collected {
     pub(crate) hits: Vec<Hit>,
     /// The structs with an actix `impl Actor`: their fields are reached through an `Addr`.
     pub(crate) actors: Vec<String>,
-    /// The structs built once per connection (`ws::start(X { .. })`, in an `on_upgrade`
-    /// closure, in a function given a socket): not state across requests.
+    /// The structs built once per connection or per request (`ws::start(X { .. })`, in an
+    /// `on_upgrade` closure, in a function given a socket or a request): not state across
+    /// requests.
     pub(crate) per_connection: Vec<String>,
+    /// The structs built in functions that take no request nor connection (start-up code):
+    /// state built there may be shared even when it is also built per request.
+    pub(crate) built_elsewhere: Vec<String>,
     /// The collections a task owns and fills from a channel.
     pub(crate) task_locals: Vec<TaskLocal>,
 }
@@ -84,7 +88,7 @@ pub(crate) struct KnownType {
 }
 
 /// The library types known to keep state in process memory and reported wherever they are
-/// built, beside the limiters recognised by their constructors (tower's, governor's) and the
+/// built (the first element is the crate or a module path it must come from), beside the limiters recognised by their constructors (tower's, governor's) and the
 /// maps, sets and caches judged by their use (`model.rs`).
 pub(crate) const KNOWN_TYPES: &[(&str, &str, Kind)] = &[
     ("tower_sessions", "MemoryStore", Kind::InProcessStore),
@@ -116,6 +120,18 @@ pub(crate) const KNOWN_TYPES: &[(&str, &str, Kind)] = &[
         Kind::InProcessRateLimit,
     ),
     ("tollgate", "MemoryStore", Kind::InProcessStore),
+    // mCaptcha's embedded actors: visitor counts per site that set the difficulty, and the
+    // proof-of-work configurations and verification tokens that may be used once
+    (
+        "libmcaptcha::master::embedded",
+        "Master",
+        Kind::InProcessRateLimit,
+    ),
+    (
+        "libmcaptcha::cache::hashcache",
+        "HashCache",
+        Kind::AlreadyDone,
+    ),
 ];
 
 /// The crates of in-process rate limiters built on `governor`.
@@ -345,6 +361,22 @@ fn constructed(block: &syn::Block) -> Vec<String> {
     built.0
 }
 
+/// Whether a function takes a request (`Request`, `HttpRequest`, `ServiceRequest`, `Parts`):
+/// what it builds is built per request.
+fn takes_request(sig: &syn::Signature) -> bool {
+    sig.inputs.iter().any(|input| {
+        let syn::FnArg::Typed(typed) = input else {
+            return false;
+        };
+        super::model::type_names(&typed.ty).iter().any(|name| {
+            matches!(
+                name.as_str(),
+                "Request" | "HttpRequest" | "ServiceRequest" | "Parts" | "RequestParts"
+            )
+        })
+    })
+}
+
 /// Whether a function takes a connection: a websocket, a TCP or Unix stream, an actix-ws
 /// session.
 fn takes_connection(sig: &syn::Signature) -> bool {
@@ -567,21 +599,17 @@ impl Collector<'_> {
     }
 
     fn hit(&mut self, kind: Kind, what: &str, span: Span) {
-        let message = match kind {
-            Kind::InProcessConcurrencyLimit => format!(
-                "an in-process concurrency limit ({what}): each copy has its own permits, so N \
-                 copies let N times as many requests in at once"
-            ),
-            Kind::InProcessStore => format!(
-                "an in-process store ({what}): each copy keeps its own counters, claims, \
-                 sessions and records, so N copies admit N times, redeem N times and run a \
-                 keyed request N times"
-            ),
-            _ => format!(
-                "an in-process rate limiter ({what}): each copy counts on its own, so N copies \
-                 let a caller through N times as often"
-            ),
+        let noun = match kind {
+            Kind::InProcessConcurrencyLimit => "an in-process concurrency limit",
+            Kind::InProcessStore => "an in-process store",
+            Kind::AlreadyDone => "an in-process record of what was done",
+            Kind::InProcessLock => "an in-process lock",
+            Kind::InProcessRecord => "in-process records",
+            Kind::InProcessCounter => "an in-process counter",
+            Kind::InProcessSubscribers => "in-process subscribers",
+            _ => "an in-process rate limiter",
         };
+        let message = format!("{noun} ({what})");
         let spot = self.spot(span);
         self.out.hits.push(Hit {
             kind,
@@ -639,8 +667,10 @@ impl Collector<'_> {
     /// A function's body: the types it builds are per connection when it takes a connection;
     /// its own collections are a task's when it receives from a channel in a loop.
     fn fn_body(&mut self, sig: &syn::Signature, block: &syn::Block) {
-        if takes_connection(sig) {
+        if takes_connection(sig) || takes_request(sig) {
             self.out.per_connection.extend(constructed(block));
+        } else {
+            self.out.built_elsewhere.extend(constructed(block));
         }
         self.task_locals(block);
     }
@@ -651,7 +681,18 @@ impl Collector<'_> {
         if n < 2 {
             return;
         }
-        let owner = path.segments[n - 2].ident.to_string();
+        // through renamed imports: `use lib::master::Master as EmbeddedMaster;`
+        let resolved = self.uses.resolve(path);
+        let parts: Vec<&str> = resolved.split("::").collect();
+        let owner = parts
+            .len()
+            .checked_sub(2)
+            .and_then(|at| parts.get(at))
+            .map_or_else(
+                || path.segments[n - 2].ident.to_string(),
+                |s| (*s).to_owned(),
+            );
+        let module = parts[..parts.len().saturating_sub(2)].join("::");
         let known: Vec<KnownType> = self
             .known
             .iter()
@@ -659,8 +700,11 @@ impl Collector<'_> {
                 k.name == owner
                     && k.kind.is_some()
                     && k.krate.as_deref().is_none_or(|krate| {
-                        self.uses.is_from(path, &[krate])
-                            || path.segments.iter().any(|s| s.ident == krate)
+                        module == krate
+                            || module.starts_with(&format!("{krate}::"))
+                            || (!krate.contains("::")
+                                && (self.uses.is_from(path, &[krate])
+                                    || path.segments.iter().any(|s| s.ident == krate)))
                     })
             })
             .cloned()
