@@ -20,6 +20,7 @@
 //! | permits of a concurrency limit, fencing counter | `<prefix>:cc:{<caller>}`, the same plus `:fence` |
 //! | their queue of waiters, the waiters' places | the permits' key plus `:queue`, `:waiting` |
 //! | release marker of a claim, lock, record or permits | its key plus `:released` |
+//! | a provider's pause of an outbound limit's caller, its (unused) fencing counter | `<prefix>:rl:{<caller>}:pause`, the same plus `:fence` |
 //! | a rate-limit layer's limits in force, their history, its copies | `<prefix>:rl:{limits}`, the same plus `:history`, `:copies` |
 
 use std::sync::Arc;
@@ -156,6 +157,19 @@ pub(crate) fn write_rate_place(out: &mut String, namespace: &str, key: &Key, att
     out.push_str(":{");
     key.write_encoded(out);
     let _ = write!(out, "}}:place:{attempt:016x}");
+}
+
+/// The key of a provider's pause of caller `key` under an outbound limit of `namespace`, and the
+/// fencing counter its reads name (never written), in the caller's slot:
+/// `<namespace>:{<key>}:pause`, the same plus `:fence`.
+pub(crate) fn provider_pause(namespace: &str, key: &Key) -> (String, String) {
+    let mut pause = String::with_capacity(namespace.len() + 32);
+    pause.push_str(namespace);
+    pause.push_str(":{");
+    key.write_encoded(&mut pause);
+    pause.push_str("}:pause");
+    let fence = format!("{pause}:fence");
+    (pause, fence)
 }
 
 /// The key of claim `name`: `<prefix>:claim:{<digest>}`.

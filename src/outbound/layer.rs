@@ -1,15 +1,16 @@
 //! [`OutboundLimitLayer`]: a rate limit on the calls a client makes.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::pause::{Pause, Pauses};
+use super::pause::{Pause, PauseBook};
 use super::service::{OutboundLimit, Shared};
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor};
 use crate::rate_limit::{RateLimitLayer, RateLimitLayerBuilder};
+use crate::store::LockStore;
 
 /// How long a call waits for room unless the builder's
 /// [`queue`](crate::rate_limit::RateLimitLayerBuilder::queue) says otherwise.
@@ -39,27 +40,42 @@ debug_fields!(OutboundLimitLayer<K> { rate, shared });
 impl<K> OutboundLimitLayer<K> {
     /// The layer of `rate`'s limits, whose calls wait up to `patience`.
     pub(crate) fn new(rate: RateLimitLayer<K>, patience: Duration) -> Self {
+        let book = Arc::new(PauseBook::default());
+        // the calls waiting for room are held back while the provider's pause lasts
+        let gate_book = Arc::clone(&book);
+        rate.hold_back(Arc::new(move |key| {
+            let book = Arc::clone(&gate_book);
+            Box::pin(async move { book.paused_until(key).await })
+        }));
         Self {
             rate,
-            shared: Arc::new(Shared {
-                patience,
-                pause: Pause::default(),
-                pauses: Pauses::default(),
-            }),
+            shared: Arc::new(Shared { patience, book }),
         }
     }
 
-    /// How a provider's `429` or `503` pauses the calls of its key on this copy (default
-    /// [`Pause::default`]).
+    /// How a provider's `429` or `503` pauses the calls of its key (default
+    /// [`Pause::default`]); for every clone of the layer.
     pub fn pause(self, pause: Pause) -> Self {
-        Self {
-            rate: self.rate,
-            shared: Arc::new(Shared {
-                patience: self.shared.patience,
-                pause,
-                pauses: Pauses::default(),
-            }),
-        }
+        *self
+            .shared
+            .book
+            .pause
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = pause;
+        self
+    }
+
+    /// Shares the provider's pauses with every copy through `store` (any store of this crate;
+    /// set once, for every clone of the layer): a copy that gets a `429` or `503` writes the
+    /// pause there (a claim that expires with it; one in force is kept, not lengthened), and
+    /// every copy reads it before each call of that key, and before each check of a call
+    /// waiting for room — one more round trip each, none while the copy knows of a pause. A
+    /// store that fails is logged, and the call goes on to its limits.
+    pub fn share_pauses(self, store: impl LockStore) -> Self {
+        let namespace = Arc::from(self.rate.policy().namespace());
+        let store: Arc<dyn LockStore> = Arc::new(store);
+        let _ = self.shared.book.shared.set((store, namespace));
+        self
     }
 
     /// The rate limit that decides the calls: its policy, peeks, resets and limits in force.

@@ -2,13 +2,15 @@
 //! that key — and the pauses in force on this copy.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, StatusCode, header};
 use tokio::time::Instant;
 
 use crate::key::Key;
+use crate::keyspace;
+use crate::store::{ClaimRequest, LockStore};
 
 /// How an [`OutboundLimitLayer`](super::OutboundLimitLayer) reads a provider that says it is
 /// overloaded: a `429 Too Many Requests` or `503 Service Unavailable` pauses the calls of that
@@ -127,5 +129,68 @@ impl Pauses {
         let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
         let kept = until.entry(key).or_insert(end);
         *kept = (*kept).max(end);
+    }
+}
+
+/// The provider's pauses of a layer: how its answers are read, the pauses in force on this
+/// copy, and — when shared — where every copy finds them.
+#[derive(Debug, Default)]
+pub(crate) struct PauseBook {
+    pub(crate) pause: Mutex<Pause>,
+    local: Pauses,
+    /// The store the pauses are shared in, and the namespace of their keys.
+    pub(crate) shared: OnceLock<(Arc<dyn LockStore>, Arc<str>)>,
+}
+
+impl PauseBook {
+    /// Until when calls of `key` wait: a pause of this copy's, or one another copy put in the
+    /// store (then held here too, so that the calls after it do not ask the store again).
+    pub(crate) async fn paused_until(&self, key: Key) -> Option<Instant> {
+        if let Some(until) = self.local.until(key) {
+            return Some(until);
+        }
+        let (store, namespace) = self.shared.get()?;
+        let (pause, fence) = keyspace::provider_pause(namespace, &key);
+        match store.lock_state(&pause, &fence).await {
+            Ok(state) if state.holder.is_some() && !state.lease_left.is_zero() => {
+                self.local.pause(key, state.lease_left);
+                self.local.until(key)
+            }
+            Ok(_) => None,
+            Err(error) => {
+                tracing::debug!(
+                    target: "tollgate::outbound", %error, %key,
+                    "could not read the provider's pause: the call goes on to its limits"
+                );
+                None
+            }
+        }
+    }
+
+    /// The provider answered a call of `key` with `status` and `headers`: a pause, if they
+    /// ask for one, on this copy and — shared — in the store, for every copy (a pause in force
+    /// there is kept, not lengthened).
+    pub(crate) async fn heard(&self, key: Key, status: StatusCode, headers: &HeaderMap) {
+        let pause = self
+            .pause
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .of(status, headers);
+        let Some(pause) = pause else {
+            return;
+        };
+        self.local.pause(key, pause);
+        let Some((store, namespace)) = self.shared.get() else {
+            return;
+        };
+        let (key_of_pause, _) = keyspace::provider_pause(namespace, &key);
+        let request = ClaimRequest::new(key_of_pause, "provider", Some(pause));
+        let deadline = Instant::now() + store.timeout();
+        if let Err(error) = store.claim(request, deadline).await {
+            tracing::warn!(
+                target: "tollgate::outbound", %error, %key,
+                "could not share the provider's pause: other copies learn of it from their own answers"
+            );
+        }
     }
 }

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::error::{Limited, OutboundError};
-use super::pause::{Pause, Pauses};
+use super::pause::PauseBook;
 use crate::key::KeyExtractor;
 use crate::rate_client::DecisionSource;
 use crate::rate_limit::{RateLimit, RateLimitDecision, Refused, ResponseBody};
@@ -22,8 +22,8 @@ use crate::rate_limit::{RateLimit, RateLimitDecision, Refused, ResponseBody};
 pub(crate) struct Shared {
     /// How long a call may wait for room, and for a pause to end.
     pub(crate) patience: Duration,
-    pub(crate) pause: Pause,
-    pub(crate) pauses: Pauses,
+    /// The provider's pauses.
+    pub(crate) book: Arc<PauseBook>,
 }
 
 /// Makes a client's calls only while the limits have room, waiting for it; made by
@@ -112,7 +112,11 @@ where
         let request = Request::from_parts(parts, body);
         let shared = Arc::clone(&self.shared);
         let inner = Box::pin(async move {
-            if let Some(until) = key.and_then(|key| shared.pauses.until(key)) {
+            let paused = match key {
+                Some(key) => shared.book.paused_until(key).await,
+                None => None,
+            };
+            if let Some(until) = paused {
                 let wait = until.saturating_duration_since(Instant::now());
                 if wait > shared.patience {
                     let limited = Limited {
@@ -127,10 +131,11 @@ where
             if let Some(refused) = response.extensions().get::<Refused>() {
                 return Err(refusal(*refused, response.extensions().get()));
             }
-            if let Some(key) = key
-                && let Some(pause) = shared.pause.of(response.status(), response.headers())
-            {
-                shared.pauses.pause(key, pause);
+            if let Some(key) = key {
+                shared
+                    .book
+                    .heard(key, response.status(), response.headers())
+                    .await;
             }
             Ok(response)
         });

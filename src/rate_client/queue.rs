@@ -20,7 +20,9 @@
 //! its future is dropped.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -32,15 +34,27 @@ use crate::key::Key;
 /// How many requests of one caller may wait on one copy, unless told otherwise.
 pub(crate) const DEFAULT_MAX_WAITING: usize = 1_024;
 
+/// Until when a caller's requests are held back whatever their limits say (a provider's pause
+/// of an outbound limit), if they are: asked by the first of a line before each check.
+pub(crate) type Gate =
+    Arc<dyn Fn(Key) -> Pin<Box<dyn Future<Output = Option<Instant>> + Send>> + Send + Sync>;
+
 /// The lines of the callers that wait on this copy.
-#[derive(Debug)]
 pub(crate) struct Queue {
     /// How long a request may wait, from its arrival.
     pub(crate) patience: Duration,
     /// How many requests may wait in one caller's line.
     pub(crate) max_waiting: usize,
     lines: Mutex<HashMap<Key, Line>>,
+    /// Set once, by an outbound limit.
+    gate: OnceLock<Gate>,
 }
+
+debug_fields!(Queue {
+    patience,
+    max_waiting,
+    lines
+});
 
 /// A caller's line: whose turn it is to ask the store, and how many wait.
 #[derive(Debug)]
@@ -64,7 +78,19 @@ impl Queue {
             patience,
             max_waiting,
             lines: Mutex::default(),
+            gate: OnceLock::new(),
         }
+    }
+
+    /// Holds each line back while `gate` says so (set once; later calls change nothing).
+    pub(crate) fn gate(&self, gate: Gate) {
+        let _ = self.gate.set(gate);
+    }
+
+    /// Until when `key`'s requests are held back, if they are.
+    pub(super) async fn held_until(&self, key: Key) -> Option<Instant> {
+        let gate = self.gate.get()?;
+        gate(key).await
     }
 
     fn lines(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Line>> {

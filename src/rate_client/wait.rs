@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::client::{Decided, RateClient};
 use super::queue::Queue;
+use super::source::DecisionSource;
 use super::tiers::Tier;
 use super::verdict::Verdict;
 use crate::rate::RateCheck;
@@ -82,6 +83,17 @@ impl RateClient {
         };
         let mut attempt = check;
         let verdict = loop {
+            if turn.is_some()
+                && let Some(until) = queue.held_until(check.key()).await
+            {
+                // held back (a provider's pause): no check until it ends
+                if until > deadline {
+                    let retry_after = until.saturating_duration_since(Instant::now());
+                    break held_back(&tier, attempt, retry_after);
+                }
+                tokio::time::sleep_until(until).await;
+                denied = None;
+            }
             let verdict = match denied.take() {
                 Some(denied) => denied,
                 None => {
@@ -100,5 +112,19 @@ impl RateClient {
         let waited = arrived.elapsed();
         crate::metrics::rate_wait(&tier.limiter, verdict.admitted, waited);
         Verdict { waited, ..verdict }
+    }
+}
+
+/// The refusal of `check` under `tier`, held back for `retry_after` more, past its patience:
+/// the store was not asked.
+fn held_back(tier: &Arc<Tier>, check: RateCheck, retry_after: Duration) -> Verdict {
+    Verdict {
+        admitted: false,
+        source: DecisionSource::Store,
+        check,
+        retry_after,
+        tier: Arc::clone(tier),
+        states: Vec::new(),
+        waited: Duration::ZERO,
     }
 }

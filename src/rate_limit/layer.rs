@@ -167,6 +167,13 @@ impl<K> RateLimitLayer<K> {
 }
 
 impl<K> RateLimitLayer<K> {
+    /// Holds the requests waiting for room back while `gate` says so (a layer with a queue).
+    pub(crate) fn hold_back(&self, gate: crate::rate_client::Gate) {
+        if let Some(queue) = &self.settings.client.queue {
+            queue.gate(gate);
+        }
+    }
+
     /// The key extractor, shared with the services the layer makes.
     pub(crate) fn extractor(&self) -> Arc<K> {
         Arc::clone(&self.extractor)
