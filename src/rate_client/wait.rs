@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::client::{Decided, RateClient};
 use super::queue::Queue;
@@ -53,7 +54,43 @@ impl RateClient {
 
     /// Waits in `check`'s caller's line until it is admitted, or refused: its room comes after
     /// `deadline`, or the line is full. `denied` is its denial, when it asked before joining.
+    /// In a span `rate_limit.wait` (target `tollgate::rate_limit`) that records the outcome
+    /// and the time waited.
     async fn wait(
+        self: Arc<Self>,
+        tier: Arc<Tier>,
+        check: RateCheck,
+        denied: Option<Verdict>,
+        deadline: Instant,
+    ) -> Verdict {
+        let span = tracing::debug_span!(
+            target: "tollgate::rate_limit",
+            "rate_limit.wait",
+            tollgate.limiter = &*tier.limiter,
+            tollgate.key = %check.key(),
+            tollgate.outcome = tracing::field::Empty,
+            tollgate.waited_ms = tracing::field::Empty,
+        );
+        let verdict = self
+            .wait_in_line(tier, check, denied, deadline)
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "tollgate.outcome",
+            if verdict.admitted {
+                "admitted"
+            } else {
+                "denied"
+            },
+        );
+        span.record(
+            "tollgate.waited_ms",
+            u64::try_from(verdict.waited.as_millis()).unwrap_or(u64::MAX),
+        );
+        verdict
+    }
+
+    async fn wait_in_line(
         self: Arc<Self>,
         tier: Arc<Tier>,
         check: RateCheck,

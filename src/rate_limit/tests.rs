@@ -435,3 +435,67 @@ async fn peek_request_follows_tier_by_and_from_fn_keys_can_be_named() {
     let peeked = layer.peek_request(&head("pro")).await.unwrap().unwrap();
     assert_eq!(peeked.limits[0].remaining, 50);
 }
+
+/// A request that waits for room does so in a span `rate_limit.wait` that says how it ended and
+/// how long it waited; a request admitted at once opens none.
+#[test]
+fn a_wait_is_a_span_with_its_outcome_and_time() {
+    #[derive(Clone, Default)]
+    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Log {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let layer = RateLimitLayer::builder(MemoryStore::new())
+            .limit(Limit::per_second("s", 1))
+            .queue(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let svc = tower::Layer::layer(
+            &layer,
+            service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
+        );
+        for _ in 0..2 {
+            let response = svc.clone().oneshot(Request::new(())).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+        }
+    });
+    let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let waits: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("rate_limit.wait") && line.contains("close"))
+        .collect();
+    assert_eq!(waits.len(), 1, "{log}");
+    assert!(
+        waits[0].contains("tollgate.outcome=\"admitted\""),
+        "{}",
+        waits[0]
+    );
+    let waited: u64 = waits[0]
+        .split("tollgate.waited_ms=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap();
+    assert!((990..=1_010).contains(&waited), "{}", waits[0]);
+}
