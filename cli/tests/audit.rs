@@ -144,6 +144,9 @@ const USES: &[(&str, u64, &str)] = &[
     ("src/actor.rs", 8, "in-process-counter"),
     // a `DashMap` counted and compared
     ("src/limiter.rs", 9, "in-process-rate-limit"),
+    // a static `Mutex<()>` and a map of per-key mutexes, their guards held around the work
+    ("src/lock.rs", 7, "in-process-lock"),
+    ("src/lock.rs", 16, "in-process-lock"),
     // a set checked, then inserted around the work, named `recent`
     ("src/nonce.rs", 8, "already-done"),
     // a map owned by a spawned task fed by a channel
@@ -209,6 +212,24 @@ fn state_is_judged_by_its_use() {
     let task = finding_at(&findings, "src/task.rs", 14);
     assert_eq!(task["place"], "task");
     assert_eq!(
+        task["used_as"],
+        "filled from the messages the task receives"
+    );
+    // the lock's advice: a lease with a fencing token
+    let lock = finding_at(&findings, "src/lock.rs", 7);
+    assert_eq!(lock["used_as"], "locked around the work");
+    assert_eq!(
+        lock["evidence"],
+        serde_json::json!([{ "file": "src/lock.rs", "line": 10, "what": "locked, the guard held" }])
+    );
+    assert!(
+        lock["fix"]
+            .as_str()
+            .unwrap()
+            .contains("`tollgate::lock::Locks`")
+    );
+    assert!(lock["fix"].as_str().unwrap().contains("fencing token"));
+    assert_eq!(
         task["evidence"],
         serde_json::json!([{ "file": "src/task.rs", "line": 16, "what": "written" }])
     );
@@ -224,7 +245,8 @@ fn memoising_caches_and_per_connection_state_are_not_findings() {
     assert_eq!(triples(&findings), set(&expected));
     let profiles = finding_at(&findings, "src/memo.rs", 10);
     assert_eq!(profiles["used_as"], "memoises fetched or computed data");
-    // `ConnState`, built per connection in a function given the socket, is never listed
+    // `ConnState`, built per connection in a function given the socket, and `RequestLog`,
+    // built per request in a function given the request, are never listed
     assert!(findings.iter().all(|f| f["file"] != "src/connection.rs"));
 }
 

@@ -484,15 +484,13 @@ pub(crate) fn findings(
                 what: e.op.verb(),
             })
             .collect();
-        let message = format!("{}, {}: {}", cand.subject, cand.place.held(), decision.how);
-        found.push((
-            cand.spot,
-            decision.kind,
-            message,
-            cand.place,
-            decision.how,
-            evidence,
-        ));
+        let how = if cand.place == Place::Task && decision.kind == Kind::InProcessRecord {
+            "filled from the messages the task receives".to_owned()
+        } else {
+            decision.how
+        };
+        let message = format!("{}, {}: {how}", cand.subject, cand.place.held());
+        found.push((cand.spot, decision.kind, message, cand.place, how, evidence));
     }
     for hit in collected.hits {
         direct.push((hit.spot, hit.kind, hit.message, Place::Library));

@@ -22,17 +22,23 @@ use scan::KnownType;
 pub(crate) const DOCS_URI: &str = "https://crates.io/crates/tollgate-cli";
 
 pub(crate) const LONG_ABOUT: &str = "\
-Report state kept in process memory that several copies of a service would not share.
+Report state kept in process memory that several copies of a service would not share, judged \
+by how the code uses it.
 
-Reads every `.rs` file under PATH (skipping `target/`, hidden folders, and `tests/` and \
-`benches/` unless --include-tests) with a Rust parser and reports what must hold across \
-requests but lives in one process: locks, maps and sets changed at run time, counters, caches \
-and semaphores in statics (`static`, `lazy_static!`, `thread_local!`, `LazyLock`, `OnceLock`) \
-or in the application's state (axum `State`/`Extension`, actix `web::Data`, Rocket `State`, \
-tonic services, structs named `*State`/`*Context`), and in-process rate and concurrency \
-limiters (tower's, governor's), and tollgate's own in-process `MemoryStore`. Read-only values (configuration, a `Regex`, a client pool, \
-metrics) and test code are not reported. A comment `// tollgate: allow(<reason>)` above an item \
-or a field, or at the end of its line, silences it.";
+Reads every `.rs` file under PATH (skipping `target/`, hidden folders, and `tests/`, `benches/` \
+and `*test_utils/` unless --include-tests) with a Rust parser. Candidates are the locks, maps, \
+sets, caches, counters and semaphores in statics, in the application's state (axum \
+`State`/`Extension`, actix `web::Data`, Rocket `State`, tonic services, structs named \
+`*State`/`*Context`), in actix actors and in tasks fed by a channel, and library types known \
+to keep state in process memory (governor, tower's limits, in-process session stores, \
+tollgate's `MemoryStore`; add your own with --known-type). Each candidate's reads and writes \
+are followed through the crate and it is reported by its use: checked then inserted around \
+work (already-done), counted and compared (rate limit), locked around a write (lock), written \
+and read by other requests (record), counted (counter). A cache whose only use is memoising \
+fetched or computed data is not reported (--all lists it), nor is state built per request, \
+per connection or per thread. Each finding names the lines that show its use, what breaks \
+with N copies and the fix. A comment `// tollgate: allow(<reason>)` above an item or a \
+field, or at the end of its line, silences it.";
 
 pub(crate) const AFTER_HELP: &str = "\
 Examples:
@@ -43,12 +49,24 @@ Examples:
 Exit codes: 0 nothing found; 1 findings; 2 an error (an unreadable path). A file that does not \
 parse is named on stderr and skipped.";
 
+/// The JSON document: the findings, the files skipped, the number of files read.
+#[derive(Debug, Serialize)]
+pub(crate) struct JsonOutcome<'a> {
+    /// The findings.
+    pub(crate) findings: &'a [Finding],
+    /// The files not read, with the reason.
+    pub(crate) skipped: &'a [Skipped],
+    /// The number of files read.
+    pub(crate) files_read: usize,
+}
+
 /// The output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Format {
     /// Findings grouped by file, each with its fix, and a summary line.
     Text,
-    /// A JSON array of `{file, line, kind, message, fix}`.
+    /// `{findings: [{file, line, kind, place, used_as, message, evidence, breaks, fix}],
+    /// skipped: [{file, reason}], files_read}`.
     Json,
     /// SARIF 2.1.0, for code scanning (GitHub and others).
     Sarif,

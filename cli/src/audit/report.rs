@@ -87,11 +87,11 @@ fn plural(n: usize, word: &str) -> String {
 
 /// `{"findings": [..], "skipped": [{file, reason}], "files_read": n}`.
 pub(crate) fn json(outcome: &Outcome) -> Result<String, serde_json::Error> {
-    serde_json::to_string_pretty(&json!({
-        "findings": outcome.findings,
-        "skipped": outcome.skipped,
-        "files_read": outcome.read,
-    }))
+    serde_json::to_string_pretty(&super::JsonOutcome {
+        findings: &outcome.findings,
+        skipped: &outcome.skipped,
+        files_read: outcome.read,
+    })
 }
 
 /// A SARIF 2.1.0 log with one run: the rules are the kinds (their `help` the fix for that

@@ -351,6 +351,14 @@ fn constructed(block: &syn::Block) -> Vec<String> {
                     if owner.starts_with(char::is_uppercase) {
                         self.0.push(owner);
                     }
+                } else if let Some(only) = func.path.segments.first() {
+                    // a tuple struct: `RequestLog(..)`
+                    let name = only.ident.to_string();
+                    if name.starts_with(char::is_uppercase)
+                        && !matches!(name.as_str(), "Some" | "Ok" | "Err")
+                    {
+                        self.0.push(name);
+                    }
                 }
             }
             visit::visit_expr_call(self, call);

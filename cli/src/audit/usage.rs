@@ -847,7 +847,7 @@ pub(crate) fn decide(cand: &Candidate, events: &[Event]) -> Decision {
     }
     // a lock held around other work
     if cand.shape.locks
-        && let Some(guard) = first(&[Op::Guard, Op::Lock])
+        && let Some(guard) = first(&[Op::Guard]).or_else(|| first(&[Op::Lock]))
     {
         return decision(Kind::InProcessLock, "locked around the work", vec![guard]);
     }
