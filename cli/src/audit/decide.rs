@@ -7,8 +7,8 @@ use serde::Serialize;
 use super::Finding;
 use super::kind::{Base, Kind, Place, names_cache, names_done_work, words};
 use super::model::{
-    Model, Spot, Types, is_collection, is_lock, is_resource, show, type_names, unwrap_shared,
-    walk_paths,
+    Model, Spot, Types, is_collection, is_lock, is_resource, is_sender_name, show, type_names,
+    unwrap_shared, walk_paths,
 };
 use super::scan::{Collected, KnownType};
 use super::usage::{Candidate, Event, Index, Shape, Target, Uses, decide};
@@ -130,10 +130,20 @@ pub(crate) struct Evidence {
 
 /// The shape of a candidate's type and name.
 fn shape_of(types: &Types<'_>, model: &Model, ty: &syn::Type, name: &str) -> Shape {
-    let names = type_names(ty);
-    let tokens = quote::ToTokens::to_token_stream(ty).to_string();
+    // the type with the aliases it names spelled out (one level): `LockPeer` = `Arc<RwLock<Peer>>`
+    let mut names = Vec::new();
+    let mut tokens = quote::ToTokens::to_token_stream(ty).to_string();
+    for name in type_names(ty) {
+        let alias = model.aliases.get(&name).and_then(|a| a.first());
+        names.push(name);
+        if let Some(alias) = alias {
+            names.extend(type_names(&alias.ty));
+            tokens.push(' ');
+            tokens.push_str(&quote::ToTokens::to_token_stream(&alias.ty).to_string());
+        }
+    }
     let first_collection = names.iter().position(|n| is_collection(n));
-    let set_like = names.iter().any(|n| n.ends_with("Set") && is_collection(n))
+    let set_like = first_collection.is_some_and(|at| names[at].ends_with("Set"))
         || (first_collection.is_some()
             && [
                 ", () >",
@@ -144,14 +154,7 @@ fn shape_of(types: &Types<'_>, model: &Model, ty: &syn::Type, name: &str) -> Sha
             ]
             .iter()
             .any(|end| tokens.contains(end)));
-    let sender = |n: &str| {
-        n.ends_with("Sender")
-            || n.ends_with("Tx")
-            || n.ends_with("Recipient")
-            || n == "Addr"
-            || n.ends_with("SplitSink")
-            || n.ends_with("WebSocket")
-    };
+    let sender = |n: &str| is_sender_name(n);
     let mut senders = first_collection.is_some() && names.iter().any(|n| sender(n));
     if first_collection.is_some() && !senders {
         // a map of a struct or an alias of the code read that holds a sender: `Vec<UserSenders>`
@@ -169,9 +172,15 @@ fn shape_of(types: &Types<'_>, model: &Model, ty: &syn::Type, name: &str) -> Sha
             })
         });
     }
-    let locks = first_collection.is_some_and(|at| names[at + 1..].iter().any(|n| is_lock(n)))
-        || tokens.contains("Mutex < () >");
+    // a lock around nothing, alone or per key: a lock used as a lock
+    let locks = tokens.contains("Mutex < () >")
+        || tokens.contains("RwLock < () >")
+        || first_collection.is_some_and(|at| names[at + 1..].iter().any(|n| n == "Semaphore"));
+    // locks around values inside a collection: records changed in place
+    let mutable_values =
+        !locks && first_collection.is_some_and(|at| names[at + 1..].iter().any(|n| is_lock(n)));
     Shape {
+        mutable_values,
         set_like,
         senders,
         locks,
@@ -216,8 +225,11 @@ pub(crate) fn findings(
         .collect();
 
     let mut places = state_structs(model, &collected);
+    // an actor's fields change through `&mut self` in its handlers, wherever its `Addr` is held
     for actor in &collected.actors {
-        places.entry(actor.clone()).or_insert(Place::Actor);
+        if model.structs.contains_key(actor) {
+            places.insert(actor.clone(), Place::Actor);
+        }
     }
     // a struct that holds a channel's receiving end and collections: a task's own state
     for (name, defs) in &model.structs {

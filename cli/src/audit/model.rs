@@ -422,6 +422,16 @@ impl<'a> Types<'a> {
         if let Some(base) = self.shared(ty) {
             return Some(base);
         }
+        // a struct of the code read (through `Arc`, an alias): its fields are examined where
+        // it is declared
+        let inner = unwrap_shared(ty);
+        if self.is_struct(inner)
+            || self
+                .alias(inner)
+                .is_some_and(|(_, alias)| self.is_struct(unwrap_shared(&alias.ty)))
+        {
+            return None;
+        }
         match self.contents_at(ty, 0) {
             Contents::Collection(base) => Some(base),
             Contents::Counter => Some(Base::Counter),
@@ -478,9 +488,11 @@ impl<'a> Types<'a> {
                     return Some(Base::Counter);
                 }
                 if self.is_concurrent_map(path, name) || self.is_shared_cache(path, name) {
-                    // a map of clients or connections is a pool: each copy has its own
+                    // a map of clients or connections is a pool: each copy has its own; a map
+                    // of senders is a registry of subscribers, judged by its use
                     if args.last().is_some_and(|value| {
                         self.contents_at(value, depth + 1) == Contents::Resource
+                            && !holds_senders(value)
                     }) {
                         return None;
                     }
@@ -535,9 +547,11 @@ impl<'a> Types<'a> {
                 let map = MAPS.contains(&name) || self.is_concurrent_map(path, name);
                 let cache = CACHES.contains(&name) || self.is_shared_cache(path, name);
                 if map || cache {
-                    // a map of clients or connections is a pool: each copy has its own
+                    // a map of clients or connections is a pool: each copy has its own; a map
+                    // of senders is a registry of subscribers, judged by its use
                     if args.last().is_some_and(|value| {
                         self.contents_at(value, depth + 1) == Contents::Resource
+                            && !holds_senders(value)
                     }) {
                         return Contents::Resource;
                     }
@@ -687,6 +701,22 @@ impl<'a> Types<'a> {
     pub(crate) fn is_struct(&self, ty: &Type) -> bool {
         last_segment(ty).is_some_and(|(_, name, _)| self.model.structs.contains_key(&name))
     }
+}
+
+/// Whether a name is the sending end of a channel or a connection's handle: what a registry
+/// of subscribers holds (`Sender`, `Sink`, `Recipient`, actix `Addr`, a websocket).
+pub(crate) fn is_sender_name(name: &str) -> bool {
+    name.ends_with("Sender")
+        || name.ends_with("Sink")
+        || name.ends_with("Tx")
+        || name.ends_with("Recipient")
+        || name == "Addr"
+        || name.ends_with("WebSocket")
+}
+
+/// Whether a type holds senders (see [`is_sender_name`]).
+fn holds_senders(ty: &Type) -> bool {
+    type_names(ty).iter().any(|n| is_sender_name(n))
 }
 
 /// Calls `f` on every path in a type.

@@ -508,22 +508,14 @@ impl Collector<'_> {
                 names.extend(func.path.segments.iter().map(|s| s.ident.to_string()));
             }
             let collection = names.iter().find(|n| super::model::is_collection(n));
-            let base = if let Some(name) = collection {
-                if name.ends_with("Cache") {
-                    super::kind::Base::Cache
-                } else {
-                    super::kind::Base::Map
-                }
-            } else if matches!(
-                &*init.expr,
-                Expr::Lit(syn::ExprLit {
-                    lit: syn::Lit::Int(_),
-                    ..
-                })
-            ) {
-                super::kind::Base::Counter
-            } else {
+            // a task's counters and flags are its own business: only its collections
+            let Some(name) = collection else {
                 continue;
+            };
+            let base = if name.ends_with("Cache") {
+                super::kind::Base::Cache
+            } else {
+                super::kind::Base::Map
             };
             let set_like = collection.is_some_and(|n| n.ends_with("Set"));
             let let_line = line(local.let_token.span);
@@ -676,10 +668,11 @@ impl Collector<'_> {
     /// its own collections are a task's when it receives from a channel in a loop.
     fn fn_body(&mut self, sig: &syn::Signature, block: &syn::Block) {
         if takes_connection(sig) || takes_request(sig) {
+            // built, and collections kept, once per connection or request
             self.out.per_connection.extend(constructed(block));
-        } else {
-            self.out.built_elsewhere.extend(constructed(block));
+            return;
         }
+        self.out.built_elsewhere.extend(constructed(block));
         self.task_locals(block);
     }
 

@@ -58,6 +58,10 @@ pub(crate) enum Op {
     Guard,
     /// `check_key`, `until_key_ready`: a limiter asked.
     Limit,
+    /// `x % n`: an index taken round a list.
+    Modulo,
+    /// `mem::take(&mut *guard)`, `drain`: emptied to be handed on.
+    Drain,
 }
 
 impl Op {
@@ -70,8 +74,10 @@ impl Op {
             | "append" | "set" | "store" | "swap" | "replace" | "or_insert" | "or_default"
             | "and_modify" | "entry" | "insert_if_absent" | "upsert" => Op::Insert,
             "remove" | "pop" | "pop_front" | "pop_back" | "clear" | "retain" | "invalidate"
-            | "invalidate_all" | "remove_entry" | "take" | "drain" | "truncate" | "evict"
-            | "remove_if" => Op::Remove,
+            | "invalidate_all" | "remove_entry" | "take" | "truncate" | "evict" | "remove_if" => {
+                Op::Remove
+            }
+            "drain" | "split_off" => Op::Drain,
             "get_with"
             | "try_get_with"
             | "optionally_get_with"
@@ -106,6 +112,8 @@ impl Op {
             Op::Lock => "locked",
             Op::Guard => "locked, the guard held",
             Op::Limit => "asked as a limiter",
+            Op::Modulo => "taken modulo",
+            Op::Drain => "drained",
         }
     }
 }
@@ -129,6 +137,8 @@ pub(crate) struct Event {
     pub(crate) skip: bool,
     /// A write of a value fetched or computed by a call (`get_…`, `load…`, `fetch…`).
     pub(crate) fetched: bool,
+    /// Inside a task the code spawns (`tokio::spawn(async move { .. })`).
+    pub(crate) spawned: bool,
 }
 
 /// Whether an expression calls something that fetches or computes: a function or method
@@ -211,6 +221,8 @@ pub(crate) struct Shape {
     pub(crate) locks: bool,
     /// A cache type (moka, `LruCache`, …) or a name that says it caches.
     pub(crate) cache: bool,
+    /// Values behind their own locks inside a collection: records changed in place.
+    pub(crate) mutable_values: bool,
 }
 
 /// A piece of state whose use is to be decided.
@@ -329,6 +341,7 @@ pub(crate) struct Uses<'a> {
     impl_self: Option<String>,
     aliases: Vec<HashMap<String, Vec<usize>>>,
     cond: u32,
+    spawned: u32,
     /// Task-owned locals to bind where declared: (file, line of the `let`) to candidate.
     locals: &'a HashMap<(usize, usize), usize>,
 }
@@ -352,6 +365,7 @@ impl<'a> Uses<'a> {
             impl_self: None,
             aliases: vec![HashMap::new()],
             cond: 0,
+            spawned: 0,
             locals,
         }
     }
@@ -477,6 +491,7 @@ impl<'a> Uses<'a> {
                 cond: self.cond > 0,
                 skip: false,
                 fetched,
+                spawned: self.spawned > 0,
             });
         }
     }
@@ -704,6 +719,10 @@ impl<'ast> Visit<'ast> for Uses<'_> {
                 let cands = self.root(&expr.left, 0);
                 self.record(&cands, Op::Count, line);
             }
+            BinOp::Rem(_) => {
+                let cands = self.root(&expr.left, 0);
+                self.record(&cands, Op::Modulo, line);
+            }
             _ => {}
         }
         visit::visit_expr_binary(self, expr);
@@ -714,6 +733,32 @@ impl<'ast> Visit<'ast> for Uses<'_> {
         let fetched = fetches(&expr.right);
         self.record_value(&cands, Op::Insert, expr.eq_token.span.start().line, fetched);
         visit::visit_expr_assign(self, expr);
+    }
+
+    fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+        // `mem::take(&mut *counts)`, `mem::replace(..)`: emptied to be handed on
+        if let Expr::Path(func) = &*call.func
+            && func.path.segments.len() >= 2
+            && func
+                .path
+                .segments
+                .last()
+                .is_some_and(|s| s.ident == "take" || s.ident == "replace" || s.ident == "swap")
+            && let Some(first) = call.args.first()
+        {
+            let cands = self.root(first, 0);
+            self.record(&cands, Op::Drain, first.span().start().line);
+        }
+        let spawns = matches!(&*call.func, Expr::Path(p) if p.path.segments.last().is_some_and(|s| {
+            matches!(s.ident.to_string().as_str(), "spawn" | "spawn_local" | "spawn_blocking")
+        }));
+        if spawns {
+            self.spawned += 1;
+        }
+        visit::visit_expr_call(self, call);
+        if spawns {
+            self.spawned -= 1;
+        }
     }
 
     fn visit_expr_closure(&mut self, closure: &'ast syn::ExprClosure) {
@@ -787,6 +832,14 @@ pub(crate) fn decide(cand: &Candidate, events: &[Event]) -> Decision {
     // counted and compared in one function
     for count in events.iter().filter(|e| e.op == Op::Count) {
         if let Some(compare) = in_func(count.func, &[Op::Compare]).first() {
+            if count.spawned {
+                // the tasks this copy spawns itself, bounded by this copy's own maximum
+                return decision(
+                    Kind::InProcessState,
+                    "counts the tasks this copy spawns: its own capacity",
+                    vec![*count, *compare],
+                );
+            }
             return decision(
                 Kind::InProcessRateLimit,
                 "counted and compared with a limit",
@@ -794,13 +847,34 @@ pub(crate) fn decide(cand: &Candidate, events: &[Event]) -> Decision {
             );
         }
     }
-    // checked, then inserted, in one function
+    // a round-robin index: `NEXT.fetch_add(1) % servers.len()`
+    if let Some(modulo) = first(&[Op::Modulo])
+        && cand.base == Base::Counter
+    {
+        return decision(
+            Kind::InProcessState,
+            "an index taken round a list",
+            vec![modulo],
+        );
+    }
+    // counted, then drained to be written elsewhere: each copy hands on its own increments
+    if let Some(drain) = first(&[Op::Drain])
+        && let Some(count) = first(&[Op::Count])
+        && first(&[Op::Compare]).is_none()
+    {
+        return decision(
+            Kind::InProcessState,
+            "counted, then drained and handed on as increments",
+            vec![count, drain],
+        );
+    }
+    // checked, then inserted, in one function (a cache checked and filled is a memo)
     for check in events
         .iter()
         .filter(|e| e.op == Op::Check || (e.op == Op::Get && e.cond && done && !cand.shape.cache))
     {
         if let Some(insert) = in_func(check.func, &[Op::Insert]).first()
-            && (done || check.op == Op::Check)
+            && (done || (check.op == Op::Check && !cand.shape.cache))
         {
             return decision(
                 Kind::AlreadyDone,
@@ -869,8 +943,25 @@ pub(crate) fn decide(cand: &Candidate, events: &[Event]) -> Decision {
                 .find(|read| !in_func(read.func, &[Op::Insert]).is_empty())
                 .copied()
         });
+    // a cache invalidated where the data changes: the other copies keep the old entry
+    if cand.shape.cache
+        && let Some(remove) = events.iter().find(|e| {
+            e.op == Op::Remove
+                && !events
+                    .iter()
+                    .any(|o| o.func == e.func && matches!(o.op, Op::Get | Op::Insert | Op::Memo))
+        })
+        && let Some(fill) = first(&[Op::Insert, Op::Memo])
+    {
+        return decision(
+            Kind::InProcessRecord,
+            "cached, and invalidated when the data changes",
+            vec![fill, *remove],
+        );
+    }
     let counted = first(&[Op::Count]);
     if !cand.shape.senders
+        && !cand.shape.mutable_values
         && !cand.hint_done
         && (memo.is_some() || (cand.shape.cache && counted.is_none()))
     {
