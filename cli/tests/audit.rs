@@ -149,6 +149,10 @@ const USES: &[(&str, u64, &str)] = &[
     ("src/lock.rs", 16, "in-process-lock"),
     // a set checked, then inserted around the work, named `recent`
     ("src/nonce.rs", 8, "already-done"),
+    // a cache invalidated where the data changes
+    ("src/own.rs", 16, "in-process-record"),
+    // connections registered by user and sent to
+    ("src/subscribers.rs", 9, "in-process-subscribers"),
     // a map owned by a spawned task fed by a channel
     ("src/task.rs", 14, "in-process-record"),
 ];
@@ -239,12 +243,36 @@ fn state_is_judged_by_its_use() {
 fn memoising_caches_and_per_connection_state_are_not_findings() {
     let (_, findings) = audit_json(&fixture("uses"), &["--all"]);
     let mut expected = USES.to_vec();
-    // memoising caches: listed with `--all` only
+    // memoising caches, a round-robin index, counts handed on as increments: `--all` only
     expected.push(("src/memo.rs", 9, "in-process-cache"));
     expected.push(("src/memo.rs", 10, "in-process-cache"));
+    expected.push(("src/own.rs", 7, "in-process-state"));
+    expected.push(("src/own.rs", 15, "in-process-state"));
     assert_eq!(triples(&findings), set(&expected));
     let profiles = finding_at(&findings, "src/memo.rs", 10);
     assert_eq!(profiles["used_as"], "memoises fetched or computed data");
+    assert_eq!(
+        finding_at(&findings, "src/own.rs", 7)["used_as"],
+        "an index taken round a list"
+    );
+    assert_eq!(
+        finding_at(&findings, "src/own.rs", 15)["used_as"],
+        "counted, then drained and handed on as increments"
+    );
+    let tokens = finding_at(&findings, "src/own.rs", 16);
+    assert_eq!(
+        tokens["used_as"],
+        "cached, and invalidated when the data changes"
+    );
+    assert_eq!(
+        tokens["evidence"],
+        serde_json::json!([
+            { "file": "src/own.rs", "line": 31, "what": "computed on a miss" },
+            { "file": "src/own.rs", "line": 36, "what": "removed from" },
+        ])
+    );
+    let hub = finding_at(&findings, "src/subscribers.rs", 9);
+    assert!(hub["fix"].as_str().unwrap().contains("`PUBLISH`"));
     // `ConnState`, built per connection in a function given the socket, and `RequestLog`,
     // built per request in a function given the request, are never listed
     assert!(findings.iter().all(|f| f["file"] != "src/connection.rs"));
