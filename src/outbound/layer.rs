@@ -22,8 +22,8 @@ pub(crate) const DEFAULT_PATIENCE: Duration = Duration::from_secs(30);
 ///
 /// Clones share their configuration, and the pauses the provider asked for on this copy.
 pub struct OutboundLimitLayer<K = Global> {
-    rate: RateLimitLayer<K>,
-    shared: Arc<Shared>,
+    pub(super) rate: RateLimitLayer<K>,
+    pub(super) shared: Arc<Shared>,
 }
 
 impl<K> Clone for OutboundLimitLayer<K> {

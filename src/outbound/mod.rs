@@ -12,7 +12,8 @@
 //! client instead of a server:
 //!
 //! - **Any client that is a `tower::Service<http::Request<_>>`**: hyper-util's client, a tonic
-//!   `Channel`, a `reqwest` client behind a tower adapter.
+//!   `Channel`; and, with the feature `reqwest`, a `reqwest_middleware::ClientWithMiddleware`
+//!   (the layer is a `reqwest_middleware::Middleware`).
 //! - **Waiting, not failing**: a call the limits deny waits for its room (see
 //!   [`queue`](crate::rate_limit::RateLimitLayerBuilder::queue): in arrival order on its copy;
 //!   every copy's first waiter asks the store when room comes), up to the layer's patience
@@ -60,6 +61,8 @@
 mod error;
 mod layer;
 mod pause;
+#[cfg(feature = "reqwest")]
+mod reqwest;
 mod service;
 
 pub use error::{Limited, OutboundError};

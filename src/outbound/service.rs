@@ -144,7 +144,10 @@ where
 }
 
 /// The error of a call the rate limit refused, as its `decision` says.
-fn refusal<E>(refused: Refused, decision: Option<&RateLimitDecision>) -> OutboundError<E> {
+pub(super) fn refusal<E>(
+    refused: Refused,
+    decision: Option<&RateLimitDecision>,
+) -> OutboundError<E> {
     match (refused, decision) {
         (Refused::MissingKey, _) => OutboundError::MissingKey,
         // a denial always carries its decision

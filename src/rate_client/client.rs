@@ -295,7 +295,7 @@ impl Decided {
     }
 
     /// The verdict, once decided.
-    pub(super) async fn resolve(self) -> Verdict {
+    pub(crate) async fn resolve(self) -> Verdict {
         match self {
             Self::Now(verdict) => verdict,
             Self::Pending(pending) => pending.await,

@@ -86,6 +86,8 @@ mod client_tests;
 #[cfg(feature = "serde")]
 mod config;
 mod decision;
+#[cfg(feature = "reqwest")]
+mod direct;
 mod estimate;
 mod future;
 mod layer;

@@ -245,6 +245,62 @@ async fn a_providers_429_pauses_every_copy<S: RateStore + LockStore + Clone>(mak
     assert!(after >= 100, "the calls went on after the pause: {after}");
 }
 
+/// Through `reqwest-middleware`: two copies of eight workers, each copy a
+/// `ClientWithMiddleware` with the outbound limit, the pauses shared; the provider stops taking
+/// calls for a second halfway. It refuses none for its limit, sees none during its pause (but
+/// those on their way), and takes calls again after it.
+async fn reqwest_clients_share_the_quota_and_the_pause<S: RateStore + LockStore + Clone>(
+    make: impl Fn() -> S,
+) {
+    let (addr, provider) = provider(PROVIDER_LIMIT).await;
+    let start = Instant::now();
+    let closed = Duration::from_secs(1);
+    provider.lock().unwrap().closed = Some((start + Duration::from_millis(1_500), closed));
+    let prefix = format!("reqwest{:08x}", rand::random::<u32>());
+    let run = Duration::from_secs(4);
+    let mut workers = JoinSet::new();
+    for _ in 0..2 {
+        let store = make();
+        let layer = outbound(store.clone(), &prefix, Duration::from_secs(5)).share_pauses(store);
+        let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(layer)
+            .build();
+        for _ in 0..8 {
+            let client = client.clone();
+            workers.spawn(async move {
+                let mut errors = Vec::new();
+                while start.elapsed() < run {
+                    match client.post(format!("http://{addr}/v1/calls")).send().await {
+                        Ok(response) if response.status().is_success() => {}
+                        Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => {}
+                        Ok(response) => errors.push(response.status().to_string()),
+                        Err(error) => errors.push(error.to_string()),
+                    }
+                }
+                errors
+            });
+        }
+    }
+    let errors: Vec<String> = workers.join_all().await.into_iter().flatten().collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    let p = provider.lock().unwrap();
+    assert_eq!(p.over, 0, "calls over the provider's limit");
+    let first = p.first_closed.expect("the provider refused a call");
+    let in_flight = Duration::from_millis(100);
+    let during = p
+        .arrivals
+        .iter()
+        .filter(|at| **at >= first + in_flight && **at < first + closed)
+        .count();
+    assert_eq!(during, 0, "calls during the pause, after the first 429");
+    let after = p
+        .arrivals
+        .iter()
+        .filter(|at| **at >= first + closed)
+        .count();
+    assert!(after >= 50, "the calls went on after the pause: {after}");
+}
+
 /// A provider that answers `429` with `Retry-After: 1` pauses the copy that got it: its next
 /// call waits until the second has passed; and a call cancelled while it waits leaves its place.
 async fn a_providers_429_pauses_the_copy<S: RateStore>(store: S) {
@@ -321,6 +377,12 @@ mod on_memory {
     use tollgate::store::MemoryStore;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reqwest_clients_share_the_quota_and_the_pause() {
+        let store = MemoryStore::new();
+        super::reqwest_clients_share_the_quota_and_the_pause(|| store.clone()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn four_copies_stay_under_the_providers_limit() {
         let store = MemoryStore::new();
         super::four_copies_stay_under_the_providers_limit(|| store.clone()).await;
@@ -346,6 +408,12 @@ mod on_memory {
 mod on_redis {
     use crate::common::RedisServer;
     use crate::rate_limit_invalidations::redis_store;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reqwest_clients_share_the_quota_and_the_pause() {
+        let server = RedisServer::start();
+        super::reqwest_clients_share_the_quota_and_the_pause(|| redis_store(&server)).await;
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn four_copies_stay_under_the_providers_limit() {
@@ -374,6 +442,12 @@ mod on_redis {
 
 mod on_postgres {
     use crate::common::postgres;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reqwest_clients_share_the_quota_and_the_pause() {
+        let store = postgres::store().await;
+        super::reqwest_clients_share_the_quota_and_the_pause(|| store.clone()).await;
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn four_copies_stay_under_the_providers_limit() {
