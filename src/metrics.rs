@@ -5,7 +5,7 @@
 //! | series | kind | labels | what |
 //! | --- | --- | --- | --- |
 //! | [`RATE_LIMIT_DECISIONS`] | counter | `limiter`, `outcome`, `source` | rate-limit decisions; `limiter` is the layer's key namespace (`<prefix>:rl`), `outcome` `admitted` or `denied` (in shadow mode a denial is counted as one, though the request goes on), `source` `store`, `deny_cache`, `local_fallback` or `store_unavailable` |
-//! | [`RATE_LIMIT_WAIT`] | histogram (seconds) | `limiter`, `outcome` | how long a request that waited for room ([`queue`](crate::rate_limit::RateLimitLayerBuilder::queue)) waited, from its arrival to its decision; `outcome` `admitted` or `denied` (its room came too late, or its line was full) |
+//! | [`RATE_LIMIT_WAIT`] | histogram (seconds) | `limiter`, `outcome` | how long a request that waited for room ([`queue`](crate::rate_limit::RateLimitLayerBuilder::queue)) waited, from its arrival to its decision; `outcome` `admitted` or `denied` (its room came too late, its patience ended before its turn, or a provider's pause outlasted it) |
 //! | [`STORE_CALL_DURATION`] | histogram (seconds) | `operation` | each call of a [`RedisStore`](crate::store::RedisStore) to Redis or a `PgStore` to PostgreSQL, answered or not; a batch of rate checks is one `rate_check` call |
 //! | [`STORE_ERRORS`] | counter | `operation`, `kind` | failed store calls; `kind` `timeout`, `unavailable`, `protocol` or `config` |
 //! | [`IDEMPOTENCY_REQUESTS`] | counter | `outcome` | keyed requests: `executed` (claimed, the handler ran), `replayed`, `conflict` (another request holds the key), `mismatch` (the key was used with another request), `rejected` (any other refusal: bad key, too large, store down, ...) |

@@ -16,7 +16,9 @@
 //! | `REDIS_URL`       | unset: in-memory store    | the store every copy shares                      |
 //! | `DATABASE_URL`    | unset                     | or: a PostgreSQL database                        |
 //!
-//! It prints one line of what it did and exits 0; an invalid variable exits 2.
+//! It prints one line of what it did and exits 0; an invalid variable exits 2. The calls that
+//! wait for room when `SECONDS` ends are still made (a call waits up to 30 s; it fails after
+//! 45 s, its wait included, when the provider does not answer).
 
 #[path = "../shared/env.rs"]
 pub mod env;
@@ -42,6 +44,9 @@ use tower::{ServiceBuilder, ServiceExt};
 
 const MEMORY_STORE_WARNING: &str = "neither REDIS_URL nor DATABASE_URL is set: using an \
      in-memory store, so the quota holds for this one process only.";
+
+/// How long a call may take, its wait for room included.
+const CALL_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// What the workers saw.
 #[derive(Debug, Default)]
@@ -105,14 +110,15 @@ async fn run() -> Result<(), Failure> {
             while start.elapsed() < run_for {
                 let request = Request::post(calls.as_str()).body(Empty::new());
                 let Ok(request) = request else { break };
-                let counter = match client.clone().oneshot(request).await {
-                    Ok(response) if response.status().is_success() => &seen.ok,
-                    Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
+                // a provider that never answers does not hold the run
+                let call = tokio::time::timeout(CALL_TIMEOUT, client.clone().oneshot(request));
+                let counter = match call.await {
+                    Ok(Ok(response)) if response.status().is_success() => &seen.ok,
+                    Ok(Ok(response)) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
                         &seen.provider_refused
                     }
-                    Ok(_) => &seen.failed,
-                    Err(OutboundError::Limited(_)) => &seen.limited,
-                    Err(_) => &seen.failed,
+                    Ok(Err(OutboundError::Limited(_))) => &seen.limited,
+                    Ok(_) | Err(_) => &seen.failed,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
             }

@@ -23,9 +23,10 @@
 //! - **Costs known after the call**: `cost` reserves an estimate read from the request;
 //!   `settle` / `settle_stream` charge what the provider's response says it used.
 //! - **Learning from the provider**: a `429` or `503` with `Retry-After` pauses the calls of
-//!   that key on this copy until then (see [`Pause`] for how a missing, unparsable or huge
-//!   value is taken). The pause is this copy's: other copies learn of it from their own
-//!   answers.
+//!   that key until then (see [`Pause`] for how a missing, unparsable or huge value is taken):
+//!   on this copy at once, and on every copy with
+//!   [`share_pauses`](OutboundLimitLayer::share_pauses).
+//! - **Patience** counts from the call: a provider's pause waited out is part of it.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {

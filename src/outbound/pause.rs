@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::key::Key;
 use crate::keyspace;
-use crate::store::{ClaimRequest, LockStore};
+use crate::store::{ClaimRequest, Hold, LockStore};
 
 /// How an [`OutboundLimitLayer`](super::OutboundLimitLayer) reads a provider that says it is
 /// overloaded: a `429 Too Many Requests` or `503 Service Unavailable` pauses the calls of that
@@ -22,7 +22,8 @@ use crate::store::{ClaimRequest, LockStore};
 /// | --- | --- |
 /// | seconds (`120`) or an HTTP date in the future | that long, at most [`longest`](Self::longest) (default 5 minutes) |
 /// | missing, unparsable, negative, a date in the past | [`without_retry_after`](Self::without_retry_after) (default 1 s) |
-/// | longer than `longest` | `longest` |
+/// | longer than `longest` (however many digits) | `longest` |
+/// | `0` | none |
 ///
 /// Other statuses pause nothing. A call that finds its key paused waits for the pause to end
 /// when it ends within the call's patience, and fails with
@@ -88,11 +89,16 @@ impl Pause {
     }
 }
 
-/// A `Retry-After` value as a wait from now: delay-seconds, or an HTTP date in the future.
+/// A `Retry-After` value as a wait from now: delay-seconds (more than any clock holds: the
+/// longest), or an HTTP date in the future.
 fn retry_after(value: &str) -> Option<Duration> {
     let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(
+            value
+                .parse::<u64>()
+                .map_or(Duration::MAX, Duration::from_secs),
+        );
     }
     let at = httpdate::parse_http_date(value).ok()?;
     at.duration_since(SystemTime::now()).ok()
@@ -125,7 +131,11 @@ impl Pauses {
 
     /// Pauses the calls of `key` for `pause` from now (a later pause in force is kept).
     pub(crate) fn pause(&self, key: Key, pause: Duration) {
-        let end = Instant::now() + pause;
+        let now = Instant::now();
+        // a pause as long as `Pause::longest(Duration::MAX)` allows ends a year from now
+        let end = now
+            .checked_add(pause)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 60 * 60));
         let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
         let kept = until.entry(key).or_insert(end);
         *kept = (*kept).max(end);
@@ -183,14 +193,44 @@ impl PauseBook {
         let Some((store, namespace)) = self.shared.get() else {
             return;
         };
-        let (key_of_pause, _) = keyspace::provider_pause(namespace, &key);
-        let request = ClaimRequest::new(key_of_pause, "provider", Some(pause));
-        let deadline = Instant::now() + store.timeout();
-        if let Err(error) = store.claim(request, deadline).await {
-            tracing::warn!(
-                target: "tollgate::outbound", %error, %key,
-                "could not share the provider's pause: other copies learn of it from their own answers"
-            );
-        }
+        // written in the background: the answer goes back to the caller at once
+        let store = Arc::clone(store);
+        let (pause_key, fence) = keyspace::provider_pause(namespace, &key);
+        tokio::spawn(async move {
+            let deadline = Instant::now() + store.timeout();
+            let request = ClaimRequest::new(pause_key.clone(), PAUSED_BY, Some(pause));
+            let shared = match store.claim(request, deadline).await {
+                Ok(outcome) if outcome.won => Ok(()),
+                // one in force: lengthened, when this one ends later
+                Ok(_) => lengthen(&*store, pause_key, &fence, pause).await,
+                Err(error) => Err(error),
+            };
+            if let Err(error) = shared {
+                tracing::warn!(
+                    target: "tollgate::outbound", %error, %key,
+                    "could not share the provider's pause: other copies learn of it from their own answers"
+                );
+            }
+        });
     }
+}
+
+/// The holder of every pause in the store.
+const PAUSED_BY: &str = "provider";
+
+/// Lengthens the pause in force at `pause_key` to `pause` from now, if it ends sooner.
+async fn lengthen(
+    store: &dyn LockStore,
+    pause_key: String,
+    fence: &str,
+    pause: Duration,
+) -> Result<(), crate::store::StoreError> {
+    let state = store.lock_state(&pause_key, fence).await?;
+    if state.holder.as_deref() == Some(PAUSED_BY) && state.lease_left < pause {
+        let deadline = Instant::now() + store.timeout();
+        store
+            .extend_if_held(Hold::new(pause_key, PAUSED_BY), pause, deadline)
+            .await?;
+    }
+    Ok(())
 }

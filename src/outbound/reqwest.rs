@@ -86,6 +86,7 @@ impl<K: KeyExtractor> reqwest_middleware::Middleware for OutboundLimitLayer<K> {
         'c: 'd,
     {
         Box::pin(async move {
+            let arrived = Instant::now();
             let head = head_of(&request)?;
             let key = self.rate.extractor().extract(&head);
             let book = &self.shared.book;
@@ -104,7 +105,7 @@ impl<K: KeyExtractor> reqwest_middleware::Middleware for OutboundLimitLayer<K> {
             }
             let direct = self
                 .rate
-                .decide_direct(&head)
+                .decide_direct(&head, arrived)
                 .await
                 .map_err(|(refused, decision)| failed(refusal(refused, decision.as_ref())))?;
             let response = next.run(request, extensions).await?;

@@ -14,7 +14,7 @@ use tower_service::Service;
 use super::error::{Limited, OutboundError};
 use super::pause::PauseBook;
 use crate::key::KeyExtractor;
-use crate::rate_client::DecisionSource;
+use crate::rate_client::{ArrivedAt, DecisionSource};
 use crate::rate_limit::{RateLimit, RateLimitDecision, Refused, ResponseBody};
 
 /// What every clone of a layer and of its services shares.
@@ -107,8 +107,10 @@ where
         // the clone goes on serving; the instance `poll_ready` readied makes this call
         let clone = self.rate.clone();
         let mut ready = std::mem::replace(&mut self.rate, clone);
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         let key = self.key.extract(&parts);
+        // the call's patience counts from now, the provider's pause included
+        parts.extensions.insert(ArrivedAt(Instant::now()));
         let request = Request::from_parts(parts, body);
         let shared = Arc::clone(&self.shared);
         let inner = Box::pin(async move {

@@ -103,9 +103,15 @@ impl RateClient {
     /// Decides `check` under `tier`: a slice of the caller's with room admits it, then a denial
     /// of the store still in force denies it, then the store (through the leases, on a leased
     /// tier) decides. With a [queue](super::queue), a denied request may then wait for room.
-    pub(crate) fn decide(self: &Arc<Self>, tier: &Arc<Tier>, check: RateCheck) -> Decided {
+    /// A request's patience counts from `arrived`, or from now when `None`.
+    pub(crate) fn decide(
+        self: &Arc<Self>,
+        tier: &Arc<Tier>,
+        check: RateCheck,
+        arrived: Option<Instant>,
+    ) -> Decided {
         match &self.queue {
-            Some(queue) => self.decide_queued(queue, tier, check),
+            Some(queue) => self.decide_queued(queue, tier, check, arrived),
             None => self.decide_now(tier, check),
         }
     }

@@ -39,7 +39,7 @@ pub(crate) use client::{Decided, Pending, RateClient};
 pub(crate) use deny_cache::{DenyCache, MAX_AGE};
 pub(crate) use fallback::DEFAULT_CAPACITY as FALLBACK_CAPACITY;
 pub(crate) use invalidated::{Invalidated, Listener};
-pub(crate) use queue::{DEFAULT_MAX_WAITING, Gate, Queue};
+pub(crate) use queue::{ArrivedAt, DEFAULT_MAX_WAITING, Gate, LONGEST_PATIENCE, Queue};
 pub(crate) use recipe::TierRecipe;
 pub use source::DecisionSource;
 pub(crate) use tiers::{LimitsFn, Tier, TierFn, TierOptions};

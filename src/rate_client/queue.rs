@@ -15,9 +15,12 @@
 //!
 //! A request waits at most its patience, counted from its arrival, plus the round trip of its
 //! last check: a waiter whose room comes later than that is refused at once, with the store's
-//! `Retry-After`. A line holds at most [`max_waiting`](crate::rate_limit::RateLimitLayerBuilder::max_waiting) requests; one more is
+//! `Retry-After`; one whose patience ends before its turn comes is refused then, without asking
+//! the store (the first of its line had no room yet), with the time the first expects room. A
+//! cost larger than a limit's quota never waits. A line holds at most
+//! [`max_waiting`](crate::rate_limit::RateLimitLayerBuilder::max_waiting) requests; one more is
 //! decided as without a queue. A request that goes away (the client left) leaves its line as
-//! its future is dropped.
+//! its future is dropped. Lines are a caller's under one tier.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -28,8 +31,18 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::source::DecisionSource;
+use super::tiers::Tier;
 use super::verdict::Verdict;
 use crate::key::Key;
+
+/// When a request arrived, when a layer before the rate limit already counts its patience (an
+/// outbound limit, which may first have waited out a provider's pause): in its extensions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ArrivedAt(pub(crate) Instant);
+
+/// The longest patience a queue takes: a day (a longer one is refused when the layer is built,
+/// so that no deadline overflows the clock).
+pub(crate) const LONGEST_PATIENCE: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// How many requests of one caller may wait on one copy, unless told otherwise.
 pub(crate) const DEFAULT_MAX_WAITING: usize = 1_024;
@@ -45,7 +58,7 @@ pub(crate) struct Queue {
     pub(crate) patience: Duration,
     /// How many requests may wait in one caller's line.
     pub(crate) max_waiting: usize,
-    lines: Mutex<HashMap<Key, Line>>,
+    lines: Mutex<HashMap<LineOf, Line>>,
     /// Set once, by an outbound limit.
     gate: OnceLock<Gate>,
 }
@@ -56,20 +69,48 @@ debug_fields!(Queue {
     lines
 });
 
+/// Whose line: a caller's under one tier (the tier's address; a tier rebuilt by a change of
+/// limits starts a line of its own, and the old one drains).
+type LineOf = (usize, Key);
+
 /// A caller's line: whose turn it is to ask the store, and how many wait.
 #[derive(Debug)]
 struct Line {
     /// Held by the first of the line; handed on in arrival order (Tokio's mutex is fair).
     turn: Arc<tokio::sync::Mutex<()>>,
     waiting: usize,
+    /// When the first of the line expects room (the store's word at its last check).
+    room_at: Option<Instant>,
 }
 
 /// A request's place in its caller's line: leaves it when dropped (admitted, refused or gone).
 pub(super) struct Place<'a> {
     queue: &'a Queue,
-    key: Key,
+    line: LineOf,
     /// The line's turn: whoever holds it asks the store.
     pub(super) turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Place<'_> {
+    /// The first of the line expects room at `at`.
+    pub(super) fn expect_room(&self, at: Instant) {
+        if let Some(line) = self.queue.lines().get_mut(&self.line) {
+            line.room_at = Some(at);
+        }
+    }
+
+    /// When the first of the line expects room, if it said.
+    pub(super) fn room_at(&self) -> Option<Instant> {
+        self.queue
+            .lines()
+            .get(&self.line)
+            .and_then(|line| line.room_at)
+    }
+}
+
+/// The line of `key` under `tier`.
+fn line_of(tier: &Arc<Tier>, key: Key) -> LineOf {
+    (Arc::as_ptr(tier) as usize, key)
 }
 
 impl Queue {
@@ -93,21 +134,23 @@ impl Queue {
         gate(key).await
     }
 
-    fn lines(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Line>> {
+    fn lines(&self) -> std::sync::MutexGuard<'_, HashMap<LineOf, Line>> {
         self.lines.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether requests of caller `key` wait on this copy.
-    pub(super) fn has_line(&self, key: Key) -> bool {
-        self.lines().contains_key(&key)
+    /// Whether requests of caller `key` under `tier` wait on this copy.
+    pub(super) fn has_line(&self, tier: &Arc<Tier>, key: Key) -> bool {
+        self.lines().contains_key(&line_of(tier, key))
     }
 
-    /// A place at the end of `key`'s line; `None` when the line is full.
-    pub(super) fn join(&self, key: Key) -> Option<Place<'_>> {
+    /// A place at the end of `key`'s line under `tier`; `None` when the line is full.
+    pub(super) fn join(&self, tier: &Arc<Tier>, key: Key) -> Option<Place<'_>> {
+        let of = line_of(tier, key);
         let mut lines = self.lines();
-        let line = lines.entry(key).or_insert_with(|| Line {
+        let line = lines.entry(of).or_insert_with(|| Line {
             turn: Arc::default(),
             waiting: 0,
+            room_at: None,
         });
         if line.waiting >= self.max_waiting {
             return None;
@@ -115,30 +158,39 @@ impl Queue {
         line.waiting += 1;
         Some(Place {
             queue: self,
-            key,
+            line: of,
             turn: Arc::clone(&line.turn),
         })
     }
 
     /// Whether a request denied by `verdict` waits for room: denied by the limits (not by the
-    /// failure policy), with room coming before `deadline`.
+    /// failure policy), for a cost every limit can hold, with room coming before `deadline`.
     pub(super) fn waits_on(verdict: &Verdict, deadline: Instant) -> bool {
+        let fits = verdict
+            .tier
+            .policy
+            .limits()
+            .iter()
+            .all(|limit| verdict.check.cost() <= limit.quota());
         !verdict.admitted
+            && fits
             && matches!(
                 verdict.source,
                 DecisionSource::Store | DecisionSource::DenyCache
             )
-            && Instant::now() + verdict.retry_after <= deadline
+            && Instant::now()
+                .checked_add(verdict.retry_after)
+                .is_some_and(|room| room <= deadline)
     }
 }
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
         let mut lines = self.queue.lines();
-        if let Some(line) = lines.get_mut(&self.key) {
+        if let Some(line) = lines.get_mut(&self.line) {
             line.waiting -= 1;
             if line.waiting == 0 {
-                lines.remove(&self.key);
+                lines.remove(&self.line);
             }
         }
     }

@@ -27,11 +27,14 @@ impl RateClient {
         queue: &Queue,
         tier: &Arc<Tier>,
         check: RateCheck,
+        arrived: Option<Instant>,
     ) -> Decided {
-        let deadline = Instant::now() + queue.patience;
+        let arrived = arrived.unwrap_or_else(Instant::now);
+        // the builder holds patience to a day: no overflow, but never a panic either
+        let deadline = arrived.checked_add(queue.patience).unwrap_or(arrived);
         let client = Arc::clone(self);
         let tier = Arc::clone(tier);
-        if queue.has_line(check.key()) {
+        if queue.has_line(&tier, check.key()) {
             return Decided::queued(async move { client.wait(tier, check, None, deadline).await });
         }
         match self.decide_now(&tier, check) {
@@ -100,8 +103,8 @@ impl RateClient {
         let Some(queue) = self.queue.as_ref() else {
             return self.decide_now(&tier, check).resolve().await;
         };
-        let arrived = deadline - queue.patience;
-        let Some(place) = queue.join(check.key()) else {
+        let arrived = deadline.checked_sub(queue.patience).unwrap_or(deadline);
+        let Some(place) = queue.join(&tier, check.key()) else {
             // a full line: decided as without a queue
             return match denied {
                 Some(denied) => denied,
@@ -120,9 +123,15 @@ impl RateClient {
         };
         let mut attempt = check;
         let verdict = loop {
-            if turn.is_some()
-                && let Some(until) = queue.held_until(check.key()).await
-            {
+            if turn.is_none() {
+                // its patience ended before its turn came: the first of its line has had no
+                // room yet, so nor would it — refused without asking the store
+                let room = place.room_at().map_or(Duration::ZERO, |at| {
+                    at.saturating_duration_since(Instant::now())
+                });
+                break held_back(&tier, attempt, room);
+            }
+            if let Some(until) = queue.held_until(check.key()).await {
                 // held back (a provider's pause): no check until it ends
                 if until > deadline {
                     let retry_after = until.saturating_duration_since(Instant::now());
@@ -130,6 +139,8 @@ impl RateClient {
                 }
                 tokio::time::sleep_until(until).await;
                 denied = None;
+                // a longer pause may have come meanwhile
+                continue;
             }
             let verdict = match denied.take() {
                 Some(denied) => denied,
@@ -138,11 +149,12 @@ impl RateClient {
                     self.decide_now(&tier, attempt).resolve().await
                 }
             };
-            // past its patience without its turn: the check it just made decides
-            if turn.is_none() || !Queue::waits_on(&verdict, deadline) {
+            if !Queue::waits_on(&verdict, deadline) {
                 break verdict;
             }
-            tokio::time::sleep(verdict.retry_after.max(LEAST_PAUSE)).await;
+            let pause = verdict.retry_after.max(LEAST_PAUSE);
+            place.expect_room(Instant::now() + pause);
+            tokio::time::sleep(pause).await;
         };
         drop(turn);
         drop(place);

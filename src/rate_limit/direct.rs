@@ -2,6 +2,7 @@
 //! `reqwest-middleware` — and its settlement on the answer's head.
 
 use http::request::Parts;
+use tokio::time::Instant;
 
 use super::decision::RateLimitDecision;
 use super::layer::RateLimitLayer;
@@ -21,10 +22,11 @@ pub(crate) struct Direct {
 
 impl<K: KeyExtractor> RateLimitLayer<K> {
     /// Decides a call with head `parts` as the layer's service would (waiting in its queue, when
-    /// it has one): let through, or refused and why.
+    /// it has one, with its patience counted from `arrived`): let through, or refused and why.
     pub(crate) async fn decide_direct(
         &self,
         parts: &Parts,
+        arrived: Instant,
     ) -> Result<Direct, (Refused, Option<RateLimitDecision>)> {
         let settings = &self.settings;
         let unchecked = Direct {
@@ -44,7 +46,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
         let tier = settings.client.tiers().for_request(parts, Some(key));
         let verdict = settings
             .client
-            .decide(&tier, settings.check(key, cost))
+            .decide(&tier, settings.check(key, cost), Some(arrived))
             .resolve()
             .await;
         let check = verdict.check;

@@ -12,7 +12,7 @@ use super::rejection::Rejection;
 use super::settings::Settings;
 use crate::grpc::Wire;
 use crate::key::KeyExtractor;
-use crate::rate_client::Decided;
+use crate::rate_client::{ArrivedAt, Decided};
 
 layer_service! {
     /// Admits a request only while every limit has room for the caller; made by
@@ -45,6 +45,8 @@ where
         let key = self.key.extract(&parts);
         let cost = settings.cost_of(&parts);
         let tier = settings.client.tiers().for_request(&parts, key);
+        // an outbound limit counts a call's patience from before a provider's pause
+        let arrived = parts.extensions.get::<ArrivedAt>().map(|at| at.0);
         let request = Request::from_parts(parts, body);
 
         let Some(key) = key else {
@@ -53,7 +55,10 @@ where
         if cost == 0 {
             return ResponseFuture::unchecked(self.inner.call(request), settings);
         }
-        match settings.client.decide(&tier, settings.check(key, cost)) {
+        match settings
+            .client
+            .decide(&tier, settings.check(key, cost), arrived)
+        {
             Decided::Now(verdict) => {
                 ResponseFuture::decided(verdict, &mut self.inner, request, settings, wire)
             }

@@ -499,3 +499,35 @@ fn a_wait_is_a_span_with_its_outcome_and_time() {
         .unwrap();
     assert!((990..=1_010).contains(&waited), "{}", waits[0]);
 }
+
+/// A cost larger than a limit's quota can never be admitted: it is refused at once rather than
+/// waiting out its patience (and holding its caller's line); a patience of more than a day is
+/// refused when the layer is built.
+#[tokio::test(start_paused = true)]
+async fn a_cost_no_limit_can_hold_does_not_wait() {
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .limit(Limit::per_second("s", 10))
+        .cost(|parts| parts.headers.get("x-cost").map_or(1, |_| 20))
+        .queue(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let svc = tower::Layer::layer(
+        &layer,
+        service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) }),
+    );
+    let started = tokio::time::Instant::now();
+    let big = Request::builder().header("x-cost", "20").body(()).unwrap();
+    let response = svc.clone().oneshot(big).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(started.elapsed(), Duration::ZERO, "refused without waiting");
+    // the line is free: a small request passes at once
+    let response = svc.oneshot(Request::new(())).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+
+    let too_patient = RateLimitLayer::builder(MemoryStore::new())
+        .limit(Limit::per_second("s", 10))
+        .queue(Duration::from_secs(2 * 24 * 60 * 60))
+        .build();
+    let error = too_patient.unwrap_err();
+    assert!(error.to_string().contains("at most a day"), "{error}");
+}

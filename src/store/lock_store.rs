@@ -45,8 +45,8 @@ pub trait LockStore: fmt::Debug + Send + Sync + 'static {
 
     /// Reads lock `key` and its fencing counter `fence_key` (same hash slot), changing neither:
     /// who holds the lock, for how long still, and the last fencing token drawn — on the store's
-    /// clock, in one atomic step. For tools that show a lock to an operator; the layers never
-    /// call it.
+    /// clock, in one atomic step. For tools that show a lock to an operator, and for the
+    /// provider's pauses an [outbound limit](crate::outbound) shares (which are claims).
     ///
     /// The default fails with [`StoreErrorKind::Unsupported`](super::StoreErrorKind::Unsupported), so
     /// that a backend written before this method keeps building.

@@ -139,11 +139,13 @@ impl<K> RateLimitLayerBuilder<K> {
     /// its arrival) waits on its copy in its caller's line, served in arrival order; the first
     /// of the line asks the store again when the store said room comes, and the next as soon
     /// as the one before is admitted. Across copies the store decides as always: what is
-    /// admitted is exactly what the limits admit. A request whose room comes later, or that
-    /// finds its caller's line full ([`max_waiting`](Self::max_waiting)), is refused as
-    /// without a queue, with `Retry-After`; one whose client leaves gives up its place.
+    /// admitted is exactly what the limits admit. A request whose room comes later (or whose
+    /// cost is larger than a limit's quota) is refused at once with `Retry-After`; one that
+    /// finds its caller's line full ([`max_waiting`](Self::max_waiting)) is decided as without
+    /// a queue; one whose client leaves gives up its place.
     ///
-    /// A request waits at most `patience` plus the round trip of its last check. How long it
+    /// A request waits at most `patience` (at most a day: [`build`](Self::build) fails
+    /// otherwise) plus the round trip of its last check. How long it
     /// waited is [`RateLimitDecision::waited`] and the metric
     /// [`RATE_LIMIT_WAIT`](crate::metrics::RATE_LIMIT_WAIT). Denials by the failure policy
     /// (the store down) are not waited on; in [shadow mode](Self::shadow) nothing waits. The

@@ -8,7 +8,7 @@ use crate::headers::QuotaUnit;
 use crate::in_force::InForce;
 use crate::key::KeyExtractor;
 use crate::keyspace;
-use crate::rate_client::{Queue, RateClient, TierOptions, TierRecipe};
+use crate::rate_client::{LONGEST_PATIENCE, Queue, RateClient, TierOptions, TierRecipe};
 use crate::rate_limit::RateLimitLayer;
 use crate::rate_limit::settings::{Settings, Settle};
 
@@ -97,6 +97,12 @@ impl<K> RateLimitLayerBuilder<K> {
         let deny_cache = draft.deny_cache && !draft.shadow;
         let mut client = RateClient::new(draft.store, tiers, deny_cache, draft.on_store_error);
         if let Some(patience) = draft.queue.filter(|_| !draft.shadow) {
+            if patience > LONGEST_PATIENCE {
+                return Err(ConfigError::new(
+                    ConfigErrorKind::Limit,
+                    "a queue's patience is at most a day",
+                ));
+            }
             if draft.max_waiting == 0 {
                 return Err(ConfigError::new(
                     ConfigErrorKind::Limit,
