@@ -142,6 +142,8 @@ const USES: &[(&str, u64, &str)] = &[
     // an actor's counters: per site, compared with a limit; a total
     ("src/actor.rs", 7, "in-process-rate-limit"),
     ("src/actor.rs", 8, "in-process-counter"),
+    // a `DashMap` handed by reference to a helper that counts and compares
+    ("src/handed.rs", 8, "in-process-rate-limit"),
     // a `DashMap` counted and compared
     ("src/limiter.rs", 9, "in-process-rate-limit"),
     // a static `Mutex<()>` and a map of per-key mutexes, their guards held around the work
@@ -209,6 +211,15 @@ fn state_is_judged_by_its_use() {
         "each copy counts on its own, so N copies let a caller through N times the limit"
     );
 
+    // followed into the function it is handed to
+    assert_eq!(
+        finding_at(&findings, "src/handed.rs", 8)["evidence"],
+        serde_json::json!([
+            { "file": "src/handed.rs", "line": 17, "what": "counted" },
+            { "file": "src/handed.rs", "line": 18, "what": "compared" },
+        ])
+    );
+
     // the actor's counters, reached through its address
     assert_eq!(finding_at(&findings, "src/actor.rs", 7)["place"], "actor");
     assert_eq!(finding_at(&findings, "src/actor.rs", 8)["place"], "actor");
@@ -273,8 +284,9 @@ fn memoising_caches_and_per_connection_state_are_not_findings() {
     );
     let hub = finding_at(&findings, "src/subscribers.rs", 9);
     assert!(hub["fix"].as_str().unwrap().contains("`PUBLISH`"));
-    // `ConnState`, built per connection in a function given the socket, and `RequestLog`,
-    // built per request in a function given the request, are never listed
+    // `ConnState`, built per connection in a function given the socket, `State`, built by its
+    // own constructor in a function given a TCP stream, and `RequestLog`, built per request in
+    // a function given the request, are never listed
     assert!(findings.iter().all(|f| f["file"] != "src/connection.rs"));
 }
 

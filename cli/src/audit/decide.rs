@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::Serialize;
 
 use super::Finding;
-use super::kind::{Base, Kind, Place, names_cache, names_done_work, words};
+use super::kind::{Base, Kind, Place, names_cache, names_done_work, names_rate_limit, words};
 use super::model::{
     Model, Spot, Types, is_collection, is_lock, is_resource, is_sender_name, show, type_names,
     unwrap_shared, walk_paths,
@@ -299,6 +299,8 @@ pub(crate) fn findings(
                                 },
                                 hint_done: names_done_work(&field.name)
                                     || names_done_work(&def.name),
+                                hint_limit: names_rate_limit(&field.name)
+                                    || names_rate_limit(&def.name),
                                 subject: format!(
                                     "`{}` in field `{}` of `{}`",
                                     types.describe(&field.ty),
@@ -342,6 +344,7 @@ pub(crate) fn findings(
                         name: field.name.clone(),
                     },
                     hint_done,
+                    hint_limit: names_rate_limit(&field.name) || names_rate_limit(&def.name),
                     subject: format!(
                         "`{}` in field `{}` of `{}`",
                         types.describe(&field.ty),
@@ -394,6 +397,7 @@ pub(crate) fn findings(
             target: Target::Root(key),
             hint_done: names_done_work(&label)
                 || (shape.set_like && file_speaks_of_done(model, file)),
+            hint_limit: names_rate_limit(&label),
             subject,
         });
     }
@@ -444,6 +448,7 @@ pub(crate) fn findings(
             target: Target::Static(item.name.clone()),
             hint_done: names_done_work(&item.name)
                 || (shape.set_like && file_speaks_of_done(model, item.spot.file)),
+            hint_limit: names_rate_limit(&item.name),
             subject,
         });
     }
@@ -462,18 +467,36 @@ pub(crate) fn findings(
             target: Target::Local,
             hint_done: names_done_work(&local.name)
                 || (local.set_like && file_speaks_of_done(model, local.spot.file)),
+            hint_limit: names_rate_limit(&local.name),
             subject: format!("`{}` (`{}`)", local.name, local.built),
         });
     }
 
-    // every use of every candidate, through the function bodies of all files
-    let index = Index::new(&candidates);
+    // every use of every candidate, through the function bodies of all files; again while
+    // candidates are handed to functions of the crate not yet followed (at most three times)
+    let mut index = Index::new(&candidates);
     let mut events: Vec<Event> = Vec::new();
-    let mut next_func = 0;
-    for (file, syntax) in files {
-        let mut uses = Uses::new(*file, &candidates, &index, &mut next_func, &locals);
-        syn::visit::Visit::visit_file(&mut uses, syntax);
-        events.extend(uses.events);
+    for _ in 0..3 {
+        events.clear();
+        let mut next_func = 0;
+        let mut flows: HashMap<(String, usize), Vec<usize>> = HashMap::new();
+        for (file, syntax) in files {
+            let mut uses = Uses::new(*file, &candidates, &index, &mut next_func, &locals);
+            syn::visit::Visit::visit_file(&mut uses, syntax);
+            events.extend(uses.events);
+            for (key, cands) in uses.flows {
+                let entry = flows.entry(key).or_default();
+                for cand in cands {
+                    if !entry.contains(&cand) {
+                        entry.push(cand);
+                    }
+                }
+            }
+        }
+        if flows == index.flows {
+            break;
+        }
+        index.flows = flows;
     }
     let mut by_candidate: Vec<Vec<Event>> = vec![Vec::new(); candidates.len()];
     for event in events {

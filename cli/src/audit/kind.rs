@@ -249,6 +249,20 @@ pub(crate) fn names_done_work(name: &str) -> bool {
     })
 }
 
+/// Whether a name says it limits a rate: a word `ratelimit`, `limiter`, `throttle`, `bucket`
+/// (and plurals), or `rate` followed by `limit`.
+pub(crate) fn names_rate_limit(name: &str) -> bool {
+    let words = words(name);
+    words.iter().any(|w| {
+        matches!(
+            w.trim_end_matches('s'),
+            "ratelimit" | "ratelimiter" | "limiter" | "throttle" | "bucket"
+        )
+    }) || words
+        .windows(2)
+        .any(|pair| pair[0] == "rate" && pair[1].starts_with("limit"))
+}
+
 /// Whether a name says it caches.
 pub(crate) fn names_cache(name: &str) -> bool {
     words(name)

@@ -331,6 +331,8 @@ struct Collector<'a> {
     lets: Vec<HashMap<String, Vec<Binding>>>,
     item_starts: Vec<usize>,
     known: &'a [KnownType],
+    /// The type of the `impl` being read.
+    impl_self: Option<String>,
 }
 
 /// The names of the types built in a block: struct literals and `T::new(..)`-like calls.
@@ -672,7 +674,14 @@ impl Collector<'_> {
             self.out.per_connection.extend(constructed(block));
             return;
         }
-        self.out.built_elsewhere.extend(constructed(block));
+        // a type's own constructor (`impl State { fn from(..) -> State { State { .. } } }`) says
+        // nothing of where it is built
+        let own = self.impl_self.clone();
+        self.out.built_elsewhere.extend(
+            constructed(block)
+                .into_iter()
+                .filter(|name| Some(name) != own.as_ref() && name != "Self"),
+        );
         self.task_locals(block);
     }
 
@@ -788,7 +797,10 @@ impl<'ast> Visit<'ast> for Collector<'_> {
                 self.out.root_names.push(name);
             }
         }
+        let saved = self.impl_self.take();
+        self.impl_self = type_name_of_type(&item.self_ty);
         visit::visit_item_impl(self, item);
+        self.impl_self = saved;
     }
 
     fn visit_item_struct(&mut self, item: &'ast syn::ItemStruct) {
@@ -1114,6 +1126,7 @@ pub(crate) fn collect(
         lets: Vec::new(),
         item_starts: Vec::new(),
         known,
+        impl_self: None,
     };
     collector.visit_file(file);
     model.files[index].uses = uses;

@@ -241,6 +241,8 @@ pub(crate) struct Candidate {
     /// Whether its name, its owner's name, its file or the names beside it speak of work done
     /// (`nonce`, `idempotency`, `consume_nonce`).
     pub(crate) hint_done: bool,
+    /// Whether its name or its owner's says it limits a rate (`RatelimitStorage`, `buckets`).
+    pub(crate) hint_limit: bool,
     /// The subject of its sentence: "`Mutex<HashSet<..>>` in field `seen` of `AppState`".
     pub(crate) subject: String,
 }
@@ -309,6 +311,9 @@ pub(crate) struct Index {
     fields: HashMap<String, Vec<usize>>,
     statics: HashMap<String, Vec<usize>>,
     roots: HashMap<String, Vec<usize>>,
+    /// Candidates handed to a function of the crate: (its name, the argument's place) to the
+    /// candidates, bound to that parameter where the function is declared.
+    pub(crate) flows: HashMap<(String, usize), Vec<usize>>,
 }
 
 impl Index {
@@ -336,6 +341,8 @@ pub(crate) struct Uses<'a> {
     index: &'a Index,
     /// The events found.
     pub(crate) events: Vec<Event>,
+    /// The candidates this file hands to functions by argument.
+    pub(crate) flows: HashMap<(String, usize), Vec<usize>>,
     func: usize,
     next_func: &'a mut usize,
     impl_self: Option<String>,
@@ -360,6 +367,7 @@ impl<'a> Uses<'a> {
             candidates,
             index,
             events: Vec::new(),
+            flows: HashMap::new(),
             func: 0,
             next_func,
             impl_self: None,
@@ -476,6 +484,29 @@ impl<'a> Uses<'a> {
         }
     }
 
+    /// Notes the candidates handed as arguments to a function named `callee`: a field, a
+    /// static, a local or a reference to one, not a value read from it.
+    fn hand_over<'e>(&mut self, callee: &str, args: impl Iterator<Item = &'e Expr>) {
+        for (at, arg) in args.enumerate() {
+            let mut inner = arg;
+            while let Expr::Reference(reference) = inner {
+                inner = &reference.expr;
+            }
+            if !matches!(inner, Expr::Field(_) | Expr::Path(_)) {
+                continue;
+            }
+            let cands = self.root(inner, 0);
+            if !cands.is_empty() {
+                let entry = self.flows.entry((callee.to_owned(), at)).or_default();
+                for cand in cands {
+                    if !entry.contains(&cand) {
+                        entry.push(cand);
+                    }
+                }
+            }
+        }
+    }
+
     fn record(&mut self, cands: &[usize], op: Op, line: usize) {
         self.record_value(cands, op, line, false);
     }
@@ -496,13 +527,26 @@ impl<'a> Uses<'a> {
         }
     }
 
-    fn in_function<F: FnOnce(&mut Self)>(&mut self, inputs: Vec<(Vec<String>, String)>, f: F) {
+    fn in_function<F: FnOnce(&mut Self)>(&mut self, sig: &syn::Signature, f: F) {
         let saved = self.func;
         *self.next_func += 1;
         self.func = *self.next_func;
         self.aliases.push(HashMap::new());
-        for (names, key) in inputs {
+        for (names, key) in state_params(sig) {
             if let Some(cands) = self.index.roots.get(&key).cloned() {
+                self.bind(names, &cands);
+            }
+        }
+        // the parameters the crate hands a candidate to
+        let name = sig.ident.to_string();
+        let typed = sig.inputs.iter().filter_map(|input| match input {
+            syn::FnArg::Typed(typed) => Some(typed),
+            syn::FnArg::Receiver(_) => None,
+        });
+        for (at, typed) in typed.enumerate() {
+            if let Some(cands) = self.index.flows.get(&(name.clone(), at)).cloned() {
+                let mut names = Vec::new();
+                pattern_idents(&typed.pat, &mut names);
                 self.bind(names, &cands);
             }
         }
@@ -581,18 +625,15 @@ impl<'ast> Visit<'ast> for Uses<'_> {
     }
 
     fn visit_item_fn(&mut self, item: &'ast syn::ItemFn) {
-        let inputs = state_params(&item.sig);
-        self.in_function(inputs, |this| visit::visit_item_fn(this, item));
+        self.in_function(&item.sig, |this| visit::visit_item_fn(this, item));
     }
 
     fn visit_impl_item_fn(&mut self, item: &'ast syn::ImplItemFn) {
-        let inputs = state_params(&item.sig);
-        self.in_function(inputs, |this| visit::visit_impl_item_fn(this, item));
+        self.in_function(&item.sig, |this| visit::visit_impl_item_fn(this, item));
     }
 
     fn visit_trait_item_fn(&mut self, item: &'ast syn::TraitItemFn) {
-        let inputs = state_params(&item.sig);
-        self.in_function(inputs, |this| visit::visit_trait_item_fn(this, item));
+        self.in_function(&item.sig, |this| visit::visit_trait_item_fn(this, item));
     }
 
     fn visit_local(&mut self, local: &'ast syn::Local) {
@@ -672,6 +713,7 @@ impl<'ast> Visit<'ast> for Uses<'_> {
 
     fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
         let method = call.method.to_string();
+        self.hand_over(&method, call.args.iter());
         let cands = self.root(&call.receiver, 0);
         if let Some(op) = Op::of_method(&method)
             && !cands.is_empty()
@@ -748,6 +790,11 @@ impl<'ast> Visit<'ast> for Uses<'_> {
         {
             let cands = self.root(first, 0);
             self.record(&cands, Op::Drain, first.span().start().line);
+        }
+        if let Expr::Path(func) = &*call.func
+            && let Some(last) = func.path.segments.last()
+        {
+            self.hand_over(&last.ident.to_string(), call.args.iter());
         }
         let spawns = matches!(&*call.func, Expr::Path(p) if p.path.segments.last().is_some_and(|s| {
             matches!(s.ident.to_string().as_str(), "spawn" | "spawn_local" | "spawn_blocking")
@@ -998,6 +1045,13 @@ pub(crate) fn decide(cand: &Candidate, events: &[Event]) -> Decision {
         }
         if cand.hint_done && cand.shape.set_like {
             return decision(Kind::AlreadyDone, "a record of work done", evidence);
+        }
+        if cand.hint_limit {
+            return decision(
+                Kind::InProcessRateLimit,
+                "written and read as rate-limit buckets",
+                evidence,
+            );
         }
         return decision(
             Kind::InProcessRecord,
