@@ -41,6 +41,12 @@ pin_project! {
             pending: Pending,
             checking: Checking<S, R>,
         },
+        // admitted after a wait: the service, not readied while the request waited, is readied
+        // now
+        Readying {
+            verdict: Verdict,
+            checking: Checking<S, R>,
+        },
         Inner {
             #[pin]
             future: F,
@@ -70,6 +76,9 @@ struct Checking<S, R> {
     service: S,
     request: R,
     wire: Wire,
+    /// Whether `service` was readied (`poll_ready`) for this request; one that was not is
+    /// readied once the request is admitted.
+    ready: bool,
 }
 
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
@@ -79,7 +88,7 @@ where
     /// A request whose check is `pending` at the store, to be called on `service` if admitted.
     pub(super) fn check(
         pending: Pending,
-        service: S,
+        (service, ready): (S, bool),
         request: Request<ReqBody>,
         settings: Arc<Settings>,
         wire: Wire,
@@ -88,6 +97,7 @@ where
             service,
             request,
             wire,
+            ready,
         };
         Self {
             state: State::Check { pending, checking },
@@ -146,10 +156,34 @@ where
                     else {
                         unreachable!("the state was Check");
                     };
+                    if !checking.ready && (verdict.admitted || this.settings.shadow) {
+                        this.state.set(State::Readying { verdict, checking });
+                        continue;
+                    }
                     let Checking {
                         mut service,
                         request,
                         wire,
+                        ..
+                    } = checking;
+                    let admitted = admit(this.settings, verdict, &mut service, request, wire);
+                    this.state.set(admitted);
+                }
+                StateProj::Readying { checking, .. } => {
+                    if let Err(error) = ready!(checking.service.poll_ready(cx)) {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Err(error));
+                    }
+                    let StateOwned::Readying { checking, verdict } =
+                        this.state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("the state was Readying");
+                    };
+                    let Checking {
+                        mut service,
+                        request,
+                        wire,
+                        ..
                     } = checking;
                     let admitted = admit(this.settings, verdict, &mut service, request, wire);
                     this.state.set(admitted);
@@ -358,6 +392,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Check { .. } => "checking",
+            State::Readying { .. } => "readying the inner service",
             State::Inner { .. } => "calling inner service",
             State::Settle { .. } => "settling the actual cost",
             State::Reject { .. } => "rejecting",

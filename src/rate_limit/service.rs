@@ -21,7 +21,9 @@ layer_service! {
     /// The layer's rate client decides: at once, from what this copy keeps (a leased slice, a
     /// cached denial), or in one round trip to the store made in the response future.
     /// `poll_ready` only asks the inner service, so the service never waits for capacity (it
-    /// rejects instead) and is cheap to clone.
+    /// rejects instead — or, with a [queue](super::RateLimitLayerBuilder::queue), the request
+    /// waits for room in its future, and a clone of the inner service is readied for it only
+    /// once it is admitted) and is cheap to clone.
     RateLimit { key }
 }
 
@@ -62,11 +64,18 @@ where
             Decided::Now(verdict) => {
                 ResponseFuture::decided(verdict, &mut self.inner, request, settings, wire)
             }
+            Decided::Pending(pending) if settings.client.queue.is_some() => {
+                // The request may wait long for room: the instance `poll_ready` readied (which
+                // may hold a slot of a buffer or a pool) stays here, for the next request, and
+                // a clone is readied for this one once it is admitted.
+                let clone = (self.inner.clone(), false);
+                ResponseFuture::check(pending, clone, request, settings, wire)
+            }
             Decided::Pending(pending) => {
                 // The clone goes on serving; the instance `poll_ready` readied handles this one.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::check(pending, ready, request, settings, wire)
+                ResponseFuture::check(pending, (ready, true), request, settings, wire)
             }
         }
     }

@@ -531,3 +531,42 @@ async fn a_cost_no_limit_can_hold_does_not_wait() {
     let error = too_patient.unwrap_err();
     assert!(error.to_string().contains("at most a day"), "{error}");
 }
+
+/// A request waiting for room holds nothing of the inner service's: its readiness (a permit of
+/// a concurrency limit, a slot of a buffer) is taken once it is admitted, so another caller's
+/// request goes through meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_holds_no_readiness_of_the_inner_service() {
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .limit(Limit::per_second("s", 1))
+        .key(Header::from_static("x-k"))
+        .queue(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .concurrency_limit(1)
+        .service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
+    let of = |k: &str| Request::builder().header("x-k", k).body(()).unwrap();
+    assert_eq!(
+        svc.clone().oneshot(of("alice")).await.unwrap().status(),
+        200
+    );
+    let waiting = tokio::spawn(svc.clone().oneshot(of("alice")));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let started = tokio::time::Instant::now();
+    assert_eq!(svc.clone().oneshot(of("bob")).await.unwrap().status(), 200);
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "bob did not wait for alice's room"
+    );
+    let alice = waiting.await.unwrap().unwrap();
+    assert_eq!(alice.status(), 200);
+    let waited = alice
+        .extensions()
+        .get::<RateLimitDecision>()
+        .unwrap()
+        .waited();
+    assert!(waited >= Duration::from_millis(990), "{waited:?}");
+}
