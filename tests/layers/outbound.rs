@@ -35,8 +35,9 @@ use tollgate::store::{LockStore, RateStore};
 const PROVIDER_LIMIT: usize = 100;
 /// The share of it the copies are given, by GCRA (the provider's token bucket, on the store's
 /// clock): the rest absorbs how much longer some calls take than others from the store's
-/// decision to the provider (up to 50 ms here: new connections, a busy machine).
-const OURS: u64 = 95;
+/// decision to the provider (up to 100 ms here: new connections, a machine busy with other
+/// tests).
+const OURS: u64 = 90;
 const COPIES: usize = 4;
 const WORKERS: usize = 16;
 
@@ -225,8 +226,9 @@ async fn a_providers_429_pauses_every_copy<S: RateStore + LockStore + Clone>(mak
     assert!(errors.is_empty(), "{errors:?}");
     let p = provider.lock().unwrap();
     let first = p.first_closed.expect("the provider refused a call");
-    // calls decided before the pause reached the store may still arrive: a round trip's worth
-    let in_flight = Duration::from_millis(100);
+    // calls decided before the pause reached the store may still arrive: a few round trips'
+    // worth on a busy machine
+    let in_flight = Duration::from_millis(200);
     let during: Vec<_> = p
         .arrivals
         .iter()
@@ -286,7 +288,7 @@ async fn reqwest_clients_share_the_quota_and_the_pause<S: RateStore + LockStore 
     let p = provider.lock().unwrap();
     assert_eq!(p.over, 0, "calls over the provider's limit");
     let first = p.first_closed.expect("the provider refused a call");
-    let in_flight = Duration::from_millis(100);
+    let in_flight = Duration::from_millis(200);
     let during = p
         .arrivals
         .iter()

@@ -201,7 +201,7 @@ async fn a_line_is_served_in_order_and_holds_max_waiting<S: RateStore>(store: S)
         waiting.push(tokio::spawn(async move {
             (index, call(&mut svc).await, Instant::now())
         }));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for _ in 0..2 {
         let (status, took, waited) = call(&mut svc).await;
