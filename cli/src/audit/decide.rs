@@ -479,7 +479,7 @@ pub(crate) fn findings(
     for _ in 0..3 {
         events.clear();
         let mut next_func = 0;
-        let mut flows: HashMap<(String, usize), Vec<usize>> = HashMap::new();
+        let mut flows: HashMap<(String, usize, bool), Vec<usize>> = HashMap::new();
         for (file, syntax) in files {
             let mut uses = Uses::new(*file, &candidates, &index, &mut next_func, &locals);
             syn::visit::Visit::visit_file(&mut uses, syntax);

@@ -313,7 +313,7 @@ pub(crate) struct Index {
     roots: HashMap<String, Vec<usize>>,
     /// Candidates handed to a function of the crate: (its name, the argument's place) to the
     /// candidates, bound to that parameter where the function is declared.
-    pub(crate) flows: HashMap<(String, usize), Vec<usize>>,
+    pub(crate) flows: HashMap<(String, usize, bool), Vec<usize>>,
 }
 
 impl Index {
@@ -341,14 +341,17 @@ pub(crate) struct Uses<'a> {
     index: &'a Index,
     /// The events found.
     pub(crate) events: Vec<Event>,
-    /// The candidates this file hands to functions by argument.
-    pub(crate) flows: HashMap<(String, usize), Vec<usize>>,
+    /// The candidates this file hands to functions by argument: (the function's name, the
+    /// argument's place, whether it is a method) to the candidates.
+    pub(crate) flows: HashMap<(String, usize, bool), Vec<usize>>,
     func: usize,
     next_func: &'a mut usize,
     impl_self: Option<String>,
     aliases: Vec<HashMap<String, Vec<usize>>>,
     cond: u32,
     spawned: u32,
+    /// The struct each parameter's written type names, per function.
+    param_types: Vec<HashMap<String, String>>,
     /// Task-owned locals to bind where declared: (file, line of the `let`) to candidate.
     locals: &'a HashMap<(usize, usize), usize>,
 }
@@ -374,8 +377,18 @@ impl<'a> Uses<'a> {
             aliases: vec![HashMap::new()],
             cond: 0,
             spawned: 0,
+            param_types: Vec::new(),
             locals,
         }
+    }
+
+    /// The struct a parameter's written type names, if it is known.
+    fn typed(&self, name: &str) -> Option<String> {
+        self.param_types
+            .iter()
+            .rev()
+            .find_map(|scope| scope.get(name))
+            .cloned()
     }
 
     fn alias(&self, name: &str) -> Option<&Vec<usize>> {
@@ -403,6 +416,15 @@ impl<'a> Uses<'a> {
             return Vec::new();
         }
         match expr {
+            // a value computed from the state is not the state
+            Expr::MethodCall(call)
+                if matches!(
+                    call.method.to_string().as_str(),
+                    "to_string" | "to_owned" | "len" | "is_empty" | "as_str" | "source"
+                ) =>
+            {
+                Vec::new()
+            }
             Expr::MethodCall(call) => self.root(&call.receiver, depth + 1),
             Expr::Field(field) => {
                 if let syn::Member::Named(name) = &field.member
@@ -410,13 +432,20 @@ impl<'a> Uses<'a> {
                 {
                     let through_self =
                         matches!(&*field.base, Expr::Path(p) if p.path.is_ident("self"));
+                    // the owner's type, where the code says it: `self` in an `impl`, a
+                    // parameter written with its type (`state: &AppState`)
+                    let typed = match &*field.base {
+                        Expr::Path(p) if through_self => self.impl_self.clone(),
+                        Expr::Path(p) if p.path.segments.len() == 1 => {
+                            self.typed(&p.path.segments[0].ident.to_string())
+                        }
+                        _ => None,
+                    };
                     let picked: Vec<usize> = cands
                         .iter()
                         .copied()
-                        .filter(|&c| match (&self.candidates[c].target, &self.impl_self) {
-                            (Target::Field { owner, .. }, Some(current)) if through_self => {
-                                owner == current
-                            }
+                        .filter(|&c| match (&self.candidates[c].target, &typed) {
+                            (Target::Field { owner, .. }, Some(current)) => owner == current,
                             _ => true,
                         })
                         .collect();
@@ -486,7 +515,7 @@ impl<'a> Uses<'a> {
 
     /// Notes the candidates handed as arguments to a function named `callee`: a field, a
     /// static, a local or a reference to one, not a value read from it.
-    fn hand_over<'e>(&mut self, callee: &str, args: impl Iterator<Item = &'e Expr>) {
+    fn hand_over<'e>(&mut self, callee: &str, method: bool, args: impl Iterator<Item = &'e Expr>) {
         for (at, arg) in args.enumerate() {
             let mut inner = arg;
             while let Expr::Reference(reference) = inner {
@@ -497,7 +526,10 @@ impl<'a> Uses<'a> {
             }
             let cands = self.root(inner, 0);
             if !cands.is_empty() {
-                let entry = self.flows.entry((callee.to_owned(), at)).or_default();
+                let entry = self
+                    .flows
+                    .entry((callee.to_owned(), at, method))
+                    .or_default();
                 for cand in cands {
                     if !entry.contains(&cand) {
                         entry.push(cand);
@@ -532,19 +564,33 @@ impl<'a> Uses<'a> {
         *self.next_func += 1;
         self.func = *self.next_func;
         self.aliases.push(HashMap::new());
+        let mut types = HashMap::new();
+        for input in &sig.inputs {
+            if let syn::FnArg::Typed(typed) = input
+                && let Pat::Ident(ident) = &*typed.pat
+                && let Some(name) = owner_type(&typed.ty)
+            {
+                types.insert(ident.ident.to_string(), name);
+            }
+        }
+        self.param_types.push(types);
         for (names, key) in state_params(sig) {
             if let Some(cands) = self.index.roots.get(&key).cloned() {
                 self.bind(names, &cands);
             }
         }
         // the parameters the crate hands a candidate to
-        let name = sig.ident.to_string();
+        let method = sig.receiver().is_some();
+        let name = match (&self.impl_self, method) {
+            (Some(owner), false) => format!("{owner}::{}", sig.ident),
+            _ => sig.ident.to_string(),
+        };
         let typed = sig.inputs.iter().filter_map(|input| match input {
             syn::FnArg::Typed(typed) => Some(typed),
             syn::FnArg::Receiver(_) => None,
         });
         for (at, typed) in typed.enumerate() {
-            if let Some(cands) = self.index.flows.get(&(name.clone(), at)).cloned() {
+            if let Some(cands) = self.index.flows.get(&(name.clone(), at, method)).cloned() {
                 let mut names = Vec::new();
                 pattern_idents(&typed.pat, &mut names);
                 self.bind(names, &cands);
@@ -552,6 +598,7 @@ impl<'a> Uses<'a> {
         }
         f(self);
         self.aliases.pop();
+        self.param_types.pop();
         self.func = saved;
     }
 
@@ -565,6 +612,32 @@ impl<'a> Uses<'a> {
                 event.skip = true;
             }
         }
+    }
+}
+
+/// The struct a parameter's type names through references and the wrappers state comes in:
+/// `&AppState`, `Arc<AppState>`, `web::Data<AppState>`, `State<AppState>`.
+fn owner_type(ty: &syn::Type) -> Option<String> {
+    match ty {
+        syn::Type::Reference(reference) => owner_type(&reference.elem),
+        syn::Type::Paren(paren) => owner_type(&paren.elem),
+        syn::Type::Path(path) => {
+            let segment = path.path.segments.last()?;
+            let name = segment.ident.to_string();
+            if matches!(
+                name.as_str(),
+                "Arc" | "Rc" | "Box" | "Data" | "State" | "Extension"
+            ) && let syn::PathArguments::AngleBracketed(args) = &segment.arguments
+            {
+                return args.args.iter().find_map(|arg| match arg {
+                    syn::GenericArgument::Type(inner) => owner_type(inner),
+                    _ => None,
+                });
+            }
+            // a single capital is a generic parameter, not a struct
+            (name.len() > 1 && name.starts_with(char::is_uppercase)).then_some(name)
+        }
+        _ => None,
     }
 }
 
@@ -713,7 +786,32 @@ impl<'ast> Visit<'ast> for Uses<'_> {
 
     fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
         let method = call.method.to_string();
-        self.hand_over(&method, call.args.iter());
+        // the crate's own methods; not the collections' and iterators' own, whose names the
+        // crate's types often share
+        if Op::of_method(&method).is_none()
+            && !matches!(
+                method.as_str(),
+                "chain"
+                    | "zip"
+                    | "map"
+                    | "and_then"
+                    | "or_else"
+                    | "filter"
+                    | "send"
+                    | "push_str"
+                    | "eq"
+                    | "cmp"
+                    | "partial_cmp"
+                    | "fmt"
+                    | "hash"
+                    | "into"
+                    | "from"
+                    | "clone_from"
+                    | "extend_from_slice"
+            )
+        {
+            self.hand_over(&method, true, call.args.iter());
+        }
         let cands = self.root(&call.receiver, 0);
         if let Some(op) = Op::of_method(&method)
             && !cands.is_empty()
@@ -791,10 +889,23 @@ impl<'ast> Visit<'ast> for Uses<'_> {
             let cands = self.root(first, 0);
             self.record(&cands, Op::Drain, first.span().start().line);
         }
-        if let Expr::Path(func) = &*call.func
-            && let Some(last) = func.path.segments.last()
-        {
-            self.hand_over(&last.ident.to_string(), call.args.iter());
+        // `f(..)` is the crate's free function `f`; `T::f(..)` the function `f` of `impl T`
+        if let Expr::Path(func) = &*call.func {
+            let segments: Vec<String> = func
+                .path
+                .segments
+                .iter()
+                .map(|s| s.ident.to_string())
+                .collect();
+            let callee = match segments.as_slice() {
+                [name] => Some(name.clone()),
+                [.., owner, name] if owner != "Self" => Some(format!("{owner}::{name}")),
+                [.., _, name] => self.impl_self.as_ref().map(|t| format!("{t}::{name}")),
+                [] => None,
+            };
+            if let Some(callee) = callee {
+                self.hand_over(&callee, false, call.args.iter());
+            }
         }
         let spawns = matches!(&*call.func, Expr::Path(p) if p.path.segments.last().is_some_and(|s| {
             matches!(s.ident.to_string().as_str(), "spawn" | "spawn_local" | "spawn_blocking")
