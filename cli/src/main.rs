@@ -1,8 +1,9 @@
 //! `tollgate`: the two halves of the check that a service keeps no state in process memory.
 //!
-//! - `tollgate audit [PATH]` reads the Rust code under PATH and reports locks, counters, maps,
-//!   caches, semaphores and rate limiters kept in process memory across requests: each copy of
-//!   the service has its own, so N copies disagree.
+//! - `tollgate audit [PATH]` reads the Rust code under PATH for state kept in process memory
+//!   across requests and reports each piece by its use — an "already done" set, a rate limit, a
+//!   lock, records, subscribers, a counter — with the lines that show it, what breaks with N
+//!   copies and the fix for that use.
 //! - `tollgate check --target URL --target URL PATH` sends many requests at once, spread over the
 //!   copies of a running service, and compares the statuses with what one service would answer
 //!   (`--expect 200=1 --expect 409=49`).

@@ -322,6 +322,23 @@ mod tests {
     }
 
     #[test]
+    fn rate_limit_names() {
+        for name in [
+            "RatelimitStorage",
+            "rate_limits",
+            "LIMITER",
+            "buckets",
+            "throttle",
+            "RateLimitState",
+        ] {
+            assert!(names_rate_limit(name), "{name}");
+        }
+        for name in ["rates", "limit", "sessions", "delimiter", "bucketed_rows"] {
+            assert!(!names_rate_limit(name), "{name}");
+        }
+    }
+
+    #[test]
     fn ids_are_kebab_case_and_distinct() {
         let ids: std::collections::BTreeSet<_> = Kind::ALL.iter().map(|k| k.id()).collect();
         assert_eq!(ids.len(), Kind::ALL.len());

@@ -45,9 +45,12 @@ Examples:
   tollgate audit                       # the current directory
   tollgate audit services/billing --format json
   tollgate audit --format sarif . > tollgate.sarif   # for GitHub code scanning
+  tollgate audit --all                 # memoising caches and unseen uses too
+  tollgate audit --known-type quota::Bucket=rate-limit
 
-Exit codes: 0 nothing found; 1 findings; 2 an error (an unreadable path). A file that does not \
-parse is named on stderr and skipped.";
+Exit codes: 0 nothing found; 1 findings; 2 an error (an unreadable path, a bad --known-type or \
+tollgate-audit.toml). A file that does not parse is listed as skipped with its reason (and named \
+on stderr); it is not an error.";
 
 /// The JSON document: the findings, the files skipped, the number of files read.
 #[derive(Debug, Serialize)]
