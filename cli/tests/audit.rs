@@ -551,3 +551,34 @@ fn sarif_without_findings_has_no_results() {
     let log: Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(log["runs"][0]["results"], Value::Array(Vec::new()));
 }
+
+#[test]
+fn a_file_nested_too_deeply_is_skipped_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("src")).unwrap();
+    let deep = format!(
+        "pub fn f() -> u32 {{ {}1{} }}\n",
+        "(".repeat(3_000),
+        ")".repeat(3_000)
+    );
+    std::fs::write(dir.path().join("src/deep.rs"), deep).unwrap();
+    // deep but within the bound, and long chains: read
+    let chains = format!(
+        "pub fn g() -> u32 {{ {}1{} }}\npub fn h() -> u32 {{ 1{} }}\n",
+        "(".repeat(500),
+        ")".repeat(500),
+        " + 1".repeat(20_000)
+    );
+    std::fs::write(dir.path().join("src/long.rs"), chains).unwrap();
+    let run = tollgate(&["audit", dir.path().to_str().unwrap(), "--format", "json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let out: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(out["files_read"], 1);
+    assert_eq!(
+        out["skipped"],
+        serde_json::json!([{
+            "file": "src/deep.rs",
+            "reason": "nested 3001 levels deep, more than the 1000 the audit reads"
+        }])
+    );
+}

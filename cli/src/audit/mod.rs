@@ -332,6 +332,58 @@ pub(crate) struct Outcome {
     pub(crate) skipped: Vec<Skipped>,
 }
 
+/// The stack of the audit's thread: room for [`MAX_NESTING`] levels in the parser and the walks.
+const AUDIT_STACK: usize = 1 << 30;
+
+/// The deepest nesting of brackets a file may have to be parsed; a deeper file is skipped.
+const MAX_NESTING: usize = 1_000;
+
+/// The deepest nesting of `(`, `[` and `{` in Rust source, outside comments, strings and
+/// character literals (a raw string's delimiters are read as a string's: close enough for a
+/// bound).
+fn nesting(source: &str) -> usize {
+    let bytes = source.as_bytes();
+    let (mut depth, mut deepest, mut at) = (0usize, 0usize, 0usize);
+    while at < bytes.len() {
+        match bytes[at] {
+            b'/' if bytes.get(at + 1) == Some(&b'/') => {
+                while at < bytes.len() && bytes[at] != b'\n' {
+                    at += 1;
+                }
+            }
+            b'/' if bytes.get(at + 1) == Some(&b'*') => {
+                at += 2;
+                while at + 1 < bytes.len() && !(bytes[at] == b'*' && bytes[at + 1] == b'/') {
+                    at += 1;
+                }
+                at += 1;
+            }
+            b'"' => {
+                at += 1;
+                while at < bytes.len() && bytes[at] != b'"' {
+                    if bytes[at] == b'\\' {
+                        at += 1;
+                    }
+                    at += 1;
+                }
+            }
+            // a character literal (`'('`, `'\''`), not a lifetime
+            b'\'' if bytes.get(at + 2) == Some(&b'\'') => at += 2,
+            b'\'' if bytes.get(at + 1) == Some(&b'\\') && bytes.get(at + 3) == Some(&b'\'') => {
+                at += 3;
+            }
+            b'(' | b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        at += 1;
+    }
+    deepest
+}
+
 /// The findings under `args.path`, the files read and skipped.
 fn audit(args: &AuditArgs) -> Result<Outcome, String> {
     let root = args.path.as_path();
@@ -356,6 +408,16 @@ fn audit(args: &AuditArgs) -> Result<Outcome, String> {
                 continue;
             }
         };
+        let deepest = nesting(&source);
+        if deepest > MAX_NESTING {
+            skipped.push(Skipped {
+                file: relative(root, &path),
+                reason: format!(
+                    "nested {deepest} levels deep, more than the {MAX_NESTING} the audit reads"
+                ),
+            });
+            continue;
+        }
         match syn::parse_file(&source) {
             Ok(syntax) => parsed.push((path, source, syntax)),
             Err(error) => {
@@ -401,7 +463,21 @@ fn audit(args: &AuditArgs) -> Result<Outcome, String> {
 
 /// Runs `tollgate audit`: 0 without findings, 1 with, 2 on an error.
 pub(crate) fn run(args: &AuditArgs) -> ExitCode {
-    let outcome = match audit(args) {
+    // the parser and the walks recurse once per level of nesting: a thread with room for the
+    // deepest a file may be (see `MAX_NESTING`)
+    let audited = std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("audit".to_owned())
+            .stack_size(AUDIT_STACK)
+            .spawn_scoped(scope, || audit(args))
+            .map_err(|e| format!("cannot start the audit: {e}"))
+            .and_then(|handle| {
+                handle
+                    .join()
+                    .map_err(|_| "the audit stopped unexpectedly".to_owned())?
+            })
+    });
+    let outcome = match audited {
         Ok(result) => result,
         Err(error) => {
             eprintln!("error: {error}");
