@@ -217,7 +217,11 @@ pub(crate) struct Finding {
 }
 
 /// The `.rs` files under `root` the audit reads, sorted.
-fn rust_files(root: &Path, args: &AuditArgs) -> Result<Vec<PathBuf>, String> {
+fn rust_files(
+    root: &Path,
+    args: &AuditArgs,
+    skipped: &mut Vec<Skipped>,
+) -> Result<Vec<PathBuf>, String> {
     let metadata = std::fs::metadata(root).map_err(|e| format!("{}: {e}", root.display()))?;
     if metadata.is_file() {
         return Ok(vec![root.to_path_buf()]);
@@ -258,7 +262,12 @@ fn rust_files(root: &Path, args: &AuditArgs) -> Result<Vec<PathBuf>, String> {
             Err(error) if error.depth() == 0 => {
                 return Err(format!("{}: {error}", root.display()));
             }
-            Err(error) => eprintln!("warning: skipped: {error}"),
+            Err(error) => skipped.push(Skipped {
+                file: error
+                    .path()
+                    .map_or_else(String::new, |path| relative(root, path)),
+                reason: format!("not read: {error}"),
+            }),
         }
     }
     Ok(files)
@@ -397,7 +406,7 @@ fn audit(args: &AuditArgs) -> Result<Outcome, String> {
     )?;
     let mut parsed = Vec::new();
     let mut skipped = Vec::new();
-    for path in rust_files(root, args)? {
+    for path in rust_files(root, args, &mut skipped)? {
         let source = match std::fs::read_to_string(&path) {
             Ok(source) => source,
             Err(error) => {
