@@ -153,8 +153,10 @@ const USES: &[(&str, u64, &str)] = &[
     ("src/nonce.rs", 8, "already-done"),
     // a cache invalidated where the data changes
     ("src/own.rs", 16, "in-process-record"),
-    // connections registered by user and sent to
+    // connections registered by user and sent to; a broadcast channel connections subscribe
+    // to (not the mpsc queue beside it)
     ("src/subscribers.rs", 9, "in-process-subscribers"),
+    ("src/subscribers.rs", 30, "in-process-subscribers"),
     // a map owned by a spawned task fed by a channel
     ("src/task.rs", 14, "in-process-record"),
 ];
@@ -284,6 +286,12 @@ fn memoising_caches_and_per_connection_state_are_not_findings() {
     );
     let hub = finding_at(&findings, "src/subscribers.rs", 9);
     assert!(hub["fix"].as_str().unwrap().contains("`PUBLISH`"));
+    let chat = finding_at(&findings, "src/subscribers.rs", 30);
+    assert_eq!(chat["used_as"], "subscribed to by connections and sent to");
+    assert_eq!(
+        chat["evidence"],
+        serde_json::json!([{ "file": "src/subscribers.rs", "line": 35, "what": "subscribed to" }])
+    );
     // `ConnState`, built per connection in a function given the socket, `State`, built by its
     // own constructor in a function given a TCP stream, and `RequestLog`, built per request in
     // a function given the request, are never listed

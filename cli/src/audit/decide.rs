@@ -180,6 +180,7 @@ fn shape_of(types: &Types<'_>, model: &Model, ty: &syn::Type, name: &str) -> Sha
     let mutable_values =
         !locks && first_collection.is_some_and(|at| names[at + 1..].iter().any(|n| is_lock(n)));
     Shape {
+        channel: false,
         mutable_values,
         set_like,
         senders,
@@ -320,7 +321,9 @@ pub(crate) fn findings(
                         .filter(|b| matches!(b, Base::Map | Base::Cache)),
                     _ => types.shared(&field.ty),
                 };
-                let Some(base) = base else {
+                // a broadcast or watch channel's sender: judged by whether connections subscribe
+                let channel = base.is_none() && types.is_broadcast(&field.ty);
+                let Some(base) = base.or(channel.then_some(Base::Map)) else {
                     continue;
                 };
                 // configuration reloaded in each copy
@@ -330,7 +333,8 @@ pub(crate) fn findings(
                 {
                     continue;
                 }
-                let shape = shape_of(&types, model, &field.ty, &field.name);
+                let mut shape = shape_of(&types, model, &field.ty, &field.name);
+                shape.channel = channel;
                 let hint_done = names_done_work(&field.name)
                     || names_done_work(&def.name)
                     || (shape.set_like && file_speaks_of_done(model, def.file));
@@ -507,6 +511,10 @@ pub(crate) fn findings(
     for (cand, mut events) in candidates.iter().zip(by_candidate) {
         events.sort_by_key(|e| (e.file, e.line));
         let decision = decide(cand, &events);
+        // a channel no connection subscribes to is a queue of this copy's own: not state
+        if cand.shape.channel && decision.kind == Kind::InProcessState {
+            continue;
+        }
         if decision.kind.only_with_all() && !options.all {
             continue;
         }

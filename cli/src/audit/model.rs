@@ -439,6 +439,22 @@ impl<'a> Types<'a> {
         }
     }
 
+    /// Whether a type is the sending end of a broadcast or watch channel (tokio's, or
+    /// `async_broadcast`), through `Arc` and `Option`.
+    pub(crate) fn is_broadcast(&self, ty: &Type) -> bool {
+        let mut found = false;
+        walk_paths(ty, &mut |path| {
+            let resolved = self.uses().resolve(path);
+            if resolved.ends_with("broadcast::Sender")
+                || resolved.ends_with("watch::Sender")
+                || resolved.starts_with("async_broadcast::Sender")
+            {
+                found = true;
+            }
+        });
+        found
+    }
+
     /// Whether a type is a cache: of a cache crate, or one of the known cache types.
     pub(crate) fn is_cache_type(&self, ty: &Type) -> bool {
         let mut found = false;

@@ -62,6 +62,8 @@ pub(crate) enum Op {
     Modulo,
     /// `mem::take(&mut *guard)`, `drain`: emptied to be handed on.
     Drain,
+    /// `subscribe()`: a receiver taken from a broadcast or watch channel.
+    Subscribe,
 }
 
 impl Op {
@@ -78,6 +80,7 @@ impl Op {
                 Op::Remove
             }
             "drain" | "split_off" => Op::Drain,
+            "subscribe" | "new_receiver" => Op::Subscribe,
             "get_with"
             | "try_get_with"
             | "optionally_get_with"
@@ -114,6 +117,7 @@ impl Op {
             Op::Limit => "asked as a limiter",
             Op::Modulo => "taken modulo",
             Op::Drain => "drained",
+            Op::Subscribe => "subscribed to",
         }
     }
 }
@@ -223,6 +227,8 @@ pub(crate) struct Shape {
     pub(crate) cache: bool,
     /// Values behind their own locks inside a collection: records changed in place.
     pub(crate) mutable_values: bool,
+    /// The sending end of a broadcast or watch channel.
+    pub(crate) channel: bool,
 }
 
 /// A piece of state whose use is to be decided.
@@ -964,6 +970,21 @@ pub(crate) fn decide(cand: &Candidate, events: &[Event]) -> Decision {
     };
     let done = cand.shape.set_like || cand.hint_done;
 
+    // a broadcast channel connections subscribe to: its messages stay on this copy
+    if cand.shape.channel {
+        if let Some(subscribe) = first(&[Op::Subscribe]) {
+            return decision(
+                Kind::InProcessSubscribers,
+                "subscribed to by connections and sent to",
+                vec![subscribe],
+            );
+        }
+        return decision(
+            Kind::InProcessState,
+            "a channel no connection subscribes to",
+            events.iter().take(1).copied().collect(),
+        );
+    }
     if cand.base == Base::Semaphore {
         return decision(
             Kind::InProcessConcurrencyLimit,
