@@ -106,6 +106,10 @@ async fn provider(limit: usize) -> (SocketAddr, Shared) {
     }));
     let app = Router::new()
         .route("/v1/calls", post(call))
+        .route(
+            "/v1/usage",
+            post(|| async { ([("x-tokens-used", "37")], "done") }),
+        )
         .with_state(Arc::clone(&shared));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -341,6 +345,42 @@ async fn a_providers_429_pauses_the_copy<S: RateStore>(store: S) {
     );
 }
 
+/// A call reserves its estimate and is settled on the usage the provider's answer reports —
+/// through hyper's client and through `reqwest-middleware` alike.
+async fn the_providers_usage_settles_the_reservation<S: RateStore>(store: S) {
+    let (addr, _provider) = provider(1_000).await;
+    let layer = RateLimitLayer::builder(store)
+        .prefix(format!("usage{:08x}", rand::random::<u32>()))
+        .limit(Limit::per_hour("tokens", 1_000))
+        .cost(|_| 100)
+        .settle(|answer| {
+            let used = answer.headers.get("x-tokens-used")?;
+            used.to_str().ok()?.parse().ok()
+        })
+        .build_outbound()
+        .unwrap();
+    let usage = || {
+        Request::post(format!("http://{addr}/v1/usage"))
+            .body(Full::default())
+            .unwrap()
+    };
+    let hyper = caller(layer.clone());
+    assert_eq!(hyper.oneshot(usage()).await, Ok(StatusCode::OK));
+    let reqwest = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(layer.clone())
+        .build();
+    let answer = reqwest.post(format!("http://{addr}/v1/usage")).send().await;
+    assert_eq!(answer.unwrap().status(), StatusCode::OK);
+    let (parts, ()) = Request::new(()).into_parts();
+    let key = layer.rate_limit().key_of(&parts).unwrap();
+    let left = layer.rate_limit().peek(key).await.unwrap().limits[0].remaining;
+    assert_eq!(
+        left,
+        1_000 - 2 * 37,
+        "charged what the provider reported, not the estimate"
+    );
+}
+
 /// A line of one: a call waiting for room that is cancelled gives its place to the next.
 async fn a_cancelled_wait_frees_its_place<S: RateStore>(store: S) {
     let (addr, _provider) = provider(1_000).await;
@@ -379,6 +419,11 @@ mod on_memory {
     use tollgate::store::MemoryStore;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_providers_usage_settles_the_reservation() {
+        super::the_providers_usage_settles_the_reservation(MemoryStore::new()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reqwest_clients_share_the_quota_and_the_pause() {
         let store = MemoryStore::new();
         super::reqwest_clients_share_the_quota_and_the_pause(|| store.clone()).await;
@@ -410,6 +455,12 @@ mod on_memory {
 mod on_redis {
     use crate::common::RedisServer;
     use crate::rate_limit_invalidations::redis_store;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_providers_usage_settles_the_reservation() {
+        let server = RedisServer::start();
+        super::the_providers_usage_settles_the_reservation(redis_store(&server)).await;
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reqwest_clients_share_the_quota_and_the_pause() {
@@ -444,6 +495,11 @@ mod on_redis {
 
 mod on_postgres {
     use crate::common::postgres;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_providers_usage_settles_the_reservation() {
+        super::the_providers_usage_settles_the_reservation(postgres::store().await).await;
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reqwest_clients_share_the_quota_and_the_pause() {
