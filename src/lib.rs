@@ -204,6 +204,8 @@
 mod macros;
 
 // core vocabulary
+#[cfg(test)]
+mod captured;
 pub mod error;
 mod expiring;
 #[cfg(test)]

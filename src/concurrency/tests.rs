@@ -429,34 +429,12 @@ fn an_advertised_name_is_checked() {
 fn a_replay_that_takes_a_permit_is_said_once() {
     use crate::idempotency::{IdempotencyLayer, RequestBody};
 
-    #[derive(Clone, Default)]
-    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Log {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let log = Log::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (log, _default) = crate::captured::Captured::install(tracing::Level::WARN);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let warnings = || {
-        let log = log.0.lock().unwrap();
-        String::from_utf8_lossy(&log)
-            .matches("took a permit")
-            .count()
-    };
+    let warnings = || log.text().matches("took a permit").count();
     runtime.block_on(async {
         let store = MemoryStore::new();
         let handler = service_fn(|_: Request<RequestBody<Full<Bytes>>>| async {

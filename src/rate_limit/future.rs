@@ -160,14 +160,7 @@ where
                         this.state.set(State::Readying { verdict, checking });
                         continue;
                     }
-                    let Checking {
-                        mut service,
-                        request,
-                        wire,
-                        ..
-                    } = checking;
-                    let admitted = admit(this.settings, verdict, &mut service, request, wire);
-                    this.state.set(admitted);
+                    this.state.set(checking.decided(this.settings, verdict));
                 }
                 StateProj::Readying { checking, .. } => {
                     if let Err(error) = ready!(checking.service.poll_ready(cx)) {
@@ -179,14 +172,7 @@ where
                     else {
                         unreachable!("the state was Readying");
                     };
-                    let Checking {
-                        mut service,
-                        request,
-                        wire,
-                        ..
-                    } = checking;
-                    let admitted = admit(this.settings, verdict, &mut service, request, wire);
-                    this.state.set(admitted);
+                    this.state.set(checking.decided(this.settings, verdict));
                 }
                 StateProj::Inner {
                     future,
@@ -239,6 +225,26 @@ where
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
         }
+    }
+}
+
+impl<S, ReqBody> Checking<S, Request<ReqBody>>
+where
+    S: Service<Request<ReqBody>>,
+{
+    /// The request decided by `verdict`: its inner call, or its rejection (see [`admit`]).
+    fn decided(
+        self,
+        settings: &Settings,
+        verdict: Verdict,
+    ) -> State<S::Future, S, Request<ReqBody>, S::Response> {
+        let Self {
+            mut service,
+            request,
+            wire,
+            ..
+        } = self;
+        admit(settings, verdict, &mut service, request, wire)
     }
 }
 

@@ -440,26 +440,7 @@ async fn peek_request_follows_tier_by_and_from_fn_keys_can_be_named() {
 /// how long it waited; a request admitted at once opens none.
 #[test]
 fn a_wait_is_a_span_with_its_outcome_and_time() {
-    #[derive(Clone, Default)]
-    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Log {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let log = Log::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-        .with_ansi(false)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (log, _default) = crate::captured::Captured::install(tracing::Level::DEBUG);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -480,7 +461,7 @@ fn a_wait_is_a_span_with_its_outcome_and_time() {
             assert_eq!(response.status(), StatusCode::OK);
         }
     });
-    let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let log = log.text();
     let waits: Vec<&str> = log
         .lines()
         .filter(|line| line.contains("rate_limit.wait") && line.contains("close"))
