@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use super::counts::ProviderCounts;
 use super::pause::{Pause, PauseBook};
 use super::service::{OutboundLimit, Shared};
 use crate::error::ConfigError;
@@ -47,9 +48,15 @@ impl<K> OutboundLimitLayer<K> {
             let book = Arc::clone(&gate_book);
             Box::pin(async move { book.paused_until(key).await })
         }));
+        let client = rate.rate_client();
         Self {
             rate,
-            shared: Arc::new(Shared { patience, book }),
+            shared: Arc::new(Shared {
+                patience,
+                book,
+                client,
+                corrections: Arc::default(),
+            }),
         }
     }
 
@@ -62,6 +69,38 @@ impl<K> OutboundLimitLayer<K> {
             .pause
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = pause;
+        self
+    }
+
+    /// How the provider's own counts on its answers (`RateLimit`, `x-ratelimit-remaining`,
+    /// ...) are read (default [`ProviderCounts::default`]; [`ProviderCounts::off`] reads none);
+    /// for every clone of the layer. A count of 0 pauses the key's calls until its reset, as a
+    /// `429` does (shared with [`share_pauses`](Self::share_pauses)); a positive count below
+    /// the store's — the least remaining of the limits — charges the difference to every limit
+    /// of the call's tier, once the answer is in (one correction of a key at a time on a copy).
+    pub fn provider_counts(self, counts: ProviderCounts) -> Self {
+        *self
+            .shared
+            .book
+            .counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = counts;
+        self
+    }
+
+    /// Makes a call wait out a store that fails, instead of following the builder's
+    /// [`on_store_error`](crate::rate_limit::RateLimitLayerBuilder::on_store_error): the call
+    /// waits in its key's line, whose first asks the store again after 50 ms, then after
+    /// twice as long each time (up to 1.6 s), and once more when its patience ends; it is made
+    /// as soon as the store admits it, and fails with
+    /// [`OutboundError::StoreUnavailable`](super::OutboundError::StoreUnavailable) when the
+    /// store still fails then (a check already sent may take up to the store's timeout more).
+    /// For every clone of the layer. For a worker that would rather wait than call a provider
+    /// unpaced or not at all.
+    pub fn wait_for_store(self) -> Self {
+        if let Some(queue) = &self.shared.client.queue {
+            queue.wait_for_store();
+        }
         self
     }
 

@@ -25,7 +25,12 @@
 //! - **Learning from the provider**: a `429` or `503` with `Retry-After` pauses the calls of
 //!   that key until then (see [`Pause`] for how a missing, unparsable or huge value is taken):
 //!   on this copy at once, and on every copy with
-//!   [`share_pauses`](OutboundLimitLayer::share_pauses).
+//!   [`share_pauses`](OutboundLimitLayer::share_pauses). So does an answer whose own count
+//!   (`RateLimit`, `x-ratelimit-remaining`, ...) says the quota is spent, until its reset; and a
+//!   lower count than the store's brings the store's down to it (see [`ProviderCounts`]).
+//! - **A store that fails** follows the builder's `on_store_error`, or, with
+//!   [`wait_for_store`](OutboundLimitLayer::wait_for_store), keeps the call waiting for the
+//!   store until its patience ends ([`OutboundError::StoreUnavailable`] then).
 //! - **Patience** counts from the call: a provider's pause waited out is part of it.
 //!
 //! ```
@@ -59,6 +64,8 @@
 //! # }
 //! ```
 
+mod correct;
+mod counts;
 mod error;
 mod layer;
 mod pause;
@@ -66,6 +73,7 @@ mod pause;
 mod reqwest;
 mod service;
 
+pub use counts::{ProviderCount, ProviderCounts};
 pub use error::{Limited, OutboundError};
 pub use layer::OutboundLimitLayer;
 pub use pause::Pause;

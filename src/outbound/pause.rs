@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode, header};
 use tokio::time::Instant;
 
+use super::counts::ProviderCounts;
 use crate::key::Key;
 use crate::keyspace;
 use crate::store::{ClaimRequest, Hold, LockStore};
@@ -147,6 +148,8 @@ impl Pauses {
 #[derive(Debug, Default)]
 pub(crate) struct PauseBook {
     pub(crate) pause: Mutex<Pause>,
+    /// How the provider's own counts are read.
+    pub(crate) counts: Mutex<ProviderCounts>,
     local: Pauses,
     /// The store the pauses are shared in, and the namespace of their keys.
     pub(crate) shared: OnceLock<(Arc<dyn LockStore>, Arc<str>)>,
@@ -178,20 +181,38 @@ impl PauseBook {
     }
 
     /// The provider answered a call of `key` with `status` and `headers`: a pause, if they
-    /// ask for one, on this copy and — shared — in the store, for every copy (a pause in force
-    /// there is kept, not lengthened).
-    pub(crate) async fn heard(&self, key: Key, status: StatusCode, headers: &HeaderMap) {
-        let pause = self
-            .pause
+    /// ask for one — a `429` or `503`, or a remaining count of 0 — on this copy and, shared,
+    /// in the store for every copy (a pause in force there is kept, not lengthened). The
+    /// provider's remaining count, when it reports one above 0.
+    pub(crate) async fn heard(
+        &self,
+        key: Key,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Option<u64> {
+        let pause = *self.pause.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = self
+            .counts
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .of(status, headers);
-        let Some(pause) = pause else {
-            return;
+            .read(headers);
+        // a count spent pauses until its reset, as a `Retry-After` does
+        let spent = count
+            .filter(|count| count.remaining == 0)
+            .map(|count| {
+                count
+                    .reset
+                    .unwrap_or(pause.without_retry_after)
+                    .min(pause.longest)
+            })
+            .filter(|spent| !spent.is_zero());
+        let remaining = count.map(|count| count.remaining).filter(|left| *left > 0);
+        let Some(pause) = pause.of(status, headers).max(spent) else {
+            return remaining;
         };
         self.local.pause(key, pause);
         let Some((store, namespace)) = self.shared.get() else {
-            return;
+            return remaining;
         };
         // written in the background: the answer goes back to the caller at once
         let store = Arc::clone(store);
@@ -212,6 +233,7 @@ impl PauseBook {
                 );
             }
         });
+        remaining
     }
 }
 

@@ -110,7 +110,9 @@ impl<K: KeyExtractor> reqwest_middleware::Middleware for OutboundLimitLayer<K> {
                 .map_err(|(refused, decision)| failed(refusal(refused, decision.as_ref())))?;
             let response = next.run(request, extensions).await?;
             if let Some(key) = key {
-                book.heard(key, response.status(), response.headers()).await;
+                let decision = direct.decision.as_ref();
+                let (status, headers) = (response.status(), response.headers());
+                self.shared.heard(key, decision, status, headers).await;
             }
             self.rate
                 .settle_direct(direct, &head_of_answer(&response))

@@ -11,10 +11,11 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
+use super::correct::Corrections;
 use super::error::{Limited, OutboundError};
 use super::pause::PauseBook;
-use crate::key::KeyExtractor;
-use crate::rate_client::{ArrivedAt, DecisionSource};
+use crate::key::{Key, KeyExtractor};
+use crate::rate_client::{ArrivedAt, DecisionSource, RateClient};
 use crate::rate_limit::{RateLimit, RateLimitDecision, Refused, ResponseBody};
 
 /// What every clone of a layer and of its services shares.
@@ -24,6 +25,27 @@ pub(crate) struct Shared {
     pub(crate) patience: Duration,
     /// The provider's pauses.
     pub(crate) book: Arc<PauseBook>,
+    /// The rate limit's client: where the provider's counts correct the shared count.
+    pub(crate) client: Arc<RateClient>,
+    /// The corrections being made on this copy.
+    pub(crate) corrections: Arc<Corrections>,
+}
+
+impl Shared {
+    /// The provider answered a call of `key` (admitted by `decision`, when the store decided)
+    /// with `status` and `headers`: its pauses, and its remaining count followed.
+    pub(crate) async fn heard(
+        &self,
+        key: Key,
+        decision: Option<&RateLimitDecision>,
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+    ) {
+        let remaining = self.book.heard(key, status, headers).await;
+        if let (Some(remaining), Some(decision)) = (remaining, decision) {
+            self.corrections.follow(&self.client, decision, remaining);
+        }
+    }
 }
 
 /// Makes a client's calls only while the limits have room, waiting for it; made by
@@ -134,9 +156,9 @@ where
                 return Err(refusal(*refused, response.extensions().get()));
             }
             if let Some(key) = key {
+                let decision = response.extensions().get::<RateLimitDecision>();
                 shared
-                    .book
-                    .heard(key, response.status(), response.headers())
+                    .heard(key, decision, response.status(), response.headers())
                     .await;
             }
             Ok(response)

@@ -60,10 +60,15 @@ impl RateClient {
                 "rate-limit store failed; applying the failure policy"
             );
         }
-        if let Some(fallback) = &tier.fallback {
+        // a queue that waits for the store: a denial, which the waiter waits out
+        let waits = self
+            .queue
+            .as_ref()
+            .is_some_and(super::queue::Queue::waits_for_store);
+        if let Some(fallback) = tier.fallback.as_ref().filter(|_| !waits) {
             return (fallback.check(check), DecisionSource::LocalFallback);
         }
-        let admitted = self.on_store_error != OnStoreError::Deny;
+        let admitted = !waits && self.on_store_error != OnStoreError::Deny;
         let outcome = RateOutcome {
             admitted,
             retry_after: if admitted {

@@ -25,6 +25,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -61,6 +62,9 @@ pub(crate) struct Queue {
     lines: Mutex<HashMap<LineOf, Line>>,
     /// Set once, by an outbound limit.
     gate: OnceLock<Gate>,
+    /// Whether a request waits out a store that fails (an outbound limit's choice), rather
+    /// than taking the failure policy's answer.
+    waits_for_store: AtomicBool,
 }
 
 debug_fields!(Queue {
@@ -81,6 +85,8 @@ struct Line {
     waiting: usize,
     /// When the first of the line expects room (the store's word at its last check).
     room_at: Option<Instant>,
+    /// Whether the store failed the first of the line's last check.
+    store_down: bool,
 }
 
 /// A request's place in its caller's line: leaves it when dropped (admitted, refused or gone).
@@ -97,6 +103,21 @@ impl Place<'_> {
         if let Some(line) = self.queue.lines().get_mut(&self.line) {
             line.room_at = Some(at);
         }
+    }
+
+    /// The store failed (`true`) or answered the first of the line's last check.
+    pub(super) fn store_down(&self, down: bool) {
+        if let Some(line) = self.queue.lines().get_mut(&self.line) {
+            line.store_down = down;
+        }
+    }
+
+    /// Whether the store failed the first of the line's last check.
+    pub(super) fn store_is_down(&self) -> bool {
+        self.queue
+            .lines()
+            .get(&self.line)
+            .is_some_and(|line| line.store_down)
     }
 
     /// When the first of the line expects room, if it said.
@@ -120,7 +141,19 @@ impl Queue {
             max_waiting,
             lines: Mutex::default(),
             gate: OnceLock::new(),
+            waits_for_store: AtomicBool::new(false),
         }
+    }
+
+    /// Lets requests wait out a store that fails, until their patience ends, instead of
+    /// taking the failure policy's answer.
+    pub(crate) fn wait_for_store(&self) {
+        self.waits_for_store.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether requests wait out a store that fails.
+    pub(crate) fn waits_for_store(&self) -> bool {
+        self.waits_for_store.load(Ordering::Relaxed)
     }
 
     /// Holds each line back while `gate` says so (set once; later calls change nothing).
@@ -151,6 +184,7 @@ impl Queue {
             turn: Arc::default(),
             waiting: 0,
             room_at: None,
+            store_down: false,
         });
         if line.waiting >= self.max_waiting {
             return None;
@@ -163,24 +197,29 @@ impl Queue {
         })
     }
 
-    /// Whether a request denied by `verdict` waits for room: denied by the limits (not by the
-    /// failure policy), for a cost every limit can hold, with room coming before `deadline`.
-    pub(super) fn waits_on(verdict: &Verdict, deadline: Instant) -> bool {
+    /// Whether a request denied by `verdict` waits: for room, when the limits denied it (not
+    /// the failure policy) for a cost every limit can hold, with room coming before
+    /// `deadline`; or for the store, when it failed, the queue waits for it, and `deadline` is
+    /// not reached.
+    pub(super) fn waits_on(&self, verdict: &Verdict, deadline: Instant) -> bool {
+        if verdict.admitted {
+            return false;
+        }
+        if verdict.source == DecisionSource::StoreUnavailable {
+            return self.waits_for_store() && Instant::now() < deadline;
+        }
         let fits = verdict
             .tier
             .policy
             .limits()
             .iter()
             .all(|limit| verdict.check.cost() <= limit.quota());
-        !verdict.admitted
-            && fits
-            && matches!(
-                verdict.source,
-                DecisionSource::Store | DecisionSource::DenyCache
-            )
-            && Instant::now()
-                .checked_add(verdict.retry_after)
-                .is_some_and(|room| room <= deadline)
+        fits && matches!(
+            verdict.source,
+            DecisionSource::Store | DecisionSource::DenyCache
+        ) && Instant::now()
+            .checked_add(verdict.retry_after)
+            .is_some_and(|room| room <= deadline)
     }
 }
 

@@ -18,6 +18,10 @@ use crate::rate::RateCheck;
 /// denies, is not asked in a busy loop.
 const LEAST_PAUSE: Duration = Duration::from_millis(1);
 
+/// The first pause before a waiter asks a store that failed again, when the queue waits for
+/// the store; doubled at each failure, up to 32 times this (1.6 s).
+const STORE_RETRY: Duration = Duration::from_millis(50);
+
 impl RateClient {
     /// Decides `check` under `tier` for a layer with a queue: at once when the caller has room
     /// and nobody of its waits on this copy; otherwise in the caller's line, for up to the
@@ -38,7 +42,7 @@ impl RateClient {
             return Decided::queued(async move { client.wait(tier, check, None, deadline).await });
         }
         match self.decide_now(&tier, check) {
-            Decided::Now(verdict) if !Queue::waits_on(&verdict, deadline) => Decided::Now(verdict),
+            Decided::Now(verdict) if !queue.waits_on(&verdict, deadline) => Decided::Now(verdict),
             Decided::Now(denied) => {
                 Decided::queued(
                     async move { client.wait(tier, check, Some(denied), deadline).await },
@@ -46,7 +50,8 @@ impl RateClient {
             }
             Decided::Pending(pending) => Decided::queued(async move {
                 let verdict = pending.await;
-                if Queue::waits_on(&verdict, deadline) {
+                let waits = client.queue.as_ref();
+                if waits.is_some_and(|queue| queue.waits_on(&verdict, deadline)) {
                     client.wait(tier, check, Some(verdict), deadline).await
                 } else {
                     verdict
@@ -122,6 +127,7 @@ impl RateClient {
             }
         };
         let mut attempt = check;
+        let mut store_retries = 0u32;
         let verdict = loop {
             if turn.is_none() {
                 // its patience ended before its turn came: the first of its line has had no
@@ -129,7 +135,11 @@ impl RateClient {
                 let room = place.room_at().map_or(Duration::ZERO, |at| {
                     at.saturating_duration_since(Instant::now())
                 });
-                break held_back(&tier, attempt, room);
+                let mut refused = held_back(&tier, attempt, room);
+                if place.store_is_down() {
+                    refused.source = DecisionSource::StoreUnavailable;
+                }
+                break refused;
             }
             if let Some(until) = queue.held_until(check.key()).await {
                 // held back (a provider's pause): no check until it ends
@@ -149,10 +159,20 @@ impl RateClient {
                     self.decide_now(&tier, attempt).resolve().await
                 }
             };
-            if !Queue::waits_on(&verdict, deadline) {
+            let store_down = verdict.source == DecisionSource::StoreUnavailable;
+            place.store_down(store_down);
+            if !queue.waits_on(&verdict, deadline) {
                 break verdict;
             }
-            let pause = verdict.retry_after.max(LEAST_PAUSE);
+            let pause = if store_down {
+                // the store's next try: sooner at first, then spaced out; the last at the deadline
+                let backoff = STORE_RETRY.saturating_mul(1 << store_retries.min(5));
+                store_retries += 1;
+                backoff.min(deadline.saturating_duration_since(Instant::now()))
+            } else {
+                store_retries = 0;
+                verdict.retry_after.max(LEAST_PAUSE)
+            };
             place.expect_room(Instant::now() + pause);
             tokio::time::sleep(pause).await;
         };

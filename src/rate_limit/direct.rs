@@ -1,6 +1,8 @@
 //! A layer's decision for a call made outside a tower service — the outbound limit's adapter for
 //! `reqwest-middleware` — and its settlement on the answer's head.
 
+use std::sync::Arc;
+
 use http::request::Parts;
 use tokio::time::Instant;
 
@@ -10,7 +12,7 @@ use super::rejection::Refused;
 use super::settings::Settle;
 use crate::key::KeyExtractor;
 use crate::rate::RateCheck;
-use crate::rate_client::DecisionSource;
+use crate::rate_client::{DecisionSource, RateClient};
 
 /// A call the layer let through: its decision (none when it was not checked), and what its
 /// answer settles.
@@ -18,6 +20,13 @@ use crate::rate_client::DecisionSource;
 pub(crate) struct Direct {
     pub(crate) decision: Option<RateLimitDecision>,
     settle: Option<RateCheck>,
+}
+
+impl<K> RateLimitLayer<K> {
+    /// The layer's rate client: what an outbound limit corrects and waits through.
+    pub(crate) fn rate_client(&self) -> Arc<RateClient> {
+        Arc::clone(&self.settings.client)
+    }
 }
 
 impl<K: KeyExtractor> RateLimitLayer<K> {

@@ -27,7 +27,7 @@ use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, ServiceExt};
 
 use tollgate::key::Global;
-use tollgate::outbound::{OutboundError, OutboundLimitLayer};
+use tollgate::outbound::{OutboundError, OutboundLimitLayer, ProviderCounts};
 use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
 use tollgate::store::{LockStore, RateStore};
 
@@ -58,6 +58,10 @@ struct Provider {
     closed: Option<(Instant, Duration)>,
     /// When it first answered so.
     first_closed: Option<Instant>,
+    /// From when `/v1/counted` reports its count spent (`x-ratelimit-remaining-requests: 0`,
+    /// reset in 1 s), once; and when it did.
+    spent: Option<Instant>,
+    spent_at: Option<Instant>,
 }
 
 type Shared = Arc<Mutex<Provider>>;
@@ -93,6 +97,25 @@ async fn call(State(provider): State<Shared>) -> (StatusCode, [(&'static str, St
     (StatusCode::OK, [("x-provider", "ok".to_owned())])
 }
 
+/// A provider that counts by its own headers: a large remaining count, but once, from
+/// `spent` on, a count spent until a second later.
+async fn counted(State(provider): State<Shared>) -> [(&'static str, &'static str); 2] {
+    let mut p = provider.lock().unwrap();
+    let now = Instant::now();
+    p.arrivals.push(now);
+    if p.spent.is_some_and(|from| now >= from) && p.spent_at.is_none() {
+        p.spent_at = Some(now);
+        return [
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "1s"),
+        ];
+    }
+    [
+        ("x-ratelimit-remaining-requests", "100000"),
+        ("x-ratelimit-reset-requests", "1s"),
+    ]
+}
+
 async fn provider(limit: usize) -> (SocketAddr, Shared) {
     let shared = Arc::new(Mutex::new(Provider {
         limit,
@@ -103,9 +126,16 @@ async fn provider(limit: usize) -> (SocketAddr, Shared) {
         arrivals: Vec::new(),
         closed: None,
         first_closed: None,
+        spent: None,
+        spent_at: None,
     }));
     let app = Router::new()
         .route("/v1/calls", post(call))
+        .route("/v1/counted", post(counted))
+        .route(
+            "/v1/left",
+            post(|| async { ([("ratelimit", r#""calls";r=3;t=60"#)], "done") }),
+        )
         .route(
             "/v1/usage",
             post(|| async { ([("x-tokens-used", "37")], "done") }),
@@ -415,8 +445,200 @@ async fn a_cancelled_wait_frees_its_place<S: RateStore>(store: S) {
     assert!(started.elapsed() >= Duration::from_millis(300));
 }
 
+/// Halfway through, the provider's answer (a `200`) says its count is spent —
+/// `x-ratelimit-remaining-requests: 0`, reset in `1s` — once. The copy that reads it writes the
+/// pause in the store, and every copy reads it before its next call: for that second the
+/// provider sees no call (but those already on their way); then the calls go on.
+async fn a_spent_count_pauses_every_copy<S: RateStore + LockStore + Clone>(make: impl Fn() -> S) {
+    let (addr, provider) = provider(PROVIDER_LIMIT).await;
+    let start = Instant::now();
+    provider.lock().unwrap().spent = Some(start + Duration::from_secs(1));
+    let prefix = format!("spent{:08x}", rand::random::<u32>());
+    let run = Duration::from_secs(3);
+    let counted = move || {
+        Request::post(format!("http://{addr}/v1/counted"))
+            .body(Full::default())
+            .unwrap()
+    };
+    let mut workers = JoinSet::new();
+    for _ in 0..COPIES {
+        let store = make();
+        let layer = outbound(store.clone(), &prefix, Duration::from_secs(5)).share_pauses(store);
+        let caller = caller(layer);
+        for _ in 0..4 {
+            let caller = caller.clone();
+            workers.spawn(async move {
+                let mut errors = Vec::new();
+                while start.elapsed() < run {
+                    match caller.clone().oneshot(counted()).await {
+                        Ok(StatusCode::OK) => {}
+                        Ok(status) => errors.push(status.to_string()),
+                        Err(error) => errors.push(error),
+                    }
+                }
+                errors
+            });
+        }
+    }
+    let errors: Vec<String> = workers.join_all().await.into_iter().flatten().collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    let p = provider.lock().unwrap();
+    let spent = p.spent_at.expect("the provider reported its count spent");
+    let in_flight = Duration::from_millis(200);
+    let reset = Duration::from_secs(1);
+    let during: Vec<_> = p
+        .arrivals
+        .iter()
+        .filter(|at| **at >= spent + in_flight && **at < spent + reset)
+        .map(|at| at.duration_since(spent))
+        .collect();
+    assert!(
+        during.is_empty(),
+        "calls while the provider's count was spent: {during:?}"
+    );
+    let before = p.arrivals.iter().filter(|at| **at < spent).count();
+    let after = p.arrivals.iter().filter(|at| **at >= spent + reset).count();
+    assert!(before >= 50, "the calls went before: {before}");
+    assert!(after >= 50, "the calls went on after the reset: {after}");
+}
+
+/// The provider says 3 calls are left (`RateLimit: "calls";r=3;t=60`) where the store counts
+/// 9 after the first of 10 a minute: the store's count is brought down to 3, as every copy sees
+/// it, once (not again on the next call, which the store counts lower than the provider);
+/// with the provider's counts off, nothing is corrected.
+async fn a_lower_remaining_count_corrects_the_shared_count<S: RateStore>(make: impl Fn() -> S) {
+    let (addr, _provider) = provider(1_000).await;
+    let prefix = format!("left{:08x}", rand::random::<u32>());
+    let layer = || {
+        RateLimitLayer::builder(make())
+            .prefix(&prefix)
+            .limit(Limit::per_minute("calls", 10))
+            .build_outbound()
+            .unwrap()
+    };
+    let (this, other) = (layer(), layer());
+    let left = move || {
+        Request::post(format!("http://{addr}/v1/left"))
+            .body(Full::default())
+            .unwrap()
+    };
+    let (parts, ()) = Request::new(()).into_parts();
+    let key = other.rate_limit().key_of(&parts).unwrap();
+    let remaining = async |layer: &OutboundLimitLayer<Global>| {
+        layer.rate_limit().peek(key).await.unwrap().limits[0].remaining
+    };
+    let caller = caller(this.clone());
+    assert_eq!(caller.clone().oneshot(left()).await, Ok(StatusCode::OK));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while remaining(&other).await != 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        remaining(&other).await,
+        3,
+        "the provider's count, on every copy"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(remaining(&this).await, 3, "corrected once");
+    // the store now counts 2 left, fewer than the provider's 3: nothing to correct
+    assert_eq!(caller.oneshot(left()).await, Ok(StatusCode::OK));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(remaining(&other).await, 2);
+
+    let off = RateLimitLayer::builder(make())
+        .prefix(format!("{prefix}off"))
+        .limit(Limit::per_minute("calls", 10))
+        .build_outbound()
+        .unwrap()
+        .provider_counts(ProviderCounts::off());
+    assert_eq!(caller_of(&off).oneshot(left()).await, Ok(StatusCode::OK));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        remaining(&off).await,
+        9,
+        "the provider's counts are not read"
+    );
+}
+
+fn caller_of(layer: &OutboundLimitLayer<Global>) -> Caller {
+    caller(layer.clone())
+}
+
+/// Waiting out the store: a call made while `redis-server` is down waits, asking again, and is
+/// made once the server is back within its patience; past its patience it fails with
+/// `StoreUnavailable`, never made. (The failure policy, `Allow` by default, would have made
+/// both at once.)
+async fn a_call_waits_out_the_store(server: &mut crate::common::RedisServer) {
+    let (addr, provider) = provider(1_000).await;
+    let store = tollgate::store::RedisStore::builder(server.url())
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder(store)
+        .prefix(format!("down{:08x}", rand::random::<u32>()))
+        .limit(Limit::per_second("calls", 100))
+        .queue(Duration::from_secs(4))
+        .build_outbound()
+        .unwrap()
+        .wait_for_store();
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let limited = ServiceBuilder::new().layer(layer).service(client);
+    let status = |answer: Result<http::Response<_>, OutboundError<_>>| match answer {
+        Ok(response) => Ok(response.status()),
+        Err(OutboundError::StoreUnavailable) => Err("store unavailable".to_owned()),
+        Err(other) => Err(other.to_string()),
+    };
+    assert_eq!(
+        status(limited.clone().oneshot(post_to(addr)).await),
+        Ok(StatusCode::OK)
+    );
+
+    server.kill();
+    let waiting = tokio::spawn(limited.clone().oneshot(post_to(addr)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        provider.lock().unwrap().arrivals.len(),
+        1,
+        "no call while the store is down"
+    );
+    let back = Instant::now();
+    tokio::task::block_in_place(|| server.restart());
+    assert_eq!(status(waiting.await.unwrap()), Ok(StatusCode::OK));
+    let arrivals = provider.lock().unwrap().arrivals.clone();
+    assert_eq!(arrivals.len(), 2);
+    assert!(arrivals[1] >= back, "made once the store was back");
+
+    tokio::task::block_in_place(|| server.kill());
+    let called = Instant::now();
+    let answer = limited.oneshot(post_to(addr)).await;
+    let waited = called.elapsed();
+    assert_eq!(status(answer), Err("store unavailable".to_owned()));
+    assert!(
+        waited >= Duration::from_secs(4),
+        "waited its patience: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(6),
+        "and not much more: {waited:?}"
+    );
+    assert_eq!(provider.lock().unwrap().arrivals.len(), 2, "never made");
+}
+
 mod on_memory {
     use tollgate::store::MemoryStore;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_spent_count_pauses_every_copy() {
+        let store = MemoryStore::new();
+        super::a_spent_count_pauses_every_copy(|| store.clone()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lower_remaining_count_corrects_the_shared_count() {
+        let store = MemoryStore::new();
+        super::a_lower_remaining_count_corrects_the_shared_count(|| store.clone()).await;
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_providers_usage_settles_the_reservation() {
@@ -457,6 +679,24 @@ mod on_redis {
     use crate::rate_limit_invalidations::redis_store;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_spent_count_pauses_every_copy() {
+        let server = RedisServer::start();
+        super::a_spent_count_pauses_every_copy(|| redis_store(&server)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lower_remaining_count_corrects_the_shared_count() {
+        let server = RedisServer::start();
+        super::a_lower_remaining_count_corrects_the_shared_count(|| redis_store(&server)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_waits_out_the_store() {
+        let mut server = RedisServer::start();
+        super::a_call_waits_out_the_store(&mut server).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_providers_usage_settles_the_reservation() {
         let server = RedisServer::start();
         super::the_providers_usage_settles_the_reservation(redis_store(&server)).await;
@@ -495,6 +735,18 @@ mod on_redis {
 
 mod on_postgres {
     use crate::common::postgres;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_spent_count_pauses_every_copy() {
+        let store = postgres::store().await;
+        super::a_spent_count_pauses_every_copy(|| store.clone()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lower_remaining_count_corrects_the_shared_count() {
+        let store = postgres::store().await;
+        super::a_lower_remaining_count_corrects_the_shared_count(|| store.clone()).await;
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_providers_usage_settles_the_reservation() {
