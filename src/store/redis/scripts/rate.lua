@@ -76,7 +76,9 @@
 --
 -- Numbers go to redis.call formatted as integers by hand: Lua would print those of more than 14
 -- digits in exponent form, and Redis formats every number it is given as a float, which costs
--- more. A policy's limits are sent and read once per call, whatever the number of its checks.
+-- more. Numbers are read with tonumber, which is exact for integers below 2^53 (strtod rounds
+-- correctly) and cheaper than any cutting of the string. A policy's limits are sent and read
+-- once per call, whatever the number of its checks.
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- milliseconds keep quota * window exact in a double for windows of years
@@ -85,19 +87,12 @@ local out, len = {}, 0
 local format, match, sub, gmatch = string.format, string.match, string.sub, string.gmatch
 local floor, ceil, min, max, tonumber = math.floor, math.ceil, math.min, math.max, tonumber
 -- per-limit scratch of the check being decided, reused by every check of the call
-local s1, s2, s3, s4, s5, s6 = {}, {}, {}, {}, {}, {}
+local s1, s2, s3, s4, s5, s6, s7, s8 = {}, {}, {}, {}, {}, {}, {}, {}
 -- per limit of the check being decided, whether it denied the cost (a penalty's cause)
 local denied = {}
 -- how long after the charge the check being decided may admit its units (µs; 0: at once)
 local hold = 0
 
--- A decimal integer below 2^53, read as two short halves: strtod takes a slow path for the
--- 16 digits of a microsecond time.
-local function int(s)
-  local n = #s
-  if n <= 9 then return tonumber(s) end
-  return tonumber(sub(s, 1, n - 8)) * 100000000 + tonumber(sub(s, n - 7))
-end
 
 -- What the place of a settled reservation holds, per limit, as strings (nil when nothing is
 -- kept), and the place dropped: the settlement is the last to read it.
@@ -180,12 +175,12 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
     local count, oldest = 0, nil
     local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
     if first[2] then
-      oldest = int(first[2])
+      oldest = tonumber(first[2])
       -- an entry scored s covers (s - window, s]; it is gone once now - window >= s
       if oldest <= now_us - window then
         redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_us - window))
         first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
-        if first[2] then oldest = int(first[2]) else oldest = nil end
+        if first[2] then oldest = tonumber(first[2]) else oldest = nil end
       end
       if oldest then count = redis.call('ZCARD', key) end
     end
@@ -204,7 +199,7 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
             wait = oldest + window - now_us
           else
             local e = redis.call('ZRANGE', key, format('%d', idx), format('%d', idx), 'WITHSCORES')
-            wait = int(e[2]) + window - now_us
+            wait = tonumber(e[2]) + window - now_us
           end
         end
         if wait > retry then retry = wait end
@@ -232,7 +227,7 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
           -- the oldest entry may have been one of those refunded
           local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
           reset = 0
-          if first[2] then reset = int(first[2]) + window - now_us end
+          if first[2] then reset = tonumber(first[2]) + window - now_us end
         end
       end
     elseif admitted == 1 and cost > 0 and not replay then
@@ -287,6 +282,9 @@ end
 local function sliding_counter(k, n, q, w, cost, attempt, replay, settle, place, blocked)
   local now = now_ms
   local indexes, elapsed_ms, curs, prevs, sames, borns = s1, s2, s3, s4, s5, s6
+  -- of a state of this window, its index and previous count as read: a write that changes
+  -- only the current count joins them instead of formatting them again
+  local index_texts, prev_texts = s7, s8
   local admitted, retry = 1, 0
   for i = 1, n do
     local quota = q[i]
@@ -296,9 +294,11 @@ local function sliding_counter(k, n, q, w, cost, attempt, replay, settle, place,
     local cur, prev, same, born = 0, 0, false, false
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
-      local idx, c, p, b = match(raw, '^(%d+):(%d+):(%d+):?(%x*)')
-      idx = tonumber(idx)
-      if idx == index then cur, prev, same, born = tonumber(c), tonumber(p), true, b
+      local text, c, p, b = match(raw, '^(%d+):(%d+):(%d+):?(%x*)')
+      local idx = tonumber(text)
+      if idx == index then
+        cur, prev, same, born = tonumber(c), tonumber(p), true, b
+        index_texts[i], prev_texts[i] = text, p
       elseif idx == index - 1 then prev, born = tonumber(c), b end
       if born == '' then born = false end
     end
@@ -340,7 +340,7 @@ local function sliding_counter(k, n, q, w, cost, attempt, replay, settle, place,
     elseif delta < 0 and at and at[2 * i] == borns[i] then
       -- a refund comes out of the window the reservation went to, while it still counts, of
       -- the life it charged
-      local p = int(at[2 * i - 1])
+      local p = tonumber(at[2 * i - 1])
       if p == index and cur > 0 then
         cur = cur - min(-delta, cur)
         write = true
@@ -356,7 +356,12 @@ local function sliding_counter(k, n, q, w, cost, attempt, replay, settle, place,
       if until_ms > keep then keep = until_ms end
     end
     if write then
-      local value = format('%d:%d:%d:%s', index, cur, prev, born)
+      local value
+      if sames[i] and prev == prevs[i] then
+        value = index_texts[i] .. ':' .. format('%d', cur) .. ':' .. prev_texts[i] .. ':' .. born
+      else
+        value = format('%d:%d:%d:%s', index, cur, prev, born)
+      end
       if sames[i] then
         -- the same window: its expiry (the end of the next window) stands
         redis.call('SET', KEYS[k + i], value, 'KEEPTTL')
@@ -401,15 +406,9 @@ local function gcra(k, n, q, w, cost, attempt, replay, settle, place, blocked)
     local tat, rem, born = now, 0, false
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
-      -- the arrival time read in two halves, as int does, without the calls to cut it
-      local high, low, r, b = match(raw, '^(%d+)(%d%d%d%d%d%d%d%d):(%d+):?(%x*)')
-      local stored
-      if high then
-        stored = tonumber(high) * 100000000 + tonumber(low)
-      else
-        low, r, b = match(raw, '^(%d+):(%d+):?(%x*)')
-        stored = tonumber(low)
-      end
+      -- a pattern that never backtracks: its captures are the cost of reading the state
+      local t, r, b = match(raw, '^(%d+):(%d+):?(%x*)')
+      local stored = tonumber(t)
       if stored >= now then
         tat, rem = stored, tonumber(r)
         if b ~= '' then born = b end
@@ -470,7 +469,7 @@ local function gcra(k, n, q, w, cost, attempt, replay, settle, place, blocked)
       elseif at and at[3 * i] and at[3 * i] == borns[i] then
         -- a refund takes back what of the reservation's span is still ahead of now, of the
         -- life it charged
-        local left = (int(at[3 * i - 2]) - now) * quota + int(at[3 * i - 1])
+        local left = (tonumber(at[3 * i - 2]) - now) * quota + tonumber(at[3 * i - 1])
         if left > 0 then ahead = offset - min(-delta * window, left, offset) end
       end
       if ahead ~= offset then
@@ -487,8 +486,10 @@ local function gcra(k, n, q, w, cost, attempt, replay, settle, place, blocked)
       if until_ms > keep then keep = until_ms end
     end
     if write then
+      -- each number formatted alone and joined: one format of several costs more
+      local part = rem == 0 and '0' or format('%d', rem)
       redis.call('PSETEX', KEYS[k + i], format('%d', ceil((tat - now) / 1000) + 1),
-        format('%d:%d:%s', tat, rem, born))
+        format('%d', tat) .. ':' .. part .. ':' .. born)
     end
     local ahead = (tat - now) * quota + rem
     -- ceil_div(ahead, window), inline: this runs for every check
@@ -516,7 +517,7 @@ local function blocks(bk, policy, tills)
     if b[i] > 0 then
       j = j + 1
       local raw = redis.call('GET', KEYS[bk + j])
-      if raw and int(raw) > now_us then tills[i], blocked = int(raw), true end
+      if raw and tonumber(raw) > now_us then tills[i], blocked = tonumber(raw), true end
     end
   end
   return blocked
@@ -546,7 +547,7 @@ local function penalize(bk, policy, tills, blocked, cost, start)
 end
 
 local algorithms = {sliding_log, sliding_counter, gcra}
-local deadline = int(ARGV[1])
+local deadline = tonumber(ARGV[1])
 local late = now_us >= deadline
 local records, retain_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
 -- this call's record, when it ran before; those of earlier calls, read once each
@@ -586,7 +587,7 @@ for p = 1, tonumber(ARGV[4]) do
     q[i], w[i], b[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i]), 0
     if not w[i] then
       local window, block = match(ARGV[a + 2 + 2 * i], '^(%d+):(%d+)$')
-      w[i], b[i], nb = int(window), int(block), nb + 1
+      w[i], b[i], nb = tonumber(window), tonumber(block), nb + 1
     end
   end
   local algorithm = tonumber(ARGV[a + 1])
@@ -609,13 +610,13 @@ while a < args do
     local kind = sub(ARGV[a + 2], 1, 1)
     if kind == 'r' or kind == 'c' then
       local units, held = match(ARGV[a + 2], '^[rc](%d+)%+?(%d*)$')
-      cost = int(units)
-      if held ~= '' and cost > 0 then hold = int(held) end
+      cost = tonumber(units)
+      if held ~= '' and cost > 0 then hold = tonumber(held) end
       if kind == 'r' and policy[5] then place = KEYS[k + n + nb + 1] end
     else
       -- a settlement: what it settles, whether it may refund, and nothing to decide
       local reserved, actual, of = match(ARGV[a + 2], '^[sS](%d+):(%d+):(%x+)$')
-      settle, cost = {int(reserved), int(actual), of, kind == 'S'}, 0
+      settle, cost = {tonumber(reserved), tonumber(actual), of, kind == 'S'}, 0
       if settle[4] and policy[5] then place = KEYS[k + n + nb + 1] end
     end
   end
