@@ -1,8 +1,6 @@
 //! A layer's decision for a call made outside a tower service — the outbound limit's adapter for
 //! `reqwest-middleware` — and its settlement on the answer's head.
 
-use std::sync::Arc;
-
 use http::request::Parts;
 use tokio::time::Instant;
 
@@ -12,7 +10,7 @@ use super::rejection::Refused;
 use super::settings::Settle;
 use crate::key::KeyExtractor;
 use crate::rate::RateCheck;
-use crate::rate_client::{DecisionSource, RateClient};
+use crate::rate_client::DecisionSource;
 
 /// A call the layer let through: its decision (none when it was not checked), and what its
 /// answer settles.
@@ -20,13 +18,6 @@ use crate::rate_client::{DecisionSource, RateClient};
 pub(crate) struct Direct {
     pub(crate) decision: Option<RateLimitDecision>,
     settle: Option<RateCheck>,
-}
-
-impl<K> RateLimitLayer<K> {
-    /// The layer's rate client: what an outbound limit corrects and waits through.
-    pub(crate) fn rate_client(&self) -> Arc<RateClient> {
-        Arc::clone(&self.settings.client)
-    }
 }
 
 impl<K: KeyExtractor> RateLimitLayer<K> {

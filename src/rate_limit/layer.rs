@@ -158,6 +158,11 @@ impl<K> RateLimitLayer<K> {
         self.settings.client.give_back_leases().await;
     }
 
+    /// The layer's rate client: what an outbound limit corrects and waits through.
+    pub(crate) fn rate_client(&self) -> Arc<crate::rate_client::RateClient> {
+        Arc::clone(&self.settings.client)
+    }
+
     /// What this copy holds unspent of its leased slices, over every caller and tier: charged
     /// in the store, not admitted yet. The most by which a caller may be admitted less than its
     /// quota is the sum of this over the copies.

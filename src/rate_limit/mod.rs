@@ -94,6 +94,7 @@ mod layer;
 mod limits;
 mod meter;
 mod rejection;
+mod respond;
 pub(crate) use rejection::Refused;
 mod service;
 mod settings;
