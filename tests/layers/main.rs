@@ -41,6 +41,7 @@ mod idempotency;
 mod in_transaction;
 mod limits_in_store;
 mod outbound;
+mod outbound_fairness;
 mod planted_state;
 mod rate_limit_frameworks;
 mod rate_limit_invalidations;
