@@ -57,10 +57,26 @@ where
         if cost == 0 {
             return ResponseFuture::unchecked(self.inner.call(request), settings);
         }
-        match settings
+        let decided = settings
             .client
-            .decide(&tier, settings.check(key, cost), arrived)
-        {
+            .decide(&tier, settings.check(key, cost), arrived);
+        self.decided(decided, request, settings, wire)
+    }
+}
+
+impl<S, K> RateLimit<S, K> {
+    /// The future of a request the rate client decided: at once, or once the store answers.
+    fn decided<ReqBody>(
+        &mut self,
+        decided: Decided,
+        request: Request<ReqBody>,
+        settings: Arc<Settings>,
+        wire: Wire,
+    ) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>> + Clone,
+    {
+        match decided {
             Decided::Now(verdict) => {
                 ResponseFuture::decided(verdict, &mut self.inner, request, settings, wire)
             }
@@ -79,9 +95,7 @@ where
             }
         }
     }
-}
 
-impl<S, K> RateLimit<S, K> {
     /// A request without a key: refused as the layer's [`MissingKey`](crate::key::MissingKey)
     /// says (let through in shadow mode), or let through unlimited.
     fn without_key<ReqBody>(
