@@ -558,6 +558,27 @@ async fn a_lower_remaining_count_corrects_the_shared_count<S: RateStore>(make: i
         9,
         "the provider's counts are not read"
     );
+
+    // through reqwest-middleware alike
+    let through_reqwest = RateLimitLayer::builder(make())
+        .prefix(format!("{prefix}reqwest"))
+        .limit(Limit::per_minute("calls", 10))
+        .build_outbound()
+        .unwrap();
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(through_reqwest.clone())
+        .build();
+    let answer = client.post(format!("http://{addr}/v1/left")).send().await;
+    assert_eq!(answer.unwrap().status(), StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while remaining(&through_reqwest).await != 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        remaining(&through_reqwest).await,
+        3,
+        "corrected through reqwest"
+    );
 }
 
 fn caller_of(layer: &OutboundLimitLayer<Global>) -> Caller {
@@ -611,9 +632,14 @@ async fn a_call_waits_out_the_store(server: &mut crate::common::RedisServer) {
 
     tokio::task::block_in_place(|| server.kill());
     let called = Instant::now();
-    let answer = limited.oneshot(post_to(addr)).await;
+    // two: the first of the line asks the store, the second waits behind it
+    let (first, second) = tokio::join!(
+        limited.clone().oneshot(post_to(addr)),
+        limited.oneshot(post_to(addr))
+    );
     let waited = called.elapsed();
-    assert_eq!(status(answer), Err("store unavailable".to_owned()));
+    assert_eq!(status(first), Err("store unavailable".to_owned()));
+    assert_eq!(status(second), Err("store unavailable".to_owned()));
     assert!(
         waited >= Duration::from_secs(4),
         "waited its patience: {waited:?}"
