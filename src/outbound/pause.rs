@@ -26,8 +26,10 @@ use crate::store::{ClaimRequest, Hold, LockStore};
 /// | longer than `longest` (however many digits) | `longest` |
 /// | `0` | none |
 ///
-/// Other statuses pause nothing. A call that finds its key paused waits for the pause to end
-/// when it ends within the call's patience, and fails with
+/// Other statuses pause nothing by their status (an answer whose own count says the quota is
+/// spent does, until its reset, with the same caps: see
+/// [`ProviderCounts`](super::ProviderCounts)). A call that finds its key paused waits for the
+/// pause to end when it ends within the call's patience, and fails with
 /// [`OutboundError::Limited`](super::OutboundError::Limited) at once otherwise.
 ///
 /// ```
