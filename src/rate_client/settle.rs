@@ -41,13 +41,15 @@ impl Unsettled {
 }
 
 /// Sends `settlement` (a check made by [`RateCheck::settle`]) of `policy` to `store` in the
-/// background, and logs its failure as `unsettled` says. Outside a Tokio runtime nothing can be
-/// sent: the reservation stays charged until its window passes (logged the same way).
+/// background, and logs its failure as `unsettled` says; `until_settled` is kept until the
+/// store has answered. Outside a Tokio runtime nothing can be sent: the reservation stays
+/// charged until its window passes (logged the same way).
 pub(crate) fn in_background(
     store: &dyn RateStore,
     policy: &Arc<RatePolicy>,
     settlement: RateCheck,
     unsettled: Unsettled,
+    until_settled: impl Send + 'static,
 ) {
     let settled_to = settlement.cost();
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -59,5 +61,6 @@ pub(crate) fn in_background(
         if let Err(error) = pending.await {
             unsettled.log(&error, settled_to);
         }
+        drop(until_settled);
     });
 }

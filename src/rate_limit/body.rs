@@ -144,6 +144,6 @@ impl Drop for BodyMeter {
             Reading::Usage(_) => Unsettled::Streamed,
         };
         let settlement = self.check.settle(actual);
-        settle::in_background(&*self.store, &self.policy, settlement, why);
+        settle::in_background(&*self.store, &self.policy, settlement, why, ());
     }
 }

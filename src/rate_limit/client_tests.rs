@@ -249,3 +249,115 @@ async fn an_answer_names_its_source_whatever_the_outcome_carries() {
     // three checks alone, then the fourth request with its slice, then two from the slice
     assert_eq!(sources, [store, store, store, store, lease, lease]);
 }
+
+/// A memory store whose leased slices (reservations) and settlements wait while its gate is
+/// shut, charged as they arrive: their answers are held back, as a slow network would.
+#[derive(Debug)]
+struct Gated {
+    inner: crate::store::MemoryStore,
+    open: tokio::sync::watch::Sender<bool>,
+    /// The reservations and settlements held back now.
+    held: Arc<AtomicUsize>,
+}
+
+impl RateStore for Gated {
+    fn check_rate(&self, p: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
+        let gated = check.is_reservation() || check.settles().is_some();
+        let mut open = self.open.subscribe();
+        let held = Arc::clone(&self.held);
+        let ran = self.inner.check_rate(p, check);
+        Box::pin(async move {
+            let outcome = ran.await;
+            if gated && !*open.borrow() {
+                held.fetch_add(1, Ordering::SeqCst);
+                let _ = open.wait_for(|open| *open).await;
+                held.fetch_sub(1, Ordering::SeqCst);
+            }
+            outcome
+        })
+    }
+
+    fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(5)
+    }
+
+    fn reset_rate(&self, p: &Arc<RatePolicy>, key: crate::key::Key) -> StoreFuture<()> {
+        self.inner.reset_rate(p, key)
+    }
+}
+
+/// What a copy says it holds unspent bounds what the store counts and nobody was admitted, at
+/// every moment: a slice whose fetch the store charged but whose answer has not landed, and a
+/// slice given back whose settlement has not landed, are counted as held.
+#[tokio::test]
+async fn slices_on_their_way_are_counted_as_held() {
+    const QUOTA: u64 = 1_000;
+    let store = Arc::new(Gated {
+        inner: crate::store::MemoryStore::new(),
+        open: tokio::sync::watch::Sender::new(false),
+        held: Arc::default(),
+    });
+    let layer = RateLimitLayer::builder(Arc::clone(&store))
+        .limit(Limit::per_hour("h", QUOTA).leased())
+        .key(Header::from_static("x-caller"))
+        .build()
+        .unwrap();
+    let ok = |_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) };
+    let svc = tower_layer::Layer::layer(&layer, service_fn(ok));
+    let send = |mut svc: crate::rate_limit::RateLimit<_, Header>| async move {
+        let request = Request::get("/").header("x-caller", "a").body(()).unwrap();
+        let response = svc.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    };
+    // three checks alone, then the fourth request fetches a slice: held back, charged
+    for _ in 0..3 {
+        send(svc.clone()).await;
+    }
+    let fourth = tokio::spawn(send(svc.clone()));
+    while store.held.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let key = crate::key::Key::new("header:x-caller", b"a");
+    let policy = layer.policy();
+    let left = || async {
+        let look = store.inner.check_rate(&policy, RateCheck::new(key, 0));
+        look.await.unwrap().limits[0].remaining
+    };
+    let slice = QUOTA - 3 - left().await;
+    assert!(slice > 1, "a slice of {slice}");
+    assert_eq!(
+        layer.leases_unspent(),
+        slice,
+        "a slice fetched, its answer not landed"
+    );
+    store.open.send_replace(true);
+    fourth.await.unwrap();
+    assert_eq!(
+        layer.leases_unspent(),
+        slice - 1,
+        "the fourth request took one"
+    );
+    // given back: charged until the settlement lands
+    store.open.send_replace(false);
+    let giving_back = tokio::spawn({
+        let layer = layer.clone();
+        async move { layer.give_back_leases().await }
+    });
+    while store.held.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(left().await, QUOTA - 4, "the store has settled it");
+    assert_eq!(
+        layer.leases_unspent(),
+        slice - 1,
+        "its answer has not landed"
+    );
+    store.open.send_replace(true);
+    giving_back.await.unwrap();
+    assert_eq!(layer.leases_unspent(), 0);
+    assert_eq!(
+        left().await,
+        QUOTA - 4,
+        "exactly what was admitted stays charged"
+    );
+}

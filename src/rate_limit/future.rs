@@ -13,8 +13,8 @@ use tower_service::Service;
 
 use super::body::{BodyMeter, ResponseBody};
 use super::decision::{self, RateLimitDecision};
-use super::respond::{finish, replayed, settled_decision};
 use super::rejection::Rejection;
+use super::respond::{finish, replayed, settled_decision};
 use super::settings::{Settings, Settle};
 use crate::grpc::Wire;
 use crate::idempotency::Replayed;

@@ -164,8 +164,10 @@ impl<K> RateLimitLayer<K> {
     }
 
     /// What this copy holds unspent of its leased slices, over every caller and tier: charged
-    /// in the store, not admitted yet. The most by which a caller may be admitted less than its
-    /// quota is the sum of this over the copies.
+    /// in the store, not admitted yet — slices on their way counted as held (a fetch the store
+    /// may have charged, whose answer has not landed; a slice given back or resolved, until its
+    /// settlement lands). The most by which a caller may be admitted less than its quota is,
+    /// at every moment, the sum of this over the copies.
     pub fn leases_unspent(&self) -> u64 {
         self.settings.client.leases_unspent()
     }

@@ -90,6 +90,8 @@ impl Leases {
         waiting: Option<Waiting>,
     ) {
         let made_at = Instant::now();
+        // charged once the store decides, held once installed: in transit until then
+        let carried = self.in_transit.carry(slice.cost());
         let answer = lost::bounded(self.store.as_ref(), &self.policy, slice).await;
         // counted before the fetch is over, for a graceful shutdown that waits for both
         let lost = answer
@@ -108,6 +110,8 @@ impl Leases {
             .filter(|waiting| !waiting.answer.is_closed())
             .map_or(0, |waiting| waiting.cost);
         let installed = self.install(slice, cost, answer, (&fetching, made_at));
+        // a lost slice stays in transit while it is resolved
+        let carried = matches!(lost, Some(Some(_))).then_some(carried);
         drop(fetching);
         self.hand_over(slice, cost, installed, waiting);
         if let Some(Some(resolving)) = lost {
@@ -115,7 +119,7 @@ impl Leases {
             // the layer may go meanwhile: the resolution does not keep it
             drop(self);
             lost::resolve(store, policy, slice, made_at).await;
-            drop(resolving);
+            drop((resolving, carried));
         }
     }
 

@@ -67,6 +67,10 @@ impl Leases {
         }
         self.resolutions.ended(self.store.timeout()).await;
         let settlements = self.drain();
+        let carried: Vec<_> = settlements
+            .iter()
+            .map(|settlement| self.in_transit.carry(super::unspent(settlement)))
+            .collect();
         let pending: Vec<_> = settlements
             .iter()
             .map(|settlement| self.store.settle(&self.policy, *settlement))
@@ -79,12 +83,15 @@ impl Leases {
                 );
             }
         }
+        drop(carried);
         settlements.iter().map(RateCheck::key).collect()
     }
 
-    /// What the copy holds unspent of its slices, over every caller.
+    /// What the copy holds unspent of its slices, over every caller, and what is in transit:
+    /// slices being fetched, given back or resolved, which the store may count.
     pub(crate) fn unspent(&self) -> u64 {
-        self.shards
+        let held: u64 = self
+            .shards
             .iter()
             .map(|shard| {
                 let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
@@ -94,7 +101,8 @@ impl Leases {
                     .map(Slice::left)
                     .sum::<u64>()
             })
-            .sum()
+            .sum();
+        held + self.in_transit.units()
     }
 
     /// Retires the expired slices of every caller and forgets the callers idle for two leases.

@@ -5,7 +5,8 @@
 //!
 //! - **Never more than the quota**: a request is admitted from a slice only after the store
 //!   charged the slice, so the store's count is never below what the copies admitted.
-//! - **The shortfall**: at most what the copies hold unspent of their slices; a slice is at most
+//! - **The shortfall**: at most what the copies hold unspent of their slices, those on their way
+//!   counted as held ([`transit`]); a slice is at most
 //!   an eighth of the smallest quota and half of what the store last said was left, so slices
 //!   shrink as the quota runs low, and a caller close to its limit is checked per request, as
 //!   without leases.
@@ -48,6 +49,7 @@ mod caller;
 mod fetch;
 mod give_back;
 mod lost;
+mod transit;
 
 /// Requests of a caller on this copy within one lease before it is leased a slice.
 pub(crate) const WARM: u64 = 4;
@@ -70,6 +72,8 @@ pub(crate) struct Leases {
     sweeper: OnceLock<AbortOnDrop>,
     /// Slices whose answer was lost, being resolved.
     resolutions: Arc<lost::Resolutions>,
+    /// Units no slice holds that the store may count: slices fetched, given back or resolved.
+    in_transit: Arc<transit::InTransit>,
 }
 
 debug_fields!(Leases { lease, largest });
@@ -114,6 +118,13 @@ impl Slice {
     }
 }
 
+/// What `settlement` gives back: the part of its slice left unspent.
+fn unspent(settlement: &RateCheck) -> u64 {
+    settlement.settles().map_or(0, |settled| {
+        settled.reserved.saturating_sub(settlement.cost())
+    })
+}
+
 /// The answer to a request of a leased tier that was not decided at once, and who gave it: the
 /// store, or a slice this copy waited for.
 pub(crate) type LeaseFuture = StoreFuture<(RateOutcome, DecisionSource)>;
@@ -142,6 +153,7 @@ impl Leases {
             largest: (quota / 8).max(1),
             sweeper: OnceLock::new(),
             resolutions: Arc::default(),
+            in_transit: Arc::default(),
         }
     }
 
@@ -291,7 +303,14 @@ impl Leases {
     /// Sends the settlements that return what slices left unspent, in the background.
     fn give_back(&self, settlements: Vec<RateCheck>) {
         for settlement in settlements {
-            settle::in_background(&*self.store, &self.policy, settlement, Unsettled::Slice);
+            let carried = self.in_transit.carry(unspent(&settlement));
+            settle::in_background(
+                &*self.store,
+                &self.policy,
+                settlement,
+                Unsettled::Slice,
+                carried,
+            );
         }
     }
 
