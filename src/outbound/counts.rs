@@ -15,7 +15,8 @@ use http::header::HeaderName;
 ///   when the reset is missing or unusable), on every copy with
 ///   [`share_pauses`](super::OutboundLimitLayer::share_pauses);
 /// - a **positive remaining count lower than the store's** charges the difference to the
-///   key's limits, so that a provider that lowers its limit is followed within a round trip.
+///   key's limits, so that a provider that lowers its limit is followed within a round trip
+///   (one correction of a key at a time: on a copy, and across copies that share their pauses).
 ///
 /// By default it reads, from the first that gives a remaining count:
 ///

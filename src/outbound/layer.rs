@@ -77,7 +77,8 @@ impl<K> OutboundLimitLayer<K> {
     /// for every clone of the layer. A count of 0 pauses the key's calls until its reset, as a
     /// `429` does (shared with [`share_pauses`](Self::share_pauses)); a positive count below
     /// the store's — the least remaining of the limits — charges the difference to every limit
-    /// of the call's tier, once the answer is in (one correction of a key at a time on a copy).
+    /// of the call's tier, once the answer is in (one correction of a key at a time on a copy,
+    /// and across the copies with [`share_pauses`](Self::share_pauses)).
     pub fn provider_counts(self, counts: ProviderCounts) -> Self {
         *self
             .shared
@@ -109,7 +110,8 @@ impl<K> OutboundLimitLayer<K> {
     /// pause there (a claim that expires with it; one in force is kept, not lengthened), and
     /// every copy reads it before each call of that key, and before each check of a call
     /// waiting for room — one more round trip each, none while the copy knows of a pause. A
-    /// store that fails is logged, and the call goes on to its limits.
+    /// store that fails is logged, and the call goes on to its limits. The copies also take
+    /// turns there to correct a key's count to the [provider's](Self::provider_counts).
     pub fn share_pauses(self, store: impl LockStore) -> Self {
         let namespace = Arc::from(self.rate.policy().namespace());
         let store: Arc<dyn LockStore> = Arc::new(store);

@@ -43,7 +43,9 @@ impl Shared {
     ) {
         let remaining = self.book.heard(key, status, headers).await;
         if let (Some(remaining), Some(decision)) = (remaining, decision) {
-            self.corrections.follow(&self.client, decision, remaining);
+            let across = self.book.shared.get().cloned();
+            self.corrections
+                .follow(&self.client, across, decision, remaining);
         }
     }
 }

@@ -137,6 +137,14 @@ async fn provider(limit: usize) -> (SocketAddr, Shared) {
             post(|| async { ([("ratelimit", r#""calls";r=3;t=60"#)], "done") }),
         )
         .route(
+            "/v1/left-late",
+            post(|| async {
+                // late enough that calls sent together have all been checked
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                ([("ratelimit", r#""calls";r=3;t=60"#)], "done")
+            }),
+        )
+        .route(
             "/v1/usage",
             post(|| async { ([("x-tokens-used", "37")], "done") }),
         )
@@ -581,6 +589,51 @@ async fn a_lower_remaining_count_corrects_the_shared_count<S: RateStore>(make: i
     );
 }
 
+/// Four copies that share their pauses get the provider's `r=3` on calls made together, where
+/// the store counts 6 left: the copies take turns in the store to correct, each reading the
+/// count after the one before, so the count is brought to 3 once — not charged the difference
+/// by every copy.
+async fn copies_correct_together_once<S: RateStore + LockStore + Clone>(make: impl Fn() -> S) {
+    let (addr, _provider) = provider(1_000).await;
+    let prefix = format!("together{:08x}", rand::random::<u32>());
+    let layers: Vec<_> = (0..COPIES)
+        .map(|_| {
+            let store = make();
+            RateLimitLayer::builder(store.clone())
+                .prefix(&prefix)
+                .limit(Limit::per_minute("calls", 10))
+                .build_outbound()
+                .unwrap()
+                .share_pauses(store)
+        })
+        .collect();
+    let left = || {
+        Request::post(format!("http://{addr}/v1/left-late"))
+            .body(Full::default())
+            .unwrap()
+    };
+    let calls = layers.iter().map(|layer| caller_of(layer).oneshot(left()));
+    let answers = futures_util::future::join_all(calls).await;
+    assert!(
+        answers.iter().all(|a| *a == Ok(StatusCode::OK)),
+        "{answers:?}"
+    );
+    let (parts, ()) = Request::new(()).into_parts();
+    let layer = &layers[0];
+    let key = layer.rate_limit().key_of(&parts).unwrap();
+    let remaining = async || layer.rate_limit().peek(key).await.unwrap().limits[0].remaining;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while remaining().await != 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        remaining().await,
+        3,
+        "corrected to the provider's count, once"
+    );
+}
+
 fn caller_of(layer: &OutboundLimitLayer<Global>) -> Caller {
     caller(layer.clone())
 }
@@ -655,6 +708,12 @@ mod on_memory {
     use tollgate::store::MemoryStore;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn copies_correct_together_once() {
+        let store = MemoryStore::new();
+        super::copies_correct_together_once(|| store.clone()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_spent_count_pauses_every_copy() {
         let store = MemoryStore::new();
         super::a_spent_count_pauses_every_copy(|| store.clone()).await;
@@ -703,6 +762,12 @@ mod on_memory {
 mod on_redis {
     use crate::common::RedisServer;
     use crate::rate_limit_invalidations::redis_store;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn copies_correct_together_once() {
+        let server = RedisServer::start();
+        super::copies_correct_together_once(|| redis_store(&server)).await;
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_spent_count_pauses_every_copy() {
@@ -761,6 +826,12 @@ mod on_redis {
 
 mod on_postgres {
     use crate::common::postgres;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn copies_correct_together_once() {
+        let store = postgres::store().await;
+        super::copies_correct_together_once(|| store.clone()).await;
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_spent_count_pauses_every_copy() {
