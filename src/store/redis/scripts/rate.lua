@@ -86,6 +86,17 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out, len = {}, 0
 local format, match, sub, gmatch = string.format, string.match, string.sub, string.gmatch
 local floor, ceil, min, max, tonumber = math.floor, math.ceil, math.min, math.max, tonumber
+-- the call's store time as text, and the texts of the expiries set, formatted once per call:
+-- every check of a sliding log not held scores its entries with it, and sets the same expiry
+local now_text, ms_texts = format('%d', now_us), {}
+local function ms_text(ms)
+  local text = ms_texts[ms]
+  if not text then
+    text = format('%d', ms)
+    ms_texts[ms] = text
+  end
+  return text
+end
 -- per-limit scratch of the check being decided, reused by every check of the call
 local s1, s2, s3, s4, s5, s6, s7, s8 = {}, {}, {}, {}, {}, {}, {}, {}
 -- per limit of the check being decided, whether it denied the cost (a penalty's cause)
@@ -158,9 +169,9 @@ end
 -- this ZADD, without an expiry, which GT would leave so.
 local function keep(key, ttl_ms, fresh)
   if fresh then
-    redis.call('PEXPIRE', key, format('%d', ttl_ms))
+    redis.call('PEXPIRE', key, ms_text(ttl_ms))
   else
-    redis.call('PEXPIRE', key, format('%d', ttl_ms), 'GT')
+    redis.call('PEXPIRE', key, ms_text(ttl_ms), 'GT')
   end
 end
 
@@ -209,7 +220,7 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
   if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
   out[len + 1], out[len + 2], len = admitted, retry, len + 2
   -- a held charge's units are dated when the copy may last admit them
-  local score = format('%d', now_us + hold)
+  local score = hold == 0 and now_text or format('%d', now_us + hold)
   for i = 1, n do
     local key = KEYS[k + i]
     local quota, window = q[i], w[i]
