@@ -42,7 +42,8 @@ impl QuotaUnit {
 }
 
 /// `"burst";q=10;w=1, "hourly";q=1000;w=3600`, one member per limit in configuration order;
-/// with `unit`, each member says it: `"burst";q=10;qu="content-bytes";w=1`.
+/// with `unit`, each member says it: `"burst";q=10;qu="content-bytes";w=1` (a limit that
+/// counts calls, `qu="requests"`).
 pub(crate) fn policy(
     policy: &RatePolicy,
     unit: Option<QuotaUnit>,
@@ -55,6 +56,12 @@ pub(crate) fn policy(
         // Names are validated to [A-Za-z0-9_.-], so they need no escaping inside an sf-string.
         let _ = write!(out, "\"{}\";q={}", limit.name(), limit.quota());
         if let Some(unit) = unit {
+            // a limit that counts calls counts requests, whatever the others count
+            let unit = if limit.counts_calls() {
+                QuotaUnit::Request
+            } else {
+                unit
+            };
             let _ = write!(out, ";qu=\"{}\"", unit.token());
         }
         let _ = write!(out, ";w={}", ceil_secs(limit.window()));

@@ -46,8 +46,9 @@ Examples:
       --header x-api-key=acme
   tollgate limits set --store redis://10.0.0.5:6379/ --prefix app --extension acme --in-flight 5
 
-A limit is NAME:COUNT/WINDOW (a window as 500ms, 1s, 5m, 1h, 1d), then :leased and \
-:block=DURATION if it has them, e.g. minute:100/60s:block=30s. A limit of requests in \
+A limit is NAME:COUNT/WINDOW (a window as 500ms, 1s, 5m, 1h, 1d), then /calls if it counts \
+calls whatever their cost, :leased and :block=DURATION if it has them, e.g. \
+minute:100/60s:block=30s or requests:100/1s/calls. A limit of requests in \
 flight is a whole number from 1.
 Exit codes: 0 done; 1 nothing under what was named (no limits under the prefix, no override \
 of the caller, no replacement of the tier); 2 an error (bad arguments or limits, which change \
@@ -179,7 +180,7 @@ struct SetArgs {
     place: Place,
     #[command(flatten)]
     subject: Subject,
-    /// A rate limit's limit, NAME:COUNT/WINDOW[:leased][:block=DURATION]; repeat it for
+    /// A rate limit's limit, NAME:COUNT/WINDOW[/calls][:leased][:block=DURATION]; repeat it for
     /// several, checked together.
     #[arg(long = "limit", value_name = "LIMIT", value_parser = parse_limit)]
     limits: Vec<Limit>,
@@ -245,7 +246,8 @@ impl Kind {
     }
 }
 
-/// `NAME:COUNT/WINDOW[:leased][:block=DURATION]`.
+/// `NAME:COUNT/WINDOW[/calls][:leased][:block=DURATION]`: `/calls`, a limit that counts calls
+/// (`Limit::counting_calls`).
 pub(crate) fn parse_limit(text: &str) -> Result<Limit, String> {
     let bad = |why: &str| format!("`{text}`: {why} (write NAME:COUNT/WINDOW, e.g. minute:100/60s)");
     let mut parts = text.split(':');
@@ -258,8 +260,15 @@ pub(crate) fn parse_limit(text: &str) -> Result<Limit, String> {
     let count: u64 = count
         .parse()
         .map_err(|_| bad("the count is not a whole number"))?;
+    let (window, calls) = match window.strip_suffix("/calls") {
+        Some(window) => (window, true),
+        None => (window, false),
+    };
     let window = parse_duration(window).map_err(|e| bad(&e.to_string()))?;
     let mut limit = Limit::new(name, count, window);
+    if calls {
+        limit = limit.counting_calls();
+    }
     for flag in parts {
         limit = match flag.split_once('=') {
             None if flag == "leased" => limit.leased(),
@@ -463,6 +472,9 @@ fn rows(out: &mut String, owner: &str, limits: &[Limit]) {
         let mut extra = String::new();
         if limit.is_leased() {
             extra.push_str("  leased");
+        }
+        if limit.counts_calls() {
+            extra.push_str("  calls");
         }
         if let Some(block) = limit.penalty() {
             let _ = write!(extra, "  block {}", crate::rate::window(block));
@@ -677,9 +689,18 @@ mod tests {
                 .leased()
                 .block_for(Duration::from_secs(30))
         );
+        let limit = parse_limit("requests:100/1s/calls:block=30s").unwrap();
+        assert_eq!(
+            limit,
+            Limit::per_second("requests", 100)
+                .counting_calls()
+                .block_for(Duration::from_secs(30))
+        );
+        assert!(!parse_limit("tokens:10000/1s").unwrap().counts_calls());
         for bad in [
             "",
             "minute",
+            "m:1/1s/cells",
             "minute:100",
             "minute:x/1s",
             "minute:1/1y",

@@ -176,7 +176,8 @@ pub fn parse_algorithm(value: &str) -> Result<Algorithm, String> {
 }
 
 /// Parses `APP_LIMITS`: comma-separated `name:count/<seconds>s` entries, e.g.
-/// `burst:5/1s,minute:100/60s`. Names are 1 to 64 ASCII letters, digits, `-`, `_` or `.`, each
+/// `burst:5/1s,minute:100/60s`; an entry ending in `/calls` counts calls, whatever their cost
+/// (`requests:100/1s/calls,tokens:10000/1s`: see `Limit::counting_calls`). Names are 1 to 64 ASCII letters, digits, `-`, `_` or `.`, each
 /// used once; counts and windows are whole numbers of at least 1. Held to the default
 /// algorithm's bounds (the sliding log's); [`parse_limits_for`] to another's.
 pub fn parse_limits(value: &str) -> Result<Vec<Limit>, String> {
@@ -196,10 +197,13 @@ pub fn parse_limits_for(value: &str, algorithm: Algorithm) -> Result<Vec<Limit>,
     Ok(limits)
 }
 
-/// Parses one `name:count/<seconds>s` entry.
+/// Parses one `name:count/<seconds>s` entry, or `name:count/<seconds>s/calls`.
 fn parse_limit(entry: &str) -> Result<Limit, String> {
     if entry.is_empty() {
         return Err("empty entry (two commas in a row, or one at an end)".to_owned());
+    }
+    if let Some(limit) = entry.strip_suffix("/calls") {
+        return parse_limit(limit).map(Limit::counting_calls);
     }
     let shape = || format!("{entry:?} is not name:count/<seconds>s");
     let (name, rest) = entry.split_once(':').ok_or_else(shape)?;
@@ -229,11 +233,19 @@ pub fn whole_number(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
-/// `limits` as `name:count/<seconds>s,…`, for startup messages.
+/// `limits` as `name:count/<seconds>s[/calls],…`, for startup messages.
 pub fn describe_limits(limits: &[Limit]) -> String {
     limits
         .iter()
-        .map(|l| format!("{}:{}/{}s", l.name(), l.quota(), l.window().as_secs()))
+        .map(|l| {
+            let calls = if l.counts_calls() { "/calls" } else { "" };
+            format!(
+                "{}:{}/{}s{calls}",
+                l.name(),
+                l.quota(),
+                l.window().as_secs()
+            )
+        })
         .collect::<Vec<_>>()
         .join(",")
 }

@@ -10,7 +10,8 @@
 //! server's clock, and safe to run twice. The rules, as the suite checks them:
 //!
 //! - **Rate checks** decide as the three [`Algorithm`](crate::rate::Algorithm)s do, all of a
-//!   check's limits or none; the same [`RateCheck`](crate::rate::RateCheck) run again (its
+//!   check's limits or none (a limit that [counts calls](crate::rate::Limit::counting_calls)
+//!   charged 1 by a check of any cost, never settled); the same [`RateCheck`](crate::rate::RateCheck) run again (its
 //!   attempt id) is admitted without a second charge, whatever was charged in between; a cost
 //!   of 0 only looks. A [settlement](crate::rate::RateCheck::settle) corrects an admitted
 //!   check's charge to its actual cost, once, past the quota by at most one more, refunding
@@ -141,6 +142,12 @@ macro_rules! rate_store_suite {
             a_held_log_charge_counts_until_a_window_after_its_hold,
             a_held_gcra_charge_is_charged_from_its_holds_end,
             a_held_counter_charge_is_charged_as_any,
+            a_calls_limit_is_charged_one_whatever_the_cost,
+            a_cost_denial_charges_no_calls,
+            a_calls_denial_charges_no_cost,
+            a_mixed_denial_waits_for_the_latest_limit,
+            a_settlement_leaves_a_calls_limit_as_it_was,
+            a_look_charges_a_calls_limit_nothing,
         );
     };
 }

@@ -172,7 +172,8 @@ impl Model {
                     let state = self.states.remove(key);
                     let refund = settled.reserved.saturating_sub(check.cost());
                     let debt = check.cost().saturating_sub(settled.reserved);
-                    let state = if replay {
+                    // a limit that counts calls counted the call: a settlement leaves it
+                    let state = if replay || limit.counts_calls() {
                         state
                     } else {
                         let place = place.as_ref().map(|p| p[i]);
@@ -253,7 +254,7 @@ impl Model {
                     (q, w),
                     (now, check.hold_us()),
                     id,
-                    cost,
+                    limit.charge_of(cost),
                 ));
             }
             limits.push(answer(algorithm, state.as_ref(), q, w, now));
@@ -317,7 +318,7 @@ fn decide(
         if *replay {
             continue;
         }
-        let (q, w) = (limit.quota(), limit.window_us());
+        let (q, w, cost) = (limit.quota(), limit.window_us(), limit.charge_of(cost));
         match wait(
             policy.algorithm(),
             state.as_ref(),

@@ -115,6 +115,9 @@ pub type PolicySpec = (Algorithm, &'static [(u64, u64)]);
 pub struct Case {
     /// The policies, in one namespace of the case's own.
     pub policies: Vec<PolicySpec>,
+    /// The limits that [count calls](Limit::counting_calls), each as (policy, limit) indexes:
+    /// beside the others of their policy, which count the cost.
+    pub counting_calls: Vec<(usize, usize)>,
     /// The operations, in order.
     pub ops: Vec<Op>,
 }
@@ -357,18 +360,71 @@ pub const CORPUS: &[(&str, &[PolicySpec], &[Op])] = &[
     ),
 ];
 
-/// The cases of [`CORPUS`].
+/// Cases of limits that [count calls](Limit::counting_calls) beside limits that count the cost:
+/// each as [`CORPUS`]'s, with the (policy, limit) indexes of the limits that count calls.
+#[allow(clippy::type_complexity)]
+pub const CALLS_CORPUS: &[(&str, &[PolicySpec], &[(usize, usize)], &[Op])] = &[(
+    "a limit that counts calls is charged 1 per check and never settled",
+    &[
+        (Algorithm::SlidingLog, &[(3, 60_000), (20, 60_000)]),
+        (Algorithm::SlidingCounter, &[(3, 60_000), (20, 60_000)]),
+        (Algorithm::Gcra, &[(3, 60_000), (20, 60_000)]),
+    ],
+    &[(0, 0), (1, 0), (2, 0)],
+    &[
+        Op::reserve(0, 0, 11),
+        Op::reserve(0, 1, 11),
+        Op::reserve(0, 2, 11),
+        Op::Settle { back: 2, actual: 2 },
+        Op::Settle { back: 1, actual: 2 },
+        Op::Settle { back: 0, actual: 2 },
+        Op::check(0, 0, 0),
+        Op::check(0, 0, 19),
+        Op::check(0, 1, 19),
+        Op::check(0, 2, 19),
+        Op::check(0, 0, 5),
+        Op::check(0, 1, 5),
+        Op::check(0, 2, 5),
+        Op::reserve(1, 0, 2),
+        Op::reserve(1, 1, 2),
+        Op::reserve(1, 2, 2),
+        Op::Settle {
+            back: 2,
+            actual: 30,
+        },
+        Op::Settle {
+            back: 1,
+            actual: 30,
+        },
+        Op::Settle {
+            back: 0,
+            actual: 30,
+        },
+        Op::check(1, 0, 1),
+        Op::check(1, 1, 1),
+        Op::check(1, 2, 1),
+    ],
+)];
+
+/// The cases of [`CORPUS`] and [`CALLS_CORPUS`].
 pub fn corpus() -> Vec<(&'static str, Case)> {
-    CORPUS
-        .iter()
-        .map(|(name, policies, ops)| {
-            let case = Case {
-                policies: policies.to_vec(),
-                ops: ops.to_vec(),
-            };
-            (*name, case)
-        })
-        .collect()
+    let plain = CORPUS.iter().map(|(name, policies, ops)| {
+        let case = Case {
+            policies: policies.to_vec(),
+            counting_calls: Vec::new(),
+            ops: ops.to_vec(),
+        };
+        (*name, case)
+    });
+    let calls = CALLS_CORPUS.iter().map(|(name, policies, calls, ops)| {
+        let case = Case {
+            policies: policies.to_vec(),
+            counting_calls: calls.to_vec(),
+            ops: ops.to_vec(),
+        };
+        (*name, case)
+    });
+    plain.chain(calls).collect()
 }
 
 /// What a run keeps of the attempts it sent.
@@ -431,7 +487,12 @@ fn policies_of(case: &Case) -> Result<Vec<Arc<RatePolicy>>, crate::error::Config
                 .iter()
                 .enumerate()
                 .map(|(j, &(quota, ms))| {
-                    Limit::new(format!("p{i}l{j}"), quota, Duration::from_millis(ms))
+                    let limit = Limit::new(format!("p{i}l{j}"), quota, Duration::from_millis(ms));
+                    if case.counting_calls.contains(&(i, j)) {
+                        limit.counting_calls()
+                    } else {
+                        limit
+                    }
                 })
                 .collect();
             RatePolicy::new(namespace.as_str(), *algorithm, limits).map(Arc::new)
@@ -594,8 +655,14 @@ pub fn generate(seed: u64, len: usize, timeout: Duration) -> Case {
         Algorithm::SlidingCounter,
         Algorithm::Gcra,
     ];
-    let policies = (0..1 + r.below(2))
+    let policies: Vec<PolicySpec> = (0..1 + r.below(2))
         .map(|_| (r.pick(&algorithms), r.pick(LIMITS)))
+        .collect();
+    // a third of the policies have a limit that counts calls: the first, beside one that
+    // counts the cost when there are two
+    let counting_calls = (0..policies.len())
+        .filter(|_| r.below(3) == 0)
+        .map(|i| (i, 0))
         .collect();
     let t = u32::try_from(timeout.as_millis()).unwrap_or(1_000);
     let waits = [5, t / 2, 150, 350, 700];
@@ -631,7 +698,11 @@ pub fn generate(seed: u64, len: usize, timeout: Duration) -> Case {
             _ => Op::Sleep { ms: r.pick(&waits) },
         })
         .collect();
-    Case { policies, ops }
+    Case {
+        policies,
+        counting_calls,
+        ops,
+    }
 }
 
 /// Runs the cases of `seeds` against `store` at once (each in keys of its own); for the first

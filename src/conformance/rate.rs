@@ -1153,3 +1153,152 @@ pub async fn a_held_counter_charge_is_charged_as_any(store: &impl RateStore) {
         "what the slice left goes back"
     );
 }
+
+/// A policy of a limit of `calls` a day that [counts calls](Limit::counting_calls) and one of
+/// `tokens` a day that counts the cost, under `algorithm`.
+fn calls_and_tokens(algorithm: Algorithm, calls: u64, tokens: u64) -> Arc<RatePolicy> {
+    policy(
+        algorithm,
+        vec![
+            daily("calls", calls).counting_calls(),
+            daily("tokens", tokens),
+        ],
+    )
+}
+
+/// The remaining of each limit of `out`, in order.
+fn remaining(out: &RateOutcome) -> Vec<u64> {
+    out.limits.iter().map(|l| l.remaining).collect()
+}
+
+/// A limit that counts calls is charged 1 by every check of a cost above 0, whatever the cost
+/// (even one above its quota); the other limits the cost.
+pub async fn a_calls_limit_is_charged_one_whatever_the_cost(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = calls_and_tokens(algorithm, 3, 1000);
+        let caller = key(&unique("calls"));
+        for (cost, left) in [(300, [2, 700]), (1, [1, 699]), (99, [0, 600])] {
+            let out = check(store, &p, caller.clone(), cost).await;
+            assert!(out.admitted, "{algorithm}: cost {cost}");
+            assert_eq!(remaining(&out), left, "{algorithm}: after cost {cost}");
+        }
+        // a calls limit alone takes a cost above its quota as one call
+        let alone = policy(algorithm, vec![daily("calls", 2).counting_calls()]);
+        let out = check(store, &alone, key(&unique("alone")), 50).await;
+        assert!(out.admitted, "{algorithm}: one call");
+        assert_eq!(remaining(&out), [1], "{algorithm}");
+    }
+}
+
+/// A check that the cost-counting limit denies charges neither limit.
+pub async fn a_cost_denial_charges_no_calls(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = calls_and_tokens(algorithm, 10, 100);
+        let caller = key(&unique("tokens-denied"));
+        assert!(check(store, &p, caller.clone(), 80).await.admitted);
+        let denied = check(store, &p, caller.clone(), 30).await;
+        assert!(!denied.admitted, "{algorithm}: 30 tokens > 20 left");
+        assert_eq!(remaining(&denied), [9, 20], "{algorithm}: nothing charged");
+        let look = check(store, &p, caller.clone(), 0).await;
+        assert_eq!(remaining(&look), [9, 20], "{algorithm}: nothing charged");
+        let out = check(store, &p, caller, 20).await;
+        assert!(out.admitted, "{algorithm}: 20 fits");
+        assert_eq!(remaining(&out), [8, 0], "{algorithm}");
+    }
+}
+
+/// A check that the calls limit denies charges neither limit.
+pub async fn a_calls_denial_charges_no_cost(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = calls_and_tokens(algorithm, 2, 1000);
+        let caller = key(&unique("calls-denied"));
+        for _ in 0..2 {
+            assert!(check(store, &p, caller.clone(), 10).await.admitted);
+        }
+        let denied = check(store, &p, caller.clone(), 10).await;
+        assert!(!denied.admitted, "{algorithm}: a third call");
+        assert!(denied.retry_after > Duration::ZERO, "{algorithm}");
+        assert_eq!(remaining(&denied), [0, 980], "{algorithm}: nothing charged");
+        let look = check(store, &p, caller, 0).await;
+        assert_eq!(remaining(&look), [0, 980], "{algorithm}: nothing charged");
+    }
+}
+
+/// A denial waits for the latest of the limits that deny it, whichever counts calls (GCRA,
+/// where the waits are exact: 1 call per 10 s beside 100 tokens per 100 s).
+pub async fn a_mixed_denial_waits_for_the_latest_limit(store: &impl RateStore) {
+    let p = policy(
+        Algorithm::Gcra,
+        vec![
+            Limit::new("calls", 1, Duration::from_secs(10)).counting_calls(),
+            Limit::new("tokens", 100, Duration::from_secs(100)),
+        ],
+    );
+    let caller = key(&unique("latest"));
+    assert!(check(store, &p, caller.clone(), 100).await.admitted);
+    // one more token waits 1 s, one more call 10 s: the call is the latest
+    let small = check(store, &p, caller.clone(), 1).await;
+    assert!(!small.admitted);
+    let calls_wait = small.retry_after;
+    assert!(
+        calls_wait > Duration::from_millis(9_000) && calls_wait <= Duration::from_secs(10),
+        "the calls limit's wait: {calls_wait:?}"
+    );
+    // 50 more tokens wait 50 s: the tokens are the latest
+    let big = check(store, &p, caller, 50).await;
+    assert!(!big.admitted);
+    assert!(
+        big.retry_after > Duration::from_secs(49) && big.retry_after <= Duration::from_secs(50),
+        "the tokens limit's wait: {:?}",
+        big.retry_after
+    );
+}
+
+/// A settlement, refund or overrun, and sent again, leaves a limit that counts calls as it
+/// was; the other limits are settled as ever.
+pub async fn a_settlement_leaves_a_calls_limit_as_it_was(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = calls_and_tokens(algorithm, 10, 1000);
+        let caller = key(&unique("calls-settled"));
+        let reservation = RateCheck::reservation(caller.clone(), 300);
+        let out = run(store, &p, reservation).await;
+        assert_eq!(remaining(&out), [9, 700], "{algorithm}: reserved");
+        let refund = run(store, &p, reservation.settle(100)).await;
+        assert_eq!(remaining(&refund), [9, 900], "{algorithm}: refunded");
+        let again = run(store, &p, reservation.settle(100)).await;
+        assert_eq!(remaining(&again), [9, 900], "{algorithm}: applied once");
+        let out = reserve_then_settle(store, &p, caller.clone(), 100, 500).await;
+        assert_eq!(remaining(&out), [8, 400], "{algorithm}: overrun");
+        let out = reserve_then_settle(store, &p, caller.clone(), 5, 0).await;
+        assert_eq!(remaining(&out), [7, 400], "{algorithm}: all refunded");
+        let plain = RateCheck::new(caller.clone(), 50);
+        assert_eq!(remaining(&run(store, &p, plain).await), [6, 350]);
+        let overrun = run(store, &p, plain.settle(80)).await;
+        assert_eq!(
+            remaining(&overrun),
+            [6, 320],
+            "{algorithm}: a check's overrun"
+        );
+        let look = check(store, &p, caller, 0).await;
+        assert_eq!(remaining(&look), [6, 320], "{algorithm}: as settled");
+    }
+}
+
+/// A look (cost 0) charges a limit that counts calls nothing.
+pub async fn a_look_charges_a_calls_limit_nothing(store: &impl RateStore) {
+    for algorithm in ALGORITHMS {
+        let p = calls_and_tokens(algorithm, 3, 1000);
+        let caller = key(&unique("calls-look"));
+        for _ in 0..3 {
+            let look = check(store, &p, caller.clone(), 0).await;
+            assert!(look.admitted, "{algorithm}: a look");
+            assert_eq!(
+                remaining(&look),
+                [3, 1000],
+                "{algorithm}: a look charges nothing"
+            );
+        }
+        let out = check(store, &p, caller, 5).await;
+        assert_eq!(remaining(&out), [2, 995], "{algorithm}");
+    }
+}

@@ -307,7 +307,7 @@ fn decide(
     let mut denied = Vec::with_capacity(slots.len());
     let (mut admitted, mut retry) = (true, 0u64);
     for (slot, limit) in slots.iter_mut().zip(policy.limits()) {
-        let (q, w) = (limit.quota(), limit.window_us());
+        let (q, w, cost) = (limit.quota(), limit.window_us(), limit.charge_of(cost));
         let wait = match policy.algorithm() {
             super::Algorithm::SlidingLog => {
                 let log = log_of(slot, w, now);
@@ -374,7 +374,7 @@ fn charge(
     let mut limits = Vec::with_capacity(slots.len());
     let mut logs = decision.logs.into_iter();
     for (slot, limit) in slots.iter_mut().zip(policy.limits()) {
-        let (q, w) = (limit.quota(), limit.window_us());
+        let (q, w, cost) = (limit.quota(), limit.window_us(), limit.charge_of(cost));
         match algorithm {
             super::Algorithm::SlidingLog => {
                 let mut log = logs.next().unwrap_or_default();
@@ -494,9 +494,11 @@ fn settle(
     for (i, (slot, limit)) in slots.iter_mut().zip(policy.limits()).enumerate() {
         let (q, w) = (limit.quota(), limit.window_us());
         let place = place.and_then(|p| p.get(i).copied());
+        // a limit that counts calls counted the call: a settlement changes nothing of it
+        let calls = limit.counts_calls();
         let change = Change {
-            debt,
-            refund,
+            debt: if calls { 0 } else { debt },
+            refund: if calls { 0 } else { refund },
             by: check.attempt(),
         };
         limits.push(match policy.algorithm() {

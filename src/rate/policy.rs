@@ -35,6 +35,7 @@ pub struct Limit {
     window: Duration,
     block_for: Option<Duration>,
     leased: bool,
+    calls: bool,
 }
 
 /// A limit as a configuration file writes it.
@@ -49,6 +50,8 @@ struct LimitSpec {
     block_for: Option<WindowSpec>,
     #[serde(default)]
     leased: bool,
+    #[serde(default)]
+    counting_calls: bool,
 }
 
 /// A window: `"250ms"`, `"1s"`, `"5m"`, `"1h"`, `"1d"`, or whole seconds; anything else is
@@ -103,6 +106,9 @@ impl TryFrom<LimitSpec> for Limit {
         let mut limit = Self::new(spec.name, spec.quota, spec.window.0);
         if let Some(block) = spec.block_for {
             limit = limit.block_for(block.0);
+        }
+        if spec.counting_calls {
+            limit = limit.counting_calls();
         }
         Ok(if spec.leased { limit.leased() } else { limit })
     }
@@ -164,7 +170,58 @@ impl Limit {
             window,
             block_for: None,
             leased: false,
+            calls: false,
         }
+    }
+
+    /// A limit that counts calls, not cost: every check of a cost above 0 charges it 1, whatever
+    /// the cost, beside limits of the same policy that charge the cost — "100 requests and
+    /// 10,000 tokens a second" in one check, all or nothing: a check is admitted only if every
+    /// limit admits it, and a denial waits for the latest of the limits that deny.
+    ///
+    /// A look (cost 0) charges it nothing; a reservation charges it 1, and its settlement,
+    /// refund or overrun, never changes it: the call was made. Every algorithm and every store
+    /// counts it alike. A policy with such a limit cannot be [leased](Self::leased) (a slice
+    /// is a number of units of one kind; refused when the policy is built). In a configuration
+    /// file (feature `serde`): `counting_calls = true`; in the `name:count/<seconds>s` syntax
+    /// of the CLI and the example app: a `/calls` suffix, `requests:100/1s/calls`.
+    ///
+    /// ```
+    /// use tollgate::rate::{Algorithm, Limit, RatePolicy};
+    ///
+    /// let requests = Limit::per_second("requests", 100).counting_calls();
+    /// let tokens = Limit::per_second("tokens", 10_000);
+    /// assert!(requests.counts_calls());
+    /// assert!(!tokens.counts_calls());
+    /// let policy = RatePolicy::new("app:rl", Algorithm::Gcra, vec![requests.clone(), tokens]);
+    /// assert!(policy.is_ok());
+    /// // a slice of a leased quota is a number of units of one kind
+    /// let leased = vec![requests.leased(), Limit::per_second("tokens", 10_000).leased()];
+    /// assert!(RatePolicy::new("app:rl", Algorithm::Gcra, leased).is_err());
+    /// # #[cfg(feature = "serde")] {
+    /// let from_config: Limit = serde_json::from_str(
+    ///     r#"{"name": "requests", "quota": 100, "window": "1s", "counting_calls": true}"#,
+    /// )
+    /// .unwrap();
+    /// assert_eq!(from_config, requests);
+    /// # }
+    /// ```
+    pub fn counting_calls(self) -> Self {
+        Self {
+            calls: true,
+            ..self
+        }
+    }
+
+    /// Whether this limit [counts calls](Self::counting_calls) rather than cost.
+    pub fn counts_calls(&self) -> bool {
+        self.calls
+    }
+
+    /// What a check of `cost` charges this limit: `cost`, or for a limit that counts calls 1
+    /// (0 for a look).
+    pub(crate) fn charge_of(&self, cost: u64) -> u64 {
+        if self.calls { cost.min(1) } else { cost }
     }
 
     /// Leased quota: each copy of the service takes a slice of a caller's quota in one store
@@ -496,6 +553,13 @@ fn check_leases(limits: &[Limit]) -> Result<(), ConfigError> {
         return Err(limit_error(format!(
             "limits {leased:?} are leased and others are not: lease every limit of a tier or none \
              (they are decided in one store check)"
+        )));
+    }
+    if let Some(limit) = limits.iter().find(|l| l.calls) {
+        return Err(limit_error(format!(
+            "limit {:?} counts calls and is leased: a leased slice is a number of units of one \
+             kind, so a leased tier has no limit that counts calls",
+            limit.name
         )));
     }
     match limits.iter().find(|l| l.block_for.is_some()) {

@@ -375,17 +375,25 @@ fn encoded(key: &Key) -> String {
     out
 }
 
-/// `<section> <owner> <name> <quota> <window µs> <block µs> <leased 0|1>`, one line each.
+/// `<section> <owner> <name> <quota> <window µs> <block µs> <kind>`, one line each; the kind
+/// is `0` (counts the cost), `1` ([leased](Limit::leased)), `c` ([counts
+/// calls](Limit::counting_calls)) or `1c` (both; no policy takes it). A version that knows only
+/// `0` and `1` refuses a limit that counts calls rather than count its cost.
 fn write_limits(out: &mut String, section: &str, owner: &str, limits: &[Limit]) {
     for limit in limits {
+        let kind = match (limit.is_leased(), limit.counts_calls()) {
+            (false, false) => "0",
+            (true, false) => "1",
+            (false, true) => "c",
+            (true, true) => "1c",
+        };
         let _ = writeln!(
             out,
-            "{section} {owner} {} {} {} {} {}",
+            "{section} {owner} {} {} {} {} {kind}",
             limit.name(),
             limit.quota(),
             limit.window_us(),
             limit.block_us(),
-            u8::from(limit.is_leased()),
         );
     }
 }
@@ -395,14 +403,16 @@ fn read_limit<'a>(words: &mut impl Iterator<Item = &'a str>) -> Option<Limit> {
     let quota = number(words.next())?;
     let window = Duration::from_micros(number(words.next())?);
     let block = number(words.next())?;
-    let leased = words.next()?;
+    let kind = words.next()?;
     let mut limit = Limit::new(name, quota, window);
     if block > 0 {
         limit = limit.block_for(Duration::from_micros(block));
     }
-    match leased {
+    match kind {
         "0" => Some(limit),
         "1" => Some(limit.leased()),
+        "c" => Some(limit.counting_calls()),
+        "1c" => Some(limit.leased().counting_calls()),
         _ => None,
     }
 }
@@ -472,6 +482,13 @@ mod tests {
                     Some("pro".to_owned()),
                     vec![Limit::per_second("burst", 100).leased()],
                 ),
+                (
+                    Some("llm".to_owned()),
+                    vec![
+                        Limit::per_second("requests", 100).counting_calls(),
+                        Limit::per_second("tokens", 10_000),
+                    ],
+                ),
             ],
         );
         table.set_tier(
@@ -480,8 +497,19 @@ mod tests {
         );
         table.set_caller(Key::new("t", b"a"), vec![Limit::per_second("burst", 7)]);
         table.set_caller(Key::new("t", b"b"), vec![Limit::per_second("burst", 8)]);
+        table.set_caller(
+            Key::new("t", b"c"),
+            vec![Limit::per_second("requests", 5).counting_calls()],
+        );
         let text = table.encode();
+        assert!(
+            text.contains("default llm requests 100 1000000 0 c\n"),
+            "{text}"
+        );
         assert_eq!(LimitTable::decode(&text), Ok(table.clone()));
+        let both = Limit::per_second("b", 1).leased().counting_calls();
+        let odd = LimitTable::with_defaults(1, [(None, vec![both])]);
+        assert_eq!(LimitTable::decode(&odd.encode()), Ok(odd));
         // a change's record carries lines of its own, skipped
         let record = text.replacen('\n', "\nversion 4\nat 17\nnote raised\n", 1);
         assert_eq!(LimitTable::decode(&record), Ok(table));

@@ -198,9 +198,9 @@ impl Queue {
     }
 
     /// Whether a request denied by `verdict` waits: for room, when the limits denied it (not
-    /// the failure policy) for a cost every limit can hold, with room coming before
-    /// `deadline`; or for the store, when it failed, the queue waits for it, and `deadline` is
-    /// not reached.
+    /// the failure policy) for a cost every limit can hold (a limit that counts calls holds one
+    /// call of any cost), with room coming before `deadline`; or for the store, when it failed,
+    /// the queue waits for it, and `deadline` is not reached.
     pub(super) fn waits_on(&self, verdict: &Verdict, deadline: Instant) -> bool {
         if verdict.admitted {
             return false;
@@ -213,7 +213,7 @@ impl Queue {
             .policy
             .limits()
             .iter()
-            .all(|limit| verdict.check.cost() <= limit.quota());
+            .all(|limit| limit.charge_of(verdict.check.cost()) <= limit.quota());
         fits && matches!(
             verdict.source,
             DecisionSource::Store | DecisionSource::DenyCache

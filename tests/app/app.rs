@@ -571,6 +571,13 @@ fn limits_parse_to_exact_limits() {
         ]
     );
     assert_eq!(
+        app::parse_limits("requests:100/1s/calls,tokens:10000/1s").unwrap(),
+        vec![
+            Limit::per_second("requests", 100).counting_calls(),
+            Limit::per_second("tokens", 10_000),
+        ]
+    );
+    assert_eq!(
         app::parse_limits(app::DEFAULT_LIMITS).unwrap(),
         vec![
             Limit::per_second("burst", 5),
@@ -588,6 +595,8 @@ fn invalid_limits_are_errors() {
         "burst:5",
         "burst:5/1",
         "burst:5/1m",
+        "burst:5/1s/call",
+        "burst:5/calls",
         "burst:5/s",
         "burst:/1s",
         "burst:five/1s",

@@ -42,6 +42,7 @@ mod in_transaction;
 mod limits_in_store;
 mod outbound;
 mod outbound_fairness;
+mod outbound_tokens;
 mod planted_state;
 mod rate_limit_frameworks;
 mod rate_limit_invalidations;

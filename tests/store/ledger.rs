@@ -45,12 +45,20 @@ async fn random(store: &impl RateStore) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(day * 1_000);
-    if let Some((seed, Case { policies, ops }, mismatch)) =
-        property::search(store, from..from + CASES, LEN).await
+    if let Some((
+        seed,
+        Case {
+            policies,
+            counting_calls,
+            ops,
+        },
+        mismatch,
+    )) = property::search(store, from..from + CASES, LEN).await
     {
         panic!(
             "seed {seed} (TOLLGATE_PROPERTY_SEED={seed}): {mismatch}\n\
-             shrunk case:\n  policies: {policies:?}\n  ops: {ops:#?}"
+             shrunk case:\n  policies: {policies:?}\n  counting calls: {counting_calls:?}\n  \
+             ops: {ops:#?}"
         );
     }
 }

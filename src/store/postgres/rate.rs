@@ -169,7 +169,7 @@ fn missing_outcome() -> StoreError {
 
 /// The parameters of `decide_rates` for `checks` (its deadline aside): per check its algorithm,
 /// number of limits, cost, attempt and whether it is a reservation, and every check's keys,
-/// quotas, windows and penalties (µs, 0: none) in turn; then per check what it settles, if it is a settlement, and its
+/// quotas (negated of a limit that counts calls), windows and penalties (µs, 0: none) in turn; then per check what it settles, if it is a settlement, and its
 /// hold (µs; see [`RateCheck::held`]); then how long a charged attempt is remembered after its
 /// deadline, `retention_us`.
 fn rate_params(checks: &[Sent<'_>], retention_us: i64) -> Vec<Param> {
@@ -196,7 +196,9 @@ fn rate_params(checks: &[Sent<'_>], retention_us: i64) -> Vec<Param> {
         counts.push(i32::try_from(limits.len()).unwrap_or(i32::MAX));
         keys.extend(policy.store_keys(&check.key()));
         for limit in limits {
-            quotas.push(i64::try_from(limit.quota()).unwrap_or(i64::MAX));
+            // a limit that counts calls goes with its quota negated (version 11)
+            let quota = i64::try_from(limit.quota()).unwrap_or(i64::MAX);
+            quotas.push(if limit.counts_calls() { -quota } else { quota });
             windows.push(i64::try_from(limit.window_us()).unwrap_or(i64::MAX));
             blocks.push(i64::try_from(limit.block_us()).unwrap_or(i64::MAX));
         }

@@ -6,19 +6,22 @@ use crate::error::{ConfigError, ConfigErrorKind};
 /// The schema unless configured otherwise.
 pub(super) const DEFAULT_SCHEMA: &str = "tollgate";
 
-/// The migrations, in order, each with the version it brings a schema to: the base (every
-/// version up to 9 in one idempotent file, run first at every migration), then one file per
-/// later version, each run once.
-const MIGRATIONS: &[(i32, &str)] = &[
-    (9, include_str!("migrations/0009_base.sql")),
-    (10, include_str!("migrations/0010_limits.sql")),
+/// The migrations, in order, each with the version it brings a schema to and whether it runs
+/// at every migration: the base (every version up to 9 in one idempotent file, run first at
+/// every migration), then one file per later version, each run once — except one that
+/// replaces functions of the base (idempotent too), which runs after the base every time, so
+/// that the base never puts back what it replaced.
+const MIGRATIONS: &[(i32, &str, bool)] = &[
+    (9, include_str!("migrations/0009_base.sql"), true),
+    (10, include_str!("migrations/0010_limits.sql"), false),
+    (11, include_str!("migrations/0011_calls.sql"), true),
 ];
 
 /// The version of the base, the first migration.
 pub(super) const MIGRATIONS_BASE: i32 = 9;
 
 /// The version the migrations bring a schema to, recorded in its `migrations` table.
-pub(super) const SCHEMA_VERSION: i32 = 10;
+pub(super) const SCHEMA_VERSION: i32 = 11;
 
 /// Checks a schema name: 1 to 63 lowercase ASCII letters, digits and `_`, not starting with a
 /// digit — a name PostgreSQL takes as it is, quoted or not.
@@ -52,9 +55,8 @@ pub(super) fn migrations(
     let s = quoted(schema);
     MIGRATIONS
         .iter()
-        .enumerate()
-        .filter(move |(i, (version, _))| *i == 0 || recorded.is_none_or(|r| *version > r))
-        .map(move |(_, (version, sql))| {
+        .filter(move |(version, _, always)| *always || recorded.is_none_or(|r| *version > r))
+        .map(move |(version, sql, _)| {
             let sql = sql
                 .replace("__SCHEMA__", &s)
                 .replace("__RATE_TABLES__", if unlogged { "UNLOGGED" } else { "" });
@@ -210,7 +212,7 @@ mod tests {
         };
         let fresh = all(true, None);
         let versions: Vec<i32> = fresh.iter().map(|(v, _)| *v).collect();
-        assert_eq!(versions, [9, 10]);
+        assert_eq!(versions, [9, 10, 11]);
         assert_eq!(*versions.last().unwrap_or(&0), SCHEMA_VERSION);
         let sql: String = fresh.into_iter().map(|(_, sql)| sql).collect();
         assert!(!sql.contains("__SCHEMA__") && !sql.contains("__RATE_TABLES__"));
@@ -219,15 +221,17 @@ mod tests {
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"app_limits\".limit_tables"));
         let logged: String = all(false, None).into_iter().map(|(_, sql)| sql).collect();
         assert!(!logged.contains("UNLOGGED TABLE"));
-        // the base runs every time; a later file once
+        // the base runs every time, and so does a file that replaces its functions; a later
+        // file once
         let versions = |recorded| {
             all(false, recorded)
                 .iter()
                 .map(|(v, _)| *v)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(versions(Some(3)), [9, 10]);
-        assert_eq!(versions(Some(9)), [9, 10]);
-        assert_eq!(versions(Some(10)), [9]);
+        assert_eq!(versions(Some(3)), [9, 10, 11]);
+        assert_eq!(versions(Some(9)), [9, 10, 11]);
+        assert_eq!(versions(Some(10)), [9, 11]);
+        assert_eq!(versions(Some(11)), [9, 11]);
     }
 }

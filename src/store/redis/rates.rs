@@ -318,7 +318,8 @@ fn push_keys(cmd: &mut Cmd, checks: &[Sent<'_>]) {
 }
 
 /// A policy as the script reads it: its algorithm, its number of limits, then each limit's
-/// quota and window (with its penalty, `<window>:<block>`, where it has one).
+/// quota (of a limit that counts calls, `<quota>c`) and window (with its penalty,
+/// `<window>:<block>`, where it has one).
 fn push_policy(cmd: &mut Cmd, policy: &RatePolicy) {
     let algorithm: u8 = match policy.algorithm() {
         Algorithm::SlidingLog => 1,
@@ -327,7 +328,11 @@ fn push_policy(cmd: &mut Cmd, policy: &RatePolicy) {
     };
     cmd.arg(algorithm).arg(policy.limits().len());
     for limit in policy.limits() {
-        cmd.arg(limit.quota());
+        if limit.counts_calls() {
+            cmd.arg(format!("{}c", limit.quota()));
+        } else {
+            cmd.arg(limit.quota());
+        }
         match limit.penalty() {
             Some(_) => cmd.arg(format!("{}:{}", limit.window_us(), limit.block_us())),
             None => cmd.arg(limit.window_us()),

@@ -13,7 +13,8 @@
 --             a call received from then on decides nothing, its callers gave up on it), m (0:
 --             no records), how long a record outlives the deadline in milliseconds, the number
 --             of policies, then per policy its algorithm (1 sliding log, 2 sliding counter, 3
---             GCRA), its number of limits n and per limit the quota and the window in
+--             GCRA), its number of limits n and per limit the quota (of a limit that counts
+--             calls: '<quota>c') and the window in
 --             microseconds (of a limit with a penalty: '<window>:<block_for>', both in
 --             microseconds); then per check its policy (1-based), its cost (integer >= 0; 0 only
 --             looks; a reservation: 'r<cost>'; either held for h µs: 'c<cost>+<h>' or
@@ -66,6 +67,9 @@
 -- key of the reservation after its limit keys and drops it: a refund is made once. Its own
 -- attempt id and record make a settlement count once, however often it is sent.
 --
+-- A limit that counts calls is charged 1 by a check of any cost above 0 (a look, nothing), and
+-- a settlement never changes it: its cost per check is `one(calls, i, cost)`, its delta 0.
+--
 -- A penalty (a limit's block_for) blocks the caller: a check (cost > 0, not a settlement) that a
 -- limit with a penalty denies, of a caller not blocked yet, writes in the same run that limit's
 -- block key, holding the store time the block ends (kept a millisecond past it). While any
@@ -115,6 +119,13 @@ local function take_place(place)
   local at = {}
   for v in gmatch(sub(raw, 3), '[^:]+') do at[#at + 1] = v end
   return at
+end
+
+-- What a check of `cost` charges limit `i`: the cost, or 1 (0 for a look) to a limit that
+-- counts calls (`calls`: nil when none of the policy's does).
+local function one(calls, i, cost)
+  if calls and calls[i] and cost > 1 then return 1 end
+  return cost
 end
 
 -- ceil(a / b) for integers 0 <= a, 0 < b below 2^53, exact whatever the rounding of a / b
@@ -175,14 +186,14 @@ local function keep(key, ttl_ms, fresh)
   end
 end
 
-local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked)
+local function sliding_log(k, n, q, w, all, attempt, replay, settle, _, blocked, calls)
   local counts, oldests = s1, s2
   local admitted, retry = 1, 0
-  local first_member = attempt
-  if cost > 1 then first_member = attempt .. ':1' end
   for i = 1, n do
     local key = KEYS[k + i]
-    local quota, window = q[i], w[i]
+    local quota, window, cost = q[i], w[i], one(calls, i, all)
+    local first_member = attempt
+    if cost > 1 then first_member = attempt .. ':1' end
     local count, oldest = 0, nil
     local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
     if first[2] then
@@ -223,12 +234,12 @@ local function sliding_log(k, n, q, w, cost, attempt, replay, settle, _, blocked
   local score = hold == 0 and now_text or format('%d', now_us + hold)
   for i = 1, n do
     local key = KEYS[k + i]
-    local quota, window = q[i], w[i]
+    local quota, window, cost = q[i], w[i], one(calls, i, all)
     local count, oldest = counts[i], oldests[i]
     local reset = 0
     if oldest then reset = oldest + window - now_us end
     if settle then
-      if not replay then
+      if not replay and not (calls and calls[i]) then
         local change = settle_log(key, settle, count, 2 * quota, score)
         count = count + change
         if change > 0 then
@@ -290,7 +301,7 @@ local function counter_wait(quota, window, elapsed, cur, prev, cost)
   return (window - elapsed) + window - (quota - cost) * window / cur
 end
 
-local function sliding_counter(k, n, q, w, cost, attempt, replay, settle, place, blocked)
+local function sliding_counter(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
   local now = now_ms
   local indexes, elapsed_ms, curs, prevs, sames, borns = s1, s2, s3, s4, s5, s6
   -- of a state of this window, its index and previous count as read: a write that changes
@@ -298,7 +309,7 @@ local function sliding_counter(k, n, q, w, cost, attempt, replay, settle, place,
   local index_texts, prev_texts = s7, s8
   local admitted, retry = 1, 0
   for i = 1, n do
-    local quota = q[i]
+    local quota, cost = q[i], one(calls, i, all)
     local window = w[i] / 1000
     local index = floor(now / window)
     local elapsed = now - index * window
@@ -326,7 +337,7 @@ local function sliding_counter(k, n, q, w, cost, attempt, replay, settle, place,
   end
   if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
   out[len + 1], out[len + 2], len = admitted, ceil(retry * 1000), len + 2
-  local charge = admitted == 1 and not replay and cost > 0
+  local charge = admitted == 1 and not replay and all > 0
   -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
   local delta, at = 0, nil
   if settle and not replay then
@@ -343,7 +354,9 @@ local function sliding_counter(k, n, q, w, cost, attempt, replay, settle, place,
     local index, elapsed, cur, prev = indexes[i], elapsed_ms[i], curs[i], prevs[i]
     local born = borns[i] or attempt
     local write = charge
-    if write then cur = cur + cost end
+    local delta = delta
+    if calls and calls[i] then delta = 0 end
+    if write then cur = cur + one(calls, i, all) end
     if delta > 0 then
       -- an overrun goes to this window
       cur = min(cur + delta, max(cur, 2 * quota))
@@ -408,12 +421,12 @@ end
 -- 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52). GET, plus SET
 -- PX when admitted. `place`: of a reservation, where it keeps the ends of its spans; of a
 -- settlement, where its reservation kept them.
-local function gcra(k, n, q, w, cost, attempt, replay, settle, place, blocked)
+local function gcra(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
   local now = now_us
   local tats, rems, borns = s1, s2, s6
   local admitted, retry = 1, 0
   for i = 1, n do
-    local quota, window = q[i], w[i]
+    local quota, window, cost = q[i], w[i], one(calls, i, all)
     local tat, rem, born = now, 0, false
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
@@ -445,7 +458,7 @@ local function gcra(k, n, q, w, cost, attempt, replay, settle, place, blocked)
   end
   if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
   out[len + 1], out[len + 2], len = admitted, retry, len + 2
-  local charge = admitted == 1 and not replay and cost > 0
+  local charge = admitted == 1 and not replay and all > 0
   -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
   local delta, at = 0, nil
   if settle and not replay then
@@ -462,9 +475,11 @@ local function gcra(k, n, q, w, cost, attempt, replay, settle, place, blocked)
     local tat, rem = tats[i], rems[i]
     local born = borns[i] or attempt
     local write = charge
+    local delta = delta
+    if calls and calls[i] then delta = 0 end
     if write then
       if tat < now + hold then tat, rem = now + hold, 0 end
-      local units = rem + cost * window
+      local units = rem + one(calls, i, all) * window
       local whole = floor(units / quota)
       if whole * quota > units then whole = whole - 1 end
       tat = tat + whole
@@ -593,9 +608,15 @@ end
 
 local policies, a = {}, 4
 for p = 1, tonumber(ARGV[4]) do
-  local n, q, w, b, nb = tonumber(ARGV[a + 2]), {}, {}, {}, 0
+  local n, q, w, b, nb, calls = tonumber(ARGV[a + 2]), {}, {}, {}, 0, nil
   for i = 1, n do
     q[i], w[i], b[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i]), 0
+    if not q[i] then
+      -- '<quota>c': a limit that counts calls
+      q[i] = tonumber(match(ARGV[a + 1 + 2 * i], '^(%d+)c$'))
+      calls = calls or {}
+      calls[i] = true
+    end
     if not w[i] then
       local window, block = match(ARGV[a + 2 + 2 * i], '^(%d+):(%d+)$')
       w[i], b[i], nb = tonumber(window), tonumber(block), nb + 1
@@ -603,7 +624,7 @@ for p = 1, tonumber(ARGV[4]) do
   end
   local algorithm = tonumber(ARGV[a + 1])
   -- the sliding log names a reservation's entries by its attempt: it keeps no place
-  policies[tostring(p)] = {algorithms[algorithm], n, q, w, algorithm ~= 1, b, nb}
+  policies[tostring(p)] = {algorithms[algorithm], n, q, w, algorithm ~= 1, b, nb, calls}
   a = a + 2 + 2 * n
 end
 local k, c, args = records, 0, #ARGV
@@ -650,7 +671,7 @@ while a < args do
     end
     if ok then
       ok, err = pcall(policy[1], k, n, policy[3], policy[4], cost, attempt, replay, settle, place,
-        blocked)
+        blocked, policy[8])
     end
     if ok and penalties and out[start + 1] == 0 then
       ok, err = pcall(penalize, k + n, policy, tills, blocked, cost, start)

@@ -1,0 +1,277 @@
+//! Requests and tokens in one outbound check (`Limit::counting_calls`), against a stand-in
+//! provider (an axum server enforcing 100 requests and 10,000 tokens a second, each a token
+//! bucket, answering `429` past either), on a `MemoryStore`, a real `redis-server` and a real
+//! PostgreSQL: four copies of sixteen workers each, every call declaring its tokens (50 to 250,
+//! at random) in `x-tokens`, calling as fast as they can through hyper's client, never go over
+//! either of the provider's limits and use nearly all of what their own limits allow.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower::util::BoxCloneService;
+use tower::{ServiceBuilder, ServiceExt};
+
+use tollgate::key::Global;
+use tollgate::outbound::{OutboundError, OutboundLimitLayer};
+use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
+use tollgate::store::RateStore;
+
+/// The provider's limits: requests and tokens a second (and at once).
+const PROVIDER_REQUESTS: f64 = 100.0;
+const PROVIDER_TOKENS: f64 = 10_000.0;
+/// The copies' limits, by GCRA on the store's clock: a tenth under the provider's, which
+/// absorbs how much longer some calls take than others from the store's decision to the
+/// provider on a busy machine.
+const OUR_REQUESTS: u64 = 90;
+const OUR_TOKENS: u64 = 9_000;
+/// The tokens a call declares: from 50 to 250, at random.
+const TOKENS: std::ops::RangeInclusive<u64> = 50..=250;
+const COPIES: usize = 4;
+const WORKERS: usize = 16;
+/// How long the workers call.
+const RUN: Duration = Duration::from_secs(10);
+
+/// One token bucket: what it holds as of `filled`, refilled at `rate` a second up to `rate`.
+#[derive(Debug)]
+struct Bucket {
+    rate: f64,
+    held: f64,
+    filled: Instant,
+}
+
+impl Bucket {
+    fn new(rate: f64) -> Self {
+        Self {
+            rate,
+            held: rate,
+            filled: Instant::now(),
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let refill = now.duration_since(self.filled).as_secs_f64() * self.rate;
+        self.held = (self.held + refill).min(self.rate);
+        self.filled = now;
+    }
+}
+
+/// The stand-in provider: a call is taken when both buckets hold it — one request and its
+/// tokens — and `429` otherwise; what it took, refused, and when.
+#[derive(Debug)]
+struct Provider {
+    requests: Bucket,
+    tokens: Bucket,
+    /// Calls refused for the requests, for the tokens.
+    over_requests: usize,
+    over_tokens: usize,
+    /// Each call taken: when, and its tokens.
+    taken: Vec<(Instant, u64)>,
+    /// Calls without a readable `x-tokens`.
+    unreadable: usize,
+}
+
+type Shared = Arc<Mutex<Provider>>;
+
+async fn call(State(provider): State<Shared>, headers: HeaderMap) -> StatusCode {
+    let tokens = headers
+        .get("x-tokens")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let mut p = provider.lock().unwrap();
+    let Some(tokens) = tokens else {
+        p.unreadable += 1;
+        return StatusCode::BAD_REQUEST;
+    };
+    let now = Instant::now();
+    p.requests.refill(now);
+    p.tokens.refill(now);
+    let (no_request, no_tokens) = (p.requests.held < 1.0, p.tokens.held < tokens as f64);
+    if no_request || no_tokens {
+        p.over_requests += usize::from(no_request);
+        p.over_tokens += usize::from(no_tokens);
+        return StatusCode::TOO_MANY_REQUESTS;
+    }
+    p.requests.held -= 1.0;
+    p.tokens.held -= tokens as f64;
+    p.taken.push((now, tokens));
+    StatusCode::OK
+}
+
+async fn provider() -> (SocketAddr, Shared) {
+    let shared = Arc::new(Mutex::new(Provider {
+        requests: Bucket::new(PROVIDER_REQUESTS),
+        tokens: Bucket::new(PROVIDER_TOKENS),
+        over_requests: 0,
+        over_tokens: 0,
+        taken: Vec::new(),
+        unreadable: 0,
+    }));
+    let app = Router::new()
+        .route("/v1/calls", post(call))
+        .with_state(Arc::clone(&shared));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, shared)
+}
+
+/// A copy's client: hyper's, behind the outbound limit.
+type Caller = BoxCloneService<Request<Full<Bytes>>, StatusCode, String>;
+
+fn caller(layer: OutboundLimitLayer<Global>) -> Caller {
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(client)
+            .map_response(|response| response.status())
+            .map_err(|error| match error {
+                OutboundError::Limited(limited) => format!("limited {limited:?}"),
+                other => other.to_string(),
+            }),
+    )
+}
+
+/// A copy's limit: requests counted per call, tokens as each call's cost (its `x-tokens`).
+fn outbound(store: impl RateStore, prefix: &str) -> OutboundLimitLayer<Global> {
+    RateLimitLayer::builder(store)
+        .prefix(prefix)
+        .limit(Limit::per_second("requests", OUR_REQUESTS).counting_calls())
+        .limit(Limit::per_second("tokens", OUR_TOKENS))
+        .algorithm(Algorithm::Gcra)
+        .cost(|parts| {
+            parts
+                .headers
+                .get("x-tokens")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(*TOKENS.end())
+        })
+        .queue(Duration::from_secs(5))
+        .build_outbound()
+        .unwrap()
+}
+
+fn post_to(addr: SocketAddr, tokens: u64) -> Request<Full<Bytes>> {
+    Request::post(format!("http://{addr}/v1/calls"))
+        .header("x-tokens", tokens)
+        .body(Full::default())
+        .unwrap()
+}
+
+/// Four copies × sixteen workers calling as fast as they can for ten seconds: the provider
+/// refuses none (neither limit is passed), and the calls within the run use at least 85% of
+/// what the copies' limits allow (their burst, then their rate).
+async fn requests_and_tokens_stay_under_the_providers_limits<S: RateStore>(
+    backend: &str,
+    make: impl Fn() -> S,
+) {
+    let (addr, provider) = provider().await;
+    let prefix = format!("tok{:08x}", rand::random::<u32>());
+    let mut workers = JoinSet::new();
+    let start = Instant::now();
+    for _ in 0..COPIES {
+        let caller = caller(outbound(make(), &prefix));
+        for _ in 0..WORKERS {
+            let caller = caller.clone();
+            workers.spawn(async move {
+                let mut errors = Vec::new();
+                while start.elapsed() < RUN {
+                    let tokens = rand::random_range(TOKENS);
+                    match caller.clone().oneshot(post_to(addr, tokens)).await {
+                        Ok(StatusCode::OK) => {}
+                        Ok(status) => errors.push(status.to_string()),
+                        Err(error) => errors.push(error),
+                    }
+                }
+                errors
+            });
+        }
+    }
+    let errors: Vec<String> = workers.join_all().await.into_iter().flatten().collect();
+    let p = provider.lock().unwrap();
+    assert_eq!(p.unreadable, 0);
+    assert_eq!(
+        (p.over_requests, p.over_tokens),
+        (0, 0),
+        "calls over the provider's limits (requests, tokens)"
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    // the calls the workers made within the run (the last ones waited past its end)
+    let within: Vec<u64> = p
+        .taken
+        .iter()
+        .filter(|(at, _)| at.duration_since(start) < RUN)
+        .map(|&(_, tokens)| tokens)
+        .collect();
+    let (requests, tokens) = (within.len() as u64, within.iter().sum::<u64>());
+    let secs = RUN.as_secs();
+    // what our limits allow in the run: a burst of one window, then the rate
+    let (allowed_requests, allowed_tokens) = (OUR_REQUESTS * (secs + 1), OUR_TOKENS * (secs + 1));
+    let used =
+        (requests as f64 / allowed_requests as f64).max(tokens as f64 / allowed_tokens as f64);
+    let of_provider = (requests as f64 / (PROVIDER_REQUESTS * secs as f64))
+        .max(tokens as f64 / (PROVIDER_TOKENS * secs as f64));
+    eprintln!(
+        "{backend}: {requests} requests and {tokens} tokens in {secs} s: {:.1}% of what the \
+         copies' limits allow, {:.1}% of the provider's quota",
+        used * 100.0,
+        of_provider * 100.0
+    );
+    assert!(
+        used >= 0.85,
+        "{backend}: {requests} requests, {tokens} tokens: {:.1}% of what the limits allow",
+        used * 100.0
+    );
+}
+
+mod on_memory {
+    use tollgate::store::MemoryStore;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_and_tokens_stay_under_the_providers_limits() {
+        let store = MemoryStore::new();
+        super::requests_and_tokens_stay_under_the_providers_limits("memory", || store.clone())
+            .await;
+    }
+}
+
+mod on_redis {
+    use crate::common::RedisServer;
+    use crate::rate_limit_invalidations::redis_store;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_and_tokens_stay_under_the_providers_limits() {
+        let server = RedisServer::start();
+        super::requests_and_tokens_stay_under_the_providers_limits("redis", || {
+            redis_store(&server)
+        })
+        .await;
+    }
+}
+
+mod on_postgres {
+    use crate::common::postgres;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_and_tokens_stay_under_the_providers_limits() {
+        let store = postgres::store().await;
+        super::requests_and_tokens_stay_under_the_providers_limits("postgres", || store.clone())
+            .await;
+    }
+}
