@@ -38,8 +38,11 @@ const PROVIDER_TOKENS: f64 = 10_000.0;
 /// provider on a busy machine.
 const OUR_REQUESTS: u64 = 90;
 const OUR_TOKENS: u64 = 9_000;
-/// The tokens a call declares: from 50 to 250, at random.
-const TOKENS: std::ops::RangeInclusive<u64> = 50..=250;
+/// The tokens a call declares, at random: from 50 to 250, where the tokens run out first (150
+/// a call on average: 60 calls a second), or from 20 to 100, where the requests do (90 calls a
+/// second of 60 tokens on average).
+const TOKENS_FIRST: std::ops::RangeInclusive<u64> = 50..=250;
+const REQUESTS_FIRST: std::ops::RangeInclusive<u64> = 20..=100;
 const COPIES: usize = 4;
 const WORKERS: usize = 16;
 /// How long the workers call.
@@ -160,9 +163,10 @@ fn outbound(store: impl RateStore, prefix: &str) -> OutboundLimitLayer<Global> {
                 .get("x-tokens")
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(*TOKENS.end())
+                .unwrap_or(*TOKENS_FIRST.end())
         })
-        .queue(Duration::from_secs(5))
+        // the layer's default patience: a large call may wait while smaller ones fit
+        .queue(Duration::from_secs(30))
         .build_outbound()
         .unwrap()
 }
@@ -174,11 +178,13 @@ fn post_to(addr: SocketAddr, tokens: u64) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-/// Four copies × sixteen workers calling as fast as they can for ten seconds: the provider
-/// refuses none (neither limit is passed), and the calls within the run use at least 85% of
-/// what the copies' limits allow (their burst, then their rate).
-async fn requests_and_tokens_stay_under_the_providers_limits<S: RateStore>(
+/// Four copies × sixteen workers calling as fast as they can for ten seconds, each call of
+/// tokens in `range` at random: the provider refuses none (neither limit is passed), and the
+/// calls within the run use at least 85% of what the copies' limits allow (their burst, then
+/// their rate) of the limit that runs out first.
+async fn stay_under_the_providers_limits<S: RateStore>(
     backend: &str,
+    range: std::ops::RangeInclusive<u64>,
     make: impl Fn() -> S,
 ) {
     let (addr, provider) = provider().await;
@@ -188,22 +194,26 @@ async fn requests_and_tokens_stay_under_the_providers_limits<S: RateStore>(
     for _ in 0..COPIES {
         let caller = caller(outbound(make(), &prefix));
         for _ in 0..WORKERS {
-            let caller = caller.clone();
+            let (caller, range) = (caller.clone(), range.clone());
             workers.spawn(async move {
-                let mut errors = Vec::new();
+                let (mut errors, mut longest) = (Vec::new(), Duration::ZERO);
                 while start.elapsed() < RUN {
-                    let tokens = rand::random_range(TOKENS);
+                    let tokens = rand::random_range(range.clone());
+                    let sent = Instant::now();
                     match caller.clone().oneshot(post_to(addr, tokens)).await {
                         Ok(StatusCode::OK) => {}
                         Ok(status) => errors.push(status.to_string()),
                         Err(error) => errors.push(error),
                     }
+                    longest = longest.max(sent.elapsed());
                 }
-                errors
+                (errors, longest)
             });
         }
     }
-    let errors: Vec<String> = workers.join_all().await.into_iter().flatten().collect();
+    let ends = workers.join_all().await;
+    let longest = ends.iter().map(|(_, l)| *l).max().unwrap_or_default();
+    let errors: Vec<String> = ends.into_iter().flat_map(|(e, _)| e).collect();
     let p = provider.lock().unwrap();
     assert_eq!(p.unreadable, 0);
     assert_eq!(
@@ -228,14 +238,14 @@ async fn requests_and_tokens_stay_under_the_providers_limits<S: RateStore>(
     let of_provider = (requests as f64 / (PROVIDER_REQUESTS * secs as f64))
         .max(tokens as f64 / (PROVIDER_TOKENS * secs as f64));
     eprintln!(
-        "{backend}: {requests} requests and {tokens} tokens in {secs} s: {:.1}% of what the \
-         copies' limits allow, {:.1}% of the provider's quota",
+        "{backend}, {range:?} tokens a call: {requests} requests and {tokens} tokens in {secs} s: {:.1}% of what the \
+         copies' limits allow, {:.1}% of the provider's quota; the longest call took {longest:?}",
         used * 100.0,
         of_provider * 100.0
     );
     assert!(
         used >= 0.85,
-        "{backend}: {requests} requests, {tokens} tokens: {:.1}% of what the limits allow",
+        "{backend}, {range:?}: {requests} requests, {tokens} tokens: {:.1}% of what the limits allow",
         used * 100.0
     );
 }
@@ -244,9 +254,16 @@ mod on_memory {
     use tollgate::store::MemoryStore;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn requests_and_tokens_stay_under_the_providers_limits() {
+    async fn the_tokens_run_out_first() {
         let store = MemoryStore::new();
-        super::requests_and_tokens_stay_under_the_providers_limits("memory", || store.clone())
+        super::stay_under_the_providers_limits("memory", super::TOKENS_FIRST, || store.clone())
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_requests_run_out_first() {
+        let store = MemoryStore::new();
+        super::stay_under_the_providers_limits("memory", super::REQUESTS_FIRST, || store.clone())
             .await;
     }
 }
@@ -256,9 +273,18 @@ mod on_redis {
     use crate::rate_limit_invalidations::redis_store;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn requests_and_tokens_stay_under_the_providers_limits() {
+    async fn the_tokens_run_out_first() {
         let server = RedisServer::start();
-        super::requests_and_tokens_stay_under_the_providers_limits("redis", || {
+        super::stay_under_the_providers_limits("redis", super::TOKENS_FIRST, || {
+            redis_store(&server)
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_requests_run_out_first() {
+        let server = RedisServer::start();
+        super::stay_under_the_providers_limits("redis", super::REQUESTS_FIRST, || {
             redis_store(&server)
         })
         .await;
@@ -269,9 +295,16 @@ mod on_postgres {
     use crate::common::postgres;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn requests_and_tokens_stay_under_the_providers_limits() {
+    async fn the_tokens_run_out_first() {
         let store = postgres::store().await;
-        super::requests_and_tokens_stay_under_the_providers_limits("postgres", || store.clone())
+        super::stay_under_the_providers_limits("postgres", super::TOKENS_FIRST, || store.clone())
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_requests_run_out_first() {
+        let store = postgres::store().await;
+        super::stay_under_the_providers_limits("postgres", super::REQUESTS_FIRST, || store.clone())
             .await;
     }
 }
