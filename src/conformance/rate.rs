@@ -1178,7 +1178,7 @@ pub async fn a_calls_limit_is_charged_one_whatever_the_cost(store: &impl RateSto
         let p = calls_and_tokens(algorithm, 3, 1000);
         let caller = key(&unique("calls"));
         for (cost, left) in [(300, [2, 700]), (1, [1, 699]), (99, [0, 600])] {
-            let out = check(store, &p, caller.clone(), cost).await;
+            let out = check(store, &p, caller, cost).await;
             assert!(out.admitted, "{algorithm}: cost {cost}");
             assert_eq!(remaining(&out), left, "{algorithm}: after cost {cost}");
         }
@@ -1195,11 +1195,11 @@ pub async fn a_cost_denial_charges_no_calls(store: &impl RateStore) {
     for algorithm in ALGORITHMS {
         let p = calls_and_tokens(algorithm, 10, 100);
         let caller = key(&unique("tokens-denied"));
-        assert!(check(store, &p, caller.clone(), 80).await.admitted);
-        let denied = check(store, &p, caller.clone(), 30).await;
+        assert!(check(store, &p, caller, 80).await.admitted);
+        let denied = check(store, &p, caller, 30).await;
         assert!(!denied.admitted, "{algorithm}: 30 tokens > 20 left");
         assert_eq!(remaining(&denied), [9, 20], "{algorithm}: nothing charged");
-        let look = check(store, &p, caller.clone(), 0).await;
+        let look = check(store, &p, caller, 0).await;
         assert_eq!(remaining(&look), [9, 20], "{algorithm}: nothing charged");
         let out = check(store, &p, caller, 20).await;
         assert!(out.admitted, "{algorithm}: 20 fits");
@@ -1213,9 +1213,9 @@ pub async fn a_calls_denial_charges_no_cost(store: &impl RateStore) {
         let p = calls_and_tokens(algorithm, 2, 1000);
         let caller = key(&unique("calls-denied"));
         for _ in 0..2 {
-            assert!(check(store, &p, caller.clone(), 10).await.admitted);
+            assert!(check(store, &p, caller, 10).await.admitted);
         }
-        let denied = check(store, &p, caller.clone(), 10).await;
+        let denied = check(store, &p, caller, 10).await;
         assert!(!denied.admitted, "{algorithm}: a third call");
         assert!(denied.retry_after > Duration::ZERO, "{algorithm}");
         assert_eq!(remaining(&denied), [0, 980], "{algorithm}: nothing charged");
@@ -1235,9 +1235,9 @@ pub async fn a_mixed_denial_waits_for_the_latest_limit(store: &impl RateStore) {
         ],
     );
     let caller = key(&unique("latest"));
-    assert!(check(store, &p, caller.clone(), 100).await.admitted);
+    assert!(check(store, &p, caller, 100).await.admitted);
     // one more token waits 1 s, one more call 10 s: the call is the latest
-    let small = check(store, &p, caller.clone(), 1).await;
+    let small = check(store, &p, caller, 1).await;
     assert!(!small.admitted);
     let calls_wait = small.retry_after;
     assert!(
@@ -1260,18 +1260,18 @@ pub async fn a_settlement_leaves_a_calls_limit_as_it_was(store: &impl RateStore)
     for algorithm in ALGORITHMS {
         let p = calls_and_tokens(algorithm, 10, 1000);
         let caller = key(&unique("calls-settled"));
-        let reservation = RateCheck::reservation(caller.clone(), 300);
+        let reservation = RateCheck::reservation(caller, 300);
         let out = run(store, &p, reservation).await;
         assert_eq!(remaining(&out), [9, 700], "{algorithm}: reserved");
         let refund = run(store, &p, reservation.settle(100)).await;
         assert_eq!(remaining(&refund), [9, 900], "{algorithm}: refunded");
         let again = run(store, &p, reservation.settle(100)).await;
         assert_eq!(remaining(&again), [9, 900], "{algorithm}: applied once");
-        let out = reserve_then_settle(store, &p, caller.clone(), 100, 500).await;
+        let out = reserve_then_settle(store, &p, caller, 100, 500).await;
         assert_eq!(remaining(&out), [8, 400], "{algorithm}: overrun");
-        let out = reserve_then_settle(store, &p, caller.clone(), 5, 0).await;
+        let out = reserve_then_settle(store, &p, caller, 5, 0).await;
         assert_eq!(remaining(&out), [7, 400], "{algorithm}: all refunded");
-        let plain = RateCheck::new(caller.clone(), 50);
+        let plain = RateCheck::new(caller, 50);
         assert_eq!(remaining(&run(store, &p, plain).await), [6, 350]);
         let overrun = run(store, &p, plain.settle(80)).await;
         assert_eq!(
@@ -1290,7 +1290,7 @@ pub async fn a_look_charges_a_calls_limit_nothing(store: &impl RateStore) {
         let p = calls_and_tokens(algorithm, 3, 1000);
         let caller = key(&unique("calls-look"));
         for _ in 0..3 {
-            let look = check(store, &p, caller.clone(), 0).await;
+            let look = check(store, &p, caller, 0).await;
             assert!(look.admitted, "{algorithm}: a look");
             assert_eq!(
                 remaining(&look),

@@ -196,7 +196,7 @@ impl Limit {
     /// let policy = RatePolicy::new("app:rl", Algorithm::Gcra, vec![requests.clone(), tokens]);
     /// assert!(policy.is_ok());
     /// // a slice of a leased quota is a number of units of one kind
-    /// let leased = vec![requests.leased(), Limit::per_second("tokens", 10_000).leased()];
+    /// let leased = vec![requests.clone().leased(), Limit::per_second("tokens", 10_000).leased()];
     /// assert!(RatePolicy::new("app:rl", Algorithm::Gcra, leased).is_err());
     /// # #[cfg(feature = "serde")] {
     /// let from_config: Limit = serde_json::from_str(
