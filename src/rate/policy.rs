@@ -197,7 +197,8 @@ impl Limit {
     /// assert!(policy.is_ok());
     /// // a slice of a leased quota is a number of units of one kind
     /// let leased = vec![requests.clone().leased(), Limit::per_second("tokens", 10_000).leased()];
-    /// assert!(RatePolicy::new("app:rl", Algorithm::Gcra, leased).is_err());
+    /// let refused = RatePolicy::new("app:rl", Algorithm::Gcra, leased).unwrap_err();
+    /// assert!(refused.to_string().contains("\"requests\" counts calls and is leased"));
     /// # #[cfg(feature = "serde")] {
     /// let from_config: Limit = serde_json::from_str(
     ///     r#"{"name": "requests", "quota": 100, "window": "1s", "counting_calls": true}"#,

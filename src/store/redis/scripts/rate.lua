@@ -68,7 +68,9 @@
 -- attempt id and record make a settlement count once, however often it is sent.
 --
 -- A limit that counts calls is charged 1 by a check of any cost above 0 (a look, nothing), and
--- a settlement never changes it: its cost per check is `one(calls, i, cost)`, its delta 0.
+-- a settlement never changes it: its cost per check is at most 1, its settlement's delta 0.
+-- `calls` (per limit, true for one that counts calls) is nil for a policy without any: the
+-- common path tests that once per limit.
 --
 -- A penalty (a limit's block_for) blocks the caller: a check (cost > 0, not a settlement) that a
 -- limit with a penalty denies, of a caller not blocked yet, writes in the same run that limit's
@@ -119,13 +121,6 @@ local function take_place(place)
   local at = {}
   for v in gmatch(sub(raw, 3), '[^:]+') do at[#at + 1] = v end
   return at
-end
-
--- What a check of `cost` charges limit `i`: the cost, or 1 (0 for a look) to a limit that
--- counts calls (`calls`: nil when none of the policy's does).
-local function one(calls, i, cost)
-  if calls and calls[i] and cost > 1 then return 1 end
-  return cost
 end
 
 -- ceil(a / b) for integers 0 <= a, 0 < b below 2^53, exact whatever the rounding of a / b
@@ -191,7 +186,8 @@ local function sliding_log(k, n, q, w, all, attempt, replay, settle, _, blocked,
   local admitted, retry = 1, 0
   for i = 1, n do
     local key = KEYS[k + i]
-    local quota, window, cost = q[i], w[i], one(calls, i, all)
+    local quota, window, cost = q[i], w[i], all
+    if calls and calls[i] then cost = min(all, 1) end
     local first_member = attempt
     if cost > 1 then first_member = attempt .. ':1' end
     local count, oldest = 0, nil
@@ -234,7 +230,8 @@ local function sliding_log(k, n, q, w, all, attempt, replay, settle, _, blocked,
   local score = hold == 0 and now_text or format('%d', now_us + hold)
   for i = 1, n do
     local key = KEYS[k + i]
-    local quota, window, cost = q[i], w[i], one(calls, i, all)
+    local quota, window, cost = q[i], w[i], all
+    if calls and calls[i] then cost = min(all, 1) end
     local count, oldest = counts[i], oldests[i]
     local reset = 0
     if oldest then reset = oldest + window - now_us end
@@ -309,7 +306,8 @@ local function sliding_counter(k, n, q, w, all, attempt, replay, settle, place, 
   local index_texts, prev_texts = s7, s8
   local admitted, retry = 1, 0
   for i = 1, n do
-    local quota, cost = q[i], one(calls, i, all)
+    local quota, cost = q[i], all
+    if calls and calls[i] then cost = min(all, 1) end
     local window = w[i] / 1000
     local index = floor(now / window)
     local elapsed = now - index * window
@@ -354,9 +352,9 @@ local function sliding_counter(k, n, q, w, all, attempt, replay, settle, place, 
     local index, elapsed, cur, prev = indexes[i], elapsed_ms[i], curs[i], prevs[i]
     local born = borns[i] or attempt
     local write = charge
-    local delta = delta
-    if calls and calls[i] then delta = 0 end
-    if write then cur = cur + one(calls, i, all) end
+    local cost, delta = all, delta
+    if calls and calls[i] then cost, delta = min(all, 1), 0 end
+    if write then cur = cur + cost end
     if delta > 0 then
       -- an overrun goes to this window
       cur = min(cur + delta, max(cur, 2 * quota))
@@ -426,7 +424,8 @@ local function gcra(k, n, q, w, all, attempt, replay, settle, place, blocked, ca
   local tats, rems, borns = s1, s2, s6
   local admitted, retry = 1, 0
   for i = 1, n do
-    local quota, window, cost = q[i], w[i], one(calls, i, all)
+    local quota, window, cost = q[i], w[i], all
+    if calls and calls[i] then cost = min(all, 1) end
     local tat, rem, born = now, 0, false
     local raw = redis.call('GET', KEYS[k + i])
     if raw then
@@ -475,11 +474,11 @@ local function gcra(k, n, q, w, all, attempt, replay, settle, place, blocked, ca
     local tat, rem = tats[i], rems[i]
     local born = borns[i] or attempt
     local write = charge
-    local delta = delta
-    if calls and calls[i] then delta = 0 end
+    local cost, delta = all, delta
+    if calls and calls[i] then cost, delta = min(all, 1), 0 end
     if write then
       if tat < now + hold then tat, rem = now + hold, 0 end
-      local units = rem + one(calls, i, all) * window
+      local units = rem + cost * window
       local whole = floor(units / quota)
       if whole * quota > units then whole = whole - 1 end
       tat = tat + whole
