@@ -236,7 +236,8 @@ impl Limit {
     /// request is admitted from it. A caller may be admitted less, by at most the slices that
     /// copies hold unspent; a reset through any copy drops every copy's slices of the caller.
     /// Every limit of a tier is leased, or none; a leased limit has no
-    /// [penalty](Self::block_for), and a layer that settles actual costs leases nothing. See
+    /// [penalty](Self::block_for) and does not [count calls](Self::counting_calls), and a layer
+    /// that settles actual costs leases nothing. See
     /// the guide's "Leased quota". In a configuration file (feature `serde`): `leased = true`.
     ///
     /// ```
