@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::key::Key;
 use crate::keyspace;
-use crate::rate::RateCheck;
+use crate::rate::{Limit, RateCheck};
 use crate::rate_client::{DecisionSource, RateClient};
 use crate::rate_limit::RateLimitDecision;
 use crate::store::{ClaimRequest, Hold, LockStore, StoreError};
@@ -46,7 +46,15 @@ impl Corrections {
     ) {
         let seen = decision.states.iter().map(|state| state.remaining).min();
         let below = seen.is_some_and(|seen| remaining < seen);
-        if decision.source != DecisionSource::Store || !below {
+        // a limit that counts calls counts another unit than the others, and no settlement
+        // changes it: a tier with one is not corrected (a spent count still pauses it)
+        let one_unit = !decision
+            .tier
+            .policy
+            .limits()
+            .iter()
+            .any(Limit::counts_calls);
+        if decision.source != DecisionSource::Store || !below || !one_unit {
             return;
         }
         let key = decision.key;

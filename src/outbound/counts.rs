@@ -16,7 +16,9 @@ use http::header::HeaderName;
 ///   [`share_pauses`](super::OutboundLimitLayer::share_pauses);
 /// - a **positive remaining count lower than the store's** charges the difference to the
 ///   key's limits, so that a provider that lowers its limit is followed within a round trip
-///   (one correction of a key at a time: on a copy, and across copies that share their pauses).
+///   (one correction of a key at a time: on a copy, and across copies that share their pauses);
+///   not in a tier with a limit that [counts calls](crate::rate::Limit::counting_calls), whose
+///   units differ and which no settlement changes.
 ///
 /// By default it reads, from the first that gives a remaining count:
 ///

@@ -587,6 +587,24 @@ async fn a_lower_remaining_count_corrects_the_shared_count<S: RateStore>(make: i
         3,
         "corrected through reqwest"
     );
+
+    // a tier with a limit that counts calls: the provider's count is of another unit than the
+    // tokens', and no settlement changes the calls: nothing is corrected
+    let mixed = RateLimitLayer::builder(make())
+        .prefix(format!("{prefix}mixed"))
+        .limit(Limit::per_minute("calls", 10).counting_calls())
+        .limit(Limit::per_minute("tokens", 1_000))
+        .cost(|_| 50)
+        .build_outbound()
+        .unwrap();
+    assert_eq!(caller_of(&mixed).oneshot(left()).await, Ok(StatusCode::OK));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let states = mixed.rate_limit().peek(key).await.unwrap().limits;
+    assert_eq!(
+        (states[0].remaining, states[1].remaining),
+        (9, 950),
+        "not corrected"
+    );
 }
 
 /// Four copies that share their pauses get the provider's `r=3` on calls made together, where
