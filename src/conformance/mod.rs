@@ -27,6 +27,9 @@
 //!   holder alone extends or gives back its permit; fencing tokens strictly increase per key;
 //!   the same acquisition run twice takes one permit; waiters get the permits that free up in
 //!   arrival order, and a place lapses unless renewed.
+//! - **Lines** (optional, [`RateStore::line_up`](crate::store::RateStore::line_up)): waiters
+//!   stand in the order they first lined up and keep their places when they line up again;
+//!   one that leaves, or does not line up again within its keep, lets those behind move up.
 //! - **Limits in force** (optional, [`LimitsStore`](crate::store::LimitsStore)): a table reads
 //!   back as saved; a save names the version it read, so exactly one of concurrent writers
 //!   wins; the history keeps the newest changes; copies register for a time of their own.
@@ -70,6 +73,7 @@ use tokio::time::Instant;
 
 pub mod idempotency;
 pub mod limits;
+pub mod line;
 pub mod lock;
 pub mod model;
 pub mod permit;
@@ -148,6 +152,24 @@ macro_rules! rate_store_suite {
             a_mixed_denial_waits_for_the_latest_limit,
             a_settlement_leaves_a_calls_limit_as_it_was,
             a_look_charges_a_calls_limit_nothing,
+        );
+    };
+}
+
+/// Expands to the module `rate_lines` of one `#[test]` per rule of
+/// [`RateStore::line_up`](crate::store::RateStore::line_up) and
+/// [`leave_line`](crate::store::RateStore::leave_line), each on a store from `$make`, an
+/// expression (it may `.await`) that gives `(store, guard)`. Not part of
+/// [`store_suite!`](crate::store_suite): a store may keep no lines (its waiters then race).
+#[macro_export]
+macro_rules! rate_lines_suite {
+    ($make:expr) => {
+        $crate::__conformance_tests!(rate_lines, line, $make;
+            waiters_stand_in_the_order_they_lined_up,
+            a_waiter_that_leaves_lets_those_behind_move_up,
+            a_place_lapses_unless_kept,
+            lines_are_per_caller_and_policy,
+            a_line_up_after_its_deadline_changes_nothing,
         );
     };
 }

@@ -509,6 +509,19 @@ impl RatePolicy {
         keys
     }
 
+    /// The key of caller `key`'s line of waiters under this policy (see
+    /// [`RateStore::line_up`](crate::store::RateStore::line_up)): its first limit's store key
+    /// plus `:line`, in the slot of the caller's other keys. A store may keep more than one key
+    /// per line, each this key plus a suffix of its own.
+    pub fn line_key(&self, key: &Key) -> String {
+        let mut out = String::new();
+        if let Some(first) = self.limits().first() {
+            self.write_store_key(&mut out, key, first);
+        }
+        out.push_str(":line");
+        out
+    }
+
     /// Writes the key of the block of `limit` (one of this policy's) for caller `key` into
     /// `out`, in place of what it held: the limit's store key plus `:block`.
     pub(crate) fn write_block_key(&self, out: &mut String, key: &Key, limit: &Limit) {

@@ -108,6 +108,27 @@
 //! [quiet](crate::rate::RateCheck::quiet) reservation (a leased slice given back) is never
 //! published: a leased tier's layer takes every word it hears as a reset.
 //!
+//! # Lines
+//!
+//! Requests that wait for room ([`queue`](crate::rate_limit::RateLimitLayerBuilder::queue),
+//! every [outbound limit](crate::outbound)) wait in their copy's line of their caller, and the
+//! first of each copy's line stands in the caller's line in the store
+//! ([`RateStore::line_up`]): the copies' waiters ask for room in the order they began to wait,
+//! rather than racing for each moment of room. A waiter that has someone ahead of it does not
+//! ask for room; it lines up again when the store said room comes, and asks once nobody stands
+//! ahead. Admitted, it leaves the line, and its copy's next waiter lines up at the end: copies
+//! that all wait take turns, whatever their numbers of requests. A waiter keeps its place for
+//! the time until its room plus twice the store's timeout; a copy that stops (or a line-up lost
+//! on the way) holds the others back at most that long. A check's admission is the limits'
+//! alone: a line orders the asking, never the answer, and a request that finds nobody of its
+//! copy waiting asks at once.
+//!
+//! | store | a line | a line-up | leaving |
+//! | --- | --- | --- | --- |
+//! | [`MemoryStore`] | an entry of waiters in arrival order, each with the end of its place | drops the lapsed places, keeps or appends the waiter | removes it |
+//! | [`RedisStore`] | two sorted sets beside the caller's keys (`<line key>` by arrival, `<line key>:lapse` by the end of each place), kept as long as the last place | `line.lua`: one script, with the call's deadline | `line.lua` with no keep |
+//! | [`PgStore`] | rows of `permit_queue` under the line key, purged with it | `line_up()`, with the call's deadline | `leave_line()` |
+//!
 //! [`PgStore`]: https://docs.rs/tollgate/latest/tollgate/store/struct.PgStore.html
 //! [`conformance::model`]: https://docs.rs/tollgate/latest/tollgate/conformance/model/index.html
 //! [`conformance::property`]: https://docs.rs/tollgate/latest/tollgate/conformance/property/index.html

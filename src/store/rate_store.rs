@@ -4,6 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::{Invalidations, LimitsStore, StoreFuture};
 use crate::key::Key;
 use crate::rate::{RateCheck, RateOutcome, RatePolicy};
@@ -64,6 +66,40 @@ pub trait RateStore: fmt::Debug + Send + Sync + 'static {
     fn limits_store(&self) -> Option<&dyn LimitsStore> {
         None
     }
+
+    /// Puts `waiter` at the end of caller `key`'s line under `policy`, or keeps it where it
+    /// stands if it is in it, for `keep` from now; answers how many waiters stand ahead of it.
+    ///
+    /// A line is the order in which copies' waiting requests ask for room (see
+    /// [Lines](crate::store#lines)): a layer with a
+    /// [queue](crate::rate_limit::RateLimitLayerBuilder::queue) lines up the first waiter of
+    /// each of its lines after a denial, and asks the store for room only when nobody stands
+    /// ahead of it. Waiters stand in the order they first lined up (ties by `waiter`); one not
+    /// lined up again within its `keep` has left. The line's key is
+    /// [`RatePolicy::line_key`]. Received after `deadline`, a line-up changes nothing and fails
+    /// with [`Timeout`](super::StoreErrorKind::Timeout). Safe to run twice: a waiter keeps its
+    /// place.
+    ///
+    /// The default keeps no line: every waiter stands first, and the copies' waiters race for
+    /// room as requests without a queue do. Every store of this crate keeps lines.
+    fn line_up(
+        &self,
+        policy: &Arc<RatePolicy>,
+        key: Key,
+        waiter: u64,
+        keep: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<u32> {
+        let _ = (policy, key, waiter, keep, deadline);
+        Box::pin(std::future::ready(Ok(0)))
+    }
+
+    /// Takes `waiter` out of caller `key`'s line under `policy`: those behind it move up. Safe
+    /// to run twice, and for a waiter not in the line. The default does nothing.
+    fn leave_line(&self, policy: &Arc<RatePolicy>, key: Key, waiter: u64) -> StoreFuture<()> {
+        let _ = (policy, key, waiter);
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 impl<T: RateStore + ?Sized> RateStore for Arc<T> {
@@ -89,5 +125,20 @@ impl<T: RateStore + ?Sized> RateStore for Arc<T> {
 
     fn limits_store(&self) -> Option<&dyn LimitsStore> {
         (**self).limits_store()
+    }
+
+    fn line_up(
+        &self,
+        policy: &Arc<RatePolicy>,
+        key: Key,
+        waiter: u64,
+        keep: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<u32> {
+        (**self).line_up(policy, key, waiter, keep, deadline)
+    }
+
+    fn leave_line(&self, policy: &Arc<RatePolicy>, key: Key, waiter: u64) -> StoreFuture<()> {
+        (**self).leave_line(policy, key, waiter)
     }
 }

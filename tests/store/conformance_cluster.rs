@@ -11,6 +11,7 @@ use tollgate::store::RateStore;
 
 tollgate::store_suite!((RedisCluster::shared().store().await, ()));
 tollgate::limits_store_suite!((RedisCluster::shared().store().await, ()));
+tollgate::rate_lines_suite!((RedisCluster::shared().store().await, ()));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_spread_over_all_masters() {

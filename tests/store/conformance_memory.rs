@@ -3,3 +3,4 @@ use tollgate::store::MemoryStore;
 
 tollgate::store_suite!((MemoryStore::new(), ()));
 tollgate::limits_store_suite!((MemoryStore::new(), ()));
+tollgate::rate_lines_suite!((MemoryStore::new(), ()));

@@ -5,3 +5,4 @@ use crate::common;
 
 tollgate::store_suite!((common::postgres::store().await, ()));
 tollgate::limits_store_suite!((common::postgres::store().await, ()));
+tollgate::rate_lines_suite!((common::postgres::store().await, ()));

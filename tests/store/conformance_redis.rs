@@ -12,3 +12,7 @@ tollgate::limits_store_suite!({
     let server = RedisServer::start();
     (server.store(), server)
 });
+tollgate::rate_lines_suite!({
+    let server = RedisServer::start();
+    (server.store(), server)
+});

@@ -30,6 +30,21 @@ impl RateStore for Delegating {
     fn reset_rate(&self, policy: &Arc<RatePolicy>, key: Key) -> StoreFuture<()> {
         self.0.reset_rate(policy, key)
     }
+
+    fn line_up(
+        &self,
+        policy: &Arc<RatePolicy>,
+        key: Key,
+        waiter: u64,
+        keep: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<u32> {
+        self.0.line_up(policy, key, waiter, keep, deadline)
+    }
+
+    fn leave_line(&self, policy: &Arc<RatePolicy>, key: Key, waiter: u64) -> StoreFuture<()> {
+        self.0.leave_line(policy, key, waiter)
+    }
 }
 
 impl LockStore for Delegating {
@@ -174,6 +189,7 @@ impl PermitStore for Delegating {
 }
 
 tollgate::store_suite!((Delegating::default(), ()));
+tollgate::rate_lines_suite!((Delegating::default(), ()));
 
 /// A store written before the reads were added to the capability traits: it implements only
 /// the writes, and still builds; its reads answer `Unsupported`.

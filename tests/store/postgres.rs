@@ -86,7 +86,7 @@ async fn migrate_is_idempotent_and_safe_to_run_at_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![9, 10, 11]);
+    assert_eq!(versions, vec![9, 10, 11, 12]);
     let won = stores[2]
         .claim(ClaimRequest::new("k", "a", None), crate::common::soon())
         .await
@@ -920,7 +920,7 @@ async fn migrate_on_a_current_schema_takes_no_table_lock() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![9, 10, 11]);
+    assert_eq!(versions, vec![9, 10, 11, 12]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1087,7 +1087,7 @@ async fn an_upgrade_drops_the_functions_without_deadlines() {
         .collect();
     assert_eq!(args, vec![4], "one claim: the one with a deadline");
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 11, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 12, Duration::ZERO).await);
     // a copy of version 1 started since, which migrates whatever the version row says, put its
     // functions back: the next migration finds them and runs its DDL again
     client.batch_execute(&old_claim).await.unwrap();
@@ -1201,7 +1201,7 @@ async fn a_schema_of_version_3_upgrades_and_keeps_its_limits() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 11, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 12, Duration::ZERO).await);
     // every function a copy of version 3 calls, or that one it calls calls, is still there
     let after = functions(&client, &s).await;
     let gone: Vec<&String> = before.iter().filter(|f| !after.contains(f)).collect();
@@ -1313,7 +1313,7 @@ async fn a_schema_of_version_4_upgrades_and_its_copies_keep_working() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 11, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 12, Duration::ZERO).await);
     // gone: only version 4's steps and settlements, which its functions alone called
     let after = functions(&client, &s).await;
     let replaced = [
@@ -1998,7 +1998,7 @@ async fn a_schema_of_version_5_upgrades_and_its_copies_keep_working() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 11, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 12, Duration::ZERO).await);
     // the copy of version 5: its attempt re-sent is not charged again, a new one is
     let again = decide(1).await;
     assert_eq!((again[2], again[5]), (1, 2), "{again:?}");
@@ -2047,7 +2047,7 @@ async fn a_schema_of_version_6_upgrades_and_its_records_read_alike() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 11, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 12, Duration::ZERO).await);
     match store.idempotency_state("old").await.unwrap() {
         IdempotencyState::InFlight { lease_left, age } => {
             assert!(lease_left <= Duration::from_secs(60), "{lease_left:?}");
@@ -2117,7 +2117,7 @@ async fn a_schema_of_version_7_upgrades_and_its_rows_are_named_by_the_next_charg
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 11, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 12, Duration::ZERO).await);
     for (p, first) in charged {
         let algorithm = p.algorithm();
         let settled = store.check_rate(&p, first.settle(0)).await.unwrap();
@@ -2185,7 +2185,7 @@ async fn a_schema_of_version_7_upgrades_under_its_copies_load() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 11, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 12, Duration::ZERO).await);
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     for worker in workers {
@@ -2404,7 +2404,7 @@ async fn a_schema_of_version_8_upgrades_and_its_copies_keep_working() {
 
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 11, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 12, Duration::ZERO).await);
     // the copy of version 8: its attempt re-sent is not charged again, a new one is, and its
     // reset erases
     for (algorithm, key) in [(1i16, "v8:log"), (3, "v8:gcra")] {
@@ -2542,7 +2542,7 @@ async fn a_schema_of_version_8_upgrades_under_its_copies_load() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT max(version)::bigint FROM \"{s}\".migrations");
-    assert!(becomes(&client, &versions, 11, Duration::ZERO).await);
+    assert!(becomes(&client, &versions, 12, Duration::ZERO).await);
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     for worker in workers {
@@ -2557,8 +2557,8 @@ async fn a_schema_of_version_8_upgrades_under_its_copies_load() {
 /// The base migration, as a schema of version 9 has it.
 const SCHEMA_V9: &str = include_str!("../../src/store/postgres/migrations/0009_base.sql");
 
-/// A schema of version 9 takes the numbered files of versions 10 and 11: its tables of limits
-/// and the functions that count calls, recorded; a second migration runs nothing.
+/// A schema of version 9 takes the numbered files of versions 10 to 12: its tables of limits,
+/// the functions that count calls and those of lines, recorded; a second migration runs nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_of_version_9_takes_the_later_files_once() {
     let server = server().await;
@@ -2569,12 +2569,12 @@ async fn a_schema_of_version_9_takes_the_later_files_once() {
     let store = server.builder().schema(s.clone()).connect().await.unwrap();
     let versions = format!("SELECT array_agg(version ORDER BY version) FROM \"{s}\".migrations");
     let recorded: Vec<i32> = client.query_one(&versions, &[]).await.unwrap().get(0);
-    assert_eq!(recorded, [9, 10, 11]);
+    assert_eq!(recorded, [9, 10, 11, 12]);
     assert!(becomes(&client, &exists, 1, Duration::ZERO).await);
     let table = LimitTable::with_defaults(1, [(None, vec![Limit::per_second("s", 1)])]);
     let saved = store.save_limits("t:rl", 0, &table, "").await.unwrap();
     assert_eq!(saved, Saved::Saved(1));
     store.migrate().await.unwrap();
     let recorded: Vec<i32> = client.query_one(&versions, &[]).await.unwrap().get(0);
-    assert_eq!(recorded, [9, 10, 11]);
+    assert_eq!(recorded, [9, 10, 11, 12]);
 }

@@ -25,6 +25,7 @@ fn script(name: &str) -> Script {
         "rate" => include_str!("../../src/store/redis/scripts/rate.lua"),
         "confirm" => include_str!("../../src/store/redis/scripts/confirm.lua"),
         "reset" => include_str!("../../src/store/redis/scripts/reset.lua"),
+        "line" => include_str!("../../src/store/redis/scripts/line.lua"),
         other => panic!("no script {other}"),
     };
     Script::new(source)
@@ -720,4 +721,42 @@ fn a_script_received_after_its_deadline_does_nothing() {
             "{name}: second, the last unit"
         );
     }
+}
+
+/// A line-up run twice keeps the waiter's first place; leaving run twice leaves once; a line-up
+/// received late lines nobody up.
+#[test]
+fn a_line_up_run_twice_keeps_its_place() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let keys = ["w:{1}:line", "w:{1}:line:lapse"];
+    let waiter = |n: u64| format!("{n:016x}");
+    let (a, b) = (waiter(0xb), waiter(0xa));
+    assert_eq!(
+        twice(&mut conn, "line", &keys, &[&a, "60000", LATER]),
+        Value::Int(0)
+    );
+    assert_eq!(
+        twice(&mut conn, "line", &keys, &[&b, "60000", LATER]),
+        Value::Int(1)
+    );
+    assert_eq!(
+        twice(&mut conn, "line", &keys, &[&a, "60000", LATER]),
+        Value::Int(0)
+    );
+    assert_eq!(
+        run(&mut conn, "line", &keys, &[&waiter(0xc), "60000", EARLIER]),
+        Value::Int(-1),
+        "late"
+    );
+    assert_eq!(
+        twice(&mut conn, "line", &keys, &[&a, "0", "0"]),
+        Value::Int(0)
+    );
+    assert_eq!(
+        twice(&mut conn, "line", &keys, &[&b, "60000", LATER]),
+        Value::Int(0)
+    );
+    let waiting: i64 = redis::cmd("ZCARD").arg(keys[0]).query(&mut conn).unwrap();
+    assert_eq!(waiting, 1, "b alone: a left, c came too late");
 }

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 mod idempotency;
 mod limits;
+mod line;
 mod lock;
 mod permit;
 mod rate;
@@ -136,6 +137,8 @@ enum Value {
     Idem(IdemRecord),
     /// The permits held under a concurrency limit, and the queue of waiters for them.
     Permits(Permits),
+    /// A caller's line of waiters for room.
+    Line(line::Line),
 }
 
 /// What a token-checked operation does to an entry its token matches.

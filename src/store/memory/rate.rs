@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::{MemoryStore, NOMINAL_TIMEOUT, done, invalidation, ready};
 use crate::key::Key;
 use crate::rate::{LimitState, RateCheck, RateOutcome, RatePolicy};
@@ -75,6 +77,21 @@ impl RateStore for MemoryStore {
 
     fn limits_store(&self) -> Option<&dyn LimitsStore> {
         Some(self)
+    }
+
+    fn line_up(
+        &self,
+        policy: &Arc<RatePolicy>,
+        key: Key,
+        waiter: u64,
+        keep: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<u32> {
+        self.line_up_at(&policy.line_key(&key), waiter, keep, deadline)
+    }
+
+    fn leave_line(&self, policy: &Arc<RatePolicy>, key: Key, waiter: u64) -> StoreFuture<()> {
+        self.leave_line_now(&policy.line_key(&key), waiter)
     }
 }
 

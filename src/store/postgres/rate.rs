@@ -13,7 +13,7 @@ use crate::key::Key;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::coalesce::{BatchCall, Decided, Sent};
 use crate::store::{
-    Invalidations, LimitsStore, RateStore, StoreError, StoreErrorKind, StoreFuture,
+    Invalidations, LimitsStore, RateStore, StoreError, StoreErrorKind, StoreFuture, millis,
 };
 
 /// An id as the database keeps it: the same 64 bits, as a `bigint`.
@@ -69,6 +69,39 @@ impl RateStore for PgStore {
             Some(deadline),
             decode_reset,
         )
+    }
+
+    /// `line_up()` on the line's rows of `permit_queue`, with the call's deadline (see
+    /// [Lines](crate::store#lines)).
+    fn line_up(
+        &self,
+        policy: &Arc<RatePolicy>,
+        key: Key,
+        waiter: u64,
+        keep: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<u32> {
+        let keep_ms = i64::try_from(millis(keep)).unwrap_or(i64::MAX);
+        let params: Vec<Param> = vec![
+            Box::new(policy.line_key(&key)),
+            Box::new(format!("{waiter:016x}")),
+            Box::new(keep_ms),
+        ];
+        self.call(
+            "line_up",
+            |s| &s.line_up,
+            params,
+            Some(deadline),
+            decode_line_up,
+        )
+    }
+
+    fn leave_line(&self, policy: &Arc<RatePolicy>, key: Key, waiter: u64) -> StoreFuture<()> {
+        let params: Vec<Param> = vec![
+            Box::new(policy.line_key(&key)),
+            Box::new(format!("{waiter:016x}")),
+        ];
+        self.call("leave_line", |s| &s.leave_line, params, None, |_| Ok(()))
     }
 
     /// One connection per store outside the pool, made on the first call; `None` for a store
@@ -157,6 +190,18 @@ fn decode_reset(row: &tokio_postgres::Row) -> Result<(), StoreError> {
         return Err(StoreError::expired());
     }
     Ok(())
+}
+
+/// The reply of `line_up`: how many stand ahead, or -1 when it was received after its deadline
+/// and changed nothing.
+fn decode_line_up(row: &tokio_postgres::Row) -> Result<u32, StoreError> {
+    let ahead: i64 = row
+        .try_get(0)
+        .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?;
+    if ahead < 0 {
+        return Err(StoreError::expired());
+    }
+    Ok(u32::try_from(ahead).unwrap_or(u32::MAX))
 }
 
 /// A reply that left a check out.

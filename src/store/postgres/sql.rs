@@ -15,13 +15,14 @@ const MIGRATIONS: &[(i32, &str, bool)] = &[
     (9, include_str!("migrations/0009_base.sql"), true),
     (10, include_str!("migrations/0010_limits.sql"), false),
     (11, include_str!("migrations/0011_calls.sql"), true),
+    (12, include_str!("migrations/0012_lines.sql"), false),
 ];
 
 /// The version of the base, the first migration.
 pub(super) const MIGRATIONS_BASE: i32 = 9;
 
 /// The version the migrations bring a schema to, recorded in its `migrations` table.
-pub(super) const SCHEMA_VERSION: i32 = 11;
+pub(super) const SCHEMA_VERSION: i32 = 12;
 
 /// Checks a schema name: 1 to 63 lowercase ASCII letters, digits and `_`, not starting with a
 /// digit — a name PostgreSQL takes as it is, quoted or not.
@@ -75,6 +76,10 @@ pub(super) fn quoted(schema: &str) -> String {
 pub(super) struct Sql {
     pub(super) decide_rates: String,
     pub(super) reset_rate: String,
+    /// A waiter (`$2`) lines up in line `$1`, its place kept `$3` ms.
+    pub(super) line_up: String,
+    /// A waiter (`$2`) leaves line `$1`.
+    pub(super) leave_line: String,
     /// A notification on `$1` with payload `$2`, in a transaction of its own.
     pub(super) notify: String,
     pub(super) claim: String,
@@ -118,6 +123,8 @@ impl Sql {
             ),
             // the notification ($2, $3) goes out when the reset commits
             reset_rate: format!("SELECT {s}.reset_rate($1, $2, $3, $4)"),
+            line_up: format!("SELECT {s}.line_up($1, $2, $3, $4)"),
+            leave_line: format!("SELECT {s}.leave_line($1, $2)"),
             notify: "SELECT 1 FROM pg_notify($1, $2)".to_owned(),
             claim: format!("SELECT * FROM {s}.claim($1, $2, $3, $4)"),
             lock_acquire: format!("SELECT * FROM {s}.lock_acquire($1, $2, $3, $4, $5, $6)"),

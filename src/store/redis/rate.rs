@@ -13,7 +13,17 @@ use super::{RedisStore, invalidation, redis_call, store_error, unexpired};
 use crate::key::Key;
 use crate::rate::{RateCheck, RateOutcome, RatePolicy};
 use crate::store::span::Command;
-use crate::store::{Invalidations, LimitsStore, RateStore, StoreFuture};
+use crate::store::{Invalidations, LimitsStore, RateStore, StoreFuture, millis};
+
+/// `line.lua`'s keys and waiter for `waiter` in caller `key`'s line under `policy`.
+fn line_call(policy: &RatePolicy, key: Key, waiter: u64) -> ScriptCall {
+    let line = policy.line_key(&key);
+    let lapse = format!("{line}:lapse");
+    ScriptCall::default()
+        .key(line)
+        .key(lapse)
+        .arg(format!("{waiter:016x}"))
+}
 
 impl RateStore for RedisStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
@@ -58,6 +68,43 @@ impl RateStore for RedisStore {
                 .map_err(store_error)?;
             let _deleted: i64 = unexpired(reply)?;
             invalidation::publish_or_log(conn, namespace, key).await;
+            Ok(())
+        })
+    }
+
+    /// `line.lua` on the line's two sorted sets, with the call's deadline (see
+    /// [Lines](crate::store#lines)).
+    fn line_up(
+        &self,
+        policy: &Arc<RatePolicy>,
+        key: Key,
+        waiter: u64,
+        keep: Duration,
+        deadline: Instant,
+    ) -> StoreFuture<u32> {
+        let call = line_call(policy, key, waiter).arg(millis(keep));
+        let (clock, link) = (Arc::clone(&self.clock), Arc::clone(&self.link));
+        let trip = redis_call("line_up", Command::Evalsha, self.scripts.line.name);
+        self.call(trip, move |mut conn, scripts| async move {
+            let at = store_deadline(&clock, &link, &mut conn, deadline).await?;
+            let reply: Value = call
+                .arg(at)
+                .invoke(&scripts.line, &mut conn)
+                .await
+                .map_err(store_error)?;
+            let ahead: i64 = unexpired(reply)?;
+            Ok(u32::try_from(ahead).unwrap_or(u32::MAX))
+        })
+    }
+
+    fn leave_line(&self, policy: &Arc<RatePolicy>, key: Key, waiter: u64) -> StoreFuture<()> {
+        let call = line_call(policy, key, waiter).arg(0).arg(0);
+        let trip = redis_call("leave_line", Command::Evalsha, self.scripts.line.name);
+        self.call(trip, move |mut conn, scripts| async move {
+            let _: i64 = call
+                .invoke(&scripts.line, &mut conn)
+                .await
+                .map_err(store_error)?;
             Ok(())
         })
     }
