@@ -16,7 +16,8 @@
 //!   (the layer is a `reqwest_middleware::Middleware`).
 //! - **Waiting, not failing**: a call the limits deny waits for its room (see
 //!   [`queue`](crate::rate_limit::RateLimitLayerBuilder::queue): in arrival order on its copy;
-//!   every copy's first waiter asks the store when room comes), up to the layer's patience
+//!   the copies take turns, in a line the store keeps, see [Lines](crate::store#lines)), up to
+//!   the layer's patience
 //!   (30 s unless [`queue`](crate::rate_limit::RateLimitLayerBuilder::queue) says otherwise).
 //!   Past it the call fails with [`OutboundError::Limited`], saying when room comes. A call
 //!   whose future is dropped leaves its line.

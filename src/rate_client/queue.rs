@@ -8,10 +8,13 @@
 //! it is admitted. A request that arrives while its caller's line is not empty joins it rather
 //! than asking first: it cannot overtake those already waiting on its copy.
 //!
-//! Across copies the store decides, as for every request: each copy's first waiter asks when
-//! room comes, and what the limits admit is exactly what they admit without waiting. A copy's
-//! first waiter asks at the moment the store named, so no copy is kept behind another by more
-//! than the difference of their round trips.
+//! Across copies the store decides, as for every request, and keeps the order in which they
+//! ask ([Lines](crate::store#lines)): a copy's first waiter, once denied, stands in its caller's
+//! line in the store ([`RateStore::line_up`]), and asks for room only when no waiter of another
+//! copy stands ahead of it; until then it lines up again each time the store said room comes.
+//! Admitted, it leaves the line, and the next waiter of its copy lines up at the end: copies
+//! that all wait take turns, whatever their numbers of requests. What the limits admit is
+//! exactly what they admit without waiting: a line orders the asking, never the answer.
 //!
 //! A request waits at most its patience, counted from its arrival, plus the round trip of its
 //! last check: a waiter whose room comes later than that is refused at once, with the store's
@@ -35,6 +38,8 @@ use super::source::DecisionSource;
 use super::tiers::Tier;
 use super::verdict::Verdict;
 use crate::key::Key;
+use crate::rate::RatePolicy;
+use crate::store::RateStore;
 
 /// When a request arrived, when a layer before the rate limit already counts its patience (an
 /// outbound limit, which may first have waited out a provider's pause): in its extensions.
@@ -78,7 +83,6 @@ debug_fields!(Queue {
 type LineOf = (usize, Key);
 
 /// A caller's line: whose turn it is to ask the store, and how many wait.
-#[derive(Debug)]
 struct Line {
     /// Held by the first of the line; handed on in arrival order (Tokio's mutex is fair).
     turn: Arc<tokio::sync::Mutex<()>>,
@@ -87,6 +91,27 @@ struct Line {
     room_at: Option<Instant>,
     /// Whether the store failed the first of the line's last check.
     store_down: bool,
+    /// Who the line's first waiter is in the store's line of the caller: the same for every
+    /// first of this line until one is admitted (a first that goes away hands its place on).
+    waiter: u64,
+    /// How many stood ahead of it at its last line-up.
+    ahead: u32,
+    /// Where it stands, once lined up: the line it leaves.
+    stands: Option<Stands>,
+}
+
+debug_fields!(Line {
+    waiting,
+    room_at,
+    store_down,
+    waiter,
+    ahead
+});
+
+/// The store's line a copy's line stands in.
+struct Stands {
+    store: Arc<dyn RateStore>,
+    policy: Arc<RatePolicy>,
 }
 
 /// A request's place in its caller's line: leaves it when dropped (admitted, refused or gone).
@@ -95,9 +120,36 @@ pub(super) struct Place<'a> {
     line: LineOf,
     /// The line's turn: whoever holds it asks the store.
     pub(super) turn: Arc<tokio::sync::Mutex<()>>,
+    /// Whether it leaves admitted: its line's place in the store's line goes with it.
+    admitted: AtomicBool,
 }
 
 impl Place<'_> {
+    /// Who the line's first waiter is in the store's line, and how many stood ahead of it at
+    /// its last line-up.
+    pub(super) fn waiter(&self) -> (u64, u32) {
+        self.queue
+            .lines()
+            .get(&self.line)
+            .map_or((0, 0), |line| (line.waiter, line.ahead))
+    }
+
+    /// The line stands in `policy`'s line of the caller on `store`, with `ahead` waiters ahead.
+    pub(super) fn stands(&self, store: &Arc<dyn RateStore>, policy: &Arc<RatePolicy>, ahead: u32) {
+        if let Some(line) = self.queue.lines().get_mut(&self.line) {
+            line.ahead = ahead;
+            line.stands = Some(Stands {
+                store: Arc::clone(store),
+                policy: Arc::clone(policy),
+            });
+        }
+    }
+
+    /// It leaves admitted: the line's place in the store's line goes with it.
+    pub(super) fn admitted(&self) {
+        self.admitted.store(true, Ordering::Relaxed);
+    }
+
     /// The first of the line expects room at `at`.
     pub(super) fn expect_room(&self, at: Instant) {
         if let Some(line) = self.queue.lines().get_mut(&self.line) {
@@ -185,6 +237,9 @@ impl Queue {
             waiting: 0,
             room_at: None,
             store_down: false,
+            waiter: new_waiter(),
+            ahead: 0,
+            stands: None,
         });
         if line.waiting >= self.max_waiting {
             return None;
@@ -194,6 +249,7 @@ impl Queue {
             queue: self,
             line: of,
             turn: Arc::clone(&line.turn),
+            admitted: AtomicBool::new(false),
         })
     }
 
@@ -223,14 +279,47 @@ impl Queue {
     }
 }
 
+/// A waiter id for the store's line.
+fn new_waiter() -> u64 {
+    uuid::Uuid::new_v4().as_u64_pair().0
+}
+
 impl Drop for Place<'_> {
+    /// Leaves the line; its line leaves the store's line when it was admitted (the next of its
+    /// copy lines up anew, at the end) or nobody of its copy waits any more. A first that goes
+    /// otherwise (refused, cancelled) hands its place on to the next of its copy.
     fn drop(&mut self) {
         let mut lines = self.queue.lines();
-        if let Some(line) = lines.get_mut(&self.line) {
-            line.waiting -= 1;
-            if line.waiting == 0 {
-                lines.remove(&self.line);
-            }
+        let Some(line) = lines.get_mut(&self.line) else {
+            return;
+        };
+        line.waiting -= 1;
+        let admitted = self.admitted.load(Ordering::Relaxed);
+        let leaves = admitted || line.waiting == 0;
+        let stood = if leaves { line.stands.take() } else { None };
+        let waiter = line.waiter;
+        if admitted {
+            line.waiter = new_waiter();
+            // a line that stood in the store's line: the next of its copy lines up at the end
+            // before it asks, behind the other copies' waiters
+            line.ahead = u32::from(stood.is_some());
+        }
+        if line.waiting == 0 {
+            lines.remove(&self.line);
+        }
+        drop(lines);
+        if let Some(Stands { store, policy }) = stood
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let leave = store.leave_line(&policy, self.line.1, waiter);
+            runtime.spawn(async move {
+                if let Err(error) = leave.await {
+                    tracing::debug!(
+                        target: "tollgate::rate_limit", %error,
+                        "could not leave the store's line; the place lapses on its own"
+                    );
+                }
+            });
         }
     }
 }

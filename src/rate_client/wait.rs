@@ -12,6 +12,7 @@ use super::queue::Queue;
 use super::source::DecisionSource;
 use super::tiers::Tier;
 use super::verdict::Verdict;
+use crate::key::Key;
 use crate::rate::RateCheck;
 
 /// The shortest pause between two checks of one waiter: a store that says room comes now, yet
@@ -128,6 +129,12 @@ impl RateClient {
         };
         let mut attempt = check;
         let mut store_retries = 0u32;
+        // waiters of other copies ahead in the store's line (a first that went away left its
+        // place, and what it knew, to this one), and the store's last word on when room comes
+        let (waiter, mut ahead) = place.waiter();
+        let mut gap = LEAST_PAUSE;
+        // how long a waiter with others ahead pauses before it looks again
+        let mut poll = LEAST_PAUSE;
         let verdict = loop {
             if turn.is_none() {
                 // its patience ended before its turn came: the first of its line has had no
@@ -152,6 +159,36 @@ impl RateClient {
                 // a longer pause may have come meanwhile
                 continue;
             }
+            if ahead > 0 {
+                // waiters of other copies stand ahead: it asks for room once none does, or
+                // once the limits have room for every one ahead and for it (a burst of room is
+                // not served one copy at a time); it looks again soon while the line moves,
+                // then less often, at most as long as the store's last word on when room comes
+                let before = ahead;
+                let (lined, room) = tokio::join!(
+                    self.line_up(&tier, check.key(), waiter, gap),
+                    self.room_for(&tier, check, before),
+                );
+                ahead = lined;
+                place.stands(&self.store, &tier.policy, ahead);
+                if ahead > 0 && !room {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break held_back(&tier, attempt, gap);
+                    }
+                    poll = if ahead < before {
+                        LEAST_PAUSE
+                    } else {
+                        poll.saturating_mul(2).min(gap)
+                    };
+                    let pause = poll.min(left);
+                    place.expect_room(Instant::now() + pause);
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
+                // its denial is stale: others were admitted since
+                denied = None;
+            }
             let verdict = match denied.take() {
                 Some(denied) => denied,
                 None => {
@@ -171,16 +208,64 @@ impl RateClient {
                 backoff.min(deadline.saturating_duration_since(Instant::now()))
             } else {
                 store_retries = 0;
-                verdict.retry_after.max(LEAST_PAUSE)
+                gap = verdict.retry_after.max(LEAST_PAUSE);
+                poll = LEAST_PAUSE;
+                ahead = self.line_up(&tier, check.key(), waiter, gap).await;
+                place.stands(&self.store, &tier.policy, ahead);
+                gap
             };
             place.expect_room(Instant::now() + pause);
             tokio::time::sleep(pause).await;
         };
+        if verdict.admitted {
+            place.admitted();
+        }
         drop(turn);
         drop(place);
         let waited = arrived.elapsed();
         crate::metrics::rate_wait(&tier.limiter, verdict.admitted, waited);
         Verdict { waited, ..verdict }
+    }
+}
+
+impl RateClient {
+    /// Lines `waiter` up in `key`'s line under `tier` in the store, its place kept for `room_in`
+    /// (when the store said room comes) plus twice the store's timeout (its next line-up's
+    /// round trip); how many stand ahead of it. A store that fails to answer keeps no order:
+    /// none stands ahead, and the waiter asks for room as it would without a line.
+    async fn line_up(&self, tier: &Tier, key: Key, waiter: u64, room_in: Duration) -> u32 {
+        let timeout = self.store.timeout();
+        let keep = room_in.saturating_add(timeout.saturating_mul(2));
+        let deadline = Instant::now() + timeout;
+        let lined = self
+            .store
+            .line_up(&tier.policy, key, waiter, keep, deadline)
+            .await;
+        lined.unwrap_or_else(|error| {
+            tracing::debug!(
+                target: "tollgate::rate_limit", %error, %key,
+                "could not line up in the store; asking for room without a line"
+            );
+            0
+        })
+    }
+}
+
+impl RateClient {
+    /// Whether the limits of `tier` have room now for `check`'s cost `times` over and once
+    /// more: a look at the caller's limits, which charges nothing. `false` when the store does
+    /// not answer.
+    async fn room_for(&self, tier: &Tier, check: RateCheck, times: u32) -> bool {
+        let look = RateCheck::new(check.key(), 0);
+        let Ok(outcome) = self.store.check_rate(&tier.policy, look).await else {
+            return false;
+        };
+        let calls = u64::from(times).saturating_add(1);
+        let limits = tier.policy.limits();
+        outcome.limits.len() == limits.len()
+            && limits.iter().zip(&outcome.limits).all(|(limit, state)| {
+                state.remaining >= limit.charge_of(check.cost()).saturating_mul(calls)
+            })
     }
 }
 

@@ -219,7 +219,7 @@ mod tests {
         };
         let fresh = all(true, None);
         let versions: Vec<i32> = fresh.iter().map(|(v, _)| *v).collect();
-        assert_eq!(versions, [9, 10, 11]);
+        assert_eq!(versions, [9, 10, 11, 12]);
         assert_eq!(*versions.last().unwrap_or(&0), SCHEMA_VERSION);
         let sql: String = fresh.into_iter().map(|(_, sql)| sql).collect();
         assert!(!sql.contains("__SCHEMA__") && !sql.contains("__RATE_TABLES__"));
@@ -236,9 +236,10 @@ mod tests {
                 .map(|(v, _)| *v)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(versions(Some(3)), [9, 10, 11]);
-        assert_eq!(versions(Some(9)), [9, 10, 11]);
-        assert_eq!(versions(Some(10)), [9, 11]);
-        assert_eq!(versions(Some(11)), [9, 11]);
+        assert_eq!(versions(Some(3)), [9, 10, 11, 12]);
+        assert_eq!(versions(Some(9)), [9, 10, 11, 12]);
+        assert_eq!(versions(Some(10)), [9, 11, 12]);
+        assert_eq!(versions(Some(11)), [9, 11, 12]);
+        assert_eq!(versions(Some(12)), [9, 11]);
     }
 }
