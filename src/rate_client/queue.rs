@@ -11,7 +11,9 @@
 //! Across copies the store decides, as for every request, and keeps the order in which they
 //! ask ([Lines](crate::store#lines)): a copy's first waiter, once denied, stands in its caller's
 //! line in the store ([`RateStore::line_up`]), and asks for room only when no waiter of another
-//! copy stands ahead of it; until then it lines up again each time the store said room comes.
+//! copy stands ahead of it, or when a look at the limits shows room for all those ahead and for
+//! it; until then it lines up again when the store said room comes, and soon after while the
+//! line moves.
 //! Admitted, it leaves the line, and the next waiter of its copy lines up at the end: copies
 //! that all wait take turns, whatever their numbers of requests. What the limits admit is
 //! exactly what they admit without waiting: a line orders the asking, never the answer.

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::client::{Decided, RateClient};
-use super::queue::Queue;
+use super::queue::{Place, Queue};
 use super::source::DecisionSource;
 use super::tiers::Tier;
 use super::verdict::Verdict;
@@ -129,12 +129,7 @@ impl RateClient {
         };
         let mut attempt = check;
         let mut store_retries = 0u32;
-        // waiters of other copies ahead in the store's line (a first that went away left its
-        // place, and what it knew, to this one), and the store's last word on when room comes
-        let (waiter, mut ahead) = place.waiter();
-        let mut gap = LEAST_PAUSE;
-        // how long a waiter with others ahead pauses before it looks again
-        let mut poll = LEAST_PAUSE;
+        let mut standing = Standing::new(&place);
         let verdict = loop {
             if turn.is_none() {
                 // its patience ended before its turn came: the first of its line has had no
@@ -159,35 +154,20 @@ impl RateClient {
                 // a longer pause may have come meanwhile
                 continue;
             }
-            if ahead > 0 {
-                // waiters of other copies stand ahead: it asks for room once none does, or
-                // once the limits have room for every one ahead and for it (a burst of room is
-                // not served one copy at a time); it looks again soon while the line moves,
-                // then less often, at most as long as the store's last word on when room comes
-                let before = ahead;
-                let (lined, room) = tokio::join!(
-                    self.line_up(&tier, check.key(), waiter, gap),
-                    self.room_for(&tier, check, before),
-                );
-                ahead = lined;
-                place.stands(&self.store, &tier.policy, ahead);
-                if ahead > 0 && !room {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break held_back(&tier, attempt, gap);
+            if standing.ahead > 0 {
+                match standing.look(&self, &tier, check, &place).await {
+                    // its denial is stale: others were admitted since
+                    None => denied = None,
+                    Some(_) if Instant::now() >= deadline => {
+                        break held_back(&tier, attempt, standing.gap);
                     }
-                    poll = if ahead < before {
-                        LEAST_PAUSE
-                    } else {
-                        poll.saturating_mul(2).min(gap)
-                    };
-                    let pause = poll.min(left);
-                    place.expect_room(Instant::now() + pause);
-                    tokio::time::sleep(pause).await;
-                    continue;
+                    Some(pause) => {
+                        let pause = pause.min(deadline.saturating_duration_since(Instant::now()));
+                        place.expect_room(Instant::now() + pause);
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
                 }
-                // its denial is stale: others were admitted since
-                denied = None;
             }
             let verdict = match denied.take() {
                 Some(denied) => denied,
@@ -208,11 +188,9 @@ impl RateClient {
                 backoff.min(deadline.saturating_duration_since(Instant::now()))
             } else {
                 store_retries = 0;
-                gap = verdict.retry_after.max(LEAST_PAUSE);
-                poll = LEAST_PAUSE;
-                ahead = self.line_up(&tier, check.key(), waiter, gap).await;
-                place.stands(&self.store, &tier.policy, ahead);
-                gap
+                standing
+                    .denied(&self, &tier, check, &place, verdict.retry_after)
+                    .await
             };
             place.expect_room(Instant::now() + pause);
             tokio::time::sleep(pause).await;
@@ -225,6 +203,79 @@ impl RateClient {
         let waited = arrived.elapsed();
         crate::metrics::rate_wait(&tier.limiter, verdict.admitted, waited);
         Verdict { waited, ..verdict }
+    }
+}
+
+/// Where the first of a line stands in its caller's line in the store
+/// ([Lines](crate::store#lines)): a first that went away left its place, and what it knew, to
+/// the next.
+struct Standing {
+    waiter: u64,
+    /// Waiters of other copies ahead at its last line-up (0: none, or not lined up).
+    ahead: u32,
+    /// The store's last word on when room comes.
+    gap: Duration,
+    /// How long it pauses before it looks again while others stand ahead.
+    poll: Duration,
+}
+
+impl Standing {
+    fn new(place: &Place<'_>) -> Self {
+        let (waiter, ahead) = place.waiter();
+        Self {
+            waiter,
+            ahead,
+            gap: LEAST_PAUSE,
+            poll: LEAST_PAUSE,
+        }
+    }
+
+    /// Denied, with room in `room_in`: lines up (keeping its place) until its room comes; the
+    /// pause until then.
+    async fn denied(
+        &mut self,
+        client: &RateClient,
+        tier: &Tier,
+        check: RateCheck,
+        place: &Place<'_>,
+        room_in: Duration,
+    ) -> Duration {
+        self.gap = room_in.max(LEAST_PAUSE);
+        self.poll = LEAST_PAUSE;
+        self.ahead = client
+            .line_up(tier, check.key(), self.waiter, self.gap)
+            .await;
+        place.stands(&client.store, &tier.policy, self.ahead);
+        self.gap
+    }
+
+    /// With others ahead: `None` when it may ask — nobody stands ahead any more, or the limits
+    /// have room for every one ahead and for it (a burst of room is not served one copy at a
+    /// time); else the pause before it looks again: short while the line moves, then longer,
+    /// up to the store's last word on when room comes.
+    async fn look(
+        &mut self,
+        client: &RateClient,
+        tier: &Tier,
+        check: RateCheck,
+        place: &Place<'_>,
+    ) -> Option<Duration> {
+        let before = self.ahead;
+        let (ahead, room) = tokio::join!(
+            client.line_up(tier, check.key(), self.waiter, self.gap),
+            client.room_for(tier, check, before),
+        );
+        self.ahead = ahead;
+        place.stands(&client.store, &tier.policy, ahead);
+        if ahead == 0 || room {
+            return None;
+        }
+        self.poll = if ahead < before {
+            LEAST_PAUSE
+        } else {
+            self.poll.saturating_mul(2).min(self.gap)
+        };
+        Some(self.poll)
     }
 }
 

@@ -116,8 +116,10 @@
 //! ([`RateStore::line_up`]): the copies' waiters ask for room in the order they began to wait,
 //! rather than racing for each moment of room. A waiter that has someone ahead of it does not
 //! ask for room; it lines up again when the store said room comes, and asks once nobody stands
-//! ahead. Admitted, it leaves the line, and its copy's next waiter lines up at the end: copies
-//! that all wait take turns, whatever their numbers of requests. A waiter keeps its place for
+//! ahead — or once a look at the limits (a check of cost 0) shows room for every waiter ahead
+//! and for it, so that a burst of room is not served one copy at a time. Admitted, it leaves
+//! the line, and its copy's next waiter lines up at the end: copies that all wait take turns,
+//! whatever their numbers of requests. A waiter keeps its place for
 //! the time until its room plus twice the store's timeout; a copy that stops (or a line-up lost
 //! on the way) holds the others back at most that long. A check's admission is the limits'
 //! alone: a line orders the asking, never the answer, and a request that finds nobody of its
