@@ -197,8 +197,20 @@ async fn every_series_counts_exactly_what_happened() {
         let status = queued.clone().oneshot(get("carol")).await.unwrap().status();
         assert_eq!(status, StatusCode::OK);
     }
-    let phase = recorded(&snapshotter);
+    // the request that waited stood in the store's line once, and left it once admitted: in
+    // the background, after its answer, so it is awaited here
+    let left = series(STORE_CALL_DURATION, "operation=leave_line", 1);
+    let mut phase = recorded(&snapshotter);
+    for _ in 0..200 {
+        if phase.contains(&left) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        phase.extend(recorded(&snapshotter));
+    }
     for expected in [
+        series(STORE_CALL_DURATION, "operation=line_up", 1),
+        left,
         series(
             RATE_LIMIT_DECISIONS,
             "limiter=q:rl,outcome=admitted,source=store",

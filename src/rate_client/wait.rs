@@ -117,12 +117,13 @@ impl RateClient {
                 None => self.decide_now(&tier, check).resolve().await,
             };
         };
-        let turn = match place.turn.try_lock() {
+        let line_turn = Arc::clone(&place.turn);
+        let turn = match line_turn.try_lock() {
             Ok(turn) => Some(turn),
             Err(_) => {
                 // others wait before it: its denial is stale by the time its turn comes
                 denied = None;
-                tokio::time::timeout_at(deadline, place.turn.lock())
+                tokio::time::timeout_at(deadline, line_turn.lock())
                     .await
                     .ok()
             }
@@ -198,8 +199,9 @@ impl RateClient {
         if verdict.admitted {
             place.admitted();
         }
-        drop(turn);
+        // its place goes before the turn: the next first finds the line as this one left it
         drop(place);
+        drop(turn);
         let waited = arrived.elapsed();
         crate::metrics::rate_wait(&tier.limiter, verdict.admitted, waited);
         Verdict { waited, ..verdict }
