@@ -26,6 +26,16 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| v.parse().expect(name))
 }
 
+/// The store at `url`; `MAX_BATCH` caps the checks one call carries (default: the store's).
+fn store(url: String) -> RedisStore {
+    let builder = RedisStore::builder(url);
+    let builder = match env_u64("MAX_BATCH") {
+        Some(n) => builder.max_batch(usize::try_from(n).expect("MAX_BATCH fits a usize")),
+        None => builder,
+    };
+    builder.build().unwrap()
+}
+
 #[tokio::main]
 async fn main() {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6390/".into());
@@ -35,7 +45,7 @@ async fn main() {
         .route("/api/hello", get(|| async { "hello" }));
     if std::env::var("ALGO").as_deref() == Ok("concurrency") {
         let limit = env_u64("QUOTA").unwrap_or(1_000_000);
-        let layer = ConcurrencyLimitLayer::builder(RedisStore::open(url).unwrap())
+        let layer = ConcurrencyLimitLayer::builder(store(url))
             .limit(u32::try_from(limit).expect("QUOTA fits a u32"))
             .key(Header::from_static("x-api-key").or(Global))
             .build()
@@ -56,7 +66,7 @@ async fn main() {
     } else {
         limit
     };
-    let layer = RateLimitLayer::builder(RedisStore::open(url).unwrap())
+    let layer = RateLimitLayer::builder(store(url))
         .limit(limit)
         .algorithm(algorithm)
         .key(Header::from_static("x-api-key").or(Global))

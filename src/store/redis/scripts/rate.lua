@@ -83,33 +83,52 @@
 -- Numbers go to redis.call formatted as integers by hand: Lua would print those of more than 14
 -- digits in exponent form, and Redis formats every number it is given as a float, which costs
 -- more. Numbers are read with tonumber, which is exact for integers below 2^53 (strtod rounds
--- correctly) and cheaper than any cutting of the string. A policy's limits are sent and read
--- once per call, whatever the number of its checks.
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
--- milliseconds keep quota * window exact in a double for windows of years
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out, len = {}, 0
+-- correctly) and cheaper than any cutting of the string; a state's, captured as digits, by
+-- arithmetic on the text (`c + 0`: the same conversion, without the call of a function). A
+-- policy's limits are sent and read once per call, whatever the number of its checks; a cost,
+-- once per call whatever the number of checks that carry it.
 local format, match, sub, gmatch = string.format, string.match, string.sub, string.gmatch
 local floor, ceil, min, max, tonumber = math.floor, math.ceil, math.min, math.max, tonumber
--- the call's store time as text, and the texts of the expiries set, formatted once per call:
--- every check of a sliding log not held scores its entries with it, and sets the same expiry
-local now_text, ms_texts = format('%d', now_us), {}
-local function ms_text(ms)
-  local text = ms_texts[ms]
-  if not text then
-    text = format('%d', ms)
-    ms_texts[ms] = text
-  end
-  return text
-end
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- milliseconds keep quota * window exact in a double for windows of years (exact: now_us is an
+-- integer below 2^53, so its quotient by 1000 is never rounded up to the next integer)
+local now_ms = floor(now_us / 1000)
+local out, len = {}, 0
 -- per-limit scratch of the check being decided, reused by every check of the call
-local s1, s2, s3, s4, s5, s6, s7, s8 = {}, {}, {}, {}, {}, {}, {}, {}
+local s1, s2 = {}, {}
 -- per limit of the check being decided, whether it denied the cost (a penalty's cause)
 local denied = {}
 -- how long after the charge the check being decided may admit its units (µs; 0: at once)
 local hold = 0
 
+-- The call's policies, read first: a call makes only the functions its policies use (making a
+-- function costs Redis more than most checks cost it). `uses`: the algorithms of the call;
+-- `penalties`: whether a limit of the call has one.
+local policies, uses, penalties, a = {}, {}, false, 4
+for p = 1, tonumber(ARGV[4]) do
+  local n, q, w, b, nb, calls = tonumber(ARGV[a + 2]), {}, {}, {}, 0, nil
+  for i = 1, n do
+    q[i], w[i], b[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i]), 0
+    if not q[i] then
+      -- '<quota>c': a limit that counts calls
+      q[i] = tonumber(match(ARGV[a + 1 + 2 * i], '^(%d+)c$'))
+      calls = calls or {}
+      calls[i] = true
+    end
+    if not w[i] then
+      local window, block = match(ARGV[a + 2 + 2 * i], '^(%d+):(%d+)$')
+      w[i], b[i], nb = tonumber(window), tonumber(block), nb + 1
+    end
+  end
+  local algorithm = tonumber(ARGV[a + 1])
+  uses[algorithm] = true
+  if nb > 0 then penalties = true end
+  -- named as its checks name it (the first without formatting a number); the sliding log names
+  -- a reservation's entries by its attempt: it keeps no place
+  policies[p == 1 and '1' or tostring(p)] = {algorithm, n, q, w, algorithm ~= 1, b, nb, calls}
+  a = a + 2 + 2 * n
+end
 
 -- What the place of a settled reservation holds, per limit, as strings (nil when nothing is
 -- kept), and the place dropped: the settlement is the last to read it.
@@ -136,146 +155,160 @@ end
 -- left the window is the log trimmed. A new caller costs ZRANGE, ZADD, PEXPIRE; a known one adds
 -- ZCARD. A re-sent attempt finds its own entries: they are never added twice (ZADD NX), and only
 -- a log that would deny is searched for them (ZSCORE).
--- The members of the log of the `u`-th unit of a check of `cost` by `attempt`.
-local function unit(attempt, cost, u)
-  if cost == 1 and u == 1 then return attempt end
-  return attempt .. ':' .. u
-end
-
--- Settles the units the attempt of a settlement `s` keeps in log `key`: from its reserved
--- count to its actual one (at most `cap` units in the log), added with `score` or, of a
--- reservation, removed, by name, so that a settlement run twice changes nothing more. The change
--- in the log's size.
-local function settle_log(key, s, count, cap, score)
-  local reserved, actual, of = s[1], s[2], s[3]
-  local change, args, verb = 0, {}, 'ZREM'
-  local from, to = actual + 1, reserved
-  if actual < reserved and not s[4] then
-    -- a plain check's charge is not refunded
-    return 0
-  elseif actual > reserved then
-    verb, args = 'ZADD', {'NX'}
-    from, to = reserved + 1, math.min(actual, reserved + cap - count)
-  end
-  for u = from, to do
-    if verb == 'ZADD' then args[#args + 1] = score end
-    args[#args + 1] = unit(of, reserved, u)
-    if #args >= 1000 then
-      change = change + redis.call(verb, key, unpack(args))
-      args = verb == 'ZADD' and {'NX'} or {}
+local sliding_log
+if uses[1] then
+  -- the call's store time as text, and the texts of the expiries set, formatted once per call:
+  -- every check of a sliding log not held scores its entries with it, and sets the same expiry
+  local now_text, ms_texts = format('%d', now_us), {}
+  local function ms_text(ms)
+    local text = ms_texts[ms]
+    if not text then
+      text = format('%d', ms)
+      ms_texts[ms] = text
     end
+    return text
   end
-  if #args > (verb == 'ZADD' and 1 or 0) then change = change + redis.call(verb, key, unpack(args)) end
-  if verb == 'ZREM' then return -change end
-  return change
-end
-
--- Keeps log `key` for at least `ttl_ms` from now, never shorter than it was (GT): entries a held
--- charge dated later may outlive those added since. A log that held nothing live was made by
--- this ZADD, without an expiry, which GT would leave so.
-local function keep(key, ttl_ms, fresh)
-  if fresh then
-    redis.call('PEXPIRE', key, ms_text(ttl_ms))
-  else
-    redis.call('PEXPIRE', key, ms_text(ttl_ms), 'GT')
+  -- The members of the log of the `u`-th unit of a check of `cost` by `attempt`.
+  local function unit(attempt, cost, u)
+    if cost == 1 and u == 1 then return attempt end
+    return attempt .. ':' .. u
   end
-end
 
-local function sliding_log(k, n, q, w, all, attempt, replay, settle, _, blocked, calls)
-  local counts, oldests = s1, s2
-  local admitted, retry = 1, 0
-  for i = 1, n do
-    local key = KEYS[k + i]
-    local quota, window, cost = q[i], w[i], all
-    if calls and calls[i] then cost = min(all, 1) end
-    local first_member = attempt
-    if cost > 1 then first_member = attempt .. ':1' end
-    local count, oldest = 0, nil
-    local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
-    if first[2] then
-      oldest = tonumber(first[2])
-      -- an entry scored s covers (s - window, s]; it is gone once now - window >= s
-      if oldest <= now_us - window then
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_us - window))
-        first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
-        if first[2] then oldest = tonumber(first[2]) else oldest = nil end
+  -- Settles the units the attempt of a settlement `s` keeps in log `key`: from its reserved
+  -- count to its actual one (at most `cap` units in the log), added with `score` or, of a
+  -- reservation, removed, by name, so that a settlement run twice changes nothing more. The change
+  -- in the log's size.
+  local function settle_log(key, s, count, cap, score)
+    local reserved, actual, of = s[1], s[2], s[3]
+    local change, args, verb = 0, {}, 'ZREM'
+    local from, to = actual + 1, reserved
+    if actual < reserved and not s[4] then
+      -- a plain check's charge is not refunded
+      return 0
+    elseif actual > reserved then
+      verb, args = 'ZADD', {'NX'}
+      from, to = reserved + 1, math.min(actual, reserved + cap - count)
+    end
+    for u = from, to do
+      if verb == 'ZADD' then args[#args + 1] = score end
+      args[#args + 1] = unit(of, reserved, u)
+      if #args >= 1000 then
+        change = change + redis.call(verb, key, unpack(args))
+        args = verb == 'ZADD' and {'NX'} or {}
       end
-      if oldest then count = redis.call('ZCARD', key) end
     end
-    counts[i], oldests[i] = count, oldest
-    if not replay and not settle and count + cost > quota then
-      if cost > 0 and count > 0 and redis.call('ZSCORE', key, first_member) then
-        -- charged by the first run of this attempt
-        replay = true
-      else
-        admitted, denied[i] = 0, true
-        local wait = window
-        if cost <= quota then
-          -- room appears once the (count + cost - quota) oldest entries have left the window
-          local idx = count + cost - quota - 1
-          if idx == 0 then
-            wait = oldest + window - now_us
-          else
-            local e = redis.call('ZRANGE', key, format('%d', idx), format('%d', idx), 'WITHSCORES')
-            wait = tonumber(e[2]) + window - now_us
+    if #args > (verb == 'ZADD' and 1 or 0) then change = change + redis.call(verb, key, unpack(args)) end
+    if verb == 'ZREM' then return -change end
+    return change
+  end
+
+  -- Keeps log `key` for at least `ttl_ms` from now, never shorter than it was (GT): entries a held
+  -- charge dated later may outlive those added since. A log that held nothing live was made by
+  -- this ZADD, without an expiry, which GT would leave so.
+  local function keep(key, ttl_ms, fresh)
+    if fresh then
+      redis.call('PEXPIRE', key, ms_text(ttl_ms))
+    else
+      redis.call('PEXPIRE', key, ms_text(ttl_ms), 'GT')
+    end
+  end
+
+  sliding_log = function(k, n, q, w, all, attempt, replay, settle, _, blocked, calls)
+    local counts, oldests = s1, s2
+    local admitted, retry = 1, 0
+    for i = 1, n do
+      local key = KEYS[k + i]
+      local quota, window, cost = q[i], w[i], all
+      if calls and calls[i] then cost = min(all, 1) end
+      local first_member = attempt
+      if cost > 1 then first_member = attempt .. ':1' end
+      local count, oldest = 0, nil
+      local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+      if first[2] then
+        oldest = tonumber(first[2])
+        -- an entry scored s covers (s - window, s]; it is gone once now - window >= s
+        if oldest <= now_us - window then
+          redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_us - window))
+          first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+          if first[2] then oldest = tonumber(first[2]) else oldest = nil end
+        end
+        if oldest then count = redis.call('ZCARD', key) end
+      end
+      counts[i], oldests[i] = count, oldest
+      if not replay and not settle and count + cost > quota then
+        if cost > 0 and count > 0 and redis.call('ZSCORE', key, first_member) then
+          -- charged by the first run of this attempt
+          replay = true
+        else
+          admitted, denied[i] = 0, true
+          local wait = window
+          if cost <= quota then
+            -- room appears once the (count + cost - quota) oldest entries have left the window
+            local idx = count + cost - quota - 1
+            if idx == 0 then
+              wait = oldest + window - now_us
+            else
+              local e = redis.call('ZRANGE', key, format('%d', idx), format('%d', idx), 'WITHSCORES')
+              wait = tonumber(e[2]) + window - now_us
+            end
+          end
+          if wait > retry then retry = wait end
+        end
+      end
+    end
+    if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
+    out[len + 1], out[len + 2], len = admitted, retry, len + 2
+    -- a held charge's units are dated when the copy may last admit them
+    local score = hold == 0 and now_text or format('%d', now_us + hold)
+    for i = 1, n do
+      local key = KEYS[k + i]
+      local quota, window, cost = q[i], w[i], all
+      if calls and calls[i] then cost = min(all, 1) end
+      local count, oldest = counts[i], oldests[i]
+      local reset = 0
+      if oldest then reset = oldest + window - now_us end
+      if settle then
+        if not replay and not (calls and calls[i]) then
+          local change = settle_log(key, settle, count, 2 * quota, score)
+          count = count + change
+          if change > 0 then
+            keep(key, ceil(window / 1000), not oldest)
+            if not oldest or now_us < oldest then reset = window end
+          elseif change < 0 then
+            -- the oldest entry may have been one of those refunded
+            local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+            reset = 0
+            if first[2] then reset = tonumber(first[2]) + window - now_us end
           end
         end
-        if wait > retry then retry = wait end
-      end
-    end
-  end
-  if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
-  out[len + 1], out[len + 2], len = admitted, retry, len + 2
-  -- a held charge's units are dated when the copy may last admit them
-  local score = hold == 0 and now_text or format('%d', now_us + hold)
-  for i = 1, n do
-    local key = KEYS[k + i]
-    local quota, window, cost = q[i], w[i], all
-    if calls and calls[i] then cost = min(all, 1) end
-    local count, oldest = counts[i], oldests[i]
-    local reset = 0
-    if oldest then reset = oldest + window - now_us end
-    if settle then
-      if not replay and not (calls and calls[i]) then
-        local change = settle_log(key, settle, count, 2 * quota, score)
-        count = count + change
-        if change > 0 then
-          keep(key, ceil(window / 1000), not oldest)
-          if not oldest or now_us < oldest then reset = window end
-        elseif change < 0 then
-          -- the oldest entry may have been one of those refunded
-          local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
-          reset = 0
-          if first[2] then reset = tonumber(first[2]) + window - now_us end
-        end
-      end
-    elseif admitted == 1 and cost > 0 and not replay then
-      local added
-      if cost == 1 then
-        added = redis.call('ZADD', key, 'NX', score, attempt)
-      else
-        added = 0
-        local args = {'NX'}
-        for c = 1, cost do
-          args[#args + 1] = score
-          args[#args + 1] = attempt .. ':' .. c
-          if #args >= 1001 then
-            added = added + redis.call('ZADD', key, unpack(args))
-            args = {'NX'}
+      elseif admitted == 1 and cost > 0 and not replay then
+        local added
+        if cost == 1 then
+          added = redis.call('ZADD', key, 'NX', score, attempt)
+        else
+          added = 0
+          local args = {'NX'}
+          for c = 1, cost do
+            args[#args + 1] = score
+            args[#args + 1] = attempt .. ':' .. c
+            if #args >= 1001 then
+              added = added + redis.call('ZADD', key, unpack(args))
+              args = {'NX'}
+            end
           end
+          if #args > 1 then added = added + redis.call('ZADD', key, unpack(args)) end
         end
-        if #args > 1 then added = added + redis.call('ZADD', key, unpack(args)) end
+        if added > 0 then
+          keep(key, ceil((window + hold) / 1000), not oldest)
+          count = count + added
+          -- the log was empty, or held only later entries: its oldest entry is this request's
+          if not oldest or now_us + hold < oldest then reset = window + hold end
+        end
       end
-      if added > 0 then
-        keep(key, ceil((window + hold) / 1000), not oldest)
-        count = count + added
-        -- the log was empty, or held only later entries: its oldest entry is this request's
-        if not oldest or now_us + hold < oldest then reset = window + hold end
-      end
+      local remaining = quota - count
+      if remaining < 0 then remaining = 0 end
+      out[len + 1], out[len + 2], len = remaining, reset, len + 2
     end
-    local remaining = quota - count
-    if remaining < 0 then remaining = 0 end
-    out[len + 1], out[len + 2], len = remaining, reset, len + 2
   end
 end
 
@@ -284,130 +317,146 @@ end
 -- previous * (share of the previous window still inside the sliding one). GET, plus SET when
 -- admitted (KEEPTTL within a window). `place`: of a reservation, where it keeps the windows it
 -- charges; of a settlement, where its reservation kept them.
--- How long until `cost` fits a sliding counter at `cur` this window and `prev` the last,
--- `elapsed` into a window of `window` ms with `quota`.
-local function counter_wait(quota, window, elapsed, cur, prev, cost)
-  local room = quota - cost - cur
-  if cost > quota then
-    return window
-  elseif room >= 0 then
-    -- prev * (window - elapsed - x) <= room * window
-    return (window - elapsed) - room * window / prev
+local sliding_counter
+if uses[2] then
+  local s3, s4, s5, s6, s7, s8 = {}, {}, {}, {}, {}, {}
+  -- the texts of the window indexes of the call, each formatted once
+  local texts_of_index = {}
+  local function index_text(index)
+    local text = texts_of_index[index]
+    if not text then
+      text = format('%d', index)
+      texts_of_index[index] = text
+    end
+    return text
   end
-  -- next window: cur becomes the previous one; cur * (window - x) <= (quota - cost) * window
-  return (window - elapsed) + window - (quota - cost) * window / cur
-end
+  -- How long until `cost` fits a sliding counter at `cur` this window and `prev` the last,
+  -- `elapsed` into a window of `window` ms with `quota`.
+  local function counter_wait(quota, window, elapsed, cur, prev, cost)
+    local room = quota - cost - cur
+    if cost > quota then
+      return window
+    elseif room >= 0 then
+      -- prev * (window - elapsed - x) <= room * window
+      return (window - elapsed) - room * window / prev
+    end
+    -- next window: cur becomes the previous one; cur * (window - x) <= (quota - cost) * window
+    return (window - elapsed) + window - (quota - cost) * window / cur
+  end
 
-local function sliding_counter(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
-  local now = now_ms
-  local indexes, elapsed_ms, curs, prevs, sames, borns = s1, s2, s3, s4, s5, s6
-  -- of a state of this window, its index and previous count as read: a write that changes
-  -- only the current count joins them instead of formatting them again
-  local index_texts, prev_texts = s7, s8
-  local admitted, retry = 1, 0
-  for i = 1, n do
-    local quota, cost = q[i], all
-    if calls and calls[i] then cost = min(all, 1) end
-    local window = w[i] / 1000
-    local index = floor(now / window)
-    local elapsed = now - index * window
-    local cur, prev, same, born = 0, 0, false, false
-    local raw = redis.call('GET', KEYS[k + i])
-    if raw then
-      local text, c, p, b = match(raw, '^(%d+):(%d+):(%d+):?(%x*)')
-      local idx = tonumber(text)
-      if idx == index then
-        cur, prev, same, born = tonumber(c), tonumber(p), true, b
-        index_texts[i], prev_texts[i] = text, p
-      elseif idx == index - 1 then prev, born = tonumber(c), b end
-      if born == '' then born = false end
-    end
-    indexes[i], elapsed_ms[i], curs[i], prevs[i], sames[i] = index, elapsed, cur, prev, same
-    borns[i] = born
-    -- scaled by window: used * window = cur * window + prev * (window - elapsed)
-    if replay or settle then
-      -- charged by an earlier run of this attempt, or a settlement: nothing to decide
-    elseif (cur + cost) * window + prev * (window - elapsed) > quota * window then
-      admitted, denied[i] = 0, true
-      local wait = counter_wait(quota, window, elapsed, cur, prev, cost)
-      if wait > retry then retry = wait end
-    end
-  end
-  if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
-  out[len + 1], out[len + 2], len = admitted, ceil(retry * 1000), len + 2
-  local charge = admitted == 1 and not replay and all > 0
-  -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
-  local delta, at = 0, nil
-  if settle and not replay then
-    delta = settle[2] - settle[1]
-    if place then
-      if delta < 0 then at = take_place(place) else redis.call('DEL', place) end
-    end
-  end
-  -- a reservation charged: the windows it went to, and until when they count
-  local marks, keep = nil, 0
-  if charge and place then marks = {} end
-  for i = 1, n do
-    local quota, window = q[i], w[i] / 1000
-    local index, elapsed, cur, prev = indexes[i], elapsed_ms[i], curs[i], prevs[i]
-    local born = borns[i] or attempt
-    local write = charge
-    local cost, delta = all, delta
-    if calls and calls[i] then cost, delta = min(all, 1), 0 end
-    if write then cur = cur + cost end
-    if delta > 0 then
-      -- an overrun goes to this window
-      cur = min(cur + delta, max(cur, 2 * quota))
-      write = true
-    elseif delta < 0 and at and at[2 * i] == borns[i] then
-      -- a refund comes out of the window the reservation went to, while it still counts, of
-      -- the life it charged
-      local p = tonumber(at[2 * i - 1])
-      if p == index and cur > 0 then
-        cur = cur - min(-delta, cur)
-        write = true
-      elseif p == index - 1 and prev > 0 then
-        prev = prev - min(-delta, prev)
-        write = true
+  sliding_counter = function(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
+    local now = now_ms
+    local indexes, elapsed_ms, curs, prevs, sames, borns = s1, s2, s3, s4, s5, s6
+    -- of a state of this window, its index and previous count as read: a write that changes
+    -- only the current count joins them instead of formatting them again
+    local index_texts, prev_texts = s7, s8
+    local admitted, retry = 1, 0
+    for i = 1, n do
+      local quota, cost = q[i], all
+      if calls and calls[i] then cost = min(all, 1) end
+      local window = w[i] / 1000
+      local index = floor(now / window)
+      local elapsed = now - index * window
+      local cur, prev, same, born = 0, 0, false, false
+      local raw = redis.call('GET', KEYS[k + i])
+      if raw then
+        local text, c, p, b = match(raw, '^(%d+):(%d+):(%d+):?(%x*)')
+        -- a state of this window names it as this call would (strings compare at once)
+        local idx = index
+        if text ~= index_text(index) then idx = tonumber(text) end
+        if idx == index then
+          cur, prev, same, born = c + 0, p + 0, true, b
+          index_texts[i], prev_texts[i] = text, p
+        elseif idx == index - 1 then prev, born = c + 0, b end
+        if born == '' then born = false end
       end
+      indexes[i], elapsed_ms[i], curs[i], prevs[i], sames[i] = index, elapsed, cur, prev, same
+      borns[i] = born
+      -- scaled by window: used * window = cur * window + prev * (window - elapsed)
+      if replay or settle then
+        -- charged by an earlier run of this attempt, or a settlement: nothing to decide
+      elseif (cur + cost) * window + prev * (window - elapsed) > quota * window then
+        admitted, denied[i] = 0, true
+        local wait = counter_wait(quota, window, elapsed, cur, prev, cost)
+        if wait > retry then retry = wait end
+      end
+    end
+    if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
+    out[len + 1], out[len + 2], len = admitted, ceil(retry * 1000), len + 2
+    local charge = admitted == 1 and not replay and all > 0
+    -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
+    local delta, at = 0, nil
+    if settle and not replay then
+      delta = settle[2] - settle[1]
+      if place then
+        if delta < 0 then at = take_place(place) else redis.call('DEL', place) end
+      end
+    end
+    -- a reservation charged: the windows it went to, and until when they count
+    local marks, keep = nil, 0
+    if charge and place then marks = {} end
+    for i = 1, n do
+      local quota, window = q[i], w[i] / 1000
+      local index, elapsed, cur, prev = indexes[i], elapsed_ms[i], curs[i], prevs[i]
+      local born = borns[i] or attempt
+      local write = charge
+      local cost, delta = all, delta
+      if calls and calls[i] then cost, delta = min(all, 1), 0 end
+      if write then cur = cur + cost end
+      if delta > 0 then
+        -- an overrun goes to this window
+        cur = min(cur + delta, max(cur, 2 * quota))
+        write = true
+      elseif delta < 0 and at and at[2 * i] == borns[i] then
+        -- a refund comes out of the window the reservation went to, while it still counts, of
+        -- the life it charged
+        local p = tonumber(at[2 * i - 1])
+        if p == index and cur > 0 then
+          cur = cur - min(-delta, cur)
+          write = true
+        elseif p == index - 1 and prev > 0 then
+          prev = prev - min(-delta, prev)
+          write = true
+        end
+      end
+      if marks then
+        marks[2 * i - 1], marks[2 * i] = format('%d', index), born
+        -- until the end of the next window
+        local until_ms = ceil((index + 2) * window - now)
+        if until_ms > keep then keep = until_ms end
+      end
+      if write then
+        local value
+        if sames[i] and prev == prevs[i] then
+          value = index_texts[i] .. ':' .. format('%d', cur) .. ':' .. prev_texts[i] .. ':' .. born
+        else
+          value = format('%d:%d:%d:%s', index, cur, prev, born)
+        end
+        if sames[i] then
+          -- the same window: its expiry (the end of the next window) stands
+          redis.call('SET', KEYS[k + i], value, 'KEEPTTL')
+        else
+          redis.call('PSETEX', KEYS[k + i], format('%d', ceil(2 * window - elapsed)), value)
+        end
+      end
+      local used = cur + prev * (window - elapsed) / window
+      local whole = ceil(used - 1e-9)
+      local remaining = quota - whole
+      if remaining < 0 then remaining = 0 end
+      -- the quota grows when the estimate next drops below a whole unit: within this window while
+      -- the previous one's share can fall that far, else in the next, as this window's cost
+      -- becomes the previous one's and fades (no later requests assumed): a denial's wait
+      local reset = 0
+      if whole > 0 and prev > 0 and whole - 1 - cur >= 0 then
+        reset = (window - elapsed) - (whole - 1 - cur) * window / prev
+      elseif whole > 0 then
+        reset = (window - elapsed) + window - (whole - 1) * window / cur
+      end
+      out[len + 1], out[len + 2], len = remaining, ceil(reset * 1000), len + 2
     end
     if marks then
-      marks[2 * i - 1], marks[2 * i] = format('%d', index), born
-      -- until the end of the next window
-      local until_ms = ceil((index + 2) * window - now)
-      if until_ms > keep then keep = until_ms end
+      redis.call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
     end
-    if write then
-      local value
-      if sames[i] and prev == prevs[i] then
-        value = index_texts[i] .. ':' .. format('%d', cur) .. ':' .. prev_texts[i] .. ':' .. born
-      else
-        value = format('%d:%d:%d:%s', index, cur, prev, born)
-      end
-      if sames[i] then
-        -- the same window: its expiry (the end of the next window) stands
-        redis.call('SET', KEYS[k + i], value, 'KEEPTTL')
-      else
-        redis.call('PSETEX', KEYS[k + i], format('%d', ceil(2 * window - elapsed)), value)
-      end
-    end
-    local used = cur + prev * (window - elapsed) / window
-    local whole = ceil(used - 1e-9)
-    local remaining = quota - whole
-    if remaining < 0 then remaining = 0 end
-    -- the quota grows when the estimate next drops below a whole unit: within this window while
-    -- the previous one's share can fall that far, else in the next, as this window's cost
-    -- becomes the previous one's and fades (no later requests assumed): a denial's wait
-    local reset = 0
-    if whole > 0 and prev > 0 and whole - 1 - cur >= 0 then
-      reset = (window - elapsed) - (whole - 1 - cur) * window / prev
-    elseif whole > 0 then
-      reset = (window - elapsed) + window - (whole - 1) * window / cur
-    end
-    out[len + 1], out[len + 2], len = remaining, ceil(reset * 1000), len + 2
-  end
-  if marks then
-    redis.call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
   end
 end
 
@@ -419,153 +468,161 @@ end
 -- 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52). GET, plus SET
 -- PX when admitted. `place`: of a reservation, where it keeps the ends of its spans; of a
 -- settlement, where its reservation kept them.
-local function gcra(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
-  local now = now_us
-  local tats, rems, borns = s1, s2, s6
-  local admitted, retry = 1, 0
-  for i = 1, n do
-    local quota, window, cost = q[i], w[i], all
-    if calls and calls[i] then cost = min(all, 1) end
-    local tat, rem, born = now, 0, false
-    local raw = redis.call('GET', KEYS[k + i])
-    if raw then
-      -- a pattern that never backtracks: its captures are the cost of reading the state
-      local t, r, b = match(raw, '^(%d+):(%d+):?(%x*)')
-      local stored = tonumber(t)
-      if stored >= now then
-        tat, rem = stored, tonumber(r)
-        if b ~= '' then born = b end
+local gcra
+if uses[3] then
+  local s3 = {}
+  gcra = function(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
+    local now = now_us
+    local tats, rems, borns = s1, s2, s3
+    local admitted, retry = 1, 0
+    for i = 1, n do
+      local quota, window, cost = q[i], w[i], all
+      if calls and calls[i] then cost = min(all, 1) end
+      local tat, rem, born = now, 0, false
+      local raw = redis.call('GET', KEYS[k + i])
+      if raw then
+        -- a pattern that never backtracks: its captures are the cost of reading the state
+        local t, r, b = match(raw, '^(%d+):(%d+):?(%x*)')
+        local stored = t + 0
+        if stored >= now then
+          tat, rem = stored, r + 0
+          if b ~= '' then born = b end
+        end
       end
-    end
-    tats[i], rems[i], borns[i] = tat, rem, born
-    if replay or settle then
-      -- charged by an earlier run of this attempt, or a settlement: nothing to decide
-    elseif cost > quota then
-      admitted, denied[i] = 0, true
-      if window > retry then retry = window end
-    else
-      -- a held charge starts from now + hold at the earliest
-      local from, part = tat, rem
-      if from < now + hold then from, part = now + hold, 0 end
-      local ahead = (from - now) * quota + part + cost * window
-      if ahead > window * quota then
+      tats[i], rems[i], borns[i] = tat, rem, born
+      if replay or settle then
+        -- charged by an earlier run of this attempt, or a settlement: nothing to decide
+      elseif cost > quota then
         admitted, denied[i] = 0, true
-        local wait = ceil_div(ahead - window * quota, quota)
-        if wait > retry then retry = wait end
+        if window > retry then retry = window end
+      else
+        -- a held charge starts from now + hold at the earliest
+        local from, part = tat, rem
+        if from < now + hold then from, part = now + hold, 0 end
+        local ahead = (from - now) * quota + part + cost * window
+        if ahead > window * quota then
+          admitted, denied[i] = 0, true
+          local wait = ceil_div(ahead - window * quota, quota)
+          if wait > retry then retry = wait end
+        end
       end
     end
-  end
-  if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
-  out[len + 1], out[len + 2], len = admitted, retry, len + 2
-  local charge = admitted == 1 and not replay and all > 0
-  -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
-  local delta, at = 0, nil
-  if settle and not replay then
-    delta = settle[2] - settle[1]
-    if place then
-      if delta < 0 then at = take_place(place) else redis.call('DEL', place) end
-    end
-  end
-  -- a reservation charged: the ends of its spans, and until when they count
-  local marks, keep = nil, 0
-  if charge and place then marks = {} end
-  for i = 1, n do
-    local quota, window = q[i], w[i]
-    local tat, rem = tats[i], rems[i]
-    local born = borns[i] or attempt
-    local write = charge
-    local cost, delta = all, delta
-    if calls and calls[i] then cost, delta = min(all, 1), 0 end
-    if write then
-      if tat < now + hold then tat, rem = now + hold, 0 end
-      local units = rem + cost * window
-      local whole = floor(units / quota)
-      if whole * quota > units then whole = whole - 1 end
-      tat = tat + whole
-      rem = units - whole * quota
-    end
-    if delta ~= 0 then
-      -- the offset from now (2 * window * quota < 2^53 stays exact)
-      local offset = (tat - now) * quota + rem
-      local ahead = offset
-      if delta > 0 then
-        -- an overrun moves it on, past the quota by at most one more
-        ahead = min(offset + delta * window, max(offset, 2 * window * quota))
-      elseif at and at[3 * i] and at[3 * i] == borns[i] then
-        -- a refund takes back what of the reservation's span is still ahead of now, of the
-        -- life it charged
-        local left = (tonumber(at[3 * i - 2]) - now) * quota + tonumber(at[3 * i - 1])
-        if left > 0 then ahead = offset - min(-delta * window, left, offset) end
+    if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
+    out[len + 1], out[len + 2], len = admitted, retry, len + 2
+    local charge = admitted == 1 and not replay and all > 0
+    -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
+    local delta, at = 0, nil
+    if settle and not replay then
+      delta = settle[2] - settle[1]
+      if place then
+        if delta < 0 then at = take_place(place) else redis.call('DEL', place) end
       end
-      if ahead ~= offset then
-        local whole = floor(ahead / quota)
-        if whole * quota > ahead then whole = whole - 1 end
-        tat, rem = now + whole, ahead - whole * quota
-        write = true
+    end
+    -- a reservation charged: the ends of its spans, and until when they count
+    local marks, keep = nil, 0
+    if charge and place then marks = {} end
+    for i = 1, n do
+      local quota, window = q[i], w[i]
+      local tat, rem = tats[i], rems[i]
+      local born = borns[i] or attempt
+      local write = charge
+      local cost, delta = all, delta
+      if calls and calls[i] then cost, delta = min(all, 1), 0 end
+      if write then
+        if tat < now + hold then tat, rem = now + hold, 0 end
+        local units = rem + cost * window
+        local whole = floor(units / quota)
+        if whole * quota > units then whole = whole - 1 end
+        tat = tat + whole
+        rem = units - whole * quota
       end
+      if delta ~= 0 then
+        -- the offset from now (2 * window * quota < 2^53 stays exact)
+        local offset = (tat - now) * quota + rem
+        local ahead = offset
+        if delta > 0 then
+          -- an overrun moves it on, past the quota by at most one more
+          ahead = min(offset + delta * window, max(offset, 2 * window * quota))
+        elseif at and at[3 * i] and at[3 * i] == borns[i] then
+          -- a refund takes back what of the reservation's span is still ahead of now, of the
+          -- life it charged
+          local left = (tonumber(at[3 * i - 2]) - now) * quota + tonumber(at[3 * i - 1])
+          if left > 0 then ahead = offset - min(-delta * window, left, offset) end
+        end
+        if ahead ~= offset then
+          local whole = floor(ahead / quota)
+          if whole * quota > ahead then whole = whole - 1 end
+          tat, rem = now + whole, ahead - whole * quota
+          write = true
+        end
+      end
+      if marks then
+        marks[3 * i - 2], marks[3 * i - 1], marks[3 * i] = format('%d', tat), format('%d', rem),
+          born
+        local until_ms = ceil((tat - now) / 1000) + 1
+        if until_ms > keep then keep = until_ms end
+      end
+      if write then
+        -- each number formatted alone and joined: one format of several costs more
+        local part = rem == 0 and '0' or format('%d', rem)
+        redis.call('PSETEX', KEYS[k + i], format('%d', ceil((tat - now) / 1000) + 1),
+          format('%d', tat) .. ':' .. part .. ':' .. born)
+      end
+      local ahead = (tat - now) * quota + rem
+      -- ceil_div(ahead, window), inline: this runs for every check
+      local used = floor(ahead / window)
+      if used * window > ahead then used = used - 1 end
+      if used * window < ahead then used = used + 1 end
+      local remaining = quota - used
+      if remaining < 0 then remaining = 0 end
+      local reset = 0
+      -- the next unit frees when the offset drops to (used - 1) emission intervals
+      if used > 0 then reset = ceil_div(ahead - (used - 1) * window, quota) end
+      out[len + 1], out[len + 2], len = remaining, reset, len + 2
     end
     if marks then
-      marks[3 * i - 2], marks[3 * i - 1], marks[3 * i] = format('%d', tat), format('%d', rem),
-        born
-      local until_ms = ceil((tat - now) / 1000) + 1
-      if until_ms > keep then keep = until_ms end
+      redis.call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
     end
-    if write then
-      -- each number formatted alone and joined: one format of several costs more
-      local part = rem == 0 and '0' or format('%d', rem)
-      redis.call('PSETEX', KEYS[k + i], format('%d', ceil((tat - now) / 1000) + 1),
-        format('%d', tat) .. ':' .. part .. ':' .. born)
-    end
-    local ahead = (tat - now) * quota + rem
-    -- ceil_div(ahead, window), inline: this runs for every check
-    local used = floor(ahead / window)
-    if used * window > ahead then used = used - 1 end
-    if used * window < ahead then used = used + 1 end
-    local remaining = quota - used
-    if remaining < 0 then remaining = 0 end
-    local reset = 0
-    -- the next unit frees when the offset drops to (used - 1) emission intervals
-    if used > 0 then reset = ceil_div(ahead - (used - 1) * window, quota) end
-    out[len + 1], out[len + 2], len = remaining, reset, len + 2
-  end
-  if marks then
-    redis.call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
   end
 end
 
--- The ends of the blocks of a check's limits (policy `policy`, its block keys from KEYS[bk + 1])
--- in `tills` (0: none or ended), and whether one has not ended; no limit has denied yet.
-local function blocks(bk, policy, tills)
-  local b, j, blocked = policy[6], 0, false
-  for i = 1, policy[2] do
-    tills[i], denied[i] = 0, false
-    if b[i] > 0 then
-      j = j + 1
-      local raw = redis.call('GET', KEYS[bk + j])
-      if raw and tonumber(raw) > now_us then tills[i], blocked = tonumber(raw), true end
-    end
-  end
-  return blocked
-end
-
--- The penalties of a denied check whose answer starts at out[start + 1]: a caller not blocked
--- yet (`blocked` false) is blocked, from now, on each limit with a penalty that denied a cost;
--- each limit that blocks it answers remaining 0 and the time its block has left, and the check
--- waits at least until the latest block ends.
-local function penalize(bk, policy, tills, blocked, cost, start)
-  local b, j = policy[6], 0
-  for i = 1, policy[2] do
-    if b[i] > 0 then
-      j = j + 1
-      if not blocked and cost > 0 and denied[i] then
-        tills[i] = now_us + b[i]
-        redis.call('SET', KEYS[bk + j], format('%d', tills[i]), 'PX',
-          format('%d', ceil(b[i] / 1000) + 1))
+-- Penalties: made only for a call of a limit with one.
+local blocks, penalize
+if penalties then
+  -- The ends of the blocks of a check's limits (policy `policy`, its block keys from KEYS[bk + 1])
+  -- in `tills` (0: none or ended), and whether one has not ended; no limit has denied yet.
+  blocks = function(bk, policy, tills)
+    local b, j, blocked = policy[6], 0, false
+    for i = 1, policy[2] do
+      tills[i], denied[i] = 0, false
+      if b[i] > 0 then
+        j = j + 1
+        local raw = redis.call('GET', KEYS[bk + j])
+        if raw and tonumber(raw) > now_us then tills[i], blocked = tonumber(raw), true end
       end
-      if tills[i] > now_us then
-        local left = tills[i] - now_us
-        out[start + 1 + 2 * i], out[start + 2 + 2 * i] = 0, left
-        if left > out[start + 2] then out[start + 2] = left end
+    end
+    return blocked
+  end
+
+  -- The penalties of a denied check whose answer starts at out[start + 1]: a caller not blocked
+  -- yet (`blocked` false) is blocked, from now, on each limit with a penalty that denied a cost;
+  -- each limit that blocks it answers remaining 0 and the time its block has left, and the check
+  -- waits at least until the latest block ends.
+  penalize = function(bk, policy, tills, blocked, cost, start)
+    local b, j = policy[6], 0
+    for i = 1, policy[2] do
+      if b[i] > 0 then
+        j = j + 1
+        if not blocked and cost > 0 and denied[i] then
+          tills[i] = now_us + b[i]
+          redis.call('SET', KEYS[bk + j], format('%d', tills[i]), 'PX',
+            format('%d', ceil(b[i] / 1000) + 1))
+        end
+        if tills[i] > now_us then
+          local left = tills[i] - now_us
+          out[start + 1 + 2 * i], out[start + 2 + 2 * i] = 0, left
+          if left > out[start + 2] then out[start + 2] = left end
+        end
       end
     end
   end
@@ -605,34 +662,19 @@ local function replayed(c, where)
   return false
 end
 
-local policies, a = {}, 4
-for p = 1, tonumber(ARGV[4]) do
-  local n, q, w, b, nb, calls = tonumber(ARGV[a + 2]), {}, {}, {}, 0, nil
-  for i = 1, n do
-    q[i], w[i], b[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i]), 0
-    if not q[i] then
-      -- '<quota>c': a limit that counts calls
-      q[i] = tonumber(match(ARGV[a + 1 + 2 * i], '^(%d+)c$'))
-      calls = calls or {}
-      calls[i] = true
-    end
-    if not w[i] then
-      local window, block = match(ARGV[a + 2 + 2 * i], '^(%d+):(%d+)$')
-      w[i], b[i], nb = tonumber(window), tonumber(block), nb + 1
-    end
-  end
-  local algorithm = tonumber(ARGV[a + 1])
-  -- the sliding log names a reservation's entries by its attempt: it keeps no place
-  policies[tostring(p)] = {algorithms[algorithm], n, q, w, algorithm ~= 1, b, nb, calls}
-  a = a + 2 + 2 * n
-end
 local k, c, args = records, 0, #ARGV
+-- the costs read, by their text: a call's checks mostly cost the same
+local costs = {}
 -- per limit of the check being decided, the end of its block
 local tills = {}
 while a < args do
   local policy = policies[ARGV[a + 1]]
   local n, nb = policy[2], policy[7]
-  local cost, attempt, where = tonumber(ARGV[a + 2]), ARGV[a + 3], nil
+  local cost, attempt, where = costs[ARGV[a + 2]], ARGV[a + 3], nil
+  if not cost then
+    cost = tonumber(ARGV[a + 2])
+    if cost then costs[ARGV[a + 2]] = cost end
+  end
   -- a reservation keeps where its charge goes; a settlement of one reads it: the key follows the
   -- check's limit keys
   local settle, place = nil, nil
@@ -669,8 +711,8 @@ while a < args do
       blocked = ok and err
     end
     if ok then
-      ok, err = pcall(policy[1], k, n, policy[3], policy[4], cost, attempt, replay, settle, place,
-        blocked, policy[8])
+      ok, err = pcall(algorithms[policy[1]], k, n, policy[3], policy[4], cost, attempt, replay,
+        settle, place, blocked, policy[8])
     end
     if ok and penalties and out[start + 1] == 0 then
       ok, err = pcall(penalize, k + n, policy, tills, blocked, cost, start)
