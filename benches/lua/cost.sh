@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Instructions Redis executes per rate check of `rate.lua`, counted by callgrind: repeatable for
 # the same script and redis-server, whatever else the machine does. A throwaway redis-server on
-# port $PORT (default 6532) runs under callgrind; 500 calls of 24 checks each (10,000 random
-# callers, one limit) warm it up, then the count covers 1,000 more calls. Compare a change of the
+# port $PORT (default 6532) runs under callgrind; 500 calls of $BATCH checks each (default 24;
+# 10,000 random callers, one limit) warm it up, then the count covers 1,000 more calls. With
+# BATCH=1 the figure is a whole call's: what a lone request costs Redis. Compare a change of the
 # script with the one before it in one sitting: the figure includes Redis' own work (reading the
 # call, GET and the write per check, the reply), as an HTTP request's check does.
 #
-#   benches/lua/cost.sh [gcra|counter|log] [SCRIPT]     (default: gcra, src/store/redis/scripts/rate.lua)
+#   [BATCH=n] benches/lua/cost.sh [gcra|counter|log] [SCRIPT]     (default: gcra, src/store/redis/scripts/rate.lua)
 #
 # Needs valgrind, redis-server, redis-cli and python3.
 set -euo pipefail
@@ -14,10 +15,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 algo=${1:-gcra}
 script=${2:-$here/../../src/store/redis/scripts/rate.lua}
 port=${PORT:-6532}
+batch=${BATCH:-24}
 work=$(mktemp -d)
 trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-python3 "$here/calls.py" "$script" "$algo" 500 24 >"$work/warm.resp"
-python3 "$here/calls.py" "$script" "$algo" 1000 24 >"$work/measured.resp"
+python3 "$here/calls.py" "$script" "$algo" 500 "$batch" >"$work/warm.resp"
+python3 "$here/calls.py" "$script" "$algo" 1000 "$batch" >"$work/measured.resp"
 valgrind --tool=callgrind --callgrind-out-file="$work/cg.%p" \
   redis-server --port "$port" --save '' --appendonly no >"$work/valgrind.log" 2>&1 &
 server=$!
@@ -34,4 +36,4 @@ wait "$server" || true
 grep -q "errors: 0" "$work/pipe.log" || { cat "$work/pipe.log"; exit 1; }
 # the dump asked for above is part 1; the one at exit (part 2) holds the shutdown only
 instructions=$(grep -h '^summary:' "$work"/cg.*.1 | awk '{print $2}')
-echo "$algo $(basename "$script"): $((instructions / 24000)) instructions per check"
+echo "$algo $(basename "$script"): $((instructions / (1000 * batch))) instructions per check"
