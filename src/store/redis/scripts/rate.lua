@@ -82,15 +82,16 @@
 --
 -- Numbers go to redis.call formatted as integers by hand: Lua would print those of more than 14
 -- digits in exponent form, and Redis formats every number it is given as a float, which costs
--- more. Numbers are read with tonumber, which is exact for integers below 2^53 (strtod rounds
--- correctly) and cheaper than any cutting of the string; a state's, captured as digits, by
--- arithmetic on the text (`c + 0`: the same conversion, without the call of a function). A
--- policy's limits are sent and read once per call, whatever the number of its checks; a cost,
--- once per call whatever the number of checks that carry it.
+-- more. Numbers are read as strtod reads them, exact for integers below 2^53 (it rounds
+-- correctly) and cheaper than any cutting of the string: by arithmetic on a text that is only
+-- digits (`s + 0`: the conversion of tonumber without the call of a function), by tonumber
+-- where the text may be something else (a quota '<quota>c', a cost 'r<cost>'). A policy's
+-- limits are sent and read once per call, whatever the number of its checks; a cost, once per
+-- call whatever the number of checks that carry it.
 local format, match, sub, gmatch = string.format, string.match, string.sub, string.gmatch
 local floor, ceil, min, max, tonumber = math.floor, math.ceil, math.min, math.max, tonumber
 local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_us = t[1] * 1000000 + t[2]
 -- milliseconds keep quota * window exact in a double for windows of years (exact: now_us is an
 -- integer below 2^53, so its quotient by 1000 is never rounded up to the next integer)
 local now_ms = floor(now_us / 1000)
@@ -106,8 +107,8 @@ local hold = 0
 -- function costs Redis more than most checks cost it). `uses`: the algorithms of the call;
 -- `penalties`: whether a limit of the call has one.
 local policies, uses, penalties, a = {}, {}, false, 4
-for p = 1, tonumber(ARGV[4]) do
-  local n, q, w, b, nb, calls = tonumber(ARGV[a + 2]), {}, {}, {}, 0, nil
+for p = 1, ARGV[4] + 0 do
+  local n, q, w, b, nb, calls = ARGV[a + 2] + 0, {}, {}, {}, 0, nil
   for i = 1, n do
     q[i], w[i], b[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i]), 0
     if not q[i] then
@@ -121,7 +122,7 @@ for p = 1, tonumber(ARGV[4]) do
       w[i], b[i], nb = tonumber(window), tonumber(block), nb + 1
     end
   end
-  local algorithm = tonumber(ARGV[a + 1])
+  local algorithm = ARGV[a + 1] + 0
   uses[algorithm] = true
   if nb > 0 then penalties = true end
   -- named as its checks name it (the first without formatting a number); the sliding log names
@@ -248,7 +249,8 @@ if uses[1] then
             if idx == 0 then
               wait = oldest + window - now_us
             else
-              local e = redis.call('ZRANGE', key, format('%d', idx), format('%d', idx), 'WITHSCORES')
+              local at = format('%d', idx)
+              local e = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
               wait = tonumber(e[2]) + window - now_us
             end
           end
@@ -363,7 +365,7 @@ if uses[2] then
         local text, c, p, b = match(raw, '^(%d+):(%d+):(%d+):?(%x*)')
         -- a state of this window names it as this call would (strings compare at once)
         local idx = index
-        if text ~= index_text(index) then idx = tonumber(text) end
+        if text ~= (texts_of_index[index] or index_text(index)) then idx = text + 0 end
         if idx == index then
           cur, prev, same, born = c + 0, p + 0, true, b
           index_texts[i], prev_texts[i] = text, p
@@ -629,9 +631,9 @@ if penalties then
 end
 
 local algorithms = {sliding_log, sliding_counter, gcra}
-local deadline = tonumber(ARGV[1])
+local deadline = ARGV[1] + 0
 local late = now_us >= deadline
-local records, retain_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
+local records, retain_ms = ARGV[2] + 0, ARGV[3] + 0
 -- this call's record, when it ran before; those of earlier calls, read once each
 local before, earlier = false, {}
 if records > 0 and not late then before = redis.call('GET', KEYS[1]) end
