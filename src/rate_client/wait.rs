@@ -244,11 +244,17 @@ impl Standing {
     ) -> Duration {
         self.gap = room_in.max(LEAST_PAUSE);
         self.poll = LEAST_PAUSE;
-        self.ahead = client
+        let ahead = client
             .line_up(tier, check.key(), self.waiter, self.gap)
             .await;
-        place.stands(&client.store, &tier.policy, self.ahead);
+        self.stood(client, tier, place, ahead);
         self.gap
+    }
+
+    /// It stood with `ahead` waiters ahead at its last line-up; its line stands in the store's.
+    fn stood(&mut self, client: &RateClient, tier: &Tier, place: &Place<'_>, ahead: u32) {
+        self.ahead = ahead;
+        place.stands(&client.store, &tier.policy, ahead);
     }
 
     /// With others ahead: `None` when it may ask — nobody stands ahead any more, or the limits
@@ -267,8 +273,7 @@ impl Standing {
             client.line_up(tier, check.key(), self.waiter, self.gap),
             client.room_for(tier, check, before),
         );
-        self.ahead = ahead;
-        place.stands(&client.store, &tier.policy, ahead);
+        self.stood(client, tier, place, ahead);
         if ahead == 0 || room {
             return None;
         }
@@ -302,9 +307,7 @@ impl RateClient {
             0
         })
     }
-}
 
-impl RateClient {
     /// Whether the limits of `tier` have room now for `check`'s cost `times` over and once
     /// more: a look at the caller's limits, which charges nothing. `false` when the store does
     /// not answer.

@@ -133,22 +133,18 @@ end
 
 -- What the place of a settled reservation holds, per limit, as strings (nil when nothing is
 -- kept), and the place dropped: the settlement is the last to read it.
-local function take_place(place)
-  local raw = redis.call('GET', place)
-  if not raw then return nil end
-  redis.call('DEL', place)
-  if sub(raw, 1, 2) ~= 'p:' then return nil end
-  local at = {}
-  for v in gmatch(sub(raw, 3), '[^:]+') do at[#at + 1] = v end
-  return at
-end
-
--- ceil(a / b) for integers 0 <= a, 0 < b below 2^53, exact whatever the rounding of a / b
-local function ceil_div(a, b)
-  local q = floor(a / b)
-  if q * b > a then q = q - 1 end
-  if q * b < a then q = q + 1 end
-  return q
+-- Made for a call of a sliding counter or GCRA: their reservations keep a place.
+local take_place
+if uses[2] or uses[3] then
+  take_place = function(place)
+    local raw = redis.call('GET', place)
+    if not raw then return nil end
+    redis.call('DEL', place)
+    if sub(raw, 1, 2) ~= 'p:' then return nil end
+    local at = {}
+    for v in gmatch(sub(raw, 3), '[^:]+') do at[#at + 1] = v end
+    return at
+  end
 end
 
 -- Sliding log: exact. One sorted set per limit, a member per unit of admitted cost (the attempt
@@ -322,14 +318,12 @@ end
 local sliding_counter
 if uses[2] then
   local s3, s4, s5, s6, s7, s8 = {}, {}, {}, {}, {}, {}
-  -- the texts of the window indexes of the call, each formatted once
+  -- the texts of the window indexes of the call, each formatted once: looked up where used,
+  -- formatted by `index_text` when missing
   local texts_of_index = {}
   local function index_text(index)
-    local text = texts_of_index[index]
-    if not text then
-      text = format('%d', index)
-      texts_of_index[index] = text
-    end
+    local text = format('%d', index)
+    texts_of_index[index] = text
     return text
   end
   -- How long until `cost` fits a sliding counter at `cur` this window and `prev` the last,
@@ -473,6 +467,13 @@ end
 local gcra
 if uses[3] then
   local s3 = {}
+  -- ceil(a / b) for integers 0 <= a, 0 < b below 2^53, exact whatever the rounding of a / b
+  local function ceil_div(a, b)
+    local q = floor(a / b)
+    if q * b > a then q = q - 1 end
+    if q * b < a then q = q + 1 end
+    return q
+  end
   gcra = function(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
     local now = now_us
     local tats, rems, borns = s1, s2, s3
