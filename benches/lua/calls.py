@@ -1,13 +1,14 @@
 """The calls of `cost.sh`, in Redis' wire format on stdout: SCRIPT LOAD of the script, then
-CALLS calls of rate.lua, each with BATCH checks of cost 1 by random callers (10,000) under one
-limit of the algorithm, as a copy sends them under load.
+CALLS calls of rate.lua, each with BATCH checks of cost 1 by random callers ($CALLERS, default
+10,000) under one limit of the algorithm, as a copy sends them under load.
 
-    python3 calls.py SCRIPT gcra|counter|log CALLS BATCH
+    [CALLERS=n] python3 calls.py SCRIPT gcra|counter|log CALLS BATCH
 """
-import sys, random, hashlib
+import os, sys, random, hashlib
 script = open(sys.argv[1], 'rb').read()
 algo = sys.argv[2]  # gcra|counter|log
 calls = int(sys.argv[3]); batch = int(sys.argv[4])
+callers = int(os.environ.get('CALLERS', '10000'))
 sha = hashlib.sha1(script).hexdigest()
 out = sys.stdout.buffer
 def cmd(*args):
@@ -24,7 +25,7 @@ for c in range(calls):
     keys = ['tollgate:rl:{r%d}:charged:%016x' % (c, c)]
     argv = ['4102444800000000', '1', '500', '1'] + pol
     for b in range(batch):
-        k = random.randrange(10000)
+        k = random.randrange(callers)
         keys.append('tollgate:rl:{k%d}:api:%s' % (k, algo))
         n += 1
         argv += ['1', '1', '%016x' % n]

@@ -456,6 +456,8 @@ async fn states_and_places_of_an_earlier_version_are_named_by_the_next_charge() 
                 let fields: Vec<&str> = place.split(':').collect();
                 fields[..fields.len() - 1].join(":")
             } else if value.contains(':') {
+                // a GCRA state's trailing ':' came later still
+                let value = value.strip_suffix(':').unwrap_or(&value);
                 value[..value.rfind(':').unwrap()].to_owned()
             } else {
                 continue;
@@ -481,4 +483,124 @@ async fn states_and_places_of_an_earlier_version_are_named_by_the_next_charge() 
         );
         assert_eq!(look(&store, &p).await, 6, "{algorithm:?}");
     }
+}
+
+/// The GCRA state key of `policy`'s one caller: its name, value and TTL in milliseconds.
+fn gcra_state(server: &RedisServer, policy: &RatePolicy) -> (String, String, i64) {
+    let mut conn = server.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:*:gcra", policy.namespace()))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let value: String = redis::cmd("GET").arg(&keys[0]).query(&mut conn).unwrap();
+    let ttl: i64 = redis::cmd("PTTL").arg(&keys[0]).query(&mut conn).unwrap();
+    (keys[0].clone(), value, ttl)
+}
+
+/// The TAT of a GCRA state, in microseconds of store time.
+fn tat_us(value: &str) -> u64 {
+    value.split(':').next().unwrap().parse().unwrap()
+}
+
+/// The millisecond of store time a GCRA key of TAT `tat_us` expires at: the end of the period of
+/// `g_ms` after the one its TAT's millisecond (`ceil(tat / 1000) + 1`) falls in.
+fn gcra_expiry_ms(tat_us: u64, g_ms: u64) -> i64 {
+    i64::try_from((tat_us.div_ceil(1000) + 1) / g_ms * g_ms + 2 * g_ms).unwrap()
+}
+
+/// How many times the server ran `command` (scripts' commands too) since its stats were reset.
+fn calls_of(server: &RedisServer, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// A GCRA key outlives its TAT and expires at the end of the period after the TAT's: a write
+/// whose TAT stays in the period of the state it replaces keeps the key's expiry (SET KEEPTTL),
+/// one that moves on sets the next (PSETEX); a state of an earlier version (no trailing ':', an
+/// expiry of its own) gets one at its next write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gcra_key_keeps_its_expiry_while_its_tat_stays_in_its_period() {
+    let server = RedisServer::start();
+    let store = server.store();
+    // 30,000 per 30 s: a unit moves the TAT 1 ms; periods of 30 s
+    let g_ms = 30_000;
+    let limit = || Limit::new("d", 30_000, Duration::from_millis(g_ms));
+    let p = policy(Algorithm::Gcra, vec![limit()]);
+    // the key's expiry as a TTL read right after a write shows it: no later than the rule's, and
+    // earlier by no more than the time the test took to read it
+    let expires_as_ruled = |out: &RateOutcome, ttl: i64, tat: u64| {
+        let seen = i64::try_from(decided_ms(out)).unwrap() + ttl;
+        let rule = gcra_expiry_ms(tat, g_ms);
+        assert!(
+            (rule - 1_000..=rule).contains(&seen),
+            "{seen} against {rule}"
+        );
+        assert!(
+            seen > i64::try_from(tat / 1000).unwrap(),
+            "it outlives its TAT"
+        );
+    };
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut server.conn())
+        .unwrap();
+    let first = run(&store, &p, RateCheck::new(caller(), 1)).await;
+    let (_, value, ttl) = gcra_state(&server, &p);
+    assert!(value.ends_with(':'), "{value}");
+    let mut tat = tat_us(&value);
+    expires_as_ruled(&first, ttl, tat);
+    let (mut kept, mut set) = (0, 1);
+    for cost in [100, 100, 100, 20_000, 100, 8_000, 100] {
+        let out = run(&store, &p, RateCheck::new(caller(), cost)).await;
+        assert!(out.admitted, "{out:?}");
+        let (_, value, ttl) = gcra_state(&server, &p);
+        let new_tat = tat_us(&value);
+        assert_eq!(new_tat, tat.max(out.decided_at_us.unwrap()) + cost * 1000);
+        expires_as_ruled(&out, ttl, new_tat);
+        if gcra_expiry_ms(new_tat, g_ms) == gcra_expiry_ms(tat, g_ms) {
+            kept += 1;
+        } else {
+            set += 1;
+        }
+        tat = new_tat;
+    }
+    // one PSETEX per call for its record, one per write that set the key's expiry
+    assert_eq!(
+        calls_of(&server, "set"),
+        kept,
+        "writes that kept the expiry"
+    );
+    assert_eq!(
+        calls_of(&server, "psetex"),
+        8 + set,
+        "{kept} kept, {set} set"
+    );
+    assert!(
+        kept >= 3,
+        "writes within a period keep the expiry: {kept} kept, {set} set"
+    );
+
+    // as a copy of an earlier version leaves it: no trailing ':', an expiry of its own
+    let older = policy(Algorithm::Gcra, vec![limit()]);
+    run(&store, &older, RateCheck::new(caller(), 5_000)).await;
+    let (key, value, _) = gcra_state(&server, &older);
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(value.trim_end_matches(':'))
+        .arg("PX")
+        .arg(300)
+        .query(&mut server.conn())
+        .unwrap();
+    let out = run(&store, &older, RateCheck::new(caller(), 1)).await;
+    let (_, next, ttl) = gcra_state(&server, &older);
+    assert!(next.ends_with(':'), "marked by its next write: {next}");
+    assert_eq!(tat_us(&next), tat_us(&value) + 1000);
+    expires_as_ruled(&out, ttl, tat_us(&next));
 }

@@ -87,10 +87,13 @@
 -- digits (`s + 0`: the conversion of tonumber without the call of a function), by tonumber
 -- where the text may be something else (a quota '<quota>c', a cost 'r<cost>'). A policy's
 -- limits are sent and read once per call, whatever the number of its checks; a cost, once per
--- call whatever the number of checks that carry it.
+-- call whatever the number of checks that carry it. Where every check pays for it, floor(x) is
+-- written x - x % 1 and ceil(x) -(-x - -x % 1): arithmetic, where math.floor and math.ceil cost a
+-- function call each (exact: x % 1 is x - floor(x), exact in a double).
 local format, match, sub, gmatch = string.format, string.match, string.sub, string.gmatch
 local floor, ceil, min, max, tonumber = math.floor, math.ceil, math.min, math.max, tonumber
-local t = redis.call('TIME')
+local call, KEYS, ARGV = redis.call, KEYS, ARGV
+local t = call('TIME')
 local now_us = t[1] * 1000000 + t[2]
 -- milliseconds keep quota * window exact in a double for windows of years (exact: now_us is an
 -- integer below 2^53, so its quotient by 1000 is never rounded up to the next integer)
@@ -137,9 +140,9 @@ end
 local take_place
 if uses[2] or uses[3] then
   take_place = function(place)
-    local raw = redis.call('GET', place)
+    local raw = call('GET', place)
     if not raw then return nil end
-    redis.call('DEL', place)
+    call('DEL', place)
     if sub(raw, 1, 2) ~= 'p:' then return nil end
     local at = {}
     for v in gmatch(sub(raw, 3), '[^:]+') do at[#at + 1] = v end
@@ -190,11 +193,11 @@ if uses[1] then
       if verb == 'ZADD' then args[#args + 1] = score end
       args[#args + 1] = unit(of, reserved, u)
       if #args >= 1000 then
-        change = change + redis.call(verb, key, unpack(args))
+        change = change + call(verb, key, unpack(args))
         args = verb == 'ZADD' and {'NX'} or {}
       end
     end
-    if #args > (verb == 'ZADD' and 1 or 0) then change = change + redis.call(verb, key, unpack(args)) end
+    if #args > (verb == 'ZADD' and 1 or 0) then change = change + call(verb, key, unpack(args)) end
     if verb == 'ZREM' then return -change end
     return change
   end
@@ -204,9 +207,9 @@ if uses[1] then
   -- this ZADD, without an expiry, which GT would leave so.
   local function keep(key, ttl_ms, fresh)
     if fresh then
-      redis.call('PEXPIRE', key, ms_text(ttl_ms))
+      call('PEXPIRE', key, ms_text(ttl_ms))
     else
-      redis.call('PEXPIRE', key, ms_text(ttl_ms), 'GT')
+      call('PEXPIRE', key, ms_text(ttl_ms), 'GT')
     end
   end
 
@@ -220,20 +223,20 @@ if uses[1] then
       local first_member = attempt
       if cost > 1 then first_member = attempt .. ':1' end
       local count, oldest = 0, nil
-      local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+      local first = call('ZRANGE', key, '0', '0', 'WITHSCORES')
       if first[2] then
         oldest = tonumber(first[2])
         -- an entry scored s covers (s - window, s]; it is gone once now - window >= s
         if oldest <= now_us - window then
-          redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_us - window))
-          first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+          call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_us - window))
+          first = call('ZRANGE', key, '0', '0', 'WITHSCORES')
           if first[2] then oldest = tonumber(first[2]) else oldest = nil end
         end
-        if oldest then count = redis.call('ZCARD', key) end
+        if oldest then count = call('ZCARD', key) end
       end
       counts[i], oldests[i] = count, oldest
       if not replay and not settle and count + cost > quota then
-        if cost > 0 and count > 0 and redis.call('ZSCORE', key, first_member) then
+        if cost > 0 and count > 0 and call('ZSCORE', key, first_member) then
           -- charged by the first run of this attempt
           replay = true
         else
@@ -246,7 +249,7 @@ if uses[1] then
               wait = oldest + window - now_us
             else
               local at = format('%d', idx)
-              local e = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
+              local e = call('ZRANGE', key, at, at, 'WITHSCORES')
               wait = tonumber(e[2]) + window - now_us
             end
           end
@@ -274,7 +277,7 @@ if uses[1] then
             if not oldest or now_us < oldest then reset = window end
           elseif change < 0 then
             -- the oldest entry may have been one of those refunded
-            local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+            local first = call('ZRANGE', key, '0', '0', 'WITHSCORES')
             reset = 0
             if first[2] then reset = tonumber(first[2]) + window - now_us end
           end
@@ -282,7 +285,7 @@ if uses[1] then
       elseif admitted == 1 and cost > 0 and not replay then
         local added
         if cost == 1 then
-          added = redis.call('ZADD', key, 'NX', score, attempt)
+          added = call('ZADD', key, 'NX', score, attempt)
         else
           added = 0
           local args = {'NX'}
@@ -290,14 +293,15 @@ if uses[1] then
             args[#args + 1] = score
             args[#args + 1] = attempt .. ':' .. c
             if #args >= 1001 then
-              added = added + redis.call('ZADD', key, unpack(args))
+              added = added + call('ZADD', key, unpack(args))
               args = {'NX'}
             end
           end
-          if #args > 1 then added = added + redis.call('ZADD', key, unpack(args)) end
+          if #args > 1 then added = added + call('ZADD', key, unpack(args)) end
         end
         if added > 0 then
-          keep(key, ceil((window + hold) / 1000), not oldest)
+          local ttl = -(window + hold) / 1000
+          keep(key, -(ttl - ttl % 1), not oldest)
           count = count + added
           -- the log was empty, or held only later entries: its oldest entry is this request's
           if not oldest or now_us + hold < oldest then reset = window + hold end
@@ -351,10 +355,11 @@ if uses[2] then
       local quota, cost = q[i], all
       if calls and calls[i] then cost = min(all, 1) end
       local window = w[i] / 1000
-      local index = floor(now / window)
+      local index = now / window
+      index = index - index % 1
       local elapsed = now - index * window
       local cur, prev, same, born = 0, 0, false, false
-      local raw = redis.call('GET', KEYS[k + i])
+      local raw = call('GET', KEYS[k + i])
       if raw then
         local text, c, p, b = match(raw, '^(%d+):(%d+):(%d+):?(%x*)')
         -- a state of this window names it as this call would (strings compare at once)
@@ -378,14 +383,15 @@ if uses[2] then
       end
     end
     if replay then admitted, retry = 1, 0 elseif blocked then admitted = 0 end
-    out[len + 1], out[len + 2], len = admitted, ceil(retry * 1000), len + 2
+    if retry > 0 then retry = ceil(retry * 1000) end
+    out[len + 1], out[len + 2], len = admitted, retry, len + 2
     local charge = admitted == 1 and not replay and all > 0
     -- a settlement: what it adds (> 0) or may refund (< 0), and where its reservation went
     local delta, at = 0, nil
     if settle and not replay then
       delta = settle[2] - settle[1]
       if place then
-        if delta < 0 then at = take_place(place) else redis.call('DEL', place) end
+        if delta < 0 then at = take_place(place) else call('DEL', place) end
       end
     end
     -- a reservation charged: the windows it went to, and until when they count
@@ -430,13 +436,14 @@ if uses[2] then
         end
         if sames[i] then
           -- the same window: its expiry (the end of the next window) stands
-          redis.call('SET', KEYS[k + i], value, 'KEEPTTL')
+          call('SET', KEYS[k + i], value, 'KEEPTTL')
         else
-          redis.call('PSETEX', KEYS[k + i], format('%d', ceil(2 * window - elapsed)), value)
+          call('PSETEX', KEYS[k + i], format('%d', ceil(2 * window - elapsed)), value)
         end
       end
       local used = cur + prev * (window - elapsed) / window
-      local whole = ceil(used - 1e-9)
+      local whole = 1e-9 - used
+      whole = -(whole - whole % 1)
       local remaining = quota - whole
       if remaining < 0 then remaining = 0 end
       -- the quota grows when the estimate next drops below a whole unit: within this window while
@@ -448,10 +455,11 @@ if uses[2] then
       elseif whole > 0 then
         reset = (window - elapsed) + window - (whole - 1) * window / cur
       end
-      out[len + 1], out[len + 2], len = remaining, ceil(reset * 1000), len + 2
+      reset = -reset * 1000
+      out[len + 1], out[len + 2], len = remaining, -(reset - reset % 1), len + 2
     end
     if marks then
-      redis.call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
+      call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
     end
   end
 end
@@ -459,14 +467,28 @@ end
 -- GCRA (generic cell rate algorithm): O(1) memory, smooth. Emission interval T = window / quota;
 -- a request of cost c is admitted when max(TAT, now) + c*T - now <= window (a fresh caller may
 -- spend the whole quota at once). Kept exact in integers: per limit one string
--- "<tat>:<rem>:<born>", the theoretical arrival time in whole microseconds of store time plus
--- rem/quota of a microsecond, and the attempt that began the state's life. Offsets from now are counted in
--- 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52). GET, plus SET
--- PX when admitted. `place`: of a reservation, where it keeps the ends of its spans; of a
--- settlement, where its reservation kept them.
+-- "<tat>:<rem>:<born>:", the theoretical arrival time in whole microseconds of store time plus
+-- rem/quota of a microsecond, and the attempt that began the state's life. Offsets from now are
+-- counted in 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52).
+-- GET, plus a SET when admitted. The key outlives its TAT, by up to two periods of G = the
+-- window, at most 30 s: the millisecond it must outlive (ceil(TAT / 1000) + 1) falls in a
+-- period of G ms of store time, and the key expires at the end of the next one. A write whose TAT
+-- falls in the period of the state it replaces keeps the key's expiry (SET KEEPTTL, which costs
+-- Redis less than setting one), as the trailing ':' says it may: a state without it (written by
+-- a copy of a version before) has an expiry of its own, and its next write sets one.
+-- `place`: of a reservation, where it keeps the ends of its spans; of a settlement, where its
+-- reservation kept them.
 local gcra
 if uses[3] then
-  local s3 = {}
+  local s3, s4 = {}, {}
+  -- The period of `g` ms of store time that the millisecond a key of TAT `tat` must outlive
+  -- (ceil(tat / 1000) + 1) falls in.
+  local function period_of(tat, g)
+    local ms = -tat / 1000
+    ms = 1 - (ms - ms % 1)
+    ms = ms / g
+    return ms - ms % 1
+  end
   -- ceil(a / b) for integers 0 <= a, 0 < b below 2^53, exact whatever the rounding of a / b
   local function ceil_div(a, b)
     local q = floor(a / b)
@@ -476,23 +498,25 @@ if uses[3] then
   end
   gcra = function(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
     local now = now_us
-    local tats, rems, borns = s1, s2, s3
+    local tats, rems, borns, expires = s1, s2, s3, s4
     local admitted, retry = 1, 0
     for i = 1, n do
       local quota, window, cost = q[i], w[i], all
       if calls and calls[i] then cost = min(all, 1) end
-      local tat, rem, born = now, 0, false
-      local raw = redis.call('GET', KEYS[k + i])
+      local tat, rem, born, kept = now, 0, false, false
+      local raw = call('GET', KEYS[k + i])
       if raw then
         -- a pattern that never backtracks: its captures are the cost of reading the state
-        local t, r, b = match(raw, '^(%d+):(%d+):?(%x*)')
+        local t, r, b, marked = match(raw, '^(%d+):(%d+):?(%x*)(:?)')
         local stored = t + 0
         if stored >= now then
           tat, rem = stored, r + 0
           if b ~= '' then born = b end
         end
+        -- the key's expiry holds whatever the state's life: the TAT it was written for
+        if marked == ':' then kept = stored end
       end
-      tats[i], rems[i], borns[i] = tat, rem, born
+      tats[i], rems[i], borns[i], expires[i] = tat, rem, born, kept
       if replay or settle then
         -- charged by an earlier run of this attempt, or a settlement: nothing to decide
       elseif cost > quota then
@@ -518,7 +542,7 @@ if uses[3] then
     if settle and not replay then
       delta = settle[2] - settle[1]
       if place then
-        if delta < 0 then at = take_place(place) else redis.call('DEL', place) end
+        if delta < 0 then at = take_place(place) else call('DEL', place) end
       end
     end
     -- a reservation charged: the ends of its spans, and until when they count
@@ -534,7 +558,8 @@ if uses[3] then
       if write then
         if tat < now + hold then tat, rem = now + hold, 0 end
         local units = rem + cost * window
-        local whole = floor(units / quota)
+        local whole = units / quota
+        whole = whole - whole % 1
         if whole * quota > units then whole = whole - 1 end
         tat = tat + whole
         rem = units - whole * quota
@@ -567,24 +592,41 @@ if uses[3] then
       end
       if write then
         -- each number formatted alone and joined: one format of several costs more
-        local part = rem == 0 and '0' or format('%d', rem)
-        redis.call('PSETEX', KEYS[k + i], format('%d', ceil((tat - now) / 1000) + 1),
-          format('%d', tat) .. ':' .. part .. ':' .. born)
+        local value = format('%d', tat) .. ':' .. (rem == 0 and '0' or format('%d', rem)) .. ':'
+          .. born .. ':'
+        -- G in milliseconds, and the periods the key's TAT and the stored one fall in
+        local g = window / 1000
+        g = min(g - g % 1, 30000)
+        if g < 1 then g = 1 end
+        local period = period_of(tat, g)
+        if expires[i] and period == period_of(expires[i], g) then
+          call('SET', KEYS[k + i], value, 'KEEPTTL')
+        else
+          call('PSETEX', KEYS[k + i], format('%d', (period + 2) * g - now_ms), value)
+        end
       end
       local ahead = (tat - now) * quota + rem
       -- ceil_div(ahead, window), inline: this runs for every check
-      local used = floor(ahead / window)
+      local used = ahead / window
+      used = used - used % 1
       if used * window > ahead then used = used - 1 end
       if used * window < ahead then used = used + 1 end
       local remaining = quota - used
       if remaining < 0 then remaining = 0 end
       local reset = 0
       -- the next unit frees when the offset drops to (used - 1) emission intervals
-      if used > 0 then reset = ceil_div(ahead - (used - 1) * window, quota) end
+      if used > 0 then
+        -- ceil_div(ahead - (used - 1) * window, quota), inline
+        local left = ahead - (used - 1) * window
+        reset = left / quota
+        reset = reset - reset % 1
+        if reset * quota > left then reset = reset - 1 end
+        if reset * quota < left then reset = reset + 1 end
+      end
       out[len + 1], out[len + 2], len = remaining, reset, len + 2
     end
     if marks then
-      redis.call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
+      call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
     end
   end
 end
@@ -600,7 +642,7 @@ if penalties then
       tills[i], denied[i] = 0, false
       if b[i] > 0 then
         j = j + 1
-        local raw = redis.call('GET', KEYS[bk + j])
+        local raw = call('GET', KEYS[bk + j])
         if raw and tonumber(raw) > now_us then tills[i], blocked = tonumber(raw), true end
       end
     end
@@ -618,7 +660,7 @@ if penalties then
         j = j + 1
         if not blocked and cost > 0 and denied[i] then
           tills[i] = now_us + b[i]
-          redis.call('SET', KEYS[bk + j], format('%d', tills[i]), 'PX',
+          call('SET', KEYS[bk + j], format('%d', tills[i]), 'PX',
             format('%d', ceil(b[i] / 1000) + 1))
         end
         if tills[i] > now_us then
@@ -637,7 +679,7 @@ local late = now_us >= deadline
 local records, retain_ms = ARGV[2] + 0, ARGV[3] + 0
 -- this call's record, when it ran before; those of earlier calls, read once each
 local before, earlier = false, {}
-if records > 0 and not late then before = redis.call('GET', KEYS[1]) end
+if records > 0 and not late then before = call('GET', KEYS[1]) end
 -- per check, '1' when its attempt charged, in this run or an earlier one
 local charged, any = {}, false
 
@@ -656,7 +698,7 @@ local function replayed(c, where)
     else
       local record = earlier[j]
       if record == nil then
-        record = redis.call('GET', KEYS[j])
+        record = call('GET', KEYS[j])
         earlier[j] = record
       end
       if record and sub(record, p, p) == '1' then return true end
@@ -737,7 +779,7 @@ end
 if any and records > 0 then
   local record = table.concat(charged)
   if record ~= before then
-    redis.call('PSETEX', KEYS[1], format('%d', ceil((deadline - now_us) / 1000) + retain_ms), record)
+    call('PSETEX', KEYS[1], format('%d', ceil((deadline - now_us) / 1000) + retain_ms), record)
   end
 end
 out[len + 1] = now_us
