@@ -537,7 +537,8 @@ async fn hostile_keys_get_their_own_bucket_and_tidy_redis_keys() {
         );
         let pttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
         assert!(pttl > 0, "key {text} has no expiry (PTTL {pttl})");
-        assert!(pttl <= 60_000, "key {text} expires after its window");
+        // its window, and at most half a window more (docs/operations.md)
+        assert!(pttl <= 90_000, "key {text} expires after its window");
     }
     for record in &records {
         let text = std::str::from_utf8(record).expect("keys are ASCII");

@@ -503,10 +503,11 @@ fn tat_us(value: &str) -> u64 {
     value.split(':').next().unwrap().parse().unwrap()
 }
 
-/// The millisecond of store time a GCRA key of TAT `tat_us` expires at: the end of the period of
-/// `g_ms` after the one its TAT's millisecond (`ceil(tat / 1000) + 1`) falls in.
-fn gcra_expiry_ms(tat_us: u64, g_ms: u64) -> i64 {
-    i64::try_from((tat_us.div_ceil(1000) + 1) / g_ms * g_ms + 2 * g_ms).unwrap()
+/// The millisecond of store time a key whose state counts until `until_us` (a GCRA state's TAT, a
+/// log's newest entry's end of stay) expires at: the end of the period of `g_ms` after the one
+/// the millisecond past it (`ceil(until / 1000) + 1`) falls in.
+fn expiry_ms(until_us: u64, g_ms: u64) -> i64 {
+    i64::try_from((until_us.div_ceil(1000) + 1) / g_ms * g_ms + 2 * g_ms).unwrap()
 }
 
 /// How many times the server ran `command` (scripts' commands too) since its stats were reset.
@@ -521,7 +522,8 @@ fn calls_of(server: &RedisServer, command: &str) -> u64 {
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
-/// A GCRA key outlives its TAT and expires at the end of the period after the TAT's: a write
+/// A GCRA key outlives its TAT and expires at the end of the period after the TAT's (periods of a
+/// quarter of the window, at most 30 s): a write
 /// whose TAT stays in the period of the state it replaces keeps the key's expiry (SET KEEPTTL),
 /// one that moves on sets the next (PSETEX); a state of an earlier version (no trailing ':', an
 /// expiry of its own) gets one at its next write.
@@ -529,15 +531,15 @@ fn calls_of(server: &RedisServer, command: &str) -> u64 {
 async fn a_gcra_key_keeps_its_expiry_while_its_tat_stays_in_its_period() {
     let server = RedisServer::start();
     let store = server.store();
-    // 30,000 per 30 s: a unit moves the TAT 1 ms; periods of 30 s
-    let g_ms = 30_000;
-    let limit = || Limit::new("d", 30_000, Duration::from_millis(g_ms));
+    // 30,000 per 30 s: a unit moves the TAT 1 ms; periods of a quarter of the window
+    let g_ms = 7_500;
+    let limit = || Limit::new("d", 30_000, Duration::from_secs(30));
     let p = policy(Algorithm::Gcra, vec![limit()]);
     // the key's expiry as a TTL read right after a write shows it: no later than the rule's, and
     // earlier by no more than the time the test took to read it
     let expires_as_ruled = |out: &RateOutcome, ttl: i64, tat: u64| {
         let seen = i64::try_from(decided_ms(out)).unwrap() + ttl;
-        let rule = gcra_expiry_ms(tat, g_ms);
+        let rule = expiry_ms(tat, g_ms);
         assert!(
             (rule - 1_000..=rule).contains(&seen),
             "{seen} against {rule}"
@@ -564,7 +566,7 @@ async fn a_gcra_key_keeps_its_expiry_while_its_tat_stays_in_its_period() {
         let new_tat = tat_us(&value);
         assert_eq!(new_tat, tat.max(out.decided_at_us.unwrap()) + cost * 1000);
         expires_as_ruled(&out, ttl, new_tat);
-        if gcra_expiry_ms(new_tat, g_ms) == gcra_expiry_ms(tat, g_ms) {
+        if expiry_ms(new_tat, g_ms) == expiry_ms(tat, g_ms) {
             kept += 1;
         } else {
             set += 1;
@@ -603,4 +605,40 @@ async fn a_gcra_key_keeps_its_expiry_while_its_tat_stays_in_its_period() {
     assert!(next.ends_with(':'), "marked by its next write: {next}");
     assert_eq!(tat_us(&next), tat_us(&value) + 1000);
     expires_as_ruled(&out, ttl, tat_us(&next));
+}
+
+/// A sliding log outlives its newest entry's stay in the window, to the end of the period after
+/// the one that stay ends in (periods of a quarter of the window, at most 30 s): the checks of a
+/// period find its expiry set, and one of a later period moves it on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_expires_at_the_end_of_the_period_after_its_newest_entry_leaves() {
+    let server = RedisServer::start();
+    let store = server.store();
+    for window_ms in [20_000, 90_000, 200_000] {
+        let g_ms = (window_ms / 4).min(30_000);
+        let p = policy(
+            Algorithm::SlidingLog,
+            vec![Limit::new("d", 1_000, Duration::from_millis(window_ms))],
+        );
+        let mut conn = server.conn();
+        let mut latest = 0;
+        for cost in [1, 3, 1] {
+            let out = run(&store, &p, RateCheck::new(caller(), cost)).await;
+            assert!(out.admitted, "{out:?}");
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{}:*:log", p.namespace()))
+                .query(&mut conn)
+                .unwrap();
+            assert_eq!(keys.len(), 1, "{keys:?}");
+            let ttl: i64 = redis::cmd("PTTL").arg(&keys[0]).query(&mut conn).unwrap();
+            let decided = out.decided_at_us.unwrap();
+            let seen = i64::try_from(decided / 1000).unwrap() + ttl;
+            // never shorter than an earlier check set it
+            latest = latest.max(expiry_ms(decided + window_ms * 1000, g_ms));
+            assert!(
+                (latest - 1_000..=latest).contains(&seen),
+                "{window_ms} ms: {seen} against {latest}"
+            );
+        }
+    }
 }

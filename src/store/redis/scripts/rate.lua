@@ -91,6 +91,7 @@
 -- written x - x % 1 and ceil(x) -(-x - -x % 1): arithmetic, where math.floor and math.ceil cost a
 -- function call each (exact: x % 1 is x - floor(x), exact in a double).
 local format, match, sub, gmatch = string.format, string.match, string.sub, string.gmatch
+local find = string.find
 local floor, ceil, min, max, tonumber = math.floor, math.ceil, math.min, math.max, tonumber
 local call, KEYS, ARGV = redis.call, KEYS, ARGV
 local t = call('TIME')
@@ -152,9 +153,13 @@ end
 
 -- Sliding log: exact. One sorted set per limit, a member per unit of admitted cost (the attempt
 -- id, or id:1 .. id:cost), scored with the store time. Reads the oldest entry first: only when it
--- left the window is the log trimmed. A new caller costs ZRANGE, ZADD, PEXPIRE; a known one adds
+-- left the window is the log trimmed. A new caller costs ZRANGE, ZADD, PEXPIREAT; a known one adds
 -- ZCARD. A re-sent attempt finds its own entries: they are never added twice (ZADD NX), and only
--- a log that would deny is searched for them (ZSCORE).
+-- a log that would deny is searched for them (ZSCORE). The log outlives its newest entry's stay
+-- in the window by up to two periods of G = a quarter of the window, at most 30 s (so by half a
+-- window at most): it expires at the end of the period after the one that stay ends in, so that
+-- the checks of a period find its expiry set (an expiry that GT leaves as it is costs Redis half
+-- of one it moves).
 local sliding_log
 if uses[1] then
   -- the call's store time as text, and the texts of the expiries set, formatted once per call:
@@ -202,14 +207,22 @@ if uses[1] then
     return change
   end
 
-  -- Keeps log `key` for at least `ttl_ms` from now, never shorter than it was (GT): entries a held
+  -- Keeps log `key` of `window` while entries dated `hold` from now stay in it: until the end of
+  -- the period after the one their stay ends in, never shorter than it was (GT): entries a held
   -- charge dated later may outlive those added since. A log that held nothing live was made by
   -- this ZADD, without an expiry, which GT would leave so.
-  local function keep(key, ttl_ms, fresh)
+  local function keep(key, window, hold, fresh)
+    local g = window / 4000
+    g = min(g - g % 1, 30000)
+    if g < 1 then g = 1 end
+    -- the millisecond the log must outlive (ceil, and one more), and its period
+    local period = -(now_us + hold + window) / 1000
+    period = (1 - (period - period % 1)) / g
+    local at = ms_text((period - period % 1 + 2) * g)
     if fresh then
-      call('PEXPIRE', key, ms_text(ttl_ms))
+      call('PEXPIREAT', key, at)
     else
-      call('PEXPIRE', key, ms_text(ttl_ms), 'GT')
+      call('PEXPIREAT', key, at, 'GT')
     end
   end
 
@@ -273,7 +286,7 @@ if uses[1] then
           local change = settle_log(key, settle, count, 2 * quota, score)
           count = count + change
           if change > 0 then
-            keep(key, ceil(window / 1000), not oldest)
+            keep(key, window, 0, not oldest)
             if not oldest or now_us < oldest then reset = window end
           elseif change < 0 then
             -- the oldest entry may have been one of those refunded
@@ -300,8 +313,7 @@ if uses[1] then
           if #args > 1 then added = added + call('ZADD', key, unpack(args)) end
         end
         if added > 0 then
-          local ttl = -(window + hold) / 1000
-          keep(key, -(ttl - ttl % 1), not oldest)
+          keep(key, window, hold, not oldest)
           count = count + added
           -- the log was empty, or held only later entries: its oldest entry is this request's
           if not oldest or now_us + hold < oldest then reset = window + hold end
@@ -361,7 +373,12 @@ if uses[2] then
       local cur, prev, same, born = 0, 0, false, false
       local raw = call('GET', KEYS[k + i])
       if raw then
-        local text, c, p, b = match(raw, '^(%d+):(%d+):(%d+):?(%x*)')
+        -- its fields, between colons found by plain search: cheaper than a pattern's captures
+        local c1 = find(raw, ':', 1, true)
+        local c2 = find(raw, ':', c1 + 1, true)
+        local c3 = find(raw, ':', c2 + 1, true)
+        local text, c = sub(raw, 1, c1 - 1), sub(raw, c1 + 1, c2 - 1)
+        local p, b = sub(raw, c2 + 1, (c3 or 0) - 1), c3 and sub(raw, c3 + 1) or ''
         -- a state of this window names it as this call would (strings compare at once)
         local idx = index
         if text ~= (texts_of_index[index] or index_text(index)) then idx = text + 0 end
@@ -470,12 +487,13 @@ end
 -- "<tat>:<rem>:<born>:", the theoretical arrival time in whole microseconds of store time plus
 -- rem/quota of a microsecond, and the attempt that began the state's life. Offsets from now are
 -- counted in 1/quota microseconds, where T is exactly `window` units (quota * window < 2^52).
--- GET, plus a SET when admitted. The key outlives its TAT, by up to two periods of G = the
--- window, at most 30 s: the millisecond it must outlive (ceil(TAT / 1000) + 1) falls in a
--- period of G ms of store time, and the key expires at the end of the next one. A write whose TAT
--- falls in the period of the state it replaces keeps the key's expiry (SET KEEPTTL, which costs
--- Redis less than setting one), as the trailing ':' says it may: a state without it (written by
--- a copy of a version before) has an expiry of its own, and its next write sets one.
+-- GET, plus a SET when admitted. The key outlives its TAT by up to two periods of G = a quarter
+-- of the window, at most 30 s (so by half a window at most): the millisecond it must outlive
+-- (ceil(TAT / 1000) + 1) falls in a period of G ms of store time, and the key expires at the end
+-- of the next one. A write whose TAT falls in the period of the state it replaces keeps the key's
+-- expiry (SET KEEPTTL, which costs Redis less than setting one), as the trailing ':' says it may:
+-- a state without it (written by a copy of a version before) has an expiry of its own, and its
+-- next write sets one.
 -- `place`: of a reservation, where it keeps the ends of its spans; of a settlement, where its
 -- reservation kept them.
 local gcra
@@ -506,15 +524,20 @@ if uses[3] then
       local tat, rem, born, kept = now, 0, false, false
       local raw = call('GET', KEYS[k + i])
       if raw then
-        -- a pattern that never backtracks: its captures are the cost of reading the state
-        local t, r, b, marked = match(raw, '^(%d+):(%d+):?(%x*)(:?)')
-        local stored = t + 0
+        -- its fields, between colons found by plain search: cheaper than a pattern's captures
+        local c1 = find(raw, ':', 1, true)
+        local c2 = find(raw, ':', c1 + 1, true)
+        local stored = sub(raw, 1, c1 - 1) + 0
         if stored >= now then
-          tat, rem = stored, r + 0
-          if b ~= '' then born = b end
+          tat, rem = stored, sub(raw, c1 + 1, (c2 or 0) - 1) + 0
+          if c2 then
+            local c3 = find(raw, ':', c2 + 1, true)
+            local b = sub(raw, c2 + 1, (c3 or 0) - 1)
+            if b ~= '' then born = b end
+          end
         end
         -- the key's expiry holds whatever the state's life: the TAT it was written for
-        if marked == ':' then kept = stored end
+        if sub(raw, -1) == ':' then kept = stored end
       end
       tats[i], rems[i], borns[i], expires[i] = tat, rem, born, kept
       if replay or settle then
@@ -595,7 +618,7 @@ if uses[3] then
         local value = format('%d', tat) .. ':' .. (rem == 0 and '0' or format('%d', rem)) .. ':'
           .. born .. ':'
         -- G in milliseconds, and the periods the key's TAT and the stored one fall in
-        local g = window / 1000
+        local g = window / 4000
         g = min(g - g % 1, 30000)
         if g < 1 then g = 1 end
         local period = period_of(tat, g)
