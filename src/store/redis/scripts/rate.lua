@@ -151,6 +151,22 @@ if uses[2] or uses[3] then
   end
 end
 
+-- The period of G ms of store time (G = a quarter of `window` µs, at most 30 s, at least 1 ms)
+-- that the millisecond past `us` (ceil(us / 1000) + 1) falls in, and G: a GCRA key and a sliding
+-- log expire at the end of the period after the one their state's end falls in, so that the
+-- writes of a period find their expiry set. Made for a call of a sliding log or GCRA.
+local period_of
+if uses[1] or uses[3] then
+  period_of = function(us, window)
+    local g = window / 4000
+    g = min(g - g % 1, 30000)
+    if g < 1 then g = 1 end
+    local ms = -us / 1000
+    ms = (1 - (ms - ms % 1)) / g
+    return ms - ms % 1, g
+  end
+end
+
 -- Sliding log: exact. One sorted set per limit, a member per unit of admitted cost (the attempt
 -- id, or id:1 .. id:cost), scored with the store time. Reads the oldest entry first: only when it
 -- left the window is the log trimmed. A new caller costs ZRANGE, ZADD, PEXPIREAT; a known one adds
@@ -212,13 +228,8 @@ if uses[1] then
   -- charge dated later may outlive those added since. A log that held nothing live was made by
   -- this ZADD, without an expiry, which GT would leave so.
   local function keep(key, window, hold, fresh)
-    local g = window / 4000
-    g = min(g - g % 1, 30000)
-    if g < 1 then g = 1 end
-    -- the millisecond the log must outlive (ceil, and one more), and its period
-    local period = -(now_us + hold + window) / 1000
-    period = (1 - (period - period % 1)) / g
-    local at = ms_text((period - period % 1 + 2) * g)
+    local period, g = period_of(now_us + hold + window, window)
+    local at = ms_text((period + 2) * g)
     if fresh then
       call('PEXPIREAT', key, at)
     else
@@ -499,14 +510,6 @@ end
 local gcra
 if uses[3] then
   local s3, s4 = {}, {}
-  -- The period of `g` ms of store time that the millisecond a key of TAT `tat` must outlive
-  -- (ceil(tat / 1000) + 1) falls in.
-  local function period_of(tat, g)
-    local ms = -tat / 1000
-    ms = 1 - (ms - ms % 1)
-    ms = ms / g
-    return ms - ms % 1
-  end
   -- ceil(a / b) for integers 0 <= a, 0 < b below 2^53, exact whatever the rounding of a / b
   local function ceil_div(a, b)
     local q = floor(a / b)
@@ -617,12 +620,9 @@ if uses[3] then
         -- each number formatted alone and joined: one format of several costs more
         local value = format('%d', tat) .. ':' .. (rem == 0 and '0' or format('%d', rem)) .. ':'
           .. born .. ':'
-        -- G in milliseconds, and the periods the key's TAT and the stored one fall in
-        local g = window / 4000
-        g = min(g - g % 1, 30000)
-        if g < 1 then g = 1 end
-        local period = period_of(tat, g)
-        if expires[i] and period == period_of(expires[i], g) then
+        -- the periods the key's TAT and the stored one fall in
+        local period, g = period_of(tat, window)
+        if expires[i] and period == period_of(expires[i], window) then
           call('SET', KEYS[k + i], value, 'KEEPTTL')
         else
           call('PSETEX', KEYS[k + i], format('%d', (period + 2) * g - now_ms), value)
