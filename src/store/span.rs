@@ -49,6 +49,9 @@ pub(crate) enum Command {
     /// A Lua script by its hash (loaded on `NOSCRIPT` within the same span).
     #[cfg(feature = "redis")]
     Evalsha,
+    /// A function of a Lua library (loaded when the server lacks it, within the same span).
+    #[cfg(feature = "redis")]
+    Fcall,
     #[cfg(feature = "redis")]
     Ping,
     /// A pipeline: durable writes (`EVAL` each) and the `WAIT` that acknowledges them.
@@ -122,6 +125,8 @@ pub(crate) fn call_span(call: &Call<'_>, server: impl FnOnce() -> Option<Server>
     let span = match call.command {
         #[cfg(feature = "redis")]
         Command::Evalsha => call_span!("EVALSHA", call),
+        #[cfg(feature = "redis")]
+        Command::Fcall => call_span!("FCALL", call),
         #[cfg(feature = "redis")]
         Command::Ping => call_span!("PING", call),
         #[cfg(feature = "redis")]

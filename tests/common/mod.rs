@@ -195,6 +195,24 @@ impl RedisServer {
         info.lines()
             .find_map(|l| l.strip_prefix(&format!("{name}:")).map(str::to_owned))
     }
+
+    /// The calls of Lua the server has served since its statistics were last reset: of
+    /// functions (`FCALL`, how rate checks go) and of scripts (`EVALSHA`, `EVAL`).
+    #[allow(dead_code)]
+    pub fn lua_calls(&self) -> u64 {
+        ["cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval"]
+            .iter()
+            .filter_map(|name| self.info_field("commandstats", name))
+            .map(|stats| {
+                stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("calls="))
+                    .expect("calls= in commandstats")
+                    .parse::<u64>()
+                    .unwrap()
+            })
+            .sum()
+    }
 }
 
 impl Drop for RedisServer {

@@ -952,20 +952,6 @@ async fn decisions_are_in_the_extensions() {
 // Local deny cache
 // ---------------------------------------------------------------------------------------------
 
-/// EVALSHA calls the server has served since its statistics were last reset.
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    server
-        .info_field("commandstats", "cmdstat_evalsha")
-        .map_or(0, |stats| {
-            stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .expect("calls= in cmdstat_evalsha")
-                .parse()
-                .unwrap()
-        })
-}
-
 fn reset_stats(server: &RedisServer) {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -1007,17 +993,13 @@ async fn deny_cache_answers_repeat_denials_without_the_store() {
         );
         assert_eq!(r.header("ratelimit"), Some(r#""w";r=1;t=1"#));
     }
-    assert_eq!(
-        evalsha_calls(&server),
-        0,
-        "no round trip for cached denials"
-    );
+    assert_eq!(server.lua_calls(), 0, "no round trip for cached denials");
 
     // A smaller cost may still fit: it goes to the store, and is admitted.
     let r = send(&svc, get_costing("c", 1)).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.decision().source(), DecisionSource::Store);
-    assert_eq!(evalsha_calls(&server), 1);
+    assert_eq!(server.lua_calls(), 1);
     // Other callers are not affected by c's cached denial.
     let r = send(&svc, get_costing("other", 3)).await;
     assert_eq!(r.status, StatusCode::OK);
@@ -1037,7 +1019,7 @@ async fn deny_cache_answers_repeat_denials_without_the_store() {
         assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.decision().source(), DecisionSource::Store);
     }
-    assert_eq!(evalsha_calls(&server), 4);
+    assert_eq!(server.lua_calls(), 4);
 }
 
 /// An IPv6 client holds a whole /64: 30 requests from 30 of its addresses, relayed by a trusted

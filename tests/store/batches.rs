@@ -99,23 +99,9 @@ fn key(caller: u8) -> Key {
     Key::new("batch-test", &[caller])
 }
 
+/// The calls of Lua the server has served: one per call of a batch.
 fn evals(server: &RedisServer) -> u64 {
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    stats
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    server.lua_calls()
 }
 
 fn reset_stats(server: &RedisServer) {

@@ -34,11 +34,14 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{:08x}", rand::random::<u32>())
 }
 
-/// How many script calls the monitors have seen so far.
+/// How many calls of Lua (scripts and functions) the monitors have seen so far.
 fn script_calls(monitors: &[Arc<Mutex<String>>]) -> usize {
     monitors
         .iter()
-        .map(|m| m.lock().unwrap().matches("\"EVALSHA\"").count())
+        .map(|m| {
+            let seen = m.lock().unwrap();
+            seen.matches("\"EVALSHA\"").count() + seen.matches("\"FCALL\"").count()
+        })
         .sum()
 }
 

@@ -17,6 +17,7 @@ mod conformance_postgres;
 mod conformance_redis;
 mod durable;
 mod errors;
+mod functions;
 mod given_connections;
 mod late_delivery;
 mod late_resend;

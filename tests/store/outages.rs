@@ -372,7 +372,7 @@ async fn a_flood_costs_a_handful_of_store_calls() {
             )
         })
         .collect();
-    // load the script first: concurrent first calls would each meet NOSCRIPT and retry
+    // load the script first: concurrent first calls would each find it missing and load it
     for svc in &copies {
         let res = svc.clone().oneshot(get("warm-up")).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
@@ -400,13 +400,7 @@ async fn a_flood_costs_a_handful_of_store_calls() {
         .into_iter()
         .sum();
     assert_eq!(admitted, 10, "exactly the limit");
-    let calls: u64 = server
-        .info_field("commandstats", "cmdstat_evalsha")
-        .and_then(|s| {
-            s.split(',')
-                .find_map(|kv| kv.strip_prefix("calls=")?.parse().ok())
-        })
-        .unwrap();
+    let calls = server.lua_calls();
     // 10 admissions, then per copy the denials in flight when the first came back
     assert!(calls <= 10 + 2 * 5, "{calls} store calls for 2000 requests");
     // other callers are unaffected

@@ -209,8 +209,8 @@ async fn a_batch_of_rate_checks_is_one_span_with_its_size() {
             .any(|s| s.field("db.operation.batch.size").is_some())
     );
     for call in &calls {
-        assert_eq!(call.name, "EVALSHA");
-        assert_eq!(call.field("otel.name"), Some("EVALSHA rate"));
+        assert_eq!(call.name, "FCALL");
+        assert_eq!(call.field("otel.name"), Some("FCALL rate"));
         assert_eq!(call.parent, Some("request"), "{call:#?}");
     }
 }

@@ -14,6 +14,7 @@ mod connection;
 mod durable;
 mod idempotency;
 mod invalidation;
+mod library;
 mod limits;
 mod lock;
 mod permit;
@@ -47,8 +48,11 @@ use crate::store::span::{self, Call, Command, System};
 /// reconnects, and the calling layer applies its failure policy.
 ///
 /// Each operation is one Lua script (sent by `EVALSHA`, loaded again after a restart or
-/// `SCRIPT FLUSH`) or one conditional command. Scripts read the time with `TIME`, and every key
-/// one script touches shares a hash tag, so the same scripts run on Redis Cluster.
+/// `SCRIPT FLUSH`) or one conditional command. Rate checks, the hot path, call the script as a
+/// function of a library the server keeps (`FCALL`, Redis 7 and later, Valkey), which makes its
+/// helpers once instead of at every call; a server without functions, or a user it does not let
+/// load or call them, gets the script. Scripts read the time with `TIME`, and every key one
+/// script touches shares a hash tag, so the same scripts run on Redis Cluster.
 ///
 /// Rate checks are coalesced: checks that wait for Redis at the same moment go out as one call
 /// that decides them in turn, each exactly as alone (see

@@ -19,20 +19,20 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, Value};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::clock::store_deadline;
 use super::connection::{Connection, Link};
+use super::library::Library;
 use super::sent::{Place, SentChecks};
 use super::{Lua, redis_call, status_code, store_error};
 use crate::keyspace;
 use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::coalesce::{BatchCall, Coalescer, Decided, Sent};
 use crate::store::kit;
-use crate::store::span::{self, Call, Command};
+use crate::store::span::{self, Call};
 use crate::store::{StoreClock, StoreError, StoreErrorKind};
 
 /// The rate checks of one store, coalesced into calls of `rate.lua`.
@@ -49,7 +49,7 @@ pub(super) fn rates(
         per_key: matches!(link.get(), Connection::Cluster(_)),
         link,
         clock,
-        script: super::lua!("rate"),
+        script: Library::new(super::lua!("rate")),
         timeout,
         // a place is kept as long as its call's record lives: the call's deadline (a timeout
         // after it went out) plus the retention
@@ -62,7 +62,7 @@ pub(super) fn rates(
 pub(super) struct RateCall {
     link: Arc<Link>,
     clock: Arc<StoreClock>,
-    script: Lua,
+    script: Library,
     timeout: Duration,
     /// On Cluster, a call holds one caller key's checks.
     per_key: bool,
@@ -89,26 +89,16 @@ impl RateCall {
     /// Redis's clock; the link's watch learns whether a reply came.
     async fn call(&self, checks: &[Sent<'_>], deadline: Instant) -> Decided {
         let mut conn = self.link.get();
-        let call = redis_call("rate_check", Command::Evalsha, self.script.name);
+        let call = redis_call("rate_check", self.script.command(), self.script.file());
         let reply = bounded(&call, checks.len(), &self.link, self.timeout, async {
             let deadline = store_deadline(&self.clock, &self.link, &mut conn, deadline).await?;
             let records = self.records(checks);
-            let evalsha = command(
-                "EVALSHA",
-                self.script.get_hash(),
-                checks,
-                deadline,
-                &records,
-            );
-            match send(&mut conn, &evalsha).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    // loads the script as it runs it
-                    let eval = command("EVAL", self.script.source, checks, deadline, &records);
-                    send(&mut conn, &eval).await
-                }
-                sent => sent,
-            }
-            .map_err(store_error)
+            let command =
+                |verb: &str, called: &str| command(verb, called, checks, deadline, &records);
+            self.script
+                .run(&mut conn, command)
+                .await
+                .map_err(store_error)
         })
         .await?;
         decode(reply, checks)
@@ -174,14 +164,6 @@ impl Records {
                 self.keys.len()
             }
         }
-    }
-}
-
-/// Sends `cmd`; an error reply is an error (Cluster connections hand it over as a value).
-async fn send(conn: &mut Connection, cmd: &Cmd) -> RedisResult<Value> {
-    match conn.req_packed_command(cmd).await? {
-        Value::ServerError(error) => Err(error.into()),
-        reply => Ok(reply),
     }
 }
 

@@ -80,6 +80,13 @@
 -- ends, and each blocking limit answers remaining 0 and the time its block has left. A denial
 -- while blocked writes nothing: the block is not extended. Settlements ignore blocks.
 --
+-- One file, run two ways (see its end): as a function of a library the server keeps (FCALL),
+-- whose functions and scratch tables are made once per load, then `run` per call; or as a
+-- script (EVAL), the whole file per call. What a call sets lives at the file's level, and `run`
+-- sets it anew as it starts: nothing of one call reaches the next but the scratch tables, which
+-- each check writes before it reads, and the functions of the algorithms, made by the first
+-- call that uses each (making a function costs Redis more than most checks cost it).
+--
 -- Numbers go to redis.call formatted as integers by hand: Lua would print those of more than 14
 -- digits in exponent form, and Redis formats every number it is given as a float, which costs
 -- more. Numbers are read as strtod reads them, exact for integers below 2^53 (it rounds
@@ -90,81 +97,49 @@
 -- call whatever the number of checks that carry it. Where every check pays for it, floor(x) is
 -- written x - x % 1 and ceil(x) -(-x - -x % 1): arithmetic, where math.floor and math.ceil cost a
 -- function call each (exact: x % 1 is x - floor(x), exact in a double).
-local format, match, sub, gmatch = string.format, string.match, string.sub, string.gmatch
-local find = string.find
-local floor, ceil, min, max, tonumber = math.floor, math.ceil, math.min, math.max, tonumber
-local call, KEYS, ARGV = redis.call, KEYS, ARGV
-local t = call('TIME')
-local now_us = t[1] * 1000000 + t[2]
--- milliseconds keep quota * window exact in a double for windows of years (exact: now_us is an
--- integer below 2^53, so its quotient by 1000 is never rounded up to the next integer)
-local now_ms = floor(now_us / 1000)
-local out, len = {}, 0
--- per-limit scratch of the check being decided, reused by every check of the call
+-- The functions of Lua's libraries used, reached as locals: set by the first call (a library's
+-- code may not reach them while it loads).
+local format, match, sub, gmatch, find, floor, ceil, min, max, tonumber
+-- The call being run, set by `run` as it starts: its store commands, keys and arguments, its
+-- store time in microseconds and in milliseconds, and its answer so far (`len` entries).
+local call, KEYS, ARGV, now_us, now_ms, out, len
+-- per-limit scratch of the check being decided, reused by every check (each writes a limit's
+-- entries before it reads them)
 local s1, s2 = {}, {}
 -- per limit of the check being decided, whether it denied the cost (a penalty's cause)
 local denied = {}
 -- how long after the charge the check being decided may admit its units (µs; 0: at once)
 local hold = 0
-
--- The call's policies, read first: a call makes only the functions its policies use (making a
--- function costs Redis more than most checks cost it). `uses`: the algorithms of the call;
--- `penalties`: whether a limit of the call has one.
-local policies, uses, penalties, a = {}, {}, false, 4
-for p = 1, ARGV[4] + 0 do
-  local n, q, w, b, nb, calls = ARGV[a + 2] + 0, {}, {}, {}, 0, nil
-  for i = 1, n do
-    q[i], w[i], b[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i]), 0
-    if not q[i] then
-      -- '<quota>c': a limit that counts calls
-      q[i] = tonumber(match(ARGV[a + 1 + 2 * i], '^(%d+)c$'))
-      calls = calls or {}
-      calls[i] = true
-    end
-    if not w[i] then
-      local window, block = match(ARGV[a + 2 + 2 * i], '^(%d+):(%d+)$')
-      w[i], b[i], nb = tonumber(window), tonumber(block), nb + 1
-    end
-  end
-  local algorithm = ARGV[a + 1] + 0
-  uses[algorithm] = true
-  if nb > 0 then penalties = true end
-  -- named as its checks name it (the first without formatting a number); the sliding log names
-  -- a reservation's entries by its attempt: it keeps no place
-  policies[p == 1 and '1' or tostring(p)] = {algorithm, n, q, w, algorithm ~= 1, b, nb, calls}
-  a = a + 2 + 2 * n
-end
+-- the function deciding a check per algorithm (1 sliding log, 2 sliding counter, 3 GCRA), made
+-- by the first call that uses it
+local algorithms = {}
+-- the texts of the call's store time and of the expiries and window indexes it uses, each
+-- formatted once per call (`run` renews them)
+local now_text, ms_texts, texts_of_index
 
 -- What the place of a settled reservation holds, per limit, as strings (nil when nothing is
 -- kept), and the place dropped: the settlement is the last to read it.
--- Made for a call of a sliding counter or GCRA: their reservations keep a place.
-local take_place
-if uses[2] or uses[3] then
-  take_place = function(place)
-    local raw = call('GET', place)
-    if not raw then return nil end
-    call('DEL', place)
-    if sub(raw, 1, 2) ~= 'p:' then return nil end
-    local at = {}
-    for v in gmatch(sub(raw, 3), '[^:]+') do at[#at + 1] = v end
-    return at
-  end
+local function take_place(place)
+  local raw = call('GET', place)
+  if not raw then return nil end
+  call('DEL', place)
+  if sub(raw, 1, 2) ~= 'p:' then return nil end
+  local at = {}
+  for v in gmatch(sub(raw, 3), '[^:]+') do at[#at + 1] = v end
+  return at
 end
 
 -- The period of G ms of store time (G = a quarter of `window` µs, at most 30 s, at least 1 ms)
 -- that the millisecond past `us` (ceil(us / 1000) + 1) falls in, and G: a GCRA key and a sliding
 -- log expire at the end of the period after the one their state's end falls in, so that the
--- writes of a period find their expiry set. Made for a call of a sliding log or GCRA.
-local period_of
-if uses[1] or uses[3] then
-  period_of = function(us, window)
-    local g = window / 4000
-    g = min(g - g % 1, 30000)
-    if g < 1 then g = 1 end
-    local ms = -us / 1000
-    ms = (1 - (ms - ms % 1)) / g
-    return ms - ms % 1, g
-  end
+-- writes of a period find their expiry set.
+local function period_of(us, window)
+  local g = window / 4000
+  g = min(g - g % 1, 30000)
+  if g < 1 then g = 1 end
+  local ms = -us / 1000
+  ms = (1 - (ms - ms % 1)) / g
+  return ms - ms % 1, g
 end
 
 -- Sliding log: exact. One sorted set per limit, a member per unit of admitted cost (the attempt
@@ -176,11 +151,9 @@ end
 -- window at most): it expires at the end of the period after the one that stay ends in, so that
 -- the checks of a period find its expiry set (an expiry that GT leaves as it is costs Redis half
 -- of one it moves).
-local sliding_log
-if uses[1] then
-  -- the call's store time as text, and the texts of the expiries set, formatted once per call:
-  -- every check of a sliding log not held scores its entries with it, and sets the same expiry
-  local now_text, ms_texts = format('%d', now_us), {}
+local function make_sliding_log()
+  -- every check of a sliding log not held scores its entries with the call's store time as
+  -- text, and sets the same expiry
   local function ms_text(ms)
     local text = ms_texts[ms]
     if not text then
@@ -237,7 +210,7 @@ if uses[1] then
     end
   end
 
-  sliding_log = function(k, n, q, w, all, attempt, replay, settle, _, blocked, calls)
+  algorithms[1] = function(k, n, q, w, all, attempt, replay, settle, _, blocked, calls)
     local counts, oldests = s1, s2
     local admitted, retry = 1, 0
     for i = 1, n do
@@ -342,12 +315,10 @@ end
 -- previous * (share of the previous window still inside the sliding one). GET, plus SET when
 -- admitted (KEEPTTL within a window). `place`: of a reservation, where it keeps the windows it
 -- charges; of a settlement, where its reservation kept them.
-local sliding_counter
-if uses[2] then
+local function make_sliding_counter()
   local s3, s4, s5, s6, s7, s8 = {}, {}, {}, {}, {}, {}
-  -- the texts of the window indexes of the call, each formatted once: looked up where used,
-  -- formatted by `index_text` when missing
-  local texts_of_index = {}
+  -- the texts of the window indexes of the call are looked up where used, formatted by
+  -- `index_text` when missing
   local function index_text(index)
     local text = format('%d', index)
     texts_of_index[index] = text
@@ -367,7 +338,7 @@ if uses[2] then
     return (window - elapsed) + window - (quota - cost) * window / cur
   end
 
-  sliding_counter = function(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
+  algorithms[2] = function(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
     local now = now_ms
     local indexes, elapsed_ms, curs, prevs, sames, borns = s1, s2, s3, s4, s5, s6
     -- of a state of this window, its index and previous count as read: a write that changes
@@ -507,8 +478,7 @@ end
 -- next write sets one.
 -- `place`: of a reservation, where it keeps the ends of its spans; of a settlement, where its
 -- reservation kept them.
-local gcra
-if uses[3] then
+local function make_gcra()
   local s3, s4 = {}, {}
   -- ceil(a / b) for integers 0 <= a, 0 < b below 2^53, exact whatever the rounding of a / b
   local function ceil_div(a, b)
@@ -517,7 +487,7 @@ if uses[3] then
     if q * b < a then q = q + 1 end
     return q
   end
-  gcra = function(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
+  algorithms[3] = function(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
     local now = now_us
     local tats, rems, borns, expires = s1, s2, s3, s4
     local admitted, retry = 1, 0
@@ -654,9 +624,9 @@ if uses[3] then
   end
 end
 
--- Penalties: made only for a call of a limit with one.
+-- Penalties: made by the first call of a limit with one.
 local blocks, penalize
-if penalties then
+local function make_penalties()
   -- The ends of the blocks of a check's limits (policy `policy`, its block keys from KEYS[bk + 1])
   -- in `tills` (0: none or ended), and whether one has not ended; no limit has denied yet.
   blocks = function(bk, policy, tills)
@@ -696,15 +666,9 @@ if penalties then
   end
 end
 
-local algorithms = {sliding_log, sliding_counter, gcra}
-local deadline = ARGV[1] + 0
-local late = now_us >= deadline
-local records, retain_ms = ARGV[2] + 0, ARGV[3] + 0
--- this call's record, when it ran before; those of earlier calls, read once each
-local before, earlier = false, {}
-if records > 0 and not late then before = call('GET', KEYS[1]) end
--- per check, '1' when its attempt charged, in this run or an earlier one
-local charged, any = {}, false
+-- The call's number of records; its own record, when it ran before; those of earlier calls,
+-- read once each; per check, '1' when its attempt charged, in this run or an earlier one.
+local records, before, earlier, charged
 
 -- whether the `c`-th check charged in an earlier run: this call's, or, sent before as the
 -- `p`-th check of the call of record `j` for each 'j:p' of `where`, any of those calls'
@@ -730,80 +694,150 @@ local function replayed(c, where)
   return false
 end
 
-local k, c, args = records, 0, #ARGV
--- the costs read, by their text: a call's checks mostly cost the same
-local costs = {}
--- per limit of the check being decided, the end of its block
-local tills = {}
-while a < args do
-  local policy = policies[ARGV[a + 1]]
-  local n, nb = policy[2], policy[7]
-  local cost, attempt, where = costs[ARGV[a + 2]], ARGV[a + 3], nil
-  if not cost then
-    cost = tonumber(ARGV[a + 2])
-    if cost then costs[ARGV[a + 2]] = cost end
+-- Runs one call: `keys` and `argv` as KEYS and ARGV above.
+local function run(keys, argv)
+  call, KEYS, ARGV = redis.call, keys, argv
+  if not format then
+    format, match, sub, gmatch = string.format, string.match, string.sub, string.gmatch
+    find, floor, ceil, min, max = string.find, math.floor, math.ceil, math.min, math.max
+    tonumber = _G.tonumber
   end
-  -- a reservation keeps where its charge goes; a settlement of one reads it: the key follows the
-  -- check's limit keys
-  local settle, place = nil, nil
-  hold = 0
-  if not cost then
-    local kind = sub(ARGV[a + 2], 1, 1)
-    if kind == 'r' or kind == 'c' then
-      local units, held = match(ARGV[a + 2], '^[rc](%d+)%+?(%d*)$')
-      cost = tonumber(units)
-      if held ~= '' and cost > 0 then hold = tonumber(held) end
-      if kind == 'r' and policy[5] then place = KEYS[k + n + nb + 1] end
+  local t = call('TIME')
+  now_us = t[1] * 1000000 + t[2]
+  -- milliseconds keep quota * window exact in a double for windows of years (exact: now_us is an
+  -- integer below 2^53, so its quotient by 1000 is never rounded up to the next integer)
+  now_ms = floor(now_us / 1000)
+  out, len, hold = {}, 0, 0
+  -- The call's policies, read first: the first call that uses an algorithm (or a penalty) makes
+  -- its functions, kept for every later call of the library. `uses`: the algorithms of the call;
+  -- `penalties`: whether a limit of the call has one.
+  local policies, uses, penalties, a = {}, {}, false, 4
+  for p = 1, ARGV[4] + 0 do
+    local n, q, w, b, nb, calls = ARGV[a + 2] + 0, {}, {}, {}, 0, nil
+    for i = 1, n do
+      q[i], w[i], b[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i]), 0
+      if not q[i] then
+        -- '<quota>c': a limit that counts calls
+        q[i] = tonumber(match(ARGV[a + 1 + 2 * i], '^(%d+)c$'))
+        calls = calls or {}
+        calls[i] = true
+      end
+      if not w[i] then
+        local window, block = match(ARGV[a + 2 + 2 * i], '^(%d+):(%d+)$')
+        w[i], b[i], nb = tonumber(window), tonumber(block), nb + 1
+      end
+    end
+    local algorithm = ARGV[a + 1] + 0
+    uses[algorithm] = true
+    if nb > 0 then penalties = true end
+    -- named as its checks name it (the first without formatting a number); the sliding log names
+    -- a reservation's entries by its attempt: it keeps no place
+    policies[p == 1 and '1' or tostring(p)] = {algorithm, n, q, w, algorithm ~= 1, b, nb, calls}
+    a = a + 2 + 2 * n
+  end
+  if uses[1] then
+    if not algorithms[1] then make_sliding_log() end
+    now_text, ms_texts = format('%d', now_us), {}
+  end
+  if uses[2] then
+    if not algorithms[2] then make_sliding_counter() end
+    texts_of_index = {}
+  end
+  if uses[3] and not algorithms[3] then make_gcra() end
+  if penalties and not blocks then make_penalties() end
+
+  local deadline = ARGV[1] + 0
+  local late = now_us >= deadline
+  local retain_ms = ARGV[3] + 0
+  records, before, earlier, charged = ARGV[2] + 0, false, {}, {}
+  if records > 0 and not late then before = call('GET', KEYS[1]) end
+  local any = false
+
+  local k, c, args = records, 0, #ARGV
+  -- the costs read, by their text: a call's checks mostly cost the same
+  local costs = {}
+  -- per limit of the check being decided, the end of its block
+  local tills = {}
+  while a < args do
+    local policy = policies[ARGV[a + 1]]
+    local n, nb = policy[2], policy[7]
+    local cost, attempt, where = costs[ARGV[a + 2]], ARGV[a + 3], nil
+    if not cost then
+      cost = tonumber(ARGV[a + 2])
+      if cost then costs[ARGV[a + 2]] = cost end
+    end
+    -- a reservation keeps where its charge goes; a settlement of one reads it: the key follows the
+    -- check's limit keys
+    local settle, place = nil, nil
+    hold = 0
+    if not cost then
+      local kind = sub(ARGV[a + 2], 1, 1)
+      if kind == 'r' or kind == 'c' then
+        local units, held = match(ARGV[a + 2], '^[rc](%d+)%+?(%d*)$')
+        cost = tonumber(units)
+        if held ~= '' and cost > 0 then hold = tonumber(held) end
+        if kind == 'r' and policy[5] then place = KEYS[k + n + nb + 1] end
+      else
+        -- a settlement: what it settles, whether it may refund, and nothing to decide
+        local reserved, actual, of = match(ARGV[a + 2], '^[sS](%d+):(%d+):(%x+)$')
+        settle, cost = {tonumber(reserved), tonumber(actual), of, kind == 'S'}, 0
+        if settle[4] and policy[5] then place = KEYS[k + n + nb + 1] end
+      end
+    end
+    -- an attempt sent before carries where: '<attempt>@j:p', one '@j:p' per call
+    if #attempt > 16 then attempt, where = sub(attempt, 1, 16), sub(attempt, 18) end
+    local start = len
+    local ok, err = true, nil
+    c = c + 1
+    charged[c] = '0'
+    if late then
+      out[len + 1], out[len + 2], len = -2, 0, len + 2
     else
-      -- a settlement: what it settles, whether it may refund, and nothing to decide
-      local reserved, actual, of = match(ARGV[a + 2], '^[sS](%d+):(%d+):(%x+)$')
-      settle, cost = {tonumber(reserved), tonumber(actual), of, kind == 'S'}, 0
-      if settle[4] and policy[5] then place = KEYS[k + n + nb + 1] end
+      local counts = cost > 0 or settle ~= nil
+      local replay = counts and (before or where) and replayed(c, where)
+      local penalties = nb > 0 and not settle
+      local blocked = false
+      if penalties then
+        ok, err = pcall(blocks, k + n, policy, tills)
+        blocked = ok and err
+      end
+      if ok then
+        ok, err = pcall(algorithms[policy[1]], k, n, policy[3], policy[4], cost, attempt, replay,
+          settle, place, blocked, policy[8])
+      end
+      if ok and penalties and out[start + 1] == 0 then
+        ok, err = pcall(penalize, k + n, policy, tills, blocked, cost, start)
+      end
+      if ok and counts and out[start + 1] == 1 then
+        charged[c], any = '1', true
+      end
+    end
+    if not ok then
+      -- this check's partial answer gives way to its error
+      for j = len, start + 1, -1 do out[j] = nil end
+      len = start
+      if type(err) == 'table' then err = err.err end
+      out[len + 1], out[len + 2], len = -1, tostring(err), len + 2
+    end
+    k, a = k + n + nb, a + 3
+    if place then k = k + 1 end
+  end
+  if any and records > 0 then
+    local record = table.concat(charged)
+    if record ~= before then
+      call('PSETEX', KEYS[1], format('%d', ceil((deadline - now_us) / 1000) + retain_ms), record)
     end
   end
-  -- an attempt sent before carries where: '<attempt>@j:p', one '@j:p' per call
-  if #attempt > 16 then attempt, where = sub(attempt, 1, 16), sub(attempt, 18) end
-  local start = len
-  local ok, err = true, nil
-  c = c + 1
-  charged[c] = '0'
-  if late then
-    out[len + 1], out[len + 2], len = -2, 0, len + 2
-  else
-    local counts = cost > 0 or settle ~= nil
-    local replay = counts and (before or where) and replayed(c, where)
-    local penalties = nb > 0 and not settle
-    local blocked = false
-    if penalties then
-      ok, err = pcall(blocks, k + n, policy, tills)
-      blocked = ok and err
-    end
-    if ok then
-      ok, err = pcall(algorithms[policy[1]], k, n, policy[3], policy[4], cost, attempt, replay,
-        settle, place, blocked, policy[8])
-    end
-    if ok and penalties and out[start + 1] == 0 then
-      ok, err = pcall(penalize, k + n, policy, tills, blocked, cost, start)
-    end
-    if ok and counts and out[start + 1] == 1 then
-      charged[c], any = '1', true
-    end
-  end
-  if not ok then
-    -- this check's partial answer gives way to its error
-    for j = len, start + 1, -1 do out[j] = nil end
-    len = start
-    if type(err) == 'table' then err = err.err end
-    out[len + 1], out[len + 2], len = -1, tostring(err), len + 2
-  end
-  k, a = k + n + nb, a + 3
-  if place then k = k + 1 end
+  out[len + 1] = now_us
+  return out
 end
-if any and records > 0 then
-  local record = table.concat(charged)
-  if record ~= before then
-    call('PSETEX', KEYS[1], format('%d', ceil((deadline - now_us) / 1000) + retain_ms), record)
-  end
+
+-- Redis 7 and later and Valkey keep this file as a library of functions (FUNCTION LOAD), made
+-- once and kept by the server: the store puts the library's name line before it and
+-- `local library_name = '<its name>'` at the start of its first line, and `run` is registered
+-- under that name (FCALL runs it). Elsewhere it runs as a script (EVAL), once per call.
+if redis.register_function then
+  redis.register_function(library_name, run)
+else
+  return run(_G.KEYS, _G.ARGV)
 end
-out[len + 1] = now_us
-return out

@@ -1,0 +1,207 @@
+//! Rate checks as a function of a Lua library (`FCALL`) on a real redis-server: the library is
+//! loaded once and kept by the server, loaded again by the check that finds it gone (charged
+//! once), on every primary of a Cluster; a user the server does not let load or call functions
+//! gets the script (`EVALSHA`), with the same decisions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::RedisServer;
+use common::cluster::RedisCluster;
+use tollgate::key::Key;
+use tollgate::rate::{Algorithm, Limit, RateCheck, RatePolicy};
+use tollgate::store::{RateStore, RedisStore};
+
+const ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::SlidingLog,
+    Algorithm::SlidingCounter,
+    Algorithm::Gcra,
+];
+
+/// A policy of its own under `algorithm`: 3 a day.
+fn three_a_day(algorithm: Algorithm) -> Arc<RatePolicy> {
+    let ns = format!("fn{}:rl", rand::random::<u32>());
+    let limit = Limit::new("d", 3, Duration::from_secs(86_400));
+    Arc::new(RatePolicy::new(ns, algorithm, vec![limit]).unwrap())
+}
+
+/// Whether each of `checks` of cost 1 by `caller` was admitted, in turn.
+async fn admitted(
+    store: &RedisStore,
+    policy: &Arc<RatePolicy>,
+    caller: &Key,
+    checks: usize,
+) -> Vec<bool> {
+    let mut admitted = Vec::new();
+    for _ in 0..checks {
+        let outcome = store.check_rate(policy, RateCheck::new(*caller, 1));
+        admitted.push(outcome.await.unwrap().admitted);
+    }
+    admitted
+}
+
+/// The names of the libraries of rate checks on the server behind `conn`.
+fn libraries(conn: &mut redis::Connection) -> Vec<String> {
+    let list: redis::Value = redis::cmd("FUNCTION").arg("LIST").query(conn).unwrap();
+    let text = format!("{list:?}");
+    let mut names: Vec<String> = text
+        .split('"')
+        .filter(|s| s.starts_with("tollgate_rate_"))
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Calls of `command` the server has served since its statistics were last reset.
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    server
+        .info_field("commandstats", &format!("cmdstat_{command}"))
+        .map_or(0, |stats| {
+            stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .expect("calls= in commandstats")
+                .parse()
+                .unwrap()
+        })
+}
+
+#[tokio::test]
+async fn checks_run_as_the_function_of_one_library_the_server_keeps() {
+    let server = RedisServer::start();
+    let store = server.store();
+    for algorithm in ALGORITHMS {
+        let policy = three_a_day(algorithm);
+        let caller = Key::new("t", b"kept");
+        let decided = admitted(&store, &policy, &caller, 4).await;
+        assert_eq!(decided, [true, true, true, false], "{algorithm}");
+    }
+    let names = libraries(&mut server.conn());
+    assert_eq!(names.len(), 1, "one library: {names:?}");
+    let hash = names[0].strip_prefix("tollgate_rate_").unwrap();
+    assert!(
+        hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+        "named by the script's hash: {hash}"
+    );
+    // the first call found no function and loaded it; every call since was a function's
+    assert_eq!(calls(&server, "function|load"), 1);
+    assert_eq!(calls(&server, "fcall"), 12 + 1);
+    assert_eq!(calls(&server, "evalsha") + calls(&server, "eval"), 0);
+}
+
+#[tokio::test]
+async fn a_server_that_lost_the_library_gets_it_again_and_the_check_is_charged_once() {
+    let server = RedisServer::start();
+    let store = server.store();
+    for algorithm in ALGORITHMS {
+        let policy = three_a_day(algorithm);
+        let caller = Key::new("t", b"flushed");
+        assert_eq!(admitted(&store, &policy, &caller, 2).await, [true, true]);
+        // as a restart without persistence would leave it
+        let _: () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query(&mut server.conn())
+            .unwrap();
+        assert!(libraries(&mut server.conn()).is_empty());
+        // the check that found it gone is decided once: one unit left, then none
+        assert_eq!(
+            admitted(&store, &policy, &caller, 2).await,
+            [true, false],
+            "{algorithm}"
+        );
+        assert_eq!(libraries(&mut server.conn()).len(), 1, "{algorithm}");
+    }
+}
+
+/// A store on `server` as `user`, whom the server lets do what `rules` (ACL) say.
+fn store_as(server: &RedisServer, user: &str, rules: &[&str]) -> RedisStore {
+    let mut acl = redis::cmd("ACL");
+    acl.arg("SETUSER")
+        .arg(user)
+        .arg("on")
+        .arg(">secret")
+        .arg("~*");
+    for rule in rules {
+        acl.arg(*rule);
+    }
+    let _: () = acl.query(&mut server.conn()).unwrap();
+    RedisStore::builder(format!(
+        "redis://{user}:secret@127.0.0.1:{}/",
+        server.port()
+    ))
+    .timeout(Duration::from_millis(500))
+    .build()
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_user_that_may_not_call_functions_gets_the_script() {
+    let server = RedisServer::start();
+    let store = store_as(&server, "scripts", &["+@all", "-fcall", "-function"]);
+    for algorithm in ALGORITHMS {
+        let policy = three_a_day(algorithm);
+        let caller = Key::new("t", b"no-functions");
+        let decided = admitted(&store, &policy, &caller, 4).await;
+        assert_eq!(decided, [true, true, true, false], "{algorithm}");
+    }
+    assert!(libraries(&mut server.conn()).is_empty());
+    // refused once; the script from then on
+    assert_eq!(calls(&server, "evalsha"), 12);
+}
+
+#[tokio::test]
+async fn a_user_that_may_call_but_not_load_functions_gets_the_script() {
+    let server = RedisServer::start();
+    let store = store_as(&server, "no-loading", &["+@all", "-function"]);
+    for algorithm in ALGORITHMS {
+        let policy = three_a_day(algorithm);
+        let caller = Key::new("t", b"no-loading");
+        let decided = admitted(&store, &policy, &caller, 4).await;
+        assert_eq!(decided, [true, true, true, false], "{algorithm}");
+    }
+    assert!(libraries(&mut server.conn()).is_empty());
+    // the first call found no function, whose load was refused; the script from then on
+    assert_eq!(calls(&server, "fcall"), 1);
+    assert_eq!(calls(&server, "evalsha"), 12);
+}
+
+#[tokio::test]
+async fn every_primary_of_a_cluster_gets_the_library_again_once_it_lost_it() {
+    let cluster = RedisCluster::shared();
+    let store = cluster.store().await;
+    let nodes = || {
+        cluster.urls().into_iter().map(|url| {
+            redis::Client::open(url)
+                .and_then(|c| c.get_connection())
+                .unwrap()
+        })
+    };
+    let policy = three_a_day(Algorithm::Gcra);
+    // callers enough to reach every primary
+    let callers: Vec<Key> = (0..32u8).map(|i| Key::new("t", &[b'c', i])).collect();
+    for caller in &callers {
+        assert_eq!(admitted(&store, &policy, caller, 1).await, [true]);
+    }
+    for mut node in nodes() {
+        assert!(!libraries(&mut node).is_empty(), "every primary has it");
+        let _: () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query(&mut node)
+            .unwrap();
+    }
+    for caller in &callers {
+        assert_eq!(
+            admitted(&store, &policy, caller, 3).await,
+            [true, true, false],
+            "charged once"
+        );
+    }
+    for mut node in nodes() {
+        assert!(!libraries(&mut node).is_empty(), "loaded again");
+    }
+}
