@@ -123,3 +123,41 @@ async fn send(conn: &mut Connection, cmd: &Cmd) -> RedisResult<Value> {
         reply => Ok(reply),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error a server answers with `reply` (a RESP error line).
+    fn answered(reply: &str) -> RedisError {
+        match redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()) {
+            Ok(Value::ServerError(error)) => error.into(),
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_missing_function_is_loaded_and_a_refusal_turns_to_the_script() {
+        assert!(not_found(&answered("ERR Function not found")));
+        // Redis 6.2, 6.0: no functions
+        for refusal in [
+            "ERR unknown command 'FCALL', with args beginning with: 'tollgate_rate_1' '2' ",
+            "ERR unknown command `FCALL`, with args beginning with: `tollgate_rate_1`, `2`, ",
+            "NOPERM User scripts has no permissions to run the 'fcall' command",
+            "NOPERM User no-loading has no permissions to run the 'function|load' command",
+        ] {
+            let error = answered(refusal);
+            assert!(refused(&error) && !not_found(&error), "{refusal}");
+        }
+        // anything else is the call's error, as a script's would be
+        for other in [
+            "NOSCRIPT No matching script.",
+            "ERR Error registering functions: ERR user_function:1: unexpected symbol",
+            "BUSY Redis is busy running a script.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+        ] {
+            let error = answered(other);
+            assert!(!refused(&error) && !not_found(&error), "{other}");
+        }
+    }
+}
