@@ -139,35 +139,27 @@ fn store_as(server: &RedisServer, user: &str, rules: &[&str]) -> RedisStore {
     .unwrap()
 }
 
+/// A user refused `FCALL` and `FUNCTION` (`fcalls` 0: refused before it runs), or only
+/// `FUNCTION LOAD` (`fcalls` 1: the first call found no function, whose load was refused), gets
+/// the script from then on, with the same decisions.
 #[tokio::test]
-async fn a_user_that_may_not_call_functions_gets_the_script() {
-    let server = RedisServer::start();
-    let store = store_as(&server, "scripts", &["+@all", "-fcall", "-function"]);
-    for algorithm in ALGORITHMS {
-        let policy = three_a_day(algorithm);
-        let caller = Key::new("t", b"no-functions");
-        let decided = admitted(&store, &policy, &caller, 4).await;
-        assert_eq!(decided, [true, true, true, false], "{algorithm}");
+async fn a_user_that_may_not_call_or_load_functions_gets_the_script() {
+    let cases = [
+        ("scripts", &["+@all", "-fcall", "-function"][..], 0),
+        ("no-loading", &["+@all", "-function"][..], 1),
+    ];
+    for (user, rules, fcalls) in cases {
+        let server = RedisServer::start();
+        let store = store_as(&server, user, rules);
+        for algorithm in ALGORITHMS {
+            let policy = three_a_day(algorithm);
+            let decided = admitted(&store, &policy, &Key::new("t", b"refused"), 4).await;
+            assert_eq!(decided, [true, true, true, false], "{user}: {algorithm}");
+        }
+        assert!(libraries(&mut server.conn()).is_empty(), "{user}");
+        assert_eq!(calls(&server, "fcall"), fcalls, "{user}");
+        assert_eq!(calls(&server, "evalsha"), 12, "{user}");
     }
-    assert!(libraries(&mut server.conn()).is_empty());
-    // refused once; the script from then on
-    assert_eq!(calls(&server, "evalsha"), 12);
-}
-
-#[tokio::test]
-async fn a_user_that_may_call_but_not_load_functions_gets_the_script() {
-    let server = RedisServer::start();
-    let store = store_as(&server, "no-loading", &["+@all", "-function"]);
-    for algorithm in ALGORITHMS {
-        let policy = three_a_day(algorithm);
-        let caller = Key::new("t", b"no-loading");
-        let decided = admitted(&store, &policy, &caller, 4).await;
-        assert_eq!(decided, [true, true, true, false], "{algorithm}");
-    }
-    assert!(libraries(&mut server.conn()).is_empty());
-    // the first call found no function, whose load was refused; the script from then on
-    assert_eq!(calls(&server, "fcall"), 1);
-    assert_eq!(calls(&server, "evalsha"), 12);
 }
 
 #[tokio::test]
