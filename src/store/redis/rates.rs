@@ -93,10 +93,10 @@ impl RateCall {
         let reply = bounded(&call, checks.len(), &self.link, self.timeout, async {
             let deadline = store_deadline(&self.clock, &self.link, &mut conn, deadline).await?;
             let records = self.records(checks);
-            let command =
+            let sent_by =
                 |verb: &str, called: &str| command(verb, called, checks, deadline, &records);
             self.script
-                .run(&mut conn, command)
+                .run(&mut conn, sent_by)
                 .await
                 .map_err(store_error)
         })
