@@ -196,21 +196,28 @@ impl RedisServer {
             .find_map(|l| l.strip_prefix(&format!("{name}:")).map(str::to_owned))
     }
 
-    /// The calls of Lua the server has served since its statistics were last reset: of
-    /// functions (`FCALL`, how rate checks go) and of scripts (`EVALSHA`, `EVAL`).
+    /// Calls of `command` (as `INFO commandstats` names it: `set`, `function|load`; those of
+    /// scripts and functions too) the server has served since its statistics were last reset.
     #[allow(dead_code)]
-    pub fn lua_calls(&self) -> u64 {
-        ["cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval"]
-            .iter()
-            .filter_map(|name| self.info_field("commandstats", name))
-            .map(|stats| {
+    pub fn calls(&self, command: &str) -> u64 {
+        self.info_field("commandstats", &format!("cmdstat_{command}"))
+            .map_or(0, |stats| {
                 stats
                     .split(',')
                     .find_map(|kv| kv.strip_prefix("calls="))
                     .expect("calls= in commandstats")
-                    .parse::<u64>()
+                    .parse()
                     .unwrap()
             })
+    }
+
+    /// The calls of Lua the server has served since its statistics were last reset: of
+    /// functions (`FCALL`, how rate checks go) and of scripts (`EVALSHA`, `EVAL`).
+    #[allow(dead_code)]
+    pub fn lua_calls(&self) -> u64 {
+        ["fcall", "evalsha", "eval"]
+            .iter()
+            .map(|command| self.calls(command))
             .sum()
     }
 }

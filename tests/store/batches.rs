@@ -99,11 +99,6 @@ fn key(caller: u8) -> Key {
     Key::new("batch-test", &[caller])
 }
 
-/// The calls of Lua the server has served: one per call of a batch.
-fn evals(server: &RedisServer) -> u64 {
-    server.lua_calls()
-}
-
 fn reset_stats(server: &RedisServer) {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -183,7 +178,12 @@ fn batched_decisions_equal_the_decisions_alone() {
                     .iter()
                     .map(|w| w.len().div_ceil(max_batch) as u64)
                     .sum();
-                prop_assert_eq!(evals(&server), calls, "calls of batches of {}", max_batch);
+                prop_assert_eq!(
+                    server.lua_calls(),
+                    calls,
+                    "calls of batches of {}",
+                    max_batch
+                );
                 reset_stats(&server);
                 let ops: Vec<Op> = waves.iter().flatten().copied().collect();
                 for (i, op) in ops.iter().enumerate() {
@@ -195,7 +195,7 @@ fn batched_decisions_equal_the_decisions_alone() {
                         &format!("check {i} {op:?} of {specs:?}"),
                     )?;
                 }
-                prop_assert_eq!(evals(&server), ops.len() as u64, "calls one at a time");
+                prop_assert_eq!(server.lua_calls(), ops.len() as u64, "calls one at a time");
                 Ok(())
             })
         });
@@ -292,7 +292,7 @@ async fn concurrent_callers_of_one_key_get_exactly_the_quota_in_batches() {
             admitted += u32::from(task.await.unwrap());
         }
         assert_eq!(admitted, 37, "{algorithm}: exactly the quota");
-        let calls = evals(&server);
+        let calls = server.lua_calls();
         assert!(calls < 200, "{algorithm}: {calls} calls for 200 checks");
     }
 }
@@ -341,7 +341,7 @@ fn under_light_load_a_check_does_not_wait_for_the_call_in_flight() {
             assert!(check.await.unwrap().unwrap().admitted);
         }
     });
-    assert_eq!(evals(&server), 3, "calls: [1], [2], then [3, 4, 5]");
+    assert_eq!(server.lua_calls(), 3, "calls: [1], [2], then [3, 4, 5]");
 }
 
 /// What `n` checks of one cost each, one caller each, sent at a steady `per_second` by

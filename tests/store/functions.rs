@@ -57,20 +57,6 @@ fn libraries(conn: &mut redis::Connection) -> Vec<String> {
     names
 }
 
-/// Calls of `command` the server has served since its statistics were last reset.
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    server
-        .info_field("commandstats", &format!("cmdstat_{command}"))
-        .map_or(0, |stats| {
-            stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .expect("calls= in commandstats")
-                .parse()
-                .unwrap()
-        })
-}
-
 #[tokio::test]
 async fn checks_run_as_the_function_of_one_library_the_server_keeps() {
     let server = RedisServer::start();
@@ -89,9 +75,9 @@ async fn checks_run_as_the_function_of_one_library_the_server_keeps() {
         "named by the script's hash: {hash}"
     );
     // the first call found no function and loaded it; every call since was a function's
-    assert_eq!(calls(&server, "function|load"), 1);
-    assert_eq!(calls(&server, "fcall"), 12 + 1);
-    assert_eq!(calls(&server, "evalsha") + calls(&server, "eval"), 0);
+    assert_eq!(server.calls("function|load"), 1);
+    assert_eq!(server.calls("fcall"), 12 + 1);
+    assert_eq!(server.calls("evalsha") + server.calls("eval"), 0);
 }
 
 #[tokio::test]
@@ -157,8 +143,8 @@ async fn a_user_that_may_not_call_or_load_functions_gets_the_script() {
             assert_eq!(decided, [true, true, true, false], "{user}: {algorithm}");
         }
         assert!(libraries(&mut server.conn()).is_empty(), "{user}");
-        assert_eq!(calls(&server, "fcall"), fcalls, "{user}");
-        assert_eq!(calls(&server, "evalsha"), 12, "{user}");
+        assert_eq!(server.calls("fcall"), fcalls, "{user}");
+        assert_eq!(server.calls("evalsha"), 12, "{user}");
     }
 }
 

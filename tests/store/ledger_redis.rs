@@ -524,18 +524,6 @@ fn expiry_ms(until_us: u64, g_ms: u64) -> i64 {
     i64::try_from((until_us.div_ceil(1000) + 1) / g_ms * g_ms + 2 * g_ms).unwrap()
 }
 
-/// How many times the server ran `command` (scripts' commands too) since its stats were reset.
-fn calls_of(server: &RedisServer, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
 /// A GCRA key outlives its TAT and expires at the end of the period after the TAT's (periods of a
 /// quarter of the window, at most 30 s): a write
 /// whose TAT stays in the period of the state it replaces keeps the key's expiry (SET KEEPTTL),
@@ -589,16 +577,8 @@ async fn a_gcra_key_keeps_its_expiry_while_its_tat_stays_in_its_period() {
         tat = new_tat;
     }
     // one PSETEX per call for its record, one per write that set the key's expiry
-    assert_eq!(
-        calls_of(&server, "set"),
-        kept,
-        "writes that kept the expiry"
-    );
-    assert_eq!(
-        calls_of(&server, "psetex"),
-        8 + set,
-        "{kept} kept, {set} set"
-    );
+    assert_eq!(server.calls("set"), kept, "writes that kept the expiry");
+    assert_eq!(server.calls("psetex"), 8 + set, "{kept} kept, {set} set");
     assert!(
         kept >= 3,
         "writes within a period keep the expiry: {kept} kept, {set} set"
