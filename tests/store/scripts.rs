@@ -378,6 +378,117 @@ fn rate_checks_run_twice_are_charged_once() {
     }
 }
 
+/// The common check (one limit, no penalty, no calls counted) is decided by a path of its own in
+/// `rate.lua`: it answers and writes exactly as the general one does. Each check goes out twice
+/// in one call, at one store time and under one attempt: under a policy of its one limit (the
+/// common path), and under a policy of that limit and one that never binds (the general path).
+/// Over calls spread across windows — costs of 0, 1, 2, the quota and more, slices held for half
+/// a window, calls sent twice — both answer alike for that limit and leave the same state, with
+/// the same expiry.
+#[test]
+fn the_common_check_answers_and_writes_as_the_general_one() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    for (name, code) in &ALGORITHMS[1..] {
+        // 4 per 0.4 s; the general policy adds 10^9 per 0.4 s
+        let (one, general, wide) = (
+            format!("r:{{same-{name}}}:one"),
+            format!("r:{{same-{name}}}:general"),
+            format!("r:{{same-{name}}}:wide"),
+        );
+        let mut attempt = 0u64;
+        for call in 0..60 {
+            let costs: Vec<String> = (0..=next(3))
+                .map(|_| match next(7) {
+                    0 => "0".to_owned(),
+                    1 | 2 => "1".to_owned(),
+                    3 => "2".to_owned(),
+                    4 => "4".to_owned(),
+                    5 => "5".to_owned(),
+                    _ => "c1+200000".to_owned(),
+                })
+                .collect();
+            let mut args: Vec<String> = [
+                LATER,
+                "2",
+                code,
+                "1",
+                "4",
+                "400000",
+                code,
+                "2",
+                "4",
+                "400000",
+                "1000000000",
+                "400000",
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            let mut keys: Vec<&str> = Vec::new();
+            for cost in &costs {
+                attempt += 1;
+                let id = format!("{attempt:016x}");
+                args.extend(["1".to_owned(), cost.clone(), id.clone()]);
+                args.extend(["2".to_owned(), cost.clone(), id]);
+                keys.extend([&one[..], &general, &wide]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let record = format!("rec:{name}:same:{call}");
+            let mut replies = vec![items(rate(&mut conn, &record, &keys, &args))];
+            if call % 5 == 0 {
+                // sent again: both paths read the call's record, and what they admitted is
+                // admitted again
+                replies.push(items(rate(&mut conn, &record, &keys, &args)));
+            }
+            let mut admitted = Vec::new();
+            for (sent, mut reply) in replies.into_iter().enumerate() {
+                let mut each = Vec::new();
+                for (c, cost) in costs.iter().enumerate() {
+                    let common: Vec<i64> = reply.drain(..4).map(|v| int(&v)).collect();
+                    let general: Vec<i64> = reply.drain(..6).map(|v| int(&v)).collect();
+                    assert_eq!(
+                        common,
+                        general[..4],
+                        "{name}, call {call} (sent {sent}), check {c} (cost {cost}): the common \
+                         path answers otherwise"
+                    );
+                    each.push(common[0]);
+                }
+                admitted.push(each);
+            }
+            if let [first, again] = &admitted[..] {
+                for (c, (was, is)) in first.iter().zip(again).enumerate() {
+                    assert!(
+                        *was == 0 || *is == 1,
+                        "{name}, call {call}, check {c}: admitted, then denied when sent again"
+                    );
+                }
+            }
+            assert_eq!(
+                get(&mut conn, &one),
+                get(&mut conn, &general),
+                "{name}, call {call}: the states differ"
+            );
+            let expiry = |conn: &mut Connection, key: &str| -> i64 {
+                redis::cmd("PEXPIRETIME").arg(key).query(conn).unwrap()
+            };
+            assert_eq!(
+                expiry(&mut conn, &one),
+                expiry(&mut conn, &general),
+                "{name}, call {call}: the expiries differ"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(next(60)));
+        }
+    }
+}
+
 /// A call re-sent after other calls charged the caller reads its own record, and a check sent
 /// again in a later call reads the record of the call it went out in: neither charges twice,
 /// whatever ran in between; a record that names nothing charged changes nothing.

@@ -113,9 +113,20 @@ local hold = 0
 -- the function deciding a check per algorithm (1 sliding log, 2 sliding counter, 3 GCRA), made
 -- by the first call that uses it
 local algorithms = {}
--- the texts of the call's store time and of the expiries and window indexes it uses, each
--- formatted once per call (`run` renews them)
-local now_text, ms_texts, texts_of_index
+-- per algorithm, the function deciding its common check, where it has one: a policy of one limit
+-- without a penalty or calls counted, a check that is neither a reservation nor a settlement.
+-- It takes the same steps as the algorithm's function without its scratch tables: most checks
+-- are such, and what a check costs Redis is mostly the Lua it runs.
+local ones = {}
+-- the texts of the call's store time and of the expiries it uses, each formatted once per call
+-- (`run` renews them)
+local now_text, ms_texts
+-- places the windows of a policy of the sliding counter in the call's time: made with it
+local windows
+
+-- The call's number of records; its own record, when it ran before; those of earlier calls,
+-- read once each; per check, '1' when its attempt charged, in this run or an earlier one.
+local records, before, earlier, charged
 
 -- What the place of a settled reservation holds, per limit, as strings (nil when nothing is
 -- kept), and the place dropped: the settlement is the last to read it.
@@ -210,7 +221,8 @@ local function make_sliding_log()
     end
   end
 
-  algorithms[1] = function(k, n, q, w, all, attempt, replay, settle, _, blocked, calls)
+  algorithms[1] = function(k, policy, all, attempt, replay, settle, _, blocked)
+    local n, q, w, calls = policy[2], policy[3], policy[4], policy[8]
     local counts, oldests = s1, s2
     local admitted, retry = 1, 0
     for i = 1, n do
@@ -315,15 +327,12 @@ end
 -- previous * (share of the previous window still inside the sliding one). GET, plus SET when
 -- admitted (KEEPTTL within a window). `place`: of a reservation, where it keeps the windows it
 -- charges; of a settlement, where its reservation kept them.
+--
+-- A policy's windows are placed in time once per call (`windows`): per limit the window in ms,
+-- the index of the current one, the ms elapsed in it and the index as text. Its common check is
+-- decided by `one` (see `ones`).
 local function make_sliding_counter()
-  local s3, s4, s5, s6, s7, s8 = {}, {}, {}, {}, {}, {}
-  -- the texts of the window indexes of the call are looked up where used, formatted by
-  -- `index_text` when missing
-  local function index_text(index)
-    local text = format('%d', index)
-    texts_of_index[index] = text
-    return text
-  end
+  local s3, s4, s5, s6 = {}, {}, {}, {}
   -- How long until `cost` fits a sliding counter at `cur` this window and `prev` the last,
   -- `elapsed` into a window of `window` ms with `quota`.
   local function counter_wait(quota, window, elapsed, cur, prev, cost)
@@ -338,40 +347,108 @@ local function make_sliding_counter()
     return (window - elapsed) + window - (quota - cost) * window / cur
   end
 
-  algorithms[2] = function(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
-    local now = now_ms
-    local indexes, elapsed_ms, curs, prevs, sames, borns = s1, s2, s3, s4, s5, s6
-    -- of a state of this window, its index and previous count as read: a write that changes
-    -- only the current count joins them instead of formatting them again
-    local index_texts, prev_texts = s7, s8
+  -- The state of counter `key` in window `index` (`text` as text): its current window's count and
+  -- its previous one's, whether it is of this window, the attempt that began its life (false:
+  -- none), and, of a state of this window, the texts of its index and previous count as read (a
+  -- write that changes only the current count joins them instead of formatting them again).
+  local function read(key, index, text)
+    local raw = call('GET', key)
+    if not raw then return 0, 0, false, false end
+    -- one match: cheaper, on a state this short, than finding each colon and cutting each field
+    local t, c, p, b = match(raw, '^(%d+):(%d+):(%d+):?(.*)$')
+    if b == '' then b = false end
+    -- a state of this window names it as this call would (strings compare at once)
+    local idx = index
+    if t ~= text then idx = t + 0 end
+    if idx == index then return c + 0, p + 0, true, b, t, p end
+    if idx == index - 1 then return 0, c + 0, false, b end
+    return 0, 0, false, false
+  end
+
+  -- Answers a limit of `quota` at `cur` this window and `prev` the last, `left` ms before the end
+  -- of a window of `window` ms: the units left and when the next one frees (µs).
+  local function answer(quota, window, left, cur, prev)
+    local used = cur + prev * left / window
+    local whole = 1e-9 - used
+    whole = -(whole - whole % 1)
+    local remaining = quota - whole
+    if remaining < 0 then remaining = 0 end
+    -- the quota grows when the estimate next drops below a whole unit: within this window while
+    -- the previous one's share can fall that far, else in the next, as this window's cost
+    -- becomes the previous one's and fades (no later requests assumed): a denial's wait
+    local reset = 0
+    if whole > 0 and prev > 0 and whole - 1 - cur >= 0 then
+      reset = left - (whole - 1 - cur) * window / prev
+    elseif whole > 0 then
+      reset = left + window - (whole - 1) * window / cur
+    end
+    reset = -reset * 1000
+    out[len + 1], out[len + 2], len = remaining, -(reset - reset % 1), len + 2
+  end
+
+  -- Writes counter `key`: in the window it was read in (`same`) with its expiry kept, else anew,
+  -- expiring at the end of the next window. `text` and `ptext`, of a state of this window whose
+  -- previous count stands, are the texts of its index and previous count as read.
+  local function write(key, same, text, ptext, index, cur, prev, born, window, elapsed)
+    if not same then
+      call('PSETEX', key, format('%d', ceil(2 * window - elapsed)),
+        format('%d:%d:%d:%s', index, cur, prev, born))
+    elseif ptext then
+      call('SET', key, text .. ':' .. format('%d', cur) .. ':' .. ptext .. ':' .. born, 'KEEPTTL')
+    else
+      call('SET', key, format('%d:%d:%d:%s', index, cur, prev, born), 'KEEPTTL')
+    end
+  end
+
+  -- The common check: one limit, no penalty, no calls counted; not a reservation or settlement.
+  local function one(k, policy, cost, attempt, replay)
+    local key, quota = KEYS[k + 1], policy[3][1]
+    local window, index, elapsed = policy[9][1], policy[10][1], policy[11][1]
+    local left = window - elapsed
+    local cur, prev, same, born, text, ptext = read(key, index, policy[12][1])
+    local admitted, retry = 1, 0
+    if replay then
+      -- charged by an earlier run of this attempt
+    elseif (cur + cost) * window + prev * left > quota * window then
+      admitted = 0
+      local wait = counter_wait(quota, window, elapsed, cur, prev, cost)
+      if wait > 0 then retry = ceil(wait * 1000) end
+    end
+    out[len + 1], out[len + 2], len = admitted, retry, len + 2
+    if admitted == 1 and not replay and cost > 0 then
+      cur = cur + cost
+      write(key, same, text, ptext, index, cur, prev, born or attempt, window, elapsed)
+    end
+    answer(quota, window, left, cur, prev)
+  end
+
+  ones[2] = one
+
+  -- Places each limit's window of a policy of this algorithm in the call's time.
+  windows = function(policy)
+    local w, ms, indexes, elapsed, texts = policy[4], {}, {}, {}, {}
+    for i = 1, policy[2] do
+      local window = w[i] / 1000
+      local index = now_ms / window
+      index = index - index % 1
+      ms[i], indexes[i], elapsed[i] = window, index, now_ms - index * window
+      texts[i] = format('%d', index)
+    end
+    policy[9], policy[10], policy[11], policy[12] = ms, indexes, elapsed, texts
+  end
+
+  algorithms[2] = function(k, policy, all, attempt, replay, settle, place, blocked)
+    local n, q, calls = policy[2], policy[3], policy[8]
+    local windows_ms, indexes, elapsed_ms, texts = policy[9], policy[10], policy[11], policy[12]
+    local curs, prevs, sames, borns, index_texts, prev_texts = s1, s2, s3, s4, s5, s6
     local admitted, retry = 1, 0
     for i = 1, n do
-      local quota, cost = q[i], all
+      local quota, cost, window = q[i], all, windows_ms[i]
       if calls and calls[i] then cost = min(all, 1) end
-      local window = w[i] / 1000
-      local index = now / window
-      index = index - index % 1
-      local elapsed = now - index * window
-      local cur, prev, same, born = 0, 0, false, false
-      local raw = call('GET', KEYS[k + i])
-      if raw then
-        -- its fields, between colons found by plain search: cheaper than a pattern's captures
-        local c1 = find(raw, ':', 1, true)
-        local c2 = find(raw, ':', c1 + 1, true)
-        local c3 = find(raw, ':', c2 + 1, true)
-        local text, c = sub(raw, 1, c1 - 1), sub(raw, c1 + 1, c2 - 1)
-        local p, b = sub(raw, c2 + 1, (c3 or 0) - 1), c3 and sub(raw, c3 + 1) or ''
-        -- a state of this window names it as this call would (strings compare at once)
-        local idx = index
-        if text ~= (texts_of_index[index] or index_text(index)) then idx = text + 0 end
-        if idx == index then
-          cur, prev, same, born = c + 0, p + 0, true, b
-          index_texts[i], prev_texts[i] = text, p
-        elseif idx == index - 1 then prev, born = c + 0, b end
-        if born == '' then born = false end
-      end
-      indexes[i], elapsed_ms[i], curs[i], prevs[i], sames[i] = index, elapsed, cur, prev, same
-      borns[i] = born
+      local elapsed = elapsed_ms[i]
+      local cur, prev, same, born, text, ptext = read(KEYS[k + i], indexes[i], texts[i])
+      curs[i], prevs[i], sames[i], borns[i] = cur, prev, same, born
+      index_texts[i], prev_texts[i] = text, ptext
       -- scaled by window: used * window = cur * window + prev * (window - elapsed)
       if replay or settle then
         -- charged by an earlier run of this attempt, or a settlement: nothing to decide
@@ -397,65 +474,40 @@ local function make_sliding_counter()
     local marks, keep = nil, 0
     if charge and place then marks = {} end
     for i = 1, n do
-      local quota, window = q[i], w[i] / 1000
+      local quota, window = q[i], windows_ms[i]
       local index, elapsed, cur, prev = indexes[i], elapsed_ms[i], curs[i], prevs[i]
       local born = borns[i] or attempt
-      local write = charge
+      local write_it = charge
       local cost, delta = all, delta
       if calls and calls[i] then cost, delta = min(all, 1), 0 end
-      if write then cur = cur + cost end
+      if write_it then cur = cur + cost end
       if delta > 0 then
         -- an overrun goes to this window
         cur = min(cur + delta, max(cur, 2 * quota))
-        write = true
+        write_it = true
       elseif delta < 0 and at and at[2 * i] == borns[i] then
         -- a refund comes out of the window the reservation went to, while it still counts, of
         -- the life it charged
         local p = tonumber(at[2 * i - 1])
         if p == index and cur > 0 then
           cur = cur - min(-delta, cur)
-          write = true
+          write_it = true
         elseif p == index - 1 and prev > 0 then
           prev = prev - min(-delta, prev)
-          write = true
+          write_it = true
         end
       end
       if marks then
-        marks[2 * i - 1], marks[2 * i] = format('%d', index), born
+        marks[2 * i - 1], marks[2 * i] = texts[i], born
         -- until the end of the next window
-        local until_ms = ceil((index + 2) * window - now)
+        local until_ms = ceil((index + 2) * window - now_ms)
         if until_ms > keep then keep = until_ms end
       end
-      if write then
-        local value
-        if sames[i] and prev == prevs[i] then
-          value = index_texts[i] .. ':' .. format('%d', cur) .. ':' .. prev_texts[i] .. ':' .. born
-        else
-          value = format('%d:%d:%d:%s', index, cur, prev, born)
-        end
-        if sames[i] then
-          -- the same window: its expiry (the end of the next window) stands
-          call('SET', KEYS[k + i], value, 'KEEPTTL')
-        else
-          call('PSETEX', KEYS[k + i], format('%d', ceil(2 * window - elapsed)), value)
-        end
+      if write_it then
+        write(KEYS[k + i], sames[i], index_texts[i], prev == prevs[i] and prev_texts[i] or nil,
+          index, cur, prev, born, window, elapsed)
       end
-      local used = cur + prev * (window - elapsed) / window
-      local whole = 1e-9 - used
-      whole = -(whole - whole % 1)
-      local remaining = quota - whole
-      if remaining < 0 then remaining = 0 end
-      -- the quota grows when the estimate next drops below a whole unit: within this window while
-      -- the previous one's share can fall that far, else in the next, as this window's cost
-      -- becomes the previous one's and fades (no later requests assumed): a denial's wait
-      local reset = 0
-      if whole > 0 and prev > 0 and whole - 1 - cur >= 0 then
-        reset = (window - elapsed) - (whole - 1 - cur) * window / prev
-      elseif whole > 0 then
-        reset = (window - elapsed) + window - (whole - 1) * window / cur
-      end
-      reset = -reset * 1000
-      out[len + 1], out[len + 2], len = remaining, -(reset - reset % 1), len + 2
+      answer(quota, window, window - elapsed, cur, prev)
     end
     if marks then
       call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
@@ -487,45 +539,124 @@ local function make_gcra()
     if q * b < a then q = q + 1 end
     return q
   end
-  algorithms[3] = function(k, n, q, w, all, attempt, replay, settle, place, blocked, calls)
+  -- The state of GCRA `key` at store time `now`: its TAT and rem (now and 0 when it has passed),
+  -- the attempt that began its life (false: none, or its TAT passed), and the TAT its key's
+  -- expiry was set for (false: an expiry of its own).
+  local function read(key, now)
+    local raw = call('GET', key)
+    if not raw then return now, 0, false, false end
+    local tat, rem, born, kept = now, 0, false, false
+    -- its fields, between colons found by plain search: cheaper than a pattern's captures
+    local c1 = find(raw, ':', 1, true)
+    local c2 = find(raw, ':', c1 + 1, true)
+    local stored = sub(raw, 1, c1 - 1) + 0
+    if stored >= now then
+      tat, rem = stored, sub(raw, c1 + 1, (c2 or 0) - 1) + 0
+      if c2 then
+        local c3 = find(raw, ':', c2 + 1, true)
+        local b = sub(raw, c2 + 1, (c3 or 0) - 1)
+        if b ~= '' then born = b end
+      end
+    end
+    -- the key's expiry holds whatever the state's life: the TAT it was written for
+    if sub(raw, -1) == ':' then kept = stored end
+    return tat, rem, born, kept
+  end
+
+  -- How long until `cost` fits a limit of `quota` per `window` µs at `tat` + `rem` (0: it fits
+  -- now); a held charge starts from now + hold at the earliest.
+  local function wait_for(quota, window, tat, rem, cost)
+    local now = now_us
+    if cost > quota then return window end
+    if tat < now + hold then tat, rem = now + hold, 0 end
+    local ahead = (tat - now) * quota + rem + cost * window
+    if ahead <= window * quota then return 0 end
+    return ceil_div(ahead - window * quota, quota)
+  end
+
+  -- The state after charging `cost` to one at `tat` + `rem`: a held charge starts from
+  -- now + hold at the earliest.
+  local function charged_to(quota, window, tat, rem, cost)
+    if tat < now_us + hold then tat, rem = now_us + hold, 0 end
+    local units = rem + cost * window
+    local whole = units / quota
+    whole = whole - whole % 1
+    if whole * quota > units then whole = whole - 1 end
+    return tat + whole, units - whole * quota
+  end
+
+  -- Writes GCRA `key`, of a life begun by `born`, whose expiry was set for `kept`.
+  local function write(key, window, tat, rem, born, kept)
+    -- each number formatted alone and joined: one format of several costs more
+    local value = format('%d', tat) .. ':' .. (rem == 0 and '0' or format('%d', rem)) .. ':'
+      .. born .. ':'
+    -- the periods the key's TAT and the stored one fall in
+    local period, g = period_of(tat, window)
+    if kept and period == period_of(kept, window) then
+      call('SET', key, value, 'KEEPTTL')
+    else
+      call('PSETEX', key, format('%d', (period + 2) * g - now_ms), value)
+    end
+  end
+
+  -- Answers a limit of `quota` per `window` µs at `tat` + `rem`: the units left and when the
+  -- next one frees (µs).
+  local function answer(quota, window, tat, rem)
+    local ahead = (tat - now_us) * quota + rem
+    -- ceil_div(ahead, window), inline: this runs for every check
+    local used = ahead / window
+    used = used - used % 1
+    if used * window > ahead then used = used - 1 end
+    if used * window < ahead then used = used + 1 end
+    local remaining = quota - used
+    if remaining < 0 then remaining = 0 end
+    local reset = 0
+    -- the next unit frees when the offset drops to (used - 1) emission intervals
+    if used > 0 then
+      -- ceil_div(ahead - (used - 1) * window, quota), inline
+      local left = ahead - (used - 1) * window
+      reset = left / quota
+      reset = reset - reset % 1
+      if reset * quota > left then reset = reset - 1 end
+      if reset * quota < left then reset = reset + 1 end
+    end
+    out[len + 1], out[len + 2], len = remaining, reset, len + 2
+  end
+
+  -- The common check: one limit, no penalty, no calls counted; not a reservation or settlement.
+  local function one(k, policy, cost, attempt, replay)
+    local key, quota, window = KEYS[k + 1], policy[3][1], policy[4][1]
+    local tat, rem, born, kept = read(key, now_us)
+    local retry = 0
+    if not replay then retry = wait_for(quota, window, tat, rem, cost) end
+    if retry > 0 then
+      out[len + 1], out[len + 2], len = 0, retry, len + 2
+    else
+      out[len + 1], out[len + 2], len = 1, 0, len + 2
+      if not replay and cost > 0 then
+        tat, rem = charged_to(quota, window, tat, rem, cost)
+        write(key, window, tat, rem, born or attempt, kept)
+      end
+    end
+    answer(quota, window, tat, rem)
+  end
+  ones[3] = one
+
+  algorithms[3] = function(k, policy, all, attempt, replay, settle, place, blocked)
+    local n, q, w, calls = policy[2], policy[3], policy[4], policy[8]
     local now = now_us
     local tats, rems, borns, expires = s1, s2, s3, s4
     local admitted, retry = 1, 0
     for i = 1, n do
       local quota, window, cost = q[i], w[i], all
       if calls and calls[i] then cost = min(all, 1) end
-      local tat, rem, born, kept = now, 0, false, false
-      local raw = call('GET', KEYS[k + i])
-      if raw then
-        -- its fields, between colons found by plain search: cheaper than a pattern's captures
-        local c1 = find(raw, ':', 1, true)
-        local c2 = find(raw, ':', c1 + 1, true)
-        local stored = sub(raw, 1, c1 - 1) + 0
-        if stored >= now then
-          tat, rem = stored, sub(raw, c1 + 1, (c2 or 0) - 1) + 0
-          if c2 then
-            local c3 = find(raw, ':', c2 + 1, true)
-            local b = sub(raw, c2 + 1, (c3 or 0) - 1)
-            if b ~= '' then born = b end
-          end
-        end
-        -- the key's expiry holds whatever the state's life: the TAT it was written for
-        if sub(raw, -1) == ':' then kept = stored end
-      end
+      local tat, rem, born, kept = read(KEYS[k + i], now)
       tats[i], rems[i], borns[i], expires[i] = tat, rem, born, kept
-      if replay or settle then
-        -- charged by an earlier run of this attempt, or a settlement: nothing to decide
-      elseif cost > quota then
-        admitted, denied[i] = 0, true
-        if window > retry then retry = window end
-      else
-        -- a held charge starts from now + hold at the earliest
-        local from, part = tat, rem
-        if from < now + hold then from, part = now + hold, 0 end
-        local ahead = (from - now) * quota + part + cost * window
-        if ahead > window * quota then
+      if not (replay or settle) then
+        -- (of an earlier run of this attempt, or a settlement: nothing to decide)
+        local wait = wait_for(quota, window, tat, rem, cost)
+        if wait > 0 then
           admitted, denied[i] = 0, true
-          local wait = ceil_div(ahead - window * quota, quota)
           if wait > retry then retry = wait end
         end
       end
@@ -548,18 +679,10 @@ local function make_gcra()
       local quota, window = q[i], w[i]
       local tat, rem = tats[i], rems[i]
       local born = borns[i] or attempt
-      local write = charge
+      local write_it = charge
       local cost, delta = all, delta
       if calls and calls[i] then cost, delta = min(all, 1), 0 end
-      if write then
-        if tat < now + hold then tat, rem = now + hold, 0 end
-        local units = rem + cost * window
-        local whole = units / quota
-        whole = whole - whole % 1
-        if whole * quota > units then whole = whole - 1 end
-        tat = tat + whole
-        rem = units - whole * quota
-      end
+      if write_it then tat, rem = charged_to(quota, window, tat, rem, cost) end
       if delta ~= 0 then
         -- the offset from now (2 * window * quota < 2^53 stays exact)
         local offset = (tat - now) * quota + rem
@@ -577,7 +700,7 @@ local function make_gcra()
           local whole = floor(ahead / quota)
           if whole * quota > ahead then whole = whole - 1 end
           tat, rem = now + whole, ahead - whole * quota
-          write = true
+          write_it = true
         end
       end
       if marks then
@@ -586,37 +709,8 @@ local function make_gcra()
         local until_ms = ceil((tat - now) / 1000) + 1
         if until_ms > keep then keep = until_ms end
       end
-      if write then
-        -- each number formatted alone and joined: one format of several costs more
-        local value = format('%d', tat) .. ':' .. (rem == 0 and '0' or format('%d', rem)) .. ':'
-          .. born .. ':'
-        -- the periods the key's TAT and the stored one fall in
-        local period, g = period_of(tat, window)
-        if expires[i] and period == period_of(expires[i], window) then
-          call('SET', KEYS[k + i], value, 'KEEPTTL')
-        else
-          call('PSETEX', KEYS[k + i], format('%d', (period + 2) * g - now_ms), value)
-        end
-      end
-      local ahead = (tat - now) * quota + rem
-      -- ceil_div(ahead, window), inline: this runs for every check
-      local used = ahead / window
-      used = used - used % 1
-      if used * window > ahead then used = used - 1 end
-      if used * window < ahead then used = used + 1 end
-      local remaining = quota - used
-      if remaining < 0 then remaining = 0 end
-      local reset = 0
-      -- the next unit frees when the offset drops to (used - 1) emission intervals
-      if used > 0 then
-        -- ceil_div(ahead - (used - 1) * window, quota), inline
-        local left = ahead - (used - 1) * window
-        reset = left / quota
-        reset = reset - reset % 1
-        if reset * quota > left then reset = reset - 1 end
-        if reset * quota < left then reset = reset + 1 end
-      end
-      out[len + 1], out[len + 2], len = remaining, reset, len + 2
+      if write_it then write(KEYS[k + i], window, tat, rem, born, expires[i]) end
+      answer(quota, window, tat, rem)
     end
     if marks then
       call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
@@ -666,9 +760,6 @@ local function make_penalties()
   end
 end
 
--- The call's number of records; its own record, when it ran before; those of earlier calls,
--- read once each; per check, '1' when its attempt charged, in this run or an earlier one.
-local records, before, earlier, charged
 
 -- whether the `c`-th check charged in an earlier run: this call's, or, sent before as the
 -- `p`-th check of the call of record `j` for each 'j:p' of `where`, any of those calls'
@@ -712,6 +803,8 @@ local function run(keys, argv)
   -- its functions, kept for every later call of the library. `uses`: the algorithms of the call;
   -- `penalties`: whether a limit of the call has one.
   local policies, uses, penalties, a = {}, {}, false, 4
+  -- the policies in the order sent
+  local order = {}
   for p = 1, ARGV[4] + 0 do
     local n, q, w, b, nb, calls = ARGV[a + 2] + 0, {}, {}, {}, 0, nil
     for i = 1, n do
@@ -732,19 +825,27 @@ local function run(keys, argv)
     if nb > 0 then penalties = true end
     -- named as its checks name it (the first without formatting a number); the sliding log names
     -- a reservation's entries by its attempt: it keeps no place
-    policies[p == 1 and '1' or tostring(p)] = {algorithm, n, q, w, algorithm ~= 1, b, nb, calls}
+    -- its algorithm, number of limits, quotas, windows (µs), whether a reservation keeps a place,
+    -- blocks (µs; 0: none), number of limits with a penalty, limits that count calls (nil: none);
+    -- then, of a sliding counter, [9] to [12] its windows placed in the call's time (`windows`),
+    -- and [13] the function of its common check, where it has one (`ones`)
+    local policy = {algorithm, n, q, w, algorithm ~= 1, b, nb, calls}
+    policies[p == 1 and '1' or tostring(p)] = policy
+    order[p] = policy
     a = a + 2 + 2 * n
   end
   if uses[1] then
     if not algorithms[1] then make_sliding_log() end
     now_text, ms_texts = format('%d', now_us), {}
   end
-  if uses[2] then
-    if not algorithms[2] then make_sliding_counter() end
-    texts_of_index = {}
-  end
+  if uses[2] and not algorithms[2] then make_sliding_counter() end
   if uses[3] and not algorithms[3] then make_gcra() end
   if penalties and not blocks then make_penalties() end
+  for p = 1, #order do
+    local policy = order[p]
+    if policy[1] == 2 then windows(policy) end
+    if policy[2] == 1 and policy[7] == 0 and not policy[8] then policy[13] = ones[policy[1]] end
+  end
 
   local deadline = ARGV[1] + 0
   local late = now_us >= deadline
@@ -802,8 +903,12 @@ local function run(keys, argv)
         blocked = ok and err
       end
       if ok then
-        ok, err = pcall(algorithms[policy[1]], k, n, policy[3], policy[4], cost, attempt, replay,
-          settle, place, blocked, policy[8])
+        if policy[13] and not settle and not place then
+          ok, err = pcall(policy[13], k, policy, cost, attempt, replay)
+        else
+          ok, err = pcall(algorithms[policy[1]], k, policy, cost, attempt, replay, settle, place,
+            blocked)
+        end
       end
       if ok and penalties and out[start + 1] == 0 then
         ok, err = pcall(penalize, k + n, policy, tills, blocked, cost, start)
