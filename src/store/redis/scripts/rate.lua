@@ -403,9 +403,10 @@ local function make_sliding_counter()
   -- The common check: one limit, no penalty, no calls counted; not a reservation or settlement.
   local function one(k, policy, cost, attempt, replay)
     local key, quota = KEYS[k + 1], policy[3][1]
-    local window, index, elapsed = policy[9][1], policy[10][1], policy[11][1]
+    local placed = policy[10]
+    local window, index, elapsed = placed[1], placed[2], placed[3]
     local left = window - elapsed
-    local cur, prev, same, born, text, ptext = read(key, index, policy[12][1])
+    local cur, prev, same, born, text, ptext = read(key, index, placed[4])
     local admitted, retry = 1, 0
     if replay then
       -- charged by an earlier run of this attempt
@@ -424,29 +425,31 @@ local function make_sliding_counter()
 
   ones[2] = one
 
-  -- Places each limit's window of a policy of this algorithm in the call's time.
-  windows = function(policy)
-    local w, ms, indexes, elapsed, texts = policy[4], {}, {}, {}, {}
-    for i = 1, policy[2] do
+  -- The windows of `n` limits of windows `w` (µs) placed in the call's time: per limit, in turn,
+  -- the window in ms, the index of the current one, the ms elapsed in it and the index as text.
+  windows = function(n, w)
+    local placed = {}
+    for i = 1, n do
       local window = w[i] / 1000
       local index = now_ms / window
       index = index - index % 1
-      ms[i], indexes[i], elapsed[i] = window, index, now_ms - index * window
-      texts[i] = format('%d', index)
+      local slot = 4 * i
+      placed[slot - 3], placed[slot - 2], placed[slot - 1] = window, index, now_ms - index * window
+      placed[slot] = format('%d', index)
     end
-    policy[9], policy[10], policy[11], policy[12] = ms, indexes, elapsed, texts
+    return placed
   end
 
   algorithms[2] = function(k, policy, all, attempt, replay, settle, place, blocked)
     local n, q, calls = policy[2], policy[3], policy[8]
-    local windows_ms, indexes, elapsed_ms, texts = policy[9], policy[10], policy[11], policy[12]
+    local placed = policy[10]
     local curs, prevs, sames, borns, index_texts, prev_texts = s1, s2, s3, s4, s5, s6
     local admitted, retry = 1, 0
     for i = 1, n do
-      local quota, cost, window = q[i], all, windows_ms[i]
+      local quota, cost, slot = q[i], all, 4 * i
       if calls and calls[i] then cost = min(all, 1) end
-      local elapsed = elapsed_ms[i]
-      local cur, prev, same, born, text, ptext = read(KEYS[k + i], indexes[i], texts[i])
+      local window, elapsed = placed[slot - 3], placed[slot - 1]
+      local cur, prev, same, born, text, ptext = read(KEYS[k + i], placed[slot - 2], placed[slot])
       curs[i], prevs[i], sames[i], borns[i] = cur, prev, same, born
       index_texts[i], prev_texts[i] = text, ptext
       -- scaled by window: used * window = cur * window + prev * (window - elapsed)
@@ -474,8 +477,9 @@ local function make_sliding_counter()
     local marks, keep = nil, 0
     if charge and place then marks = {} end
     for i = 1, n do
-      local quota, window = q[i], windows_ms[i]
-      local index, elapsed, cur, prev = indexes[i], elapsed_ms[i], curs[i], prevs[i]
+      local quota, slot = q[i], 4 * i
+      local window, index, elapsed = placed[slot - 3], placed[slot - 2], placed[slot - 1]
+      local cur, prev = curs[i], prevs[i]
       local born = borns[i] or attempt
       local write_it = charge
       local cost, delta = all, delta
@@ -498,7 +502,7 @@ local function make_sliding_counter()
         end
       end
       if marks then
-        marks[2 * i - 1], marks[2 * i] = texts[i], born
+        marks[2 * i - 1], marks[2 * i] = placed[slot], born
         -- until the end of the next window
         local until_ms = ceil((index + 2) * window - now_ms)
         if until_ms > keep then keep = until_ms end
@@ -718,6 +722,9 @@ local function make_gcra()
   end
 end
 
+-- The makers of the algorithms' functions, by algorithm.
+local makers = {make_sliding_log, make_sliding_counter, make_gcra}
+
 -- Penalties: made by the first call of a limit with one.
 local blocks, penalize
 local function make_penalties()
@@ -800,11 +807,9 @@ local function run(keys, argv)
   now_ms = floor(now_us / 1000)
   out, len, hold = {}, 0, 0
   -- The call's policies, read first: the first call that uses an algorithm (or a penalty) makes
-  -- its functions, kept for every later call of the library. `uses`: the algorithms of the call;
-  -- `penalties`: whether a limit of the call has one.
-  local policies, uses, penalties, a = {}, {}, false, 4
-  -- the policies in the order sent
-  local order = {}
+  -- its functions, kept for every later call of the library. `logs`: whether a policy of the
+  -- call is a sliding log; `penalties`: whether a limit of the call has one.
+  local policies, logs, penalties, a = {}, false, false, 4
   for p = 1, ARGV[4] + 0 do
     local n, q, w, b, nb, calls = ARGV[a + 2] + 0, {}, {}, {}, 0, nil
     for i = 1, n do
@@ -821,31 +826,23 @@ local function run(keys, argv)
       end
     end
     local algorithm = ARGV[a + 1] + 0
-    uses[algorithm] = true
+    if algorithm == 1 then logs = true end
+    if not algorithms[algorithm] and makers[algorithm] then makers[algorithm]() end
     if nb > 0 then penalties = true end
-    -- named as its checks name it (the first without formatting a number); the sliding log names
-    -- a reservation's entries by its attempt: it keeps no place
-    -- its algorithm, number of limits, quotas, windows (µs), whether a reservation keeps a place,
-    -- blocks (µs; 0: none), number of limits with a penalty, limits that count calls (nil: none);
-    -- then, of a sliding counter, [9] to [12] its windows placed in the call's time (`windows`),
-    -- and [13] the function of its common check, where it has one (`ones`)
-    local policy = {algorithm, n, q, w, algorithm ~= 1, b, nb, calls}
+    -- its algorithm, number of limits, quotas, windows (µs), whether a reservation keeps a place
+    -- (the sliding log names a reservation's entries by its attempt: it keeps none), blocks (µs;
+    -- 0: none), number of limits with a penalty, limits that count calls (nil: none), the function
+    -- of its common check where it has one (`ones`; else false), and the windows of a sliding
+    -- counter placed in the call's time (`windows`; else false); named as its checks name it (the
+    -- first without formatting a number)
+    local policy = {algorithm, n, q, w, algorithm ~= 1, b, nb, calls, false, false}
+    if n == 1 and nb == 0 and not calls then policy[9] = ones[algorithm] or false end
+    if algorithm == 2 then policy[10] = windows(n, w) end
     policies[p == 1 and '1' or tostring(p)] = policy
-    order[p] = policy
     a = a + 2 + 2 * n
   end
-  if uses[1] then
-    if not algorithms[1] then make_sliding_log() end
-    now_text, ms_texts = format('%d', now_us), {}
-  end
-  if uses[2] and not algorithms[2] then make_sliding_counter() end
-  if uses[3] and not algorithms[3] then make_gcra() end
+  if logs then now_text, ms_texts = format('%d', now_us), {} end
   if penalties and not blocks then make_penalties() end
-  for p = 1, #order do
-    local policy = order[p]
-    if policy[1] == 2 then windows(policy) end
-    if policy[2] == 1 and policy[7] == 0 and not policy[8] then policy[13] = ones[policy[1]] end
-  end
 
   local deadline = ARGV[1] + 0
   local late = now_us >= deadline
@@ -903,8 +900,8 @@ local function run(keys, argv)
         blocked = ok and err
       end
       if ok then
-        if policy[13] and not settle and not place then
-          ok, err = pcall(policy[13], k, policy, cost, attempt, replay)
+        if policy[9] and not settle and not place then
+          ok, err = pcall(policy[9], k, policy, cost, attempt, replay)
         else
           ok, err = pcall(algorithms[policy[1]], k, policy, cost, attempt, replay, settle, place,
             blocked)
