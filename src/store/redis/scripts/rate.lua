@@ -121,7 +121,8 @@ local ones = {}
 -- the texts of the call's store time and of the expiries it uses, each formatted once per call
 -- (`run` renews them)
 local now_text, ms_texts
--- places the windows of a policy of the sliding counter in the call's time: made with it
+-- the windows of a sliding counter's limits placed in the call's time: a function made with
+-- the algorithm's
 local windows
 
 -- The call's number of records; its own record, when it ran before; those of earlier calls,
@@ -657,7 +658,7 @@ local function make_gcra()
       local tat, rem, born, kept = read(KEYS[k + i], now)
       tats[i], rems[i], borns[i], expires[i] = tat, rem, born, kept
       if not (replay or settle) then
-        -- (of an earlier run of this attempt, or a settlement: nothing to decide)
+        -- a check to decide: not a charged attempt run again, nor a settlement
         local wait = wait_for(quota, window, tat, rem, cost)
         if wait > 0 then
           admitted, denied[i] = 0, true
