@@ -241,9 +241,11 @@ async fn accounted(copies: &[RateLimitLayer<Header>], caller: &str, admitted: u6
 
 /// Spends what is left of `caller`'s quota through `copies`, their slices given back before and
 /// after every round (so that none is held at the end, a fetch under way included), until a
-/// round admits nothing: what was admitted.
+/// round admits nothing once nothing is on its way back to the store and no copy can still
+/// serve a denial it cached: what was admitted.
 async fn spend_the_rest(copies: &[&RateLimitLayer<Header>], caller: &str) -> u64 {
     let mut admitted = 0;
+    let mut settled = false;
     for _ in 0..100 {
         let mut round = 0;
         for copy in copies {
@@ -253,10 +255,24 @@ async fn spend_the_rest(copies: &[&RateLimitLayer<Header>], caller: &str) -> u64
         for copy in copies {
             copy.give_back_leases().await;
         }
-        if round == 0 {
-            return admitted;
-        }
         admitted += round;
+        if round > 0 {
+            settled = false;
+        } else if settled {
+            return admitted;
+        } else {
+            // a unit given back may still be on its way (a refund whose answer came late is
+            // resolved in the background), and a refund of a quiet slice reaches no other
+            // copy: a copy serves a denial it cached for up to a second
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while copies.iter().any(|copy| copy.leases_unspent() > 0)
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+            settled = true;
+        }
     }
     panic!("{caller}: still admitted after 100 rounds ({admitted} in all)");
 }
