@@ -725,6 +725,14 @@ fn counter_wait(slot: &Slot, q: u64, w: u64, now: u64, cost: u64) -> Option<u64>
     Some(ceil_us(wait * 1000.0))
 }
 
+/// A sliding counter's remainder and reset at store time `now_us`, from the counts of its current
+/// window (`cur`) and the one before (`prev`) as they stand then: the Redis script answers a
+/// counter's limit by those counts, and the answer is read from them here, as for every store.
+pub(crate) fn counter_answer(q: u64, w: u64, now_us: u64, cur: u64, prev: u64) -> LimitState {
+    let (_, elapsed) = counter_window(w, now_us);
+    counter_state(q, w, elapsed, cur as f64, prev as f64)
+}
+
 /// A sliding counter's remainder and reset, elapsed time in milliseconds.
 fn counter_state(q: u64, w: u64, elapsed: f64, cur: f64, prev: f64) -> LimitState {
     let (quota, window) = (q as f64, w as f64 / 1000.0);
@@ -758,8 +766,9 @@ fn gcra_wait(slot: &Slot, (q, w): (u64, u64), (now, hold): (u64, u64), cost: u64
 }
 
 /// A GCRA limit's remainder and reset, its theoretical arrival time `offset` µs (and `rem` /
-/// `quota` of one more) from now.
-fn gcra_state(offset: u64, rem: u64, q: u64, w: u64) -> LimitState {
+/// `quota` of one more) from now: the Redis script answers a GCRA limit by those two, and the
+/// answer is read from them here, as for every store.
+pub(crate) fn gcra_state(offset: u64, rem: u64, q: u64, w: u64) -> LimitState {
     let (q, w) = (u128::from(q), u128::from(w));
     let ahead = u128::from(offset) * q + u128::from(rem);
     let used = ahead.div_ceil(w);

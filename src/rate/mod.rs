@@ -25,7 +25,7 @@ mod outcome;
 mod policy;
 mod table;
 
-pub(crate) use algorithms::counter_window_left;
+pub(crate) use algorithms::{counter_answer, counter_window_left, gcra_state};
 #[cfg(feature = "redis")]
 pub(crate) use check::hex;
 pub use check::{RateCheck, Settlement};

@@ -395,9 +395,22 @@ fn places_in_a_batch_keep_the_keys_of_the_checks_after_them_in_step() {
         invocation.arg(*arg);
     }
     let reply: Vec<i64> = invocation.invoke(&mut conn).unwrap();
-    // per check admitted, retry, remaining, reset; then the store time
+    // per check admitted, retry and its limit's two numbers; then the store time. The limit's
+    // units left, read from them: the log answers them; the counter its counts (a fresh day's:
+    // none before), GCRA its TAT's offset (µs, and remainder in tenths of a µs): 10 less the
+    // emission intervals of 8.64e9 µs it spans, rounded up
     assert_eq!(reply.len(), 12 * 4 + 1, "{reply:?}");
-    let remaining: Vec<(i64, i64)> = reply.chunks(4).take(12).map(|c| (c[0], c[2])).collect();
+    let left = |check: usize, a: i64, b: i64| match check % 3 {
+        0 => 10 - a - b,
+        1 => a,
+        _ => 10 - (a * 10 + b + 86_400_000_000 - 1) / 86_400_000_000,
+    };
+    let remaining: Vec<(i64, i64)> = reply
+        .chunks(4)
+        .take(12)
+        .enumerate()
+        .map(|(i, c)| (c[0], left(i, c[2], c[3])))
+        .collect();
     let expected = [6, 6, 6, 4, 4, 4, 7, 7, 7, 6, 6, 6].map(|left| (1, left));
     assert_eq!(remaining, expected, "{reply:?}");
     let kept: Vec<String> = redis::cmd("KEYS")

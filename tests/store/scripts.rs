@@ -295,6 +295,11 @@ fn rate_state(conn: &mut Connection, script: &str, key: &str) -> Vec<String> {
 /// records' number and retention: the deadline, the policies, then per check its policy, cost and
 /// attempt. The checks' answers, less the store time the reply ends with.
 fn rate(conn: &mut Connection, record: &str, keys: &[&str], args: &[&str]) -> Value {
+    Value::Array(rate_at(conn, record, keys, args).0)
+}
+
+/// [`rate`]'s answers, and the store time the call decided at (µs).
+fn rate_at(conn: &mut Connection, record: &str, keys: &[&str], args: &[&str]) -> (Vec<Value>, i64) {
     let mut full: Vec<&str> = vec![args[0], "1", "60000"];
     let policies: usize = args[1].parse().unwrap();
     let mut at = 2;
@@ -307,7 +312,27 @@ fn rate(conn: &mut Connection, record: &str, keys: &[&str], args: &[&str]) -> Va
     let mut all = vec![record];
     all.extend(keys);
     let reply = run(conn, "rate", &all, &full);
-    Value::Array(decided(conn, reply))
+    let at = items(reply.clone()).last().map(int).unwrap_or_default();
+    (decided(conn, reply), at)
+}
+
+/// The units a limit of `quota` per `window_us` under algorithm `code` has left, read as the
+/// store reads them from the two numbers `rate.lua` answers it by (`reply[at]` and the next), at
+/// the call's store time `now_us`: a sliding log answers them; a sliding counter its current and
+/// previous windows' counts; GCRA its TAT's offset from then (µs) and remainder.
+fn left(code: &str, quota: i64, window_us: i64, now_us: i64, reply: &[Value], at: usize) -> i64 {
+    let (a, b) = (int(&reply[at]), int(&reply[at + 1]));
+    match code {
+        "1" => a,
+        "2" => {
+            let window = window_us as f64 / 1000.0;
+            let now = (now_us / 1000) as f64;
+            let elapsed = now - (now / window).floor() * window;
+            let used = a as f64 + b as f64 * (window - elapsed) / window;
+            (quota - (used - 1e-9).ceil() as i64).max(0)
+        }
+        _ => (quota - (a * quota + b + window_us - 1) / window_us).max(0),
+    }
 }
 
 /// The answers of a reply of `rate.lua`, whose last item, the store time of the call, is checked
@@ -355,18 +380,24 @@ fn rate_checks_run_twice_are_charged_once() {
                 cost,
                 "00000000000000a1",
             ];
-            let first = items(rate(&mut conn, &format!("rec:{name}{cost}"), &keys, &args));
+            let (first, at) = rate_at(&mut conn, &format!("rec:{name}{cost}"), &keys, &args);
             let state = [
                 rate_state(&mut conn, name, keys[0]),
                 rate_state(&mut conn, name, keys[1]),
             ];
-            let second = items(rate(&mut conn, &format!("rec:{name}{cost}"), &keys, &args));
+            let (second, again) = rate_at(&mut conn, &format!("rec:{name}{cost}"), &keys, &args);
             assert_eq!(int(&first[0]), 1, "{name} cost {cost}: admitted");
             assert_eq!(int(&second[0]), 1, "{name} cost {cost}: admitted again");
             // remaining of each limit, as the first run left it
+            let units = |reply: &[Value], now| {
+                [
+                    left(code, 5, 60_000_000, now, reply, 2),
+                    left(code, 9, 3_600_000_000, now, reply, 4),
+                ]
+            };
             assert_eq!(
-                [int(&second[2]), int(&second[4])],
-                [int(&first[2]), int(&first[4])],
+                units(&second, again),
+                units(&first, at),
                 "{name} cost {cost}: the second run charged again"
             );
             let after = [
@@ -514,7 +545,8 @@ fn checks_sent_again_after_others_are_charged_once() {
         let remaining = |reply: Value| {
             let reply = items(reply);
             assert_eq!(int(&reply[0]), 1, "{name}: admitted");
-            int(&reply[2])
+            let now = reply.last().map(int).unwrap_or_default();
+            left(code, 10, 60_000_000, now, &reply, 2)
         };
         let (a, b) = (record("a"), record("b"));
         let mut first = call("00000000000000e1");
@@ -558,8 +590,14 @@ fn checks_sent_again_after_others_are_charged_once() {
         twice[1] = "1";
         twice.extend(["1", "1", "00000000000000f1@1:1"]);
         let both = items(run(&mut conn, "rate", &[&record("f"), &key, &key], &twice));
+        let now = both.last().map(int).unwrap_or_default();
         assert_eq!(
-            [int(&both[0]), int(&both[2]), int(&both[4]), int(&both[6])],
+            [
+                int(&both[0]),
+                left(code, 10, 60_000_000, now, &both, 2),
+                int(&both[4]),
+                left(code, 10, 60_000_000, now, &both, 6),
+            ],
             [1, 6, 1, 6],
             "{name}: the same attempt twice in one call"
         );
@@ -587,7 +625,8 @@ fn a_check_naming_several_earlier_calls_is_charged_once_if_any_charged() {
         let remaining = |reply: Value| {
             let reply = items(reply);
             assert_eq!(int(&reply[0]), 1, "{name}: admitted");
-            int(&reply[2])
+            let now = reply.last().map(int).unwrap_or_default();
+            left(code, 10, 60_000_000, now, &reply, 2)
         };
         let (first, late) = (record("first"), record("late"));
         let sent = call("00000000000000a7", "1");
@@ -648,16 +687,20 @@ fn a_check_that_spent_the_last_of_a_quota_is_admitted_again() {
             "00000000000000b2",
         ];
         rate(&mut conn, &format!("rec:{name}:once"), &[&key], &once);
-        let first = items(rate(&mut conn, &format!("rec:{name}:last"), &[&key], &last));
+        let (first, at) = rate_at(&mut conn, &format!("rec:{name}:last"), &[&key], &last);
         let state = rate_state(&mut conn, name, &key);
-        let second = items(rate(&mut conn, &format!("rec:{name}:last"), &[&key], &last));
+        let (second, again) = rate_at(&mut conn, &format!("rec:{name}:last"), &[&key], &last);
         assert_eq!(
-            [int(&first[0]), int(&first[2])],
+            [int(&first[0]), left(code, 2, 60_000_000, at, &first, 2)],
             [1, 0],
             "{name}: admitted, none left"
         );
         assert_eq!(
-            [int(&second[0]), int(&second[1]), int(&second[2])],
+            [
+                int(&second[0]),
+                int(&second[1]),
+                left(code, 2, 60_000_000, again, &second, 2)
+            ],
             [1, 0, 0],
             "{name}: the same attempt is admitted again"
         );
@@ -711,16 +754,17 @@ fn a_batch_decides_its_checks_in_turn_and_a_failing_one_alone() {
             args.extend(["1", "1", attempt]);
         }
         let keys = [&key[..], &wrong, &key, &key];
-        let reply = items(rate(&mut conn, &format!("rec:{name}:batch"), &keys, &args));
+        let (reply, at) = rate_at(&mut conn, &format!("rec:{name}:batch"), &keys, &args);
+        let units = |i| left(code, 2, 60_000_000, at, &reply, i);
         assert_eq!(reply.len(), 3 * 4 + 2, "{name}: {reply:?}");
-        assert_eq!([int(&reply[0]), int(&reply[2])], [1, 1], "{name}: first");
+        assert_eq!([int(&reply[0]), units(2)], [1, 1], "{name}: first");
         assert_eq!(int(&reply[4]), -1, "{name}: the failing check");
         assert!(
             matches!(&reply[5], Value::BulkString(m) if String::from_utf8_lossy(m).contains("WRONGTYPE")),
             "{name}: its error: {:?}",
             reply[5]
         );
-        assert_eq!([int(&reply[6]), int(&reply[8])], [1, 0], "{name}: second");
+        assert_eq!([int(&reply[6]), units(8)], [1, 0], "{name}: second");
         assert_eq!(int(&reply[10]), 0, "{name}: third, denied");
     }
 }
@@ -824,16 +868,17 @@ fn a_script_received_after_its_deadline_does_nothing() {
             rate_state(&mut conn, name, &key).is_empty(),
             "{name}: the late call wrote"
         );
-        let reply = items(rate(
+        let (reply, at) = rate_at(
             &mut conn,
             &format!("rec:{name}:on-time"),
             &[&key, &key],
             &call(LATER),
-        ));
+        );
+        let units = |i| left(code, 2, 60_000_000, at, &reply, i);
         assert_eq!(reply.len(), 4 + 4, "{name}: {reply:?}");
-        assert_eq!([int(&reply[0]), int(&reply[2])], [1, 1], "{name}: first");
+        assert_eq!([int(&reply[0]), units(2)], [1, 1], "{name}: first");
         assert_eq!(
-            [int(&reply[4]), int(&reply[6])],
+            [int(&reply[4]), units(6)],
             [1, 0],
             "{name}: second, the last unit"
         );

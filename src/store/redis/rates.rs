@@ -29,7 +29,7 @@ use super::library::Library;
 use super::sent::{Place, SentChecks};
 use super::{Lua, redis_call, status_code, store_error};
 use crate::keyspace;
-use crate::rate::{Algorithm, LimitState, RateCheck, RateOutcome, RatePolicy};
+use crate::rate::{Algorithm, Limit, LimitState, RateCheck, RateOutcome, RatePolicy};
 use crate::store::coalesce::{BatchCall, Coalescer, Decided, Sent};
 use crate::store::kit;
 use crate::store::span::{self, Call};
@@ -353,11 +353,9 @@ fn decode(
         }
         let retry_after = reply.duration()?;
         let mut limits = Vec::with_capacity(policy.limits().len());
-        for _ in policy.limits() {
-            limits.push(LimitState {
-                remaining: u64::try_from(reply.int()?).unwrap_or(0),
-                reset: reply.duration()?,
-            });
+        for limit in policy.limits() {
+            let (a, b) = (reply.int()?, reply.int()?);
+            limits.push(limit_state(policy.algorithm(), limit, decided_at_us, a, b));
         }
         decided.push(Ok(RateOutcome {
             decided_at_us: Some(decided_at_us),
@@ -371,6 +369,33 @@ fn decode(
         Some(_) => Err(StoreError::protocol(
             "the rate script returned a reply too long",
         )),
+    }
+}
+
+/// A limit's state from the two numbers the script answers it by (see `rate.lua`): `-1` and the
+/// time its block has left (µs) for a limit that blocks the caller; else, of a sliding log, the
+/// units left and when the next one frees (µs); of a sliding counter, its current and previous
+/// windows' counts at the store time `now_us` the call decided at; of GCRA, its theoretical
+/// arrival time's offset from then (µs) and remainder. A counter's and GCRA's answers are read
+/// off their state here, by the formulas every store's answers come from.
+fn limit_state(algorithm: Algorithm, limit: &Limit, now_us: u64, a: i64, b: i64) -> LimitState {
+    let b = u64::try_from(b).unwrap_or(0);
+    let Ok(a) = u64::try_from(a) else {
+        // blocked (-1; any other number below 0 says no more)
+        return LimitState {
+            remaining: 0,
+            reset: Duration::from_micros(b),
+        };
+    };
+    match algorithm {
+        Algorithm::SlidingLog => LimitState {
+            remaining: a,
+            reset: Duration::from_micros(b),
+        },
+        Algorithm::SlidingCounter => {
+            crate::rate::counter_answer(limit.quota(), limit.window_us(), now_us, a, b)
+        }
+        Algorithm::Gcra => crate::rate::gcra_state(a, b, limit.quota(), limit.window_us()),
     }
 }
 
@@ -551,6 +576,35 @@ mod tests {
             }
             Ok(())
         });
+    }
+
+    /// A sliding counter's and GCRA's limits are answered by their state, read here as every
+    /// store reads it; a limit that blocks the caller by -1 and the time its block has left.
+    #[test]
+    fn a_limit_is_read_off_the_state_it_is_answered_by() {
+        let limit = Limit::per_second("l", 10);
+        let state = |remaining, reset_us| LimitState {
+            remaining,
+            reset: Duration::from_micros(reset_us),
+        };
+        // 250 ms into a window of 1 s: 3 now and 4 before count 3 + 4 * 0.75 = 6; the 7th unit
+        // frees when the previous window's share falls to 2, at 500 ms
+        let counter = limit_state(Algorithm::SlidingCounter, &limit, 5_250_000, 3, 4);
+        assert_eq!(counter, state(4, 250_000));
+        // a TAT 250 ms ahead spans 2.5 emission intervals of 100 ms: 3 units, the next one free
+        // once it is 200 ms ahead
+        let gcra = limit_state(Algorithm::Gcra, &limit, 5_250_000, 250_000, 0);
+        assert_eq!(gcra, state(7, 50_000));
+        let log = limit_state(Algorithm::SlidingLog, &limit, 5_250_000, 6, 70_000);
+        assert_eq!(log, state(6, 70_000));
+        for algorithm in [
+            Algorithm::SlidingLog,
+            Algorithm::SlidingCounter,
+            Algorithm::Gcra,
+        ] {
+            let blocked = limit_state(algorithm, &limit, 5_250_000, -1, 900_000);
+            assert_eq!(blocked, state(0, 900_000), "{algorithm:?}");
+        }
     }
 
     #[test]

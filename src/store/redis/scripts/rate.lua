@@ -22,11 +22,16 @@
 --             when it settles a reservation, whose unused part it may refund) and its attempt id (16 hex digits), followed, for a check sent before, by
 --             every place it went out at whose record may live: '@j:p' each, the p-th check of
 --             the call of record j (1: this call), e.g. '<attempt>@3:1@2:4'
--- Returns     per check: admitted (0|1), retry_after_us, then per limit remaining and reset_us;
---             or -1 and the error of a check that failed (the checks around it stand); or -2, 0
---             for every check of a call received after its deadline, which charged nothing;
---             then, last, the store time of the call in microseconds: when its checks were
---             decided
+-- Returns     per check: admitted (0|1), retry_after_us, then per limit two numbers: -1 and
+--             the time its block has left (µs) for a limit that blocks the caller; else the
+--             state its answer is read from (by the client, with the formulas every store
+--             answers by; the Lua costs Redis more than the state it reads): of a sliding log the
+--             units left and when the next one frees (µs), of a sliding counter its current and
+--             previous windows' counts, of GCRA its TAT's offset from the call's store time (µs)
+--             and remainder; or -1 and the error of a check that failed (the checks around it
+--             stand); or -2, 0 for every check of a call received after its deadline, which
+--             charged nothing; then, last, the store time of the call in microseconds: when its
+--             checks were decided
 --
 -- Safe to run twice: a check whose attempt already charged its limits is admitted again without
 -- a second charge, whatever other checks charged the caller in between. A call keeps its record:
@@ -77,7 +82,7 @@
 -- block key, holding the store time the block ends (kept a millisecond past it). While any
 -- block of the check's limits has not ended, the check is denied and charges nothing (a re-sent
 -- check that charged before is admitted, as always): it waits at least until the latest block
--- ends, and each blocking limit answers remaining 0 and the time its block has left. A denial
+-- ends, and each blocking limit answers -1 and the time its block has left. A denial
 -- while blocked writes nothing: the block is not extended. Settlements ignore blocks.
 --
 -- One file, run two ways (see its end): as a function of a library the server keeps (FCALL),
@@ -366,27 +371,6 @@ local function make_sliding_counter()
     return 0, 0, false, false
   end
 
-  -- Answers a limit of `quota` at `cur` this window and `prev` the last, `left` ms before the end
-  -- of a window of `window` ms: the units left and when the next one frees (µs).
-  local function answer(quota, window, left, cur, prev)
-    local used = cur + prev * left / window
-    local whole = 1e-9 - used
-    whole = -(whole - whole % 1)
-    local remaining = quota - whole
-    if remaining < 0 then remaining = 0 end
-    -- the quota grows when the estimate next drops below a whole unit: within this window while
-    -- the previous one's share can fall that far, else in the next, as this window's cost
-    -- becomes the previous one's and fades (no later requests assumed): a denial's wait
-    local reset = 0
-    if whole > 0 and prev > 0 and whole - 1 - cur >= 0 then
-      reset = left - (whole - 1 - cur) * window / prev
-    elseif whole > 0 then
-      reset = left + window - (whole - 1) * window / cur
-    end
-    reset = -reset * 1000
-    out[len + 1], out[len + 2], len = remaining, -(reset - reset % 1), len + 2
-  end
-
   -- Writes counter `key`: in the window it was read in (`same`) with its expiry kept, else anew,
   -- expiring at the end of the next window. `text` and `ptext`, of a state of this window whose
   -- previous count stands, are the texts of its index and previous count as read.
@@ -421,7 +405,7 @@ local function make_sliding_counter()
       cur = cur + cost
       write(key, same, text, ptext, index, cur, prev, born or attempt, window, elapsed)
     end
-    answer(quota, window, left, cur, prev)
+    out[len + 1], out[len + 2], len = cur, prev, len + 2
   end
 
   ones[2] = one
@@ -512,7 +496,7 @@ local function make_sliding_counter()
         write(KEYS[k + i], sames[i], index_texts[i], prev == prevs[i] and prev_texts[i] or nil,
           index, cur, prev, born, window, elapsed)
       end
-      answer(quota, window, window - elapsed, cur, prev)
+      out[len + 1], out[len + 2], len = cur, prev, len + 2
     end
     if marks then
       call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
@@ -604,30 +588,6 @@ local function make_gcra()
     end
   end
 
-  -- Answers a limit of `quota` per `window` µs at `tat` + `rem`: the units left and when the
-  -- next one frees (µs).
-  local function answer(quota, window, tat, rem)
-    local ahead = (tat - now_us) * quota + rem
-    -- ceil_div(ahead, window), inline: this runs for every check
-    local used = ahead / window
-    used = used - used % 1
-    if used * window > ahead then used = used - 1 end
-    if used * window < ahead then used = used + 1 end
-    local remaining = quota - used
-    if remaining < 0 then remaining = 0 end
-    local reset = 0
-    -- the next unit frees when the offset drops to (used - 1) emission intervals
-    if used > 0 then
-      -- ceil_div(ahead - (used - 1) * window, quota), inline
-      local left = ahead - (used - 1) * window
-      reset = left / quota
-      reset = reset - reset % 1
-      if reset * quota > left then reset = reset - 1 end
-      if reset * quota < left then reset = reset + 1 end
-    end
-    out[len + 1], out[len + 2], len = remaining, reset, len + 2
-  end
-
   -- The common check: one limit, no penalty, no calls counted; not a reservation or settlement.
   local function one(k, policy, cost, attempt, replay)
     local key, quota, window = KEYS[k + 1], policy[3][1], policy[4][1]
@@ -643,7 +603,7 @@ local function make_gcra()
         write(key, window, tat, rem, born or attempt, kept)
       end
     end
-    answer(quota, window, tat, rem)
+    out[len + 1], out[len + 2], len = tat - now_us, rem, len + 2
   end
   ones[3] = one
 
@@ -715,7 +675,7 @@ local function make_gcra()
         if until_ms > keep then keep = until_ms end
       end
       if write_it then write(KEYS[k + i], window, tat, rem, born, expires[i]) end
-      answer(quota, window, tat, rem)
+      out[len + 1], out[len + 2], len = tat - now, rem, len + 2
     end
     if marks then
       call('PSETEX', place, format('%d', keep), 'p:' .. table.concat(marks, ':'))
@@ -746,7 +706,7 @@ local function make_penalties()
 
   -- The penalties of a denied check whose answer starts at out[start + 1]: a caller not blocked
   -- yet (`blocked` false) is blocked, from now, on each limit with a penalty that denied a cost;
-  -- each limit that blocks it answers remaining 0 and the time its block has left, and the check
+  -- each limit that blocks it answers -1 and the time its block has left, and the check
   -- waits at least until the latest block ends.
   penalize = function(bk, policy, tills, blocked, cost, start)
     local b, j = policy[6], 0
@@ -760,7 +720,7 @@ local function make_penalties()
         end
         if tills[i] > now_us then
           local left = tills[i] - now_us
-          out[start + 1 + 2 * i], out[start + 2 + 2 * i] = 0, left
+          out[start + 1 + 2 * i], out[start + 2 + 2 * i] = -1, left
           if left > out[start + 2] then out[start + 2] = left end
         end
       end
