@@ -9,31 +9,15 @@
 #
 #   [BATCH=n] benches/lua/cost.sh [gcra|counter|log] [SCRIPT]     (default: gcra, src/store/redis/scripts/rate.lua)
 #
-# Needs valgrind, redis-server, redis-cli and python3.
+# Needs valgrind, redis-server, redis-cli and python3 (the harness: count.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 algo=${1:-gcra}
 script=${2:-$here/../../src/store/redis/scripts/rate.lua}
-port=${PORT:-6532}
 batch=${BATCH:-24}
 work=$(mktemp -d)
-trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+trap 'rm -rf "$work"' EXIT
 python3 "$here/calls.py" "$script" "$algo" 500 "$batch" >"$work/warm.resp"
 python3 "$here/calls.py" "$script" "$algo" 1000 "$batch" >"$work/measured.resp"
-valgrind --tool=callgrind --callgrind-out-file="$work/cg.%p" \
-  redis-server --port "$port" --save '' --appendonly no >"$work/valgrind.log" 2>&1 &
-server=$!
-for _ in $(seq 100); do
-  redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break
-  sleep 0.2
-done
-redis-cli -p "$port" --pipe <"$work/warm.resp" >/dev/null
-callgrind_control -z "$server" >/dev/null 2>&1
-redis-cli -p "$port" --pipe <"$work/measured.resp" >"$work/pipe.log"
-callgrind_control -d "$server" >/dev/null 2>&1
-redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-wait "$server" || true
-grep -q "errors: 0" "$work/pipe.log" || { cat "$work/pipe.log"; exit 1; }
-# the dump asked for above is part 1; the one at exit (part 2) holds the shutdown only
-instructions=$(grep -h '^summary:' "$work"/cg.*.1 | awk '{print $2}')
-echo "$algo $(basename "$script"): $((instructions / (1000 * batch))) instructions per check"
+per_check=$(bash "$here/count.sh" "$work/warm.resp" "$work/measured.resp" $((1000 * batch)))
+echo "$algo $(basename "$script"): $per_check instructions per check"
