@@ -728,6 +728,7 @@ fn counter_wait(slot: &Slot, q: u64, w: u64, now: u64, cost: u64) -> Option<u64>
 /// A sliding counter's remainder and reset at store time `now_us`, from the counts of its current
 /// window (`cur`) and the one before (`prev`) as they stand then: the Redis script answers a
 /// counter's limit by those counts, and the answer is read from them here, as for every store.
+#[cfg(feature = "redis")]
 pub(crate) fn counter_answer(q: u64, w: u64, now_us: u64, cur: u64, prev: u64) -> LimitState {
     let (_, elapsed) = counter_window(w, now_us);
     counter_state(q, w, elapsed, cur as f64, prev as f64)

@@ -25,7 +25,9 @@ mod outcome;
 mod policy;
 mod table;
 
-pub(crate) use algorithms::{counter_answer, counter_window_left, gcra_state};
+pub(crate) use algorithms::counter_window_left;
+#[cfg(feature = "redis")]
+pub(crate) use algorithms::{counter_answer, gcra_state};
 #[cfg(feature = "redis")]
 pub(crate) use check::hex;
 pub use check::{RateCheck, Settlement};

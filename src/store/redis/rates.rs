@@ -439,10 +439,15 @@ mod tests {
 
     /// A policy of `n` limits.
     fn policy(n: usize) -> RatePolicy {
+        policy_of(Algorithm::SlidingLog, n)
+    }
+
+    /// A policy of `n` limits under `algorithm`.
+    fn policy_of(algorithm: Algorithm, n: usize) -> RatePolicy {
         let limits = (0..n)
             .map(|i| Limit::per_second(format!("l{i}"), 10))
             .collect();
-        RatePolicy::new("fuzz", Algorithm::SlidingLog, limits).unwrap()
+        RatePolicy::new("fuzz", algorithm, limits).unwrap()
     }
 
     /// What the script answers for one check.
@@ -507,12 +512,21 @@ mod tests {
         reply
     }
 
-    /// Decodes `reply` for checks of `limits` limits each.
+    /// Decodes `reply` for checks of `limits` limits each, under sliding logs.
     fn decoded(
         reply: Value,
         limits: &[usize],
     ) -> Result<Vec<Result<RateOutcome, StoreError>>, StoreError> {
-        let policies: Vec<RatePolicy> = limits.iter().map(|&n| policy(n)).collect();
+        decoded_as(reply, limits, Algorithm::SlidingLog)
+    }
+
+    /// Decodes `reply` for checks of `limits` limits each, under `algorithm`.
+    fn decoded_as(
+        reply: Value,
+        limits: &[usize],
+        algorithm: Algorithm,
+    ) -> Result<Vec<Result<RateOutcome, StoreError>>, StoreError> {
+        let policies: Vec<RatePolicy> = limits.iter().map(|&n| policy_of(algorithm, n)).collect();
         let now = Instant::now();
         let sent: Vec<Sent<'_>> = policies
             .iter()
@@ -524,10 +538,18 @@ mod tests {
     #[test]
     fn any_reply_decodes_to_one_answer_per_check_or_a_protocol_error() {
         let limits = prop::collection::vec(1usize..4, 1..4);
+        let algorithms = [
+            Algorithm::SlidingLog,
+            Algorithm::SlidingCounter,
+            Algorithm::Gcra,
+        ];
         check(512, (redis_reply(), limits), |(reply, limits)| {
-            match decoded(reply, &limits) {
-                Ok(answers) => prop_assert_eq!(answers.len(), limits.len()),
-                Err(e) => prop_assert_eq!(e.kind(), StoreErrorKind::Protocol),
+            // a counter's and GCRA's numbers are read through their formulas, whatever they are
+            for algorithm in algorithms {
+                match decoded_as(reply.clone(), &limits, algorithm) {
+                    Ok(answers) => prop_assert_eq!(answers.len(), limits.len()),
+                    Err(e) => prop_assert_eq!(e.kind(), StoreErrorKind::Protocol),
+                }
             }
             Ok(())
         });
@@ -587,8 +609,8 @@ mod tests {
             remaining,
             reset: Duration::from_micros(reset_us),
         };
-        // 250 ms into a window of 1 s: 3 now and 4 before count 3 + 4 * 0.75 = 6; the 7th unit
-        // frees when the previous window's share falls to 2, at 500 ms
+        // 250 ms into a window of 1 s: 3 now and 4 before count 3 + 4 * 0.75 = 6; a unit frees
+        // when the previous window's share falls to 2, at 500 ms
         let counter = limit_state(Algorithm::SlidingCounter, &limit, 5_250_000, 3, 4);
         assert_eq!(counter, state(4, 250_000));
         // a TAT 250 ms ahead spans 2.5 emission intervals of 100 ms: 3 units, the next one free
@@ -605,6 +627,34 @@ mod tests {
             let blocked = limit_state(algorithm, &limit, 5_250_000, -1, 900_000);
             assert_eq!(blocked, state(0, 900_000), "{algorithm:?}");
         }
+    }
+
+    /// Whatever numbers a limit is answered by, reading them never panics: a counter's and
+    /// GCRA's go through their formulas, and a limit of any quota and window reads them.
+    #[test]
+    fn any_numbers_read_as_a_limit_state() {
+        let case = (
+            hostile_i64(),
+            hostile_i64(),
+            any::<i64>(),
+            1u64..u64::from(u32::MAX),
+            1u64..100_000,
+        );
+        check(512, case, |(a, b, now, quota, window_ms)| {
+            let limit = Limit::new("l", quota, Duration::from_millis(window_ms));
+            let now = now.unsigned_abs();
+            for algorithm in [
+                Algorithm::SlidingLog,
+                Algorithm::SlidingCounter,
+                Algorithm::Gcra,
+            ] {
+                let state = limit_state(algorithm, &limit, now, a, b);
+                if a < 0 {
+                    prop_assert_eq!(state.remaining, 0);
+                }
+            }
+            Ok(())
+        });
     }
 
     #[test]
