@@ -80,6 +80,37 @@ async fn checks_run_as_the_function_of_one_library_the_server_keeps() {
     assert_eq!(server.calls("evalsha") + server.calls("eval"), 0);
 }
 
+/// The library reads a call's policies by their text and keeps what it read from call to call
+/// (at most 64, then it reads afresh): a policy is never taken for another. Each of 70 policies,
+/// twice over (the second time after the library started afresh), admits exactly its own quota,
+/// with one limit or two.
+#[tokio::test]
+async fn policies_the_library_keeps_are_never_taken_for_others() {
+    let server = RedisServer::start();
+    let store = server.store();
+    for algorithm in ALGORITHMS {
+        for round in 0..2 {
+            for quota in 1..=70u64 {
+                let mut limits = vec![Limit::new("m", quota, Duration::from_secs(60))];
+                if quota % 2 == 0 {
+                    limits.push(Limit::new("h", 1000, Duration::from_secs(3600)));
+                }
+                let policy = Arc::new(RatePolicy::new("read:rl", algorithm, limits).unwrap());
+                let caller = Key::new("t", format!("{algorithm}:{round}:{quota}").as_bytes());
+                let all = store.check_rate(&policy, RateCheck::new(caller, quota));
+                let all = all.await.unwrap();
+                let more = store.check_rate(&policy, RateCheck::new(caller, 1));
+                let more = more.await.unwrap();
+                let what = format!("{algorithm}, round {round}, a quota of {quota}");
+                assert!(all.admitted, "{what}: its quota at once");
+                assert_eq!(all.limits[0].remaining, 0, "{what}");
+                assert!(!more.admitted, "{what}: one more");
+            }
+        }
+    }
+    assert_eq!(server.calls("evalsha") + server.calls("eval"), 0);
+}
+
 #[tokio::test]
 async fn a_server_that_lost_the_library_gets_it_again_and_the_check_is_charged_once() {
     let server = RedisServer::start();

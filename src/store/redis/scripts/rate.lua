@@ -129,6 +129,10 @@ local now_text, ms_texts
 -- the windows of a sliding counter's limits placed in the call's time: a function made with
 -- the algorithm's
 local windows
+-- The policies read, by their text (their arguments as sent), and how many: a call reads its
+-- policies from the text, not again from each argument (numbers from text are dear to Lua), and
+-- more than 64 distinct policies start the table afresh.
+local parsed, parsed_count = {}, 0
 
 -- The call's number of records; its own record, when it ran before; those of earlier calls,
 -- read once each; per check, '1' when its attempt charged, in this run or an earlier one.
@@ -410,19 +414,18 @@ local function make_sliding_counter()
 
   ones[2] = one
 
-  -- The windows of `n` limits of windows `w` (µs) placed in the call's time: per limit, in turn,
-  -- the window in ms, the index of the current one, the ms elapsed in it and the index as text.
-  windows = function(n, w)
-    local placed = {}
+  -- Places the windows of `n` limits of windows `w` (µs) in the call's time, in `placed`: per
+  -- limit, in turn, the window in ms, the index of the current one, the ms elapsed in it and the
+  -- index as text (formatted again only when the index is not the one placed last).
+  windows = function(placed, n, w)
     for i = 1, n do
       local window = w[i] / 1000
       local index = now_ms / window
       index = index - index % 1
       local slot = 4 * i
+      if placed[slot - 2] ~= index then placed[slot] = format('%d', index) end
       placed[slot - 3], placed[slot - 2], placed[slot - 1] = window, index, now_ms - index * window
-      placed[slot] = format('%d', index)
     end
-    return placed
   end
 
   algorithms[2] = function(k, policy, all, attempt, replay, settle, place, blocked)
@@ -753,6 +756,36 @@ local function replayed(c, where)
   return false
 end
 
+-- The policy whose arguments follow ARGV[a]: its algorithm, number of limits, quotas, windows
+-- (µs), whether a reservation keeps a place (the sliding log names a reservation's entries by its
+-- attempt: it keeps none), blocks (µs; 0: none), number of limits with a penalty, limits that
+-- count calls (nil: none), the function of its common check where it has one (`ones`; else
+-- false), and where a sliding counter's windows are placed in each call's time (else false). The
+-- first policy of an algorithm makes the algorithm's functions, kept for every later call of the
+-- library.
+local function parse(a)
+  local n, q, w, b, nb, calls = ARGV[a + 2] + 0, {}, {}, {}, 0, nil
+  for i = 1, n do
+    q[i], w[i], b[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i]), 0
+    if not q[i] then
+      -- '<quota>c': a limit that counts calls
+      q[i] = tonumber(match(ARGV[a + 1 + 2 * i], '^(%d+)c$'))
+      calls = calls or {}
+      calls[i] = true
+    end
+    if not w[i] then
+      local window, block = match(ARGV[a + 2 + 2 * i], '^(%d+):(%d+)$')
+      w[i], b[i], nb = tonumber(window), tonumber(block), nb + 1
+    end
+  end
+  local algorithm = ARGV[a + 1] + 0
+  if not algorithms[algorithm] and makers[algorithm] then makers[algorithm]() end
+  local policy = {algorithm, n, q, w, algorithm ~= 1, b, nb, calls, false, false}
+  if n == 1 and nb == 0 and not calls then policy[9] = ones[algorithm] or false end
+  if algorithm == 2 then policy[10] = {} end
+  return policy
+end
+
 -- Runs one call: `keys` and `argv` as KEYS and ARGV above.
 local function run(keys, argv)
   call, KEYS, ARGV = redis.call, keys, argv
@@ -767,38 +800,29 @@ local function run(keys, argv)
   -- integer below 2^53, so its quotient by 1000 is never rounded up to the next integer)
   now_ms = floor(now_us / 1000)
   out, len, hold = {}, 0, 0
-  -- The call's policies, read first: the first call that uses an algorithm (or a penalty) makes
-  -- its functions, kept for every later call of the library. `logs`: whether a policy of the
-  -- call is a sliding log; `penalties`: whether a limit of the call has one.
+  -- The call's policies, read first (see `parse`), each by its text: a policy of one limit is
+  -- '<algorithm> <quota> <window>', of n others '<algorithm> <n> <quota> <window> ...'. `logs`:
+  -- whether a policy of the call is a sliding log; `penalties`: whether a limit of the call has
+  -- one. A counter's windows are placed in the call's time.
   local policies, logs, penalties, a = {}, false, false, 4
   for p = 1, ARGV[4] + 0 do
-    local n, q, w, b, nb, calls = ARGV[a + 2] + 0, {}, {}, {}, 0, nil
-    for i = 1, n do
-      q[i], w[i], b[i] = tonumber(ARGV[a + 1 + 2 * i]), tonumber(ARGV[a + 2 + 2 * i]), 0
-      if not q[i] then
-        -- '<quota>c': a limit that counts calls
-        q[i] = tonumber(match(ARGV[a + 1 + 2 * i], '^(%d+)c$'))
-        calls = calls or {}
-        calls[i] = true
-      end
-      if not w[i] then
-        local window, block = match(ARGV[a + 2 + 2 * i], '^(%d+):(%d+)$')
-        w[i], b[i], nb = tonumber(window), tonumber(block), nb + 1
-      end
+    local text
+    if ARGV[a + 2] == '1' then
+      text = ARGV[a + 1] .. ' ' .. ARGV[a + 3] .. ' ' .. ARGV[a + 4]
+    else
+      text = ARGV[a + 1] .. ' ' .. ARGV[a + 2]
+      for j = a + 3, a + 2 + 2 * ARGV[a + 2] do text = text .. ' ' .. ARGV[j] end
     end
-    local algorithm = ARGV[a + 1] + 0
+    local policy = parsed[text]
+    if not policy then
+      if parsed_count >= 64 then parsed, parsed_count = {}, 0 end
+      policy = parse(a)
+      parsed[text], parsed_count = policy, parsed_count + 1
+    end
+    local algorithm, n = policy[1], policy[2]
     if algorithm == 1 then logs = true end
-    if not algorithms[algorithm] and makers[algorithm] then makers[algorithm]() end
-    if nb > 0 then penalties = true end
-    -- its algorithm, number of limits, quotas, windows (µs), whether a reservation keeps a place
-    -- (the sliding log names a reservation's entries by its attempt: it keeps none), blocks (µs;
-    -- 0: none), number of limits with a penalty, limits that count calls (nil: none), the function
-    -- of its common check where it has one (`ones`; else false), and the windows of a sliding
-    -- counter placed in the call's time (`windows`; else false); named as its checks name it (the
-    -- first without formatting a number)
-    local policy = {algorithm, n, q, w, algorithm ~= 1, b, nb, calls, false, false}
-    if n == 1 and nb == 0 and not calls then policy[9] = ones[algorithm] or false end
-    if algorithm == 2 then policy[10] = windows(n, w) end
+    if policy[7] > 0 then penalties = true end
+    if algorithm == 2 then windows(policy[10], n, policy[4]) end
     policies[p == 1 and '1' or tostring(p)] = policy
     a = a + 2 + 2 * n
   end
