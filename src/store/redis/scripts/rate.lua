@@ -98,8 +98,9 @@
 -- correctly) and cheaper than any cutting of the string: by arithmetic on a text that is only
 -- digits (`s + 0`: the conversion of tonumber without the call of a function), by tonumber
 -- where the text may be something else (a quota '<quota>c', a cost 'r<cost>'). A policy's
--- limits are sent and read once per call, whatever the number of its checks; a cost, once per
--- call whatever the number of checks that carry it. Where every check pays for it, floor(x) is
+-- limits are sent once per call, whatever the number of its checks, and read once per library
+-- (kept by their text, see `run`); a cost, once per call whatever the number of checks that
+-- carry it. Where every check pays for it, floor(x) is
 -- written x - x % 1 and ceil(x) -(-x - -x % 1): arithmetic, where math.floor and math.ceil cost a
 -- function call each (exact: x % 1 is x - floor(x), exact in a double).
 -- The functions of Lua's libraries used, reached as locals: set by the first call (a library's
