@@ -181,30 +181,32 @@ async fn two_pg_copies() -> (&'static postgres::PgServer, String, PgStore, PgSto
     (server, schema, a, b)
 }
 
+/// Returns once a subscriber listens to `schema`'s invalidations on `server`: its connection
+/// names itself after its channel.
+async fn pg_listening(server: &postgres::PgServer, schema: &str) {
+    let inspect = server.client().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
+    let name = format!("{schema}_invalidated");
+    while inspect
+        .query_one(sql, &[&name])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        < 1
+    {
+        assert!(Instant::now() < deadline, "no subscriber within 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_reaches_the_other_copy_at_once_on_postgres() {
     let (server, schema, store_a, store_b) = two_pg_copies().await;
-    let listening = async {
-        // the subscriber's connection names itself after its channel
-        let inspect = server.client().await;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
-        let name = format!("{schema}_invalidated");
-        while inspect
-            .query_one(sql, &[&name])
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-            < 1
-        {
-            assert!(Instant::now() < deadline, "no subscriber within 10 s");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
     let prefix = unique_prefix();
     let (a, b) = (copy(store_a, &prefix, 2), copy(store_b, &prefix, 2));
-    a_reset_reaches_the_other_copy(a, b, listening).await;
+    a_reset_reaches_the_other_copy(a, b, pg_listening(server, &schema)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,13 +243,15 @@ fn settling_copy(
 
 /// A refund through copy B frees the caller that copy A denied from its cache: B reserved the
 /// whole hourly quota and settles for a tenth of it, and A admits well before its cache's hold
-/// would end.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refund_through_one_copy_reaches_the_other_at_once_on_redis() {
-    let server = RedisServer::start();
+/// would end. `listening` returns once A's store hears the broadcast.
+async fn a_refund_reaches_the_other_copy(
+    store_a: impl RateStore,
+    store_b: impl RateStore,
+    listening: impl std::future::Future<Output = ()>,
+) {
     let prefix = unique_prefix();
-    let copy_a = stack(copy(redis_store(&server), &prefix, 10), &Calls::default());
-    let b = RateLimitLayer::builder(redis_store(&server))
+    let copy_a = stack(copy(store_a, &prefix, 10), &Calls::default());
+    let b = RateLimitLayer::builder(store_b)
         .limit(Limit::per_hour("hourly", 10))
         .prefix(&prefix)
         .cost(cost_header)
@@ -259,7 +263,7 @@ async fn a_refund_through_one_copy_reaches_the_other_at_once_on_redis() {
     let copy_b = settling_copy(b, Arc::clone(&gate), Arc::clone(&entered));
 
     assert_eq!(send(&copy_a, get("ann")).await.status, StatusCode::OK);
-    pattern_subscribed(vec![server.url()]).await;
+    listening.await;
     let mut reserve = get_costing("ann", 9);
     reserve
         .headers_mut()
@@ -286,6 +290,19 @@ async fn a_refund_through_one_copy_reaches_the_other_at_once_on_redis() {
         8,
         "B's settled balance"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_through_one_copy_reaches_the_other_at_once_on_redis() {
+    let server = RedisServer::start();
+    let listening = pattern_subscribed(vec![server.url()]);
+    a_refund_reaches_the_other_copy(redis_store(&server), redis_store(&server), listening).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_through_one_copy_reaches_the_other_at_once_on_postgres() {
+    let (server, schema, store_a, store_b) = two_pg_copies().await;
+    a_refund_reaches_the_other_copy(store_a, store_b, pg_listening(server, &schema)).await;
 }
 
 /// With the subscriber's connection killed, a reset still frees the caller on the other copy

@@ -25,10 +25,12 @@ impl RateStore for PgStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
         let check = check.bounded(policy);
         let pending = self.inner.rates.check(policy, check);
-        let shared = Arc::clone(&self.inner.shared);
-        let channel = invalidation::channel(&self.inner.settings.schema);
-        let payload = invalidation::payload(policy.namespace(), check.key());
+        // what a refund's notice needs is made only when one is sent
+        let (inner, policy) = (Arc::clone(&self.inner), Arc::clone(policy));
         crate::store::publishing_refunds(pending, check, move || async move {
+            let shared = &inner.shared;
+            let channel = invalidation::channel(&inner.settings.schema);
+            let payload = invalidation::payload(policy.namespace(), check.key());
             let params: Vec<Param> = vec![Box::new(channel), Box::new(payload)];
             let notified = shared
                 .calls

@@ -29,9 +29,10 @@ impl RateStore for RedisStore {
     fn check_rate(&self, policy: &Arc<RatePolicy>, check: RateCheck) -> StoreFuture<RateOutcome> {
         let check = check.bounded(policy);
         let pending = self.rates.check(policy, check);
-        let (link, timeout) = (Arc::clone(&self.link), self.timeout);
-        let namespace: Arc<str> = Arc::from(policy.namespace());
+        // what a refund's publication needs is made only when one is published
+        let (link, timeout, policy) = (Arc::clone(&self.link), self.timeout, Arc::clone(policy));
         crate::store::publishing_refunds(pending, check, move || async move {
+            let namespace: Arc<str> = Arc::from(policy.namespace());
             let published = invalidation::publish_or_log(link.get(), namespace, check.key());
             let _ = tokio::time::timeout(timeout, published).await;
         })
