@@ -243,11 +243,11 @@ fn settling_copy(
 
 /// A refund through copy B frees the caller that copy A denied from its cache: B reserved the
 /// whole hourly quota and settles for a tenth of it, and A admits well before its cache's hold
-/// would end. `listening` returns once A's store hears the broadcast.
+/// would end. `subscribed` resolves once A's store listens (A's first request starts it).
 async fn a_refund_reaches_the_other_copy(
     store_a: impl RateStore,
     store_b: impl RateStore,
-    listening: impl std::future::Future<Output = ()>,
+    subscribed: impl Future<Output = ()>,
 ) {
     let prefix = unique_prefix();
     let copy_a = stack(copy(store_a, &prefix, 10), &Calls::default());
@@ -263,7 +263,7 @@ async fn a_refund_reaches_the_other_copy(
     let copy_b = settling_copy(b, Arc::clone(&gate), Arc::clone(&entered));
 
     assert_eq!(send(&copy_a, get("ann")).await.status, StatusCode::OK);
-    listening.await;
+    subscribed.await;
     let mut reserve = get_costing("ann", 9);
     reserve
         .headers_mut()
@@ -295,8 +295,21 @@ async fn a_refund_reaches_the_other_copy(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_through_one_copy_reaches_the_other_at_once_on_redis() {
     let server = RedisServer::start();
-    let listening = pattern_subscribed(vec![server.url()]);
-    a_refund_reaches_the_other_copy(redis_store(&server), redis_store(&server), listening).await;
+    let subscribed = pattern_subscribed(vec![server.url()]);
+    a_refund_reaches_the_other_copy(redis_store(&server), redis_store(&server), subscribed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_through_one_copy_reaches_the_other_at_once_on_redis_cluster() {
+    let cluster = RedisCluster::shared();
+    let (a, b) = (cluster.store().await, cluster.store().await);
+    a_refund_reaches_the_other_copy(a, b, pattern_subscribed(cluster.urls())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_through_one_copy_reaches_the_other_at_once_on_one_memory_store() {
+    let store = MemoryStore::new();
+    a_refund_reaches_the_other_copy(store.clone(), store, async {}).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

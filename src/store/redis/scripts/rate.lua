@@ -14,24 +14,25 @@
 --             no records), how long a record outlives the deadline in milliseconds, the number
 --             of policies, then per policy its algorithm (1 sliding log, 2 sliding counter, 3
 --             GCRA), its number of limits n and per limit the quota (of a limit that counts
---             calls: '<quota>c') and the window in
---             microseconds (of a limit with a penalty: '<window>:<block_for>', both in
---             microseconds); then per check its policy (1-based), its cost (integer >= 0; 0 only
---             looks; a reservation: 'r<cost>'; either held for h µs: 'c<cost>+<h>' or
---             'r<cost>+<h>'; a settlement: 's<reserved>:<actual>:<settled attempt id>', or 'S...'
---             when it settles a reservation, whose unused part it may refund) and its attempt id (16 hex digits), followed, for a check sent before, by
---             every place it went out at whose record may live: '@j:p' each, the p-th check of
---             the call of record j (1: this call), e.g. '<attempt>@3:1@2:4'
+--             calls: '<quota>c') and the window in microseconds (of a limit with a penalty:
+--             '<window>:<block_for>', both in microseconds); then per check its policy
+--             (1-based), its cost (integer >= 0; 0 only looks; a reservation: 'r<cost>'; either
+--             held for h µs: 'c<cost>+<h>' or 'r<cost>+<h>'; a settlement:
+--             's<reserved>:<actual>:<settled attempt id>', or 'S...' when it settles a
+--             reservation, whose unused part it may refund) and its attempt id (16 hex digits),
+--             followed, for a check sent before, by every place it went out at whose record may
+--             live: '@j:p' each, the p-th check of the call of record j (1: this call), e.g.
+--             '<attempt>@3:1@2:4'
 -- Returns     per check: admitted (0|1), retry_after_us, then per limit two numbers: -1 and
 --             the time its block has left (µs) for a limit that blocks the caller; else the
 --             state its answer is read from (by the client, with the formulas every store
---             answers by; the Lua costs Redis more than the state it reads): of a sliding log the
---             units left and when the next one frees (µs), of a sliding counter its current and
---             previous windows' counts, of GCRA its TAT's offset from the call's store time (µs)
---             and remainder; or -1 and the error of a check that failed (the checks around it
---             stand); or -2, 0 for every check of a call received after its deadline, which
---             charged nothing; then, last, the store time of the call in microseconds: when its
---             checks were decided
+--             answers by: computed here, they would cost Redis more than reading the state): of a
+--             sliding log the units left and when the next one frees (µs), of a sliding counter
+--             its current and previous windows' counts, of GCRA its TAT's offset from the call's
+--             store time (µs) and remainder; or -1 and the error of a check that failed (the
+--             checks around it stand); or -2, 0 for every check of a call received after its
+--             deadline, which charged nothing; then, last, the store time of the call in
+--             microseconds: when its checks were decided
 --
 -- Safe to run twice: a check whose attempt already charged its limits is admitted again without
 -- a second charge, whatever other checks charged the caller in between. A call keeps its record:
@@ -100,9 +101,9 @@
 -- where the text may be something else (a quota '<quota>c', a cost 'r<cost>'). A policy's
 -- limits are sent once per call, whatever the number of its checks, and read once per library
 -- (kept by their text, see `run`); a cost, once per call whatever the number of checks that
--- carry it. Where every check pays for it, floor(x) is
--- written x - x % 1 and ceil(x) -(-x - -x % 1): arithmetic, where math.floor and math.ceil cost a
--- function call each (exact: x % 1 is x - floor(x), exact in a double).
+-- carry it. Where every check pays for it, floor(x) is written x - x % 1 and ceil(x)
+-- -(-x - -x % 1): arithmetic, where math.floor and math.ceil cost a function call each (exact:
+-- x % 1 is x - floor(x), exact in a double).
 -- The functions of Lua's libraries used, reached as locals: set by the first call (a library's
 -- code may not reach them while it loads).
 local format, match, sub, gmatch, find, floor, ceil, min, max, tonumber
