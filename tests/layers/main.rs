@@ -39,6 +39,7 @@ mod hostile_tenants;
 mod hyper;
 mod idempotency;
 mod in_transaction;
+mod let_out;
 mod limits_in_store;
 mod outbound;
 mod outbound_fairness;

@@ -1,9 +1,10 @@
 //! Requests and tokens in one outbound check (`Limit::counting_calls`), against a stand-in
-//! provider (an axum server enforcing 100 requests and 10,000 tokens a second, each a token
-//! bucket, answering `429` past either), on a `MemoryStore`, a real `redis-server` and a real
-//! PostgreSQL: four copies of sixteen workers each, every call declaring its tokens (50 to 250,
-//! at random) in `x-tokens`, calling as fast as they can through hyper's client, never go over
-//! either of the provider's limits and use nearly all of what their own limits allow.
+//! provider of 100 requests and 10,000 tokens a second (each a token bucket), on a
+//! `MemoryStore`, a real `redis-server` and a real PostgreSQL: four copies of sixteen workers
+//! each, every call declaring its tokens (50 to 250, at random) in `x-tokens`, calling as fast
+//! as they can through hyper's client, never go over either of the provider's limits and use
+//! nearly all of what their own limits allow. The provider's buckets judge each call when the
+//! limit let it out (see [`let_out`](crate::let_out)).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
@@ -16,26 +17,24 @@ use axum::routing::post;
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::Full;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tower::util::BoxCloneService;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::ServiceExt;
 
 use tollgate::key::Global;
-use tollgate::outbound::{OutboundError, OutboundLimitLayer};
+use tollgate::outbound::OutboundLimitLayer;
 use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
 use tollgate::store::RateStore;
+
+use crate::let_out::{caller, let_out, refused};
 
 /// The provider's limits: requests and tokens a second (and at once).
 const PROVIDER_REQUESTS: f64 = 100.0;
 const PROVIDER_TOKENS: f64 = 10_000.0;
 /// The copies' limits, by GCRA on the store's clock: a tenth under the provider's, which
-/// absorbs how much longer some calls take than others from the store's decision to the
-/// provider on a busy machine.
+/// absorbs how much later some calls are stamped than others after the store's decision on a
+/// busy machine.
 const OUR_REQUESTS: u64 = 90;
 const OUR_TOKENS: u64 = 9_000;
 /// The tokens a call declares, at random: from 50 to 250, where the tokens run out first (150
@@ -48,106 +47,64 @@ const WORKERS: usize = 16;
 /// How long the workers call.
 const RUN: Duration = Duration::from_secs(10);
 
-/// One token bucket: what it holds as of `filled`, refilled at `rate` a second up to `rate`.
-#[derive(Debug)]
-struct Bucket {
-    rate: f64,
-    held: f64,
-    filled: Instant,
+/// A call the provider took: when the limit let it out, when it arrived (both since the run's
+/// start), and its tokens.
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    let_out: Duration,
+    arrived: Duration,
+    tokens: u64,
 }
 
-impl Bucket {
-    fn new(rate: f64) -> Self {
-        Self {
-            rate,
-            held: rate,
-            filled: Instant::now(),
-        }
-    }
-
-    fn refill(&mut self, now: Instant) {
-        let refill = now.duration_since(self.filled).as_secs_f64() * self.rate;
-        self.held = (self.held + refill).min(self.rate);
-        self.filled = now;
-    }
-}
-
-/// The stand-in provider: a call is taken when both buckets hold it — one request and its
-/// tokens — and `429` otherwise; what it took, refused, and when.
-#[derive(Debug)]
+/// The stand-in provider: every call it took, and how many came without a readable `x-tokens`
+/// or stamp.
+#[derive(Debug, Default)]
 struct Provider {
-    requests: Bucket,
-    tokens: Bucket,
-    /// Calls refused for the requests, for the tokens.
-    over_requests: usize,
-    over_tokens: usize,
-    /// Each call taken: when, and its tokens.
-    taken: Vec<(Instant, u64)>,
-    /// Calls without a readable `x-tokens`.
+    calls: Vec<Call>,
     unreadable: usize,
 }
 
 type Shared = Arc<Mutex<Provider>>;
 
-async fn call(State(provider): State<Shared>, headers: HeaderMap) -> StatusCode {
+async fn call(
+    State((provider, start)): State<(Shared, Instant)>,
+    headers: HeaderMap,
+) -> StatusCode {
+    let arrived = start.elapsed();
     let tokens = headers
         .get("x-tokens")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let mut p = provider.lock().unwrap();
-    let Some(tokens) = tokens else {
+    let (Some(tokens), Some(let_out)) = (tokens, let_out(&headers)) else {
         p.unreadable += 1;
         return StatusCode::BAD_REQUEST;
     };
-    let now = Instant::now();
-    p.requests.refill(now);
-    p.tokens.refill(now);
-    let (no_request, no_tokens) = (p.requests.held < 1.0, p.tokens.held < tokens as f64);
-    if no_request || no_tokens {
-        p.over_requests += usize::from(no_request);
-        p.over_tokens += usize::from(no_tokens);
-        return StatusCode::TOO_MANY_REQUESTS;
-    }
-    p.requests.held -= 1.0;
-    p.tokens.held -= tokens as f64;
-    p.taken.push((now, tokens));
+    p.calls.push(Call {
+        let_out,
+        arrived,
+        tokens,
+    });
     StatusCode::OK
 }
 
-async fn provider() -> (SocketAddr, Shared) {
-    let shared = Arc::new(Mutex::new(Provider {
-        requests: Bucket::new(PROVIDER_REQUESTS),
-        tokens: Bucket::new(PROVIDER_TOKENS),
-        over_requests: 0,
-        over_tokens: 0,
-        taken: Vec::new(),
-        unreadable: 0,
-    }));
+async fn provider(start: Instant) -> (SocketAddr, Shared) {
+    let shared = Shared::default();
     let app = Router::new()
         .route("/v1/calls", post(call))
-        .with_state(Arc::clone(&shared));
+        .with_state((Arc::clone(&shared), start));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (addr, shared)
 }
 
-/// A copy's client: hyper's, behind the outbound limit.
-type Caller = BoxCloneService<Request<Full<Bytes>>, StatusCode, String>;
-
-fn caller(layer: OutboundLimitLayer<Global>) -> Caller {
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build_http();
-    BoxCloneService::new(
-        ServiceBuilder::new()
-            .layer(layer)
-            .service(client)
-            .map_response(|response| response.status())
-            .map_err(|error| match error {
-                OutboundError::Limited(limited) => format!("limited {limited:?}"),
-                other => other.to_string(),
-            }),
-    )
+/// The calls the provider's buckets refuse, judged at `at`: (for the requests, for the
+/// tokens).
+fn over(calls: &[Call], at: impl Fn(&Call) -> Duration) -> (usize, usize) {
+    let weighed = calls.iter().map(|c| (at(c), [1.0, c.tokens as f64]));
+    let [requests, tokens] = refused(weighed, [PROVIDER_REQUESTS, PROVIDER_TOKENS]);
+    (requests, tokens)
 }
 
 /// A copy's limit: requests counted per call, tokens as each call's cost (its `x-tokens`).
@@ -179,20 +136,21 @@ fn post_to(addr: SocketAddr, tokens: u64) -> Request<Full<Bytes>> {
 }
 
 /// Four copies × sixteen workers calling as fast as they can for ten seconds, each call of
-/// tokens in `range` at random: the provider refuses none (neither limit is passed), and the
-/// calls within the run use at least 85% of what the copies' limits allow (their burst, then
-/// their rate) of the limit that runs out first.
+/// tokens in `range` at random: the provider's buckets, judging each call when the limit let it
+/// out, refuse none (neither limit is passed), and the calls let out within the run use at
+/// least 85% of what the copies' limits allow (their burst, then their rate) of the limit that
+/// runs out first.
 async fn stay_under_the_providers_limits<S: RateStore>(
     backend: &str,
     range: std::ops::RangeInclusive<u64>,
     make: impl Fn() -> S,
 ) {
-    let (addr, provider) = provider().await;
+    let start = Instant::now();
+    let (addr, provider) = provider(start).await;
     let prefix = format!("tok{:08x}", rand::random::<u32>());
     let mut workers = JoinSet::new();
-    let start = Instant::now();
     for _ in 0..COPIES {
-        let caller = caller(outbound(make(), &prefix));
+        let caller = caller(outbound(make(), &prefix), start);
         for _ in 0..WORKERS {
             let (caller, range) = (caller.clone(), range.clone());
             workers.spawn(async move {
@@ -216,18 +174,20 @@ async fn stay_under_the_providers_limits<S: RateStore>(
     let errors: Vec<String> = ends.into_iter().flat_map(|(e, _)| e).collect();
     let p = provider.lock().unwrap();
     assert_eq!(p.unreadable, 0);
-    assert_eq!(
-        (p.over_requests, p.over_tokens),
-        (0, 0),
-        "calls over the provider's limits (requests, tokens)"
-    );
     assert!(errors.is_empty(), "{errors:?}");
-    // the calls the workers made within the run (the last ones waited past its end)
+    let on_arrival = over(&p.calls, |c| c.arrived);
+    assert_eq!(
+        over(&p.calls, |c| c.let_out),
+        (0, 0),
+        "calls over the provider's limits (requests, tokens) when the limit let them out; \
+         judged on arrival: {on_arrival:?}"
+    );
+    // the calls the limit let out within the run (the last ones waited past its end)
     let within: Vec<u64> = p
-        .taken
+        .calls
         .iter()
-        .filter(|(at, _)| at.duration_since(start) < RUN)
-        .map(|&(_, tokens)| tokens)
+        .filter(|c| c.let_out < RUN)
+        .map(|c| c.tokens)
         .collect();
     let (requests, tokens) = (within.len() as u64, within.iter().sum::<u64>());
     let secs = RUN.as_secs();
@@ -239,7 +199,8 @@ async fn stay_under_the_providers_limits<S: RateStore>(
         .max(tokens as f64 / (PROVIDER_TOKENS * secs as f64));
     eprintln!(
         "{backend}, {range:?} tokens a call: {requests} requests and {tokens} tokens in {secs} s: {:.1}% of what the \
-         copies' limits allow, {:.1}% of the provider's quota; the longest call took {longest:?}",
+         copies' limits allow, {:.1}% of the provider's quota; the longest call took {longest:?}; judged on \
+         arrival, the provider would have refused {on_arrival:?}",
         used * 100.0,
         of_provider * 100.0
     );
