@@ -3,8 +3,8 @@
 //! second — answering `429` past it), on a `MemoryStore`, a real
 //! `redis-server` and a real PostgreSQL: four copies of sixteen workers each, calling as fast as
 //! they can through hyper's client, never go over the provider's limit (judged when the limit
-//! let each call out, see [`let_out`](crate::let_out)) and use nearly all of it; a provider's `429` with `Retry-After` pauses the copy that got it; a cancelled wait frees
-//! its place.
+//! let each call out, see [`let_out`](crate::let_out)) and use nearly all of it; a provider's
+//! `429` with `Retry-After` pauses the copy that got it; a cancelled wait frees its place.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;

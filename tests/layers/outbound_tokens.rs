@@ -198,9 +198,10 @@ async fn stay_under_the_providers_limits<S: RateStore>(
     let of_provider = (requests as f64 / (PROVIDER_REQUESTS * secs as f64))
         .max(tokens as f64 / (PROVIDER_TOKENS * secs as f64));
     eprintln!(
-        "{backend}, {range:?} tokens a call: {requests} requests and {tokens} tokens in {secs} s: {:.1}% of what the \
-         copies' limits allow, {:.1}% of the provider's quota; the longest call took {longest:?}; judged on \
-         arrival, the provider would have refused {on_arrival:?}",
+        "{backend}, {range:?} tokens a call: {requests} requests and {tokens} tokens in {secs} \
+         s: {:.1}% of what the copies' limits allow, {:.1}% of the provider's quota; the \
+         longest call took {longest:?}; judged on arrival, the provider would have refused \
+         {on_arrival:?}",
         used * 100.0,
         of_provider * 100.0
     );
