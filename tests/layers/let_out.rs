@@ -63,14 +63,14 @@ pub(crate) fn let_out(headers: &HeaderMap) -> Option<Duration> {
 /// One token bucket on the run's clock: what it holds as of `filled`, refilled at `rate` a
 /// second up to `rate` (full at the start).
 #[derive(Debug)]
-struct Bucket {
+pub(crate) struct Bucket {
     rate: f64,
     held: f64,
     filled: Duration,
 }
 
 impl Bucket {
-    fn new(rate: f64) -> Self {
+    pub(crate) fn new(rate: f64) -> Self {
         Self {
             rate,
             held: rate,
@@ -79,7 +79,7 @@ impl Bucket {
     }
 
     /// Whether it holds `n` at `at` (no earlier than the last time asked).
-    fn holds(&mut self, at: Duration, n: f64) -> bool {
+    pub(crate) fn holds(&mut self, at: Duration, n: f64) -> bool {
         let refill = at.saturating_sub(self.filled).as_secs_f64() * self.rate;
         self.held = (self.held + refill).min(self.rate);
         self.filled = self.filled.max(at);
@@ -87,7 +87,7 @@ impl Bucket {
     }
 
     /// Takes `n`, which it holds.
-    fn take(&mut self, n: f64) {
+    pub(crate) fn take(&mut self, n: f64) {
         self.held -= n;
     }
 }

@@ -30,7 +30,7 @@ use tollgate::outbound::{OutboundError, OutboundLimitLayer, ProviderCounts};
 use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
 use tollgate::store::{LockStore, RateStore};
 
-use crate::let_out::{Caller, let_out, refused};
+use crate::let_out::{Bucket, Caller, let_out, refused};
 
 /// The provider's limit: calls a second (and at once).
 const PROVIDER_LIMIT: usize = 100;
@@ -46,10 +46,9 @@ const WORKERS: usize = 16;
 /// with `Retry-After: 1` when it is empty (and a count of each).
 #[derive(Debug)]
 struct Provider {
-    limit: usize,
-    /// The bucket: calls it holds, as of `filled`.
-    tokens: f64,
-    filled: Instant,
+    /// The bucket, on the provider's clock (from `since`).
+    bucket: Bucket,
+    since: Instant,
     total: usize,
     over: usize,
     /// When each call arrived, accepted or not.
@@ -63,10 +62,9 @@ struct Provider {
     /// reset in 1 s), once; and when it did.
     spent: Option<Instant>,
     spent_at: Option<Instant>,
-    /// Calls to `/v1/stamped`: when the limit let each out and when it arrived, since
-    /// `stamps_from` (see [`let_out`](crate::let_out)); and those without a stamp.
+    /// Calls to `/v1/stamped`: when the limit let each out (stamped from `since`, see
+    /// [`let_out`](crate::let_out)) and when it arrived; and those without a stamp.
     stamped: Vec<(Duration, Duration)>,
-    stamps_from: Instant,
     unstamped: usize,
 }
 
@@ -87,18 +85,15 @@ async fn call(State(provider): State<Shared>) -> (StatusCode, [(&'static str, St
             [("retry-after", left.to_string())],
         );
     }
-    let limit = p.limit as f64;
-    let refill = now.duration_since(p.filled).as_secs_f64() * limit;
-    p.tokens = (p.tokens + refill).min(limit);
-    p.filled = now;
-    if p.tokens < 1.0 {
+    let at = now.duration_since(p.since);
+    if !p.bucket.holds(at, 1.0) {
         p.over += 1;
         return (
             StatusCode::TOO_MANY_REQUESTS,
             [("retry-after", "1".to_owned())],
         );
     }
-    p.tokens -= 1.0;
+    p.bucket.take(1.0);
     p.total += 1;
     (StatusCode::OK, [("x-provider", "ok".to_owned())])
 }
@@ -126,7 +121,7 @@ async fn counted(State(provider): State<Shared>) -> [(&'static str, &'static str
 /// judge afterwards) and when it arrived.
 async fn stamped(State(provider): State<Shared>, headers: HeaderMap) -> StatusCode {
     let mut p = provider.lock().unwrap();
-    let arrived = p.stamps_from.elapsed();
+    let arrived = p.since.elapsed();
     match let_out(&headers) {
         Some(at) => p.stamped.push((at, arrived)),
         None => p.unstamped += 1,
@@ -136,9 +131,8 @@ async fn stamped(State(provider): State<Shared>, headers: HeaderMap) -> StatusCo
 
 async fn provider(limit: usize) -> (SocketAddr, Shared) {
     let shared = Arc::new(Mutex::new(Provider {
-        limit,
-        tokens: limit as f64,
-        filled: Instant::now(),
+        bucket: Bucket::new(limit as f64),
+        since: Instant::now(),
         total: 0,
         over: 0,
         arrivals: Vec::new(),
@@ -147,7 +141,6 @@ async fn provider(limit: usize) -> (SocketAddr, Shared) {
         spent: None,
         spent_at: None,
         stamped: Vec::new(),
-        stamps_from: Instant::now(),
         unstamped: 0,
     }));
     let app = Router::new()
@@ -209,8 +202,8 @@ async fn four_copies_stay_under_the_providers_limit<S: RateStore>(make: impl Fn(
     let (addr, provider) = provider(PROVIDER_LIMIT).await;
     let prefix = format!("out{:08x}", rand::random::<u32>());
     let mut workers = JoinSet::new();
-    let start = Instant::now();
-    provider.lock().unwrap().stamps_from = start;
+    // the run starts with the provider's clock, on which the stamps are read
+    let start = provider.lock().unwrap().since;
     for _ in 0..COPIES {
         let layer = outbound(make(), &prefix, Duration::from_secs(5));
         let caller = crate::let_out::caller(layer, start);
