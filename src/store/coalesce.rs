@@ -20,6 +20,12 @@
 //! half a round trip before its earliest caller's, so that a check decided in time is also
 //! answered in time.
 //!
+//! A caller waits for its answer without a timer of its own: the driver answers it, with the
+//! call's outcome or, once its deadline has passed, with a timeout (the call goes on for the
+//! others, within the store's timeout). Checks queue in the order of their deadlines (they share
+//! one timeout), so the driver's one timer is set for the next deadline of all the callers it
+//! holds: under load, one timer per call rather than one per check.
+//!
 //! The store decides the checks of a call in turn, each exactly as it would be decided alone at
 //! that instant after the ones before it. A check whose step fails fails alone; a call that fails
 //! (a timeout, a dropped connection) fails every check it carried, with the same kind: ambiguous
@@ -115,8 +121,11 @@ struct Waiting {
     /// The caller's span: the span of the call its check goes out in is a child of the first
     /// caller's in the batch (with no subscriber, none).
     caller: Span,
-    reply: oneshot::Sender<Result<RateOutcome, StoreError>>,
+    reply: Reply,
 }
+
+/// Where a caller waits for its check's outcome.
+type Reply = oneshot::Sender<Result<RateOutcome, StoreError>>;
 
 /// What goes out next.
 enum Next {
@@ -148,30 +157,20 @@ impl<C: BatchCall> Coalescer<C> {
     ) -> StoreFuture<RateOutcome> {
         let this = Arc::clone(self);
         let policy = Arc::clone(policy);
-        let deadline = Instant::now() + self.timeout;
         if self.max_batch == 1 {
             return Box::pin(async move {
-                let one = [(&*policy, check, deadline)];
+                let one = [(&*policy, check, Instant::now() + this.timeout)];
                 let mut decided = this.decide(&one).await?;
                 decided.pop().unwrap_or_else(|| Err(missing()))
             });
         }
         Box::pin(async move {
             let (reply, answer) = oneshot::channel();
-            if this.enqueue(Waiting {
-                policy,
-                check,
-                deadline,
-                caller: Span::current(),
-                reply,
-            }) {
+            if this.enqueue(policy, check, reply) {
                 tokio::spawn(Driver::new(&this).run());
             }
-            match tokio::time::timeout_at(deadline, answer).await {
-                Ok(Ok(outcome)) => outcome,
-                Ok(Err(_)) => Err(missing()),
-                Err(_) => Err(StoreError::timeout()),
-            }
+            // no timer of its own: the driver answers by the deadline (see the module's doc)
+            answer.await.unwrap_or_else(|_| Err(missing()))
         })
     }
 
@@ -195,10 +194,19 @@ impl<C: BatchCall> Coalescer<C> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `waiting`; whether nothing is in flight, so that the caller must start sending.
-    fn enqueue(&self, waiting: Waiting) -> bool {
+    /// Queues `check`, its deadline the timeout from now: set in the queue's lock, so that the
+    /// queue stays in the order of deadlines. Whether nothing is in flight, so that the caller
+    /// must start sending.
+    fn enqueue(&self, policy: Arc<RatePolicy>, check: RateCheck, reply: Reply) -> bool {
+        let caller = Span::current();
         let mut queue = self.queue();
-        queue.waiting.push_back(waiting);
+        queue.waiting.push_back(Waiting {
+            policy,
+            check,
+            deadline: Instant::now() + self.timeout,
+            caller,
+            reply,
+        });
         let start = !std::mem::replace(&mut queue.sending, true);
         let wake = !start && (queue.eager || queue.waiting.len().is_multiple_of(self.max_batch));
         drop(queue);
@@ -208,30 +216,44 @@ impl<C: BatchCall> Coalescer<C> {
         start
     }
 
-    /// The checks that go out next: a full batch, or, when `any` (nothing in flight, or the load
-    /// is light) or once the first has waited [`LINGER`], whatever waits; leaving out callers
-    /// that gave up and failing those with too little time left. When nothing goes out: until
-    /// when a short batch may wait, or, when nothing waits, `Idle` (and then, when the driver is
-    /// `idle`, nothing in flight, it stops).
-    fn next_batch(&self, idle: bool, any: bool) -> Next {
+    /// The checks that go out next, at most `room`: a full batch, or, when `any` (nothing in
+    /// flight, or the load is light) or once the first has waited [`LINGER`] (or until its
+    /// deadline), whatever waits; leaving out callers that gave up and failing those with too
+    /// little time left. When nothing goes out: until when a short batch may wait (with no room,
+    /// until the first deadline, when that caller times out), or, when nothing waits, `Idle`
+    /// (and then, when the driver is `idle`, nothing in flight, it stops).
+    fn next_batch(&self, idle: bool, any: bool, room: usize) -> Next {
         let now = Instant::now();
         let round_trip = self.round_trip();
         let mut queue = self.queue();
         queue.eager = any;
-        if !any && queue.waiting.len() < self.max_batch {
+        if room == 0 {
+            // the calls in flight carry all they may: what waits is answered at its deadline
+            while let Some(waiting) = queue.waiting.pop_front() {
+                if waiting.deadline > now {
+                    let deadline = waiting.deadline;
+                    queue.waiting.push_front(waiting);
+                    return Next::Hold(deadline);
+                }
+                let _ = waiting.reply.send(Err(StoreError::timeout()));
+            }
+            return Next::Idle;
+        }
+        let max_batch = self.max_batch.min(room);
+        if !any && queue.waiting.len() < max_batch {
             // a caller's deadline is its arrival plus the timeout
-            let first = queue
-                .waiting
-                .front()
-                .map(|w| w.deadline.checked_sub(self.timeout).unwrap_or(now) + LINGER);
+            let first = queue.waiting.front().map(|w| {
+                let linger = w.deadline.checked_sub(self.timeout).unwrap_or(now) + LINGER;
+                linger.min(w.deadline)
+            });
             match first {
                 Some(until) if until > now => return Next::Hold(until),
                 Some(_) => {}
                 None => return Next::Idle,
             }
         }
-        let mut batch = Vec::with_capacity(queue.waiting.len().min(self.max_batch));
-        while batch.len() < self.max_batch {
+        let mut batch = Vec::with_capacity(queue.waiting.len().min(max_batch));
+        while batch.len() < max_batch {
             match queue.waiting.pop_front() {
                 Some(waiting) if waiting.reply.is_closed() => {}
                 Some(waiting) if waiting.deadline.saturating_duration_since(now) < round_trip => {
@@ -274,24 +296,65 @@ impl<C: BatchCall> Coalescer<C> {
         }
     }
 
-    /// Sends one call for `batch`, in the context of its first caller's span, and tells each
-    /// caller its answer.
-    async fn send(&self, batch: Vec<Waiting>) {
-        let checks: Vec<_> = batch
-            .iter()
-            .map(|w| (&*w.policy, w.check, w.deadline))
-            .collect();
+    /// One call for `batch`, in the context of its first caller's span: what it decides, and the
+    /// callers waiting for it.
+    fn send(&self, batch: Vec<Waiting>) -> (impl Future<Output = Decided> + Send + '_, Flight) {
         let caller = batch.first().map_or_else(Span::none, |w| w.caller.clone());
-        match self.decide(&checks).instrument(caller).await {
+        let mut checks = Vec::with_capacity(batch.len());
+        let mut replies = Vec::with_capacity(batch.len());
+        for waiting in batch {
+            checks.push((waiting.policy, waiting.check, waiting.deadline));
+            replies.push(Some((waiting.deadline, waiting.reply)));
+        }
+        let call = async move {
+            let sent: Vec<Sent<'_>> = checks.iter().map(|(p, c, d)| (&**p, *c, *d)).collect();
+            self.decide(&sent).instrument(caller).await
+        };
+        (call, Flight { replies, due: 0 })
+    }
+}
+
+/// The callers of a call in flight, in the order of their checks (and of their deadlines), each
+/// until it is answered: by the call, or with a timeout once its deadline passed.
+struct Flight {
+    replies: Vec<Option<(Instant, Reply)>>,
+    /// The first caller not answered yet by its deadline: those before it timed out.
+    due: usize,
+}
+
+impl Flight {
+    /// The deadline the next caller to time out waits until.
+    fn next_deadline(&self) -> Option<Instant> {
+        let (deadline, _) = self.replies.get(self.due)?.as_ref()?;
+        Some(*deadline)
+    }
+
+    /// Answers every caller whose deadline is past `now` with a timeout.
+    fn expire(&mut self, now: Instant) {
+        while let Some(Some((deadline, _))) = self.replies.get(self.due)
+            && *deadline <= now
+        {
+            if let Some((_, reply)) = self.replies[self.due].take() {
+                let _ = reply.send(Err(StoreError::timeout()));
+            }
+            self.due += 1;
+        }
+    }
+
+    /// Tells each caller still waiting what the call decided for its check.
+    fn answer(self, decided: Decided) {
+        match decided {
             Ok(decided) => {
-                for (waiting, outcome) in batch.into_iter().zip(decided) {
+                for (reply, outcome) in self.replies.into_iter().zip(decided) {
                     // a caller that gave up meanwhile has no one to tell
-                    let _ = waiting.reply.send(outcome);
+                    if let Some((_, reply)) = reply {
+                        let _ = reply.send(outcome);
+                    }
                 }
             }
             Err(error) => {
-                for waiting in batch {
-                    let _ = waiting.reply.send(Err(error.shared()));
+                for (_, reply) in self.replies.into_iter().flatten() {
+                    let _ = reply.send(Err(error.shared()));
                 }
             }
         }
@@ -317,44 +380,66 @@ impl<C: BatchCall> Driver<C> {
     async fn run(mut self) {
         let this = &self.coalescer;
         let mut calls = FuturesUnordered::new();
+        // the callers of each call in flight, by the call's number
+        let mut flights: Vec<(u64, Flight)> = Vec::new();
+        let mut sent = 0_u64;
         // the checks the calls in flight carry
         let mut carried = 0;
+        // the driver's one timer: set again only when what it waits for moves
+        let sleep = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(sleep);
+        let mut set = None;
         loop {
-            let mut hold = None;
-            while carried < MAX_CARRIED {
+            let mut wake = None;
+            loop {
                 let any = calls.is_empty() || light(calls.len(), carried);
-                let batch = match this.next_batch(calls.is_empty(), any) {
+                let room = MAX_CARRIED.saturating_sub(carried);
+                let batch = match this.next_batch(calls.is_empty(), any, room) {
                     Next::Batch(batch) => batch,
                     Next::Hold(until) => {
-                        hold = Some(until);
+                        wake = Some(until);
                         break;
                     }
                     Next::Idle => break,
                 };
                 for call in this.calls_of(batch) {
                     carried += call.len();
-                    calls.push(async move {
-                        let checks = call.len();
-                        this.send(call).await;
-                        checks
-                    });
+                    sent += 1;
+                    let (call, flight) = this.send(call);
+                    flights.push((sent, flight));
+                    calls.push(async move { (sent, call.await) });
                 }
             }
             if calls.is_empty() {
                 break;
             }
+            // the next caller in flight to reach its deadline is answered then
+            let due = flights.iter().filter_map(|(_, f)| f.next_deadline()).min();
+            wake = wake.into_iter().chain(due).min();
+            if let Some(until) = wake
+                && set != wake
+            {
+                sleep.as_mut().reset(until);
+                set = wake;
+            }
             // a call that returns frees its checks' room; a check that queues may make a full
             // batch, or go out at once while the load is light; a short batch waits so long
-            let linger = async move {
-                match hold {
-                    Some(until) => tokio::time::sleep_until(until).await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
-                Some(checks) = calls.next() => carried -= checks,
+                Some((number, decided)) = calls.next() => {
+                    if let Some(at) = flights.iter().position(|(n, _)| *n == number) {
+                        let (_, flight) = flights.swap_remove(at);
+                        carried -= flight.replies.len();
+                        flight.answer(decided);
+                    }
+                }
                 () = this.queued.notified() => {}
-                () = linger => {}
+                () = &mut sleep, if wake.is_some() => set = None,
+            }
+            if due.is_some_and(|due| due <= Instant::now()) {
+                let now = Instant::now();
+                for (_, flight) in &mut flights {
+                    flight.expire(now);
+                }
             }
         }
         self.done = true;

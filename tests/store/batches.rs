@@ -532,3 +532,53 @@ async fn a_stopped_cluster_master_holds_up_only_its_own_callers() {
         "{decided} of {others} checks of the other masters' callers decided"
     );
 }
+
+/// A stopped server answers nothing, and holds every call it is sent: each caller is still
+/// answered by its deadline (the store's timeout from its check), with a timeout, not when its
+/// call gives up. 4,200 checks at once fill what the calls in flight may carry (4,096); 200 more
+/// a little later wait in the queue until the first calls time out, and then go out, in calls
+/// that would give up later than their callers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_answers_every_caller_by_its_deadline() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(400);
+    let store = RedisStore::builder(server.url())
+        .timeout(timeout)
+        .build()
+        .unwrap();
+    let policy = one_limit(Algorithm::Gcra, 10);
+    // the connection open and the store's clock read before the server stops
+    let warm = RateCheck::new(Key::new("far", b"warm"), 0);
+    store.check_rate(&policy, warm).await.unwrap();
+    server.pause();
+    let ask = |i: u32| {
+        let (store, policy) = (store.clone(), Arc::clone(&policy));
+        tokio::spawn(async move {
+            let asked = tokio::time::Instant::now();
+            let outcome = store
+                .check_rate(&policy, RateCheck::new(far_caller(i), 1))
+                .await;
+            (asked.elapsed(), outcome)
+        })
+    };
+    let mut tasks: Vec<_> = (0..4_200).map(ask).collect();
+    tokio::time::sleep(timeout / 2).await;
+    tasks.extend((4_200..4_400).map(ask));
+    let mut latest = Duration::ZERO;
+    for task in tasks {
+        let (took, outcome) = task.await.unwrap();
+        let error = outcome.expect_err("a check was decided by a stopped server");
+        assert_eq!(
+            error.kind(),
+            tollgate::store::StoreErrorKind::Timeout,
+            "{error}"
+        );
+        latest = latest.max(took);
+    }
+    server.resume();
+    // the answer comes at the deadline, give or take the scheduling of a busy machine
+    assert!(
+        latest <= timeout + Duration::from_millis(100),
+        "a caller was answered {latest:?} after its check, past its deadline ({timeout:?})"
+    );
+}
