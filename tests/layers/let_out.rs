@@ -9,6 +9,8 @@
 //! bucket over those stamps, in their order, reporting what arrival would have said beside it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -52,6 +54,33 @@ pub(crate) fn caller(layer: OutboundLimitLayer<Global>, start: Instant) -> Calle
                 other => other.to_string(),
             }),
     )
+}
+
+/// The stamp of a `reqwest-middleware` client, added right after the outbound limit's
+/// middleware: each call stamped with when the limit let it out (since `start`).
+pub(crate) struct Stamp {
+    pub(crate) start: Instant,
+}
+
+impl reqwest_middleware::Middleware for Stamp {
+    fn handle<'a, 'b, 'c, 'd>(
+        &'a self,
+        mut request: reqwest::Request,
+        extensions: &'b mut http::Extensions,
+        next: reqwest_middleware::Next<'c>,
+    ) -> Pin<Box<dyn Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 'd>>
+    where
+        Self: 'd,
+        'a: 'd,
+        'b: 'd,
+        'c: 'd,
+    {
+        let micros = u64::try_from(self.start.elapsed().as_micros()).unwrap();
+        request
+            .headers_mut()
+            .insert(HEADER, HeaderValue::from(micros));
+        next.run(request, extensions)
+    }
 }
 
 /// When the limit let a call out, from its stamp.

@@ -30,7 +30,7 @@ use tollgate::outbound::{OutboundError, OutboundLimitLayer, ProviderCounts};
 use tollgate::rate_limit::{Algorithm, Limit, RateLimitLayer};
 use tollgate::store::{LockStore, RateStore};
 
-use crate::let_out::{Bucket, Caller, let_out, refused};
+use crate::let_out::{Bucket, Caller, Stamp, let_out, refused};
 
 /// The provider's limit: calls a second (and at once).
 const PROVIDER_LIMIT: usize = 100;
@@ -71,6 +71,29 @@ struct Provider {
 type Shared = Arc<Mutex<Provider>>;
 
 async fn call(State(provider): State<Shared>) -> (StatusCode, [(&'static str, String); 1]) {
+    answer(&provider, Judged::OnArrival)
+}
+
+/// [`call`], for calls stamped with when the limit let them out: taken whatever the bucket
+/// holds as they arrive, and judged afterwards on their stamps (see [`let_out`]).
+async fn stamped_call(
+    State(provider): State<Shared>,
+    headers: HeaderMap,
+) -> (StatusCode, [(&'static str, String); 1]) {
+    answer(&provider, Judged::Afterwards(let_out(&headers)))
+}
+
+/// When a call the provider is open to is judged by its bucket.
+#[derive(Clone, Copy)]
+enum Judged {
+    /// As it arrives: refused when the bucket is empty.
+    OnArrival,
+    /// By the test, on when the limit let it out (`None`: the call has no stamp): taken.
+    Afterwards(Option<Duration>),
+}
+
+/// The provider's answer to a call: `429` while it is closed; else judged as `judged` says.
+fn answer(provider: &Shared, judged: Judged) -> (StatusCode, [(&'static str, String); 1]) {
     let mut p = provider.lock().unwrap();
     let now = Instant::now();
     p.arrivals.push(now);
@@ -86,6 +109,14 @@ async fn call(State(provider): State<Shared>) -> (StatusCode, [(&'static str, St
         );
     }
     let at = now.duration_since(p.since);
+    if let Judged::Afterwards(let_out) = judged {
+        match let_out {
+            Some(let_out) => p.stamped.push((let_out, at)),
+            None => p.unstamped += 1,
+        }
+        p.total += 1;
+        return (StatusCode::OK, [("x-provider", "ok".to_owned())]);
+    }
     if !p.bucket.holds(at, 1.0) {
         p.over += 1;
         return (
@@ -145,6 +176,7 @@ async fn provider(limit: usize) -> (SocketAddr, Shared) {
     }));
     let app = Router::new()
         .route("/v1/calls", post(call))
+        .route("/v1/stamped-calls", post(stamped_call))
         .route("/v1/counted", post(counted))
         .route("/v1/stamped", post(stamped))
         .route(
@@ -195,6 +227,20 @@ fn post_to(addr: SocketAddr) -> Request<Full<Bytes>> {
 /// How long the workers call.
 const RUN: Duration = Duration::from_secs(10);
 
+/// The provider's bucket, judged when the limit let each stamped call out, refused none of them
+/// (judging on arrival is reported beside it), and every call was stamped.
+fn none_over(p: &Provider) {
+    let rate = [PROVIDER_LIMIT as f64];
+    let on_arrival = refused(p.stamped.iter().map(|&(_, at)| (at, [1.0])), rate);
+    assert_eq!(
+        refused(p.stamped.iter().map(|&(at, _)| (at, [1.0])), rate),
+        [0],
+        "calls over the provider's limit when the limit let them out; judged on arrival: \
+         {on_arrival:?}"
+    );
+    assert_eq!(p.unstamped, 0, "calls without a stamp");
+}
+
 /// Four copies × sixteen workers calling as fast as they can for ten seconds: the provider's
 /// bucket, judging each call when the limit let it out, refuses none (none goes over its
 /// limit), and at least 95% of its quota — 100 a second — is let out within the run.
@@ -228,19 +274,11 @@ async fn four_copies_stay_under_the_providers_limit<S: RateStore>(make: impl Fn(
     let errors: Vec<String> = workers.join_all().await.into_iter().flatten().collect();
     let p = provider.lock().unwrap();
     assert!(errors.is_empty(), "{errors:?}");
-    let rate = [PROVIDER_LIMIT as f64];
-    let on_arrival = refused(p.stamped.iter().map(|&(_, at)| (at, [1.0])), rate);
-    assert_eq!(
-        refused(p.stamped.iter().map(|&(at, _)| (at, [1.0])), rate),
-        [0],
-        "calls over the provider's limit when the limit let them out; judged on arrival: \
-         {on_arrival:?}"
-    );
+    none_over(&p);
     // the calls the limit let out within the run (the last ones waited past its end)
     let within = p.stamped.iter().filter(|(at, _)| *at < RUN).count();
     let quota = PROVIDER_LIMIT * RUN.as_secs() as usize;
     assert!(within * 100 >= quota * 95, "{within} of {quota} used");
-    assert_eq!(p.unstamped, 0);
 }
 
 /// Halfway through, the provider stops taking calls for two seconds, answering `429` with the
@@ -302,13 +340,15 @@ async fn a_providers_429_pauses_every_copy<S: RateStore + LockStore + Clone>(mak
 
 /// Through `reqwest-middleware`: two copies of eight workers, each copy a
 /// `ClientWithMiddleware` with the outbound limit, the pauses shared; the provider stops taking
-/// calls for a second halfway. It refuses none for its limit, sees none during its pause (but
+/// calls for a second halfway. Its bucket, judged when the limit let each call out (a stamp
+/// added right after the limit's middleware), refuses none; it sees no call during its pause (but
 /// those on their way), and takes calls again after it.
 async fn reqwest_clients_share_the_quota_and_the_pause<S: RateStore + LockStore + Clone>(
     make: impl Fn() -> S,
 ) {
     let (addr, provider) = provider(PROVIDER_LIMIT).await;
-    let start = Instant::now();
+    // the run starts with the provider's clock, on which the stamps are read
+    let start = provider.lock().unwrap().since;
     let closed = Duration::from_secs(1);
     provider.lock().unwrap().closed = Some((start + Duration::from_millis(1_500), closed));
     let prefix = format!("reqwest{:08x}", rand::random::<u32>());
@@ -319,13 +359,15 @@ async fn reqwest_clients_share_the_quota_and_the_pause<S: RateStore + LockStore 
         let layer = outbound(store.clone(), &prefix, Duration::from_secs(5)).share_pauses(store);
         let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
             .with(layer)
+            .with(Stamp { start })
             .build();
         for _ in 0..8 {
             let client = client.clone();
             workers.spawn(async move {
                 let mut errors = Vec::new();
                 while start.elapsed() < run {
-                    match client.post(format!("http://{addr}/v1/calls")).send().await {
+                    let url = format!("http://{addr}/v1/stamped-calls");
+                    match client.post(url).send().await {
                         Ok(response) if response.status().is_success() => {}
                         Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => {}
                         Ok(response) => errors.push(response.status().to_string()),
@@ -339,7 +381,7 @@ async fn reqwest_clients_share_the_quota_and_the_pause<S: RateStore + LockStore 
     let errors: Vec<String> = workers.join_all().await.into_iter().flatten().collect();
     assert!(errors.is_empty(), "{errors:?}");
     let p = provider.lock().unwrap();
-    assert_eq!(p.over, 0, "calls over the provider's limit");
+    none_over(&p);
     let first = p.first_closed.expect("the provider refused a call");
     let in_flight = Duration::from_millis(200);
     let during = p
