@@ -260,7 +260,9 @@ impl Standing {
     /// With others ahead: `None` when it may ask — nobody stands ahead any more, or the limits
     /// have room for every one ahead and for it (a burst of room is not served one copy at a
     /// time); else the pause before it looks again: short while the line moves, then longer,
-    /// up to the store's last word on when room comes.
+    /// up to the store's last word on when room comes. The room is judged against those ahead
+    /// at this line-up, not the last: a copy whose waiter was just admitted lines up at the
+    /// end, and the room left is for those ahead of it first.
     async fn look(
         &mut self,
         client: &RateClient,
@@ -271,10 +273,10 @@ impl Standing {
         let before = self.ahead;
         let (ahead, room) = tokio::join!(
             client.line_up(tier, check.key(), self.waiter, self.gap),
-            client.room_for(tier, check, before),
+            client.room_for(tier, check),
         );
         self.stood(client, tier, place, ahead);
-        if ahead == 0 || room {
+        if ahead == 0 || room > u64::from(ahead) {
             return None;
         }
         self.poll = if ahead < before {
@@ -308,20 +310,28 @@ impl RateClient {
         })
     }
 
-    /// Whether the limits of `tier` have room now for `check`'s cost `times` over and once
-    /// more: a look at the caller's limits, which charges nothing. `false` when the store does
-    /// not answer.
-    async fn room_for(&self, tier: &Tier, check: RateCheck, times: u32) -> bool {
+    /// How many calls of `check`'s cost the limits of `tier` have room for now: a look at the
+    /// caller's limits, which charges nothing. 0 when the store does not answer.
+    async fn room_for(&self, tier: &Tier, check: RateCheck) -> u64 {
         let look = RateCheck::new(check.key(), 0);
         let Ok(outcome) = self.store.check_rate(&tier.policy, look).await else {
-            return false;
+            return 0;
         };
-        let calls = u64::from(times).saturating_add(1);
         let limits = tier.policy.limits();
-        outcome.limits.len() == limits.len()
-            && limits.iter().zip(&outcome.limits).all(|(limit, state)| {
-                state.remaining >= limit.charge_of(check.cost()).saturating_mul(calls)
+        if outcome.limits.len() != limits.len() {
+            return 0;
+        }
+        limits
+            .iter()
+            .zip(&outcome.limits)
+            .map(|(limit, state)| {
+                state
+                    .remaining
+                    .checked_div(limit.charge_of(check.cost()))
+                    .unwrap_or(u64::MAX)
             })
+            .min()
+            .unwrap_or(u64::MAX)
     }
 }
 

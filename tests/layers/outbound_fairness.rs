@@ -1,18 +1,29 @@
 //! Fairness across copies of an outbound limit (`tollgate::outbound`): four copies on one key,
 //! with 2, 4, 8 and 32 workers each, every worker calling as fast as the limit lets it, so that
-//! every copy always has calls waiting for room. What each copy gets admitted, once the first
-//! burst is spent, is measured against an equal share, on a real `redis-server` and a real
-//! PostgreSQL.
+//! every copy always has calls waiting for room. The order in which the copies' calls are
+//! admitted once the first burst is spent, and what each copy gets, are held on a
+//! `MemoryStore`, a real `redis-server` and a real PostgreSQL.
 //!
 //! Each copy's first waiter stands in the caller's line in the store and asks for room only when
 //! no waiter of another copy stands ahead of it; admitted, its copy's next waiter lines up at the
-//! end. So the copies take turns: over 800 admissions each gets 200, give or take the turn under
-//! way when the counting starts and ends. The test holds every copy within 3% (6 admissions) of
-//! an equal share. Without the line, every moment of room is a draw between the copies, and a
-//! copy's count strays from an equal share as a binomial draw does, by a relative
-//! `sqrt((copies - 1) / n)` standard deviation (6.1% here): measured over twelve such runs
-//! (2026-12-06), the worst copy of a run was 4.5% to 17.0% off (median 11.5%), which this test
-//! fails.
+//! end. So the copies take turns: of any four admissions in a row, each copy has one. The test
+//! holds that of at least 40% of the runs of four (a machine whose copies are held off the CPU
+//! lets a copy miss its turn, and the room goes to the next), and every copy within 6% of an
+//! equal share of the 800 admissions. Measured on 2026-12-08, two runs on each store a row
+//! (a run's order is written where `ORDER` names, when set):
+//!
+//! | | runs of four with every copy | worst copy off an equal share |
+//! | --- | --- | --- |
+//! | with the line, idle machine | 97–100% | 0.0–0.5% |
+//! | with the line, eight busy loops beside it on two cores | 58–99% | 0.4–2.6% |
+//! | without the line, idle | 1–7% | 4.9–22% |
+//! | without the line, eight busy loops | 10–22% | 5.0–15% |
+//!
+//! Other runs beside eight busy loops put a copy 4.5% off with the line, and 1.6% off without.
+//! Without the line (a line-up that answers that nobody stands ahead), every moment of room is a draw between the copies (a run of four holds
+//! every copy by chance, 4!/4⁴ = 9% of the time), and a copy's count strays from an equal share
+//! as a binomial draw does, by a relative `sqrt((copies - 1) / n)` standard deviation (6.1%
+//! here). The share alone cannot tell a draw from turns on a loaded machine; the order can.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
@@ -36,14 +47,17 @@ const WARM_UP: Duration = Duration::from_secs(2);
 /// How long the admissions are counted after it.
 const COUNTED: Duration = Duration::from_secs(8);
 /// How far from an equal share a copy may be.
-const TOLERANCE: f64 = 0.03;
+const TOLERANCE: f64 = 0.06;
+/// The least share of runs of four admissions in a row in which every copy has one.
+const LEAST_TURNS: f64 = 0.4;
 
-/// What each copy got admitted within the counted time, in the order of [`WORKERS`].
-async fn admitted_per_copy<S: RateStore>(make: impl Fn() -> S) -> Vec<usize> {
+/// The copies whose calls were admitted within the counted time, in the order admitted (a copy
+/// by its index in [`WORKERS`]).
+async fn admissions<S: RateStore>(make: impl Fn() -> S) -> Vec<usize> {
     let prefix = format!("fair{:08x}", rand::random::<u32>());
     let start = Instant::now();
     let (from, until) = (start + WARM_UP, start + WARM_UP + COUNTED);
-    let counts: Vec<Arc<Mutex<usize>>> = WORKERS.iter().map(|_| Arc::default()).collect();
+    let admitted: Arc<Mutex<Vec<usize>>> = Arc::default();
     let mut workers = JoinSet::new();
     for (copy, &n) in WORKERS.iter().enumerate() {
         let layer = RateLimitLayer::builder(make())
@@ -53,12 +67,12 @@ async fn admitted_per_copy<S: RateStore>(make: impl Fn() -> S) -> Vec<usize> {
             .queue(Duration::from_secs(30))
             .build_outbound()
             .unwrap();
-        let count = Arc::clone(&counts[copy]);
-        // the provider: counts the calls made within the counted time, answers at once
+        let admitted = Arc::clone(&admitted);
+        // the provider: notes the calls made within the counted time, answers at once
         let provider = tower::service_fn(move |_: Request<()>| {
             let now = Instant::now();
             if now >= from && now < until {
-                *count.lock().unwrap() += 1;
+                admitted.lock().unwrap().push(copy);
             }
             async { Ok::<_, Infallible>(Response::new(())) }
         });
@@ -83,7 +97,17 @@ async fn admitted_per_copy<S: RateStore>(make: impl Fn() -> S) -> Vec<usize> {
             std::panic::resume_unwind(error.into_panic());
         }
     }
-    counts.iter().map(|count| *count.lock().unwrap()).collect()
+    admitted.lock().unwrap().clone()
+}
+
+/// The share of runs of one admission of each copy in a row (four here) that hold every copy.
+fn turns_taken(admissions: &[usize]) -> f64 {
+    let runs = admissions.windows(WORKERS.len());
+    let taken = runs
+        .clone()
+        .filter(|run| (0..WORKERS.len()).all(|copy| run.contains(&copy)))
+        .count();
+    taken as f64 / runs.len().max(1) as f64
 }
 
 /// Each copy's admissions as a share of an equal one (1.0 = equal), printed, and the largest
@@ -102,15 +126,34 @@ fn shares(store: &str, admitted: &[usize]) -> f64 {
     worst
 }
 
-/// Four copies with 2, 4, 8 and 32 workers, all waiting: together they use the limit, and each
-/// gets an equal share of it, within 3%.
+/// Four copies with 2, 4, 8 and 32 workers, all waiting: together they use the limit, they take
+/// turns, and each gets an equal share of it, within 6%.
 async fn copies_with_more_callers_get_no_more<S: RateStore>(store: &str, make: impl Fn() -> S) {
-    let admitted = admitted_per_copy(make).await;
-    let total: usize = admitted.iter().sum();
+    let order = admissions(make).await;
+    if let Ok(path) = std::env::var("ORDER") {
+        // the order of a run, for a look at it: one copy's index a line
+        let lines: Vec<String> = order.iter().map(usize::to_string).collect();
+        std::fs::write(path, lines.join("\n")).unwrap();
+    }
+    let admitted: Vec<usize> = (0..WORKERS.len())
+        .map(|copy| order.iter().filter(|&&of| of == copy).count())
+        .collect();
+    let total = order.len();
     let quota = RATE as usize * COUNTED.as_secs() as usize;
     assert!(total * 100 >= quota * 95, "{total} of {quota} admitted");
     assert!(total <= quota + RATE as usize, "{total} over {quota}");
     let worst = shares(store, &admitted);
+    let turns = turns_taken(&order);
+    println!(
+        "{store}: {:.1}% of the runs of four admissions hold every copy",
+        turns * 100.0
+    );
+    assert!(
+        turns >= LEAST_TURNS,
+        "the copies did not take turns: {:.1}% of the runs of four admissions hold every copy, less than {:.0}%",
+        turns * 100.0,
+        LEAST_TURNS * 100.0
+    );
     assert!(
         worst <= TOLERANCE,
         "a copy {:.1}% away from an equal share, more than {:.0}%: {admitted:?}",
