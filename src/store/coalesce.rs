@@ -435,10 +435,12 @@ impl<C: BatchCall> Driver<C> {
                 () = this.queued.notified() => {}
                 () = &mut sleep, if wake.is_some() => set = None,
             }
-            if due.is_some_and(|due| due <= Instant::now()) {
+            if let Some(due) = due {
                 let now = Instant::now();
-                for (_, flight) in &mut flights {
-                    flight.expire(now);
+                if due <= now {
+                    for (_, flight) in &mut flights {
+                        flight.expire(now);
+                    }
                 }
             }
         }

@@ -41,10 +41,7 @@ pub(crate) fn caller(layer: OutboundLimitLayer<Global>, start: Instant) -> Calle
         ServiceBuilder::new()
             .layer(layer)
             .map_request(move |mut request: Request<Full<Bytes>>| {
-                let micros = u64::try_from(start.elapsed().as_micros()).unwrap();
-                request
-                    .headers_mut()
-                    .insert(HEADER, HeaderValue::from(micros));
+                stamp(request.headers_mut(), start);
                 request
             })
             .service(client)
@@ -75,12 +72,15 @@ impl reqwest_middleware::Middleware for Stamp {
         'b: 'd,
         'c: 'd,
     {
-        let micros = u64::try_from(self.start.elapsed().as_micros()).unwrap();
-        request
-            .headers_mut()
-            .insert(HEADER, HeaderValue::from(micros));
+        stamp(request.headers_mut(), self.start);
         next.run(request, extensions)
     }
+}
+
+/// Stamps a call with when the limit let it out: now, since `start`.
+fn stamp(headers: &mut HeaderMap, start: Instant) {
+    let micros = u64::try_from(start.elapsed().as_micros()).unwrap();
+    headers.insert(HEADER, HeaderValue::from(micros));
 }
 
 /// When the limit let a call out, from its stamp.
