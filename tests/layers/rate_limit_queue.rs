@@ -89,9 +89,8 @@ const JITTER: Duration = Duration::from_millis(200);
 /// last is answered: the sliding log admits 100 at once, then 100 as each second's charges
 /// leave the window. No second admits more than the quota, and the waiting callers use all of
 /// it (four seconds' quota, one more at most for those still waiting when the callers stop);
-/// nearly every request waits for its room
-/// (about two seconds, within its patience of three) rather than being refused; nobody waits
-/// past its patience, and every copy has its share.
+/// nearly every request waits for its room (about two seconds, within its patience of three)
+/// rather than being refused; nobody waits past its patience, and every copy has its share.
 ///
 /// The shares and the refusals hold where the store is a round trip away (`Round::Trip`), as
 /// the store of several copies is: each step of a copy's waiters (a line-up, a look, a check)
